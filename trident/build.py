@@ -1,0 +1,88 @@
+"""Build: compile an SCM's C source with cffi into an extension module in the cache.
+
+The module's name carries a hash of everything that affects the binary (Note [Build key]), so a
+name is built once: a process takes a file lock (``filelock``), checks again, compiles in a
+private temporary folder and moves the result into place with ``os.replace`` (atomic on POSIX).
+A process that finds the file loads it without compiling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import cffi
+from filelock import FileLock
+
+from . import config
+from .runtime import HEADER
+
+# The three symbols every SCM exports (see templates/scm.c.jinja).
+CDEF = """
+int scm_init(uintptr_t api);
+uintptr_t scm_call_address(void);
+uintptr_t scm_match_address(void);
+"""
+CFLAGS = ["-O2", "-fno-strict-aliasing", "-Wno-unused-label"]
+
+_log = config.logger("cache")
+
+
+def module_name(source: str) -> str:
+    """Note [Build key]: the C source, the runtime ABI header, the flags, cffi and Python."""
+    h = hashlib.sha256()
+    for part in (source, HEADER.read_text(), " ".join(CFLAGS), cffi.__version__, sys.version):
+        h.update(part.encode())
+    return f"trident_scm_{h.hexdigest()[:20]}"
+
+
+def build(source: str, directory: Path) -> ModuleType:
+    """Compile (or find) and import the SCM for ``source`` in ``directory``.
+
+    Raises:
+        cffi.VerificationError: the C compiler failed (a Trident bug: the source is generated).
+    """
+    name = module_name(source)
+    target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not target.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(directory / f"{name}.lock")):
+            if not target.exists():
+                _compile(name, source, directory, target)
+    return _load(name, target)
+
+
+def _compile(name: str, source: str, directory: Path, target: Path) -> None:
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=directory))
+    try:
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        ffi.set_source(name, source, include_dirs=[str(HEADER.parent)],
+                       extra_compile_args=CFLAGS)
+        built = ffi.compile(tmpdir=str(tmp), verbose=False)
+        (directory / f"{name}.c").write_text(source)
+        os.replace(built, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _log.info("built %s in %.2f s", target, time.perf_counter() - start)
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module

@@ -1,0 +1,170 @@
+"""Cache: where a function's specializations and built modules live on disk.
+
+Layout under ``config.cache_dir()``:
+
+    runtime/<key>/                     the native runtime, one per (torch, Python, source)
+    functions/<name>-<key>/            one @trident.jit function (Note [Function key])
+        specs/<ns>-<hash>.json         one specialization each (guards + plan), in creation order
+        trident_scm_<hash>.<ext>       built SCMs; <hash> covers the rendered C (build.py)
+        trident_scm_<hash>.c           the C source, for reading
+
+A new process renders the stored specializations again (no tracing, no MLIR) and loads the
+module whose name that source hashes to.
+
+Note [Function key]: the function's bytecode and constants, nested code objects, default
+arguments, closure cells, the globals its code names (functions by their own key, modules by
+name, plain values by repr), and the versions of Python, torch, triton, torch-mlir, Trident and
+the runtime ABI header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import config
+from .specialization import Specialization
+
+__version__ = "0.1.0"
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def versions() -> str:
+    from .runtime import HEADER
+
+    parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
+             __version__, hashlib.sha256(HEADER.read_bytes()).hexdigest()]
+    return "|".join(parts)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _hash_code(h, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    h.update(repr(code.co_varnames).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _hash_code(h, const)
+        else:
+            h.update(repr(const).encode())
+
+
+def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
+    if id(value) in seen or depth > 4:
+        h.update(b"<seen>")
+        return
+    seen.add(id(value))
+    if isinstance(value, types.FunctionType):
+        _hash_function(h, value, seen, depth + 1)
+    elif isinstance(value, types.ModuleType):
+        h.update(f"module:{value.__name__}".encode())
+    elif isinstance(value, type):
+        h.update(f"type:{value.__module__}.{value.__qualname__}".encode())
+    elif isinstance(value, (int, float, str, bool, bytes, type(None), torch.dtype, torch.device)):
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _hash_value(h, item, seen, depth + 1)
+    elif hasattr(value, "fn") and hasattr(value, "src"):  # a Triton JITFunction
+        h.update(f"triton:{value.src}".encode())
+    elif hasattr(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
+        _hash_value(h, value.fn, seen, depth + 1)
+    else:
+        h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
+
+
+def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
+    h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
+    _hash_code(h, fn.__code__)
+    for default in fn.__defaults__ or ():
+        _hash_value(h, default, seen, depth)
+    for cell in fn.__closure__ or ():
+        try:
+            _hash_value(h, cell.cell_contents, seen, depth)
+        except ValueError:  # empty cell
+            h.update(b"<empty>")
+    for name in sorted(_code_names(fn.__code__)):
+        if name in fn.__globals__:
+            h.update(name.encode())
+            _hash_value(h, fn.__globals__[name], seen, depth)
+
+
+def function_key(fn) -> str:
+    """Note [Function key]."""
+    h = hashlib.sha256(versions().encode())
+    _hash_function(h, fn, set(), 0)
+    return h.hexdigest()[:20]
+
+
+class FunctionCache:
+    """The cache folder of one function."""
+
+    def __init__(self, fn, key: str):
+        name = "".join(c if c.isalnum() or c in "_-" else "_" for c in fn.__qualname__)[:40]
+        self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
+        self.spec_dir = self.directory / "specs"
+
+    def load_specs(self) -> list[Specialization]:
+        if not self.spec_dir.is_dir():
+            return []
+        specs, keys = [], set()
+        for path in sorted(self.spec_dir.glob("*.json")):
+            try:
+                spec = Specialization.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a foreign or partial file; never trust it
+            if spec.key not in keys:
+                keys.add(spec.key)
+                specs.append(spec)
+        return specs
+
+    def save_spec(self, spec: Specialization) -> None:
+        self.spec_dir.mkdir(parents=True, exist_ok=True)
+        if any(self.spec_dir.glob(f"*-{spec.key}.json")):
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec.to_json(), f)
+        os.replace(tmp, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
+
+
+def list_entries() -> list[dict]:
+    """One row per cached function: its folder, specialization count and size in bytes."""
+    root = config.cache_dir() / "functions"
+    rows = []
+    for d in sorted(root.glob("*")) if root.is_dir() else []:
+        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+        rows.append({"path": str(d), "specializations": len(list(d.glob("specs/*.json"))),
+                     "bytes": size})
+    return rows
+
+
+def clear() -> None:
+    """Delete every cached function and runtime build."""
+    root = config.cache_dir()
+    for sub in ("functions", "runtime"):
+        shutil.rmtree(root / sub, ignore_errors=True)

@@ -1,0 +1,160 @@
+"""Capture: trace a call into an ATen-level FX graph with flat tensor outputs.
+
+The function runs once under ``make_fx`` on fake tensors with the call's shapes, dtypes and
+strides. Python scalars (int, float, bool, None) are specialized by value, so they appear in the
+graph as constants and in the guards as values. Outputs are flattened with ``torch.utils._pytree``;
+tensor leaves become graph outputs and every other leaf (None, int, float, bool) is kept as a
+constant of the output structure (``Capture.out_leaves``).
+
+Each node records the user's source line: a ``TorchFunctionMode`` sets FX's current stack trace
+(``torch.fx.traceback``) to the innermost user frame before every torch call, and Torch-MLIR's
+importer turns it into the op's location.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import sys
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
+
+from .errors import TridentError
+
+_SKIP_PREFIXES = (
+    str(__import__("pathlib").Path(torch.__file__).parent),
+    str(__import__("pathlib").Path(__file__).parent),
+)
+
+
+@dataclasses.dataclass
+class Capture:
+    """One traced call.
+
+    Attributes:
+        graph_module: ATen-level graph; placeholders are the call's positional arguments,
+            outputs the tensor leaves of the result, in order.
+        out_spec: the result's structure as the runtime reads it (Note [Output spec] in
+            runtime/runtime.cpp): ``(``..``)`` tuple, ``[``..``]`` list, ``v`` a leaf, ``n`` None.
+        out_leaves: per leaf of the result, ``None`` for a tensor (the next graph output) or
+            ``("const", value)`` for a non-tensor leaf.
+    """
+
+    graph_module: fx.GraphModule
+    out_spec: str
+    out_leaves: list
+
+
+def _user_frame() -> traceback.FrameSummary | None:
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIP_PREFIXES) and not filename.startswith("<frozen"):
+            line = linecache.getline(filename, frame.f_lineno).strip()
+            return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
+                                          line=line)
+        frame = frame.f_back
+    return None
+
+
+class _SourceLines(TorchFunctionMode):
+    """Tags every node created inside a torch call with the user's line that made the call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        summary = _user_frame()
+        if summary is not None:
+            fx_traceback.set_stack_trace(traceback.format_list([summary]))
+        return func(*args, **(kwargs or {}))
+
+
+def source_line(stack_trace: str | None) -> tuple[str, str]:
+    """``("file.py:12", "y = x + 1")`` from a node's stack trace, or ``("?", "")``."""
+    if not stack_trace:
+        return "?", ""
+    lines = stack_trace.strip().splitlines()
+    head = lines[0].strip()
+    try:
+        path = head.split('"')[1]
+        lineno = int(head.split("line ")[1].split(",")[0])
+    except (IndexError, ValueError):
+        return "?", ""
+    text = lines[1].strip() if len(lines) > 1 else ""
+    return f"{path.rsplit('/', 1)[-1]}:{lineno}", text
+
+
+def trace(fn: Callable, args: tuple) -> Capture:
+    """Trace ``fn(*args)`` into a :class:`Capture`.
+
+    Raises:
+        TridentError: the function cannot be traced (data-dependent control flow, tensors that
+            are not arguments, outputs other than tensors, tuples, lists, None and scalars).
+    """
+    holder: dict[str, Any] = {}
+
+    def flat_forward(*flat_args):
+        result = fn(*flat_args)
+        leaves, spec = pytree.tree_flatten(result)
+        holder["spec"] = spec
+        holder["leaves"] = leaves
+        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+    try:
+        with fx_traceback.preserve_node_meta(), _SourceLines():
+            gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+    except TridentError:
+        raise
+    except Exception as e:  # make_fx reports unsupported Python as many exception types
+        where = _innermost_user_line(e)
+        raise TridentError(f"cannot trace {getattr(fn, '__qualname__', fn)}{where}: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    out_leaves = []
+    for leaf in holder["leaves"]:
+        if isinstance(leaf, torch.Tensor):
+            out_leaves.append(None)
+        elif leaf is None or type(leaf) in (int, float, bool):
+            out_leaves.append(("const", leaf))
+        else:
+            raise TridentError(f"{fn.__qualname__} returns a {type(leaf).__name__}; expected "
+                               "tensors, tuples and lists of them, None, int, float or bool")
+    out_spec = _spec_string(holder["spec"])
+    if out_spec is None:
+        raise TridentError(f"{fn.__qualname__} returns a {holder['spec'].type.__name__}; "
+                           "expected tensors in tuples and lists")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            where, text = source_line(node.meta.get("stack_trace"))
+            raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
+                               f"({where}: {text}); pass it as an argument")
+    return Capture(gm, out_spec, out_leaves)
+
+
+def _spec_string(spec: pytree.TreeSpec) -> str | None:
+    """Note [Output spec]; None for containers other than tuple and list."""
+    if spec.is_leaf():
+        return "v"
+    if spec.type is type(None):
+        return "n"
+    if spec.type not in (tuple, list):
+        return None
+    children = [spec.child(i) for i in range(spec.num_children)] if hasattr(spec, "child") \
+        else spec.children_specs
+    inner = [_spec_string(c) for c in children]
+    if any(c is None for c in inner):
+        return None
+    return ("(%s)" if spec.type is tuple else "[%s]") % "".join(inner)
+
+
+def _innermost_user_line(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    for frame in reversed(tb):
+        if not frame.filename.startswith(_SKIP_PREFIXES):
+            return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} ({frame.line})"
+    return ""

@@ -1,0 +1,55 @@
+"""Settings read from the environment, and Trident's loggers.
+
+Environment variables:
+    TRIDENT_CACHE_DIR   where compiled modules live (default: the user's cache dir / "trident").
+    TRIDENT_LOGS        comma-separated log switches: ``recompiles``, ``guards``, ``mlir``,
+                        ``code`` (generated C), ``cache``; ``all`` turns on every one.
+    TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import platformdirs
+
+LOG_SWITCHES = ("recompiles", "guards", "mlir", "code", "cache")
+
+log = logging.getLogger("trident")
+
+
+def cache_dir() -> Path:
+    """The root of Trident's on-disk cache (created on first use)."""
+    root = os.environ.get("TRIDENT_CACHE_DIR") or platformdirs.user_cache_dir("trident")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def max_specializations() -> int:
+    return int(os.environ.get("TRIDENT_MAX_SPECIALIZATIONS", "8"))
+
+
+def logger(switch: str) -> logging.Logger:
+    """The logger ``trident.<switch>``; enabled at INFO when TRIDENT_LOGS names it."""
+    assert switch in LOG_SWITCHES, switch
+    return logging.getLogger(f"trident.{switch}")
+
+
+def _configure_from_env() -> None:
+    names = {s.strip() for s in os.environ.get("TRIDENT_LOGS", "").split(",") if s.strip()}
+    if not names:
+        return
+    if "all" in names:
+        names = set(LOG_SWITCHES)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[trident.%(name)s] %(message)s"))
+    for name in names & set(LOG_SWITCHES):
+        lg = logger(name)
+        lg.setLevel(logging.INFO)
+        lg.addHandler(handler)
+
+
+_configure_from_env()

@@ -1,0 +1,157 @@
+"""Guards: the checks that select a specialization, as data.
+
+Each :class:`Guard` renders itself to a C expression over ``trt_arg`` (the SCM evaluates those on
+the hit path) and checks itself in Python against the same facts (``arg_facts`` mirrors
+``read_arg`` in ``runtime/runtime.cpp``). The Python side is used to explain a miss; a test
+(tests/test_guards.py) proves the two agree on random arguments.
+
+Note [Guard order]: cheapest first. The argument count, then each argument's kind, then per
+tensor dtype, device, rank, then sizes and strides, then flags, then scalar values. Both the C
+function and ``first_failure`` evaluate guards in list order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Any
+
+import torch
+from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT
+
+# trt_arg_kind in trident_rt.h
+OTHER, TENSOR, INT, FLOAT, BOOL, NONE = range(6)
+KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float", BOOL: "bool",
+              NONE: "None"}
+_C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT",
+            FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
+DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
+DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in TORCH_DTYPE_TO_INT.items()}
+
+
+def float_bits(f: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", f))[0]
+
+
+def arg_facts(obj: Any, grad_enabled: bool) -> dict:
+    """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
+    if type(obj) in (torch.Tensor, torch.nn.Parameter):
+        if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
+                or obj.device.type not in DEVICE_TYPES or obj.dtype not in TORCH_DTYPE_TO_INT):
+            return {"kind": OTHER}
+        return {
+            "kind": TENSOR,
+            "dtype": TORCH_DTYPE_TO_INT[obj.dtype],
+            "device_type": DEVICE_TYPES[obj.device.type],
+            "device_index": -1 if obj.device.index is None else obj.device.index,
+            "dim": obj.dim(),
+            "sizes": tuple(obj.shape),
+            "strides": tuple(obj.stride()),
+            "aligned16": obj.data_ptr() % 16 == 0,
+            "requires_grad": bool(grad_enabled and obj.requires_grad),
+        }
+    if obj is None:
+        return {"kind": NONE}
+    if type(obj) is bool:
+        return {"kind": BOOL, "value": obj}
+    if type(obj) is int:
+        return {"kind": INT, "value": obj} if -2**63 <= obj < 2**63 else {"kind": OTHER}
+    if type(obj) is float:
+        return {"kind": FLOAT, "value": float_bits(obj)}
+    return {"kind": OTHER}
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """``facts[arg][field](index) == value``; ``arg`` is None for call-wide facts."""
+
+    field: str
+    value: Any
+    arg: int | None = None
+    index: int | None = None
+    float_value: bool = False  # "value" guards: compare float bit patterns
+
+    def actual(self, facts: list[dict], nargs: int) -> Any:
+        if self.field == "nargs":
+            return nargs
+        f = facts[self.arg]
+        if self.field in ("size", "stride"):
+            return f[self.field + "s"][self.index]
+        return f.get(self.field)
+
+    def check(self, facts: list[dict], nargs: int) -> bool:
+        return self.actual(facts, nargs) == self.value
+
+    def c_expr(self) -> str:
+        a = f"a[{self.arg}]"
+        v = self.value
+        return {
+            "nargs": lambda: f"n == {v}",
+            "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
+            "dtype": lambda: f"{a}.dtype == {v}",
+            "device_type": lambda: f"{a}.device_type == {v}",
+            "device_index": lambda: f"{a}.device_index == {v}",
+            "dim": lambda: f"{a}.dim == {v}",
+            "size": lambda: f"{a}.sizes[{self.index}] == {v}",
+            "stride": lambda: f"{a}.strides[{self.index}] == {v}",
+            "aligned16": lambda: f"{'' if v else '!'}({a}.flags & TRT_ALIGNED16)",
+            "requires_grad": lambda: f"{'' if v else '!'}({a}.flags & TRT_REQUIRES_GRAD)",
+            "value": lambda: f"trt_f64_bits({a}.f) == {v}ULL" if self.float_value else
+            f"{a}.i == {_c_int(v)}",
+        }[self.field]()
+
+    def describe(self, names: list[str]) -> str:
+        who = names[self.arg] if self.arg is not None and self.arg < len(names) else \
+            f"argument {self.arg}"
+        v = self.value
+        return {
+            "nargs": lambda: f"{v} positional arguments",
+            "kind": lambda: f"{who} is {KIND_NAMES[v]}",
+            "dtype": lambda: f"{who}.dtype == {DTYPE_NAMES.get(v, v)}",
+            "device_type": lambda: f"{who}.device.type == {'cpu' if v == 0 else 'cuda'}",
+            "device_index": lambda: f"{who}.device.index == {v}",
+            "dim": lambda: f"{who}.dim() == {v}",
+            "size": lambda: f"{who}.size({self.index}) == {v}",
+            "stride": lambda: f"{who}.stride({self.index}) == {v}",
+            "aligned16": lambda: f"{who}.data_ptr() % 16 {'==' if v else '!='} 0",
+            "requires_grad": lambda: f"{who}.requires_grad is {v} (under grad mode)",
+            "value": lambda: f"{who} == {struct.unpack('<d', struct.pack('<Q', v))[0]!r}"
+            if self.float_value else f"{who} == {v!r}",
+        }[self.field]()
+
+
+def _c_int(v: int) -> str:
+    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+
+
+def guards_for(args: tuple, grad_enabled: bool) -> list[Guard]:
+    """The guards that hold for ``args`` (Note [Guard order])."""
+    facts = [arg_facts(a, grad_enabled) for a in args]
+    guards = [Guard("nargs", len(args))]
+    guards += [Guard("kind", f["kind"], i) for i, f in enumerate(facts)]
+    tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
+    for i, f in tensors:
+        guards += [Guard(k, f[k], i) for k in ("dtype", "device_type", "device_index", "dim")]
+    for i, f in tensors:
+        guards += [Guard("size", s, i, d) for d, s in enumerate(f["sizes"])]
+        guards += [Guard("stride", s, i, d) for d, s in enumerate(f["strides"])]
+    for i, f in tensors:
+        guards += [Guard("aligned16", f["aligned16"], i), Guard("requires_grad",
+                                                                 f["requires_grad"], i)]
+    for i, f in enumerate(facts):
+        if f["kind"] in (INT, BOOL):
+            guards.append(Guard("value", int(f["value"]), i))
+        elif f["kind"] == FLOAT:
+            guards.append(Guard("value", f["value"], i, float_value=True))
+    return guards
+
+
+def first_failure(guards: list[Guard], args: tuple, grad_enabled: bool) -> Guard | None:
+    """The first guard (in Note [Guard order]) that ``args`` fail, or None if all hold."""
+    facts = [arg_facts(a, grad_enabled) for a in args]
+    for g in guards:
+        if g.field != "nargs" and g.arg >= len(args):
+            return g
+        if not g.check(facts, len(args)):
+            return g
+    return None

@@ -1,0 +1,281 @@
+"""``@trident.jit``: the Python side of a compiled function (everything off the hit path).
+
+A ``JitFunction`` *is* a native ``Dispatcher`` (runtime.cpp): calling it enters C directly. The
+methods here run only when the installed Specialization Cache Module reports a miss, on the first
+call of a process (to load the cached module), or for keyword arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+import warnings
+from typing import Callable
+
+import torch
+
+from . import build, codegen, config, runtime
+from .cache import FunctionCache, function_key
+from .capture import trace
+from .errors import TridentError
+from .guards import KIND_NAMES, OTHER, arg_facts, first_failure, guards_for
+from .importer import import_graph
+from .plan import build_plan
+from .specialization import Specialization
+
+_recompiles = config.logger("recompiles")
+_code_log = config.logger("code")
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters of one ``@trident.jit`` function (per process).
+
+    Attributes:
+        hits: calls served by the native hit path.
+        misses: calls no specialization's guards accepted (each compiles or falls back).
+        compiles: specializations traced and compiled in this process.
+        fallbacks: calls run by eager PyTorch (unsupported input or code, autograd, limit).
+        traces: times the function was traced (``compiles`` plus failed attempts).
+        miss_reasons: for recent misses, the guard that failed, e.g.
+            ``"x.size(0) == 4 (specialization 0: f(x: float32[4] cpu))"``.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    fallbacks: int = 0
+    traces: int = 0
+    miss_reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+class JitFunctionMixin:
+    """Python methods of a JitFunction; the native base class supplies ``__call__``."""
+
+    __slots__ = ()  # instance state lives in the Dispatcher's __dict__
+
+    def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._max_specializations = max_specializations or config.max_specializations()
+        self._fallback = fallback
+        self._counters = Stats()
+        self._specs: list[Specialization] = []
+        self._eager_signatures: list[tuple[list, str]] = []
+        self._cache: FunctionCache | None = None
+        self._module = None
+        self._warned_limit = False
+        params = list(inspect.signature(fn).parameters.values())
+        self._signature = inspect.signature(fn)
+        self._arg_names = [p.name for p in params
+                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self._varargs = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+
+    # ---- public -----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> Stats:
+        """A snapshot of this function's counters."""
+        return dataclasses.replace(self._counters, hits=self.hits,
+                                   miss_reasons=list(self._counters.miss_reasons))
+
+    @property
+    def specializations(self) -> list[str]:
+        """The signature of each installed specialization, in guard order."""
+        return [s.signature for s in self._specs]
+
+    def explain(self, *args) -> str:
+        """Which specialization ``args`` would run, or why each one rejects them."""
+        self._ensure_loaded()
+        grad = torch.is_grad_enabled()
+        lines = []
+        for i, spec in enumerate(self._specs):
+            failed = first_failure(spec.guards, args, grad)
+            if failed is None:
+                return f"specialization {i} ({spec.signature}) accepts these arguments"
+            lines.append(f"specialization {i} ({spec.signature}): guard failed: "
+                         f"{failed.describe(spec.arg_names)}")
+        return "\n".join(lines) or "no specializations yet"
+
+    def source(self) -> str:
+        """The C source of the installed Specialization Cache Module."""
+        self._ensure_loaded()
+        return codegen.render(self._specs, self.__qualname__) if self._specs else ""
+
+    def mlir(self, *args) -> str:
+        """The Torch-MLIR module (``torch`` dialect) Trident builds for ``args``."""
+        module = import_graph(trace(self._fn, args).graph_module)
+        return module.operation.get_asm(enable_debug_info=True)
+
+    # ---- called from the native dispatcher ---------------------------------------------------
+
+    def _slow_path(self, args: tuple, kwargs: dict | None):
+        """Called from the native dispatcher for keyword arguments, before a module is
+        installed, and when no specialization's guards accept ``args``."""
+        if kwargs:
+            try:
+                bound = self._signature.bind(*args, **kwargs)
+            except TypeError:
+                return self._fn(*args, **kwargs)  # raises the same TypeError eager would
+            bound.apply_defaults()
+            if bound.kwargs:  # keyword-only parameters: not served natively
+                return self._eager(args, kwargs, "keyword-only arguments")
+            return self(*bound.args)
+        if self._cache is None:
+            self._ensure_loaded()
+            if self._specs and self._match(*args) >= 0:
+                return self(*args)
+        return self._on_miss(args)
+
+    # ---- miss path --------------------------------------------------------------------------
+
+    def _ensure_loaded(self) -> None:
+        """First use in this process: install the module built from cached specializations."""
+        if self._cache is not None:
+            return
+        self._cache = FunctionCache(self._fn, function_key(self._fn))
+        self._specs = self._cache.load_specs()[: self._max_specializations]
+        if self._specs:
+            self._install_module(self._specs)
+
+    def _arg_label(self, i: int) -> str:
+        if i < len(self._arg_names):
+            return self._arg_names[i]
+        return f"{self._varargs or 'args'}[{i - len(self._arg_names)}]"
+
+    def _on_miss(self, args: tuple):
+        grad = torch.is_grad_enabled()
+        stats = self._counters
+        stats.misses += 1
+        reason = self._miss_reason(args, grad)
+        stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
+        _recompiles.info("%s: miss: %s", self.__qualname__, reason)
+
+        facts = [arg_facts(a, grad) for a in args]
+        for i, f in enumerate(facts):
+            if f["kind"] == OTHER:
+                return self._eager(args, None, f"argument {self._arg_label(i)} is a "
+                                   f"{type(args[i]).__name__} that the native guards do not "
+                                   "read (expected a strided CPU/CUDA tensor, int, float, bool "
+                                   "or None)")
+            if f.get("requires_grad"):
+                return self._eager(args, None, f"{self._arg_label(i)} requires grad: Trident "
+                                   "serves inference; autograd runs eagerly")
+        for guards, why in self._eager_signatures:
+            if first_failure(guards, args, grad) is None:
+                return self._eager(args, None, why)
+        if len(self._specs) >= self._max_specializations:
+            if not self._warned_limit:
+                self._warned_limit = True
+                warnings.warn(f"trident: {self.__qualname__} reached its limit of "
+                              f"{self._max_specializations} specializations; further new "
+                              "signatures run eagerly", stacklevel=3)
+            return self._eager(args, None, "specialization limit")
+        try:
+            spec = self._compile(args, grad)
+        except TridentError as e:
+            if not self._fallback:
+                raise
+            warnings.warn(f"trident: {self.__qualname__} runs eagerly for this signature: {e}",
+                          stacklevel=3)
+            self._eager_signatures.append((guards_for(args, grad), str(e)))
+            return self._eager(args, None, str(e))
+        self._cache.save_spec(spec)
+        specs = self._cache.load_specs()
+        if not any(s.key == spec.key for s in specs):
+            specs.append(spec)
+        self._install_module(specs[: self._max_specializations])
+        if self._match(*args) < 0:
+            raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
+                               "does not accept the call it was traced from")
+        return self(*args)
+
+    def _miss_reason(self, args: tuple, grad: bool) -> str:
+        if not self._specs:
+            return "first call"
+        reasons = []
+        for i, spec in enumerate(self._specs):
+            failed = first_failure(spec.guards, args, grad)
+            described = failed.describe(spec.arg_names) if failed else "all guards hold"
+            reasons.append(f"{described} (specialization {i}: {spec.signature})")
+        return "; ".join(reasons)
+
+    def _eager(self, args: tuple, kwargs: dict | None, why: str):
+        self._counters.fallbacks += 1
+        _recompiles.info("%s: eager: %s", self.__qualname__, why)
+        return self._fn(*args, **(kwargs or {}))
+
+    def _compile(self, args: tuple, grad: bool) -> Specialization:
+        self._counters.traces += 1
+        start = time.perf_counter()
+        with torch.no_grad():
+            captured = trace(self._fn, args)
+        module = import_graph(captured.graph_module)
+        plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        names = [self._arg_label(i) for i in range(len(args))]
+        spec = Specialization(self._describe(args, names), names, guards_for(args, grad), plan)
+        self._counters.compiles += 1
+        _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
+                         spec.signature, time.perf_counter() - start)
+        return spec
+
+    def _describe(self, args: tuple, names: list[str]) -> str:
+        parts = []
+        for name, a in zip(names, args):
+            if isinstance(a, torch.Tensor):
+                parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}{list(a.shape)} "
+                             f"{a.device}")
+            else:
+                parts.append(f"{name}={a!r}")
+        return f"{self.__qualname__}({', '.join(parts)})"
+
+    def _install_module(self, specs: list[Specialization]) -> None:
+        source = codegen.render(specs, self.__qualname__)
+        _code_log.info("%s", source)
+        module = build.build(source, self._cache.directory)
+        rc = module.lib.scm_init(runtime.load().api_address())
+        if rc != 0:
+            raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
+                               f"calls (op table entry {rc - 1})")
+        self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
+        self._module = module
+        self._specs = specs
+
+
+@functools.cache
+def jit_function_class() -> type:
+    """``JitFunction``: the native Dispatcher with the methods above (built on first use)."""
+    rt = runtime.load()
+    return type("JitFunction", (JitFunctionMixin, rt.Dispatcher), {"__module__": "trident"})
+
+
+def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
+        fallback: bool = True):
+    """Compile ``fn`` into a Specialization Cache Module on its first call.
+
+    Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
+
+    Args:
+        fn: a function of tensors and Python scalars that calls torch ops (and, on CUDA
+            tensors, Triton kernels). Positional arguments are guarded; keyword arguments are
+            bound to positions first.
+        max_specializations: bound on specializations kept for this function (default 8, or
+            ``TRIDENT_MAX_SPECIALIZATIONS``); past it new signatures run eagerly, with one
+            warning.
+        fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or
+            construct), run it eagerly with a warning (True) or raise ``TridentError`` (False).
+
+    Returns:
+        A ``JitFunction``: call it like ``fn``; ``.stats``, ``.explain(*args)``,
+        ``.source()`` and ``.mlir(*args)`` describe what it compiled.
+    """
+    if fn is None:
+        return functools.partial(jit, max_specializations=max_specializations,
+                                 fallback=fallback)
+    if not callable(fn) or not hasattr(fn, "__code__"):
+        raise TridentError(f"trident.jit expects a Python function, got {type(fn).__name__}")
+    obj = jit_function_class()()
+    obj._setup(fn, max_specializations, fallback)
+    return obj

@@ -1,0 +1,298 @@
+"""Plan: walk the Torch-MLIR ``func.func`` into a host launch plan.
+
+A plan is a list of steps in program order. A step calls one operator through PyTorch's
+dispatcher with a boxed stack of operands. Operands are JSON-able dicts (the plan is stored with
+its specialization in the cache and rendered again when the module is rebuilt):
+
+    {"k": "arg", "i": 0}                 the call's positional argument 0 (a tensor, borrowed)
+    {"k": "val", "i": 3}                 tensor value 3, produced by an earlier step (owned)
+    {"k": "item", "list": 4, "i": 1}     element 1 of the tensor list value 4 (borrowed)
+    {"k": "int" | "float" | "bool" | "str", "v": ...}, {"k": "none"}
+    {"k": "device", "type": 1, "index": 0}
+    {"k": "ints" | "floats" | "bools", "v": [...]}
+    {"k": "tensors" | "opt_tensors", "v": [operand, ...]}
+
+In-place ops (``add_``, ``copy_``) stay in place: the imported graph keeps them in program order,
+and running its steps in that order makes the same writes as eager PyTorch.
+
+Note [Scalar operands]: Torch-MLIR imports ``x + 1`` as ``aten.add.Tensor(x, NumToTensor(1))``.
+Eager PyTorch passes the 1 as a wrapped-number tensor; the ``.Scalar`` overload does exactly that
+inside ATen, so the plan calls ``add.Scalar(x, 1)`` instead of allocating a 0-dim tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import re
+from typing import Any
+
+import torch
+from torch_mlir import ir
+
+from .errors import TridentError
+
+_LOC = re.compile(r'"([^"]+)":(\d+)')
+
+
+@dataclasses.dataclass
+class Step:
+    """One operator call: ``rets = op(*args)``."""
+
+    op: str  # "aten::mul"
+    overload: str  # "Scalar"; "" for the default overload
+    args: list[dict]
+    results: list[dict]  # per return: {"k": "val"|"list", "i": id} or {"k": "drop"}
+    where: str  # "model.py:12"
+    text: str  # the user's source line
+    release: list[dict] = dataclasses.field(default_factory=list)  # dead after this step
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.op}.{self.overload}" if self.overload else self.op
+
+
+@dataclasses.dataclass
+class Plan:
+    """A specialization's launch sequence.
+
+    Attributes:
+        steps: operator calls in program order.
+        outputs: flat output operands (tensors, and constants for non-tensor leaves).
+        out_spec: the output structure (Note [Output spec] in runtime.cpp).
+        num_values / num_lists: how many tensor / tensor-list values the steps produce.
+    """
+
+    steps: list[Step]
+    outputs: list[dict]
+    out_spec: str
+    num_values: int
+    num_lists: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        data = dict(data)
+        data["steps"] = [Step(**s) for s in data["steps"]]
+        return cls(**data)
+
+
+def _location(op: ir.Operation) -> tuple[str, str]:
+    m = _LOC.search(str(op.location))
+    if not m:
+        return "?", ""
+    path, line = m.group(1), int(m.group(2))
+    return f"{path.rsplit('/', 1)[-1]}:{line}", linecache.getline(path, line).strip()
+
+
+def _schema(op: str, overload: str):
+    try:
+        return torch._C._get_schema(op, overload)
+    except RuntimeError:
+        return None
+
+
+class _Walker:
+    def __init__(self, func: ir.Operation):
+        self.func = func
+        self.env: dict[Any, dict] = {}  # MLIR value -> operand
+        self.steps: list[Step] = []
+        self.num_values = 0
+        self.num_lists = 0
+
+    def key(self, value: ir.Value):
+        return value  # ir.Value hashes by identity of the underlying SSA value
+
+    def operand(self, value: ir.Value, where: str) -> dict:
+        try:
+            return self.env[self.key(value)]
+        except KeyError:
+            raise TridentError(f"{where}: operand {value.get_name()} has no plan value") from None
+
+    def new_value(self, kind: str) -> dict:
+        if kind == "val":
+            self.num_values += 1
+            return {"k": "val", "i": self.num_values - 1}
+        self.num_lists += 1
+        return {"k": "list", "i": self.num_lists - 1}
+
+    def walk(self, out_leaves: list) -> Plan:
+        block = self.func.regions[0].blocks[0]
+        for i, arg in enumerate(block.arguments):
+            self.env[self.key(arg)] = {"k": "arg", "i": i}
+        outputs = None
+        for op in block.operations:
+            name = op.operation.name
+            where, text = _location(op)
+            if name.startswith("torch.constant."):
+                self.env[self.key(op.result)] = self.constant(op.operation, name)
+            elif name == "torch.prim.ListConstruct":
+                self.env[self.key(op.result)] = self.list_construct(op, where)
+            elif name == "torch.prim.ListUnpack":
+                src = self.operand(op.operands[0], where)
+                for j, r in enumerate(op.results):
+                    self.env[self.key(r)] = {"k": "item", "list": src["i"], "i": j}
+            elif name == "torch.prim.NumToTensor.Scalar":
+                self.env[self.key(op.result)] = {"k": "num_to_tensor",
+                                                 "v": self.operand(op.operands[0], where)}
+            elif name == "func.return":
+                outputs = [self.operand(v, where) for v in op.operands]
+            elif name.startswith("torch.aten.") or name == "torch.operator":
+                self.call(op, name, where, text)
+            else:
+                raise TridentError(f"{where}: unsupported op {name} ({text})")
+        assert outputs is not None
+        return self.finish(outputs, out_leaves)
+
+    def constant(self, op: ir.Operation, name: str) -> dict:
+        kind = name[len("torch.constant."):]
+        if kind == "none":
+            return {"k": "none"}
+        attr = op.attributes["value"]
+        if kind == "int":
+            return {"k": "int", "v": ir.IntegerAttr(attr).value}
+        if kind == "float":
+            return {"k": "float", "v": ir.FloatAttr(attr).value}
+        if kind == "bool":
+            return {"k": "bool", "v": bool(ir.BoolAttr(attr).value)}
+        if kind == "str":
+            return {"k": "str", "v": ir.StringAttr(attr).value}
+        if kind == "device":
+            device = torch.device(ir.StringAttr(attr).value)
+            return {"k": "device", "type": 0 if device.type == "cpu" else 1,
+                    "index": -1 if device.index is None else device.index}
+        raise TridentError(f"unsupported constant {name}")
+
+    def list_construct(self, op, where: str) -> dict:
+        items = [self.operand(v, where) for v in op.operands]
+        type_str = str(op.result.type)
+        scalar = {"!torch.list<int>": ("ints", "int"), "!torch.list<float>": ("floats", "float"),
+                  "!torch.list<bool>": ("bools", "bool")}.get(type_str)
+        if scalar:
+            if any(item["k"] != scalar[1] for item in items):
+                raise TridentError(f"{where}: {type_str} with non-constant items")
+            return {"k": scalar[0], "v": [item["v"] for item in items]}
+        if type_str == "!torch.list<vtensor>":
+            return {"k": "tensors", "v": [self.materialize(item) for item in items]}
+        if type_str == "!torch.list<optional<vtensor>>":
+            return {"k": "opt_tensors", "v": [self.materialize(item) for item in items]}
+        raise TridentError(f"{where}: unsupported list type {type_str}")
+
+    def materialize(self, operand: dict) -> dict:
+        """A NumToTensor operand that could not be folded becomes an ``aten::scalar_tensor``."""
+        if operand["k"] != "num_to_tensor":
+            return operand
+        value = operand["v"]
+        dtype = {"int": torch.int64, "float": torch.float64, "bool": torch.bool}[value["k"]]
+        result = self.new_value("val")
+        self.steps.append(Step("aten::scalar_tensor", "", [
+            value, {"k": "int", "v": _DTYPE_CODES[dtype]}, {"k": "none"},
+            {"k": "device", "type": 0, "index": -1}, {"k": "none"}], [result], "?", ""))
+        return result
+
+    def call(self, op, name: str, where: str, text: str) -> None:
+        if name == "torch.operator":
+            qualified = ir.StringAttr(op.attributes["name"]).value
+            ns, rest = qualified.split(".", 1)
+        else:
+            ns, rest = "aten", name[len("torch.aten."):]
+        opname, _, overload = rest.partition(".")
+        args = [self.operand(v, where) for v in op.operands]
+        op_qual = f"{ns}::{opname}"
+        overload = self.fold_scalars(op_qual, overload, args)
+        args = [self.materialize(a) for a in args]
+        schema = _schema(op_qual, overload)
+        if schema is None:
+            raise TridentError(f"{where}: operator {op_qual}.{overload} is not registered with "
+                               f"PyTorch's dispatcher ({text})")
+        results = []
+        for r in op.results:
+            type_str = str(r.type)
+            if type_str.startswith("!torch.vtensor"):
+                value = self.new_value("val")
+            elif type_str == "!torch.list<vtensor>":
+                value = self.new_value("list")
+            else:
+                raise TridentError(f"{where}: {op_qual} returns {type_str}, which Trident does "
+                                   f"not support ({text})")
+            self.env[self.key(r)] = value
+            results.append(value)
+        self.steps.append(Step(op_qual, overload, args, results, where, text))
+
+    def fold_scalars(self, op: str, overload: str, args: list[dict]) -> str:
+        """Note [Scalar operands]: pick the Scalar overload for NumToTensor operands."""
+        positions = [i for i, a in enumerate(args) if a["k"] == "num_to_tensor"]
+        if not positions:
+            return overload
+        for schema in torch._C._jit_get_schemas_for_operator(op):
+            if len(schema.arguments) != len(args):
+                continue
+            ok = True
+            for i, (arg, have) in enumerate(zip(schema.arguments, args)):
+                want = str(arg.type)
+                if i in positions:
+                    ok = ok and want in ("Scalar", "number")
+                else:
+                    ok = ok and want == str(_schema(op, overload).arguments[i].type)
+            if ok:
+                for i in positions:
+                    args[i] = args[i]["v"]
+                return schema.overload_name
+        return overload
+
+    def finish(self, outputs: list[dict], out_leaves: list) -> Plan:
+        flat: list[dict] = []
+        tensors = iter(outputs)
+        for leaf in out_leaves:
+            if leaf is None:
+                flat.append(next(tensors))
+            else:
+                value = leaf[1]
+                flat.append({"k": "none"} if value is None else
+                            {"k": type(value).__name__, "v": value})
+        _assign_releases(self.steps, flat)
+        return Plan(self.steps, flat, "", self.num_values, self.num_lists)
+
+
+def _uses(operand: dict):
+    """The owned values an operand reads (``val`` and the lists that ``item`` borrows from)."""
+    if operand["k"] == "val":
+        yield ("val", operand["i"])
+    elif operand["k"] == "item":
+        yield ("list", operand["list"])
+    elif operand["k"] in ("tensors", "opt_tensors"):
+        for item in operand["v"]:
+            yield from _uses(item)
+
+
+def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
+    """Release each owned value right after its last use; outputs keep theirs to the end."""
+    last: dict[tuple, int] = {}
+    for index, step in enumerate(steps):
+        for result in step.results:
+            last[(result["k"], result["i"])] = index  # unused results die at once
+        for a in step.args:
+            for use in _uses(a):
+                last[use] = index
+    at_end = {use for out in outputs for use in _uses(out)}
+    for use, index in last.items():
+        if use not in at_end:
+            steps[index].release.append({"k": use[0], "i": use[1]})
+
+
+def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
+    """Walk ``@main`` of an imported module into a :class:`Plan`.
+
+    Raises:
+        TridentError: an op, constant or type the runtime cannot call, naming the source line.
+    """
+    func = module.body.operations[0]
+    plan = _Walker(func).walk(out_leaves)
+    plan.out_spec = out_spec
+    return plan
+
+
+# c10::ScalarType codes, as Torch-MLIR's importer writes them for dtype arguments.
+from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT as _DTYPE_CODES  # noqa: E402

@@ -1,0 +1,480 @@
+// Trident's native runtime, built once per (torch, Python) pair by trident/runtime/__init__.py.
+//
+// It owns the two things plain C cannot do:
+//   * the `Dispatcher` type: the object a user calls. Its tp_call reads the arguments into
+//     `trt_arg`s and enters the installed SCM; on a hit no Python code runs (Note [Hit path]);
+//   * the `trt_api` services an SCM calls: boxed calls into PyTorch's dispatcher, tensor handles,
+//     the current CUDA stream, Python callbacks for Triton's interpreter.
+//
+// Note [Hit path]: user call -> Dispatcher.tp_call -> scm_call (guards, launch sequence) -> wrap
+// outputs -> return. Python is entered only when the SCM reports TRT_MISS (`_slow_path`) or for
+// a kernel that the SCM runs through a registered callback (counted by the SCM's owner).
+
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "trident_rt.h"
+
+struct trt_op {
+  c10::OperatorHandle handle;
+};
+
+namespace {
+
+thread_local std::string g_error;
+
+at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
+trt_tensor* new_handle(at::Tensor&& t) {
+  return reinterpret_cast<trt_tensor*>(new at::Tensor(std::move(t)));
+}
+
+c10::IValue to_ivalue(const trt_value& v) {
+  switch (v.tag) {
+    case TRT_NONE: return c10::IValue();
+    case TRT_TENSOR: return c10::IValue(as_tensor(v.u.t));
+    case TRT_INT: return c10::IValue(v.u.i);
+    case TRT_FLOAT: return c10::IValue(v.u.f);
+    case TRT_BOOL: return c10::IValue(v.u.i != 0);
+    case TRT_INT_LIST: return c10::IValue(std::vector<int64_t>(v.u.ints, v.u.ints + v.len));
+    case TRT_FLOAT_LIST: return c10::IValue(std::vector<double>(v.u.floats, v.u.floats + v.len));
+    case TRT_BOOL_LIST: {
+      c10::List<bool> l;
+      for (int32_t i = 0; i < v.len; ++i) l.push_back(v.u.ints[i] != 0);
+      return c10::IValue(std::move(l));
+    }
+    case TRT_TENSOR_LIST: {
+      c10::List<at::Tensor> l;
+      l.reserve(v.len);
+      for (int32_t i = 0; i < v.len; ++i) l.push_back(as_tensor(v.u.items[i].u.t));
+      return c10::IValue(std::move(l));
+    }
+    case TRT_OPT_TENSOR_LIST: {
+      c10::List<std::optional<at::Tensor>> l;
+      l.reserve(v.len);
+      for (int32_t i = 0; i < v.len; ++i) {
+        const trt_value& item = v.u.items[i];
+        l.push_back(item.tag == TRT_TENSOR ? std::optional<at::Tensor>(as_tensor(item.u.t))
+                                           : std::nullopt);
+      }
+      return c10::IValue(std::move(l));
+    }
+    case TRT_STR: return c10::IValue(std::string(v.u.s));
+    case TRT_DEVICE:
+      return c10::IValue(c10::Device(static_cast<c10::DeviceType>(v.u.i >> 16),
+                                     static_cast<c10::DeviceIndex>((v.u.i & 0xffff) - 1)));
+  }
+  TORCH_CHECK(false, "trident: bad value tag ", v.tag);
+}
+
+void from_ivalue(c10::IValue&& iv, trt_value* out) {
+  out->len = 0;
+  if (iv.isTensor()) {
+    out->tag = TRT_TENSOR;
+    out->u.t = new_handle(std::move(iv).toTensor());
+  } else if (iv.isNone()) {
+    out->tag = TRT_NONE;
+  } else if (iv.isBool()) {
+    out->tag = TRT_BOOL;
+    out->u.i = iv.toBool();
+  } else if (iv.isInt()) {
+    out->tag = TRT_INT;
+    out->u.i = iv.toInt();
+  } else if (iv.isDouble()) {
+    out->tag = TRT_FLOAT;
+    out->u.f = iv.toDouble();
+  } else if (iv.isTensorList()) {
+    auto list = std::move(iv).toTensorList();
+    auto* items = new trt_value[list.size()];
+    for (size_t i = 0; i < list.size(); ++i) {
+      items[i].tag = TRT_TENSOR;
+      items[i].len = 0;
+      items[i].u.t = new_handle(at::Tensor(list.get(i)));
+    }
+    out->tag = TRT_TENSOR_LIST;
+    out->len = static_cast<int32_t>(list.size());
+    out->u.items = items;
+  } else {
+    TORCH_CHECK(false, "trident: unsupported return type ", iv.tagKind());
+  }
+}
+
+// ---- trt_api ------------------------------------------------------------------------------
+
+trt_op* api_op(const char* name, const char* overload) {
+  auto h = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!h) return nullptr;
+  return new trt_op{*h};
+}
+
+int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
+  // Reused across calls: the GIL serializes SCM calls, and no op calls back into an SCM.
+  thread_local torch::jit::Stack stack;
+  try {
+    stack.clear();
+    for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
+    op->handle.callBoxed(stack);
+    TORCH_CHECK(static_cast<int32_t>(stack.size()) >= nrets, "trident: ",
+                op->handle.schema().name(), " returned ", stack.size(), " values, expected ",
+                nrets);
+    for (int32_t i = 0; i < nrets; ++i) from_ivalue(std::move(stack[i]), &rets[i]);
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return 1;
+  }
+}
+
+trt_tensor* api_retain(trt_tensor* t) { return new_handle(at::Tensor(as_tensor(t))); }
+void api_release(trt_tensor* t) { delete reinterpret_cast<at::Tensor*>(t); }
+void api_release_list(trt_value* list) {
+  for (int32_t i = 0; i < list->len; ++i) api_release(list->u.items[i].u.t);
+  delete[] list->u.items;
+  list->u.items = nullptr;
+  list->len = 0;
+}
+void* api_data_ptr(trt_tensor* t) { return as_tensor(t).data_ptr(); }
+
+int api_cuda_stream(int32_t device_index, void** stream) {
+  try {
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    *stream = impl.getStream(c10::Device(c10::DeviceType::CUDA, device_index)).native_handle();
+    return 0;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return 1;
+  }
+}
+
+std::vector<PyObject*> g_callbacks;  // strong references, never freed (a few per function)
+
+PyObject* wrap_value(const trt_value& v, bool steal);
+
+int api_python_callback(int64_t id, const trt_value* args, int32_t nargs) {
+  PyObject* tuple = PyTuple_New(nargs);
+  if (!tuple) goto fail;
+  for (int32_t i = 0; i < nargs; ++i) {
+    PyObject* item = wrap_value(args[i], /*steal=*/false);
+    if (!item) {
+      Py_DECREF(tuple);
+      goto fail;
+    }
+    PyTuple_SET_ITEM(tuple, i, item);
+  }
+  {
+    PyObject* r = PyObject_Call(g_callbacks.at(id), tuple, nullptr);
+    Py_DECREF(tuple);
+    if (!r) goto fail;
+    Py_DECREF(r);
+  }
+  return 0;
+fail:
+  // Keep the Python exception's text; the dispatcher raises a fresh error with the step's line.
+  {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* s = value ? PyObject_Str(value) : nullptr;
+    g_error = s ? PyUnicode_AsUTF8(s) : "python callback failed";
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  }
+  return 1;
+}
+
+void api_set_error(const char* where, const char* message) {
+  std::string msg = message ? std::string(message) : g_error;
+  g_error = std::string(where) + ": " + msg;
+}
+
+const trt_api g_api = {
+    TRT_ABI_VERSION, api_op,          api_call,         api_retain,
+    api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
+    api_python_callback, api_set_error,
+};
+
+// ---- reading arguments and building results ------------------------------------------------
+
+void read_arg(PyObject* obj, trt_arg* a, bool grad_enabled) {
+  std::memset(a, 0, sizeof(*a));
+  if (THPVariable_CheckExact(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    auto* impl = t.unsafeGetTensorImpl();
+    // Layouts, symbolic shapes, conjugate/negative views and wrapper tensors are left to Python.
+    if (!t.defined() || t.layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
+        (!t.is_cpu() && !t.is_cuda()) ||
+        t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage()) {
+      a->kind = TRT_ARG_OTHER;
+      return;
+    }
+    a->kind = TRT_ARG_TENSOR;
+    a->dtype = static_cast<int32_t>(t.scalar_type());
+    a->device_type = static_cast<int32_t>(t.device().type());
+    a->device_index = t.device().index();
+    a->dim = static_cast<int32_t>(t.dim());
+    a->sizes = t.sizes().data();
+    a->strides = t.strides().data();
+    a->storage_offset = t.storage_offset();
+    a->data_ptr = const_cast<void*>(t.const_data_ptr());
+    a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
+    if (grad_enabled && t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+    if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
+  } else if (obj == Py_None) {
+    a->kind = TRT_ARG_NONE;
+  } else if (PyBool_Check(obj)) {
+    a->kind = TRT_ARG_BOOL;
+    a->i = obj == Py_True;
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    a->i = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    a->kind = overflow ? TRT_ARG_OTHER : TRT_ARG_INT;
+  } else if (PyFloat_CheckExact(obj)) {
+    a->kind = TRT_ARG_FLOAT;
+    a->f = PyFloat_AS_DOUBLE(obj);
+  } else {
+    a->kind = TRT_ARG_OTHER;
+  }
+}
+
+// steal=true: the value's tensor handle is owned by us and released here.
+PyObject* wrap_value(const trt_value& v, bool steal) {
+  switch (v.tag) {
+    case TRT_TENSOR: {
+      at::Tensor* t = reinterpret_cast<at::Tensor*>(v.u.t);
+      PyObject* r = steal ? THPVariable_Wrap(std::move(*t)) : THPVariable_Wrap(*t);
+      if (steal) delete t;
+      return r;
+    }
+    case TRT_INT: return PyLong_FromLongLong(v.u.i);
+    case TRT_FLOAT: return PyFloat_FromDouble(v.u.f);
+    case TRT_BOOL: return PyBool_FromLong(v.u.i != 0);
+    case TRT_NONE: Py_RETURN_NONE;
+  }
+  PyErr_Format(PyExc_RuntimeError, "trident: cannot return a value of tag %d", v.tag);
+  return nullptr;
+}
+
+// Note [Output spec]: '(' ... ')' tuple, '[' ... ']' list, 'v' the next flat value, 'n' None.
+PyObject* build_output(const char*& p, trt_result* r, int32_t& next) {
+  char c = *p++;
+  if (c == 'v') {
+    PyObject* o = wrap_value(r->outs[next], /*steal=*/true);
+    r->outs[next].tag = TRT_NONE;  // taken over
+    ++next;
+    return o;
+  }
+  if (c == 'n') Py_RETURN_NONE;
+  char close = c == '(' ? ')' : ']';
+  PyObject* list = PyList_New(0);
+  if (!list) return nullptr;
+  while (*p != close) {
+    PyObject* item = build_output(p, r, next);
+    if (!item || PyList_Append(list, item) < 0) {
+      Py_XDECREF(item);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  ++p;
+  if (c == '[') return list;
+  PyObject* tuple = PyList_AsTuple(list);
+  Py_DECREF(list);
+  return tuple;
+}
+
+void release_outputs(trt_result* r, int32_t from) {
+  for (int32_t i = from; i < r->nouts; ++i)
+    if (r->outs[i].tag == TRT_TENSOR) api_release(r->outs[i].u.t);
+}
+
+// ---- Dispatcher ----------------------------------------------------------------------------
+
+PyObject* TridentError = nullptr;
+
+struct Dispatcher {
+  PyObject_HEAD
+  PyObject* dict;
+  PyObject* weaklist;
+  trt_scm_call_fn call;
+  trt_scm_match_fn match;
+  unsigned long long hits;
+};
+
+PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<Dispatcher*>(type->tp_alloc(type, 0));
+  return reinterpret_cast<PyObject*>(self);
+}
+
+int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int Dispatcher_clear(Dispatcher* self) {
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void Dispatcher_dealloc(Dispatcher* self) {
+  PyObject_GC_UnTrack(self);
+  if (self->weaklist) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
+  Dispatcher_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
+  env->grad_enabled = at::GradMode::is_enabled();
+  for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i], env->grad_enabled);
+  return true;
+}
+
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if ((kwargs && PyDict_GET_SIZE(kwargs)) || n > TRT_MAX_ARGS || !self->call)
+    return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
+                               kwargs ? kwargs : Py_None);
+  trt_arg a[TRT_MAX_ARGS];
+  trt_env env;
+  read_args(args, a, n, &env);
+  trt_result result;
+  result.nouts = 0;
+  int rc;
+  {
+    // Specializations exist only for calls that need no autograd (a tensor that requires grad
+    // under grad mode misses), so the launch sequence skips the Autograd dispatch keys, as
+    // torch.no_grad() would not: ADInplaceOrView still bumps version counters and records views.
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    rc = self->call(a, static_cast<int32_t>(n), &env, &result);
+  }
+  if (rc == TRT_MISS)
+    return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
+                               Py_None);
+  if (rc == TRT_ERROR) {
+    PyErr_SetString(TridentError, g_error.c_str());
+    return nullptr;
+  }
+  ++self->hits;
+  const char* p = result.spec;
+  int32_t next = 0;
+  PyObject* out = build_output(p, &result, next);
+  if (!out) release_outputs(&result, next);
+  return out;
+}
+
+// _install(call_address, match_address): point the hit path at a (re)built SCM; 0, 0 uninstalls.
+PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
+  unsigned long long call_addr, match_addr;
+  if (!PyArg_ParseTuple(args, "KK", &call_addr, &match_addr)) return nullptr;
+  self->call = reinterpret_cast<trt_scm_call_fn>(call_addr);
+  self->match = reinterpret_cast<trt_scm_match_fn>(match_addr);
+  Py_RETURN_NONE;
+}
+
+// _match(*args) -> int: the specialization the native guards pick, or -1. For tests and explain.
+PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (!self->match || n > TRT_MAX_ARGS) return PyLong_FromLong(-1);
+  trt_arg a[TRT_MAX_ARGS];
+  trt_env env;
+  read_args(args, a, n, &env);
+  return PyLong_FromLong(self->match(a, static_cast<int32_t>(n), &env));
+}
+
+PyObject* Dispatcher_get_hits(Dispatcher* self, void*) { return PyLong_FromUnsignedLongLong(self->hits); }
+int Dispatcher_set_hits(Dispatcher* self, PyObject* value, void*) {
+  if (!value) return -1;
+  self->hits = PyLong_AsUnsignedLongLong(value);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+PyMethodDef Dispatcher_methods[] = {
+    {"_install", reinterpret_cast<PyCFunction>(Dispatcher_install), METH_VARARGS,
+     "_install(call_address, match_address): install a Specialization Cache Module's entries."},
+    {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
+     "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef Dispatcher_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {"hits", reinterpret_cast<getter>(Dispatcher_get_hits),
+     reinterpret_cast<setter>(Dispatcher_set_hits), "calls served by the native hit path", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject DispatcherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---- module ---------------------------------------------------------------------------------
+
+PyObject* api_address(PyObject*, PyObject*) {
+  return PyLong_FromVoidPtr(const_cast<trt_api*>(&g_api));
+}
+
+PyObject* register_callback(PyObject*, PyObject* fn) {
+  Py_INCREF(fn);
+  g_callbacks.push_back(fn);
+  return PyLong_FromSize_t(g_callbacks.size() - 1);
+}
+
+PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }
+
+// TridentError is defined in Python (trident/errors.py) and handed over once at load time.
+PyObject* set_error_type(PyObject*, PyObject* type) {
+  Py_INCREF(type);
+  Py_XSETREF(TridentError, type);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef module_methods[] = {
+    {"api_address", api_address, METH_NOARGS, "Address of the runtime's trt_api table."},
+    {"register_callback", register_callback, METH_O,
+     "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
+    {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
+    {"set_error_type", set_error_type, METH_O, "set_error_type(cls): the class raised on TRT_ERROR."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "trident_rt", nullptr, -1, module_methods};
+
+}  // namespace
+
+#define TRT_CONCAT2(a, b) a##b
+#define TRT_CONCAT(a, b) TRT_CONCAT2(a, b)
+
+extern "C" PyMODINIT_FUNC TRT_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  DispatcherType.tp_name = "trident.runtime.Dispatcher";
+  DispatcherType.tp_basicsize = sizeof(Dispatcher);
+  DispatcherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  DispatcherType.tp_doc =
+      "Native entry of a @trident.jit function: guards and launches run in the installed SCM.";
+  DispatcherType.tp_new = Dispatcher_new;
+  DispatcherType.tp_dealloc = reinterpret_cast<destructor>(Dispatcher_dealloc);
+  DispatcherType.tp_traverse = reinterpret_cast<traverseproc>(Dispatcher_traverse);
+  DispatcherType.tp_clear = reinterpret_cast<inquiry>(Dispatcher_clear);
+  DispatcherType.tp_call = reinterpret_cast<ternaryfunc>(Dispatcher_call);
+  DispatcherType.tp_methods = Dispatcher_methods;
+  DispatcherType.tp_getset = Dispatcher_getset;
+  DispatcherType.tp_dictoffset = offsetof(Dispatcher, dict);
+  DispatcherType.tp_weaklistoffset = offsetof(Dispatcher, weaklist);
+  if (PyType_Ready(&DispatcherType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m) return nullptr;
+  Py_INCREF(&DispatcherType);
+  PyModule_AddObject(m, "Dispatcher", reinterpret_cast<PyObject*>(&DispatcherType));
+  return m;
+}

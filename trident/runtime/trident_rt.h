@@ -1,0 +1,158 @@
+/*
+ * trident_rt.h: the C ABI between Trident's runtime (runtime.cpp, C++, built once per torch
+ * version) and the Specialization Cache Modules it runs (plain C, generated per function).
+ *
+ * Ownership (Note [Handle ownership]): a `trt_tensor` is an opaque `at::Tensor*`.
+ *   - handles in `trt_arg.tensor` are BORROWED from the caller's Python tensors;
+ *   - handles returned by `trt_api.call` / `trt_api.retain` are NEW and must be given back with
+ *     `trt_api.release`, or handed to the dispatcher as outputs, which takes them over.
+ * Every entry point returns 0 on success and non-zero on failure; on failure the runtime holds a
+ * thread-local message (`trt_api.set_error` adds the failing step's source line).
+ */
+#ifndef TRIDENT_RT_H
+#define TRIDENT_RT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRT_ABI_VERSION 1
+#define TRT_MAX_ARGS 64
+#define TRT_MAX_OUTS 64
+
+typedef struct trt_tensor trt_tensor;
+typedef struct trt_op trt_op;
+
+/* What the dispatcher saw in one positional argument (filled in C++ before any guard runs). */
+enum trt_arg_kind {
+  TRT_ARG_OTHER = 0, /* anything the native guards cannot decide: always a miss */
+  TRT_ARG_TENSOR = 1,
+  TRT_ARG_INT = 2,
+  TRT_ARG_FLOAT = 3,
+  TRT_ARG_BOOL = 4,
+  TRT_ARG_NONE = 5,
+};
+
+/* trt_arg.flags bits for tensors */
+#define TRT_REQUIRES_GRAD 1 /* requires_grad and grad mode on: autograd is needed */
+#define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
+
+typedef struct trt_arg {
+  int32_t kind;
+  int32_t flags;
+  /* tensors */
+  int32_t dtype;       /* c10::ScalarType */
+  int32_t device_type; /* c10::DeviceType: 0 CPU, 1 CUDA */
+  int32_t device_index;
+  int32_t dim;
+  const int64_t* sizes;
+  const int64_t* strides;
+  int64_t storage_offset;
+  void* data_ptr;
+  trt_tensor* tensor; /* borrowed */
+  /* scalars */
+  int64_t i;
+  double f;
+} trt_arg;
+
+/* A value on an op's boxed stack. */
+enum trt_tag {
+  TRT_NONE = 0,
+  TRT_TENSOR = 1,
+  TRT_INT = 2,
+  TRT_FLOAT = 3,
+  TRT_BOOL = 4,
+  TRT_INT_LIST = 5,    /* u.ints[0..len) */
+  TRT_FLOAT_LIST = 6,  /* u.floats[0..len) */
+  TRT_BOOL_LIST = 7,   /* u.ints[0..len), 0 or 1 */
+  TRT_TENSOR_LIST = 8, /* u.items[0..len), each TRT_TENSOR */
+  TRT_OPT_TENSOR_LIST = 9, /* u.items[0..len), each TRT_TENSOR or TRT_NONE */
+  TRT_STR = 10,        /* u.s, NUL-terminated */
+  TRT_DEVICE = 11,     /* u.i = device_type * 65536 + (device_index + 1) */
+};
+
+typedef struct trt_value {
+  int32_t tag;
+  int32_t len;
+  union {
+    trt_tensor* t;
+    int64_t i;
+    double f;
+    const int64_t* ints;
+    const double* floats;
+    const struct trt_value* items;
+    const char* s;
+  } u;
+} trt_value;
+
+/* Results that the SCM hands back to the dispatcher for one call. `spec` says how to rebuild the
+ * user's output structure from `outs` (Note [Output spec] in trident/plan.py). */
+typedef struct trt_result {
+  const char* spec;
+  int32_t nouts;
+  trt_value outs[TRT_MAX_OUTS];
+} trt_result;
+
+/* Call-wide state read once per call. */
+typedef struct trt_env {
+  int32_t grad_enabled;
+} trt_env;
+
+/* The runtime's services, handed to an SCM once by scm_init(). */
+typedef struct trt_api {
+  int32_t abi_version;
+  /* Look an operator up in PyTorch's dispatcher ("aten::add", "Tensor"); NULL if absent. */
+  trt_op* (*op)(const char* name, const char* overload);
+  /* Boxed call: args[0..nargs) in schema order; writes nrets returns (new tensor handles). */
+  int (*call)(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets);
+  trt_tensor* (*retain)(trt_tensor* t); /* new handle to the same tensor */
+  void (*release)(trt_tensor* t);
+  void (*release_list)(trt_value* list); /* a TRT_TENSOR_LIST returned by call() */
+  /* Tensor facts the launch sequence needs (Triton launches). */
+  void* (*data_ptr)(trt_tensor* t);
+  /* Current stream of a CUDA device as a CUstream; NULL for the default stream. */
+  int (*cuda_stream)(int32_t device_index, void** stream);
+  /* Run a Python callback registered by the SCM's owner (a Triton kernel on CPU tensors through
+   * Triton's interpreter). args are tensors and scalars; returns 0 on success. */
+  int (*python_callback)(int64_t callback_id, const trt_value* args, int32_t nargs);
+  /* Prefix the pending error with where it happened (the user's source line). */
+  void (*set_error)(const char* where, const char* message);
+} trt_api;
+
+/* Operand constructors used by generated launch sequences. */
+#define TRT_T(x) ((trt_value){TRT_TENSOR, 0, {.t = (x)}})
+#define TRT_I(x) ((trt_value){TRT_INT, 0, {.i = (x)}})
+#define TRT_F(x) ((trt_value){TRT_FLOAT, 0, {.f = (x)}})
+#define TRT_B(x) ((trt_value){TRT_BOOL, 0, {.i = (x)}})
+#define TRT_NONE_V ((trt_value){TRT_NONE, 0, {.i = 0}})
+#define TRT_S(x) ((trt_value){TRT_STR, 0, {.s = (x)}})
+#define TRT_DEV(type, index) ((trt_value){TRT_DEVICE, 0, {.i = (type) * 65536 + (index) + 1}})
+#define TRT_IL(p, n) ((trt_value){TRT_INT_LIST, (n), {.ints = (p)}})
+#define TRT_FL(p, n) ((trt_value){TRT_FLOAT_LIST, (n), {.floats = (p)}})
+#define TRT_BL(p, n) ((trt_value){TRT_BOOL_LIST, (n), {.ints = (p)}})
+#define TRT_TL(p, n) ((trt_value){TRT_TENSOR_LIST, (n), {.items = (p)}})
+#define TRT_OTL(p, n) ((trt_value){TRT_OPT_TENSOR_LIST, (n), {.items = (p)}})
+
+/* Float guards compare bit patterns, so NaN and -0.0 guard like any other value. */
+static inline uint64_t trt_f64_bits(double f) {
+  union { double f; uint64_t u; } v;
+  v.f = f;
+  return v.u;
+}
+
+/* The entry points every SCM exports. */
+typedef int (*trt_scm_init_fn)(const trt_api* api);
+typedef int (*trt_scm_match_fn)(const trt_arg* args, int32_t nargs, const trt_env* env);
+/* Returns the specialization index that ran (>= 0), TRT_MISS, or TRT_ERROR. */
+typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env* env,
+                               trt_result* result);
+#define TRT_MISS (-1)
+#define TRT_ERROR (-2)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRIDENT_RT_H */
