@@ -29,6 +29,7 @@ from .runtime import HEADER
 # The three symbols every SCM exports (see templates/scm.c.jinja).
 CDEF = """
 int scm_init(uintptr_t api);
+int scm_set_callback(int slot, int64_t id);
 uintptr_t scm_call_address(void);
 uintptr_t scm_match_address(void);
 """
@@ -40,7 +41,8 @@ _log = config.logger("cache")
 def module_name(source: str) -> str:
     """Note [Build key]: the C source, the runtime ABI header, the flags, cffi and Python."""
     h = hashlib.sha256()
-    for part in (source, HEADER.read_text(), " ".join(CFLAGS), cffi.__version__, sys.version):
+    for part in (source, HEADER.read_text(), (HEADER.parent / "trident_cuda.h").read_text(),
+                 " ".join(CFLAGS), cffi.__version__, sys.version):
         h.update(part.encode())
     return f"trident_scm_{h.hexdigest()[:20]}"
 
@@ -67,14 +69,21 @@ def _compile(name: str, source: str, directory: Path, target: Path) -> None:
     try:
         ffi = cffi.FFI()
         ffi.cdef(CDEF)
-        ffi.set_source(name, source, include_dirs=[str(HEADER.parent)],
-                       extra_compile_args=CFLAGS)
+        ffi.set_source(name, source, include_dirs=[str(HEADER.parent), _cuda_include()],
+                       extra_compile_args=CFLAGS, libraries=["dl"])
         built = ffi.compile(tmpdir=str(tmp), verbose=False)
         (directory / f"{name}.c").write_text(source)
         os.replace(built, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log.info("built %s in %.2f s", target, time.perf_counter() - start)
+
+
+def _cuda_include() -> str:
+    """``cuda.h`` as Triton ships it (triton/backends/nvidia/include), for Triton launches."""
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "include")
 
 
 def _load(name: str, path: Path) -> ModuleType:

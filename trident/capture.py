@@ -24,6 +24,7 @@ import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from .errors import TridentError
@@ -89,6 +90,68 @@ def source_line(stack_trace: str | None) -> tuple[str, str]:
     return f"{path.rsplit('/', 1)[-1]}:{lineno}", text
 
 
+class _TritonLaunches:
+    """While tracing, ``kernel[grid](...)`` records a ``triton_kernel_wrapper_mutation`` node.
+
+    Triton's ``KernelInterface.__getitem__`` (the base of ``JITFunction``, ``Autotuner`` and
+    ``Heuristics`` in triton 3.6) is replaced for the duration of the trace; the launch is
+    resolved by ``kernels.resolve_launch`` and stored in PyTorch's kernel side table, where the
+    importer finds it.
+    """
+
+    def __init__(self, real_args: tuple):
+        self.aligned_inputs = [isinstance(a, torch.Tensor) and a.data_ptr() % 16 == 0
+                               for a in real_args]
+        self.input_storages: dict = {}
+
+    def bind_inputs(self, fake_args: tuple) -> None:
+        for fake, aligned in zip(fake_args, self.aligned_inputs):
+            if isinstance(fake, torch.Tensor):
+                self.input_storages[StorageWeakRef(fake.untyped_storage())] = (
+                    fake.storage_offset(), aligned)
+
+    def aligned(self, t: torch.Tensor) -> bool:
+        """Note [Pointer alignment] in kernels.py."""
+        root = self.input_storages.get(StorageWeakRef(t.untyped_storage()))
+        if root is None:
+            return t.storage_offset() * t.element_size() % 16 == 0
+        offset, aligned = root
+        return aligned and (t.storage_offset() - offset) * t.element_size() % 16 == 0
+
+    def launch(self, kernel, grid, args, kwargs) -> None:
+        from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
+                                                                triton_kernel_wrapper_mutation)
+
+        from .kernels import resolve_launch
+
+        jit_fn, launch, tensors = resolve_launch(kernel, grid, args, kwargs, self.aligned)
+        summary = _user_frame()
+        if summary is not None:
+            fx_traceback.set_stack_trace(traceback.format_list([summary]))
+        triton_kernel_wrapper_mutation(
+            kernel_idx=kernel_side_table.add_kernel(jit_fn),
+            constant_args_idx=kernel_side_table.add_constant_args(
+                {"__trident_launch__": dataclasses.asdict(launch)}),
+            grid=[tuple(launch.grid)], tma_descriptor_metadata={}, kwargs=tensors)
+
+    def __enter__(self):
+        try:
+            from triton.runtime.jit import KernelInterface
+        except ImportError:
+            self._restore = None
+            return self
+        original = KernelInterface.__getitem__
+        KernelInterface.__getitem__ = lambda kernel, grid: (
+            lambda *args, **kwargs: self.launch(kernel, grid, args, kwargs))
+        self._restore = (KernelInterface, original)
+        return self
+
+    def __exit__(self, *exc):
+        if self._restore is not None:
+            cls, original = self._restore
+            cls.__getitem__ = original
+
+
 def trace(fn: Callable, args: tuple) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
@@ -97,8 +160,10 @@ def trace(fn: Callable, args: tuple) -> Capture:
             are not arguments, outputs other than tensors, tuples, lists, None and scalars).
     """
     holder: dict[str, Any] = {}
+    launches = _TritonLaunches(args)
 
     def flat_forward(*flat_args):
+        launches.bind_inputs(flat_args)
         result = fn(*flat_args)
         leaves, spec = pytree.tree_flatten(result)
         holder["spec"] = spec
@@ -106,7 +171,7 @@ def trace(fn: Callable, args: tuple) -> Capture:
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
     try:
-        with fx_traceback.preserve_node_meta(), _SourceLines():
+        with fx_traceback.preserve_node_meta(), _SourceLines(), launches:
             gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
     except TridentError:
         raise

@@ -6,11 +6,13 @@ Each step of a launch sequence is commented with the user's source line that pro
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 
@@ -46,26 +48,48 @@ def c_comment(s: str) -> str:
 
 @dataclasses.dataclass
 class CStep:
+    """One step as the template prints it. ``kind``: ``aten`` (a boxed dispatcher call),
+    ``cuda`` (a Triton launch through the driver) or ``callback`` (a Triton launch through
+    Triton's interpreter, in Python)."""
+
+    kind: str
     where: str
     text: str
     op: str
-    op_index: int
     locals: list[str]
     args: list[str]
-    nrets: int
-    takes: list[str]
     releases: list[str]
+    op_index: int = 0
+    nrets: int = 0
+    takes: list[str] = dataclasses.field(default_factory=list)
+    kernel: str = ""  # cuda: the trt_kernel variable
+    device: int = 0
+    grid: tuple = (1, 1, 1)
+    slot: int = 0  # callback: index into the module's callback table
+
+
+class Rendered(NamedTuple):
+    """An SCM's source and, per callback slot, the (specialization, step) it launches."""
+
+    source: str
+    callbacks: list[tuple[int, int]]
+
+
+_CUDA_SCALAR = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
+                "uint64_t"}
 
 
 class _SpecRenderer:
     """Turns one specialization's plan into C declarations and statements."""
 
-    def __init__(self, index: int, spec: Specialization, op_index):
+    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list):
         self.index = index
         self.spec = spec
         self.op_index = op_index
+        self.callbacks = callbacks
         self.statics: list[str] = []
         self.locals: list[str] = []
+        self.uses_cuda = False
 
     def static_array(self, ctype: str, items: list[str]) -> str:
         name = f"k{self.index}_{len(self.statics)}"
@@ -109,7 +133,73 @@ class _SpecRenderer:
             return f"{macro}({name}, {len(o['v'])})"
         raise ValueError(f"unknown operand {o}")
 
-    def step(self, s) -> CStep:
+    def pointer(self, o: dict) -> str:
+        """A tensor operand's data pointer, for a kernel parameter."""
+        if o["k"] == "arg":
+            return f"(CUdeviceptr)a[{o['i']}].data_ptr"
+        return f"(CUdeviceptr)rt->data_ptr({self.operand(o)[len('TRT_T('):-1]})"
+
+    def releases(self, s) -> list[str]:
+        out = []
+        for rel in s.release:
+            if rel["k"] == "val":
+                out.append(f"rt->release(v{rel['i']}); v{rel['i']} = NULL;")
+            else:
+                out.append(f"rt->release_list(&l{rel['i']});")
+        return out
+
+    def triton(self, index: int, s) -> CStep:
+        self.locals = []
+        launch = s.launch
+        tensors = iter(s.args)
+        binary = launch.get("binary")
+        if binary is None:  # CPU tensors: Triton's interpreter, called back in Python
+            values = []
+            for p in launch["params"]:
+                if p["kind"] == "tensor":
+                    values.append(self.operand(next(tensors)))
+                elif p["kind"] == "scalar":
+                    values.append(self.operand(_scalar_operand(p["value"])))
+            self.callbacks.append((self.index, index))
+            return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}",
+                         self.locals, values, self.releases(s), slot=len(self.callbacks) - 1)
+        self.uses_cuda = True
+        name = f"kernel{self.index}_{index}"
+        cubin = base64.b64decode(binary["cubin"])
+        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
+        self.statics.append(f"/* {launch['kernel']}: {binary['arch']} cubin, {len(cubin)} bytes "
+                            f"*/\nstatic const unsigned char cubin{self.index}_{index}[] = {{\n  "
+                            + ",\n  ".join(rows) + "\n};")
+        self.statics.append(
+            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin{self.index}_{index}, "
+            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
+            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
+        params = []
+        for p, ctype in zip(launch["params"], binary["arg_types"]):
+            if p["kind"] == "tensor":
+                operand = next(tensors)
+            if ctype is None:
+                continue
+            var = f"p{len(params)}"
+            if p["kind"] == "tensor":
+                self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  /* {p['name']} */")
+            elif ctype in _CUDA_SCALAR:
+                self.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
+            else:
+                self.locals.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
+                                   f"/* {p['name']} */")
+            params.append(f"&{var}")
+        self.locals.append("CUdeviceptr scratch[2] = {0, 0};  /* Triton's global and profile "
+                           "scratch */")
+        params += ["&scratch[0]", "&scratch[1]"]
+        device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
+        return CStep("cuda", s.where, c_comment(s.text), f"triton {s.overload}", self.locals,
+                     params, self.releases(s), kernel=name, device=device,
+                     grid=tuple(launch["grid"]))
+
+    def step(self, index: int, s) -> CStep:
+        if s.op == "triton":
+            return self.triton(index, s)
         self.locals = []
         args = [self.operand(a) for a in s.args]
         takes = []
@@ -118,15 +208,10 @@ class _SpecRenderer:
                 takes.append(f"v{r['i']} = r[{j}].u.t;")
             else:
                 takes.append(f"l{r['i']} = r[{j}];")
-        releases = []
-        for rel in s.release:
-            if rel["k"] == "val":
-                releases.append(f"rt->release(v{rel['i']}); v{rel['i']} = NULL;")
-            else:
-                releases.append(f"rt->release_list(&l{rel['i']});")
         op = f"{s.op}.{s.overload}" if s.overload else s.op
-        return CStep(s.where, c_comment(s.text), op, self.op_index(s.op, s.overload),
-                     self.locals, args, len(s.results), takes, releases)
+        return CStep("aten", s.where, c_comment(s.text), op, self.locals, args, self.releases(s),
+                     op_index=self.op_index(s.op, s.overload), nrets=len(s.results),
+                     takes=takes)
 
     def outputs(self) -> list[str]:
         lines, moved = [], set()
@@ -143,7 +228,7 @@ class _SpecRenderer:
 
     def render(self) -> dict:
         plan = self.spec.plan
-        steps = [self.step(s) for s in plan.steps]
+        steps = [self.step(i, s) for i, s in enumerate(plan.steps)]
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
@@ -160,17 +245,28 @@ class _SpecRenderer:
         }
 
 
-def render(specs: list[Specialization], function: str) -> str:
+def _scalar_operand(value) -> dict:
+    if value is None:
+        return {"k": "none"}
+    return {"k": {bool: "bool", int: "int", float: "float"}[type(value)], "v": value}
+
+
+def render(specs: list[Specialization], function: str) -> Rendered:
     """The SCM's C source for ``specs`` (in guard-evaluation order)."""
     ops: dict[tuple[str, str], int] = {}
+    callbacks: list[tuple[int, int]] = []
 
     def op_index(op: str, overload: str) -> int:
         return ops.setdefault((op, overload), len(ops))
 
-    rendered = [_SpecRenderer(i, s, op_index).render() for i, s in enumerate(specs)]
-    return environment().get_template("scm.c.jinja").render(
+    renderers = [_SpecRenderer(i, s, op_index, callbacks) for i, s in enumerate(specs)]
+    rendered = [r.render() for r in renderers]
+    source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
         specs=rendered,
         ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
              for (n, o) in ops],
+        uses_cuda=any(r.uses_cuda for r in renderers),
+        num_callbacks=len(callbacks),
     )
+    return Rendered(source, callbacks)

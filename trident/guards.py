@@ -26,6 +26,7 @@ KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float"
 _C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT",
             FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
+MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
 DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in TORCH_DTYPE_TO_INT.items()}
 
 

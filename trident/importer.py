@@ -7,7 +7,10 @@ Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops 
 
 from __future__ import annotations
 
+import json
+
 import torch.fx as fx
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_dialect
 from torch_mlir.extras.fx_importer import FxImporter, GraphNodeImporter
@@ -15,8 +18,34 @@ from torch_mlir.extras.fx_importer import FxImporter, GraphNodeImporter
 from . import config
 
 
+TRITON_LAUNCH = "trident.triton_launch"
+
+
 class NodeImporter(GraphNodeImporter):
-    """Torch-MLIR's node importer; Trident adds ``_import_hop_<name>`` methods here."""
+    """Torch-MLIR's node importer with Trident's ``_import_hop_<name>`` methods."""
+
+    def _import_hop_triton_kernel_wrapper_mutation(self, loc: ir.Location, node: fx.Node,
+                                                   hop) -> None:
+        """A Triton launch becomes ``torch.operator "trident.triton_launch"(%tensors...)``.
+
+        The operands are the tensor arguments in parameter order; attributes name the kernel
+        (``kernel``) and carry the resolved launch (``launch``, JSON of ``kernels.Launch``:
+        scalars, constexprs, grid, options, pointer alignment). The op has no results: the
+        kernel writes through its pointers, and later ops read the same tensor values.
+        """
+        launch = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"]).get(
+            "__trident_launch__")
+        if launch is None:
+            raise NotImplementedError("Triton launches are imported from Trident's capture only")
+        tensors = node.kwargs["kwargs"]
+        operands = [self._import_argument(loc, tensors[p["name"]])
+                    for p in launch["params"] if p["kind"] == "tensor"]
+        with loc:
+            ir.Operation.create("torch.operator", results=[], operands=operands, attributes={
+                "name": ir.StringAttr.get(TRITON_LAUNCH),
+                "kernel": ir.StringAttr.get(launch["kernel"]),
+                "launch": ir.StringAttr.get(json.dumps(launch, sort_keys=True)),
+            })
 
 
 def import_graph(gm: fx.GraphModule, func_name: str = "main") -> ir.Module:

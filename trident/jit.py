@@ -16,11 +16,11 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, config, runtime
+from . import build, codegen, config, kernels, runtime
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import TridentError
-from .guards import KIND_NAMES, OTHER, arg_facts, first_failure, guards_for
+from .guards import MAX_ARGS, OTHER, arg_facts, first_failure, guards_for
 from .importer import import_graph
 from .plan import build_plan
 from .specialization import Specialization
@@ -39,6 +39,8 @@ class Stats:
         compiles: specializations traced and compiled in this process.
         fallbacks: calls run by eager PyTorch (unsupported input or code, autograd, limit).
         traces: times the function was traced (``compiles`` plus failed attempts).
+        interpreted_launches: Triton launches on CPU tensors, run through Triton's interpreter
+            by a callback from the SCM (the only Python on a hit).
         miss_reasons: for recent misses, the guard that failed, e.g.
             ``"x.size(0) == 4 (specialization 0: f(x: float32[4] cpu))"``.
     """
@@ -48,6 +50,7 @@ class Stats:
     compiles: int = 0
     fallbacks: int = 0
     traces: int = 0
+    interpreted_launches: int = 0
     miss_reasons: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -66,6 +69,7 @@ class JitFunctionMixin:
         self._eager_signatures: list[tuple[list, str]] = []
         self._cache: FunctionCache | None = None
         self._module = None
+        self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
         params = list(inspect.signature(fn).parameters.values())
         self._signature = inspect.signature(fn)
@@ -102,7 +106,7 @@ class JitFunctionMixin:
     def source(self) -> str:
         """The C source of the installed Specialization Cache Module."""
         self._ensure_loaded()
-        return codegen.render(self._specs, self.__qualname__) if self._specs else ""
+        return codegen.render(self._specs, self.__qualname__).source if self._specs else ""
 
     def mlir(self, *args) -> str:
         """The Torch-MLIR module (``torch`` dialect) Trident builds for ``args``."""
@@ -126,7 +130,7 @@ class JitFunctionMixin:
         if self._cache is None:
             self._ensure_loaded()
             if self._specs and self._match(*args) >= 0:
-                return self(*args)
+                return self(*args)  # served from the cached module: a hit
         return self._on_miss(args)
 
     # ---- miss path --------------------------------------------------------------------------
@@ -153,6 +157,9 @@ class JitFunctionMixin:
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
 
+        if len(args) > MAX_ARGS:
+            return self._eager(args, None, f"{len(args)} arguments; the native path reads at "
+                               f"most {MAX_ARGS}")
         facts = [arg_facts(a, grad) for a in args]
         for i, f in enumerate(facts):
             if f["kind"] == OTHER:
@@ -190,7 +197,7 @@ class JitFunctionMixin:
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
-        return self(*args)
+        return self._run(*args)
 
     def _miss_reason(self, args: tuple, grad: bool) -> str:
         if not self._specs:
@@ -214,12 +221,21 @@ class JitFunctionMixin:
             captured = trace(self._fn, args)
         module = import_graph(captured.graph_module)
         plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        for step in plan.steps:
+            if step.op == "triton" and step.launch["device"].startswith("cuda"):
+                step.launch["binary"] = kernels.compile_cuda(
+                    kernels.find_kernel(step.launch["ref"], self._fn),
+                    kernels.Launch(**step.launch),
+                    torch.cuda.get_device_capability(step.launch["device"]))
         names = [self._arg_label(i) for i in range(len(args))]
         spec = Specialization(self._describe(args, names), names, guards_for(args, grad), plan)
         self._counters.compiles += 1
         _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
                          spec.signature, time.perf_counter() - start)
         return spec
+
+    def _count_interpreted(self) -> None:
+        self._counters.interpreted_launches += 1
 
     def _describe(self, args: tuple, names: list[str]) -> str:
         parts = []
@@ -232,13 +248,24 @@ class JitFunctionMixin:
         return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
-        source = codegen.render(specs, self.__qualname__)
-        _code_log.info("%s", source)
-        module = build.build(source, self._cache.directory)
-        rc = module.lib.scm_init(runtime.load().api_address())
+        rendered = codegen.render(specs, self.__qualname__)
+        _code_log.info("%s", rendered.source)
+        module = build.build(rendered.source, self._cache.directory)
+        rt = runtime.load()
+        rc = module.lib.scm_init(rt.api_address())
         if rc != 0:
             raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
                                f"calls (op table entry {rc - 1})")
+        for slot, (spec_index, step_index) in enumerate(rendered.callbacks):
+            key = (specs[spec_index].key, step_index)
+            if key not in self._callback_ids:
+                launch = specs[spec_index].plan.steps[step_index].launch
+                launcher = kernels.interpreted_launcher(
+                    kernels.find_kernel(launch["ref"], self._fn),
+                    kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
+                    self._count_interpreted)
+                self._callback_ids[key] = rt.register_callback(launcher)
+            module.lib.scm_set_callback(slot, self._callback_ids[key])
         self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
         self._module = module
         self._specs = specs

@@ -23,6 +23,7 @@ inside ATen, so the plan calls ``add.Scalar(x, 1)`` instead of allocating a 0-di
 from __future__ import annotations
 
 import dataclasses
+import json
 import linecache
 import re
 from typing import Any
@@ -31,6 +32,8 @@ import torch
 from torch_mlir import ir
 
 from .errors import TridentError
+from .guards import MAX_OUTS
+from .importer import TRITON_LAUNCH
 
 _LOC = re.compile(r'"([^"]+)":(\d+)')
 
@@ -46,6 +49,9 @@ class Step:
     where: str  # "model.py:12"
     text: str  # the user's source line
     release: list[dict] = dataclasses.field(default_factory=list)  # dead after this step
+    # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
+    # for CUDA (kernels.compile_cuda). args are then the tensor arguments in parameter order.
+    launch: dict | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -139,6 +145,12 @@ class _Walker:
                                                  "v": self.operand(op.operands[0], where)}
             elif name == "func.return":
                 outputs = [self.operand(v, where) for v in op.operands]
+            elif name == "torch.operator" and ir.StringAttr(
+                    op.attributes["name"]).value == TRITON_LAUNCH:
+                launch = json.loads(ir.StringAttr(op.attributes["launch"]).value)
+                args = [self.operand(v, where) for v in op.operands]
+                self.steps.append(Step("triton", launch["kernel"], args, [], where, text,
+                                       launch=launch))
             elif name.startswith("torch.aten.") or name == "torch.operator":
                 self.call(op, name, where, text)
             else:
@@ -252,6 +264,9 @@ class _Walker:
                 value = leaf[1]
                 flat.append({"k": "none"} if value is None else
                             {"k": type(value).__name__, "v": value})
+        if len(flat) > MAX_OUTS:
+            raise TridentError(f"the function returns {len(flat)} values; the native path "
+                               f"returns at most {MAX_OUTS}")
         _assign_releases(self.steps, flat)
         return Plan(self.steps, flat, "", self.num_values, self.num_lists)
 

@@ -343,12 +343,23 @@ bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   return true;
 }
 
-PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+// Argument records: on the C stack for the common case; a call with more arguments takes a heap
+// buffer (not a thread-local one: a Python callback inside a launch sequence may re-enter).
+struct ArgBuffer {
+  trt_arg local[64];
+  std::vector<trt_arg> heap;
+  trt_arg* get(Py_ssize_t n) {
+    if (n <= 64) return local;
+    heap.resize(n);
+    return heap.data();
+  }
+};
+
+// Runs the installed SCM on `args`. Returns nullptr with *missed set when no guard holds.
+PyObject* run_scm(Dispatcher* self, PyObject* args, bool* missed) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
-  if ((kwargs && PyDict_GET_SIZE(kwargs)) || n > TRT_MAX_ARGS || !self->call)
-    return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
-                               kwargs ? kwargs : Py_None);
-  trt_arg a[TRT_MAX_ARGS];
+  ArgBuffer buffer;
+  trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(args, a, n, &env);
   trt_result result;
@@ -356,23 +367,44 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   int rc;
   {
     // Specializations exist only for calls that need no autograd (a tensor that requires grad
-    // under grad mode misses), so the launch sequence skips the Autograd dispatch keys, as
-    // torch.no_grad() would not: ADInplaceOrView still bumps version counters and records views.
+    // under grad mode misses), so the launch sequence skips the Autograd dispatch keys.
+    // ADInplaceOrView still runs: in-place ops bump version counters, views are views.
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     rc = self->call(a, static_cast<int32_t>(n), &env, &result);
   }
-  if (rc == TRT_MISS)
-    return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
-                               Py_None);
+  *missed = rc == TRT_MISS;
+  if (rc == TRT_MISS) return nullptr;
   if (rc == TRT_ERROR) {
     PyErr_SetString(TridentError, g_error.c_str());
     return nullptr;
   }
-  ++self->hits;
   const char* p = result.spec;
   int32_t next = 0;
   PyObject* out = build_output(p, &result, next);
   if (!out) release_outputs(&result, next);
+  return out;
+}
+
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+  bool missed = true;
+  if (!(kwargs && PyDict_GET_SIZE(kwargs)) && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS &&
+      self->call) {
+    PyObject* out = run_scm(self, args, &missed);
+    if (!missed) {
+      if (out) ++self->hits;
+      return out;
+    }
+  }
+  return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
+                             kwargs ? kwargs : Py_None);
+}
+
+// _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
+PyObject* Dispatcher_run(Dispatcher* self, PyObject* args) {
+  bool missed = true;
+  PyObject* out = (self->call && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS)
+                      ? run_scm(self, args, &missed) : nullptr;
+  if (missed) PyErr_SetString(TridentError, "no specialization accepts these arguments");
   return out;
 }
 
@@ -389,7 +421,8 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
 PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
   if (!self->match || n > TRT_MAX_ARGS) return PyLong_FromLong(-1);
-  trt_arg a[TRT_MAX_ARGS];
+  ArgBuffer buffer;
+  trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(args, a, n, &env);
   return PyLong_FromLong(self->match(a, static_cast<int32_t>(n), &env));
@@ -405,6 +438,8 @@ int Dispatcher_set_hits(Dispatcher* self, PyObject* value, void*) {
 PyMethodDef Dispatcher_methods[] = {
     {"_install", reinterpret_cast<PyCFunction>(Dispatcher_install), METH_VARARGS,
      "_install(call_address, match_address): install a Specialization Cache Module's entries."},
+    {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
+     "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},

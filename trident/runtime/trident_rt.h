@@ -19,8 +19,8 @@ extern "C" {
 #endif
 
 #define TRT_ABI_VERSION 1
-#define TRT_MAX_ARGS 64
-#define TRT_MAX_OUTS 64
+#define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
+#define TRT_MAX_OUTS 256
 
 typedef struct trt_tensor trt_tensor;
 typedef struct trt_op trt_op;

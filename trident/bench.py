@@ -1,0 +1,190 @@
+"""``python -m trident.bench cpu|gpu``: eager PyTorch vs torch.compile vs Trident, per call.
+
+Cases:
+    chain30   30 small ATen ops (``a = a + b; a = a * b; a = a - b``, ten times) on 16-element
+              float32 tensors: nearly all host overhead.
+    block     the transformer block of ``python -m trident.demo`` (trident/demo.py), batch 1,
+              decode-sized.
+
+For each case, in one process: Trident's result is checked against eager bit for bit
+(``torch.equal``) before anything is timed; then each contender's per-call time is the median of
+``--repeats`` timed loops of N calls (N chosen so a loop takes ~50 ms), the contenders' loops
+interleaved, after warm-up. By default first calls compile from scratch (an empty Trident cache,
+Inductor's caches off), so the "first call" column is the compile time; ``--warm-caches`` lets
+both use their disk caches. ``--json PATH`` writes everything, raw samples included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from .demo import (default_config, format_table, make_inputs, run_case, set_cpu_threads,
+                   transformer_block)
+
+
+def chain30(a, b):
+    """30 dependent elementwise ops: ``a = a + b; a = a * b; a = a - b``, ten times."""
+    for _ in range(10):
+        a = a + b
+        a = a * b
+        a = a - b
+    return a
+
+
+def chain30_inputs(device: torch.device) -> tuple:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(16, generator=gen)
+    b = torch.rand(16, generator=gen) * 0.5 + 0.75  # keeps |a| bounded over the 10 rounds
+    return a.to(device), b.to(device)
+
+
+def cases(device: torch.device) -> dict[str, tuple[str, Callable, tuple]]:
+    cfg = default_config(device)
+    return {
+        "chain30": ("30 ATen ops (add, mul, sub) on float32[16]", chain30,
+                    chain30_inputs(device)),
+        "block": (f"transformer block (trident.demo): {cfg.describe()}", transformer_block,
+                  make_inputs(device, cfg)),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict:
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "intra_op_threads": torch.get_num_threads()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    from . import __version__
+
+    info["trident"] = __version__
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def summary_table(results: dict) -> str:
+    rows = [f"{'case':<10}{'eager µs':>11}{'compile µs':>12}{'Trident µs':>12}"
+            f"{'eager/T':>9}{'compile/T':>11}",
+            "-" * 65]
+    for name, r in results.items():
+        base = r["Trident"].get("us")
+
+        def cell(contender: str, width: int, ratio: bool = False) -> str:
+            us = r[contender].get("us")
+            if us is None:
+                return f"{'n/a':>{width}}"
+            if ratio:
+                return f"{us / base:>{width - 1}.2f}x" if base else f"{'n/a':>{width}}"
+            return f"{us:>{width}.1f}"
+
+        rows.append(f"{name:<10}{cell('eager', 11)}{cell('torch.compile', 12)}"
+                    f"{cell('Trident', 12)}{cell('eager', 9, True)}"
+                    f"{cell('torch.compile', 11, True)}")
+    return "\n".join("  " + row for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trident.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=["cpu", "gpu"], help="run on the CPU or on CUDA")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument("--repeats", type=int, default=7, help="timed loops per contender (7)")
+    parser.add_argument("--cases", default="chain30,block",
+                        help="comma-separated cases (default: chain30,block)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--warm-caches", action="store_true",
+                        help="let Trident and Inductor use their disk caches on the first call")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads on the CPU (default 1)")
+    opts = parser.parse_args(argv)
+
+    if opts.suite == "gpu":
+        if not torch.cuda.is_available():
+            print("trident.bench gpu: CUDA is not available here (torch "
+                  f"{torch.__version__}); run `python -m trident.bench cpu`", file=sys.stderr)
+            return 2
+        device = torch.device("cuda")
+    else:
+        device = torch.device("cpu")
+    set_cpu_threads(opts.threads)
+    import trident
+
+    trident.jit(chain30)  # load (the first time: build) Trident's native runtime up front
+    all_cases = cases(device)
+    names = [n.strip() for n in opts.cases.split(",") if n.strip()]
+    unknown = [n for n in names if n not in all_cases]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(all_cases)}")
+
+    info = machine(device)
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print(f"trident.bench {opts.suite}: {date}")
+    print(f"  {info['cpu']} ({info['cpu_count']} CPUs), {info['intra_op_threads']} intra-op "
+          f"thread(s)" + (f", GPU {info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else ""))
+    print(f"  Python {info['python']}, torch {info['torch']}, triton {info['triton']}, "
+          f"Trident {info['trident']}")
+    print(f"  per call: median of {opts.repeats} timed loops, interleaved, after warm-up; first "
+          f"calls {'may use disk caches' if opts.warm_caches else 'compile from scratch'}")
+
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    failed = False
+    for name in names:
+        description, fn, args = all_cases[name]
+        print(f"\n[{name}] {description}")
+        result = run_case(fn, args, device, use_compile=not opts.no_compile,
+                          cold=not opts.warm_caches, repeats=opts.repeats)
+        result["description"] = description
+        results[name] = result
+        if "error" in result["Trident"]:
+            failed = True
+            print(f"  Trident: {result['Trident']['error']}")
+        print()
+        print(format_table(result))
+
+    print(f"\nsummary (µs per call; x/T = x's time over Trident's, above 1 means Trident is "
+          f"faster), {time.perf_counter() - started:.0f} s in all\n")
+    print(summary_table(results))
+
+    if opts.json:
+        payload = {
+            "command": "python -m trident.bench " + " ".join(
+                sys.argv[1:] if argv is None else argv),
+            "date": date, "suite": opts.suite, "device": str(device), "machine": info,
+            "settings": {"repeats": opts.repeats, "warm_caches": opts.warm_caches,
+                         "torch_compile": not opts.no_compile},
+            "cases": results,
+        }
+        with open(opts.json, "w") as f:
+            json.dump(payload, f, indent=2)
+        print(f"\nwrote {opts.json}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

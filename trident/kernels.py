@@ -1,0 +1,298 @@
+"""Kernels: resolve a Triton launch at capture time and compile it for the target.
+
+Capture (``resolve_launch``) peels ``@triton.autotune`` and ``@triton.heuristics`` down to the
+``JITFunction``, binds the arguments to its parameters, fixes the config (autotuned on the GPU
+with scratch tensors of the call's shapes, as Triton's own first call would; without a GPU, the
+first config), evaluates the grid, and decides the alignment Triton's specialization will see
+for each pointer (Note [Pointer alignment]).
+
+Compile (``compile_cuda``) reproduces what ``JITFunction.run`` does on triton 3.6 (its binder,
+``_pack_args`` and ``triton.compile``) for a given ``GPUTarget``, without needing a GPU: the
+result is the cubin and the launch facts the generated C needs.
+
+CPU tensors cannot run compiled kernels: ``interpreted_launcher`` runs the kernel through
+Triton's interpreter (``triton.runtime.interpreter.InterpretedFunction``), called back from the
+SCM and counted in ``stats.interpreted_launches``.
+
+Note [Pointer alignment]: Triton compiles pointers whose address is divisible by 16 differently
+(``tt.divisibility``). A tensor argument of the traced function is guarded on exactly that.
+A view of it (``x[1:]``) is aligned when its root is and its extra byte offset is a multiple of
+16; a fresh allocation is aligned (PyTorch's CPU and CUDA allocators align to at least 64 bytes).
+Where the root is not aligned the kernel is compiled without the attribute, which is correct for
+any address.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+import torch
+
+from .errors import TridentError
+
+
+def _triton():
+    import triton  # noqa: F401  (imported lazily: capture of torch-only code never needs it)
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction, Autotuner, Heuristics
+
+
+@dataclasses.dataclass
+class Launch:
+    """A resolved Triton launch (JSON-able parts only; the kernel object travels separately).
+
+    Attributes:
+        kernel: the kernel's function name.
+        ref: ``{"module", "qualname"}`` to find the ``JITFunction`` again in a new process.
+        params: per kernel parameter, in order: ``{"name", "kind": "tensor", "aligned"}``,
+            ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``.
+        grid: three ints.
+        options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).
+        device: ``"cpu"`` or ``"cuda:N"`` of the tensor arguments.
+    """
+
+    kernel: str
+    ref: dict
+    params: list[dict]
+    grid: list[int]
+    options: dict
+    device: str
+
+
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
+                 "launch_cooperative_grid", "launch_pdl")
+
+
+def _scratch_like(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor with ``t``'s metadata (for autotuning on fake tensors)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    if out.is_floating_point():
+        out.normal_()
+    else:
+        out.zero_()
+    return out
+
+
+def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable) -> tuple:
+    """Resolve ``kernel[grid](*args, **kwargs)`` at capture time.
+
+    Args:
+        alignment: ``fake tensor -> bool``, Note [Pointer alignment].
+
+    Returns:
+        ``(jit_function, Launch, tensor_args)`` where ``tensor_args`` maps parameter name to the
+        (fake) tensor passed for it.
+
+    Raises:
+        TridentError: an argument Trident cannot pass to a kernel (tensor descriptors, tensors
+            of several devices), or an autotune pre-hook Trident cannot replay.
+    """
+    JITFunction, Autotuner, Heuristics = _triton()
+    kwargs = dict(kwargs)
+    options: dict[str, Any] = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_NAMES}
+    fn = kernel
+    while not isinstance(fn, JITFunction):
+        if isinstance(fn, Heuristics):
+            for name, heuristic in fn.values.items():
+                kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
+        elif isinstance(fn, Autotuner):
+            config = _pick_config(fn, grid, args, kwargs)
+            kwargs.update(config.kwargs)
+            for name in _OPTION_NAMES:
+                value = getattr(config, name, None)
+                if value is not None:
+                    options[name] = value
+        else:
+            raise TridentError(f"unsupported Triton kernel wrapper {type(fn).__name__}")
+        fn = fn.fn
+    names = [p.name for p in fn.params]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    for p in fn.params:
+        if p.name not in bound:
+            if not p.has_default:
+                raise TridentError(f"{fn.__name__}: missing argument {p.name!r}")
+            bound[p.name] = p.default
+    params, tensors, devices = [], {}, set()
+    for p in fn.params:
+        value = bound[p.name]
+        if isinstance(value, torch.Tensor):
+            tensors[p.name] = value
+            devices.add(str(value.device))
+            params.append({"name": p.name, "kind": "tensor", "dtype": str(value.dtype),
+                           "aligned": bool(alignment(value))})
+        elif p.is_constexpr:
+            params.append({"name": p.name, "kind": "constexpr", "value": _plain(value, fn, p)})
+        elif value is None or isinstance(value, (bool, int, float)):
+            params.append({"name": p.name, "kind": "scalar", "value": value})
+        else:
+            raise TridentError(f"{fn.__name__}: argument {p.name!r} is a {type(value).__name__}; "
+                               "Trident passes tensors, ints, floats, bools and None to kernels")
+    if len(devices) > 1:
+        raise TridentError(f"{fn.__name__}: tensor arguments on several devices {sorted(devices)}")
+    if callable(grid):
+        grid = grid(bound)
+    grid = [int(g) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
+    ref = {"module": fn.fn.__module__, "qualname": fn.fn.__qualname__}
+    launch = Launch(fn.__name__, ref, params, grid, options, devices.pop() if devices else "cpu")
+    return fn, launch, tensors
+
+
+def _plain(value, fn, p):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value)
+    raise TridentError(f"{fn.__name__}: constexpr {p.name!r} is a {type(value).__name__}")
+
+
+def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
+    """The autotuner's config for this call: benchmarked on the GPU, else its first config."""
+    if len(autotuner.configs) == 1:
+        return autotuner.configs[0]
+    fakes = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not fakes or not all(t.is_cuda for t in fakes) or not torch.cuda.is_available():
+        return autotuner.configs[0]
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        real_args = tuple(_scratch_like(a) if isinstance(a, torch.Tensor) else a for a in args)
+        real_kwargs = {k: _scratch_like(v) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}
+        autotuner.run(*real_args, grid=grid, warmup=False, **real_kwargs)
+        torch.cuda.synchronize()
+    return autotuner.best_config
+
+
+def find_kernel(ref: dict, scope: Callable | None = None):
+    """The ``JITFunction`` a stored launch names: from ``scope``'s globals and closure (the
+    jitted function's own), else by importing ``ref["module"]``."""
+    JITFunction, _, _ = _triton()
+
+    def candidates():
+        if scope is not None:
+            yield from scope.__globals__.values()
+            for cell in scope.__closure__ or ():
+                try:
+                    yield cell.cell_contents
+                except ValueError:
+                    pass
+        module = importlib.import_module(ref["module"])
+        obj = module
+        for part in ref["qualname"].split("."):
+            obj = getattr(obj, part, None)
+        yield obj
+
+    for obj in candidates():
+        while obj is not None and not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
+            obj = obj.fn
+        if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref["qualname"] \
+                and obj.fn.__module__ == ref["module"]:
+            return obj
+    raise TridentError(f"cannot find Triton kernel {ref['module']}.{ref['qualname']}")
+
+
+class _Pointer:
+    """What Triton's binder reads from a tensor argument: its dtype and address alignment."""
+
+    def __init__(self, dtype: torch.dtype, aligned: bool):
+        self.dtype = dtype
+        self._address = 16 if aligned else 8
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+_C_TYPES = {"i1": "int8_t", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t",
+            "i64": "int64_t", "u1": "uint8_t", "u8": "uint8_t", "u16": "uint16_t",
+            "u32": "uint32_t", "u64": "uint64_t", "fp32": "float", "f32": "float",
+            "fp64": "double"}
+
+
+def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
+    """Compile a resolved launch for an NVIDIA GPU of ``capability`` with ``triton.compile``.
+
+    Works without a GPU. Returns the cubin (base64) and what the launch needs: the kernel's
+    symbol name, threads, dynamic shared memory, CTAs per cluster, and the C type of each runtime
+    parameter (``None`` for a parameter Triton specialized away, e.g. an int equal to 1).
+
+    Raises:
+        TridentError: the kernel needs global scratch memory (not supported yet).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
+    values = []
+    for p in launch.params:
+        if p["kind"] == "tensor":
+            dtype = getattr(torch, p["dtype"][len("torch."):])
+            values.append(_Pointer(dtype, p["aligned"]))
+        elif p["kind"] == "constexpr" and isinstance(p["value"], str) \
+                and p["value"].startswith("torch."):
+            values.append(getattr(torch, p["value"][len("torch."):]))
+        else:
+            values.append(p["value"])
+    kwargs = {k: v for k, v in launch.options.items() if v is not None}
+    kwargs["debug"] = jit_fn.debug or False
+    bound, specialization, options = binder(*values, **kwargs)
+    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    compiled = triton.compile(ASTSource(jit_fn, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    meta = compiled.metadata
+    if meta.global_scratch_size > 0 or getattr(meta, "profile_scratch_size", 0) > 0:
+        raise TridentError(f"{launch.kernel}: kernels that need global scratch memory are not "
+                           "supported yet")
+    arg_types = []
+    for (kind, _), name in zip(specialization, signature):
+        if kind == "constexpr":
+            arg_types.append(None)
+        elif kind.startswith("*"):
+            arg_types.append("CUdeviceptr")
+        elif kind in _C_TYPES:
+            arg_types.append(_C_TYPES[kind])
+        else:
+            raise TridentError(f"{launch.kernel}: unsupported kernel parameter type {kind} "
+                               f"for {name!r}")
+    return {
+        "cubin": base64.b64encode(compiled.asm["cubin"]).decode(),
+        "name": meta.name,
+        "threads": 32 * meta.num_warps,
+        "shared": meta.shared,
+        "num_ctas": meta.num_ctas,
+        "arg_types": arg_types,
+        "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
+        "pdl": bool(getattr(meta, "launch_pdl", False)),
+        "arch": f"sm_{target.arch}",
+    }
+
+
+def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) -> Callable:
+    """A callback that runs the launch through Triton's interpreter on CPU tensors.
+
+    The SCM calls it with the launch's tensor and scalar arguments in parameter order (the
+    constexprs are fixed here).
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    interpreted = InterpretedFunction(jit_fn.fn)
+    grid = tuple(launch.grid)
+    runtime_names = [p["name"] for p in launch.params if p["kind"] != "constexpr"]
+    constexprs = {p["name"]: p["value"] for p in launch.params if p["kind"] == "constexpr"}
+    options = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+
+    def run(*values):
+        on_launch()
+        interpreted[grid](**dict(zip(runtime_names, values)), **constexprs, **options)
+
+    return run

@@ -1,0 +1,177 @@
+/*
+ * trident_cuda.h: Triton kernel launches through the CUDA driver API, for SCMs with CUDA kernels.
+ *
+ * libcuda.so.1 is opened at the first launch (dlopen), so a module that holds cubins still
+ * loads on a machine without a GPU. Each kernel's cubin is loaded once per device with
+ * cuModuleLoadData in that device's primary context. Launches use cuLaunchKernelEx on the stream
+ * the caller passes (PyTorch's current stream), as Triton 3.6's own launcher
+ * (backends/nvidia/driver.py) does: grid x * num_ctas, 32 * num_warps threads, dynamic shared
+ * memory (above 48 KiB after cuFuncSetAttribute), a (num_ctas, 1, 1) cluster with the spread
+ * scheduling policy when num_ctas > 1, cooperative and PDL attributes when asked. The parameter array is the kernel's runtime parameters
+ * followed by Triton's two scratch pointers (global, profile).
+ */
+#ifndef TRIDENT_CUDA_H
+#define TRIDENT_CUDA_H
+
+#include <cuda.h> /* from triton/backends/nvidia/include */
+#include <dlfcn.h>
+#include <stdio.h>
+
+#define TRT_MAX_DEVICES 16
+
+typedef struct trt_kernel {
+  const char* name; /* the kernel symbol */
+  const unsigned char* cubin;
+  unsigned threads;
+  unsigned shared;
+  unsigned num_ctas;
+  int cooperative;
+  int pdl;
+  CUfunction function[TRT_MAX_DEVICES];
+} trt_kernel;
+
+static struct {
+  int loaded;
+  CUresult (*ctx_get_current)(CUcontext*);
+  CUresult (*ctx_get_device)(CUdevice*);
+  CUresult (*ctx_push)(CUcontext);
+  CUresult (*ctx_pop)(CUcontext*);
+  CUresult (*device_get)(CUdevice*, int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*module_load_data)(CUmodule*, const void*);
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*);
+  CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**);
+  CUresult (*get_error_string)(CUresult, const char**);
+} trt_cu;
+
+static char trt_cuda_message[256];
+
+static int trt_cuda_fail(const char* what, CUresult rc) {
+  const char* text = "unknown error";
+  if (trt_cu.get_error_string) trt_cu.get_error_string(rc, &text);
+  snprintf(trt_cuda_message, sizeof(trt_cuda_message), "%s failed: %s (CUresult %d)", what, text,
+           (int)rc);
+  return 1;
+}
+
+static int trt_cuda_load(void) {
+  if (trt_cu.loaded) return 0;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    snprintf(trt_cuda_message, sizeof(trt_cuda_message), "cannot open libcuda.so.1: %s",
+             dlerror());
+    return 1;
+  }
+#define TRT_SYM(field, symbol)                                                    \
+  if (!(*(void**)&trt_cu.field = dlsym(h, symbol))) {                             \
+    snprintf(trt_cuda_message, sizeof(trt_cuda_message), "libcuda lacks %s", symbol); \
+    return 1;                                                                     \
+  }
+  TRT_SYM(ctx_get_current, "cuCtxGetCurrent")
+  TRT_SYM(ctx_get_device, "cuCtxGetDevice")
+  TRT_SYM(ctx_push, "cuCtxPushCurrent_v2")
+  TRT_SYM(ctx_pop, "cuCtxPopCurrent_v2")
+  TRT_SYM(device_get, "cuDeviceGet")
+  TRT_SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain")
+  TRT_SYM(module_load_data, "cuModuleLoadData")
+  TRT_SYM(module_get_function, "cuModuleGetFunction")
+  TRT_SYM(func_set_attribute, "cuFuncSetAttribute")
+  TRT_SYM(launch_kernel_ex, "cuLaunchKernelEx")
+  TRT_SYM(get_error_string, "cuGetErrorString")
+#undef TRT_SYM
+  trt_cu.loaded = 1;
+  return 0;
+}
+
+/* Make `device`'s primary context current if it is not; *pushed says whether to pop after. */
+static int trt_cuda_enter(int device, int* pushed) {
+  CUcontext ctx = NULL;
+  CUdevice current;
+  CUresult rc;
+  *pushed = 0;
+  trt_cu.ctx_get_current(&ctx);
+  if (ctx && trt_cu.ctx_get_device(&current) == CUDA_SUCCESS && current == device) return 0;
+  CUdevice dev;
+  if ((rc = trt_cu.device_get(&dev, device))) return trt_cuda_fail("cuDeviceGet", rc);
+  if ((rc = trt_cu.primary_ctx_retain(&ctx, dev)))
+    return trt_cuda_fail("cuDevicePrimaryCtxRetain", rc);
+  if ((rc = trt_cu.ctx_push(ctx))) return trt_cuda_fail("cuCtxPushCurrent", rc);
+  *pushed = 1;
+  return 0;
+}
+
+static int trt_cuda_function(trt_kernel* k, int device) {
+  CUresult rc;
+  CUmodule module;
+  if ((rc = trt_cu.module_load_data(&module, k->cubin))) return trt_cuda_fail("cuModuleLoadData", rc);
+  if ((rc = trt_cu.module_get_function(&k->function[device], module, k->name)))
+    return trt_cuda_fail("cuModuleGetFunction", rc);
+  if (k->num_ctas == 16 &&
+      (rc = trt_cu.func_set_attribute(k->function[device],
+                                      CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)))
+    return trt_cuda_fail("cuFuncSetAttribute", rc);
+  if (k->shared > 49152 &&
+      (rc = trt_cu.func_set_attribute(k->function[device],
+                                      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->shared)))
+    return trt_cuda_fail("cuFuncSetAttribute", rc);
+  return 0;
+}
+
+/* Launch `k` on `device` and `stream`; on failure trt_cuda_message says why. */
+static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx, unsigned gy,
+                           unsigned gz, void** params) {
+  if (device < 0 || device >= TRT_MAX_DEVICES) {
+    snprintf(trt_cuda_message, sizeof(trt_cuda_message), "device %d out of range", device);
+    return 1;
+  }
+  if (gx * gy * gz == 0) return 0; /* an empty grid launches nothing, as in Triton */
+  if (trt_cuda_load()) return 1;
+  int pushed, failed = 0;
+  if (trt_cuda_enter(device, &pushed)) return 1;
+  if (!k->function[device]) failed = trt_cuda_function(k, device);
+  if (!failed) {
+    CUlaunchAttribute attrs[4];
+    unsigned n = 0;
+    if (k->num_ctas != 1) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n].value.clusterDim.x = k->num_ctas;
+      attrs[n].value.clusterDim.y = 1;
+      attrs[n].value.clusterDim.z = 1;
+      ++n;
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+      attrs[n].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+      ++n;
+    }
+    if (k->cooperative) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attrs[n].value.cooperative = 1;
+      ++n;
+    }
+    if (k->pdl) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n].value.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    CUlaunchConfig config = {0};
+    config.gridDimX = gx * k->num_ctas;
+    config.gridDimY = gy;
+    config.gridDimZ = gz;
+    config.blockDimX = k->threads;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = k->shared;
+    config.hStream = (CUstream)stream;
+    config.attrs = attrs;
+    config.numAttrs = n;
+    CUresult rc = trt_cu.launch_kernel_ex(&config, k->function[device], params, NULL);
+    if (rc) failed = trt_cuda_fail("cuLaunchKernelEx", rc);
+  }
+  if (pushed) {
+    CUcontext ignored;
+    trt_cu.ctx_pop(&ignored);
+  }
+  return failed;
+}
+
+#endif /* TRIDENT_CUDA_H */
