@@ -53,8 +53,8 @@ def test_cuda_hit_path_runs_no_python_and_uses_current_stream():
 
 def test_cpu_and_cuda_are_separate_specializations():
     f = trident.jit(block)
-    x = torch.randn(2, 64)
-    w1, w2 = torch.randn(64, 128), torch.randn(64, 128)
+    x = torch.randn(3, 32)
+    w1, w2 = torch.randn(32, 48), torch.randn(32, 48)
     f(x, w1, w2, 1e-5)
     f(x.cuda(), w1.cuda(), w2.cuda(), 1e-5)
     assert f.stats.compiles == 2

@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="let Trident and Inductor use their disk caches on the first call")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads on the CPU (default 1)")
+    parser.add_argument("--models", default="llama-3.2-1b-like,qwen2.5-0.5b-like",
+                        help="gpu: decode-step models to run, or none")
+    parser.add_argument("--model-compile-modes", default="default,reduce-overhead",
+                        help="gpu: torch.compile modes timed on the decode steps")
     opts = parser.parse_args(argv)
 
     if opts.suite == "gpu":
@@ -128,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
             print("trident.bench gpu: CUDA is not available here (torch "
                   f"{torch.__version__}); run `python -m trident.bench cpu`", file=sys.stderr)
             return 2
-        device = torch.device("cuda")
+        from . import bench_gpu  # the Triton and LLM decode cases (docs/benchmarks.md)
+
+        models = [m for m in opts.models.split(",") if m and m != "none"]
+        bench_gpu.main(opts.json, model_names=models,
+                       model_compile_modes=tuple(opts.model_compile_modes.split(",")))
+        return 0
     else:
         device = torch.device("cpu")
     set_cpu_threads(opts.threads)

@@ -33,7 +33,8 @@ int scm_set_callback(int slot, int64_t id);
 uintptr_t scm_call_address(void);
 uintptr_t scm_match_address(void);
 """
-CFLAGS = ["-O2", "-fno-strict-aliasing", "-Wno-unused-label"]
+CFLAGS = ["-O2", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
+          "-Wno-unused-but-set-variable"]
 
 _log = config.logger("cache")
 

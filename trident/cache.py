@@ -89,10 +89,24 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif isinstance(value, (tuple, list)):
         for item in value:
             _hash_value(h, item, seen, depth + 1)
+    elif isinstance(value, dict):
+        for k in sorted(value, key=repr):
+            h.update(repr(k).encode())
+            _hash_value(h, value[k], seen, depth + 1)
     elif hasattr(value, "fn") and hasattr(value, "src"):  # a Triton JITFunction
         h.update(f"triton:{value.src}".encode())
     elif hasattr(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
+        for config in getattr(value, "configs", None) or ():
+            h.update(repr(config).encode())
+        for name, heuristic in (getattr(value, "values", None) or {}).items():
+            h.update(name.encode())
+            _hash_value(h, heuristic, seen, depth + 1)
         _hash_value(h, value.fn, seen, depth + 1)
+    elif isinstance(value, torch.Tensor):
+        h.update(f"tensor:{value.dtype}{tuple(value.shape)}".encode())
+    elif hasattr(value, "__dict__"):  # plain objects (configs, namespaces): their attributes
+        h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
+        _hash_value(h, dict(vars(value)), seen, depth + 1)
     else:
         h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
 

@@ -79,14 +79,43 @@ _CUDA_SCALAR = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t"
                 "uint64_t"}
 
 
+class _Kernels:
+    """The module's compiled kernels, one ``trt_kernel`` per distinct binary (a kernel launched
+    from every layer of a model is stored once)."""
+
+    def __init__(self):
+        self.names: dict[tuple, str] = {}
+        self.decls: list[str] = []
+
+    def add(self, kernel: str, binary: dict) -> str:
+        key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
+               binary["num_ctas"], binary["cooperative"], binary["pdl"])
+        if key in self.names:
+            return self.names[key]
+        name = f"kernel{len(self.names)}"
+        cubin = base64.b64decode(binary["cubin"])
+        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
+        self.decls.append(f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes */\n"
+                          f"static const unsigned char cubin_{name}[] = {{\n  "
+                          + ",\n  ".join(rows) + "\n};")
+        self.decls.append(
+            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin_{name}, "
+            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
+            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
+        self.names[key] = name
+        return name
+
+
 class _SpecRenderer:
     """Turns one specialization's plan into C declarations and statements."""
 
-    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list):
+    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list,
+                 kernels: "_Kernels"):
         self.index = index
         self.spec = spec
         self.op_index = op_index
         self.callbacks = callbacks
+        self.kernels = kernels
         self.statics: list[str] = []
         self.locals: list[str] = []
         self.uses_cuda = False
@@ -101,9 +130,11 @@ class _SpecRenderer:
         if k == "arg":
             return f"TRT_T(a[{o['i']}].tensor)"
         if k == "val":
-            return f"TRT_T(v{o['i']})"
+            return f"TRT_T(v[{o['i']}])"
         if k == "item":
-            return f"TRT_T(l{o['list']}.u.items[{o['i']}].u.t)"
+            return f"TRT_T(l[{o['list']}].u.items[{o['i']}].u.t)"
+        if k == "scalar":
+            return f"s[{o['i']}]"
         if k == "int":
             return f"TRT_I({o['v']}LL)"
         if k == "float":
@@ -143,9 +174,9 @@ class _SpecRenderer:
         out = []
         for rel in s.release:
             if rel["k"] == "val":
-                out.append(f"rt->release(v{rel['i']}); v{rel['i']} = NULL;")
+                out.append(f"rt->release(v[{rel['i']}]); v[{rel['i']}] = NULL;")
             else:
-                out.append(f"rt->release_list(&l{rel['i']});")
+                out.append(f"rt->release_list(&l[{rel['i']}]);")
         return out
 
     def triton(self, index: int, s) -> CStep:
@@ -164,16 +195,7 @@ class _SpecRenderer:
             return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}",
                          self.locals, values, self.releases(s), slot=len(self.callbacks) - 1)
         self.uses_cuda = True
-        name = f"kernel{self.index}_{index}"
-        cubin = base64.b64decode(binary["cubin"])
-        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
-        self.statics.append(f"/* {launch['kernel']}: {binary['arch']} cubin, {len(cubin)} bytes "
-                            f"*/\nstatic const unsigned char cubin{self.index}_{index}[] = {{\n  "
-                            + ",\n  ".join(rows) + "\n};")
-        self.statics.append(
-            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin{self.index}_{index}, "
-            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
-            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
+        name = self.kernels.add(launch["kernel"], binary)
         params = []
         for p, ctype in zip(launch["params"], binary["arg_types"]):
             if p["kind"] == "tensor":
@@ -205,21 +227,27 @@ class _SpecRenderer:
         takes = []
         for j, r in enumerate(s.results):
             if r["k"] == "val":
-                takes.append(f"v{r['i']} = r[{j}].u.t;")
-            else:
-                takes.append(f"l{r['i']} = r[{j}];")
+                takes.append(f"v[{r['i']}] = r[{j}].u.t;")
+            elif r["k"] == "scalar":
+                takes.append(f"s[{r['i']}] = r[{j}];")
+            elif r["k"] == "list":
+                takes.append(f"l[{r['i']}] = r[{j}];")
+            else:  # dropped (an undefined tensor): give back whatever came
+                takes.append(f"if (r[{j}].tag == TRT_TENSOR) rt->release(r[{j}].u.t);")
         op = f"{s.op}.{s.overload}" if s.overload else s.op
         return CStep("aten", s.where, c_comment(s.text), op, self.locals, args, self.releases(s),
                      op_index=self.op_index(s.op, s.overload), nrets=len(s.results),
                      takes=takes)
 
     def outputs(self) -> list[str]:
-        lines, moved = [], set()
+        lines, moved = [], {}
         for k, o in enumerate(self.spec.plan.outputs):
-            if o["k"] == "val" and o["i"] not in moved:
-                moved.add(o["i"])
-                lines.append(f"out->outs[{k}] = TRT_T(v{o['i']}); v{o['i']} = NULL;")
-            elif o["k"] in ("val", "arg", "item"):
+            if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
+                moved[o["i"]] = k
+                lines.append(f"out->outs[{k}] = TRT_T(v[{o['i']}]); v[{o['i']}] = NULL;")
+            elif o["k"] == "val":  # returned twice: a second handle to the same tensor
+                lines.append(f"out->outs[{k}] = TRT_T(rt->retain(out->outs[{moved[o['i']]}].u.t));")
+            elif o["k"] in ("arg", "item"):
                 inner = self.operand(o)[len("TRT_T("):-1]
                 lines.append(f"out->outs[{k}] = TRT_T(rt->retain({inner}));")
             else:
@@ -235,8 +263,9 @@ class _SpecRenderer:
             "guards": [(g.c_expr(), c_comment(g.describe(self.spec.arg_names))) for g in
                        self.spec.guards],
             "statics": self.statics,
-            "tensor_vars": [f"v{i}" for i in range(plan.num_values)],
-            "list_vars": [f"l{i}" for i in range(plan.num_lists)],
+            "num_values": plan.num_values,
+            "num_lists": plan.num_lists,
+            "num_scalars": plan.num_scalars,
             "steps": steps,
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
             "outputs": self.outputs(),
@@ -259,7 +288,8 @@ def render(specs: list[Specialization], function: str) -> Rendered:
     def op_index(op: str, overload: str) -> int:
         return ops.setdefault((op, overload), len(ops))
 
-    renderers = [_SpecRenderer(i, s, op_index, callbacks) for i, s in enumerate(specs)]
+    kernels = _Kernels()
+    renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
     rendered = [r.render() for r in renderers]
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
@@ -267,6 +297,7 @@ def render(specs: list[Specialization], function: str) -> Rendered:
         ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
              for (n, o) in ops],
         uses_cuda=any(r.uses_cuda for r in renderers),
+        kernels=kernels.decls,
         num_callbacks=len(callbacks),
     )
     return Rendered(source, callbacks)

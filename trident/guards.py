@@ -13,11 +13,11 @@ function and ``first_failure`` evaluate guards in list order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import Any
 
 import torch
-from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT
 
 # trt_arg_kind in trident_rt.h
 OTHER, TENSOR, INT, FLOAT, BOOL, NONE = range(6)
@@ -27,7 +27,22 @@ _C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT"
             FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
-DTYPE_NAMES = {code: str(dtype).replace("torch.", "") for dtype, code in TORCH_DTYPE_TO_INT.items()}
+_DTYPES = [getattr(torch, name) for name in dir(torch)
+           if isinstance(getattr(torch, name, None), torch.dtype)]
+
+
+@functools.cache
+def dtype_codes() -> dict[torch.dtype, int]:
+    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime.cpp)."""
+    from . import runtime
+
+    rt = runtime.load()
+    return {d: rt.dtype_code(d) for d in _DTYPES}
+
+
+def dtype_name(code: int) -> str:
+    return next((str(d).replace("torch.", "") for d, c in dtype_codes().items() if c == code),
+                str(code))
 
 
 def float_bits(f: float) -> int:
@@ -38,11 +53,12 @@ def arg_facts(obj: Any, grad_enabled: bool) -> dict:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
-                or obj.device.type not in DEVICE_TYPES or obj.dtype not in TORCH_DTYPE_TO_INT):
+                or obj.device.type not in DEVICE_TYPES):
             return {"kind": OTHER}
         return {
             "kind": TENSOR,
-            "dtype": TORCH_DTYPE_TO_INT[obj.dtype],
+            "id": id(obj),
+            "dtype": dtype_codes()[obj.dtype],
             "device_type": DEVICE_TYPES[obj.device.type],
             "device_index": -1 if obj.device.index is None else obj.device.index,
             "dim": obj.dim(),
@@ -76,6 +92,8 @@ class Guard:
         if self.field == "nargs":
             return nargs
         f = facts[self.arg]
+        if self.field == "same_as":  # the index of the argument this one is
+            return self.value if f.get("id") == facts[self.value].get("id") else None
         if self.field in ("size", "stride"):
             return f[self.field + "s"][self.index]
         return f.get(self.field)
@@ -93,6 +111,7 @@ class Guard:
             "device_type": lambda: f"{a}.device_type == {v}",
             "device_index": lambda: f"{a}.device_index == {v}",
             "dim": lambda: f"{a}.dim == {v}",
+            "same_as": lambda: f"{a}.tensor == a[{v}].tensor",
             "size": lambda: f"{a}.sizes[{self.index}] == {v}",
             "stride": lambda: f"{a}.strides[{self.index}] == {v}",
             "aligned16": lambda: f"{'' if v else '!'}({a}.flags & TRT_ALIGNED16)",
@@ -108,7 +127,8 @@ class Guard:
         return {
             "nargs": lambda: f"{v} positional arguments",
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
-            "dtype": lambda: f"{who}.dtype == {DTYPE_NAMES.get(v, v)}",
+            "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
+            "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
             "device_type": lambda: f"{who}.device.type == {'cpu' if v == 0 else 'cuda'}",
             "device_index": lambda: f"{who}.device.index == {v}",
             "dim": lambda: f"{who}.dim() == {v}",
@@ -136,6 +156,11 @@ def guards_for(args: tuple, grad_enabled: bool) -> list[Guard]:
     for i, f in tensors:
         guards += [Guard("size", s, i, d) for d, s in enumerate(f["sizes"])]
         guards += [Guard("stride", s, i, d) for d, s in enumerate(f["strides"])]
+    first_seen: dict[int, int] = {}
+    for i, f in tensors:  # the trace binds one tensor passed twice to one input
+        if f["id"] in first_seen:
+            guards.append(Guard("same_as", first_seen[f["id"]], i))
+        first_seen.setdefault(f["id"], i)
     for i, f in tensors:
         guards += [Guard("aligned16", f["aligned16"], i), Guard("requires_grad",
                                                                  f["requires_grad"], i)]

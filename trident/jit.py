@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import time
 import warnings
 from typing import Callable
@@ -189,11 +190,11 @@ class JitFunctionMixin:
                           stacklevel=3)
             self._eager_signatures.append((guards_for(args, grad), str(e)))
             return self._eager(args, None, str(e))
-        self._cache.save_spec(spec)
         specs = self._cache.load_specs()
         if not any(s.key == spec.key for s in specs):
             specs.append(spec)
         self._install_module(specs[: self._max_specializations])
+        self._cache.save_spec(spec)  # only a specialization that built and installed
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -219,14 +220,23 @@ class JitFunctionMixin:
         start = time.perf_counter()
         with torch.no_grad():
             captured = trace(self._fn, args)
+        traced = time.perf_counter()
         module = import_graph(captured.graph_module)
         plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        planned = time.perf_counter()
+        binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
         for step in plan.steps:
             if step.op == "triton" and step.launch["device"].startswith("cuda"):
-                step.launch["binary"] = kernels.compile_cuda(
-                    kernels.find_kernel(step.launch["ref"], self._fn),
-                    kernels.Launch(**step.launch),
-                    torch.cuda.get_device_capability(step.launch["device"]))
+                key = json.dumps(step.launch, sort_keys=True)
+                if key not in binaries:
+                    binaries[key] = kernels.compile_cuda(
+                        kernels.find_kernel(step.launch["ref"], self._fn),
+                        kernels.Launch(**step.launch),
+                        torch.cuda.get_device_capability(step.launch["device"]))
+                step.launch["binary"] = binaries[key]
+        _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
+                         self.__qualname__, traced - start, planned - traced, len(binaries),
+                         time.perf_counter() - planned)
         names = [self._arg_label(i) for i in range(len(args))]
         spec = Specialization(self._describe(args, names), names, guards_for(args, grad), plan)
         self._counters.compiles += 1

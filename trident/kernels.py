@@ -25,6 +25,7 @@ any address.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import importlib
 from typing import Any, Callable
@@ -102,6 +103,9 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
                 kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
         elif isinstance(fn, Autotuner):
             config = _pick_config(fn, grid, args, kwargs)
+            if config.pre_hook is not None:  # Autotuner.run calls it before every launch
+                raise TridentError(f"{fn.base_fn.__name__}: autotune pre_hook is not supported "
+                                   "(it runs Python before every launch)")
             kwargs.update(config.kwargs)
             for name in _OPTION_NAMES:
                 value = getattr(config, name, None)
@@ -159,8 +163,9 @@ def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
     if not fakes or not all(t.is_cuda for t in fakes) or not torch.cuda.is_available():
         return autotuner.configs[0]
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
         real_args = tuple(_scratch_like(a) if isinstance(a, torch.Tensor) else a for a in args)
         real_kwargs = {k: _scratch_like(v) if isinstance(v, torch.Tensor) else v
                        for k, v in kwargs.items()}
@@ -189,7 +194,9 @@ def find_kernel(ref: dict, scope: Callable | None = None):
         yield obj
 
     for obj in candidates():
-        while obj is not None and not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
+        for _ in range(8):  # Autotuner(Heuristics(JITFunction)) and the like
+            if obj is None or isinstance(obj, JITFunction) or not hasattr(obj, "fn"):
+                break
             obj = obj.fn
         if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref["qualname"] \
                 and obj.fn.__module__ == ref["module"]:
@@ -293,6 +300,41 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
 
     def run(*values):
         on_launch()
-        interpreted[grid](**dict(zip(runtime_names, values)), **constexprs, **options)
+        with _helpers_interpreted():
+            interpreted[grid](**dict(zip(runtime_names, values)), **constexprs, **options)
 
     return run
+
+
+@contextlib.contextmanager
+def _helpers_interpreted():
+    """Let an interpreted kernel call other ``@triton.jit`` functions.
+
+    Under ``TRITON_INTERPRET=1`` every ``@triton.jit`` is an ``InterpretedFunction``; here only
+    the launched kernel is, so while it runs, calling a ``JITFunction`` (a device helper) runs
+    that helper's interpreted form, as the interpreter's own ``InterpretedFunction.__call__``
+    does (triton 3.6).
+    """
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__call__
+    helpers: dict = {}
+
+    def call(helper, *args, **kwargs):
+        # keyed by id: hashing a JITFunction computes its cache key, which rejects the
+        # interpreter's patched tl.reduce
+        if id(helper) not in helpers:
+            helpers[id(helper)] = InterpretedFunction(helper.fn)
+        interpreted = helpers[id(helper)]
+        scope = _patch_lang(helper.fn)  # what InterpretedFunction.__call__ does, undone after
+        try:
+            return interpreted.rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original

@@ -7,6 +7,7 @@ its specialization in the cache and rendered again when the module is rebuilt):
     {"k": "arg", "i": 0}                 the call's positional argument 0 (a tensor, borrowed)
     {"k": "val", "i": 3}                 tensor value 3, produced by an earlier step (owned)
     {"k": "item", "list": 4, "i": 1}     element 1 of the tensor list value 4 (borrowed)
+    {"k": "scalar", "i": 2}              scalar value 2, an op's int/float/bool return
     {"k": "int" | "float" | "bool" | "str", "v": ...}, {"k": "none"}
     {"k": "device", "type": 1, "index": 0}
     {"k": "ints" | "floats" | "bools", "v": [...]}
@@ -32,7 +33,9 @@ import torch
 from torch_mlir import ir
 
 from .errors import TridentError
-from .guards import MAX_OUTS
+from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
+
+from .guards import MAX_OUTS, dtype_codes
 from .importer import TRITON_LAUNCH
 
 _LOC = re.compile(r'"([^"]+)":(\d+)')
@@ -45,7 +48,7 @@ class Step:
     op: str  # "aten::mul"
     overload: str  # "Scalar"; "" for the default overload
     args: list[dict]
-    results: list[dict]  # per return: {"k": "val"|"list", "i": id} or {"k": "drop"}
+    results: list[dict]  # per return: {"k": "val"|"list"|"scalar", "i": id} or {"k": "drop"}
     where: str  # "model.py:12"
     text: str  # the user's source line
     release: list[dict] = dataclasses.field(default_factory=list)  # dead after this step
@@ -66,7 +69,8 @@ class Plan:
         steps: operator calls in program order.
         outputs: flat output operands (tensors, and constants for non-tensor leaves).
         out_spec: the output structure (Note [Output spec] in runtime.cpp).
-        num_values / num_lists: how many tensor / tensor-list values the steps produce.
+        num_values / num_lists / num_scalars: how many tensor, tensor-list and scalar values
+            (an op's int, float or bool returns) the steps produce.
     """
 
     steps: list[Step]
@@ -74,6 +78,7 @@ class Plan:
     out_spec: str
     num_values: int
     num_lists: int
+    num_scalars: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -107,20 +112,27 @@ class _Walker:
         self.steps: list[Step] = []
         self.num_values = 0
         self.num_lists = 0
+        self.num_scalars = 0
 
     def key(self, value: ir.Value):
         return value  # ir.Value hashes by identity of the underlying SSA value
 
     def operand(self, value: ir.Value, where: str) -> dict:
         try:
-            return self.env[self.key(value)]
+            operand = self.env[self.key(value)]
         except KeyError:
             raise TridentError(f"{where}: operand {value.get_name()} has no plan value") from None
+        if operand["k"] == "unsupported":
+            raise TridentError(f"{where}: {operand['what']}")
+        return operand
 
     def new_value(self, kind: str) -> dict:
         if kind == "val":
             self.num_values += 1
             return {"k": "val", "i": self.num_values - 1}
+        if kind == "scalar":
+            self.num_scalars += 1
+            return {"k": "scalar", "i": self.num_scalars - 1}
         self.num_lists += 1
         return {"k": "list", "i": self.num_lists - 1}
 
@@ -200,13 +212,14 @@ class _Walker:
         dtype = {"int": torch.int64, "float": torch.float64, "bool": torch.bool}[value["k"]]
         result = self.new_value("val")
         self.steps.append(Step("aten::scalar_tensor", "", [
-            value, {"k": "int", "v": _DTYPE_CODES[dtype]}, {"k": "none"},
+            value, {"k": "int", "v": dtype_codes()[dtype]}, {"k": "none"},
             {"k": "device", "type": 0, "index": -1}, {"k": "none"}], [result], "?", ""))
         return result
 
     def call(self, op, name: str, where: str, text: str) -> None:
         if name == "torch.operator":
             qualified = ir.StringAttr(op.attributes["name"]).value
+            qualified = qualified.removeprefix("torch.")  # "torch.aten.foo" for unknown aten ops
             ns, rest = qualified.split(".", 1)
         else:
             ns, rest = "aten", name[len("torch.aten."):]
@@ -216,9 +229,17 @@ class _Walker:
         overload = self.fold_scalars(op_qual, overload, args)
         args = [self.materialize(a) for a in args]
         schema = _schema(op_qual, overload)
+        try:
+            torch._C._dispatch_find_schema_or_throw(op_qual, overload)
+        except RuntimeError:
+            schema = None  # e.g. a TorchScript-only operator such as aten::Float.Tensor
         if schema is None:
             raise TridentError(f"{where}: operator {op_qual}.{overload} is not registered with "
                                f"PyTorch's dispatcher ({text})")
+        for i, arg in enumerate(schema.arguments[:len(args)]):
+            # ScalarType arguments are ints in the schema; ATen names them dtype/out_dtype
+            if arg.name in ("dtype", "out_dtype") and args[i]["k"] == "int":
+                args[i] = {"k": "int", "v": _torch_dtype_code(args[i]["v"])}
         results = []
         for r in op.results:
             type_str = str(r.type)
@@ -226,9 +247,14 @@ class _Walker:
                 value = self.new_value("val")
             elif type_str == "!torch.list<vtensor>":
                 value = self.new_value("list")
-            else:
-                raise TridentError(f"{where}: {op_qual} returns {type_str}, which Trident does "
-                                   f"not support ({text})")
+            elif type_str in ("!torch.int", "!torch.float", "!torch.bool"):
+                value = self.new_value("scalar")
+            else:  # e.g. !torch.none for an undefined tensor: dropped, an error if read
+                value = {"k": "drop"}
+                self.env[self.key(r)] = {"k": "unsupported", "what": f"{op_qual} returns "
+                                         f"{type_str}, which Trident does not support ({text})"}
+                results.append(value)
+                continue
             self.env[self.key(r)] = value
             results.append(value)
         self.steps.append(Step(op_qual, overload, args, results, where, text))
@@ -268,7 +294,7 @@ class _Walker:
             raise TridentError(f"the function returns {len(flat)} values; the native path "
                                f"returns at most {MAX_OUTS}")
         _assign_releases(self.steps, flat)
-        return Plan(self.steps, flat, "", self.num_values, self.num_lists)
+        return Plan(self.steps, flat, "", self.num_values, self.num_lists, self.num_scalars)
 
 
 def _uses(operand: dict):
@@ -287,7 +313,8 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
     last: dict[tuple, int] = {}
     for index, step in enumerate(steps):
         for result in step.results:
-            last[(result["k"], result["i"])] = index  # unused results die at once
+            if result["k"] in ("val", "list"):
+                last[(result["k"], result["i"])] = index  # unused results die at once
         for a in step.args:
             for use in _uses(a):
                 last[use] = index
@@ -309,5 +336,10 @@ def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
     return plan
 
 
-# c10::ScalarType codes, as Torch-MLIR's importer writes them for dtype arguments.
-from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT as _DTYPE_CODES  # noqa: E402
+def _torch_dtype_code(mlir_code: int) -> int:
+    """Torch-MLIR's importer numbers dtypes its own way (complex32 9, complex64 10); PyTorch's
+    dispatcher reads c10::ScalarType codes (complex64 9, complex128 10)."""
+    for dtype, code in {**TORCH_DTYPE_TO_INT, **OPTIONAL_TORCH_DTYPE_TO_INT}.items():
+        if code == mlir_code:
+            return dtype_codes()[dtype]
+    raise TridentError(f"unknown Torch-MLIR dtype code {mlir_code}")

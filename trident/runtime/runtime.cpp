@@ -19,6 +19,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <dlfcn.h>
@@ -132,6 +133,9 @@ int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, 
                 nrets);
     for (int32_t i = 0; i < nrets; ++i) from_ivalue(std::move(stack[i]), &rets[i]);
     return 0;
+  } catch (const c10::Error& e) {
+    g_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     g_error = e.what();
     return 1;
@@ -468,6 +472,15 @@ PyObject* register_callback(PyObject*, PyObject* fn) {
 
 PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }
 
+// dtype_code(dtype) -> int: the c10::ScalarType a torch.dtype stands for (what read_arg reports).
+PyObject* dtype_code(PyObject*, PyObject* dtype) {
+  if (!THPDtype_Check(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "dtype_code expects a torch.dtype");
+    return nullptr;
+  }
+  return PyLong_FromLong(static_cast<long>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+}
+
 // TridentError is defined in Python (trident/errors.py) and handed over once at load time.
 PyObject* set_error_type(PyObject*, PyObject* type) {
   Py_INCREF(type);
@@ -480,6 +493,7 @@ PyMethodDef module_methods[] = {
     {"register_callback", register_callback, METH_O,
      "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
     {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
+    {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
     {"set_error_type", set_error_type, METH_O, "set_error_type(cls): the class raised on TRT_ERROR."},
     {nullptr, nullptr, 0, nullptr},
 };

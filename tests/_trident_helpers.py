@@ -1,0 +1,108 @@
+"""Helpers shared by conftest.py and the test modules (not a test module itself)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+_SESSION: dict = {"root": None, "owned": False}  # set by conftest.pytest_configure
+_counter = itertools.count()
+
+
+def session_cache_root() -> Path:
+    assert _SESSION["root"] is not None, "pytest_configure has not run"
+    return _SESSION["root"]
+
+
+def make_cache_dir(path: Path) -> Path:
+    """A fresh Trident cache folder at ``path`` that shares the session's runtime build."""
+    path.mkdir(parents=True, exist_ok=True)
+    link = path / "runtime"
+    if not link.exists():
+        link.symlink_to(session_cache_root() / "runtime", target_is_directory=True)
+    return path
+
+
+def unique_cache_dir() -> Path:
+    """A brand-new cache folder (sharing the session runtime) beside the current one."""
+    base = Path(os.environ["TRIDENT_CACHE_DIR"])
+    return make_cache_dir(Path(tempfile.mkdtemp(prefix=f"sub{next(_counter)}-", dir=base.parent)))
+
+
+@contextlib.contextmanager
+def fresh_cache():
+    """Point TRIDENT_CACHE_DIR at a brand-new folder for the duration (for hypothesis examples,
+    where the per-test fixture runs only once per test, not per example)."""
+    saved = os.environ.get("TRIDENT_CACHE_DIR")
+    directory = unique_cache_dir()
+    os.environ["TRIDENT_CACHE_DIR"] = str(directory)
+    try:
+        yield directory
+    finally:
+        if saved is None:
+            os.environ.pop("TRIDENT_CACHE_DIR", None)
+        else:
+            os.environ["TRIDENT_CACHE_DIR"] = saved
+
+
+def clone_args(args):
+    """Equal but separate inputs: tensors are copied with their sizes and strides (expanded
+    tensors stay expanded), everything else is passed through."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(clone_strided(a))
+        else:
+            out.append(a)
+    return out
+
+
+def clone_strided(a: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` with the same sizes and strides (expanded dims stay stride 0)."""
+    expanded = [st == 0 and s > 1 for s, st in zip(a.size(), a.stride())]
+    if any(expanded):
+        small = a[tuple(slice(0, 1) if e else slice(None) for e in expanded)]
+        return clone_strided(small).expand(a.size())
+    c = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
+    c.copy_(a)
+    return c
+
+
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+         torch.float64: torch.int64}
+
+
+def assert_same(got, want, *, strides: bool = True, path: str = "out"):
+    """``got`` equals ``want`` bit for bit: same structure and Python types; tensors with the
+    same dtype, shape, device, strides (if ``strides``) and identical bit patterns."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__} is not a tensor"
+        assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} != {want.dtype}"
+        assert got.shape == want.shape, f"{path}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+        assert got.device == want.device, f"{path}: device {got.device} != {want.device}"
+        assert got.requires_grad == want.requires_grad, f"{path}: requires_grad differs"
+        if strides and want.numel() > 1:
+            assert got.stride() == want.stride(), \
+                f"{path}: strides {got.stride()} != {want.stride()}"
+        g, w = got.detach(), want.detach()
+        if g.dtype in _BITS:
+            g, w = g.contiguous().view(_BITS[g.dtype]), w.contiguous().view(_BITS[w.dtype])
+        assert torch.equal(g, w), f"{path}: values differ:\n{got}\n!=\n{want}"
+        return
+    assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want), f"{path}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, strides=strides, path=f"{path}[{i}]")
+        return
+    if isinstance(want, float) and want != want:
+        assert got != got, f"{path}: {got!r} != nan"
+        return
+    assert got == want, f"{path}: {got!r} != {want!r}"

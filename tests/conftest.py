@@ -1,0 +1,101 @@
+"""Shared setup for Trident's tests.
+
+Cache layout during a test session:
+
+* one session cache folder holds the native runtime (``runtime/<key>``), which costs ~15 s to
+  build; it is built once, before the first test;
+* every test gets a fresh ``TRIDENT_CACHE_DIR`` (``<tmp_path>/trident-cache``) whose ``runtime``
+  entry is a symlink to the session's runtime folder, so functions (``functions/...``) never
+  leak from one test into another, while the runtime is shared, also by the subprocesses that
+  test_cache.py starts.
+
+Set ``TRIDENT_TEST_RUNTIME_CACHE=/some/dir`` to keep the session cache (and its runtime build)
+between pytest runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
+from _trident_helpers import REPO, _SESSION, make_cache_dir, session_cache_root  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    keep = os.environ.get("TRIDENT_TEST_RUNTIME_CACHE")
+    if keep:
+        root = Path(keep)
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="trident-test-session-"))
+        _SESSION["owned"] = True
+    _SESSION["root"] = root
+    # Before collection: a test module that applies @trident.jit at import time builds the
+    # runtime here, never in the user's ~/.cache/trident.
+    os.environ["TRIDENT_CACHE_DIR"] = str(root)
+    os.environ.pop("TRIDENT_MAX_SPECIALIZATIONS", None)
+
+
+def pytest_unconfigure(config):
+    if _SESSION["owned"] and _SESSION["root"] is not None:
+        shutil.rmtree(_SESSION["root"], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def trident_runtime():
+    """Build (or load) the native runtime once, into the session cache folder."""
+    root = session_cache_root()
+    saved = os.environ.get("TRIDENT_CACHE_DIR")
+    os.environ["TRIDENT_CACHE_DIR"] = str(root)
+    try:
+        from trident import runtime
+        from trident.jit import jit_function_class
+
+        module = runtime.load()
+        jit_function_class()
+    finally:
+        if saved is None:
+            os.environ.pop("TRIDENT_CACHE_DIR", None)
+        else:
+            os.environ["TRIDENT_CACHE_DIR"] = saved
+    assert (root / "runtime").is_dir()
+    return module
+
+
+@pytest.fixture(autouse=True)
+def trident_cache(trident_runtime, tmp_path, monkeypatch):
+    """Per test: a fresh TRIDENT_CACHE_DIR (functions area) sharing the session runtime."""
+    directory = make_cache_dir(tmp_path / "trident-cache")
+    monkeypatch.setenv("TRIDENT_CACHE_DIR", str(directory))
+    monkeypatch.delenv("TRIDENT_MAX_SPECIALIZATIONS", raising=False)
+    return directory
+
+
+@pytest.fixture
+def subprocess_env(trident_cache):
+    """Environment for a child Python that imports this checkout's trident and uses the
+    test's cache folder."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["TRIDENT_CACHE_DIR"] = str(trident_cache)
+    env.pop("TRIDENT_LOGS", None)
+    env.pop("TRIDENT_MAX_SPECIALIZATIONS", None)
+    return env

@@ -1,0 +1,264 @@
+"""The on-disk cache: reuse across processes, concurrent compiles, listing and clearing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import trident
+
+MODULE = textwrap.dedent('''
+    import torch
+    import trident
+
+    @trident.jit
+    def model(x, w, n):
+        h = torch.relu(x @ w) * n
+        return h.sum(-1), [h[:, :2], None], n + 1
+''')
+
+SCRIPT = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from cached_mod import model
+
+    N = int(sys.argv[2])
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
+    want = model.__wrapped__(x, w, 3)
+    for _ in range(N):
+        got = model(x, w, 3)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
+        assert got[1][1] is None and got[2] == 4
+    print("STATS " + json.dumps(dataclasses.asdict(model.stats)))
+''')
+
+
+def write_module(tmp_path: Path) -> Path:
+    d = tmp_path / "mod"
+    d.mkdir(exist_ok=True)
+    (d / "cached_mod.py").write_text(MODULE)
+    (d / "run_model.py").write_text(SCRIPT)
+    return d
+
+
+def run_script(d: Path, env: dict, n: int) -> dict:
+    p = subprocess.run([sys.executable, str(d / "run_model.py"), str(d), str(n)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return parse_stats(p.stdout)
+
+
+def parse_stats(stdout: str) -> dict:
+    line = [l for l in stdout.splitlines() if l.startswith("STATS ")]
+    assert line, stdout
+    return json.loads(line[-1][len("STATS "):])
+
+
+def test_second_process_reuses_the_cache(tmp_path, subprocess_env, trident_cache):
+    d = write_module(tmp_path)
+    first = run_script(d, subprocess_env, 5)
+    assert (first["traces"], first["compiles"], first["misses"], first["fallbacks"]) == (1, 1, 1, 0)
+    assert first["hits"] == 4
+    second = run_script(d, subprocess_env, 7)
+    assert (second["traces"], second["compiles"], second["misses"], second["fallbacks"]) == \
+        (0, 0, 0, 0)
+    assert second["hits"] == 7
+    assert second["miss_reasons"] == []
+    # exactly one function, one specialization, one built module
+    funcs = list((trident_cache / "functions").iterdir())
+    assert len(funcs) == 1 and funcs[0].name.startswith("model-")
+    assert len(list((funcs[0] / "specs").glob("*.json"))) == 1
+    assert len([p for p in funcs[0].glob("trident_scm_*") if p.suffix != ".c"
+                and not p.name.endswith(".lock")]) == 1
+
+
+def test_changed_source_gets_a_new_cache_entry(tmp_path, subprocess_env, trident_cache):
+    d = write_module(tmp_path)
+    run_script(d, subprocess_env, 2)
+    (d / "cached_mod.py").write_text(MODULE.replace("* n", "* n * 1"))
+    stats = run_script(d, subprocess_env, 2)
+    assert stats["compiles"] == 1 and stats["misses"] == 1
+    assert len(list((trident_cache / "functions").iterdir())) == 2
+
+
+def test_concurrent_processes_compile_the_same_function(tmp_path, subprocess_env, trident_cache):
+    d = write_module(tmp_path)
+    cmd = [sys.executable, str(d / "run_model.py"), str(d), "3"]
+    procs = [subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-4000:]
+        stats = parse_stats(out)
+        assert stats["fallbacks"] == 0
+        assert stats["hits"] + stats["misses"] == 3
+    # a third process finds a consistent cache
+    third = run_script(d, subprocess_env, 2)
+    assert (third["traces"], third["compiles"], third["misses"], third["hits"]) == (0, 0, 0, 2)
+    leftovers = [p for p in (trident_cache / "functions").rglob("*") if p.suffix == ".tmp"]
+    assert leftovers == []
+
+
+def test_in_process_reload_from_disk():
+    """A second JitFunction of the same code (as in a new process) loads the stored module."""
+    def f(x):
+        return x * 3 - 1
+
+    a = trident.jit(f)
+    x = torch.randn(5)
+    a(x)
+    b = trident.jit(f)
+    assert torch.equal(b(x), x * 3 - 1)
+    assert (b.stats.traces, b.stats.compiles, b.stats.misses, b.stats.hits) == (0, 0, 0, 1)
+    assert b.specializations == a.specializations
+
+
+def cache_f(x):
+    return x + 1
+
+
+def cache_g(x, n):
+    return x * n
+
+
+def test_list_cache_and_clear_cache(trident_cache):
+    assert trident.list_cache() == []
+    trident.jit(cache_f)(torch.ones(2))
+    jg = trident.jit(cache_g)
+    jg(torch.ones(2), 2)
+    jg(torch.ones(2), 3)
+    rows = trident.list_cache()
+    assert len(rows) == 2
+    by_name = {Path(r["path"]).name.split("-")[0]: r for r in rows}
+    assert set(by_name) == {"cache_f", "cache_g"}
+    assert by_name["cache_f"]["specializations"] == 1
+    assert by_name["cache_g"]["specializations"] == 2
+    for r in rows:
+        assert Path(r["path"]).is_dir() and Path(r["path"]).parent == trident_cache / "functions"
+        assert r["bytes"] == sum(p.stat().st_size for p in Path(r["path"]).rglob("*")
+                                 if p.is_file()) and r["bytes"] > 0
+    trident.clear_cache()
+    assert trident.list_cache() == []
+    assert not (trident_cache / "functions").exists()
+
+
+def test_clear_cache_removes_runtime_builds(tmp_path, monkeypatch):
+    # a separate folder with a stand-in runtime build (the shared one must survive)
+    d = tmp_path / "other-cache"
+    (d / "runtime" / "abc").mkdir(parents=True)
+    (d / "runtime" / "abc" / "trident_rt.so").write_bytes(b"x")
+    (d / "functions" / "f-123" / "specs").mkdir(parents=True)
+    (d / "unrelated.txt").write_text("keep")
+    monkeypatch.setenv("TRIDENT_CACHE_DIR", str(d))
+    assert len(trident.list_cache()) == 1
+    trident.clear_cache()
+    assert not (d / "runtime").exists() and not (d / "functions").exists()
+    assert (d / "unrelated.txt").read_text() == "keep"
+
+
+def _cli(env, *args):
+    return subprocess.run([sys.executable, "-m", "trident", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident_cache):
+    d = write_module(tmp_path)
+    run_script(d, subprocess_env, 1)
+    p = _cli(subprocess_env, "cache-dir")
+    assert p.returncode == 0 and p.stdout.strip() == str(trident_cache)
+    p = _cli(subprocess_env, "list")
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1
+    assert "1 specializations" in lines[0] and "KiB" in lines[0]
+    assert str(trident_cache / "functions") in lines[0] and "model-" in lines[0]
+    p = _cli(subprocess_env, "clear")
+    assert p.returncode == 0 and str(trident_cache) in p.stdout
+    assert not (trident_cache / "functions").exists()
+    assert trident.list_cache() == []
+
+
+def test_corrupt_spec_files_are_ignored(trident_cache):
+    def f(x):
+        return x - 2
+
+    jf = trident.jit(f)
+    jf(torch.ones(3))
+    spec_dir = next((trident_cache / "functions").iterdir()) / "specs"
+    (spec_dir / "0-garbage.json").write_text("{not json")
+    (spec_dir / "1-partial.json").write_text(json.dumps({"signature": "x"}))
+    again = trident.jit(f)
+    assert torch.equal(again(torch.ones(3)), torch.full((3,), -1.0))
+    assert again.stats.compiles == 0 and again.stats.hits == 1
+    assert len(again.specializations) == 1
+
+
+def test_cache_dir_is_created_on_demand(tmp_path, monkeypatch):
+    from trident import config
+
+    d = tmp_path / "nested" / "cache"
+    monkeypatch.setenv("TRIDENT_CACHE_DIR", str(d))
+    assert config.cache_dir() == d and d.is_dir()
+
+
+CONFIG_MODULE = textwrap.dedent('''
+    import os, types
+    import torch
+    import trident
+
+    CFG = types.SimpleNamespace(k=float(os.environ["TRIDENT_TEST_K"]))
+
+    @trident.jit
+    def scaled(x):
+        return x * CFG.k
+''')
+
+CONFIG_SCRIPT = textwrap.dedent('''
+    import sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from config_mod import scaled
+    x = torch.ones(2)
+    print("RESULT", scaled(x).tolist(), scaled.__wrapped__(x).tolist())
+''')
+
+
+def _run_config(d: Path, env: dict, k: str):
+    p = subprocess.run([sys.executable, str(d / "run_config.py"), str(d)],
+                       env=dict(env, TRIDENT_TEST_K=k), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    line = next(l for l in p.stdout.splitlines() if l.startswith("RESULT"))
+    return line
+
+
+def test_global_object_attributes_are_part_of_the_cache_key(tmp_path, subprocess_env):
+    d = tmp_path / "cfg"
+    d.mkdir()
+    (d / "config_mod.py").write_text(CONFIG_MODULE)
+    (d / "run_config.py").write_text(CONFIG_SCRIPT)
+    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
+    assert _run_config(d, subprocess_env, "3") == "RESULT [3.0, 3.0] [3.0, 3.0]"
+
+
+GLOBAL_DICT_MODULE = CONFIG_MODULE.replace(
+    'types.SimpleNamespace(k=float(os.environ["TRIDENT_TEST_K"]))',
+    '{"k": float(os.environ["TRIDENT_TEST_K"])}').replace("CFG.k", 'CFG["k"]')
+
+
+def test_global_plain_values_are_part_of_the_cache_key(tmp_path, subprocess_env):
+    d = tmp_path / "cfg"
+    d.mkdir()
+    (d / "config_mod.py").write_text(GLOBAL_DICT_MODULE)
+    (d / "run_config.py").write_text(CONFIG_SCRIPT)
+    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
+    assert _run_config(d, subprocess_env, "3") == "RESULT [3.0, 3.0] [3.0, 3.0]"
+    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"

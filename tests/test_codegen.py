@@ -1,0 +1,160 @@
+"""The generated C (``f.source()``): a header that says not to edit it, one comment per launch
+step naming the user's ``file.py:LINE`` and source text, guards commented in words."""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import re
+
+import torch
+import torch.nn.functional as F
+
+import trident
+
+HERE = __file__.rsplit("/", 1)[-1]
+STEP = re.compile(r"^\s*/\* (?P<where>[^:*]+:\d+): (?P<text>.*) \*/\s*$")
+
+
+def mlp(x, w1, b1, w2):
+    h = x @ w1
+    h = h + b1
+    h = torch.relu(h)
+    y = F.linear(h, w2)
+    s = torch.softmax(y, -1)
+    return s, h.sum()
+
+
+def mlp_args():
+    return torch.randn(2, 4), torch.randn(4, 8), torch.randn(8), torch.randn(3, 8)
+
+
+def step_comments(source: str):
+    return [m for m in (STEP.match(l) for l in source.splitlines()) if m]
+
+
+def test_source_is_empty_before_the_first_call():
+    assert trident.jit(mlp).source() == ""
+
+
+def test_header_says_generated_and_do_not_edit():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    src = jf.source()
+    assert "Do not edit" in src
+    assert "Specialization Cache Module for mlp" in src
+    assert '#include "trident_rt.h"' in src
+
+
+def test_each_step_names_the_users_source_line():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    src = jf.source()
+    steps = step_comments(src)
+    # one comment per operator call
+    calls = src.count("rt->call(")
+    assert calls >= 5 and len(steps) == calls
+    lines, first = inspect.getsourcelines(mlp)
+    body = {first + i: l.strip() for i, l in enumerate(lines)}
+    seen = set()
+    for m in steps:
+        file, line = m["where"].rsplit(":", 1)
+        assert file == HERE, m.group(0)
+        line = int(line)
+        assert line in body, f"{m['where']} is not a line of mlp"
+        # the comment quotes that very line
+        assert m["text"] == body[line] == linecache.getline(__file__, line).strip()
+        seen.add(line)
+    # every statement that calls a torch op produced at least one step, in program order
+    expected = [first + i for i, l in enumerate(lines)
+                if any(op in l for op in ("@", "+ b1", "relu", "linear", "softmax", "sum"))]
+    assert sorted(seen) == expected
+    order = [int(m["where"].rsplit(":", 1)[1]) for m in steps]
+    assert order == sorted(order)
+
+
+def test_error_sites_name_the_same_line_as_the_step_comment():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    src = jf.source()
+    for m in step_comments(src):
+        assert f'"{m["where"]} (aten::' in src  # rt->set_error("file:LINE (aten::op)", ...)
+
+
+def test_guards_are_commented_in_words():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    src = jf.source()
+    for text in ("x.size(0) == 2", "x.dtype == float32", "w1.stride(0) == 8", "4 positional arguments",
+                 "b1.dim() == 1", "x is Tensor"):
+        assert f"/* {text} */" in src, text
+
+
+def test_one_module_holds_every_specialization():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    x2 = torch.randn(5, 4)
+    jf(x2, *mlp_args()[1:])
+    src = jf.source()
+    assert "specialization 0: mlp(x: float32[2, 4] cpu" in src
+    assert "specialization 1: mlp(x: float32[5, 4] cpu" in src
+    assert src.count("static int guard_") == 2
+
+
+def test_cached_c_file_matches_source():
+    jf = trident.jit(mlp)
+    jf(*mlp_args())
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ["TRIDENT_CACHE_DIR"]) / "functions"
+    c_files = list(root.glob("*/trident_scm_*.c"))
+    assert len(c_files) == 1
+    assert c_files[0].read_text() == jf.source()
+
+
+def test_lines_inside_helper_functions_are_attributed_to_the_helper():
+    def helper(t):
+        return torch.sigmoid(t) * 3
+
+    def f(x):
+        y = x - 1
+        return helper(y)
+
+    jf = trident.jit(f)
+    jf(torch.randn(3))
+    where = {m["where"]: m["text"] for m in step_comments(jf.source())}
+    lines, first = inspect.getsourcelines(helper)
+    assert where.get(f"{HERE}:{first + 1}") == "return torch.sigmoid(t) * 3"
+    lines, first = inspect.getsourcelines(f)
+    assert where.get(f"{HERE}:{first + 1}") == "y = x - 1"
+
+
+def test_mlir_names_the_source_file():
+    jf = trident.jit(mlp)
+    text = jf.mlir(*mlp_args())
+    assert "func.func @main" in text and "torch.aten.mm" in text
+    assert HERE in text
+    assert jf.stats.compiles == 0  # mlir() does not install anything
+
+
+def test_output_count_never_overflows_the_result_buffer():
+    """An SCM must not write past trt_result.outs[TRT_MAX_OUTS]: functions with more outputs run
+    eagerly (or a bigger buffer is used)."""
+    from trident.runtime import HEADER
+
+    max_outs = int(re.search(r"#define TRT_MAX_OUTS (\d+)", HEADER.read_text()).group(1))
+
+    def many(x):
+        return tuple(x for _ in range(max_outs + 4))
+
+    jf = trident.jit(many)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = jf(torch.ones(1))
+        assert len(out) == max_outs + 4
+        out = jf(torch.ones(1))
+    indices = [int(i) for i in re.findall(r"out->outs\[(\d+)\]", jf.source())]
+    assert all(i < max_outs for i in indices)

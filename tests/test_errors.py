@@ -1,0 +1,356 @@
+"""Bad or unsupported input: eager fallbacks (counted, correct), TridentError with the user's
+source line, and no crashes."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import assert_same
+
+HERE = __file__.rsplit("/", 1)[-1]  # test_errors.py
+
+
+def line_of(fn, text: str) -> int:
+    """The file line number of the first line of ``fn`` containing ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(lines):
+        if text in line:
+            return start + i
+    raise AssertionError(f"{text!r} not in {fn.__name__}")
+
+
+def add(x, y):
+    return x + y
+
+
+# ---- argument count ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [(torch.ones(2),), (torch.ones(2), torch.ones(2), 3), ()])
+def test_wrong_argument_count_raises_eagers_type_error(args):
+    jf = trident.jit(add)
+    with pytest.raises(TypeError) as want:
+        add(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TypeError) as got:
+            jf(*args)
+        with pytest.raises(TypeError):  # again (a remembered signature or a new attempt)
+            jf(*args)
+    assert str(got.value) == str(want.value)
+    assert jf.stats.compiles == 0
+    # the function still compiles and serves correct calls
+    x, y = torch.randn(3), torch.randn(3)
+    assert torch.equal(jf(x, y), x + y)
+    assert jf.stats.compiles == 1
+
+
+def test_wrong_argument_count_after_compiling():
+    jf = trident.jit(add)
+    x = torch.randn(3)
+    jf(x, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TypeError, match="missing 1 required positional argument"):
+            jf(x)
+    assert torch.equal(jf(x, x), x + x)
+    assert jf.stats.hits == 1
+
+
+@pytest.mark.gpu
+def test_mixed_devices_raise_like_eager():
+    jf = trident.jit(add)
+    with pytest.raises(RuntimeError):
+        add(torch.ones(2), torch.ones(2, device="cuda"))
+    with pytest.raises(RuntimeError):
+        jf(torch.ones(2), torch.ones(2, device="cuda"))
+
+
+# ---- unsupported argument types ------------------------------------------------------------
+
+
+class MyTensor(torch.Tensor):
+    pass
+
+
+def uses(x, obj):
+    if isinstance(obj, str):
+        return x * len(obj)
+    if isinstance(obj, dict):
+        return x + obj["a"]
+    if isinstance(obj, list):
+        return x + obj[0]
+    if type(obj) is int:
+        return x * 2 + float(obj)
+    return x * 2 + obj
+
+
+@pytest.mark.parametrize("obj", ["abc", {"a": 2.0}, [torch.ones(3)], 2**70, 1 + 2j,
+                                 torch.ones(3).as_subclass(MyTensor)],
+                         ids=["str", "dict", "list", "bigint", "complex", "subclass"])
+def test_unsupported_argument_types_run_eagerly(obj):
+    jf = trident.jit(uses)
+    x = torch.arange(3.0)
+    for i in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning for an argument type
+            got = jf(x, obj)
+        assert_same(got, uses(x, obj))
+        st = jf.stats
+        assert (st.fallbacks, st.misses, st.compiles, st.traces, st.hits) == (i + 1, i + 1, 0, 0, 0)
+    # the same function still compiles for supported arguments
+    assert torch.equal(jf(x, 1.5), x * 2 + 1.5) and jf.stats.compiles == 1
+
+
+def test_unsupported_tensor_kinds_run_eagerly():
+    def f(x):
+        return x * 2
+
+    jf = trident.jit(f)
+    for x in (torch.ones(3, device="meta"), torch.ones(2, 2).to_sparse(),
+              torch.ones(3, dtype=torch.complex64).conj(), torch.ones(3).as_subclass(MyTensor)):
+        got = jf(x)
+        want = f(x)
+        assert type(got) is type(want) and got.layout == want.layout and got.device == want.device
+        if x.device.type != "meta":
+            assert torch.equal(got.to_dense() if got.is_sparse else got,
+                               want.to_dense() if want.is_sparse else want)
+    assert jf.stats.fallbacks == 4 and jf.stats.compiles == 0
+
+
+def test_unsupported_argument_types_run_eagerly_even_without_fallback():
+    jf = trident.jit(fallback=False)(uses)
+    x = torch.arange(3.0)
+    assert torch.equal(jf(x, "ab"), x * 2)
+    assert jf.stats.fallbacks == 1
+
+
+# ---- autograd ------------------------------------------------------------------------------
+
+
+def loss(x, w, b):
+    return torch.nn.functional.linear(torch.tanh(x), w, b).pow(2).sum()
+
+
+def test_requires_grad_runs_eagerly_with_correct_gradients():
+    jf = trident.jit(loss)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, generator=gen)
+    w = torch.randn(3, 5, generator=gen, requires_grad=True)
+    b = torch.randn(3, generator=gen, requires_grad=True)
+    for i in range(2):
+        w.grad = b.grad = None
+        out = jf(x, w, b)
+        assert out.requires_grad and out.grad_fn is not None
+        out.backward()
+        gw, gb = w.grad.clone(), b.grad.clone()
+        w.grad = b.grad = None
+        want = loss(x, w, b)
+        want.backward()
+        assert_same(out.detach(), want.detach())
+        assert_same(gw, w.grad)
+        assert_same(gb, b.grad)
+        assert jf.stats.fallbacks == i + 1 and jf.stats.compiles == 0
+
+
+def test_same_inputs_under_no_grad_are_served_natively():
+    jf = trident.jit(loss)
+    x = torch.randn(4, 5)
+    w = torch.randn(3, 5, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        out1 = jf(x, w, b)
+        out2 = jf(x, w, b)
+        want = loss(x, w, b)
+    assert not out1.requires_grad and out1.grad_fn is None
+    assert_same(out1, want)
+    assert_same(out2, want)
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 1, 0)
+    # and under grad mode again: eager, differentiable
+    out = jf(x, w, b)
+    assert out.requires_grad
+    out.backward()
+    assert w.grad is not None and jf.stats.fallbacks == 1 and jf.stats.compiles == 1
+    # inference mode is "no grad" too
+    with torch.inference_mode():
+        assert_same(jf(x, w, b), want)
+    assert jf.stats.fallbacks == 1
+
+
+def test_grad_mode_without_requires_grad_is_native_and_output_has_no_grad():
+    jf = trident.jit(loss)
+    x, w, b = torch.randn(4, 5), torch.randn(3, 5), torch.randn(3)
+    out = jf(x, w, b)
+    out = jf(x, w, b)
+    assert not out.requires_grad
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 1, 0)
+
+
+# ---- untraceable functions -----------------------------------------------------------------
+
+GLOBAL_W = torch.randn(3)
+
+
+def reads_global(x):
+    return x + GLOBAL_W
+
+
+def test_global_tensor_runs_eagerly_with_one_warning():
+    jf = trident.jit(reads_global)
+    x = torch.ones(3)
+    with pytest.warns(UserWarning, match="not an argument") as record:
+        assert_same(jf(x), reads_global(x))
+    mine = [str(w.message) for w in record if "trident" in str(w.message)]
+    assert len(mine) == 1
+    assert f"{HERE}:{line_of(reads_global, 'x + GLOBAL_W')}" in mine[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second warning, no second trace
+        assert_same(jf(x), reads_global(x))
+    st = jf.stats
+    assert (st.fallbacks, st.compiles, st.traces) == (2, 0, 1)
+    # the eager fallback follows the global's current value
+    GLOBAL_W.add_(1)
+    try:
+        assert_same(jf(x), reads_global(x))
+    finally:
+        GLOBAL_W.sub_(1)
+
+
+def test_global_tensor_without_fallback_raises_naming_the_line():
+    jf = trident.jit(fallback=False)(reads_global)
+    with pytest.raises(trident.TridentError) as err:
+        jf(torch.ones(3))
+    line = line_of(reads_global, "x + GLOBAL_W")
+    assert f"{HERE}:{line}" in str(err.value)
+    assert "return x + GLOBAL_W" in str(err.value)
+    assert isinstance(err.value, RuntimeError)
+
+
+def test_closure_tensor_is_not_an_argument_either():
+    w = torch.randn(3)
+
+    def f(x):
+        return x * w
+
+    jf = trident.jit(fallback=False)(f)
+    with pytest.raises(trident.TridentError, match=rf"{HERE}:{line_of(f, 'x * w')}"):
+        jf(torch.ones(3))
+    jf2 = trident.jit(f)
+    with pytest.warns(UserWarning):
+        assert_same(jf2(torch.ones(3)), f(torch.ones(3)))
+
+
+def branchy(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+def test_data_dependent_control_flow_falls_back_eagerly():
+    jf = trident.jit(branchy)
+    pos, neg = torch.ones(3), -torch.ones(3)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert_same(jf(pos), branchy(pos))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(jf(neg), branchy(neg))  # same signature: eager again, the other branch
+    st = jf.stats
+    assert (st.fallbacks, st.compiles, st.traces, st.hits) == (2, 0, 1, 0)
+
+
+def test_data_dependent_control_flow_without_fallback_raises():
+    jf = trident.jit(fallback=False)(branchy)
+    with pytest.raises(trident.TridentError) as err:
+        jf(torch.ones(3))
+    assert f"{HERE}:{line_of(branchy, 'if x.sum() > 0')}" in str(err.value)
+    assert jf.stats.fallbacks == 0
+
+
+def test_item_values_are_never_baked_in():
+    """``.item()`` is data dependent: whether Trident runs it eagerly or reads it at run time,
+    every call must see the current values, and never raise."""
+    def f(x):
+        return x * x.sum().item()
+
+    jf = trident.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (3, 4):
+            for k in range(2):
+                x = torch.arange(float(n)) + k
+                assert_same(jf(x), f(x))
+
+
+def test_unsupported_output_type():
+    def f(x):
+        return {"y": x + 1}
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    with pytest.warns(UserWarning, match="dict"):
+        out = jf(x)
+    assert_same(out["y"], f(x)["y"])
+    with pytest.raises(trident.TridentError, match="dict"):
+        trident.jit(fallback=False)(f)(x)
+
+
+# ---- errors inside the launch sequence -----------------------------------------------------
+
+
+def mixed_mm(x, y):
+    z = x + 1
+    return torch.mm(z, y)
+
+
+def test_op_error_in_launch_sequence_raises_trident_error_naming_the_line():
+    jf = trident.jit(mixed_mm)
+    x = torch.ones(2, 3)
+    y = torch.ones(3, 2, dtype=torch.int64)
+    with pytest.raises(RuntimeError) as eager:
+        mixed_mm(x, y)
+    for _ in range(2):  # the compiling call and a hit
+        with pytest.raises(trident.TridentError) as err:
+            jf(x, y)
+        msg = str(err.value)
+        assert msg.startswith(f"{HERE}:{line_of(mixed_mm, 'torch.mm')} (aten::mm)"), msg
+        assert str(eager.value).splitlines()[0] in msg
+    assert jf.stats.compiles == 1
+    # the process is fine and the function still works for good inputs
+    good = torch.ones(3, 2)
+    assert torch.equal(jf(x, good), mixed_mm(x, good))
+
+
+def gather_rows(x, i):
+    return x[i] * 2
+
+
+def test_index_error_on_a_hit_raises_and_recovers():
+    jf = trident.jit(gather_rows)
+    x = torch.randn(4, 3)
+    good, bad = torch.tensor([0, 3]), torch.tensor([0, 9])
+    assert torch.equal(jf(x, good), gather_rows(x, good))
+    with pytest.raises(trident.TridentError, match=rf"^{HERE}:{line_of(gather_rows, 'x[i]')} "
+                                                   r"\(aten::index"):
+        jf(x, bad)
+    assert torch.equal(jf(x, good), gather_rows(x, good))
+    # a call that raised is not a hit
+    assert (jf.stats.hits, jf.stats.misses, jf.stats.compiles) == (1, 1, 1)
+
+
+def test_op_error_message_is_pytorchs_message_without_cpp_backtrace():
+    jf = trident.jit(gather_rows)
+    x = torch.randn(4, 3)
+    bad = torch.tensor([9])
+    with pytest.raises(IndexError) as eager:
+        gather_rows(x, bad)
+    with pytest.raises(trident.TridentError) as err:
+        jf(x, bad)
+    where = f"{HERE}:{line_of(gather_rows, 'x[i]')}"
+    assert re.fullmatch(rf"{re.escape(where)} \(aten::index\.Tensor\): "
+                        rf"{re.escape(str(eager.value))}", str(err.value)), str(err.value)

@@ -1,0 +1,324 @@
+"""GPU benchmark (``python -m trident.bench gpu``): every contender in one process and run.
+
+Cases:
+  1. ``empty_like`` + one Triton add + ``relu`` (1,024 floats): host-bound.
+  2. one launch of a Triton kernel with 20 arguments.
+  3. decode steps of two Llama-style models built from Liger-Kernel Triton kernels (RMSNorm,
+     RoPE, SwiGLU) and torch ops (linear, cat, SDPA, add), batch 1, bf16, KV length 256; the
+     model follows ../shared/device/anchors_gpu.py.
+
+Contenders: eager; torch.compile default and reduce-overhead; CUDA-graph replay of the eager
+function (no guards: the floor); a raw cuLaunchKernel from a cffi function (cases 1-2: the floor
+for one launch from Python); Trident. Times are per call (µs) or per step (ms), GPU synchronized
+once per batch of calls; first-call compile times are in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+import trident
+
+
+def per_call(fn, n=2000, warm=50, reps=7) -> float:
+    """Median µs per call over ``reps`` batches of ``n`` calls, synchronized per batch."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(times)
+
+
+def first_call(fn) -> tuple[float, object]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def cuda_graph(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def same(a, b) -> bool:
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ---- kernels -------------------------------------------------------------------------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+             mask=mask)
+
+
+@triton.jit
+def args20_kernel(o, a0, a1, a2, a3, a4, a5, a6, a7, a8, s0, s1, s2, s3, s4, s5, s6, s7, s8,
+                  n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    acc = tl.load(a0 + offs, mask=m) * s0 + tl.load(a1 + offs, mask=m) * s1
+    acc += tl.load(a2 + offs, mask=m) * s2 + tl.load(a3 + offs, mask=m) * s3
+    acc += tl.load(a4 + offs, mask=m) * s4 + tl.load(a5 + offs, mask=m) * s5
+    acc += tl.load(a6 + offs, mask=m) * s6 + tl.load(a7 + offs, mask=m) * s7
+    acc += tl.load(a8 + offs, mask=m) * s8
+    tl.store(o + offs, acc, mask=m)
+
+
+def add_relu(x, y):
+    out = torch.empty_like(x)
+    add_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, out, x.numel(), BLOCK=1024)
+    return torch.relu(out)
+
+
+def launch20(o, a0, a1, a2, a3, a4, a5, a6, a7, a8):
+    args20_kernel[(1,)](o, a0, a1, a2, a3, a4, a5, a6, a7, a8, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                        o.numel(), BLOCK=1024)
+
+
+RAW_C = r"""
+#include <stdint.h>
+#include <dlfcn.h>
+typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void*, void**, void**);
+static launch_t launch_kernel;
+int raw_init(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  launch_kernel = h ? (launch_t)dlsym(h, "cuLaunchKernel") : 0;
+  return launch_kernel ? 0 : -1;
+}
+int raw_launch(uint64_t fn, uint64_t stream, uint64_t x, uint64_t y, uint64_t o, int32_t n,
+               unsigned grid, unsigned threads, unsigned shared) {
+  uint64_t global_scratch = 0, profile_scratch = 0;
+  void* params[] = {&x, &y, &o, &n, &global_scratch, &profile_scratch};
+  return launch_kernel((void*)fn, grid, 1, 1, threads, 1, 1, shared, (void*)stream, params, 0);
+}
+"""
+
+
+def raw_launcher():
+    """cuLaunchKernel of the compiled add kernel from a cffi function: the one-launch floor."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef("int raw_init(void); int raw_launch(uint64_t, uint64_t, uint64_t, uint64_t, "
+             "uint64_t, int32_t, unsigned, unsigned, unsigned);")
+    ffi.set_source("_trident_bench_raw", RAW_C, libraries=["dl"])
+    tmp = tempfile.mkdtemp()
+    ffi.compile(tmpdir=tmp)
+    sys.path.insert(0, tmp)
+    import _trident_bench_raw
+
+    lib = _trident_bench_raw.lib
+    assert lib.raw_init() == 0
+    return lib
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+
+def contenders(name, fn, args, results, n=2000, reps=7,
+               compile_modes=("default", "reduce-overhead")):
+    """Time eager, torch.compile, CUDA graph and Trident on ``fn(*args)``; check equality."""
+    row = results.setdefault(name, {})
+    timed = lambda f: per_call(f, n=n, warm=max(3, n // 40), reps=reps)  # noqa: E731
+    print(f"{name}: eager", flush=True)
+    ref = fn(*args)
+    row["eager"] = timed(lambda: fn(*args))
+    print(f"{name}: trident", flush=True)
+    jitted = trident.jit(fn, fallback=False)
+    row["trident_first_call_s"], out = first_call(lambda: jitted(*args))
+    row["trident_equal"] = same(jitted(*args), ref) if ref is not None else True
+    row["trident"] = timed(lambda: jitted(*args))
+    row["trident_stats"] = str(jitted.stats)
+    for mode in compile_modes:
+        print(f"{name}: torch.compile {mode}", flush=True)
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, mode=mode)
+            row[f"compile_{mode}_first_call_s"], _ = first_call(lambda: compiled(*args))
+            for _ in range(3):
+                compiled(*args)
+            row[f"compile_{mode}"] = timed(lambda: compiled(*args))
+        except Exception:
+            row[f"compile_{mode}_error"] = traceback.format_exc()[-600:]
+    try:
+        graph, _ = cuda_graph(lambda: fn(*args))
+        row["cuda_graph"] = timed(graph.replay)
+    except Exception:
+        row["cuda_graph_error"] = traceback.format_exc()[-600:]
+    print(name, {k: v for k, v in row.items() if not k.endswith("error")}, flush=True)
+    return row
+
+
+def micro(results):
+    x, y = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+    row = contenders("empty_like + triton add + relu (us)", add_relu, (x, y), results)
+    out = torch.empty_like(x)
+    compiled = add_kernel[(1,)](x, y, out, x.numel(), BLOCK=1024)
+    lib = raw_launcher()
+    stream = torch.cuda.current_stream().cuda_stream
+    raw = (compiled.function, stream, x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel(), 1,
+           32 * compiled.metadata.num_warps, compiled.metadata.shared)
+    row["raw_cffi_launch_add_only"] = per_call(lambda: lib.raw_launch(*raw))
+    row["triton_jit_add_only"] = per_call(
+        lambda: add_kernel[(1,)](x, y, out, x.numel(), BLOCK=1024))
+
+    tensors = [torch.randn(1024, device="cuda") for _ in range(10)]
+    row20 = contenders("one launch, 20 arguments (us)", launch20, tuple(tensors), results)
+    row20["raw_cffi_launch_4_args"] = row["raw_cffi_launch_add_only"]
+
+
+CONFIGS = {
+    "llama-3.2-1b-like": dict(D=2048, H=32, KV=8, HD=64, I=8192, L=16),
+    "qwen2.5-0.5b-like": dict(D=896, H=14, KV=2, HD=64, I=4864, L=24),
+}
+PER_LAYER = ("ln1", "ln2", "wq", "wk", "wv", "wo", "wg", "wu", "wd", "kc", "vc")
+
+
+def build_model(cfg, ctx=256, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    D, H, KV, HD, I, L = (cfg[k] for k in ("D", "H", "KV", "HD", "I", "L"))
+
+    def w(*shape):
+        return (torch.randn(*shape, device="cuda", generator=g) * 0.02).to(dtype)
+
+    weights = []
+    for _ in range(L):
+        weights += [torch.ones(D, device="cuda", dtype=dtype),
+                    torch.ones(D, device="cuda", dtype=dtype),
+                    w(H * HD, D), w(KV * HD, D), w(KV * HD, D), w(D, H * HD),
+                    w(I, D), w(I, D), w(D, I), w(1, KV, ctx, HD), w(1, KV, ctx, HD)]
+    cos = torch.randn(1, 1, HD, device="cuda", dtype=dtype)
+    sin = torch.randn(1, 1, HD, device="cuda", dtype=dtype)
+    return weights, cos, sin
+
+
+def make_decode_step(cfg):
+    from liger_kernel.transformers import functional as liger
+    F = torch.nn.functional
+    H, KV, HD = cfg["H"], cfg["KV"], cfg["HD"]
+
+    def decode_step(h, cos, sin, *weights):
+        for i in range(0, len(weights), len(PER_LAYER)):
+            p = dict(zip(PER_LAYER, weights[i:i + len(PER_LAYER)]))
+            r = h
+            x = liger.liger_rms_norm(h, p["ln1"], 1e-6)
+            q = F.linear(x, p["wq"]).view(1, 1, H, HD).transpose(1, 2)
+            k = F.linear(x, p["wk"]).view(1, 1, KV, HD).transpose(1, 2)
+            v = F.linear(x, p["wv"]).view(1, 1, KV, HD).transpose(1, 2)
+            q, k = liger.liger_rope(q.contiguous(), k.contiguous(), cos, sin)
+            kc = torch.cat([p["kc"][:, :, 1:], k], dim=2)
+            vc = torch.cat([p["vc"][:, :, 1:], v], dim=2)
+            a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+            h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
+            x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
+            h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
+                             p["wd"])
+        return h
+
+    return decode_step
+
+
+def models(results, names, compile_modes=("default", "reduce-overhead"), save=lambda: None):
+    for name in names:
+        cfg = CONFIGS[name]
+        weights, cos, sin = build_model(cfg)
+        h = torch.randn(1, 1, cfg["D"], device="cuda", dtype=torch.bfloat16)
+        step = make_decode_step(cfg)
+        args = (h, cos, sin, *weights)
+        with torch.no_grad():
+            row = contenders(f"{name} decode step (us)", step, args, results, n=20, reps=5,
+                             compile_modes=compile_modes)
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step(*args)
+                torch.cuda.synchronize()
+            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            row["gpu_kernels_per_step"] = len(events)
+            row["gpu_busy_us"] = sum(e.device_time for e in events)
+        except Exception:
+            row["profile_error"] = traceback.format_exc()[-400:]
+        save()
+
+
+def table(results) -> str:
+    """Markdown table: time per contender, and each contender's time over Trident's."""
+    cols = ["eager", "compile_default", "compile_reduce-overhead", "cuda_graph", "trident"]
+    lines = ["| case | " + " | ".join(cols) + " | eager/Trident | compile/Trident | "
+             "graph/Trident |", "|---" * (len(cols) + 4) + "|"]
+    for name, row in results.items():
+        t = row.get("trident")
+
+        def cell(c):
+            return f"{row[c]:.1f}" if isinstance(row.get(c), float) else "-"
+
+        def ratio(c):
+            return f"{row[c] / t:.2f}" if isinstance(row.get(c), float) and t else "-"
+
+        lines.append(f"| {name} | " + " | ".join(cell(c) for c in cols) +
+                     f" | {ratio('eager')} | {ratio('compile_default')} | {ratio('cuda_graph')} |")
+    return "\n".join(lines)
+
+
+def main(json_path: str | None = None, model_names=tuple(CONFIGS),
+         model_compile_modes=("default", "reduce-overhead"), micro_cases=True) -> dict:
+    results: dict = {}
+    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "triton": triton.__version__, "python": sys.version.split()[0]}
+    print(json.dumps(env))
+    def save():
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump({"env": env, "results": results}, f, indent=1, default=str)
+
+    parts = ([micro] if micro_cases else []) + [
+        lambda r: models(r, model_names, model_compile_modes, save)]
+    for part in parts:
+        try:
+            part(results)
+        except Exception:
+            results.setdefault("errors", {})[str(part)] = traceback.format_exc()[-2000:]
+            print(traceback.format_exc())
+        save()
+    print(table({k: v for k, v in results.items() if k != "errors"}))
+    return results
+
+
+if __name__ == "__main__":
+    main(os.environ.get("OUT") and os.path.join(os.environ["OUT"], "bench_gpu.json"))
