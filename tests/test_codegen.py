@@ -51,8 +51,8 @@ def test_each_step_names_the_users_source_line():
     jf(*mlp_args())
     src = jf.source()
     steps = step_comments(src)
-    # one comment per operator call
-    calls = src.count("rt->call(")
+    # one comment per operator call (a step that reuses its buffer has a second, .out call)
+    calls = src.count("rt->call(") - src.count(', out)", NULL)')
     assert calls >= 5 and len(steps) == calls
     lines, first = inspect.getsourcelines(mlp)
     body = {first + i: l.strip() for i, l in enumerate(lines)}

@@ -13,12 +13,13 @@ module whose name that source hashes to.
 
 Note [Function key]: the function's bytecode and constants, nested code objects, default
 arguments, closure cells, the globals its code names (functions by their own key, modules by
-name, plain values by repr), and the versions of Python, torch, triton, torch-mlir, Trident and
-the runtime ABI header.
+name, plain values by repr, other objects by their attributes), and the versions of Python,
+torch, triton, torch-mlir and Trident's own source.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -46,11 +47,20 @@ def _dist_version(name: str) -> str:
         return "none"
 
 
+@functools.cache
 def versions() -> str:
-    from .runtime import HEADER
+    """Python, torch, triton, torch-mlir, and Trident's own source (every stage, the templates
+    and the runtime): a change to any of them makes new cache entries."""
+    from .codegen import TEMPLATE_DIRS
 
+    own = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("*.py")) + sorted((here / "runtime").glob("*.[hc]*"))
+    files += sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
+    for path in files:
+        own.update(path.read_bytes())
     parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
-             __version__, hashlib.sha256(HEADER.read_bytes()).hexdigest()]
+             __version__, own.hexdigest()]
     return "|".join(parts)
 
 

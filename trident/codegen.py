@@ -49,6 +49,7 @@ def c_comment(s: str) -> str:
 @dataclasses.dataclass
 class CStep:
     """One step as the template prints it. ``kind``: ``aten`` (a boxed dispatcher call),
+    ``aten_out`` (the same, writing into a reused buffer: Note [Buffer reuse] in plan.py),
     ``cuda`` (a Triton launch through the driver) or ``callback`` (a Triton launch through
     Triton's interpreter, in Python)."""
 
@@ -66,6 +67,8 @@ class CStep:
     device: int = 0
     grid: tuple = (1, 1, 1)
     slot: int = 0  # callback: index into the module's callback table
+    buffer: str = ""  # aten_out: the static buffer the .out overload writes
+    out_op_index: int = 0
 
 
 class Rendered(NamedTuple):
@@ -235,9 +238,15 @@ class _SpecRenderer:
             else:  # dropped (an undefined tensor): give back whatever came
                 takes.append(f"if (r[{j}].tag == TRT_TENSOR) rt->release(r[{j}].u.t);")
         op = f"{s.op}.{s.overload}" if s.overload else s.op
-        return CStep("aten", s.where, c_comment(s.text), op, self.locals, args, self.releases(s),
-                     op_index=self.op_index(s.op, s.overload), nrets=len(s.results),
-                     takes=takes)
+        step = CStep("aten", s.where, c_comment(s.text), op, self.locals, args,
+                     self.releases(s), op_index=self.op_index(s.op, s.overload),
+                     nrets=len(s.results), takes=takes)
+        if s.out_overload:  # Note [Buffer reuse] in plan.py
+            step.kind = "aten_out"
+            step.buffer = f"buffer{self.index}_{index}"
+            step.out_op_index = self.op_index(s.op, s.out_overload)
+            self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
+        return step
 
     def outputs(self) -> list[str]:
         lines, moved = [], {}

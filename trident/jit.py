@@ -23,7 +23,7 @@ from .capture import trace
 from .errors import TridentError
 from .guards import MAX_ARGS, OTHER, arg_facts, first_failure, guards_for
 from .importer import import_graph
-from .plan import build_plan
+from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
 
 _recompiles = config.logger("recompiles")
@@ -225,6 +225,9 @@ class JitFunctionMixin:
         plan = build_plan(module, captured.out_leaves, captured.out_spec)
         planned = time.perf_counter()
         binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
+        on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+        if on_cpu and not any(step.op == "triton" for step in plan.steps):
+            reuse_buffers(plan)  # Note [Buffer reuse]
         for step in plan.steps:
             if step.op == "triton" and step.launch["device"].startswith("cuda"):
                 key = json.dumps(step.launch, sort_keys=True)

@@ -55,6 +55,9 @@ class Step:
     # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
     # for CUDA (kernels.compile_cuda). args are then the tensor arguments in parameter order.
     launch: dict | None = None
+    # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
+    # kept from the previous call, instead of allocating ("" when the step allocates).
+    out_overload: str = ""
 
     @property
     def qualified_name(self) -> str:
@@ -322,6 +325,52 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
     for use, index in last.items():
         if use not in at_end:
             steps[index].release.append({"k": use[0], "i": use[1]})
+
+
+def _is_functional(schema) -> bool:
+    """No argument is written and no return aliases an argument."""
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return all(r.alias_info is None for r in schema.returns)
+
+
+def _out_overload(op: str, overload: str) -> str:
+    """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
+    schema = _schema(op, overload)
+    if schema is None or len(schema.returns) != 1 or not _is_functional(schema):
+        return ""
+    signature = [(a.name, str(a.type)) for a in schema.arguments]
+    for candidate in torch._C._jit_get_schemas_for_operator(op):
+        args = [(a.name, str(a.type)) for a in candidate.arguments]
+        if (args[:-1] == signature and args[-1] == ("out", "Tensor")
+                and candidate.overload_name.endswith("out")):
+            try:
+                torch._C._dispatch_find_schema_or_throw(op, candidate.overload_name)
+            except RuntimeError:
+                continue
+            return candidate.overload_name
+    return ""
+
+
+def reuse_buffers(plan: Plan) -> None:
+    """Note [Buffer reuse]: on the CPU, a functional op whose result only feeds other functional
+    ops (not an output, not viewed, written or launched on) writes into the buffer its first
+    call allocated, through the op's ``.out`` overload: the same kernel and output layout as
+    the functional op, without an allocation per call. Buffers stay alive between calls (like a
+    CUDA graph's memory). The caller decides where that is safe: CPU tensors only (one stream:
+    the next call cannot overtake this one), and no Python callback in the launch sequence (it
+    could re-enter the same specialization).
+    """
+    pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
+    for step in plan.steps:
+        schema = None if step.op == "triton" else _schema(step.op, step.overload)
+        if schema is None or not _is_functional(schema):
+            for a in step.args:
+                pinned.update(_uses(a))
+    for step in plan.steps:
+        if (step.op != "triton" and len(step.results) == 1 and step.results[0]["k"] == "val"
+                and ("val", step.results[0]["i"]) not in pinned):
+            step.out_overload = _out_overload(step.op, step.overload)
 
 
 def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
