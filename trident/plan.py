@@ -327,9 +327,16 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
             steps[index].release.append({"k": use[0], "i": use[1]})
 
 
+# Ops whose results share storage with an argument without saying so in their schema.
+_UNANNOTATED_ALIASES = {"aten::_unsafe_view", "aten::_reshape_alias", "aten::lift_fresh",
+                        "aten::lift"}
+
+
 def _is_functional(schema) -> bool:
     """No argument is written and no return aliases an argument."""
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+    if schema.name in _UNANNOTATED_ALIASES or "view" in schema.name:
+        return False
+    if any(a.alias_info is not None for a in schema.arguments):
         return False
     return all(r.alias_info is None for r in schema.returns)
 
