@@ -581,3 +581,15 @@ def test_buffer_reuse_never_overwrites_earlier_results():
         for a, b in zip(out, saved):
             assert torch.equal(a, b)
     assert "reused" in jf.source()  # the chain x * 3 + 1 does reuse its buffers
+
+
+def test_buffer_reuse_across_inference_mode():
+    def f(x):
+        return torch.relu(x * 2 + 1).sum()
+
+    jf = trident.jit(f)
+    for mode in (torch.inference_mode, torch.no_grad, torch.inference_mode, torch.no_grad):
+        x = torch.randn(6, generator=g())
+        with mode():
+            assert_same(jf(x), f(x))
+    assert jf.stats.compiles == 1

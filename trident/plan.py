@@ -364,7 +364,8 @@ def reuse_buffers(plan: Plan) -> None:
     ops (not an output, not viewed, written or launched on) writes into the buffer its first
     call allocated, through the op's ``.out`` overload: the same kernel and output layout as
     the functional op, without an allocation per call. Buffers stay alive between calls (like a
-    CUDA graph's memory). The caller decides where that is safe: CPU tensors only (one stream:
+    CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
+    there could not be written outside it, and one made outside must not be written inside). The caller decides where that is safe: CPU tensors only (one stream:
     the next call cannot overtake this one), and no Python callback in the launch sequence (it
     could re-enter the same specialization).
     """

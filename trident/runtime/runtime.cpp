@@ -17,6 +17,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Dtype.h>
@@ -343,6 +344,7 @@ void Dispatcher_dealloc(Dispatcher* self) {
 
 bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
+  env->inference_mode = c10::InferenceMode::is_enabled();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i], env->grad_enabled);
   return true;
 }

@@ -98,6 +98,7 @@ typedef struct trt_result {
 /* Call-wide state read once per call. */
 typedef struct trt_env {
   int32_t grad_enabled;
+  int32_t inference_mode; /* torch.inference_mode() is on: no reused buffers (Note [Buffer reuse]) */
 } trt_env;
 
 /* The runtime's services, handed to an SCM once by scm_init(). */
