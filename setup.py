@@ -21,5 +21,8 @@ setup(
         "platformdirs",
     ],
     extras_require={"test": ["pytest", "hypothesis", "liger-kernel"]},
-    entry_points={"console_scripts": ["trident = trident.__main__:main"]},
+    entry_points={
+        "console_scripts": ["trident = trident.__main__:main"],
+        "torch_dynamo_backends": ["trident = trident.backend:trident_backend"],
+    },
 )

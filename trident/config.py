@@ -50,6 +50,7 @@ def _configure_from_env() -> None:
         lg = logger(name)
         lg.setLevel(logging.INFO)
         lg.addHandler(handler)
+        lg.propagate = False
 
 
 _configure_from_env()

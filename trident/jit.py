@@ -314,7 +314,7 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
                                  fallback=fallback)
-    if not callable(fn) or not hasattr(fn, "__code__"):
+    if not callable(fn) or not hasattr(fn, "__code__") or not hasattr(fn, "__globals__"):
         raise TridentError(f"trident.jit expects a Python function, got {type(fn).__name__}")
     obj = jit_function_class()()
     obj._setup(fn, max_specializations, fallback)
