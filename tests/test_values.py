@@ -458,9 +458,6 @@ def test_masked_fill_and_index_put_with_tensor_values():
     check(f, x, torch.tensor([1, 3]), x > 0, torch.randn(3, generator=g(1)))
 
 
-@pytest.mark.xfail(strict=True, reason="Trident bug: `y[i] = 0.5` traces to a lifted tensor "
-                   "constant (get_attr), which capture.py reports as 'reads a tensor that is not "
-                   "an argument' and runs eagerly, though the function reads no global tensor")
 def test_setitem_with_python_scalar_compiles():
     def f(x, i):
         y = x.clone()

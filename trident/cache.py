@@ -112,8 +112,10 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
             h.update(name.encode())
             _hash_value(h, heuristic, seen, depth + 1)
         _hash_value(h, value.fn, seen, depth + 1)
-    elif isinstance(value, torch.Tensor):
+    elif isinstance(value, torch.Tensor):  # one-element tensors are baked in: their value too
         h.update(f"tensor:{value.dtype}{tuple(value.shape)}".encode())
+        if value.numel() == 1:
+            h.update(repr(value.item()).encode())
     elif hasattr(value, "__dict__"):  # plain objects (configs, namespaces): their attributes
         h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
         _hash_value(h, dict(vars(value)), seen, depth + 1)

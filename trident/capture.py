@@ -194,7 +194,9 @@ def trace(fn: Callable, args: tuple) -> Capture:
         raise TridentError(f"{fn.__qualname__} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
     for node in gm.graph.nodes:
-        if node.op == "get_attr":
+        # A one-element constant (``y[i] = 0.5`` lifts 0.5 into a tensor) is baked into the
+        # plan; any larger tensor that is not an argument must become one.
+        if node.op == "get_attr" and getattr(gm, node.target).numel() != 1:
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")

@@ -155,6 +155,8 @@ class _Walker:
                 src = self.operand(op.operands[0], where)
                 for j, r in enumerate(op.results):
                     self.env[self.key(r)] = {"k": "item", "list": src["i"], "i": j}
+            elif name == "torch.vtensor.literal":
+                self.env[self.key(op.result)] = self.literal(op, where, text)
             elif name == "torch.prim.NumToTensor.Scalar":
                 self.env[self.key(op.result)] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
@@ -191,6 +193,36 @@ class _Walker:
             return {"k": "device", "type": 0 if device.type == "cpu" else 1,
                     "index": -1 if device.index is None else device.index}
         raise TridentError(f"unsupported constant {name}")
+
+    def literal(self, op, where: str, text: str) -> dict:
+        """A one-element tensor constant, made on the CPU as eager PyTorch made it:
+        ``aten::scalar_tensor`` for 0-dim, ``aten::full`` otherwise."""
+        attr = op.attributes["value"]
+        try:
+            dense = ir.DenseElementsAttr(attr)
+        except ValueError:  # a dense resource: a large constant
+            dense = None
+        element = str(ir.RankedTensorType(attr.type).element_type) if dense else ""
+        dtype = _LITERAL_DTYPES.get(element)
+        if dense is None or dtype is None or not dense.is_splat:
+            raise TridentError(f"{where}: unsupported tensor constant ({text})")
+        item = dense.get_splat_value()
+        value = (bool(ir.IntegerAttr(item).value) if element == "i1" else
+                 ir.IntegerAttr(item).value if element.startswith(("si", "i", "ui")) else
+                 ir.FloatAttr(item).value)
+        kind = {bool: "bool", int: "int", float: "float"}[type(value)]
+        shape = list(ir.RankedTensorType(attr.type).shape)
+        common = [{"k": "int", "v": dtype_codes()[dtype]}, {"k": "none"},
+                  {"k": "device", "type": 0, "index": -1}, {"k": "none"}]
+        result = self.new_value("val")
+        if shape:
+            self.steps.append(Step("aten::full", "", [{"k": "ints", "v": shape},
+                                                      {"k": kind, "v": value}] + common,
+                                   [result], where, text))
+        else:
+            self.steps.append(Step("aten::scalar_tensor", "", [{"k": kind, "v": value}] + common,
+                                   [result], where, text))
+        return result
 
     def list_construct(self, op, where: str) -> dict:
         items = [self.operand(v, where) for v in op.operands]
@@ -391,6 +423,11 @@ def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
     plan = _Walker(func).walk(out_leaves)
     plan.out_spec = out_spec
     return plan
+
+
+_LITERAL_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
+                   "bf16": torch.bfloat16, "si64": torch.int64, "si32": torch.int32,
+                   "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8, "i1": torch.bool}
 
 
 def _torch_dtype_code(mlir_code: int) -> int:
