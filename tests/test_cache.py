@@ -178,7 +178,7 @@ def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident
     assert p.returncode == 0, p.stderr
     lines = [l for l in p.stdout.splitlines() if l.strip()]
     assert len(lines) == 1
-    assert "1 specializations" in lines[0] and "KiB" in lines[0]
+    assert "1 specialization(s)" in lines[0] and "KiB" in lines[0]
     assert str(trident_cache / "functions") in lines[0] and "model-" in lines[0]
     p = _cli(subprocess_env, "clear")
     assert p.returncode == 0 and str(trident_cache) in p.stdout

@@ -72,9 +72,8 @@ def native(jf, args) -> int:
 
 
 def reference(jf, args) -> int:
-    grad = torch.is_grad_enabled()
     for i, spec in enumerate(jf._specs):
-        if first_failure(spec.guards, args, grad) is None:
+        if first_failure(spec.guards, args) is None:
             return i
     return -1
 
@@ -86,7 +85,9 @@ def compiled():
         with torch.set_grad_enabled(grad):
             jf(*make())
     assert jf.stats.compiles == len(BASES) and jf.stats.fallbacks == 0
-    return jf
+    grad = torch.is_grad_enabled()
+    yield jf
+    torch.set_grad_enabled(grad)
 
 
 def test_each_base_signature_selects_its_own_specialization(compiled):
@@ -167,16 +168,19 @@ def test_native_guards_agree_with_python_reference(compiled):
 
     agree()
     # the generator really exercised both verdicts
-    assert outcomes["match"] > 20 and outcomes["miss"] > 20, outcomes
+    # (grad mode is guarded: a call in the other mode than its base signature misses)
+    assert outcomes["match"] > 10 and outcomes["miss"] > 20, outcomes
 
 
 def test_float_guards_compare_bit_patterns(compiled):
     jf = compiled
+    torch.set_grad_enabled(BASES[1][1])  # grad mode is guarded too (reset by the fixture)
     base = BASES[1][0]()  # (x, 3, -0.0)
     assert native(jf, base) == 1
     for other in (0.0, -0.0 + 0.0, 1e-300, -1e-320):
         args = (base[0], 3, other)
         assert native(jf, args) == reference(jf, args) == -1
+    torch.set_grad_enabled(BASES[3][1])
     nan_base = BASES[3][0]()  # (x, nan, 2)
     assert native(jf, nan_base) == 3
     args = (nan_base[0], -float("nan"), 2)  # another NaN bit pattern
@@ -185,6 +189,7 @@ def test_float_guards_compare_bit_patterns(compiled):
 
 def test_int_guards_at_the_int64_edges(compiled):
     jf = compiled
+    torch.set_grad_enabled(BASES[5][1])
     x = BASES[5][0]()[0]
     assert native(jf, (x, -2**63)) == 5
     for v in (-2**63 + 1, 2**63 - 1, -2**63 - 1, 2**64, True):

@@ -63,7 +63,7 @@ def test_new_shape_misses_and_compiles():
     jf(torch.ones(5), 2)
     assert counts(jf) == dict(hits=0, misses=2, compiles=2, fallbacks=0, traces=2)
     assert jf.stats.miss_reasons[-1] == \
-        "x.size(0) == 4 (specialization 0: scale(x: float32[4] cpu, n=2))"
+        "x.size(0) == 4 expected, got 5 (specialization 0: scale(x: float32[4] cpu, n=2))"
     # both specializations now hit
     jf(torch.ones(4), 2)
     jf(torch.ones(5), 2)
@@ -147,18 +147,20 @@ def test_explain_names_the_failing_guard():
     jf(x, 2)
     sig = "scale(x: float32[4] cpu, n=2)"
     assert jf.explain(x, 2) == f"specialization 0 ({sig}) accepts these arguments"
-    assert jf.explain(x[:1], 2) == f"specialization 0 ({sig}): guard failed: x.size(0) == 4"
-    assert jf.explain(x, 3) == f"specialization 0 ({sig}): guard failed: n == 2"
+    assert jf.explain(x[:1], 2) == \
+        f"specialization 0 ({sig}): x.size(0) == 4 expected, got 1"
+    assert jf.explain(x, 3) == f"specialization 0 ({sig}): n == 2 expected, got 3"
     assert jf.explain(x.double(), 2) == \
-        f"specialization 0 ({sig}): guard failed: x.dtype == float32"
-    assert jf.explain(x) == f"specialization 0 ({sig}): guard failed: 2 positional arguments"
-    assert jf.explain(x, "2") == f"specialization 0 ({sig}): guard failed: n is int"
+        f"specialization 0 ({sig}): x.dtype == float32 expected, got 'float64'"
+    assert jf.explain(x) == f"specialization 0 ({sig}): 2 positional arguments expected, got 1"
+    assert jf.explain(x, "2") == f"specialization 0 ({sig}): n is int expected, got 'unsupported'"
     assert jf.explain(torch.ones(4, 1), 2) == \
-        f"specialization 0 ({sig}): guard failed: x.dim() == 1"
+        f"specialization 0 ({sig}): x.dim() == 1 expected, got 2"
     with torch.enable_grad():
-        assert "x.requires_grad is False" in jf.explain(torch.ones(4, requires_grad=True), 2)
-    with torch.no_grad():
-        assert "accepts" in jf.explain(torch.ones(4, requires_grad=True), 2)
+        assert "x.requires_grad is False expected, got True" in jf.explain(
+            torch.ones(4, requires_grad=True), 2)
+    with torch.no_grad():  # grad mode is guarded: the specialization was made with it on
+        assert "torch.is_grad_enabled() is True expected, got False" in jf.explain(x, 2)
     # explain() does not count anything
     assert counts(jf) == dict(hits=0, misses=1, compiles=1, fallbacks=0, traces=1)
 
@@ -170,10 +172,10 @@ def test_explain_lists_every_specialization():
     text = jf.explain(torch.ones(3), 2)
     lines = text.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("specialization 0 (scale(x: float32[4] cpu, n=2)): guard failed: "
-                               "x.size(0) == 4")
-    assert lines[1].startswith("specialization 1 (scale(x: float32[4, 2] cpu, n=2)): "
-                               "guard failed: x.dim() == 2")
+    assert lines[0] == ("specialization 0 (scale(x: float32[4] cpu, n=2)): "
+                        "x.size(0) == 4 expected, got 3")
+    assert lines[1] == ("specialization 1 (scale(x: float32[4, 2] cpu, n=2)): "
+                        "x.dim() == 2 expected, got 1")
     assert jf.explain(torch.zeros(4, 2), 2) == \
         "specialization 1 (scale(x: float32[4, 2] cpu, n=2)) accepts these arguments"
 
@@ -185,11 +187,11 @@ def test_miss_reasons_text_and_bound():
     assert jf.stats.miss_reasons == ["first call"]
     jf(x, 1)
     assert jf.stats.miss_reasons == [
-        "first call", "n == 0 (specialization 0: scale(x: float32[2] cpu, n=0))"]
+        "first call", "n == 0 expected, got 1 (specialization 0: scale(x: float32[2] cpu, n=0))"]
     jf(x, 2)
     assert jf.stats.miss_reasons[-1] == (
-        "n == 0 (specialization 0: scale(x: float32[2] cpu, n=0)); "
-        "n == 1 (specialization 1: scale(x: float32[2] cpu, n=1))")
+        "n == 0 expected, got 2 (specialization 0: scale(x: float32[2] cpu, n=0)); "
+        "n == 1 expected, got 2 (specialization 1: scale(x: float32[2] cpu, n=1))")
 
 
 def test_max_specializations_bound_runs_eagerly_with_one_warning():

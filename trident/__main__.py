@@ -1,4 +1,4 @@
-"""``python -m trident`` / ``trident``: inspect and clear the cache."""
+"""python -m trident: inspect and clear Trident's cache."""
 
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cache-dir":
         print(config.cache_dir())
     elif args.command == "list":
-        for row in cache.list_entries():
-            print(f"{row['specializations']:3d} specializations {row['bytes'] / 1024:9.1f} KiB  "
+        rows = cache.list_entries()
+        for row in rows:
+            print(f"{row['specializations']:3d} specialization(s) {row['bytes'] / 1024:9.1f} KiB  "
                   f"{row['path']}")
+        if not rows:
+            print(f"no cached functions in {config.cache_dir()}")
     elif args.command == "clear":
         cache.clear()
         print(f"cleared {config.cache_dir()}")

@@ -24,6 +24,7 @@ import cffi
 from filelock import FileLock
 
 from . import config
+from .errors import TridentError
 from .runtime import HEADER
 
 # The three symbols every SCM exports (see templates/scm.c.jinja).
@@ -52,16 +53,19 @@ def build(source: str, directory: Path) -> ModuleType:
     """Compile (or find) and import the SCM for ``source`` in ``directory``.
 
     Raises:
-        cffi.VerificationError: the C compiler failed (a Trident bug: the source is generated).
+        TridentError: the C compiler or the file system failed.
     """
     name = module_name(source)
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not target.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(directory / f"{name}.lock")):
-            if not target.exists():
-                _compile(name, source, directory, target)
-    return _load(name, target)
+    try:
+        if not target.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(directory / f"{name}.lock")):
+                if not target.exists():
+                    _compile(name, source, directory, target)
+        return _load(name, target)
+    except (OSError, cffi.VerificationError) as e:
+        raise TridentError(f"building {name} in {directory} failed: {e}") from e
 
 
 def _compile(name: str, source: str, directory: Path, target: Path) -> None:

@@ -73,6 +73,7 @@ def _code_names(code: types.CodeType) -> set[str]:
 
 
 def _hash_code(h, code: types.CodeType) -> None:
+    h.update(code.co_filename.encode())  # generated C names the file; errors quote it
     h.update(code.co_code)
     h.update(repr(code.co_names).encode())
     h.update(repr(code.co_varnames).encode())

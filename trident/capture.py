@@ -168,6 +168,8 @@ def trace(fn: Callable, args: tuple) -> Capture:
         leaves, spec = pytree.tree_flatten(result)
         holder["spec"] = spec
         holder["leaves"] = leaves
+        holder["requires_grad"] = any(isinstance(leaf, torch.Tensor) and leaf.requires_grad
+                                      for leaf in leaves)
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
     try:
@@ -180,6 +182,10 @@ def trace(fn: Callable, args: tuple) -> Capture:
         raise TridentError(f"cannot trace {getattr(fn, '__qualname__', fn)}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
+    if holder["requires_grad"]:
+        raise TridentError(f"{fn.__qualname__} returns a tensor that requires grad (made with "
+                           "requires_grad=True or under torch.enable_grad()); Trident serves "
+                           "inference")
     out_leaves = []
     for leaf in holder["leaves"]:
         if isinstance(leaf, torch.Tensor):

@@ -11,11 +11,13 @@ import dataclasses
 import functools
 import json
 import math
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
 import jinja2
 
+from .guards import c_int
 from .specialization import Specialization
 
 # Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
@@ -35,8 +37,10 @@ def c_string(s: str) -> str:
 
 
 def c_float(f: float) -> str:
-    if math.isnan(f):
-        return "NAN"
+    if math.isnan(f):  # keep the sign and payload: guards compare NaNs by bit pattern
+        bits = struct.unpack("<Q", struct.pack("<d", f))[0]
+        payload = bits & ((1 << 51) - 1)
+        return f"{'-' if bits >> 63 else ''}__builtin_nan(\"{payload:#x}\")"
     if math.isinf(f):
         return "INFINITY" if f > 0 else "-INFINITY"
     return f"{float.hex(f)} /* {f!r} */"
@@ -139,7 +143,7 @@ class _SpecRenderer:
         if k == "scalar":
             return f"s[{o['i']}]"
         if k == "int":
-            return f"TRT_I({o['v']}LL)"
+            return f"TRT_I({c_int(o['v'])})"
         if k == "float":
             return f"TRT_F({c_float(o['v'])})"
         if k == "bool":
@@ -154,7 +158,7 @@ class _SpecRenderer:
             macro = "TRT_IL" if k == "ints" else "TRT_BL"
             if not o["v"]:
                 return f"{macro}(NULL, 0)"
-            name = self.static_array("int64_t", [f"{int(v)}LL" for v in o["v"]])
+            name = self.static_array("int64_t", [c_int(int(v)) for v in o["v"]])
             return f"{macro}({name}, {len(o['v'])})"
         if k == "floats":
             name = self.static_array("double", [c_float(v) for v in o["v"]])

@@ -44,6 +44,12 @@ def _configure_from_env() -> None:
         return
     if "all" in names:
         names = set(LOG_SWITCHES)
+    unknown = names - set(LOG_SWITCHES)
+    if unknown:
+        import warnings
+
+        warnings.warn(f"TRIDENT_LOGS: unknown switch(es) {sorted(unknown)}; known: "
+                      f"{', '.join(LOG_SWITCHES)}, all", stacklevel=2)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[trident.%(name)s] %(message)s"))
     for name in names & set(LOG_SWITCHES):

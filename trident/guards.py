@@ -5,8 +5,10 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 ``read_arg`` in ``runtime/runtime.cpp``). The Python side is used to explain a miss; a test
 (tests/test_guards.py) proves the two agree on random arguments.
 
-Note [Guard order]: cheapest first. The argument count, then each argument's kind, then per
-tensor dtype, device, rank, then sizes and strides, then flags, then scalar values. Both the C
+Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
+autocast, a tensor passed twice), then each argument's kind, then per tensor dtype, device,
+rank, then sizes and strides, then flags (alignment, requires_grad, inference tensor), then
+scalar values. Both the C
 function and ``first_failure`` evaluate guards in list order.
 """
 
@@ -45,11 +47,16 @@ def dtype_name(code: int) -> str:
                 str(code))
 
 
+def c_int(v: int) -> str:
+    """A C literal for an int64, INT64_MIN included."""
+    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+
+
 def float_bits(f: float) -> int:
     return struct.unpack("<Q", struct.pack("<d", f))[0]
 
 
-def arg_facts(obj: Any, grad_enabled: bool) -> dict:
+def arg_facts(obj: Any) -> dict:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
@@ -65,7 +72,8 @@ def arg_facts(obj: Any, grad_enabled: bool) -> dict:
             "sizes": tuple(obj.shape),
             "strides": tuple(obj.stride()),
             "aligned16": obj.data_ptr() % 16 == 0,
-            "requires_grad": bool(grad_enabled and obj.requires_grad),
+            "requires_grad": obj.requires_grad,
+            "inference": obj.is_inference(),
         }
     if obj is None:
         return {"kind": NONE}
@@ -78,6 +86,16 @@ def arg_facts(obj: Any, grad_enabled: bool) -> dict:
     return {"kind": OTHER}
 
 
+def env_facts(args: tuple) -> dict:
+    """Call-wide state the native dispatcher reads (``read_args`` in runtime.cpp)."""
+    tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
+    return {
+        "grad_enabled": torch.is_grad_enabled(),
+        "autocast": torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
+        "aliased": len(set(tensors)) != len(tensors),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Guard:
     """``facts[arg][field](index) == value``; ``arg`` is None for call-wide facts."""
@@ -88,9 +106,11 @@ class Guard:
     index: int | None = None
     float_value: bool = False  # "value" guards: compare float bit patterns
 
-    def actual(self, facts: list[dict], nargs: int) -> Any:
+    def actual(self, facts: list[dict], nargs: int, env: dict) -> Any:
         if self.field == "nargs":
             return nargs
+        if self.arg is None:
+            return env[self.field]
         f = facts[self.arg]
         if self.field == "same_as":  # the index of the argument this one is
             return self.value if f.get("id") == facts[self.value].get("id") else None
@@ -98,14 +118,17 @@ class Guard:
             return f[self.field + "s"][self.index]
         return f.get(self.field)
 
-    def check(self, facts: list[dict], nargs: int) -> bool:
-        return self.actual(facts, nargs) == self.value
+    def check(self, facts: list[dict], nargs: int, env: dict) -> bool:
+        return self.actual(facts, nargs, env) == self.value
 
     def c_expr(self) -> str:
         a = f"a[{self.arg}]"
         v = self.value
         return {
             "nargs": lambda: f"n == {v}",
+            "grad_enabled": lambda: f"env->grad_enabled == {int(v)}",
+            "autocast": lambda: f"env->autocast == {int(v)}",
+            "aliased": lambda: f"env->aliased == {int(v)}",
             "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
             "dtype": lambda: f"{a}.dtype == {v}",
             "device_type": lambda: f"{a}.device_type == {v}",
@@ -116,8 +139,9 @@ class Guard:
             "stride": lambda: f"{a}.strides[{self.index}] == {v}",
             "aligned16": lambda: f"{'' if v else '!'}({a}.flags & TRT_ALIGNED16)",
             "requires_grad": lambda: f"{'' if v else '!'}({a}.flags & TRT_REQUIRES_GRAD)",
+            "inference": lambda: f"{'' if v else '!'}({a}.flags & TRT_INFERENCE)",
             "value": lambda: f"trt_f64_bits({a}.f) == {v}ULL" if self.float_value else
-            f"{a}.i == {_c_int(v)}",
+            f"{a}.i == {c_int(v)}",
         }[self.field]()
 
     def describe(self, names: list[str]) -> str:
@@ -126,6 +150,9 @@ class Guard:
         v = self.value
         return {
             "nargs": lambda: f"{v} positional arguments",
+            "grad_enabled": lambda: f"torch.is_grad_enabled() is {v}",
+            "autocast": lambda: f"autocast is {'on' if v else 'off'}",
+            "aliased": lambda: f"one tensor in two argument positions is {v}",
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
             "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
             "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
@@ -135,20 +162,20 @@ class Guard:
             "size": lambda: f"{who}.size({self.index}) == {v}",
             "stride": lambda: f"{who}.stride({self.index}) == {v}",
             "aligned16": lambda: f"{who}.data_ptr() % 16 {'==' if v else '!='} 0",
-            "requires_grad": lambda: f"{who}.requires_grad is {v} (under grad mode)",
+            "requires_grad": lambda: f"{who}.requires_grad is {v}",
+            "inference": lambda: f"{who}.is_inference() is {v}",
             "value": lambda: f"{who} == {struct.unpack('<d', struct.pack('<Q', v))[0]!r}"
             if self.float_value else f"{who} == {v!r}",
         }[self.field]()
 
 
-def _c_int(v: int) -> str:
-    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
-
-
-def guards_for(args: tuple, grad_enabled: bool) -> list[Guard]:
-    """The guards that hold for ``args`` (Note [Guard order])."""
-    facts = [arg_facts(a, grad_enabled) for a in args]
+def guards_for(args: tuple) -> list[Guard]:
+    """The guards that hold for ``args`` and the current grad mode and autocast state
+    (Note [Guard order])."""
+    facts = [arg_facts(a) for a in args]
+    env = env_facts(args)
     guards = [Guard("nargs", len(args))]
+    guards += [Guard(k, env[k]) for k in ("grad_enabled", "autocast", "aliased")]
     guards += [Guard("kind", f["kind"], i) for i, f in enumerate(facts)]
     tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
     for i, f in tensors:
@@ -162,8 +189,7 @@ def guards_for(args: tuple, grad_enabled: bool) -> list[Guard]:
             guards.append(Guard("same_as", first_seen[f["id"]], i))
         first_seen.setdefault(f["id"], i)
     for i, f in tensors:
-        guards += [Guard("aligned16", f["aligned16"], i), Guard("requires_grad",
-                                                                 f["requires_grad"], i)]
+        guards += [Guard(k, f[k], i) for k in ("aligned16", "requires_grad", "inference")]
     for i, f in enumerate(facts):
         if f["kind"] in (INT, BOOL):
             guards.append(Guard("value", int(f["value"]), i))
@@ -172,12 +198,30 @@ def guards_for(args: tuple, grad_enabled: bool) -> list[Guard]:
     return guards
 
 
-def first_failure(guards: list[Guard], args: tuple, grad_enabled: bool) -> Guard | None:
+def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
+    """``"x.size(0) == 4 expected, got 5"`` for a guard that ``args`` fail."""
+    if guard.field not in ("nargs", *_ENV_FIELDS) and guard.arg >= len(args):
+        return f"{guard.describe(names)} expected, but only {len(args)} arguments were passed"
+    actual = guard.actual([arg_facts(a) for a in args], len(args), env_facts(args))
+    if guard.field == "kind":
+        actual = KIND_NAMES.get(actual, actual)
+    elif guard.field == "dtype" and actual is not None:
+        actual = dtype_name(actual)
+    elif guard.field == "value" and guard.float_value and actual is not None:
+        actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
+    return f"{guard.describe(names)} expected, got {actual!r}"
+
+
+_ENV_FIELDS = ("grad_enabled", "autocast", "aliased")
+
+
+def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
     """The first guard (in Note [Guard order]) that ``args`` fail, or None if all hold."""
-    facts = [arg_facts(a, grad_enabled) for a in args]
+    facts = [arg_facts(a) for a in args]
+    env = env_facts(args)
     for g in guards:
-        if g.field != "nargs" and g.arg >= len(args):
+        if g.field not in ("nargs", *_ENV_FIELDS) and g.arg >= len(args):
             return g
-        if not g.check(facts, len(args)):
+        if not g.check(facts, len(args), env):
             return g
     return None

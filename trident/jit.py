@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import threading
 import time
 import warnings
 from typing import Callable
@@ -21,13 +22,19 @@ from . import build, codegen, config, kernels, runtime
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import TridentError
-from .guards import MAX_ARGS, OTHER, arg_facts, first_failure, guards_for
+from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
+                     guards_for)
 from .importer import import_graph
 from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
 
 _recompiles = config.logger("recompiles")
+# One compile at a time per process: make_fx's tracing state and cffi's build (which changes the
+# process's working directory) are not thread-safe. Reentrant: tracing may call another
+# @trident.jit function, which may miss too.
+_COMPILE_LOCK = threading.RLock()
 _code_log = config.logger("code")
+_guards_log = config.logger("guards")
 
 
 @dataclasses.dataclass
@@ -94,14 +101,13 @@ class JitFunctionMixin:
     def explain(self, *args) -> str:
         """Which specialization ``args`` would run, or why each one rejects them."""
         self._ensure_loaded()
-        grad = torch.is_grad_enabled()
         lines = []
         for i, spec in enumerate(self._specs):
-            failed = first_failure(spec.guards, args, grad)
+            failed = first_failure(spec.guards, args)
             if failed is None:
                 return f"specialization {i} ({spec.signature}) accepts these arguments"
-            lines.append(f"specialization {i} ({spec.signature}): guard failed: "
-                         f"{failed.describe(spec.arg_names)}")
+            lines.append(f"specialization {i} ({spec.signature}): "
+                         f"{explain_failure(failed, args, spec.arg_names)}")
         return "\n".join(lines) or "no specializations yet"
 
     def source(self) -> str:
@@ -151,28 +157,29 @@ class JitFunctionMixin:
         return f"{self._varargs or 'args'}[{i - len(self._arg_names)}]"
 
     def _on_miss(self, args: tuple):
-        grad = torch.is_grad_enabled()
         stats = self._counters
         stats.misses += 1
-        reason = self._miss_reason(args, grad)
+        reason = self._miss_reason(args)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
 
         if len(args) > MAX_ARGS:
             return self._eager(args, None, f"{len(args)} arguments; the native path reads at "
                                f"most {MAX_ARGS}")
-        facts = [arg_facts(a, grad) for a in args]
-        for i, f in enumerate(facts):
+        env = env_facts(args)
+        if env["autocast"]:
+            return self._eager(args, None, "autocast is on: Trident does not compile under it")
+        for i, f in enumerate(arg_facts(a) for a in args):
             if f["kind"] == OTHER:
                 return self._eager(args, None, f"argument {self._arg_label(i)} is a "
                                    f"{type(args[i]).__name__} that the native guards do not "
                                    "read (expected a strided CPU/CUDA tensor, int, float, bool "
                                    "or None)")
-            if f.get("requires_grad"):
+            if f.get("requires_grad") and env["grad_enabled"]:
                 return self._eager(args, None, f"{self._arg_label(i)} requires grad: Trident "
                                    "serves inference; autograd runs eagerly")
         for guards, why in self._eager_signatures:
-            if first_failure(guards, args, grad) is None:
+            if first_failure(guards, args) is None:
                 return self._eager(args, None, why)
         if len(self._specs) >= self._max_specializations:
             if not self._warned_limit:
@@ -181,32 +188,34 @@ class JitFunctionMixin:
                               f"{self._max_specializations} specializations; further new "
                               "signatures run eagerly", stacklevel=3)
             return self._eager(args, None, "specialization limit")
-        try:
-            spec = self._compile(args, grad)
-        except TridentError as e:
-            if not self._fallback:
-                raise
-            warnings.warn(f"trident: {self.__qualname__} runs eagerly for this signature: {e}",
-                          stacklevel=3)
-            self._eager_signatures.append((guards_for(args, grad), str(e)))
-            return self._eager(args, None, str(e))
-        specs = self._cache.load_specs()
-        if not any(s.key == spec.key for s in specs):
-            specs.append(spec)
-        self._install_module(specs[: self._max_specializations])
-        self._cache.save_spec(spec)  # only a specialization that built and installed
+        with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
+            try:
+                spec = self._compile(args)
+                # The new specialization goes last, after those stored by other processes.
+                specs = [s for s in self._cache.load_specs() if s.key != spec.key]
+                specs = specs[: self._max_specializations - 1] + [spec]
+                self._install_module(specs)
+            except TridentError as e:
+                if not self._fallback:
+                    raise
+                warnings.warn(f"trident: {self.__qualname__} runs eagerly for this signature: "
+                              f"{e}", stacklevel=3)
+                self._eager_signatures.append((guards_for(args), str(e)))
+                return self._eager(args, None, str(e))
+            self._cache.save_spec(spec)  # only a specialization that built and installed
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
         return self._run(*args)
 
-    def _miss_reason(self, args: tuple, grad: bool) -> str:
+    def _miss_reason(self, args: tuple) -> str:
         if not self._specs:
             return "first call"
         reasons = []
         for i, spec in enumerate(self._specs):
-            failed = first_failure(spec.guards, args, grad)
-            described = failed.describe(spec.arg_names) if failed else "all guards hold"
+            failed = first_failure(spec.guards, args)
+            described = (explain_failure(failed, args, spec.arg_names) if failed
+                         else "all guards hold")
             reasons.append(f"{described} (specialization {i}: {spec.signature})")
         return "; ".join(reasons)
 
@@ -215,13 +224,16 @@ class JitFunctionMixin:
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
         return self._fn(*args, **(kwargs or {}))
 
-    def _compile(self, args: tuple, grad: bool) -> Specialization:
+    def _compile(self, args: tuple) -> Specialization:
         self._counters.traces += 1
         start = time.perf_counter()
-        with torch.no_grad():
-            captured = trace(self._fn, args)
+        captured = trace(self._fn, args)  # under the call's grad mode, which is guarded
         traced = time.perf_counter()
-        module = import_graph(captured.graph_module)
+        try:
+            module = import_graph(captured.graph_module)
+        except Exception as e:  # Torch-MLIR reports what it cannot import in many types
+            raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import the graph: "
+                               f"{type(e).__name__}: {e}") from e
         plan = build_plan(module, captured.out_leaves, captured.out_spec)
         planned = time.perf_counter()
         binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
@@ -241,8 +253,10 @@ class JitFunctionMixin:
                          self.__qualname__, traced - start, planned - traced, len(binaries),
                          time.perf_counter() - planned)
         names = [self._arg_label(i) for i in range(len(args))]
-        spec = Specialization(self._describe(args, names), names, guards_for(args, grad), plan)
+        spec = Specialization(self._describe(args, names), names, guards_for(args), plan)
         self._counters.compiles += 1
+        _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
+                         "\n  ".join(g.describe(names) for g in spec.guards))
         _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
                          spec.signature, time.perf_counter() - start)
         return spec

@@ -362,6 +362,9 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
 # Ops whose results share storage with an argument without saying so in their schema.
 _UNANNOTATED_ALIASES = {"aten::_unsafe_view", "aten::_reshape_alias", "aten::lift_fresh",
                         "aten::lift"}
+# Ops whose output size depends on the data: an earlier call's buffer may be the wrong size.
+_DATA_DEPENDENT_SIZES = {"aten::nonzero", "aten::masked_select", "aten::unique_dim",
+                         "aten::_unique2", "aten::unique_consecutive", "aten::nonzero_static"}
 
 
 def _is_functional(schema) -> bool:
@@ -376,7 +379,8 @@ def _is_functional(schema) -> bool:
 def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)
-    if schema is None or len(schema.returns) != 1 or not _is_functional(schema):
+    if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
+            or op in _DATA_DEPENDENT_SIZES):
         return ""
     signature = [(a.name, str(a.type)) for a in schema.arguments]
     for candidate in torch._C._jit_get_schemas_for_operator(op):

@@ -40,6 +40,9 @@ def load():
 
     build_dir = config.cache_dir() / "runtime" / build_key()
     build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("trident_rt*.so")):
+        config.log.warning("trident: building the native runtime for torch %s into %s "
+                           "(once per torch version, about 15 s)", torch.__version__, build_dir)
     with FileLock(str(build_dir / ".lock")):
         module = cpp_extension.load(
             name="trident_rt",

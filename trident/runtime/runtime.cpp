@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
@@ -25,6 +26,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -214,7 +216,7 @@ const trt_api g_api = {
 
 // ---- reading arguments and building results ------------------------------------------------
 
-void read_arg(PyObject* obj, trt_arg* a, bool grad_enabled) {
+void read_arg(PyObject* obj, trt_arg* a) {
   std::memset(a, 0, sizeof(*a));
   if (THPVariable_CheckExact(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
@@ -236,7 +238,8 @@ void read_arg(PyObject* obj, trt_arg* a, bool grad_enabled) {
     a->storage_offset = t.storage_offset();
     a->data_ptr = const_cast<void*>(t.const_data_ptr());
     a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
-    if (grad_enabled && t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+    if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+    if (t.is_inference()) a->flags |= TRT_INFERENCE;
     if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   } else if (obj == Py_None) {
     a->kind = TRT_ARG_NONE;
@@ -345,7 +348,25 @@ void Dispatcher_dealloc(Dispatcher* self) {
 bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
-  for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i], env->grad_enabled);
+  env->autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ||
+                  at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+  env->aliased = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
+  // One tensor in two positions: quadratic for short argument lists, sorted for long ones.
+  std::vector<trt_tensor*> seen;
+  for (Py_ssize_t i = 0; i < n && !env->aliased; ++i) {
+    if (out[i].kind != TRT_ARG_TENSOR) continue;
+    if (n <= 32) {
+      for (Py_ssize_t j = 0; j < i; ++j)
+        if (out[j].kind == TRT_ARG_TENSOR && out[j].tensor == out[i].tensor) env->aliased = 1;
+    } else {
+      seen.push_back(out[i].tensor);
+    }
+  }
+  if (!seen.empty()) {
+    std::sort(seen.begin(), seen.end());
+    env->aliased = std::adjacent_find(seen.begin(), seen.end()) != seen.end();
+  }
   return true;
 }
 

@@ -36,8 +36,9 @@ enum trt_arg_kind {
 };
 
 /* trt_arg.flags bits for tensors */
-#define TRT_REQUIRES_GRAD 1 /* requires_grad and grad mode on: autograd is needed */
+#define TRT_REQUIRES_GRAD 1 /* tensor.requires_grad */
 #define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
+#define TRT_INFERENCE 4     /* an inference tensor (made under torch.inference_mode()) */
 
 typedef struct trt_arg {
   int32_t kind;
@@ -99,6 +100,8 @@ typedef struct trt_result {
 typedef struct trt_env {
   int32_t grad_enabled;
   int32_t inference_mode; /* torch.inference_mode() is on: no reused buffers (Note [Buffer reuse]) */
+  int32_t autocast;       /* autocast is on for the CPU or CUDA */
+  int32_t aliased;        /* one tensor object is passed in two argument positions */
 } trt_env;
 
 /* The runtime's services, handed to an SCM once by scm_init(). */

@@ -1,0 +1,145 @@
+"""Inputs and programs that once gave wrong answers, leaks or raw errors (each found by trying
+to break Trident), compared with eager PyTorch."""
+
+import math
+import threading
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import assert_same
+
+
+def test_autocast_is_guarded():
+    def f(x, w):
+        return (x @ w).relu() @ w + 1
+
+    jf = trident.jit(f)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    assert_same(jf(x, w), f(x, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = jf(x, w), f(x, w)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert_same(jf(x, w), f(x, w))
+    assert jf.stats.fallbacks == 1 and jf.stats.compiles == 1
+
+
+def test_grad_mode_read_by_the_function_is_guarded():
+    def f(x):
+        return x + 1 if torch.is_grad_enabled() else x - 1
+
+    jf = trident.jit(f)
+    x = torch.randn(3)
+    for mode in (True, False, True, False):
+        with torch.set_grad_enabled(mode):
+            assert_same(jf(x), f(x))
+    assert jf.stats.compiles == 2
+
+
+def test_requires_grad_and_inference_tensors_are_guarded():
+    def f(x):
+        if x.requires_grad:
+            return x * 2
+        return x + 1 if x.is_inference() else x - 1
+
+    jf = trident.jit(f)
+    plain, needs_grad = torch.randn(3), torch.randn(3, requires_grad=True)
+    with torch.inference_mode():
+        inference = torch.randn(3)
+    with torch.no_grad():
+        for x in (plain, needs_grad, inference, plain, needs_grad, inference):
+            assert_same(jf(x), f(x))
+    assert jf.stats.compiles == 3
+
+
+def test_negative_nan_argument_keeps_its_sign():
+    def f(x, s: float):
+        return torch.copysign(x, s), torch.full_like(x, s).signbit()
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    for s in (-math.nan, math.nan, -0.0):
+        got, want = jf(x, s), f(x, s)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_one_tensor_twice_after_distinct_tensors():
+    def f(x, y):
+        return x * 0 if x is y else x + y
+
+    jf = trident.jit(f)
+    a, b = torch.ones(3), torch.ones(3)
+    assert_same(jf(a, b), f(a, b))
+    assert_same(jf(a, a), f(a, a))
+    assert_same(jf(a, b), f(a, b))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_returned_list_items_do_not_leak():
+    def f(x):
+        return (x + 1).chunk(2)
+
+    jf = trident.jit(f)
+    x = torch.randn(512, 512)  # 1 MiB per intermediate
+    for _ in range(20):
+        jf(x)
+    before = rss_bytes()
+    for _ in range(300):
+        out = jf(x)
+    del out
+    assert rss_bytes() - before < 64 * 2**20  # a leak here would be about 300 MiB
+
+
+def test_first_calls_from_several_threads():
+    def f(x):
+        return torch.relu(x * 3 - 1).sum(0)
+
+    jf = trident.jit(f)
+    x = torch.randn(8, 8)
+    errors, results = [], []
+
+    def call():
+        try:
+            results.append(jf(x))
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever escaped
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for r in results:
+        assert_same(r, f(x))
+
+
+def test_tensor_made_with_requires_grad_inside_runs_eagerly():
+    def f(x):
+        return torch.zeros(3, requires_grad=True) + x
+
+    jf = trident.jit(f)
+    with pytest.warns(UserWarning, match="requires grad"):
+        got = jf(torch.ones(3))
+    assert got.requires_grad and torch.equal(got.detach(), torch.ones(3))
+
+
+def test_unimportable_constant_falls_back_with_a_warning():
+    def f(x):
+        return x + 1j
+
+    jf = trident.jit(f)
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = jf(x)
+    assert torch.equal(got, f(x))
+    assert jf.stats.fallbacks == 1 and any("trident" in str(w.message) for w in caught)
+    with pytest.raises(trident.TridentError):
+        trident.jit(f, fallback=False)(x)
