@@ -29,12 +29,13 @@ from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
 
 _recompiles = config.logger("recompiles")
+_code_log = config.logger("code")
+_guards_log = config.logger("guards")
+
 # One compile at a time per process: make_fx's tracing state and cffi's build (which changes the
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
-_code_log = config.logger("code")
-_guards_log = config.logger("guards")
 
 
 @dataclasses.dataclass
@@ -49,8 +50,8 @@ class Stats:
         traces: times the function was traced (``compiles`` plus failed attempts).
         interpreted_launches: Triton launches on CPU tensors, run through Triton's interpreter
             by a callback from the SCM (the only Python on a hit).
-        miss_reasons: for recent misses, the guard that failed, e.g.
-            ``"x.size(0) == 4 (specialization 0: f(x: float32[4] cpu))"``.
+        miss_reasons: for recent misses (the last 32), the first guard each specialization
+            failed, e.g. ``"x.size(0) == 4 expected, got 8 (specialization 0: f(...))"``.
     """
 
     hits: int = 0
@@ -79,8 +80,8 @@ class JitFunctionMixin:
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
-        params = list(inspect.signature(fn).parameters.values())
         self._signature = inspect.signature(fn)
+        params = list(self._signature.parameters.values())
         self._arg_names = [p.name for p in params
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self._varargs = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
@@ -312,9 +313,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
 
     Args:
-        fn: a function of tensors and Python scalars that calls torch ops (and, on CUDA
-            tensors, Triton kernels). Positional arguments are guarded; keyword arguments are
-            bound to positions first.
+        fn: a function of tensors and Python scalars that calls torch ops and Triton kernels
+            (launched natively on CUDA tensors, through Triton's interpreter on CPU tensors).
+            Positional arguments are guarded; keyword arguments are bound to positions first.
         max_specializations: bound on specializations kept for this function (default 8, or
             ``TRIDENT_MAX_SPECIALIZATIONS``); past it new signatures run eagerly, with one
             warning.
@@ -324,6 +325,10 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     Returns:
         A ``JitFunction``: call it like ``fn``; ``.stats``, ``.explain(*args)``,
         ``.source()`` and ``.mlir(*args)`` describe what it compiled.
+
+    Raises:
+        TridentError: ``fn`` is not a Python function (it needs ``__code__`` and
+            ``__globals__`` for the cache key).
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,

@@ -181,8 +181,13 @@ int api_python_callback(int64_t id, const trt_value* args, int32_t nargs) {
     }
     PyTuple_SET_ITEM(tuple, i, item);
   }
+  if (id < 0 || id >= static_cast<int64_t>(g_callbacks.size())) {
+    Py_DECREF(tuple);
+    PyErr_Format(PyExc_RuntimeError, "trident: no Python callback %lld", (long long)id);
+    goto fail;
+  }
   {
-    PyObject* r = PyObject_Call(g_callbacks.at(id), tuple, nullptr);
+    PyObject* r = PyObject_Call(g_callbacks[id], tuple, nullptr);
     Py_DECREF(tuple);
     if (!r) goto fail;
     Py_DECREF(r);
