@@ -111,18 +111,15 @@ def _schema(op: str, overload: str):
 class _Walker:
     def __init__(self, func: ir.Operation):
         self.func = func
-        self.env: dict[Any, dict] = {}  # MLIR value -> operand
+        self.env: dict[Any, dict] = {}  # MLIR value (hashed by SSA identity) -> operand
         self.steps: list[Step] = []
         self.num_values = 0
         self.num_lists = 0
         self.num_scalars = 0
 
-    def key(self, value: ir.Value):
-        return value  # ir.Value hashes by identity of the underlying SSA value
-
     def operand(self, value: ir.Value, where: str) -> dict:
         try:
-            operand = self.env[self.key(value)]
+            operand = self.env[value]
         except KeyError:
             raise TridentError(f"{where}: operand {value.get_name()} has no plan value") from None
         if operand["k"] == "unsupported":
@@ -142,23 +139,23 @@ class _Walker:
     def walk(self, out_leaves: list) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[self.key(arg)] = {"k": "arg", "i": i}
+            self.env[arg] = {"k": "arg", "i": i}
         outputs = None
         for op in block.operations:
             name = op.operation.name
             where, text = _location(op)
             if name.startswith("torch.constant."):
-                self.env[self.key(op.result)] = self.constant(op.operation, name)
+                self.env[op.result] = self.constant(op.operation, name)
             elif name == "torch.prim.ListConstruct":
-                self.env[self.key(op.result)] = self.list_construct(op, where)
+                self.env[op.result] = self.list_construct(op, where)
             elif name == "torch.prim.ListUnpack":
                 src = self.operand(op.operands[0], where)
                 for j, r in enumerate(op.results):
-                    self.env[self.key(r)] = {"k": "item", "list": src["i"], "i": j}
+                    self.env[r] = {"k": "item", "list": src["i"], "i": j}
             elif name == "torch.vtensor.literal":
-                self.env[self.key(op.result)] = self.literal(op, where, text)
+                self.env[op.result] = self.literal(op, where, text)
             elif name == "torch.prim.NumToTensor.Scalar":
-                self.env[self.key(op.result)] = {"k": "num_to_tensor",
+                self.env[op.result] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
             elif name == "func.return":
                 outputs = [self.operand(v, where) for v in op.operands]
@@ -286,11 +283,11 @@ class _Walker:
                 value = self.new_value("scalar")
             else:  # e.g. !torch.none for an undefined tensor: dropped, an error if read
                 value = {"k": "drop"}
-                self.env[self.key(r)] = {"k": "unsupported", "what": f"{op_qual} returns "
+                self.env[r] = {"k": "unsupported", "what": f"{op_qual} returns "
                                          f"{type_str}, which Trident does not support ({text})"}
                 results.append(value)
                 continue
-            self.env[self.key(r)] = value
+            self.env[r] = value
             results.append(value)
         self.steps.append(Step(op_qual, overload, args, results, where, text))
 
