@@ -1,5 +1,8 @@
 """``python -m trident.bench cpu|gpu``: eager PyTorch vs torch.compile vs Trident, per call.
 
+``gpu`` runs trident/bench_gpu.py (Triton launches and LLM decode steps, with CUDA graphs and a
+raw driver launch among the contenders). ``cpu`` runs the cases below.
+
 Cases:
     chain30   30 small ATen ops (``a = a + b; a = a * b; a = a - b``, ten times) on 16-element
               float32 tensors: nearly all host overhead.
@@ -138,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_gpu.main(opts.json, model_names=models,
                        model_compile_modes=tuple(opts.model_compile_modes.split(",")))
         return 0
-    else:
-        device = torch.device("cpu")
+    device = torch.device("cpu")
     set_cpu_threads(opts.threads)
     import trident
 
