@@ -17,6 +17,7 @@ import dataclasses
 import linecache
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -29,10 +30,8 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import TridentError
 
-_SKIP_PREFIXES = (
-    str(__import__("pathlib").Path(torch.__file__).parent),
-    str(__import__("pathlib").Path(__file__).parent),
-)
+# Frames of these packages are not the user's: a node's source line is the innermost other one.
+_SKIP_PREFIXES = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
 
 
 @dataclasses.dataclass
