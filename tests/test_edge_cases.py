@@ -143,3 +143,66 @@ def test_unimportable_constant_falls_back_with_a_warning():
     assert jf.stats.fallbacks == 1 and any("trident" in str(w.message) for w in caught)
     with pytest.raises(trident.TridentError):
         trident.jit(f, fallback=False)(x)
+
+
+G = torch.tensor([2.0])
+
+
+def test_one_element_global_tensor_is_live_state_not_a_constant():
+    def f(x):
+        return x * G
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    with pytest.warns(UserWarning, match="not an argument"):
+        assert_same(jf(x), f(x))
+    G[0] = 5.0
+    assert_same(jf(x), f(x))
+    G[0] = 2.0
+
+
+def test_default_dtype_is_guarded():
+    def f(x):
+        return (x * 1.5).sum(0) + torch.tensor(0.1)
+
+    jf = trident.jit(f)
+    x = torch.arange(6).reshape(2, 3)
+    assert_same(jf(x), f(x))
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert_same(jf(x), f(x))
+        assert_same(jf(x), f(x))
+    finally:
+        torch.set_default_dtype(old)
+    assert_same(jf(x), f(x))
+    assert jf.stats.compiles == 2
+
+
+def test_torch_func_transforms_run_eagerly():
+    def f(x):
+        return torch.sin(x) * 2
+
+    jf = trident.jit(f)
+    x = torch.randn(4, 3)
+    assert_same(jf(x), f(x))
+    assert torch.equal(torch.vmap(jf)(x), torch.vmap(f)(x))
+    assert torch.equal(torch.func.grad(lambda t: jf(t).sum())(x),
+                       torch.func.grad(lambda t: f(t).sum())(x))
+    with torch.no_grad():
+        assert torch.equal(torch.func.functionalize(jf)(x), f(x))
+    assert_same(jf(x), f(x))
+    assert type(jf(x)) is torch.Tensor
+
+
+def test_complex_setitem_falls_back():
+    def f(x):
+        x = x.clone()
+        x[1] = 0.1
+        return x
+
+    jf = trident.jit(f)
+    x = torch.randn(3, dtype=torch.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(jf(x), f(x))

@@ -199,9 +199,15 @@ def trace(fn: Callable, args: tuple) -> Capture:
         raise TridentError(f"{fn.__qualname__} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
     for node in gm.graph.nodes:
-        # A one-element constant (``y[i] = 0.5`` lifts 0.5 into a tensor) is baked into the
-        # plan; any larger tensor that is not an argument must become one.
-        if node.op == "get_attr" and getattr(gm, node.target).numel() != 1:
+        # A one-element tensor the function makes from Python data (``y[i] = 0.5``,
+        # ``torch.tensor(3)``: make_fx lifts it and copies it with lift_fresh_copy) is baked
+        # into the plan. Any other tensor that is not an argument (a global, a closure) is
+        # live state and must become an argument.
+        literal = getattr(gm, node.target).numel() == 1 if node.op == "get_attr" else False
+        if literal and not all(u.target is torch.ops.aten.lift_fresh_copy.default
+                               for u in node.users):
+            literal = False
+        if node.op == "get_attr" and not literal:
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")

@@ -6,7 +6,7 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 (tests/test_guards.py) proves the two agree on random arguments.
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
-autocast, a tensor passed twice), then each argument's kind, then per tensor dtype, device,
+autocast, a tensor passed twice, the default dtype, torch.func transforms), then each argument's kind, then per tensor dtype, device,
 rank, then sizes and strides, then flags (alignment, requires_grad, inference tensor), then
 scalar values. Both the C
 function and ``first_failure`` evaluate guards in list order.
@@ -29,6 +29,8 @@ _C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT"
             FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
+# Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
+_ENV_FIELDS = ("grad_enabled", "autocast", "aliased", "default_dtype", "transforms")
 _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
@@ -62,6 +64,10 @@ def arg_facts(obj: Any) -> dict:
         if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
                 or obj.device.type not in DEVICE_TYPES):
             return {"kind": OTHER}
+        try:
+            data_ptr = obj.data_ptr()
+        except RuntimeError:  # no storage: a torch.func wrapper (vmap, grad)
+            return {"kind": OTHER}
         return {
             "kind": TENSOR,
             "id": id(obj),
@@ -71,7 +77,7 @@ def arg_facts(obj: Any) -> dict:
             "dim": obj.dim(),
             "sizes": tuple(obj.shape),
             "strides": tuple(obj.stride()),
-            "aligned16": obj.data_ptr() % 16 == 0,
+            "aligned16": data_ptr % 16 == 0,
             "requires_grad": obj.requires_grad,
             "inference": obj.is_inference(),
         }
@@ -93,6 +99,8 @@ def env_facts(args: tuple) -> dict:
         "grad_enabled": torch.is_grad_enabled(),
         "autocast": torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
         "aliased": len(set(tensors)) != len(tensors),
+        "default_dtype": dtype_codes()[torch.get_default_dtype()],
+        "transforms": torch._C._are_functorch_transforms_active(),
     }
 
 
@@ -129,6 +137,8 @@ class Guard:
             "grad_enabled": lambda: f"env->grad_enabled == {int(v)}",
             "autocast": lambda: f"env->autocast == {int(v)}",
             "aliased": lambda: f"env->aliased == {int(v)}",
+            "default_dtype": lambda: f"env->default_dtype == {v}",
+            "transforms": lambda: f"env->transforms == {int(v)}",
             "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
             "dtype": lambda: f"{a}.dtype == {v}",
             "device_type": lambda: f"{a}.device_type == {v}",
@@ -153,6 +163,8 @@ class Guard:
             "grad_enabled": lambda: f"torch.is_grad_enabled() is {v}",
             "autocast": lambda: f"autocast is {'on' if v else 'off'}",
             "aliased": lambda: f"one tensor in two argument positions is {v}",
+            "default_dtype": lambda: f"torch.get_default_dtype() == {dtype_name(v)}",
+            "transforms": lambda: f"a torch.func transform is active is {v}",
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
             "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
             "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
@@ -175,7 +187,7 @@ def guards_for(args: tuple) -> list[Guard]:
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
     guards = [Guard("nargs", len(args))]
-    guards += [Guard(k, env[k]) for k in ("grad_enabled", "autocast", "aliased")]
+    guards += [Guard(k, env[k]) for k in _ENV_FIELDS]
     guards += [Guard("kind", f["kind"], i) for i, f in enumerate(facts)]
     tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
     for i, f in tensors:
@@ -210,9 +222,6 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     elif guard.field == "value" and guard.float_value and actual is not None:
         actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
     return f"{guard.describe(names)} expected, got {actual!r}"
-
-
-_ENV_FIELDS = ("grad_enabled", "autocast", "aliased")
 
 
 def first_failure(guards: list[Guard], args: tuple) -> Guard | None:

@@ -168,8 +168,9 @@ class JitFunctionMixin:
             return self._eager(args, None, f"{len(args)} arguments; the native path reads at "
                                f"most {MAX_ARGS}")
         env = env_facts(args)
-        if env["autocast"]:
-            return self._eager(args, None, "autocast is on: Trident does not compile under it")
+        if env["autocast"] or env["transforms"]:
+            return self._eager(args, None, "autocast or a torch.func transform is on: Trident "
+                               "does not compile under them")
         for i, f in enumerate(arg_facts(a) for a in args):
             if f["kind"] == OTHER:
                 return self._eager(args, None, f"argument {self._arg_label(i)} is a "
@@ -232,10 +233,12 @@ class JitFunctionMixin:
         traced = time.perf_counter()
         try:
             module = import_graph(captured.graph_module)
-        except Exception as e:  # Torch-MLIR reports what it cannot import in many types
-            raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import the graph: "
-                               f"{type(e).__name__}: {e}") from e
-        plan = build_plan(module, captured.out_leaves, captured.out_spec)
+            plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        except TridentError:
+            raise
+        except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
+            raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import or plan the "
+                               f"graph: {type(e).__name__}: {e}") from e
         planned = time.perf_counter()
         binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
         on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))

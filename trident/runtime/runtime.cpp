@@ -18,6 +18,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -356,6 +357,9 @@ bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ||
                   at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
   env->aliased = 0;
+  env->default_dtype = static_cast<int32_t>(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  env->transforms =
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
   // One tensor in two positions: quadratic for short argument lists, sorted for long ones.
   std::vector<trt_tensor*> seen;

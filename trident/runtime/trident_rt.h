@@ -102,6 +102,8 @@ typedef struct trt_env {
   int32_t inference_mode; /* torch.inference_mode() is on: no reused buffers (Note [Buffer reuse]) */
   int32_t autocast;       /* autocast is on for the CPU or CUDA */
   int32_t aliased;        /* one tensor object is passed in two argument positions */
+  int32_t default_dtype;  /* torch.get_default_dtype() as a c10::ScalarType */
+  int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
 } trt_env;
 
 /* The runtime's services, handed to an SCM once by scm_init(). */
