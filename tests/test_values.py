@@ -548,9 +548,6 @@ def scaled(x):
     return x * SCALE
 
 
-@pytest.mark.xfail(strict=True, reason="Trident bug: a global Python scalar is baked into the "
-                   "specialization and never re-checked in-process (the on-disk function key "
-                   "hashes it, so a new process would recompile): stale results after rebinding")
 def test_rebinding_a_global_scalar_is_seen(monkeypatch):
     jf = trident.jit(scaled)
     x = torch.ones(2)

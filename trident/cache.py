@@ -64,11 +64,12 @@ def versions() -> str:
     return "|".join(parts)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
+    """The global names ``code`` and the code nested in it refer to."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= code_names(const)
     return names
 
 
@@ -134,7 +135,7 @@ def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> Non
             _hash_value(h, cell.cell_contents, seen, depth)
         except ValueError:  # empty cell
             h.update(b"<empty>")
-    for name in sorted(_code_names(fn.__code__)):
+    for name in sorted(code_names(fn.__code__)):
         if name in fn.__globals__:
             h.update(name.encode())
             _hash_value(h, fn.__globals__[name], seen, depth)

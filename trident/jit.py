@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from . import build, codegen, config, kernels, runtime
-from .cache import FunctionCache, function_key
+from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
 from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
@@ -77,6 +77,7 @@ class JitFunctionMixin:
         self._specs: list[Specialization] = []
         self._eager_signatures: list[tuple[list, str]] = []
         self._cache: FunctionCache | None = None
+        self._global_bindings: dict[str, object] = {}
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
@@ -135,7 +136,7 @@ class JitFunctionMixin:
             if bound.kwargs:  # keyword-only parameters: not served natively
                 return self._eager(args, kwargs, "keyword-only arguments")
             return self(*bound.args)
-        if self._cache is None:
+        if self._cache is None or not self._globals_unchanged():
             self._ensure_loaded()
             if self._specs and self._match(*args) >= 0:
                 return self(*args)  # served from the cached module: a hit
@@ -144,13 +145,26 @@ class JitFunctionMixin:
     # ---- miss path --------------------------------------------------------------------------
 
     def _ensure_loaded(self) -> None:
-        """First use in this process: install the module built from cached specializations."""
-        if self._cache is not None:
+        """First use in this process, or after a global changed: install the module built from
+        the specializations cached under the function's current key."""
+        if self._cache is not None and self._globals_unchanged():
             return
+        self._install(0, 0)
+        self._specs = []
+        self._global_bindings = _global_bindings(self._fn)
+        g = self._fn.__globals__
+        self._set_global_guards(tuple((g, name, value)
+                                      for name, value in self._global_bindings.items()))
         self._cache = FunctionCache(self._fn, function_key(self._fn))
         self._specs = self._cache.load_specs()[: self._max_specializations]
         if self._specs:
             self._install_module(self._specs)
+
+    def _globals_unchanged(self) -> bool:
+        """Note [Global guards]: the Python twin of ``globals_unchanged`` in runtime.cpp."""
+        g = self._fn.__globals__
+        return all(g.get(name, _UNBOUND) is value
+                   for name, value in self._global_bindings.items())
 
     def _arg_label(self, i: int) -> str:
         if i < len(self._arg_names):
@@ -300,6 +314,20 @@ class JitFunctionMixin:
         self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
         self._module = module
         self._specs = specs
+
+
+_UNBOUND = object()
+
+
+def _global_bindings(fn) -> dict[str, object]:
+    """Note [Global guards]: the globals ``fn``'s code names (nested code included), bound to
+    the objects they name now. A specialization bakes in what it read through them (a
+    ``SCALE = 2``, a helper function, a Triton kernel); the native dispatcher checks on every
+    call that each name is still bound to the same object, and a rebinding (``SCALE = 3``)
+    reloads the function under its new cache key. Objects changed in place (a dict's entry, a
+    list) keep their identity and are not seen."""
+    return {name: fn.__globals__[name] for name in sorted(code_names(fn.__code__))
+            if name in fn.__globals__}
 
 
 @functools.cache

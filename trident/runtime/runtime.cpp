@@ -324,6 +324,9 @@ struct Dispatcher {
   PyObject_HEAD
   PyObject* dict;
   PyObject* weaklist;
+  // Globals the function reads, as a tuple of (globals dict, name, object) triples: the
+  // installed module was compiled with those very objects (Note [Global guards] in jit.py).
+  PyObject* global_guards;
   trt_scm_call_fn call;
   trt_scm_match_fn match;
   unsigned long long hits;
@@ -336,12 +339,29 @@ PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
 
 int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
   Py_VISIT(self->dict);
+  Py_VISIT(self->global_guards);
   return 0;
 }
 
 int Dispatcher_clear(Dispatcher* self) {
   Py_CLEAR(self->dict);
+  Py_CLEAR(self->global_guards);
   return 0;
+}
+
+// Every global the module was compiled with is still bound to the same object.
+bool globals_unchanged(Dispatcher* self) {
+  if (!self->global_guards) return true;
+  Py_ssize_t n = PyTuple_GET_SIZE(self->global_guards);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* g = PyTuple_GET_ITEM(self->global_guards, i);
+    PyObject* now = PyDict_GetItemWithError(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1));
+    if (now != PyTuple_GET_ITEM(g, 2)) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
 }
 
 void Dispatcher_dealloc(Dispatcher* self) {
@@ -424,7 +444,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* args, bool* missed) {
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   bool missed = true;
   if (!(kwargs && PyDict_GET_SIZE(kwargs)) && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS &&
-      self->call) {
+      self->call && globals_unchanged(self)) {
     PyObject* out = run_scm(self, args, &missed);
     if (!missed) {
       if (out) ++self->hits;
@@ -453,6 +473,24 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// _set_global_guards(tuple of (dict, name, object)): Note [Global guards] in jit.py.
+PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
+  if (!PyTuple_Check(guards)) {
+    PyErr_SetString(PyExc_TypeError, "_set_global_guards expects a tuple");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); ++i) {
+    PyObject* g = PyTuple_GET_ITEM(guards, i);
+    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 || !PyDict_Check(PyTuple_GET_ITEM(g, 0))) {
+      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object)");
+      return nullptr;
+    }
+  }
+  Py_INCREF(guards);
+  Py_XSETREF(self->global_guards, guards);
+  Py_RETURN_NONE;
+}
+
 // _match(*args) -> int: the specialization the native guards pick, or -1. For tests and explain.
 PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -476,6 +514,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_install(call_address, match_address): install a Specialization Cache Module's entries."},
     {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
+    {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
+     "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},
