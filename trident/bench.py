@@ -71,7 +71,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine(device: torch.device) -> dict:
+def machine() -> dict:
     info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "intra_op_threads": torch.get_num_threads()}
@@ -84,9 +84,6 @@ def machine(device: torch.device) -> dict:
     from . import __version__
 
     info["trident"] = __version__
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        info["cuda"] = torch.version.cuda
     return info
 
 
@@ -152,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(all_cases)}")
 
-    info = machine(device)
+    info = machine()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"trident.bench {opts.suite}: {date}")
     print(f"  {info['cpu']} ({info['cpu_count']} CPUs), {info['intra_op_threads']} intra-op "
-          f"thread(s)" + (f", GPU {info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else ""))
+          f"thread(s)")
     print(f"  Python {info['python']}, torch {info['torch']}, triton {info['triton']}, "
           f"Trident {info['trident']}")
     print(f"  per call: median of {opts.repeats} timed loops, interleaved, after warm-up; first "

@@ -203,11 +203,11 @@ def trace(fn: Callable, args: tuple) -> Capture:
         # ``torch.tensor(3)``: make_fx lifts it and copies it with lift_fresh_copy) is baked
         # into the plan. Any other tensor that is not an argument (a global, a closure) is
         # live state and must become an argument.
-        literal = getattr(gm, node.target).numel() == 1 if node.op == "get_attr" else False
-        if literal and not all(u.target is torch.ops.aten.lift_fresh_copy.default
-                               for u in node.users):
-            literal = False
-        if node.op == "get_attr" and not literal:
+        if node.op != "get_attr":
+            continue
+        literal = getattr(gm, node.target).numel() == 1 and all(
+            u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
+        if not literal:
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")

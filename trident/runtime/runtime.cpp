@@ -371,32 +371,34 @@ void Dispatcher_dealloc(Dispatcher* self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-bool read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
+// One tensor object in two argument positions: pairwise for short argument lists (no
+// allocation on the hit path), sorted for long ones.
+bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
+  if (n <= 32) {
+    for (Py_ssize_t i = 0; i < n; ++i)
+      for (Py_ssize_t j = 0; j < i; ++j)
+        if (a[i].kind == TRT_ARG_TENSOR && a[j].kind == TRT_ARG_TENSOR &&
+            a[i].tensor == a[j].tensor)
+          return true;
+    return false;
+  }
+  std::vector<trt_tensor*> tensors;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (a[i].kind == TRT_ARG_TENSOR) tensors.push_back(a[i].tensor);
+  std::sort(tensors.begin(), tensors.end());
+  return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
+}
+
+void read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
   env->autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ||
                   at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
-  env->aliased = 0;
   env->default_dtype = static_cast<int32_t>(c10::typeMetaToScalarType(c10::get_default_dtype()));
   env->transforms =
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
-  // One tensor in two positions: quadratic for short argument lists, sorted for long ones.
-  std::vector<trt_tensor*> seen;
-  for (Py_ssize_t i = 0; i < n && !env->aliased; ++i) {
-    if (out[i].kind != TRT_ARG_TENSOR) continue;
-    if (n <= 32) {
-      for (Py_ssize_t j = 0; j < i; ++j)
-        if (out[j].kind == TRT_ARG_TENSOR && out[j].tensor == out[i].tensor) env->aliased = 1;
-    } else {
-      seen.push_back(out[i].tensor);
-    }
-  }
-  if (!seen.empty()) {
-    std::sort(seen.begin(), seen.end());
-    env->aliased = std::adjacent_find(seen.begin(), seen.end()) != seen.end();
-  }
-  return true;
+  env->aliased = tensor_passed_twice(out, n);
 }
 
 // Argument records: on the C stack for the common case; a call with more arguments takes a heap
