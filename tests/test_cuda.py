@@ -36,6 +36,8 @@ def test_cuda_hit_path_runs_no_python_and_uses_current_stream():
     x = torch.randn(2, 64, device="cuda")
     w1, w2 = torch.randn(64, 128, device="cuda"), torch.randn(64, 128, device="cuda")
     f(x, w1, w2, 1e-5)
+    f(x, w1, w2, 1e-5)  # captures the CUDA graph that the hits below replay
+    assert f.stats.graph_captures == 1
     calls = []
     sys.setprofile(lambda frame, event, arg: calls.append(frame) if event == "call" else None)
     try:
@@ -44,6 +46,7 @@ def test_cuda_hit_path_runs_no_python_and_uses_current_stream():
     finally:
         sys.setprofile(None)
     assert calls == []
+    assert f.stats.graph_replays == 1001
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         out = f(x, w1, w2, 1e-5)

@@ -25,14 +25,27 @@ def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs
     """A Dynamo-recorded Triton launch, made again as ``kernel[grid](**args)``."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
-    if len(grid) != 1:
-        raise TridentError("Triton launches with one grid per autotune config are not "
-                           "supported in the torch.compile backend yet")
     if tma_descriptor_metadata:
         raise TridentError("Triton tensor descriptors are not supported yet")
     kernel = kernel_side_table.get_kernel(kernel_idx)
     args = {**kernel_side_table.get_constant_args(constant_args_idx), **kwargs}
-    kernel[tuple(grid[0])](**args)
+    if len(grid) == 1:
+        kernel[tuple(grid[0])](**args)
+        return
+    # Dynamo evaluated a grid callable once per autotune config (torch 2.11's
+    # triton_kernel_wrap does the same): pick the one of the config the autotuner chooses.
+    configs = getattr(kernel, "configs", None)
+    if configs is None or len(configs) != len(grid):
+        raise TridentError(f"{len(grid)} grids for a kernel with "
+                           f"{len(configs or ())} autotune configs")
+
+    def grid_of_config(meta):
+        for config, g in zip(configs, grid):
+            if all(meta.get(k) == v for k, v in config.kwargs.items()):
+                return tuple(g)
+        raise TridentError(f"no grid recorded for the autotune config {meta}")
+
+    kernel[grid_of_config](**args)
 
 
 def _route_triton_launches(gm: fx.GraphModule) -> fx.GraphModule:

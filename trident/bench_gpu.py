@@ -9,8 +9,10 @@ Cases:
 
 Contenders: eager; torch.compile default and reduce-overhead; CUDA-graph replay of the eager
 function (no guards: the floor); a raw cuLaunchKernel from a cffi function (cases 1-2: the floor
-for one launch from Python); Trident. Times are per call (µs) or per step (ms), GPU synchronized
-once per batch of calls; first-call compile times are in seconds.
+for one launch from Python); Trident (``trident``: CUDA graphs replayed after the guards, the
+default; ``trident_steps``: the launch sequence step by step, ``cuda_graphs=False``);
+``torch.compile(backend="trident")``. Times are per call (µs; the decode cases too), GPU
+synchronized once per batch of calls; first-call compile times are in seconds.
 """
 
 from __future__ import annotations
@@ -164,6 +166,10 @@ def contenders(name, fn, args, results, n=2000, reps=7,
     row["trident_equal"] = same(jitted(*args), ref) if ref is not None else True
     row["trident"] = timed(lambda: jitted(*args))
     row["trident_stats"] = str(jitted.stats)
+    print(f"{name}: trident without CUDA graphs", flush=True)
+    steps = trident.jit(fn, fallback=False, cuda_graphs=False)
+    steps(*args)
+    row["trident_steps"] = timed(lambda: steps(*args))
     for mode in compile_modes:
         print(f"{name}: torch.compile {mode}", flush=True)
         try:
@@ -175,6 +181,15 @@ def contenders(name, fn, args, results, n=2000, reps=7,
             row[f"compile_{mode}"] = timed(lambda: compiled(*args))
         except Exception:
             row[f"compile_{mode}_error"] = traceback.format_exc()[-600:]
+    print(f"{name}: torch.compile backend=trident", flush=True)
+    try:
+        torch._dynamo.reset()
+        backend = torch.compile(fn, backend="trident")
+        row["trident_backend_first_call_s"], out = first_call(lambda: backend(*args))
+        row["trident_backend_equal"] = same(backend(*args), ref) if ref is not None else True
+        row["trident_backend"] = timed(lambda: backend(*args))
+    except Exception:
+        row["trident_backend_error"] = traceback.format_exc()[-600:]
     try:
         graph, _ = cuda_graph(lambda: fn(*args))
         row["cuda_graph"] = timed(graph.replay)
@@ -279,7 +294,8 @@ def models(results, names, compile_modes=("default", "reduce-overhead"), save=la
 
 def table(results) -> str:
     """Markdown table: time per contender, and each contender's time over Trident's."""
-    cols = ["eager", "compile_default", "compile_reduce-overhead", "cuda_graph", "trident"]
+    cols = ["eager", "compile_default", "compile_reduce-overhead", "cuda_graph", "trident",
+            "trident_steps", "trident_backend"]
     lines = ["| case | " + " | ".join(cols) + " | eager/Trident | compile/Trident | "
              "graph/Trident |", "|---" * (len(cols) + 4) + "|"]
     for name, row in results.items():

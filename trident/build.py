@@ -27,7 +27,7 @@ from . import config
 from .errors import TridentError
 from .runtime import HEADER
 
-# The three symbols every SCM exports (see templates/scm.c.jinja).
+# The symbols every SCM exports (see templates/scm.c.jinja).
 CDEF = """
 int scm_init(uintptr_t api);
 int scm_set_callback(int slot, int64_t id);

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import jinja2
 
+from .graphs import graph_device
 from .guards import c_int
 from .specialization import Specialization
 
@@ -284,6 +285,7 @@ class _SpecRenderer:
             "outputs": self.outputs(),
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
+            "graph": graph_device(self.spec) is not None,  # Note [CUDA graphs]
         }
 
 
@@ -304,12 +306,13 @@ def render(specs: list[Specialization], function: str) -> Rendered:
     kernels = _Kernels()
     renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
     rendered = [r.render() for r in renderers]
+    uses_cuda = any(r.uses_cuda for r in renderers) or any(s["graph"] for s in rendered)
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
         specs=rendered,
         ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
              for (n, o) in ops],
-        uses_cuda=any(r.uses_cuda for r in renderers),
+        uses_cuda=uses_cuda,
         kernels=kernels.decls,
         num_callbacks=len(callbacks),
     )

@@ -5,6 +5,8 @@ Environment variables:
     TRIDENT_LOGS        comma-separated log switches: ``recompiles``, ``guards``, ``mlir``,
                         ``code`` (generated C), ``cache``; ``all`` turns on every one.
     TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
+    TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
+                        graph of them (Note [CUDA graphs] in trident/graphs.py); default `1`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def cache_dir() -> Path:
 
 def max_specializations() -> int:
     return int(os.environ.get("TRIDENT_MAX_SPECIALIZATIONS", "8"))
+
+
+def cuda_graphs() -> bool:
+    return os.environ.get("TRIDENT_CUDA_GRAPHS", "1") != "0"
 
 
 def logger(switch: str) -> logging.Logger:

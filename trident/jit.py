@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import struct
 import threading
 import time
 import warnings
@@ -18,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, config, kernels, runtime
+from . import build, codegen, config, graphs, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
@@ -50,6 +51,8 @@ class Stats:
         traces: times the function was traced (``compiles`` plus failed attempts).
         interpreted_launches: Triton launches on CPU tensors, run through Triton's interpreter
             by a callback from the SCM (the only Python on a hit).
+        graph_captures: CUDA graphs captured (Note [CUDA graphs] in trident/graphs.py).
+        graph_replays: hits served by replaying a CUDA graph (counted in the SCM).
         miss_reasons: for recent misses (the last 32), the first guard each specialization
             failed, e.g. ``"x.size(0) == 4 expected, got 8 (specialization 0: f(...))"``.
     """
@@ -60,6 +63,8 @@ class Stats:
     fallbacks: int = 0
     traces: int = 0
     interpreted_launches: int = 0
+    graph_captures: int = 0
+    graph_replays: int = 0
     miss_reasons: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -68,11 +73,18 @@ class JitFunctionMixin:
 
     __slots__ = ()  # instance state lives in the Dispatcher's __dict__
 
-    def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool) -> None:
+    def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
+               cuda_graphs: bool | None) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._max_specializations = max_specializations or config.max_specializations()
         self._fallback = fallback
+        self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
+        # Note [CUDA graphs], per specialization key: the argument addresses of its last
+        # step-by-step run in this process, its graph (or why it has none), recaptures left.
+        self._graph_seen: dict[str, dict[int, int]] = {}
+        self._graphs: dict[str, graphs.Captured | str] = {}
+        self._recaptures: dict[str, int] = {}
         self._counters = Stats()
         self._specs: list[Specialization] = []
         self._eager_signatures: list[tuple[list, str]] = []
@@ -93,6 +105,7 @@ class JitFunctionMixin:
     def stats(self) -> Stats:
         """A snapshot of this function's counters."""
         return dataclasses.replace(self._counters, hits=self.hits,
+                                   graph_replays=self._graph_replays(),
                                    miss_reasons=list(self._counters.miss_reasons))
 
     @property
@@ -222,7 +235,65 @@ class JitFunctionMixin:
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
-        return self._run(*args)
+        return self._capture_path(args, hit=False)
+
+    # ---- CUDA graphs (Note [CUDA graphs]) --------------------------------------------------
+
+    def _capture_path(self, args: tuple, hit: bool = True):
+        """Called from the native dispatcher when the specialization that accepts ``args`` has
+        no CUDA graph yet but may have one: its first run in this process runs step by step
+        (the warm-up); the next one captures the graph and replays it."""
+        index = self._match(*args)
+        if index < 0:  # a global changed under us: the ordinary miss path
+            return self._slow_path(args, None)
+        spec = self._specs[index]
+        key, device = spec.key, graphs.graph_device(spec)
+        self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
+        seen = self._graph_seen.get(key)
+        if seen is None or not self._cuda_graphs or device is None:
+            self._graph_seen[key] = graphs.pointers(args)
+            out = self._run(*args)
+            self.hits += hit
+            if self._cuda_graphs and device is not None:
+                self._set_graph(index, graphs.PENDING)
+            return out
+        previous = self._graphs.get(key)
+        if isinstance(previous, graphs.Captured):  # a by-pointer argument moved: copy it in
+            moved = set(previous.statics) | {i for i, p in graphs.pointers(args).items()
+                                            if previous.pointers.get(i, p) != p}
+        else:
+            moved = {i for i, p in graphs.pointers(args).items() if seen.get(i) != p}
+        self._graphs.pop(key, None)
+        try:
+            captured = graphs.capture(self._run, spec, args, moved, device)
+        except Exception as e:  # an op that cannot be captured (one that synchronizes)
+            captured = f"capture failed: {type(e).__name__}: {e}"
+        if isinstance(captured, str):
+            self._graphs[key] = captured
+            _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
+                             captured)
+            out = self._run(*args)
+            self.hits += hit
+            return out
+        self._graphs[key] = captured
+        self._recaptures[key] = self._recaptures.get(key, graphs.RECAPTURES + 1) - 1
+        self._counters.graph_captures += 1
+        _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
+                         self.__qualname__, spec.signature,
+                         [self._arg_label(i) for i in sorted(captured.statics)] or "none")
+        self._install_graph(index, spec)
+        out = self(*args)  # replays: a hit
+        self.hits -= not hit
+        return out
+
+    def _install_graph(self, index: int, spec: Specialization) -> None:
+        """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
+        captured = self._graphs.get(spec.key)
+        if isinstance(captured, graphs.Captured):
+            self._set_graph(index, graphs.READY, self._recaptures[spec.key],
+                            struct.pack(f"<{len(captured.desc)}q", *captured.desc))
+        elif captured is None and self._cuda_graphs and graphs.graph_device(spec) is not None:
+            self._set_graph(index, graphs.PENDING)
 
     def _miss_reason(self, args: tuple) -> str:
         if not self._specs:
@@ -311,9 +382,12 @@ class JitFunctionMixin:
                     self._count_interpreted)
                 self._callback_ids[key] = rt.register_callback(launcher)
             module.lib.scm_set_callback(slot, self._callback_ids[key])
-        self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
         self._module = module
         self._specs = specs
+        self._reset_graphs(len(specs))
+        for index, spec in enumerate(specs):
+            self._install_graph(index, spec)
+        self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
 
 
 _UNBOUND = object()
@@ -338,7 +412,7 @@ def jit_function_class() -> type:
 
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
-        fallback: bool = True):
+        fallback: bool = True, cuda_graphs: bool | None = None):
     """Compile ``fn`` into a Specialization Cache Module on its first call.
 
     Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
@@ -352,6 +426,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             warning.
         fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or
             construct), run it eagerly with a warning (True) or raise ``TridentError`` (False).
+        cuda_graphs: replay a CUDA graph of each CUDA specialization from its second call on
+            (Note [CUDA graphs] in trident/graphs.py: when it applies, what it costs). Default:
+            ``TRIDENT_CUDA_GRAPHS``, on unless set to ``0``.
 
     Returns:
         A ``JitFunction``: call it like ``fn``; ``.stats``, ``.explain(*args)``,
@@ -363,9 +440,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
-                                 fallback=fallback)
+                                 fallback=fallback, cuda_graphs=cuda_graphs)
     if not callable(fn) or not hasattr(fn, "__code__") or not hasattr(fn, "__globals__"):
         raise TridentError(f"trident.jit expects a Python function, got {type(fn).__name__}")
     obj = jit_function_class()()
-    obj._setup(fn, max_specializations, fallback)
+    obj._setup(fn, max_specializations, fallback, cuda_graphs)
     return obj

@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -214,10 +215,25 @@ void api_set_error(const char* where, const char* message) {
   g_error = std::string(where) + ": " + msg;
 }
 
+trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* strides,
+                              int32_t dtype, int32_t device_index) {
+  try {
+    auto options = at::TensorOptions()
+                       .dtype(static_cast<c10::ScalarType>(dtype))
+                       .device(c10::Device(c10::DeviceType::CUDA,
+                                           static_cast<c10::DeviceIndex>(device_index)));
+    return new_handle(at::empty_strided(c10::IntArrayRef(sizes, dim),
+                                        c10::IntArrayRef(strides, dim), options));
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return nullptr;
+  }
+}
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
-    api_python_callback, api_set_error,
+    api_python_callback, api_set_error, api_empty_strided,
 };
 
 // ---- reading arguments and building results ------------------------------------------------
@@ -330,7 +346,21 @@ struct Dispatcher {
   trt_scm_call_fn call;
   trt_scm_match_fn match;
   unsigned long long hits;
+  // CUDA graph slots, one per specialization of the installed SCM (Note [CUDA graphs]).
+  trt_graph* graphs;
+  Py_ssize_t num_graphs;
+  long long replays_before;  // replays counted by slots since reset
 };
+
+void free_graphs(Dispatcher* self) {
+  for (Py_ssize_t i = 0; i < self->num_graphs; ++i) {
+    self->replays_before += self->graphs[i].replays;
+    std::free(self->graphs[i].desc);
+  }
+  std::free(self->graphs);
+  self->graphs = nullptr;
+  self->num_graphs = 0;
+}
 
 PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<Dispatcher*>(type->tp_alloc(type, 0));
@@ -366,6 +396,7 @@ bool globals_unchanged(Dispatcher* self) {
 
 void Dispatcher_dealloc(Dispatcher* self) {
   PyObject_GC_UnTrack(self);
+  free_graphs(self);
   if (self->weaklist) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
   Dispatcher_clear(self);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
@@ -399,6 +430,7 @@ void read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
   env->aliased = tensor_passed_twice(out, n);
+  env->graphs = nullptr;
 }
 
 // Argument records: on the C stack for the common case; a call with more arguments takes a heap
@@ -413,13 +445,15 @@ struct ArgBuffer {
   }
 };
 
-// Runs the installed SCM on `args`. Returns nullptr with *missed set when no guard holds.
-PyObject* run_scm(Dispatcher* self, PyObject* args, bool* missed) {
+// Runs the installed SCM on `args`. Returns nullptr with *rc_out set to TRT_MISS when no guard
+// holds, or to TRT_CAPTURE when the matching specialization wants its CUDA graph captured first.
+PyObject* run_scm(Dispatcher* self, PyObject* args, int* rc_out) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(args, a, n, &env);
+  env.graphs = self->graphs;
   trt_result result;
   result.nouts = 0;
   int rc;
@@ -430,8 +464,8 @@ PyObject* run_scm(Dispatcher* self, PyObject* args, bool* missed) {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
     rc = self->call(a, static_cast<int32_t>(n), &env, &result);
   }
-  *missed = rc == TRT_MISS;
-  if (rc == TRT_MISS) return nullptr;
+  *rc_out = rc;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE) return nullptr;
   if (rc == TRT_ERROR) {
     PyErr_SetString(TridentError, g_error.c_str());
     return nullptr;
@@ -444,11 +478,13 @@ PyObject* run_scm(Dispatcher* self, PyObject* args, bool* missed) {
 }
 
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
-  bool missed = true;
+  int rc = TRT_MISS;
   if (!(kwargs && PyDict_GET_SIZE(kwargs)) && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS &&
       self->call && globals_unchanged(self)) {
-    PyObject* out = run_scm(self, args, &missed);
-    if (!missed) {
+    PyObject* out = run_scm(self, args, &rc);
+    if (rc == TRT_CAPTURE)
+      return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "(O)", args);
+    if (rc != TRT_MISS) {
       if (out) ++self->hits;
       return out;
     }
@@ -458,11 +494,13 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
+// A specialization that wants its CUDA graph captured runs its launch sequence instead.
 PyObject* Dispatcher_run(Dispatcher* self, PyObject* args) {
-  bool missed = true;
+  int rc = TRT_MISS;
   PyObject* out = (self->call && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS)
-                      ? run_scm(self, args, &missed) : nullptr;
-  if (missed) PyErr_SetString(TridentError, "no specialization accepts these arguments");
+                      ? run_scm(self, args, &rc) : nullptr;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE)
+    PyErr_SetString(TridentError, "no specialization accepts these arguments");
   return out;
 }
 
@@ -493,6 +531,52 @@ PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
   Py_RETURN_NONE;
 }
 
+// _reset_graphs(n): n empty CUDA graph slots (a new SCM is being installed).
+PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg) {
+  Py_ssize_t n = PyLong_AsSsize_t(arg);
+  if (n < 0) return PyErr_Occurred() ? nullptr : PyErr_Format(PyExc_ValueError, "n < 0");
+  free_graphs(self);
+  self->graphs = static_cast<trt_graph*>(std::calloc(n ? n : 1, sizeof(trt_graph)));
+  if (!self->graphs) return PyErr_NoMemory();
+  self->num_graphs = n;
+  Py_RETURN_NONE;
+}
+
+// _set_graph(index, state, recaptures=0, desc=None): desc is bytes of int64 words.
+PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args) {
+  Py_ssize_t index;
+  int state, recaptures = 0;
+  PyObject* desc = Py_None;
+  if (!PyArg_ParseTuple(args, "ni|iO", &index, &state, &recaptures, &desc)) return nullptr;
+  if (index < 0 || index >= self->num_graphs)
+    return PyErr_Format(PyExc_IndexError, "no graph slot %zd", index);
+  int64_t* copy = nullptr;
+  if (desc != Py_None) {
+    char* data;
+    Py_ssize_t size;
+    if (PyBytes_AsStringAndSize(desc, &data, &size) < 0) return nullptr;
+    copy = static_cast<int64_t*>(std::malloc(size ? size : 1));
+    if (!copy) return PyErr_NoMemory();
+    std::memcpy(copy, data, size);
+  } else if (state == TRT_GRAPH_READY) {
+    return PyErr_Format(PyExc_ValueError, "a ready graph needs a descriptor");
+  }
+  trt_graph& g = self->graphs[index];
+  std::free(g.desc);
+  g.desc = copy;
+  g.state = state;
+  g.recaptures_left = recaptures;
+  g.bound = 0;
+  Py_RETURN_NONE;
+}
+
+// _graph_replays() -> int: CUDA graph replays of this function, all SCMs it had included.
+PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*) {
+  long long total = self->replays_before;
+  for (Py_ssize_t i = 0; i < self->num_graphs; ++i) total += self->graphs[i].replays;
+  return PyLong_FromLongLong(total);
+}
+
 // _match(*args) -> int: the specialization the native guards pick, or -1. For tests and explain.
 PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -518,6 +602,12 @@ PyMethodDef Dispatcher_methods[] = {
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
      "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
+    {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_O,
+     "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
+    {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
+     "_set_graph(index, state, recaptures=0, desc=None): a specialization's CUDA graph."},
+    {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
+     "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},

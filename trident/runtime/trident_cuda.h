@@ -43,6 +43,8 @@ static struct {
   CUresult (*func_set_attribute)(CUfunction, CUfunction_attribute, int);
   CUresult (*launch_kernel_ex)(const CUlaunchConfig*, CUfunction, void**, void**);
   CUresult (*get_error_string)(CUresult, const char**);
+  CUresult (*graph_launch)(CUgraphExec, CUstream);
+  CUresult (*memcpy_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 } trt_cu;
 
 static char trt_cuda_message[256];
@@ -79,6 +81,8 @@ static int trt_cuda_load(void) {
   TRT_SYM(func_set_attribute, "cuFuncSetAttribute")
   TRT_SYM(launch_kernel_ex, "cuLaunchKernelEx")
   TRT_SYM(get_error_string, "cuGetErrorString")
+  TRT_SYM(graph_launch, "cuGraphLaunch")
+  TRT_SYM(memcpy_async, "cuMemcpyAsync")
 #undef TRT_SYM
   trt_cu.loaded = 1;
   return 0;
@@ -172,6 +176,118 @@ static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx,
     trt_cu.ctx_pop(&ignored);
   }
   return failed;
+}
+
+/* ---- CUDA graph replay (Note [CUDA graphs] in trident/graphs.py) ----------------------- */
+
+/* trt_graph_replay's answers */
+enum { TRT_GRAPH_NONE = 0, TRT_GRAPH_REPLAYED = 1, TRT_GRAPH_CAPTURE = 2, TRT_GRAPH_FAILED = 3 };
+
+static inline int trt_graph_error(const char* what) {
+  snprintf(trt_cuda_message, sizeof(trt_cuda_message), "%s", what);
+  return TRT_GRAPH_FAILED;
+}
+
+static inline int trt_ranges_overlap(uintptr_t a, int64_t an, uintptr_t b, int64_t bn) {
+  return an > 0 && bn > 0 && a < b + (uintptr_t)bn && b < a + (uintptr_t)an;
+}
+
+/* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
+ * guards held: copy in, launch, copy written inputs back, copy the outputs into new tensors.
+ * Returns TRT_GRAPH_NONE when the graph does not apply to this call (none captured, an input at
+ * a new address, another stream, a copied input overlapping another where either may be
+ * written): the caller then runs the launch sequence. */
+static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, const trt_api* rt,
+                                   trt_result* out) {
+  if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
+  if (g->state == TRT_GRAPH_PENDING) return TRT_GRAPH_CAPTURE;
+  const int64_t* d = g->desc;
+  CUgraphExec exec = (CUgraphExec)(uintptr_t)d[0];
+  int device = (int)d[1], ninputs = (int)d[2], noutputs = (int)d[3];
+  const int64_t* in = d + 4;
+  void* stream;
+  if (rt->cuda_stream(device, &stream)) return trt_graph_error("cannot read the current stream");
+  if (g->bound && stream != g->stream) return TRT_GRAPH_NONE;
+  for (int i = 0; i < ninputs; ++i) {
+    const int64_t* x = in + 5 * i;
+    if (x[1] == TRT_GRAPH_BY_POINTER && (uintptr_t)a[x[0]].data_ptr != (uintptr_t)x[2]) {
+      if (g->recaptures_left > 0) {
+        --g->recaptures_left;
+        g->state = TRT_GRAPH_PENDING;
+      }
+      return TRT_GRAPH_NONE;
+    }
+  }
+  for (int i = 0; i < ninputs; ++i) {  /* a copy must not hide a write through another input */
+    const int64_t* x = in + 5 * i;
+    if (x[1] != TRT_GRAPH_COPY_IN) continue;
+    for (int j = 0; j < ninputs; ++j) {
+      const int64_t* y = in + 5 * j;
+      if (j != i && (x[4] || y[4]) &&
+          trt_ranges_overlap((uintptr_t)a[x[0]].data_ptr, x[3], (uintptr_t)a[y[0]].data_ptr, y[3]))
+        return TRT_GRAPH_NONE;
+    }
+  }
+  if (trt_cuda_load()) return TRT_GRAPH_FAILED;
+  int pushed, failed = TRT_GRAPH_REPLAYED;
+  CUresult rc;
+  if (trt_cuda_enter(device, &pushed)) return TRT_GRAPH_FAILED;
+  for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {
+    const int64_t* x = in + 5 * i;
+    if (x[1] == TRT_GRAPH_COPY_IN && x[3] > 0 &&
+        (rc = trt_cu.memcpy_async((CUdeviceptr)x[2], (CUdeviceptr)a[x[0]].data_ptr, (size_t)x[3],
+                                  (CUstream)stream)))
+      failed = trt_cuda_fail("cuMemcpyAsync (graph input)", rc) ? TRT_GRAPH_FAILED : failed;
+  }
+  if (failed == TRT_GRAPH_REPLAYED && (rc = trt_cu.graph_launch(exec, (CUstream)stream)))
+    failed = trt_cuda_fail("cuGraphLaunch", rc) ? TRT_GRAPH_FAILED : failed;
+  for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {  /* writes reach the caller */
+    const int64_t* x = in + 5 * i;
+    if (x[1] == TRT_GRAPH_COPY_IN && x[4] && x[3] > 0 &&
+        (rc = trt_cu.memcpy_async((CUdeviceptr)a[x[0]].data_ptr, (CUdeviceptr)x[2], (size_t)x[3],
+                                  (CUstream)stream)))
+      failed = trt_cuda_fail("cuMemcpyAsync (graph input, back)", rc) ? TRT_GRAPH_FAILED : failed;
+  }
+  const int64_t* o = in + 5 * ninputs;
+  int k = 0;
+  for (; k < noutputs && failed == TRT_GRAPH_REPLAYED; ++k) {
+    int32_t tag = (int32_t)*o++;
+    out->outs[k].tag = tag;
+    out->outs[k].len = 0;
+    if (tag != TRT_TENSOR) {
+      out->outs[k].u.i = *o++; /* an int, a bool, or a float's bits; unused for None */
+      continue;
+    }
+    int64_t src = o[0], bytes = o[1];
+    int32_t dtype = (int32_t)o[2], dim = (int32_t)o[3];
+    trt_tensor* t = rt->empty_strided(dim, o + 4, o + 4 + dim, dtype, device);
+    o += 4 + 2 * dim;
+    if (!t) {
+      failed = trt_graph_error("cannot allocate a graph output");
+      break;
+    }
+    out->outs[k].u.t = t;
+    if (bytes > 0 && (rc = trt_cu.memcpy_async((CUdeviceptr)rt->data_ptr(t), (CUdeviceptr)src,
+                                               (size_t)bytes, (CUstream)stream))) {
+      failed = trt_cuda_fail("cuMemcpyAsync (graph output)", rc) ? TRT_GRAPH_FAILED : failed;
+      ++k;
+      break;
+    }
+  }
+  if (pushed) {
+    CUcontext ignored;
+    trt_cu.ctx_pop(&ignored);
+  }
+  if (failed != TRT_GRAPH_REPLAYED) {
+    for (int i = 0; i < k; ++i)
+      if (out->outs[i].tag == TRT_TENSOR && out->outs[i].u.t) rt->release(out->outs[i].u.t);
+    return failed;
+  }
+  out->nouts = noutputs;
+  g->bound = 1;
+  g->stream = stream;
+  ++g->replays;
+  return TRT_GRAPH_REPLAYED;
 }
 
 #endif /* TRIDENT_CUDA_H */

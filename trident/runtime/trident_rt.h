@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 1
+#define TRT_ABI_VERSION 2
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -96,6 +96,26 @@ typedef struct trt_result {
   trt_value outs[TRT_MAX_OUTS];
 } trt_result;
 
+/* One specialization's CUDA graph (Note [CUDA graphs] in trident/graphs.py). Owned by the
+ * function's Dispatcher, not by the SCM: two functions built from the same source share one SCM.
+ * `desc` (int64 words, written by graphs.py):
+ *   exec, device, ninputs, noutputs,
+ *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / TRT_GRAPH_COPY_IN), pointer the graph
+ *                      reads, bytes, 1 if the function may write it (copied back),
+ *   per output:        tag (trt_tag); a tensor: source pointer, bytes, dtype, dim, sizes[dim],
+ *                      strides[dim]; an int/float/bool/None: its value (a float's bits). */
+typedef struct trt_graph {
+  int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
+  int32_t recaptures_left; /* a by-pointer input at a new address asks for one more capture */
+  int32_t bound;           /* replays stay on the stream of the first one */
+  void* stream;
+  int64_t replays;
+  int64_t* desc;
+} trt_graph;
+
+enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
+enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1 };
+
 /* Call-wide state read once per call. */
 typedef struct trt_env {
   int32_t grad_enabled;
@@ -104,6 +124,7 @@ typedef struct trt_env {
   int32_t aliased;        /* one tensor object is passed in two argument positions */
   int32_t default_dtype;  /* torch.get_default_dtype() as a c10::ScalarType */
   int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
+  trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
 /* The runtime's services, handed to an SCM once by scm_init(). */
@@ -125,6 +146,10 @@ typedef struct trt_api {
   int (*python_callback)(int64_t callback_id, const trt_value* args, int32_t nargs);
   /* Prefix the pending error with where it happened (the user's source line). */
   void (*set_error)(const char* where, const char* message);
+  /* A new, uninitialized CUDA tensor (at::empty_strided): a CUDA graph's outputs are copied
+   * into these (Note [CUDA graphs] in trident/graphs.py). NULL on failure. */
+  trt_tensor* (*empty_strided)(int32_t dim, const int64_t* sizes, const int64_t* strides,
+                               int32_t dtype, int32_t device_index);
 } trt_api;
 
 /* Operand constructors used by generated launch sequences. */
@@ -156,6 +181,7 @@ typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env
                                trt_result* result);
 #define TRT_MISS (-1)
 #define TRT_ERROR (-2)
+#define TRT_CAPTURE (-3) /* guards hold, and the specialization wants its CUDA graph captured */
 
 #ifdef __cplusplus
 }

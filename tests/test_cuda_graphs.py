@@ -1,0 +1,201 @@
+"""CUDA-graph replay of CUDA specializations (Note [CUDA graphs]; skipped without CUDA).
+
+Every call is compared with eager PyTorch bit for bit; the counters say whether a graph was
+captured and replayed.
+"""
+
+import sys
+
+import pytest
+import torch
+
+import trident
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+
+@triton.jit
+def scale_inplace_kernel(x_ptr, n, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+             mask=mask)
+
+
+def mlp(x, w1, w2):
+    out = torch.empty_like(x)
+    add_kernel[(triton.cdiv(x.numel(), 256),)](x, x, out, x.numel(), BLOCK=256)
+    return torch.relu(out @ w1) @ w2, out.sum()
+
+
+def weights(d=64):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return (torch.randn(d, 2 * d, device="cuda", generator=g),
+            torch.randn(2 * d, d, device="cuda", generator=g))
+
+
+def assert_equal(got, want):
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_same_arguments_replay_and_results_survive_later_calls():
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    kept = []
+    for i in range(6):
+        x.mul_(1.5)  # new values at the same address: the graph reads them at replay
+        kept.append((f(x, w1, w2), mlp(x, w1, w2)))
+    for got, want in kept:  # each call's outputs are its own tensors
+        assert_equal(got, want)
+    s = f.stats
+    assert (s.misses, s.compiles, s.hits, s.graph_captures, s.graph_replays) == (1, 1, 5, 1, 5)
+
+
+def test_new_input_each_call_is_copied_in():
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    for _ in range(5):
+        x = torch.randn(8, 64, device="cuda")
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    s = f.stats
+    assert (s.graph_captures, s.graph_replays) == (1, 4)
+
+
+def test_argument_moving_after_capture_recaptures_once():
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    for _ in range(3):
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    for _ in range(4):
+        y = torch.randn(8, 64, device="cuda")  # by pointer until now: one step-by-step call
+        assert_equal(f(y, w1, w2), mlp(y, w1, w2))
+    s = f.stats
+    assert (s.graph_captures, s.graph_replays, s.hits) == (2, 2 + 3, 6)
+
+
+def scale_(x, s: float):
+    scale_inplace_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), s, BLOCK=256)
+    return x * 2
+
+
+def test_written_argument_by_pointer_replays_and_writes_the_caller_tensor():
+    f = trident.jit(scale_)
+    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+    ref = x.clone()
+    for _ in range(4):
+        out = f(x, 0.5)
+        ref = ref * 0.5
+        assert torch.equal(x, ref) and torch.equal(out, ref * 2)
+    assert (f.stats.graph_captures, f.stats.graph_replays) == (1, 3)
+
+
+def test_written_argument_at_new_addresses_is_copied_in_and_back():
+    f = trident.jit(scale_)
+    for _ in range(4):
+        x = torch.randn(1000, device="cuda")
+        ref = x * 0.5
+        out = f(x, 0.5)
+        assert torch.equal(x, ref) and torch.equal(out, ref * 2)
+    assert (f.stats.graph_captures, f.stats.graph_replays, f.stats.hits) == (1, 3, 3)
+
+
+def scale_both_(x, y, s: float):
+    scale_inplace_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), s, BLOCK=256)
+    return y + 1
+
+
+def test_copied_in_argument_overlapping_a_written_one_runs_step_by_step():
+    f = trident.jit(scale_both_)
+    base = torch.randn(2048, device="cuda")
+    for _ in range(2):  # x by pointer, y copied in (a new tensor each call)
+        y = torch.randn(1024, device="cuda")
+        f(base[:1024], y, 2.0)
+    assert f.stats.graph_captures == 1
+    replays = f.stats.graph_replays
+    ref = base.clone()
+    ref[:1024] *= 2
+    out = f(base[:1024], base[512:1536], 2.0)  # y overlaps x, which the kernel writes
+    assert torch.equal(base, ref) and torch.equal(out, ref[512:1536] + 1)
+    assert f.stats.graph_replays == replays
+
+
+def returns_argument(x):
+    return x, x + 1
+
+
+def test_output_that_is_an_argument_keeps_aliasing():
+    f = trident.jit(returns_argument)
+    x = torch.randn(16, device="cuda")
+    for _ in range(4):
+        a, b = f(x)
+        assert a.data_ptr() == x.data_ptr() and torch.equal(b, x + 1)
+    assert f.stats.graph_captures == 0
+
+
+def noisy(x):
+    return x + torch.rand_like(x)
+
+
+def test_random_ops_are_not_replayed():
+    f = trident.jit(noisy)
+    x = torch.zeros(1024, device="cuda")
+    outs = [f(x) for _ in range(4)]
+    assert f.stats.graph_captures == 0
+    assert not torch.equal(outs[2], outs[3])
+
+
+def test_graphs_can_be_turned_off():
+    f = trident.jit(mlp, cuda_graphs=False)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    for _ in range(4):
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    assert (f.stats.graph_captures, f.stats.graph_replays, f.stats.hits) == (0, 0, 3)
+
+
+def test_replay_runs_no_python_and_other_streams_run_step_by_step():
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    f(x, w1, w2)
+    f(x, w1, w2)
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame) if event == "call" else None)
+    try:
+        for _ in range(200):
+            f(x, w1, w2)
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    replays = f.stats.graph_replays
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = f(x, w1, w2)
+    stream.synchronize()
+    assert_equal(got, mlp(x, w1, w2))
+    assert f.stats.graph_replays == replays
+
+
+def test_cached_module_warms_up_then_captures():
+    # a second JitFunction of the same code loads the cached module and captures its own graph
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    trident.jit(mlp)(x, w1, w2)
+    g = trident.jit(mlp)
+    for _ in range(3):
+        assert_equal(g(x, w1, w2), mlp(x, w1, w2))
+    assert (g.stats.compiles, g.stats.graph_captures, g.stats.graph_replays) == (0, 1, 2)

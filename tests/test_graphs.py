@@ -1,0 +1,101 @@
+"""Which specializations get a CUDA graph, and what their replays must not copy (Note [CUDA
+graphs]). Decided from the plan and guards, so it is tested on the CPU; replays run in
+tests/test_cuda_graphs.py on the GPU machine."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import trident
+from trident import build, codegen, graphs, runtime
+
+
+def spec_of(fn, *args):
+    f = trident.jit(fallback=False, cuda_graphs=False)(fn)
+    f(*args)
+    return f._specs[f._match(*args)]
+
+
+def on_cuda(spec):
+    """The same specialization as if its tensors were on cuda:0 (guards only)."""
+    spec = copy.deepcopy(spec)
+    spec.guards = [dataclasses.replace(g, value=1) if g.field == "device_type" else
+                   dataclasses.replace(g, value=0) if g.field == "device_index" else g
+                   for g in spec.guards]
+    return spec
+
+
+def reads_only(x, w):
+    return torch.relu(x @ w).t()
+
+
+def writes_first(x, y):
+    x.add_(1)
+    return x * y
+
+
+def writes_through_a_view(x, y):
+    x[0].mul_(2)
+    y.t().contiguous().neg_()  # a copy: y itself is not written
+    return x + 1
+
+
+def writes_via_out(x, y):
+    torch.add(y, 1, out=x)
+    return y * 2
+
+
+def test_written_args_follow_in_place_ops_views_and_out_arguments():
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    assert graphs.written_args(spec_of(reads_only, x, y).plan) == set()
+    assert graphs.written_args(spec_of(writes_first, x.clone(), y).plan) == {0}
+    assert graphs.written_args(spec_of(writes_through_a_view, x.clone(), y).plan) == {0}
+    assert graphs.written_args(spec_of(writes_via_out, x.clone(), y).plan) == {0}
+
+
+def noisy(x):
+    return x + torch.randn_like(x)
+
+
+def test_graph_device_needs_cuda_tensors_and_no_random_ops():
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    spec = spec_of(reads_only, x, w)
+    assert graphs.graph_device(spec) is None  # CPU tensors
+    assert graphs.graph_device(on_cuda(spec)) == 0
+    assert graphs.graph_device(on_cuda(spec_of(noisy, x))) is None  # randn_like draws RNG
+    twice = on_cuda(spec_of(reads_only, x, x))  # one tensor in two positions
+    assert graphs.graph_device(twice) is None
+
+
+def test_graph_code_builds_without_a_gpu(tmp_path):
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    cpu, cuda = spec_of(reads_only, x, w), on_cuda(spec_of(reads_only, x, w))
+    source = codegen.render([cpu, cuda], "reads_only").source
+    # only the CUDA specialization (index 1) tries its graph slot before its launch sequence
+    assert source.count("trt_graph_replay(") == 1
+    assert "trt_graph_replay(env->graphs ? &env->graphs[1] : NULL, a, rt, out)" in source
+    module = build.build(source, tmp_path / "graph-build")
+    assert module.lib.scm_init(runtime.load().api_address()) == 0
+
+
+def test_graph_slots_belong_to_the_function():
+    f = trident.jit(reads_only)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    f(x, w)
+    f._set_graph(0, graphs.PENDING)
+    with pytest.raises(IndexError):
+        f._set_graph(1, graphs.PENDING)  # one slot per specialization
+    with pytest.raises(ValueError, match="descriptor"):
+        f._set_graph(0, graphs.READY)
+    f._set_graph(0, graphs.OFF)
+    assert f._graph_replays() == 0 and torch.equal(f(x, w), reads_only(x, w))
+
+
+def test_cpu_only_module_has_no_graph_code(tmp_path):
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    source = codegen.render([spec_of(reads_only, x, w)], "reads_only").source
+    assert "trt_graph" not in source and "trident_cuda.h" not in source

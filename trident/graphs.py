@@ -1,0 +1,230 @@
+"""CUDA graphs: a CUDA specialization's launch sequence, captured once, replayed after its guards.
+
+Note [CUDA graphs]: on a hit, a CUDA specialization's cost is its host work: one boxed dispatcher
+call or driver launch per step, ~3-5 µs each on the H200 machine (docs/benchmarks.md). Replaying
+a CUDA graph of the same sequence costs one ``cuGraphLaunch``. So each specialization whose
+sequence can be captured is:
+
+1. run normally on its first call in the process (the warm-up: cuBLAS handles, cubins loaded);
+2. captured on its second call (``torch.cuda.graph``, a private memory pool), then replayed by
+   the SCM (``trt_graph_replay`` in runtime/trident_cuda.h) on every hit whose guards hold.
+
+A graph bakes in the addresses it reads and writes, so the SCM checks them before replaying:
+
+- a tensor argument at the same address in both calls is read *by pointer*: a replay needs the
+  call's argument at that address (weights, KV caches, static input buffers);
+- one whose address changed is *copied in*: the graph reads a buffer of its own, and a replay
+  first copies the argument there (``cuMemcpyAsync``, same stream). A by-pointer argument later
+  seen at a new address makes that call run the launch sequence and asks for a new capture, at
+  most ``RECAPTURES`` times per specialization.
+- a copied-in argument that the function may write (passed to a Triton launch, or to an ATen
+  op's mutable ``Tensor(a!)`` argument, directly or through a view) is copied back after the
+  replay, so the caller's tensor holds what eager PyTorch would have written. A call where a
+  copied-in argument overlaps another argument and either may be written runs the launch
+  sequence (a copy would hide the write).
+- each output is copied from the graph's static output into a new tensor (same sizes, strides),
+  so a caller may keep results across calls as with eager PyTorch.
+
+Replays stay on the stream of the first replay (another stream runs the launch sequence: the
+graph's buffers are not shared across streams). Not captured, so always run step by step:
+specializations with a CPU tensor argument, a tensor passed twice, an op that draws random
+numbers (``torch.cuda.CUDAGraph.replay`` advances the Philox offset; a raw ``cuGraphLaunch`` would
+repeat the numbers), an output that is an argument or shares storage with one or with another
+output, a non-dense output, or a capture that fails (an op that synchronizes, as ``.item()``).
+``TRIDENT_CUDA_GRAPHS=0`` or ``trident.jit(cuda_graphs=False)`` turns graphs off.
+
+Facts used: ``torch.cuda.CUDAGraph.raw_cuda_graph_exec()`` (torch >= 2.9) gives the
+``cudaGraphExec_t``, the same handle as the driver's ``CUgraphExec``; ``CUDAGraph.replay`` in
+PyTorch 2.11 is the RNG prologue followed by ``cudaGraphLaunch`` on the current stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from .guards import dtype_codes
+from .plan import Plan, _schema
+
+RECAPTURES = 2
+OFF, PENDING, READY = 0, 1, 2  # trt_graph.state in runtime/trident_cuda.h
+BY_POINTER, COPY_IN = 0, 1
+_TAGS = {"none": 0, "tensor": 1, "int": 2, "float": 3, "bool": 4}  # trt_tag in trident_rt.h
+
+
+def graph_device(spec) -> int | None:
+    """The CUDA device whose graph could replay ``spec``'s sequence, or None when the sequence
+    must run step by step (Note [CUDA graphs]: a CPU or no tensor argument, a tensor passed
+    twice, an interpreted launch, an op that draws random numbers)."""
+    facts: dict[str, set] = {}
+    for g in spec.guards:
+        if g.field in ("device_type", "device_index", "aliased"):
+            facts.setdefault(g.field, set()).add(g.value)
+    if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1 \
+            or facts.get("aliased") != {False}:
+        return None
+    for step in spec.plan.steps:
+        if step.op == "triton":
+            if "binary" not in step.launch:
+                return None
+        elif _draws_random(step.op, step.overload):
+            return None
+    return next(iter(facts["device_index"]))
+
+
+def _draws_random(op: str, overload: str) -> bool:
+    """PyTorch tags every op that consumes RNG state ``nondeterministic_seeded``."""
+    namespace, name = op.split("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return torch.Tag.nondeterministic_seeded in getattr(packet, overload or "default").tags
+    except AttributeError:
+        return True  # unknown: assume it does
+
+
+def written_args(plan: Plan) -> set[int]:
+    """Argument indices the sequence may write: passed, or a view of them, to a Triton launch
+    (any pointer may be stored through) or to an ATen argument annotated ``Tensor(a!)``."""
+    views: dict[tuple[str, int], set[int]] = {}  # ("val" | "list", id) -> arguments it views
+
+    def sources(o: dict) -> set[int]:
+        if o["k"] == "arg":
+            return {o["i"]}
+        if o["k"] == "val":
+            return views.get(("val", o["i"]), set())
+        if o["k"] == "item":
+            return views.get(("list", o["list"]), set())
+        if o["k"] in ("tensors", "opt_tensors"):
+            return set().union(*(sources(item) for item in o["v"]))
+        return set()
+
+    written: set[int] = set()
+    for step in plan.steps:
+        if step.op == "triton":
+            for o in step.args:
+                written |= sources(o)
+            continue
+        schema = _schema(step.op, step.overload)
+        pairs = list(zip(schema.arguments, step.args))
+        for a, o in pairs:
+            if a.alias_info is not None and a.alias_info.is_write:
+                written |= sources(o)
+        for ret, r in zip(schema.returns, step.results):
+            if ret.alias_info is None or r["k"] not in ("val", "list"):
+                continue
+            alias = ret.alias_info.before_set
+            views[(r["k"], r["i"])] = set().union(*(
+                sources(o) for a, o in pairs
+                if a.alias_info is not None and a.alias_info.before_set & alias))
+    return written
+
+
+@dataclasses.dataclass
+class Captured:
+    """A specialization's graph and everything its replays read: the graph (and its memory
+    pool), the copy-in buffers, the static outputs, and the descriptor the SCM replays from."""
+
+    graph: torch.cuda.CUDAGraph
+    statics: dict[int, torch.Tensor]
+    outputs: list
+    pointers: dict[int, int]  # by-pointer argument -> the address the graph reads
+    desc: list[int]
+
+
+def pointers(args: tuple) -> dict[int, int]:
+    return {i: a.data_ptr() for i, a in enumerate(args) if type(a) in (torch.Tensor,
+                                                                       torch.nn.Parameter)}
+
+
+def _span(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element (strides are >= 0)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: one memcpy of ``_span(t)`` bytes copies every element."""
+    import torch._prims_common as prims  # the name changed across torch 2.11-2.13
+
+    check = getattr(prims, "is_non_overlapping_and_dense", None) or \
+        prims.is_non_overlapping_and_dense_or_false
+    return bool(check(t))
+
+
+def _flat_outputs(result, spec_text: str) -> list:
+    """The output values in the order the SCM returns them (Note [Output spec])."""
+    flat, pos = [], 0
+
+    def walk(obj):
+        nonlocal pos
+        c = spec_text[pos]
+        pos += 1
+        if c == "v":
+            flat.append(obj)
+        elif c in "([":
+            for item in obj:
+                walk(item)
+            pos += 1  # the closing bracket
+
+    walk(result)
+    return flat
+
+
+def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | str:
+    """Capture ``run(*args)`` (the SCM's launch sequence for ``spec``) into a CUDA graph.
+
+    ``moved``: tensor arguments whose address changed since the last call: copied in.
+    Returns the captured graph, or why the specialization runs without one.
+    """
+    written = written_args(spec.plan)
+    for i in moved:
+        if not _dense(args[i]):
+            return f"argument {i} changed address and is not dense"
+    statics = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
+                                      device=args[i].device) for i in moved}
+    for i, buffer in statics.items():
+        buffer.copy_(args[i])
+    capture_args = tuple(statics.get(i, a) for i, a in enumerate(args))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device):
+        with torch.cuda.graph(graph):
+            result = run(*capture_args)
+    outputs = _flat_outputs(result, spec.plan.out_spec)
+
+    storages = {a.untyped_storage().data_ptr() for a in capture_args
+                if isinstance(a, torch.Tensor)}
+    desc_out: list[int] = []
+    for k, (o, value) in enumerate(zip(spec.plan.outputs, outputs)):
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage().data_ptr()
+            if o["k"] != "val" or storage in storages:
+                return f"output {k} is or shares memory with an argument or another output"
+            if not _dense(value) or value.device != torch.device("cuda", device):
+                return f"output {k} is not a dense tensor on cuda:{device}"
+            storages.add(storage)
+            desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),
+                         dtype_codes()[value.dtype], value.dim(), *value.shape, *value.stride()]
+        elif value is None:
+            desc_out += [_TAGS["none"], 0]
+        elif isinstance(value, bool):
+            desc_out += [_TAGS["bool"], int(value)]
+        elif isinstance(value, int):
+            desc_out += [_TAGS["int"], value]
+        elif isinstance(value, float):
+            desc_out += [_TAGS["float"], struct.unpack("<q", struct.pack("<d", value))[0]]
+        else:
+            return f"output {k} is a {type(value).__name__}"
+
+    desc_in: list[int] = []
+    tensor_args = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    for i in tensor_args:
+        a = capture_args[i]
+        desc_in += [i, COPY_IN if i in statics else BY_POINTER, a.data_ptr(), _span(args[i]),
+                    int(i in written)]
+    desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs)]
+    return Captured(graph, statics, outputs,
+                    {i: args[i].data_ptr() for i in tensor_args if i not in statics},
+                    desc + desc_in + desc_out)
