@@ -91,7 +91,7 @@ def test_guards_are_commented_in_words():
 
 
 def test_one_module_holds_every_specialization():
-    jf = trident.jit(mlp)
+    jf = trident.jit(dynamic=False)(mlp)
     jf(*mlp_args())
     x2 = torch.randn(5, 4)
     jf(x2, *mlp_args()[1:])

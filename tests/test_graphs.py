@@ -71,6 +71,21 @@ def test_graph_device_needs_cuda_tensors_and_no_random_ops():
     assert graphs.graph_device(twice) is None
 
 
+def attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def attention_dropout(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+def test_attention_without_dropout_draws_no_random_numbers():
+    q = torch.randn(1, 2, 3, 8)
+    assert graphs.graph_device(on_cuda(spec_of(attention, q, q.clone(), q.clone()))) == 0
+    assert graphs.graph_device(on_cuda(spec_of(attention_dropout, q, q.clone(), q.clone()))) \
+        is None
+
+
 def test_graph_code_builds_without_a_gpu(tmp_path):
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     cpu, cuda = spec_of(reads_only, x, w), on_cuda(spec_of(reads_only, x, w))

@@ -216,7 +216,8 @@ def test_second_shape_is_a_second_specialization():
     c, d = randn(231, seed=7), randn(231, seed=8)
     assert torch.equal(f(a, b), a + b)
     assert torch.equal(f(c, d), c + d)
-    assert counts(f) == dict(hits=0, misses=2, compiles=2, fallbacks=0, traces=2, interpreted=2)
+    # traces: the second shape first tries a dynamic dim, which its Triton launch cannot take
+    assert counts(f) == dict(hits=0, misses=2, compiles=2, fallbacks=0, traces=3, interpreted=2)
     assert "size" in f.stats.miss_reasons[-1]
     assert len(f.specializations) == 2
     assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
@@ -225,7 +226,7 @@ def test_second_shape_is_a_second_specialization():
     # both served natively afterwards, each by its own specialization
     assert torch.equal(f(a, b), a + b)
     assert torch.equal(f(c, d), c + d)
-    assert counts(f) == dict(hits=2, misses=2, compiles=2, fallbacks=0, traces=2, interpreted=4)
+    assert counts(f) == dict(hits=2, misses=2, compiles=2, fallbacks=0, traces=3, interpreted=4)
 
 
 def two_launches(x, y):

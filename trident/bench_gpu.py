@@ -268,6 +268,103 @@ def make_decode_step(cfg):
     return decode_step
 
 
+def make_growing_step(cfg):
+    """The decode step with the KV caches as arguments: each step appends one position, so the
+    caches' length grows by one per token (Note [Automatic dynamic] in trident/jit.py).
+    Arguments: h, cos, sin, the per-layer weights (PER_LAYER without kc, vc), then the L key
+    caches and the L value caches; returns h and the new caches."""
+    from liger_kernel.transformers import functional as liger
+    F = torch.nn.functional
+    H, KV, HD, L = cfg["H"], cfg["KV"], cfg["HD"], cfg["L"]
+    per_layer = len(PER_LAYER) - 2
+
+    def growing_step(h, cos, sin, *params):
+        weights, kcs, vcs = params[:per_layer * L], params[per_layer * L:-L], params[-L:]
+        new_k, new_v = [], []
+        for layer in range(L):
+            p = dict(zip(PER_LAYER, weights[layer * per_layer:(layer + 1) * per_layer]))
+            r = h
+            x = liger.liger_rms_norm(h, p["ln1"], 1e-6)
+            q = F.linear(x, p["wq"]).view(1, 1, H, HD).transpose(1, 2)
+            k = F.linear(x, p["wk"]).view(1, 1, KV, HD).transpose(1, 2)
+            v = F.linear(x, p["wv"]).view(1, 1, KV, HD).transpose(1, 2)
+            q, k = liger.liger_rope(q.contiguous(), k.contiguous(), cos, sin)
+            kc = torch.cat([kcs[layer], k], dim=2)
+            vc = torch.cat([vcs[layer], v], dim=2)
+            a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+            h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
+            x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
+            h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
+                             p["wd"])
+            new_k.append(kc)
+            new_v.append(vc)
+        return (h, *new_k, *new_v)
+
+    return growing_step
+
+
+def growing_model(cfg):
+    """(weights without the caches, cos, sin) for ``make_growing_step``."""
+    weights, cos, sin = build_model(cfg, ctx=1)
+    keep = len(PER_LAYER) - 2
+    return [w for i, w in enumerate(weights) if i % len(PER_LAYER) < keep], cos, sin
+
+
+def initial_caches(cfg, length=1, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    shape = (1, cfg["KV"], length, cfg["HD"])
+    return [(torch.randn(*shape, device="cuda", generator=g) * 0.02).to(dtype)
+            for _ in range(2 * cfg["L"])]
+
+
+def growing_kv(results, name="llama-3.2-1b-like", steps=512, save=lambda: None):
+    """Decode ``steps`` tokens with the KV length growing 1 -> ``steps``: per contender, the
+    median ms per token, the whole loop's seconds (compiles included) and whether the final
+    hidden state equals eager's."""
+    cfg = CONFIGS[name]
+    weights, cos, sin = growing_model(cfg)
+    step = make_growing_step(cfg)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tokens = [torch.randn(1, 1, cfg["D"], device="cuda", dtype=torch.bfloat16, generator=g)
+              for _ in range(steps)]
+    row = results.setdefault(f"{name} growing-KV decode, {steps} steps (ms/token)", {})
+
+    def run(label, fn):
+        print(f"growing KV: {label}", flush=True)
+        caches = initial_caches(cfg)
+        times = []
+        start = time.perf_counter()
+        with torch.no_grad():
+            for h in tokens:
+                t = time.perf_counter()
+                out, *caches = fn(h, cos, sin, *weights, *caches)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+        total = time.perf_counter() - start
+        row[label] = statistics.median(times) * 1e3
+        row[f"{label}_loop_s"] = total
+        return out
+
+    try:
+        want = run("eager", step)
+        jitted = trident.jit(step, fallback=False)
+        row["trident_equal"] = torch.equal(run("trident", jitted), want)
+        row["trident_stats"] = str(jitted.stats)
+        for label, kwargs in (("compile_dynamic", dict(dynamic=True)),
+                              ("compile_reduce-overhead", dict(mode="reduce-overhead",
+                                                               dynamic=True))):
+            torch._dynamo.reset()
+            try:
+                run(label, torch.compile(step, **kwargs))
+            except Exception:
+                row[f"{label}_error"] = traceback.format_exc()[-600:]
+            save()
+    except Exception:
+        row["error"] = traceback.format_exc()[-1500:]
+    print(row, flush=True)
+    save()
+
+
 def models(results, names, compile_modes=("default", "reduce-overhead"), save=lambda: None):
     for name in names:
         cfg = CONFIGS[name]
@@ -313,7 +410,8 @@ def table(results) -> str:
 
 
 def main(json_path: str | None = None, model_names=tuple(CONFIGS),
-         model_compile_modes=("default", "reduce-overhead"), micro_cases=True) -> dict:
+         model_compile_modes=("default", "reduce-overhead"), micro_cases=True,
+         growing_steps: int = 512) -> dict:
     results: dict = {}
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "triton": triton.__version__, "python": sys.version.split()[0]}
@@ -324,7 +422,8 @@ def main(json_path: str | None = None, model_names=tuple(CONFIGS),
                 json.dump({"env": env, "results": results}, f, indent=1, default=str)
 
     parts = ([micro] if micro_cases else []) + [
-        lambda r: models(r, model_names, model_compile_modes, save)]
+        lambda r: models(r, model_names, model_compile_modes, save)] + (
+        [lambda r: growing_kv(r, steps=growing_steps, save=save)] if growing_steps else [])
     for part in parts:
         try:
             part(results)
@@ -332,7 +431,10 @@ def main(json_path: str | None = None, model_names=tuple(CONFIGS),
             results.setdefault("errors", {})[str(part)] = traceback.format_exc()[-2000:]
             print(traceback.format_exc())
         save()
-    print(table({k: v for k, v in results.items() if k != "errors"}))
+    print(table({k: v for k, v in results.items() if k != "errors" and "growing" not in k}))
+    for k, v in results.items():
+        if "growing" in k:
+            print(k, json.dumps(v, default=str))
     return results
 
 

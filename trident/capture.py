@@ -50,6 +50,33 @@ class Capture:
     graph_module: fx.GraphModule
     out_spec: str
     out_leaves: list
+    # A trace with dynamic dims (Note [Symbolic sizes] in plan.py): the fake arguments (their
+    # sizes and strides are SymInts over the ShapeEnv's symbols) and the ShapeEnv, which holds
+    # the symbols' ranges and what the trace assumed about them.
+    fake_args: tuple | None = None
+    shape_env: Any = None
+
+
+def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
+    """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
+    1 stay static, as in torch.compile), the other dims static."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    fakes = []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            fakes.append(a)
+            continue
+        dims = dynamic.get(i, set())
+        context = StatelessSymbolicContext(dynamic_sizes=[
+            DimDynamic.DYNAMIC if d in dims and a.shape[d] >= 2 else DimDynamic.STATIC
+            for d in range(a.dim())])
+        fakes.append(mode.from_tensor(a, symbolic_context=context))
+    return tuple(fakes), shape_env
 
 
 def _user_frame() -> traceback.FrameSummary | None:
@@ -123,7 +150,15 @@ class _TritonLaunches:
 
         from .kernels import resolve_launch
 
+        symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+        if any(isinstance(v, symbolic) for v in (*args, *kwargs.values())) or (
+                not callable(grid) and any(isinstance(g, symbolic) for g in grid)):
+            raise TridentError("a Triton launch whose scalar arguments or grid depend on a "
+                               "dynamic dim is not supported yet")
         jit_fn, launch, tensors = resolve_launch(kernel, grid, args, kwargs, self.aligned)
+        if any(isinstance(g, symbolic) for g in launch.grid):
+            raise TridentError("a Triton launch whose grid depends on a dynamic dim is not "
+                               "supported yet")
         summary = _user_frame()
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))
@@ -151,8 +186,10 @@ class _TritonLaunches:
             cls.__getitem__ = original
 
 
-def trace(fn: Callable, args: tuple) -> Capture:
+def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
+
+    ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
@@ -171,9 +208,13 @@ def trace(fn: Callable, args: tuple) -> Capture:
                                       for leaf in leaves)
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
+    fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     try:
         with fx_traceback.preserve_node_meta(), _SourceLines(), launches:
-            gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+            # Fake mode either way: fake arguments with symbolic dims carry their own
+            # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
+            gm = make_fx(flat_forward, tracing_mode="fake",
+                         _allow_non_fake_inputs=True)(*(fake_args or args))
     except TridentError:
         raise
     except Exception as e:  # make_fx reports unsupported Python as many exception types
@@ -211,7 +252,7 @@ def trace(fn: Callable, args: tuple) -> Capture:
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
-    return Capture(gm, out_spec, out_leaves)
+    return Capture(gm, out_spec, out_leaves, fake_args, shape_env)
 
 
 def _spec_string(spec: pytree.TreeSpec) -> str | None:

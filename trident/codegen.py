@@ -19,6 +19,7 @@ import jinja2
 
 from .graphs import graph_device
 from .guards import c_int
+from .plan import INT_OPERATORS
 from .specialization import Specialization
 
 # Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
@@ -55,8 +56,9 @@ def c_comment(s: str) -> str:
 class CStep:
     """One step as the template prints it. ``kind``: ``aten`` (a boxed dispatcher call),
     ``aten_out`` (the same, writing into a reused buffer: Note [Buffer reuse] in plan.py),
-    ``cuda`` (a Triton launch through the driver) or ``callback`` (a Triton launch through
-    Triton's interpreter, in Python)."""
+    ``cuda`` (a Triton launch through the driver), ``callback`` (a Triton launch through
+    Triton's interpreter, in Python) or ``int`` (size arithmetic, its one statement in
+    ``locals``)."""
 
     kind: str
     where: str
@@ -164,6 +166,10 @@ class _SpecRenderer:
         if k == "floats":
             name = self.static_array("double", [c_float(v) for v in o["v"]])
             return f"TRT_FL({name}, {len(o['v'])})"
+        if k == "int_list":  # Note [Symbolic sizes] in plan.py: some items computed
+            name = f"il{len(self.locals)}"
+            self.locals.append(f"int64_t {name}[] = {{{', '.join(self.int_expr(i) for i in o['v'])}}};")
+            return f"TRT_IL({name}, {len(o['v'])})"
         if k in ("tensors", "opt_tensors"):
             name = f"t{len(self.locals)}"
             items = ", ".join(self.operand(item) for item in o["v"]) or "TRT_NONE_V"
@@ -171,6 +177,27 @@ class _SpecRenderer:
             macro = "TRT_TL" if k == "tensors" else "TRT_OTL"
             return f"{macro}({name}, {len(o['v'])})"
         raise ValueError(f"unknown operand {o}")
+
+    def int_expr(self, o: dict) -> str:
+        """An int operand as a C int64 expression."""
+        return c_int(o["v"]) if o["k"] == "int" else f"s[{o['i']}].u.i"
+
+    def int_step(self, s) -> CStep:
+        """Note [Symbolic sizes] in plan.py: size arithmetic in C."""
+        r = s.results[0]["i"]
+        if s.overload == "size":
+            (tensor, dim) = s.args
+            expr = f"a[{tensor['i']}].sizes[{dim['v']}]"
+        else:
+            x, y = (self.int_expr(a) for a in s.args)
+            expr = {"floordiv": f"trt_floordiv({x}, {y})", "remainder": f"trt_mod({x}, {y})"}.get(
+                s.overload, f"{x} {INT_OPERATORS[s.overload]} {y}")
+        lines = [f"s[{r}] = TRT_I({expr});"]
+        if s.overload in ("floordiv", "remainder"):
+            lines.insert(0, f"if ({self.int_expr(s.args[1])} == 0) {{ rt->set_error("
+                            f"{c_string(s.where + ' (' + s.overload + ')')}, \"integer division "
+                            f"by zero in a size expression\"); goto fail; }}")
+        return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
 
     def pointer(self, o: dict) -> str:
         """A tensor operand's data pointer, for a kernel parameter."""
@@ -230,6 +257,8 @@ class _SpecRenderer:
     def step(self, index: int, s) -> CStep:
         if s.op == "triton":
             return self.triton(index, s)
+        if s.op == "int":
+            return self.int_step(s)
         self.locals = []
         args = [self.operand(a) for a in s.args]
         takes = []

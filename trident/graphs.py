@@ -65,23 +65,33 @@ def graph_device(spec) -> int | None:
     if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1 \
             or facts.get("aliased") != {False}:
         return None
+    if any(g.field == "sym" for g in spec.guards):  # symbolic sizes: one graph per shape
+        return None
     for step in spec.plan.steps:
         if step.op == "triton":
             if "binary" not in step.launch:
                 return None
-        elif _draws_random(step.op, step.overload):
+        elif step.op != "int" and _draws_random(step):
             return None
     return next(iter(facts["device_index"]))
 
 
-def _draws_random(op: str, overload: str) -> bool:
-    """PyTorch tags every op that consumes RNG state ``nondeterministic_seeded``."""
-    namespace, name = op.split("::")
+def _draws_random(step) -> bool:
+    """PyTorch tags every op that may consume RNG state ``nondeterministic_seeded``; of those,
+    attention with a ``dropout_p`` that is the constant 0 draws nothing (SDPA at inference)."""
+    namespace, name = step.op.split("::")
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
-        return torch.Tag.nondeterministic_seeded in getattr(packet, overload or "default").tags
+        op = getattr(packet, step.overload or "default")
     except AttributeError:
         return True  # unknown: assume it does
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    names = [a.name for a in op._schema.arguments]
+    if "dropout_p" in names and names.index("dropout_p") < len(step.args):
+        p = step.args[names.index("dropout_p")]
+        return not (p["k"] in ("float", "int") and p["v"] == 0)
+    return True
 
 
 def written_args(plan: Plan) -> set[int]:
@@ -102,6 +112,8 @@ def written_args(plan: Plan) -> set[int]:
 
     written: set[int] = set()
     for step in plan.steps:
+        if step.op == "int":
+            continue
         if step.op == "triton":
             for o in step.args:
                 written |= sources(o)

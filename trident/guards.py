@@ -113,6 +113,9 @@ class Guard:
     arg: int | None = None
     index: int | None = None
     float_value: bool = False  # "value" guards: compare float bit patterns
+    # "sym" guards (Note [Symbolic guards]): {"c": C, "py": Python, "text": words}, one
+    # condition over the arguments' sizes and strides; ``arg`` is the highest argument it reads.
+    expr: dict | None = None
 
     def actual(self, facts: list[dict], nargs: int, env: dict) -> Any:
         if self.field == "nargs":
@@ -120,6 +123,8 @@ class Guard:
         if self.arg is None:
             return env[self.field]
         f = facts[self.arg]
+        if self.field == "sym":
+            return _eval_sym(self.expr["py"], facts)
         if self.field == "same_as":  # the index of the argument this one is
             return self.value if f.get("id") == facts[self.value].get("id") else None
         if self.field in ("size", "stride"):
@@ -152,6 +157,7 @@ class Guard:
             "inference": lambda: f"{'' if v else '!'}({a}.flags & TRT_INFERENCE)",
             "value": lambda: f"trt_f64_bits({a}.f) == {v}ULL" if self.float_value else
             f"{a}.i == {c_int(v)}",
+            "sym": lambda: self.expr["c"],
         }[self.field]()
 
     def describe(self, names: list[str]) -> str:
@@ -178,12 +184,14 @@ class Guard:
             "inference": lambda: f"{who}.is_inference() is {v}",
             "value": lambda: f"{who} == {struct.unpack('<d', struct.pack('<Q', v))[0]!r}"
             if self.float_value else f"{who} == {v!r}",
+            "sym": lambda: self.expr["text"].format(*names) if names else self.expr["text"],
         }[self.field]()
 
 
-def guards_for(args: tuple) -> list[Guard]:
+def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> list[Guard]:
     """The guards that hold for ``args`` and the current grad mode and autocast state
-    (Note [Guard order])."""
+    (Note [Guard order]). With ``fake_args`` and ``shape_env`` (a trace with dynamic dims),
+    symbolic sizes and strides are guarded by Note [Symbolic guards] instead of by value."""
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
     guards = [Guard("nargs", len(args))]
@@ -192,9 +200,12 @@ def guards_for(args: tuple) -> list[Guard]:
     tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
     for i, f in tensors:
         guards += [Guard(k, f[k], i) for k in ("dtype", "device_type", "device_index", "dim")]
-    for i, f in tensors:
-        guards += [Guard("size", s, i, d) for d, s in enumerate(f["sizes"])]
-        guards += [Guard("stride", s, i, d) for d, s in enumerate(f["strides"])]
+    if fake_args is None:
+        for i, f in tensors:
+            guards += [Guard("size", s, i, d) for d, s in enumerate(f["sizes"])]
+            guards += [Guard("stride", s, i, d) for d, s in enumerate(f["strides"])]
+    else:
+        guards += symbolic_guards(fake_args, shape_env)
     first_seen: dict[int, int] = {}
     for i, f in tensors:  # the trace binds one tensor passed twice to one input
         if f["id"] in first_seen:
@@ -234,3 +245,111 @@ def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
         if not g.check(facts, len(args), env):
             return g
     return None
+
+
+# ---- Note [Symbolic guards] ------------------------------------------------------------------
+#
+# A specialization traced with dynamic dims (capture.py) holds for every call whose sizes and
+# strides satisfy what the trace knew and assumed about them:
+#   * each symbol's first appearance (argument i, size d) is its source; the guard is its range
+#     (``>= 2``: sizes 0 and 1 are specialized, as in torch.compile);
+#   * every other size or stride equals its expression over the sources (a contiguous tensor's
+#     ``stride(0) == size(1) * 16``; the same symbol in two places is an equality);
+#   * every guard the ShapeEnv recorded while tracing (``Eq(s0, s1)``, ``s0 < 100``).
+# Expressions are rendered from sympy to C (over ``a[i].sizes[d]``) and to Python (over the
+# argument facts) by the same walk, so both sides agree.
+
+
+def _eval_sym(py: str, facts: list[dict]) -> bool:
+    try:
+        return bool(eval(py, {"__builtins__": {}, "max": max, "min": min},
+                         {"S": lambda i, d: facts[i]["sizes"][d],
+                          "T": lambda i, d: facts[i]["strides"][d]}))
+    except (KeyError, IndexError, TypeError, ZeroDivisionError):
+        return False
+
+
+def _render(expr, sources: dict) -> tuple[str, str, str]:
+    """(C, Python, words) for a sympy expression over the source symbols."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    from .errors import TridentError
+
+    def r(e):
+        if isinstance(e, sympy.Integer) or e in (sympy.true, sympy.false):
+            v = int(bool(e)) if e in (sympy.true, sympy.false) else int(e)
+            return c_int(v), str(v), str(v)
+        if isinstance(e, sympy.Symbol):
+            if e not in sources:
+                raise TridentError(f"a guard reads the symbol {e}, which no argument size has")
+            return sources[e]
+        parts = [r(a) for a in e.args]
+
+        def join(op_c, op_py, op_text=None):
+            return tuple("(" + f" {op} ".join(p[k] for p in parts) + ")"
+                         for k, op in enumerate((op_c, op_py, op_text or op_py)))
+
+        if isinstance(e, sympy.Add):
+            return join("+", "+")
+        if isinstance(e, sympy.Mul):
+            return join("*", "*")
+        if isinstance(e, FloorDiv):
+            (ac, ap, at), (bc, bp, bt) = parts
+            return f"trt_floordiv({ac}, {bc})", f"({ap} // {bp})", f"({at} // {bt})"
+        if isinstance(e, (Mod, PythonMod, sympy.Mod)):
+            (ac, ap, at), (bc, bp, bt) = parts
+            return f"trt_mod({ac}, {bc})", f"({ap} % {bp})", f"({at} % {bt})"
+        relations = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=",
+                     sympy.Gt: ">", sympy.Ge: ">="}
+        for cls, op in relations.items():
+            if isinstance(e, cls):
+                return join(op, op)
+        if isinstance(e, sympy.And):
+            return join("&&", "and")
+        if isinstance(e, sympy.Or):
+            return join("||", "or")
+        if isinstance(e, sympy.Not):
+            c, p, t = parts[0]
+            return f"!{c}", f"(not {p})", f"not {t}"
+        raise TridentError(f"cannot guard the size expression {e} ({type(e).__name__})")
+
+    return r(expr)
+
+
+def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
+    """Note [Symbolic guards]: guards over the sizes and strides of a dynamic trace."""
+    import sympy
+    from torch.utils._sympy.numbers import IntInfinity
+
+    sources: dict = {}
+    guards: list[Guard] = []
+
+    def guard(expr, arg: int) -> None:
+        c, py, text = _render(expr, sources)
+        guards.append(Guard("sym", True, arg, expr={"c": c, "py": py, "text": text}))
+
+    places = [(i, kind, d, v) for i, t in enumerate(fake_args) if isinstance(t, torch.Tensor)
+              for kind, values in (("S", t.shape), ("T", t.stride()))
+              for d, v in enumerate(values)]
+    for i, kind, d, v in places:
+        # the symbol as allocated: ``node.expr`` would apply what the trace learned later
+        # (``s0`` -> 64 after a view), and those facts are the ShapeEnv's guards below
+        expr = v.node._expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
+        here = (f"a[{i}].{'sizes' if kind == 'S' else 'strides'}[{d}]", f"{kind}({i}, {d})",
+                f"{{{i}}}.{'size' if kind == 'S' else 'stride'}({d})")
+        if isinstance(expr, sympy.Symbol) and expr not in sources:
+            sources[expr] = here
+            bounds = shape_env.var_to_range[expr]
+            guard(sympy.Ge(expr, int(bounds.lower)), i)
+            if not isinstance(bounds.upper, IntInfinity) and bounds.upper != sympy.oo:
+                guard(sympy.Le(expr, int(bounds.upper)), i)
+            continue
+        c, py, text = _render(expr, sources)
+        guards.append(Guard("sym", True, i, expr={"c": f"{here[0]} == {c}",
+                                                  "py": f"{here[1]} == {py}",
+                                                  "text": f"{here[2]} == {text}"}))
+    last = max((i for i, *_ in places), default=0)
+    for g in shape_env.guards:
+        guard(g.expr, last)
+    return guards

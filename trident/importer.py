@@ -8,6 +8,7 @@ Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import torch.fx as fx
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
@@ -48,16 +49,40 @@ class NodeImporter(GraphNodeImporter):
             })
 
 
-def import_graph(gm: fx.GraphModule, func_name: str = "main") -> ir.Module:
+def import_graph(gm: fx.GraphModule, func_name: str = "main", shape_env=None) -> ir.Module:
     """Import ``gm`` as ``func.func @<func_name>`` in a new MLIR module.
+
+    ``shape_env``: the ``ShapeEnv`` of a trace with dynamic dims. Its symbols become
+    ``torch.symbolic_int`` ops with their ranges, and each tensor's shape is bound to them with
+    ``torch.bind_symbolic_shape`` (Torch-MLIR does this for ``ExportedProgram``s from their
+    ``range_constraints``; a graph module carries its ranges in the ShapeEnv).
 
     Raises:
         NotImplementedError: from Torch-MLIR, for a node it cannot import.
     """
+    module = _import(gm, func_name, shape_env, symbolic=shape_env is not None)
+    config.logger("mlir").info("%s", module.operation.get_asm(enable_debug_info=True))
+    return module
+
+
+def _import(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir.Module:
     context = ir.Context()
     torch_dialect.register_dialect(context)
     importer = FxImporter(context=context, graph_node_importer_cls=NodeImporter)
-    importer.import_graph_module(gm, func_name=func_name)
-    module = importer.module
-    config.logger("mlir").info("%s", module.operation.get_asm(enable_debug_info=True))
-    return module
+    if shape_env is None:
+        importer.import_graph_module(gm, func_name=func_name)
+        return importer.module
+    ranges = {s: r for s, r in shape_env.var_to_range.items() if not r.is_bool}
+    importer._cc.set_symbolic_guards(SimpleNamespace(range_constraints=ranges))
+    try:
+        importer.import_stateless_graph(gm.graph, func_name=func_name,
+                                        import_symbolic_shape_expressions=symbolic)
+    except NotImplementedError as e:
+        if not symbolic:
+            raise
+        # Torch-MLIR (20261001) cannot bind shapes such as FloorDiv(s0, 2); the shapes are
+        # descriptive only (the guards hold the facts), so import them as plain `?` dims.
+        config.logger("mlir").info("shape expressions not imported: %s", e)
+        return _import(gm, func_name, shape_env, symbolic=False)
+    return importer.module
+

@@ -74,12 +74,13 @@ class JitFunctionMixin:
     __slots__ = ()  # instance state lives in the Dispatcher's __dict__
 
     def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
-               cuda_graphs: bool | None) -> None:
+               cuda_graphs: bool | None, dynamic) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._max_specializations = max_specializations or config.max_specializations()
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
+        self._dynamic = dynamic
         # Note [CUDA graphs], per specialization key: the argument addresses of its last
         # step-by-step run in this process, its graph (or why it has none), recaptures left.
         self._graph_seen: dict[str, dict[int, int]] = {}
@@ -219,7 +220,7 @@ class JitFunctionMixin:
             return self._eager(args, None, "specialization limit")
         with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
             try:
-                spec = self._compile(args)
+                spec = self._compile_dynamic_or_static(args)
                 # The new specialization goes last, after those stored by other processes.
                 specs = [s for s in self._cache.load_specs() if s.key != spec.key]
                 specs = specs[: self._max_specializations - 1] + [spec]
@@ -311,13 +312,50 @@ class JitFunctionMixin:
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
         return self._fn(*args, **(kwargs or {}))
 
-    def _compile(self, args: tuple) -> Specialization:
+    def _dynamic_dims(self, args: tuple) -> dict[int, set[int]]:
+        """Note [Automatic dynamic]: the dims of ``args`` to trace as symbolic sizes.
+
+        Asked for: every dim (``dynamic=True``), the dims named per argument
+        (``dynamic={"kv_cache": [2]}``), dims marked with ``torch._dynamo.mark_dynamic``.
+        Automatic: a call that misses a specialization only because some sizes changed makes
+        those dims dynamic, with the dims that specialization already had, as torch.compile's
+        automatic dynamic shapes do. ``dynamic=False`` (or a failed dynamic compile, such as a
+        Triton launch whose grid depends on a dynamic dim) specializes on every size."""
+        tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
+        if self._dynamic is True:
+            dims = {i: set(range(a.dim())) for i, a in tensors.items()}
+        elif isinstance(self._dynamic, dict):
+            for i in tensors:
+                dims[i] |= set(self._dynamic.get(self._arg_label(i), ()))
+        for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
+            alike = [g for g in spec.guards if g.field not in ("size", "stride", "sym")]
+            if spec.shapes is None or first_failure(alike, args) is not None:
+                continue
+            for i, a in tensors.items():
+                dims[i] |= set(spec.dynamic.get(str(i), ()))
+                dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
+        return {i: d for i, d in dims.items() if d}
+
+    def _compile_dynamic_or_static(self, args: tuple) -> Specialization:
+        dynamic = self._dynamic_dims(args) if self._dynamic is not False else {}
+        if dynamic:
+            try:
+                return self._compile(args, dynamic)
+            except TridentError as e:
+                _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
+                                 "sizes from now on", self.__qualname__, dynamic, e)
+                self._dynamic = False  # one failed attempt per function, not per new size
+        return self._compile(args, {})
+
+    def _compile(self, args: tuple, dynamic: dict[int, set[int]]) -> Specialization:
         self._counters.traces += 1
         start = time.perf_counter()
-        captured = trace(self._fn, args)  # under the call's grad mode, which is guarded
+        # under the call's grad mode, which is guarded
+        captured = trace(self._fn, args, dynamic)
         traced = time.perf_counter()
         try:
-            module = import_graph(captured.graph_module)
+            module = import_graph(captured.graph_module, shape_env=captured.shape_env)
             plan = build_plan(module, captured.out_leaves, captured.out_spec)
         except TridentError:
             raise
@@ -327,7 +365,7 @@ class JitFunctionMixin:
         planned = time.perf_counter()
         binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
         on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-        if on_cpu and not any(step.op == "triton" for step in plan.steps):
+        if on_cpu and not dynamic and not any(step.op == "triton" for step in plan.steps):
             reuse_buffers(plan)  # Note [Buffer reuse]
         for step in plan.steps:
             if step.op == "triton" and step.launch["device"].startswith("cuda"):
@@ -342,7 +380,11 @@ class JitFunctionMixin:
                          self.__qualname__, traced - start, planned - traced, len(binaries),
                          time.perf_counter() - planned)
         names = [self._arg_label(i) for i in range(len(args))]
-        spec = Specialization(self._describe(args, names), names, guards_for(args), plan)
+        spec = Specialization(self._describe(args, names, dynamic), names,
+                              guards_for(args, captured.fake_args, captured.shape_env), plan,
+                              {str(i): sorted(d) for i, d in dynamic.items()},
+                              [list(a.shape) if isinstance(a, torch.Tensor) else None
+                               for a in args])
         self._counters.compiles += 1
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.describe(names) for g in spec.guards))
@@ -353,12 +395,14 @@ class JitFunctionMixin:
     def _count_interpreted(self) -> None:
         self._counters.interpreted_launches += 1
 
-    def _describe(self, args: tuple, names: list[str]) -> str:
+    def _describe(self, args: tuple, names: list[str], dynamic: dict) -> str:
         parts = []
-        for name, a in zip(names, args):
+        for i, (name, a) in enumerate(zip(names, args)):
             if isinstance(a, torch.Tensor):
-                parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}{list(a.shape)} "
-                             f"{a.device}")
+                shape = [("?" if d in dynamic.get(i, ()) and n >= 2 else n)
+                         for d, n in enumerate(a.shape)]
+                parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}"
+                             f"[{', '.join(map(str, shape))}] {a.device}")
             else:
                 parts.append(f"{name}={a!r}")
         return f"{self.__qualname__}({', '.join(parts)})"
@@ -412,7 +456,8 @@ def jit_function_class() -> type:
 
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
-        fallback: bool = True, cuda_graphs: bool | None = None):
+        fallback: bool = True, cuda_graphs: bool | None = None,
+        dynamic: bool | dict[str, list[int]] | None = None):
     """Compile ``fn`` into a Specialization Cache Module on its first call.
 
     Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
@@ -429,6 +474,11 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
         cuda_graphs: replay a CUDA graph of each CUDA specialization from its second call on
             (Note [CUDA graphs] in trident/graphs.py: when it applies, what it costs). Default:
             ``TRIDENT_CUDA_GRAPHS``, on unless set to ``0``.
+        dynamic: which tensor dims are symbolic sizes (Note [Automatic dynamic] in
+            ``JitFunction._dynamic_dims``; docs/dynamic-shapes.md). ``None`` (default):
+            automatic, a dim becomes dynamic when a call misses only because its size
+            changed. ``True``: every dim from the first call. ``False``: never. A dict
+            ``{"argument name": [dims]}``: those dims from the first call, others automatic.
 
     Returns:
         A ``JitFunction``: call it like ``fn``; ``.stats``, ``.explain(*args)``,
@@ -440,9 +490,12 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
-                                 fallback=fallback, cuda_graphs=cuda_graphs)
+                                 fallback=fallback, cuda_graphs=cuda_graphs, dynamic=dynamic)
     if not callable(fn) or not hasattr(fn, "__code__") or not hasattr(fn, "__globals__"):
         raise TridentError(f"trident.jit expects a Python function, got {type(fn).__name__}")
     obj = jit_function_class()()
-    obj._setup(fn, max_specializations, fallback, cuda_graphs)
+    if not (dynamic is None or isinstance(dynamic, (bool, dict))):
+        raise TridentError(f"trident.jit: dynamic must be None, a bool, or a dict of argument "
+                           f"name to dims, got {type(dynamic).__name__}")
+    obj._setup(fn, max_specializations, fallback, cuda_graphs, dynamic)
     return obj

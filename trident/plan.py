@@ -11,7 +11,15 @@ its specialization in the cache and rendered again when the module is rebuilt):
     {"k": "int" | "float" | "bool" | "str", "v": ...}, {"k": "none"}
     {"k": "device", "type": 1, "index": 0}
     {"k": "ints" | "floats" | "bools", "v": [...]}
+    {"k": "int_list", "v": [operand, ...]}   ints some of which are computed (symbolic sizes)
     {"k": "tensors" | "opt_tensors", "v": [operand, ...]}
+
+Note [Symbolic sizes]: a specialization with dynamic dims is traced with those dims as
+``SymInt``s (capture.py). Torch-MLIR imports ``x.size(2)`` as ``torch.aten.size.int`` and the
+arithmetic on it as ``torch.aten.mul.int`` and friends; those become ``"int"`` steps that the
+generated C computes from the call's argument sizes (``a[i].sizes[d]``), with no dispatcher
+call. ``torch.symbolic_int`` and ``torch.bind_symbolic_shape`` only describe shapes: the guards
+hold those facts (guards.py), so the plan skips them.
 
 In-place ops (``add_``, ``copy_``) stay in place: the imported graph keeps them in program order,
 and running its steps in that order makes the same writes as eager PyTorch.
@@ -39,6 +47,10 @@ from .guards import MAX_OUTS, dtype_codes
 from .importer import TRITON_LAUNCH
 
 _LOC = re.compile(r'"([^"]+)":(\d+)')
+# Integer arithmetic on sizes (Note [Symbolic sizes]): op -> C operator
+_INT_OPS = {"torch.aten.mul.int": "*", "torch.aten.add.int": "+", "torch.aten.sub.int": "-",
+            "torch.aten.floordiv.int": "/", "torch.aten.remainder.int": "%"}
+INT_OPERATORS = {name.split(".")[2]: c for name, c in _INT_OPS.items()}
 
 
 @dataclasses.dataclass
@@ -154,6 +166,13 @@ class _Walker:
                     self.env[r] = {"k": "item", "list": src["i"], "i": j}
             elif name == "torch.vtensor.literal":
                 self.env[op.result] = self.literal(op, where, text)
+            elif name == "torch.symbolic_int":
+                self.env[op.result] = {"k": "unsupported", "what": "a shape symbol as a value"}
+            elif name == "torch.bind_symbolic_shape":
+                continue
+            elif name in _INT_OPS or (name == "torch.aten.size.int" and self.env.get(
+                    op.operands[0], {}).get("k") == "arg"):
+                self.int_step(op, name, where, text)
             elif name == "torch.prim.NumToTensor.Scalar":
                 self.env[op.result] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
@@ -221,11 +240,24 @@ class _Walker:
                                    [result], where, text))
         return result
 
+    def int_step(self, op, name: str, where: str, text: str) -> None:
+        """Note [Symbolic sizes]: integer arithmetic, computed in C."""
+        args = [self.operand(v, where) for v in op.operands]
+        for a in args[1:] if name == "torch.aten.size.int" else args:
+            if a["k"] not in ("int", "scalar"):
+                raise TridentError(f"{where}: {name} of a {a['k']} ({text})")
+        result = self.new_value("scalar")
+        self.env[op.result] = result
+        self.steps.append(Step("int", name.split(".")[2], args, [result], where, text))
+
     def list_construct(self, op, where: str) -> dict:
         items = [self.operand(v, where) for v in op.operands]
         type_str = str(op.result.type)
         scalar = {"!torch.list<int>": ("ints", "int"), "!torch.list<float>": ("floats", "float"),
                   "!torch.list<bool>": ("bools", "bool")}.get(type_str)
+        if scalar == ("ints", "int") and all(item["k"] in ("int", "scalar") for item in items) \
+                and any(item["k"] == "scalar" for item in items):
+            return {"k": "int_list", "v": items}
         if scalar:
             if any(item["k"] != scalar[1] for item in items):
                 raise TridentError(f"{where}: {type_str} with non-constant items")

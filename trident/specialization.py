@@ -17,22 +17,27 @@ class Specialization:
         arg_names: the user's parameter names for the positional arguments.
         guards: Note [Guard order].
         plan: the launch sequence.
+        dynamic: {argument index (as a string): dims traced as symbolic sizes}.
+        shapes: each argument's shape in the call it was traced from (None: not a tensor);
+            automatic dynamic dims compare a missing call's shapes with these.
     """
 
     signature: str
     arg_names: list[str]
     guards: list[Guard]
     plan: Plan
+    dynamic: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    shapes: list | None = None
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
                 "guards": [dataclasses.asdict(g) for g in self.guards],
-                "plan": self.plan.to_json()}
+                "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes}
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
         return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
-                   Plan.from_json(data["plan"]))
+                   Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"))
 
     @property
     def key(self) -> str:

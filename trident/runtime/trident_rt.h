@@ -173,6 +173,16 @@ static inline uint64_t trt_f64_bits(double f) {
   return v.u;
 }
 
+/* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/plan.py). */
+static inline int64_t trt_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t trt_mod(int64_t a, int64_t b) {
+  int64_t m = a % b;
+  return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+}
+
 /* The entry points every SCM exports. */
 typedef int (*trt_scm_init_fn)(const trt_api* api);
 typedef int (*trt_scm_match_fn)(const trt_arg* args, int32_t nargs, const trt_env* env);

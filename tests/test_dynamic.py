@@ -1,0 +1,172 @@
+"""Dynamic dims: symbolic sizes through Torch-MLIR, the plan and the generated C (Note [Symbolic
+sizes], Note [Symbolic guards], Note [Automatic dynamic]). Every call is compared with eager
+PyTorch bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+
+H, D = 4, 16
+
+
+def decode_step(x, kc, vc, wq, wk, wv, wo):
+    q = (x @ wq).view(1, 1, H, D).transpose(1, 2)
+    k = (x @ wk).view(1, 1, H, D).transpose(1, 2)
+    v = (x @ wv).view(1, 1, H, D).transpose(1, 2)
+    kc = torch.cat([kc, k], dim=2)
+    vc = torch.cat([vc, v], dim=2)
+    a = F.scaled_dot_product_attention(q, kc, vc)
+    return a.transpose(1, 2).reshape(1, 1, H * D) @ wo, kc, vc
+
+
+def model(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(H * D, H * D, generator=g) / 8 for _ in range(4)]
+    kc, vc = torch.randn(1, H, 1, D, generator=g), torch.randn(1, H, 1, D, generator=g)
+    return g, weights, kc, vc
+
+
+def test_decode_loop_of_512_steps_compiles_twice_and_equals_eager():
+    f = trident.jit(decode_step)
+    g, weights, kc, vc = model()
+    ekc, evc = kc, vc
+    for step in range(512):  # KV length 1, 2, ..., 512
+        x = torch.randn(1, 1, H * D, generator=g)
+        out, kc, vc = f(x, kc, vc, *weights)
+        want, ekc, evc = decode_step(x, ekc, evc, *weights)
+        assert torch.equal(out, want) and torch.equal(kc, ekc) and torch.equal(vc, evc), step
+    s = f.stats
+    assert (s.compiles, s.misses, s.hits) == (2, 2, 510)
+    assert "kc.size(2) == 1 expected, got 2" in s.miss_reasons[1]
+    assert f.specializations[1].count("?") == 2  # kc and vc: [1, 4, ?, 16]
+
+
+def test_static_and_dynamic_specializations_coexist():
+    f = trident.jit(decode_step)
+    g, weights, kc, vc = model()
+    x = torch.randn(1, 1, H * D, generator=g)
+    f(x, kc, vc, *weights)  # length 1: static
+    long_k, long_v = torch.randn(1, H, 9, D), torch.randn(1, H, 9, D)
+    f(x, long_k, long_v, *weights)  # length 9: dynamic
+    assert f._match(x, kc, vc, *weights) == 0
+    assert f._match(x, long_k[:, :, :5].contiguous(), long_v[:, :, :5].contiguous(),
+                    *weights) == 1
+    for n in (1, 3, 30):
+        k, v = torch.randn(1, H, n, D), torch.randn(1, H, n, D)
+        got, want = f(x, k, v, *weights), decode_step(x, k, v, *weights)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert f.stats.compiles == 2
+
+
+def test_dynamic_true_traces_symbolic_sizes_from_the_first_call():
+    f = trident.jit(dynamic=True)(decode_step)
+    g, weights, _, _ = model()
+    x = torch.randn(1, 1, H * D, generator=g)
+    for n in (5, 6, 17):
+        k, v = torch.randn(1, H, n, D), torch.randn(1, H, n, D)
+        got, want = f(x, k, v, *weights), decode_step(x, k, v, *weights)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert f.stats.compiles == 1 and "?" in f.specializations[0]
+
+
+def decode_step_again(x, kc, vc, wq, wk, wv, wo):  # its own cache entry
+    return decode_step(x, kc, vc, wq, wk, wv, wo)
+
+
+def test_per_argument_hint_and_mark_dynamic():
+    g, weights, _, _ = model()
+    x = torch.randn(1, 1, H * D, generator=g)
+    hinted = trident.jit(dynamic={"kc": [2], "vc": [2]})(decode_step)
+    marked = trident.jit(decode_step_again)
+    for n in (4, 7, 12):
+        k, v = torch.randn(1, H, n, D), torch.randn(1, H, n, D)
+        want = decode_step(x, k, v, *weights)
+        assert all(torch.equal(a, b) for a, b in zip(hinted(x, k, v, *weights), want))
+        torch._dynamo.mark_dynamic(k, 2)
+        torch._dynamo.mark_dynamic(v, 2)
+        assert all(torch.equal(a, b) for a, b in zip(marked(x, k, v, *weights), want))
+    assert (hinted.stats.compiles, marked.stats.compiles) == (1, 1)
+    assert "kc: float32[1, 4, ?, 16]" in hinted.specializations[0]
+
+
+def test_dynamic_false_specializes_every_size():
+    f = trident.jit(dynamic=False)(decode_step)
+    g, weights, _, _ = model()
+    x = torch.randn(1, 1, H * D, generator=g)
+    for n in (2, 3, 4):
+        f(x, torch.randn(1, H, n, D), torch.randn(1, H, n, D), *weights)
+    assert f.stats.compiles == 3 and "?" not in "".join(f.specializations)
+
+
+def size_arithmetic(x):
+    rows = x.shape[0] * 2
+    halves = x.reshape(rows, x.shape[1] // 2)
+    return halves.sum(0) + torch.zeros(x.shape[0] - 1).sum(), halves.new_ones(rows // 4 + 1)
+
+
+def test_size_arithmetic_runs_in_c():
+    f = trident.jit(dynamic=True)(size_arithmetic)
+    for n in (4, 5, 9, 40):
+        x = torch.randn(n, 6)
+        got, want = f(x), size_arithmetic(x)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert f.stats.compiles == 1
+    source = f.source()
+    assert "s[0] = TRT_I(a[0].sizes[0]);" in source  # x.shape[0], read from the argument
+    assert "trt_floordiv(" in source and "TRT_IL(il" in source  # rows // 4; a computed list
+
+
+def branches_on_size(x):
+    if x.shape[0] > 8:
+        return x * 2
+    return x * 3
+
+
+def test_guards_keep_what_the_trace_assumed():
+    f = trident.jit(dynamic=True)(branches_on_size)
+    for n in (12, 20, 4, 9, 8, 3):
+        x = torch.randn(n, 3)
+        assert torch.equal(f(x), branches_on_size(x))
+    assert f.stats.compiles == 2  # one per branch, each guarded by its condition
+    assert any("> 8" in s or "<= 8" in s or "8 <" in s or "< 9" in s or ">= 9" in s
+               for s in f.stats.miss_reasons), f.stats.miss_reasons
+
+
+def test_size_one_is_specialized():
+    f = trident.jit(dynamic=True)(decode_step)
+    g, weights, kc, vc = model()
+    x = torch.randn(1, 1, H * D, generator=g)
+    got, want = f(x, kc, vc, *weights), decode_step(x, kc, vc, *weights)  # length 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    kc_shape = f.specializations[0].split("kc: float32[")[1].split("]")[0].split(", ")
+    assert kc_shape[2] == "1"  # the length-1 dim is static; the others are symbolic
+
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+
+@triton.jit
+def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+def triton_on_dynamic_size(x):
+    out = torch.empty_like(x)
+    double_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+    return out + 1
+
+
+def test_triton_launch_over_a_dynamic_size_specializes_on_the_size():
+    f = trident.jit(triton_on_dynamic_size)
+    for n in (10, 11, 12):
+        x = torch.randn(n)
+        assert torch.equal(f(x), x * 2 + 1)  # the kernel runs in Triton's interpreter
+    assert f.stats.compiles == 3 and f.stats.fallbacks == 0
+    assert "?" not in "".join(f.specializations)
