@@ -22,11 +22,10 @@ def spec_of(fn, *args):
 
 def on_cuda(spec):
     """The same specialization as if its tensors were on cuda:0 (guards only)."""
-    spec = copy.deepcopy(spec)
-    spec.guards = [dataclasses.replace(g, value=1) if g.field == "device_type" else
-                   dataclasses.replace(g, value=0) if g.field == "device_index" else g
-                   for g in spec.guards]
-    return spec
+    return dataclasses.replace(copy.deepcopy(spec), guards=[
+        dataclasses.replace(g, value=1) if g.field == "device_type" else
+        dataclasses.replace(g, value=0) if g.field == "device_index" else g
+        for g in spec.guards])
 
 
 def reads_only(x, w):

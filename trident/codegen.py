@@ -17,9 +17,7 @@ from typing import NamedTuple
 
 import jinja2
 
-from .graphs import graph_device
 from .guards import c_int
-from .plan import INT_OPERATORS
 from .specialization import Specialization
 
 # Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
@@ -84,6 +82,10 @@ class Rendered(NamedTuple):
     source: str
     callbacks: list[tuple[int, int]]
 
+
+# "int" steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
+_C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
+              "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})"}
 
 _CUDA_SCALAR = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
                 "uint64_t"}
@@ -168,7 +170,8 @@ class _SpecRenderer:
             return f"TRT_FL({name}, {len(o['v'])})"
         if k == "int_list":  # Note [Symbolic sizes] in plan.py: some items computed
             name = f"il{len(self.locals)}"
-            self.locals.append(f"int64_t {name}[] = {{{', '.join(self.int_expr(i) for i in o['v'])}}};")
+            items = ", ".join(self.int_expr(i) for i in o["v"])
+            self.locals.append(f"int64_t {name}[] = {{{items}}};")
             return f"TRT_IL({name}, {len(o['v'])})"
         if k in ("tensors", "opt_tensors"):
             name = f"t{len(self.locals)}"
@@ -189,9 +192,7 @@ class _SpecRenderer:
             (tensor, dim) = s.args
             expr = f"a[{tensor['i']}].sizes[{dim['v']}]"
         else:
-            x, y = (self.int_expr(a) for a in s.args)
-            expr = {"floordiv": f"trt_floordiv({x}, {y})", "remainder": f"trt_mod({x}, {y})"}.get(
-                s.overload, f"{x} {INT_OPERATORS[s.overload]} {y}")
+            expr = _C_INT_OPS[s.overload].format(*(self.int_expr(a) for a in s.args))
         lines = [f"s[{r}] = TRT_I({expr});"]
         if s.overload in ("floordiv", "remainder"):
             lines.insert(0, f"if ({self.int_expr(s.args[1])} == 0) {{ rt->set_error("
@@ -314,7 +315,7 @@ class _SpecRenderer:
             "outputs": self.outputs(),
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
-            "graph": graph_device(self.spec) is not None,  # Note [CUDA graphs]
+            "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
         }
 
 

@@ -248,7 +248,7 @@ class JitFunctionMixin:
         if index < 0:  # a global changed under us: the ordinary miss path
             return self._slow_path(args, None)
         spec = self._specs[index]
-        key, device = spec.key, graphs.graph_device(spec)
+        key, device = spec.key, spec.graph_device
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
         seen = self._graph_seen.get(key)
         if seen is None or not self._cuda_graphs or device is None:
@@ -293,7 +293,7 @@ class JitFunctionMixin:
         if isinstance(captured, graphs.Captured):
             self._set_graph(index, graphs.READY, self._recaptures[spec.key],
                             struct.pack(f"<{len(captured.desc)}q", *captured.desc))
-        elif captured is None and self._cuda_graphs and graphs.graph_device(spec) is not None:
+        elif captured is None and self._cuda_graphs and spec.graph_device is not None:
             self._set_graph(index, graphs.PENDING)
 
     def _miss_reason(self, args: tuple) -> str:
@@ -380,7 +380,7 @@ class JitFunctionMixin:
                          self.__qualname__, traced - start, planned - traced, len(binaries),
                          time.perf_counter() - planned)
         names = [self._arg_label(i) for i in range(len(args))]
-        spec = Specialization(self._describe(args, names, dynamic), names,
+        spec = Specialization(self._describe(args, names, captured.fake_args), names,
                               guards_for(args, captured.fake_args, captured.shape_env), plan,
                               {str(i): sorted(d) for i, d in dynamic.items()},
                               [list(a.shape) if isinstance(a, torch.Tensor) else None
@@ -395,12 +395,13 @@ class JitFunctionMixin:
     def _count_interpreted(self) -> None:
         self._counters.interpreted_launches += 1
 
-    def _describe(self, args: tuple, names: list[str], dynamic: dict) -> str:
+    def _describe(self, args: tuple, names: list[str], fake_args: tuple | None) -> str:
+        """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace."""
         parts = []
         for i, (name, a) in enumerate(zip(names, args)):
             if isinstance(a, torch.Tensor):
-                shape = [("?" if d in dynamic.get(i, ()) and n >= 2 else n)
-                         for d, n in enumerate(a.shape)]
+                traced = fake_args[i].shape if fake_args else a.shape
+                shape = ["?" if isinstance(n, torch.SymInt) else n for n in traced]
                 parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}"
                              f"[{', '.join(map(str, shape))}] {a.device}")
             else:

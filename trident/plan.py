@@ -47,10 +47,9 @@ from .guards import MAX_OUTS, dtype_codes
 from .importer import TRITON_LAUNCH
 
 _LOC = re.compile(r'"([^"]+)":(\d+)')
-# Integer arithmetic on sizes (Note [Symbolic sizes]): op -> C operator
-_INT_OPS = {"torch.aten.mul.int": "*", "torch.aten.add.int": "+", "torch.aten.sub.int": "-",
-            "torch.aten.floordiv.int": "/", "torch.aten.remainder.int": "%"}
-INT_OPERATORS = {name.split(".")[2]: c for name, c in _INT_OPS.items()}
+# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
+_INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
+            "torch.aten.floordiv.int", "torch.aten.remainder.int"}
 
 
 @dataclasses.dataclass
@@ -246,6 +245,8 @@ class _Walker:
         for a in args[1:] if name == "torch.aten.size.int" else args:
             if a["k"] not in ("int", "scalar"):
                 raise TridentError(f"{where}: {name} of a {a['k']} ({text})")
+        if name == "torch.aten.size.int" and not (args[1]["k"] == "int" and args[1]["v"] >= 0):
+            raise TridentError(f"{where}: size of a dim that is not a constant >= 0 ({text})")
         result = self.new_value("scalar")
         self.env[op.result] = result
         self.steps.append(Step("int", name.split(".")[2], args, [result], where, text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 
@@ -38,6 +39,14 @@ class Specialization:
     def from_json(cls, data: dict) -> "Specialization":
         return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"))
+
+    @functools.cached_property
+    def graph_device(self) -> int | None:
+        """The CUDA device of a graph that may replay this specialization, or None
+        (``graphs.graph_device``, Note [CUDA graphs])."""
+        from .graphs import graph_device
+
+        return graph_device(self)
 
     @property
     def key(self) -> str:
