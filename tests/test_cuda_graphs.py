@@ -157,6 +157,27 @@ def test_random_ops_are_not_replayed():
     assert not torch.equal(outs[2], outs[3])
 
 
+def decode_attention(q, k_cache, v_cache, k, v):
+    k_all = torch.cat([k_cache[:, :, 1:], k], dim=2)
+    v_all = torch.cat([v_cache[:, :, 1:], v], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+
+
+def test_attention_without_dropout_is_replayed():
+    """SDPA's ops carry the ``nondeterministic_seeded`` tag (torch 2.11-2.13) for dropout;
+    with ``dropout_p=0`` they draw nothing, so the specialization is captured."""
+    f = trident.jit(decode_attention)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    caches = [torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+              for _ in range(2)]
+    for _ in range(4):
+        q = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(1, 2, 1, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+                for _ in range(2))
+        assert torch.equal(f(q, *caches, k, v), decode_attention(q, *caches, k, v))
+    assert (f.stats.graph_captures, f.stats.graph_replays) == (1, 3)
+
+
 def test_graphs_can_be_turned_off():
     f = trident.jit(mlp, cuda_graphs=False)
     w1, w2 = weights()
