@@ -210,23 +210,24 @@ def test_torch_ops_before_and_after_the_kernel():
     assert ops.index("aten::relu") < ops.index("triton") < ops.index("aten::sum")
 
 
-def test_second_shape_is_a_second_specialization():
+def test_second_shape_makes_the_launch_symbolic():
+    """Note [Symbolic launches]: after a size-only miss, ``n`` and the grid are computed from the
+    size at each call; the kernel's Triton specialization class of ``n`` (divisible by 16 or
+    not) is guarded, so 240 misses where 237 hits."""
     f = trident.jit(fallback=False)(add_callable_grid)
-    a, b = randn(100, seed=5), randn(100, seed=6)
-    c, d = randn(231, seed=7), randn(231, seed=8)
-    assert torch.equal(f(a, b), a + b)
-    assert torch.equal(f(c, d), c + d)
-    # traces: the second shape first tries a dynamic dim, which its Triton launch cannot take
-    assert counts(f) == dict(hits=0, misses=2, compiles=2, fallbacks=0, traces=3, interpreted=2)
-    assert "size" in f.stats.miss_reasons[-1]
-    assert len(f.specializations) == 2
+    for size, seed in ((100, 5), (231, 7), (237, 9), (240, 11), (256, 13)):
+        a, b = randn(size, seed=seed), randn(size, seed=seed + 1)
+        assert torch.equal(f(a, b), a + b), size
+    assert counts(f) == dict(hits=2, misses=3, compiles=3, fallbacks=0, traces=3, interpreted=5)
+    assert f.specializations == ["add_callable_grid(x: float32[100] cpu, y: float32[100] cpu)",
+                                 "add_callable_grid(x: float32[?] cpu, y: float32[?] cpu)",
+                                 "add_callable_grid(x: float32[?] cpu, y: float32[?] cpu)"]
+    assert "% 16" in f.stats.miss_reasons[-1]
     assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
-    assert triton_steps(f, 1)[0].launch["grid"] == [4, 1, 1]  # cdiv(231, 64)
-    assert param(triton_steps(f, 1)[0].launch, "n")["value"] == 231
-    # both served natively afterwards, each by its own specialization
-    assert torch.equal(f(a, b), a + b)
-    assert torch.equal(f(c, d), c + d)
-    assert counts(f) == dict(hits=2, misses=2, compiles=2, fallbacks=0, traces=3, interpreted=4)
+    (launch,) = [s.launch for s in triton_steps(f, 1)]
+    assert launch["grid"][0]["py"] == "((63 + S(0, 0)) // 64)" and launch["grid"][1:] == [1, 1]
+    assert param(launch, "n")["size"]["c"] == "a[0].sizes[0]"
+    assert "trt_floordiv((63LL + a[0].sizes[0]), 64LL)" in f.source()
 
 
 def two_launches(x, y):
@@ -669,6 +670,28 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     aligned_binary = kernels.compile_cuda(kernels.find_kernel(aligned["ref"], f._fn),
                                           kernels.Launch(**aligned), (9, 0))
     assert aligned_binary["cubin"] != binary["cubin"]
+
+
+def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
+    """Note [Symbolic launches]: ``n`` and the grid are C expressions over the argument's size;
+    the kernel is compiled once for the traced ``n``'s class (not divisible by 16)."""
+    from trident import build, codegen, runtime
+
+    f = trident.jit(fallback=False, dynamic=True)(add_callable_grid)
+    x, y = randn(1000, seed=38), randn(1000, seed=39)
+    assert torch.equal(f(x, y), x + y)
+    spec = _retarget_to_cuda(f)
+    (step,) = [s for s in spec.plan.steps if s.op == "triton"]
+    assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
+    source = codegen.render([spec], "f").source
+    (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, "
+                           r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[0\]\.sizes\[0\]\), 64LL\), 1, 1, "
+                           r"params\)", source)
+    assert "int32_t p3 = (int32_t)a[0].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
+                                                                                      kernel)
+    assert "% 16" in "".join(g.describe(spec.arg_names) for g in spec.guards)
+    module = build.build(source, tmp_path / "cuda-build")
+    assert module.lib.scm_init(runtime.load().api_address()) == 0
 
 
 def add_direct(x, y):

@@ -131,6 +131,7 @@ class _TritonLaunches:
         self.input_storages: dict = {}
 
     def bind_inputs(self, fake_args: tuple) -> None:
+        self.fake_args = fake_args
         for fake, aligned in zip(fake_args, self.aligned_inputs):
             if isinstance(fake, torch.Tensor):
                 self.input_storages[StorageWeakRef(fake.untyped_storage())] = (
@@ -148,17 +149,20 @@ class _TritonLaunches:
         from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
                                                                 triton_kernel_wrapper_mutation)
 
+        from .guards import size_expr
         from .kernels import resolve_launch
 
-        symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
-        if any(isinstance(v, symbolic) for v in (*args, *kwargs.values())) or (
-                not callable(grid) and any(isinstance(g, symbolic) for g in grid)):
-            raise TridentError("a Triton launch whose scalar arguments or grid depend on a "
-                               "dynamic dim is not supported yet")
+        if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in (*args, *kwargs.values())):
+            raise TridentError("a Triton launch with a float or bool computed from a dynamic dim "
+                               "is not supported")
         jit_fn, launch, tensors = resolve_launch(kernel, grid, args, kwargs, self.aligned)
-        if any(isinstance(g, symbolic) for g in launch.grid):
-            raise TridentError("a Triton launch whose grid depends on a dynamic dim is not "
-                               "supported yet")
+        # Note [Symbolic launches] in kernels.py: expressions over dynamic dims, computed in C
+        for p in launch.params:
+            if "size" in p:
+                p["size"] = size_expr(p["size"], self.fake_args)
+        traced_grid = tuple(g.node.hint if isinstance(g, torch.SymInt) else g for g in launch.grid)
+        launch.grid = [size_expr(g, self.fake_args) if isinstance(g, torch.SymInt) else g
+                       for g in launch.grid]
         summary = _user_frame()
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))
@@ -166,7 +170,7 @@ class _TritonLaunches:
             kernel_idx=kernel_side_table.add_kernel(jit_fn),
             constant_args_idx=kernel_side_table.add_constant_args(
                 {"__trident_launch__": dataclasses.asdict(launch)}),
-            grid=[tuple(launch.grid)], tma_descriptor_metadata={}, kwargs=tensors)
+            grid=[traced_grid], tma_descriptor_metadata={}, kwargs=tensors)
 
     def __enter__(self):
         try:

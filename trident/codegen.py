@@ -220,13 +220,17 @@ class _SpecRenderer:
         launch = s.launch
         tensors = iter(s.args)
         binary = launch.get("binary")
+        grid = [_grid_c(g) for g in launch["grid"]]
         if binary is None:  # CPU tensors: Triton's interpreter, called back in Python
             values = []
             for p in launch["params"]:
                 if p["kind"] == "tensor":
                     values.append(self.operand(next(tensors)))
+                elif "size" in p:  # Note [Symbolic launches] in kernels.py
+                    values.append(f"TRT_I({p['size']['c']})")
                 elif p["kind"] == "scalar":
                     values.append(self.operand(_scalar_operand(p["value"])))
+            values += [f"TRT_I({g})" for g in grid]
             self.callbacks.append((self.index, index))
             return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}",
                          self.locals, values, self.releases(s), slot=len(self.callbacks) - 1)
@@ -240,7 +244,12 @@ class _SpecRenderer:
                 continue
             var = f"p{len(params)}"
             if p["kind"] == "tensor":
-                self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  /* {p['name']} */")
+                self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  "
+                                   f"/* {p['name']} */")
+            elif "size" in p:  # Note [Symbolic launches] in kernels.py
+                words = c_comment(p["size"]["text"].format(*self.spec.arg_names))
+                self.locals.append(f"{ctype} {var} = ({ctype}){p['size']['c']};  "
+                                   f"/* {p['name']} = {words} */")
             elif ctype in _CUDA_SCALAR:
                 self.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
             else:
@@ -252,8 +261,7 @@ class _SpecRenderer:
         params += ["&scratch[0]", "&scratch[1]"]
         device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
         return CStep("cuda", s.where, c_comment(s.text), f"triton {s.overload}", self.locals,
-                     params, self.releases(s), kernel=name, device=device,
-                     grid=tuple(launch["grid"]))
+                     params, self.releases(s), kernel=name, device=device, grid=tuple(grid))
 
     def step(self, index: int, s) -> CStep:
         if s.op == "triton":
@@ -317,6 +325,11 @@ class _SpecRenderer:
             "out_spec": c_string(plan.out_spec),
             "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
         }
+
+
+def _grid_c(g) -> str:
+    """A grid dim: an int, or Note [Symbolic launches]'s expression (guarded to [0, 2**31))."""
+    return str(g) if isinstance(g, int) else f"(unsigned){g['c']}"
 
 
 def _scalar_operand(value) -> dict:

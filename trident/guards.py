@@ -317,6 +317,37 @@ def _render(expr, sources: dict) -> tuple[str, str, str]:
     return r(expr)
 
 
+def _places(fake_args: tuple):
+    """Each size and stride of a dynamic trace's tensor arguments, in order:
+    ``(arg, sympy expression, (C, Python, words) naming the place)``."""
+    import sympy
+
+    for i, t in enumerate(fake_args):
+        if not isinstance(t, torch.Tensor):
+            continue
+        for kind, values in (("S", t.shape), ("T", t.stride())):
+            for d, v in enumerate(values):
+                # the symbol as allocated: ``node.expr`` would apply what the trace learned
+                # later (``s0`` -> 64 after a view); those facts are the ShapeEnv's guards
+                expr = v.node._expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
+                yield i, expr, (f"a[{i}].{'sizes' if kind == 'S' else 'strides'}[{d}]",
+                                f"{kind}({i}, {d})",
+                                f"{{{i}}}.{'size' if kind == 'S' else 'stride'}({d})")
+
+
+def size_expr(value: "torch.SymInt", fake_args: tuple) -> dict:
+    """A SymInt of a dynamic trace as ``{"c", "py", "text"}`` over the arguments' sizes (each
+    symbol read where it first appears, as the guards read it)."""
+    import sympy
+
+    sources: dict = {}
+    for _, expr, here in _places(fake_args):
+        if isinstance(expr, sympy.Symbol):
+            sources.setdefault(expr, here)
+    c, py, text = _render(value.node._expr, sources)
+    return {"c": c, "py": py, "text": text}
+
+
 def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
     """Note [Symbolic guards]: guards over the sizes and strides of a dynamic trace."""
     import sympy
@@ -329,15 +360,8 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
         c, py, text = _render(expr, sources)
         guards.append(Guard("sym", True, arg, expr={"c": c, "py": py, "text": text}))
 
-    places = [(i, kind, d, v) for i, t in enumerate(fake_args) if isinstance(t, torch.Tensor)
-              for kind, values in (("S", t.shape), ("T", t.stride()))
-              for d, v in enumerate(values)]
-    for i, kind, d, v in places:
-        # the symbol as allocated: ``node.expr`` would apply what the trace learned later
-        # (``s0`` -> 64 after a view), and those facts are the ShapeEnv's guards below
-        expr = v.node._expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
-        here = (f"a[{i}].{'sizes' if kind == 'S' else 'strides'}[{d}]", f"{kind}({i}, {d})",
-                f"{{{i}}}.{'size' if kind == 'S' else 'stride'}({d})")
+    places = list(_places(fake_args))
+    for i, expr, here in places:
         if isinstance(expr, sympy.Symbol) and expr not in sources:
             sources[expr] = here
             bounds = shape_env.var_to_range[expr]
@@ -349,7 +373,7 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
         guards.append(Guard("sym", True, i, expr={"c": f"{here[0]} == {c}",
                                                   "py": f"{here[1]} == {py}",
                                                   "text": f"{here[2]} == {text}"}))
-    last = max((i for i, *_ in places), default=0)
+    last = max((i for i, _, _ in places), default=0)
     for g in shape_env.guards:
         guard(g.expr, last)
     return guards

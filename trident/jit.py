@@ -319,8 +319,8 @@ class JitFunctionMixin:
         (``dynamic={"kv_cache": [2]}``), dims marked with ``torch._dynamo.mark_dynamic``.
         Automatic: a call that misses a specialization only because some sizes changed makes
         those dims dynamic, with the dims that specialization already had, as torch.compile's
-        automatic dynamic shapes do. ``dynamic=False`` (or a failed dynamic compile, such as a
-        Triton launch whose grid depends on a dynamic dim) specializes on every size."""
+        automatic dynamic shapes do. ``dynamic=False`` (or a failed dynamic compile, such as an
+        op whose C++ reads a symbolic size as an int) specializes on every size."""
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
         if self._dynamic is True:

@@ -31,6 +31,7 @@ import importlib
 from typing import Any, Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .errors import TridentError
 
@@ -52,7 +53,11 @@ class Launch:
         ref: ``{"module", "qualname"}`` to find the ``JITFunction`` again in a new process.
         params: per kernel parameter, in order: ``{"name", "kind": "tensor", "aligned"}``,
             ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``.
-        grid: three ints.
+            A scalar computed from dynamic dims also has ``"size"``: the expression (a SymInt
+            while capturing, then Note [Symbolic guards]'s ``{"c", "py", "text"}``); ``value``
+            is its value in the traced call.
+        grid: three entries, each an int or, computed from dynamic dims, an expression like a
+            scalar's ``size``.
         options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).
         device: ``"cpu"`` or ``"cuda:N"`` of the tensor arguments.
     """
@@ -60,7 +65,7 @@ class Launch:
     kernel: str
     ref: dict
     params: list[dict]
-    grid: list[int]
+    grid: list
     options: dict
     device: str
 
@@ -96,6 +101,10 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
     JITFunction, Autotuner, Heuristics = _triton()
     kwargs = dict(kwargs)
     options: dict[str, Any] = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_NAMES}
+    if not isinstance(kernel, JITFunction):
+        # Note [Symbolic launches]: heuristics and autotuning choose constexprs and configs
+        # from the values they see, so those values are fixed (guarded) first.
+        args, kwargs = _specialized(args), _specialized(kwargs)
     fn = kernel
     while not isinstance(fn, JITFunction):
         if isinstance(fn, Heuristics):
@@ -131,9 +140,14 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
             params.append({"name": p.name, "kind": "tensor", "dtype": str(value.dtype),
                            "aligned": bool(alignment(value))})
         elif p.is_constexpr:
+            value = int(value) if isinstance(value, torch.SymInt) else value  # guards the value
             params.append({"name": p.name, "kind": "constexpr", "value": _plain(value, fn, p)})
-        elif value is None or isinstance(value, (bool, int, float)):
-            params.append({"name": p.name, "kind": "scalar", "value": value})
+        elif isinstance(value, torch.SymInt) and not is_concrete_int(value):
+            params.append({"name": p.name, "kind": "scalar",
+                           "value": _triton_int_class(value, fn, p), "size": value})
+        elif value is None or isinstance(value, (bool, int, float, torch.SymInt)):
+            params.append({"name": p.name, "kind": "scalar",
+                           "value": int(value) if isinstance(value, torch.SymInt) else value})
         else:
             raise TridentError(f"{fn.__name__}: argument {p.name!r} is a {type(value).__name__}; "
                                "Trident passes tensors, ints, floats, bools and None to kernels")
@@ -141,10 +155,47 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
         raise TridentError(f"{fn.__name__}: tensor arguments on several devices {sorted(devices)}")
     if callable(grid):
         grid = grid(bound)
-    grid = [int(g) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
+    grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
     ref = {"module": fn.fn.__module__, "qualname": fn.fn.__qualname__}
     launch = Launch(fn.__name__, ref, params, grid, options, devices.pop() if devices else "cpu")
     return fn, launch, tensors
+
+
+# Note [Symbolic launches]: in a trace with dynamic dims (Note [Symbolic sizes] in plan.py) a
+# kernel's int argument or grid may be an expression over argument sizes (``n_rows =
+# x.shape[0]``, ``triton.cdiv(n, BLOCK)``). The SCM computes it in C at each call, and the kernel
+# is compiled once for the traced value's specialization class. triton 3.6's binder compiles an
+# int differently when it equals 1 (a constexpr), when it is divisible by 16 (``tt.divisibility``)
+# and by its type (i32 in [-2**31, 2**31), else i64/u64), so the trace asks the ShapeEnv each of
+# those questions: the answers become guards (Note [Symbolic guards]) and a call whose value falls
+# in another class misses. Constexprs, and every argument of an autotuned or heuristics kernel,
+# are fixed to their value instead.
+
+
+def _triton_int_class(value: "torch.SymInt", fn, p) -> int:
+    """The traced value of a symbolic int argument, its Triton specialization class guarded."""
+    if not (bool(value >= -2 ** 31) and bool(value < 2 ** 31)):
+        raise TridentError(f"{fn.__name__}: argument {p.name!r} = {value} needs 64 bits; "
+                           "symbolic kernel arguments are 32-bit")
+    if not bool(value == 1):
+        bool(value % 16 == 0)
+    return int(value.node.hint)
+
+
+def _grid_dim(g, fn):
+    if isinstance(g, torch.SymInt) and not is_concrete_int(g):
+        if not (bool(g >= 0) and bool(g < 2 ** 31)):
+            raise TridentError(f"{fn.__name__}: grid dim {g} out of [0, 2**31)")
+        return g
+    return int(g)
+
+
+def _specialized(values):
+    """``values`` (a tuple or dict) with each SymInt replaced by its guarded value."""
+    fix = lambda v: int(v) if isinstance(v, torch.SymInt) else v  # noqa: E731
+    if isinstance(values, dict):
+        return {k: fix(v) for k, v in values.items()}
+    return tuple(fix(v) for v in values)
 
 
 def _plain(value, fn, p):
@@ -287,21 +338,21 @@ def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
 def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) -> Callable:
     """A callback that runs the launch through Triton's interpreter on CPU tensors.
 
-    The SCM calls it with the launch's tensor and scalar arguments in parameter order (the
-    constexprs are fixed here).
+    The SCM calls it with the launch's tensor and scalar arguments in parameter order, then
+    the grid's three dims (the constexprs are fixed here).
     """
     from triton.runtime.interpreter import InterpretedFunction
 
     interpreted = InterpretedFunction(jit_fn.fn)
-    grid = tuple(launch.grid)
     runtime_names = [p["name"] for p in launch.params if p["kind"] != "constexpr"]
     constexprs = {p["name"]: p["value"] for p in launch.params if p["kind"] == "constexpr"}
     options = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
 
-    def run(*values):
+    def run(*values):  # the runtime arguments, then the three grid dims
         on_launch()
         with _helpers_interpreted():
-            interpreted[grid](**dict(zip(runtime_names, values)), **constexprs, **options)
+            interpreted[tuple(values[-3:])](**dict(zip(runtime_names, values[:-3])),
+                                            **constexprs, **options)
 
     return run
 
