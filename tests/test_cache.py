@@ -76,8 +76,8 @@ def test_second_process_reuses_the_cache(tmp_path, subprocess_env, trident_cache
     funcs = list((trident_cache / "functions").iterdir())
     assert len(funcs) == 1 and funcs[0].name.startswith("model-")
     assert len(list((funcs[0] / "specs").glob("*.json"))) == 1
-    assert len([p for p in funcs[0].glob("trident_scm_*") if p.suffix != ".c"
-                and not p.name.endswith(".lock")]) == 1
+    assert len([p for p in funcs[0].glob("trident_scm_*") if p.suffix not in (".c", ".lock",
+                                                                            ".sha256")]) == 1
 
 
 def test_changed_source_gets_a_new_cache_entry(tmp_path, subprocess_env, trident_cache):
@@ -262,3 +262,46 @@ def test_global_plain_values_are_part_of_the_cache_key(tmp_path, subprocess_env)
     assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
     assert _run_config(d, subprocess_env, "3") == "RESULT [3.0, 3.0] [3.0, 3.0]"
     assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
+
+
+def test_damaged_module_in_the_cache_is_built_again(tmp_path, subprocess_env, trident_cache):
+    """A truncated SCM would crash ``dlopen`` (SIGBUS); its SHA-256 no longer matches, so the
+    next process builds it again and serves the stored specialization."""
+    d = write_module(tmp_path)
+    run_script(d, subprocess_env, 2)
+    (module,) = [p for p in (trident_cache / "functions").glob("*/trident_scm_*")
+                 if p.suffix not in (".c", ".lock", ".sha256")]
+    module.write_bytes(module.read_bytes()[: module.stat().st_size // 2])
+    second = run_script(d, subprocess_env, 3)
+    assert (second["traces"], second["compiles"], second["hits"]) == (0, 0, 3)
+
+
+def test_objects_without_attributes_do_not_share_a_key():
+    """Note [Function key]: a value with neither ``__dict__`` nor its own repr is keyed by
+    identity, so two closures over two such objects never load each other's specializations."""
+
+    class Scale:
+        __slots__ = ("k",)
+
+        def __init__(self, k):
+            self.k = k
+
+    def make(scale):
+        return trident.jit(lambda x: x * scale.k)
+
+    x = torch.ones(3)
+    assert torch.equal(make(Scale(2.0))(x), x * 2)
+    assert torch.equal(make(Scale(3.0))(x), x * 3)
+
+
+def test_bound_methods_key_their_object():
+    class Model:
+        def __init__(self, k):
+            self.k = k
+
+        def forward(self, x):
+            return x * self.k
+
+    x = torch.ones(3)
+    assert torch.equal(trident.jit(Model(2.0).forward)(x), x * 2)
+    assert torch.equal(trident.jit(Model(3.0).forward)(x), x * 3)

@@ -172,3 +172,38 @@ def test_triton_launch_over_a_dynamic_size_computes_its_arguments_in_c():
         assert torch.equal(f(x), x * 2 + 1)  # the kernel runs in Triton's interpreter
     assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (2, 3, 0)
     assert f.specializations[1] == "triton_on_dynamic_size(x: float32[?] cpu)"
+
+
+def halves(x):
+    return x.view(x.shape[0] // 2, -1) * 2
+
+
+def test_size_arithmetic_with_max_and_miss_reasons_name_the_sizes():
+    """``view(n // 2, -1)`` guards ``Max(1, ...)``, rendered to C; a dynamic specialization's
+    miss reason names the sizes its failed guard read."""
+    f = trident.jit(halves)
+    for n in (4, 6, 8, 10):
+        x = torch.randn(n, 3)
+        assert torch.equal(f(x), halves(x))
+    assert (f.stats.compiles, f.stats.hits) == (2, 2)
+    assert "Max" not in f.source() and "? (" in f.source()
+    g = trident.jit(lambda x: x * 2, dynamic=True)
+    g(torch.ones(1, 8))
+    g(torch.ones(3, 8))
+    assert g.stats.miss_reasons[-1].startswith("x.size(0) == 1 is false (x.size(0) = 3)")
+
+
+def test_dynamic_false_keeps_to_static_specializations():
+    """A jit with ``dynamic=False`` does not serve calls from a symbolic specialization that
+    another jit of the same function stored in the cache."""
+    def double(x):
+        return x * 2
+
+    auto = trident.jit(double)
+    for n in (3, 4):
+        auto(torch.ones(n))
+    static = trident.jit(double, dynamic=False)
+    for n in (5, 6):
+        assert torch.equal(static(torch.ones(n)), torch.full((n,), 2.0))
+    assert [s[s.index("(x"):] for s in static.specializations] == [
+        "(x: float32[3] cpu)", "(x: float32[5] cpu)", "(x: float32[6] cpu)"]

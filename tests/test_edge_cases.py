@@ -206,3 +206,59 @@ def test_complex_setitem_falls_back():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_same(jf(x), f(x))
+
+
+def test_rebinding_a_closure_variable_recompiles():
+    def make():
+        k = 2.0
+        f = trident.jit(lambda x: x * k)
+
+        def set_k(value):
+            nonlocal k
+            k = value
+        return f, set_k
+
+    f, set_k = make()
+    x = torch.arange(3.0)
+    assert torch.equal(f(x), x * 2) and torch.equal(f(x), x * 2)
+    set_k(5.0)
+    assert torch.equal(f(x), x * 5)
+    assert (f.stats.compiles, f.stats.hits) == (2, 1)
+
+
+@pytest.mark.parametrize("read", [lambda x: x + x.storage_offset(),
+                                  lambda x: x + 1 if x._base is None else x - 1,
+                                  lambda x: x + x._version],
+                         ids=["storage_offset", "_base", "_version"])
+def test_reading_unguarded_tensor_facts_runs_eagerly(read):
+    f = trident.jit(read)
+    base = torch.arange(32.0)
+    with pytest.warns(UserWarning, match="does not guard"):
+        f(base[0:8])
+    for x in (base[4:12], torch.ones(8), base[0:8]):
+        assert torch.equal(f(x), read(x))
+    assert f.stats.compiles == 0 and f.stats.fallbacks == 4
+
+
+def test_inference_mode_is_guarded():
+    f = trident.jit(lambda x: x + 1 if torch.is_inference_mode_enabled() else x - 1)
+    x = torch.ones(2)
+    with torch.no_grad():
+        assert torch.equal(f(x), x - 1)
+    with torch.inference_mode():
+        assert torch.equal(f(x), x + 1)
+    with torch.no_grad():
+        assert torch.equal(f(x), x - 1)
+    assert (f.stats.compiles, f.stats.hits) == (2, 1)
+
+
+def test_default_device_mode_runs_eagerly():
+    f = trident.jit(lambda n: torch.zeros(n) + 1)
+    assert f(3).device.type == "cpu"
+    torch.set_default_device("meta")
+    try:
+        assert f(3).device.type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert f(3).device.type == "cpu"
+    assert (f.stats.compiles, f.stats.fallbacks, f.stats.hits) == (1, 1, 1)

@@ -2,8 +2,10 @@
 
 The module's name carries a hash of everything that affects the binary (Note [Build key]), so a
 name is built once: a process takes a file lock (``filelock``), checks again, compiles in a
-private temporary folder and moves the result into place with ``os.replace`` (atomic on POSIX).
-A process that finds the file loads it without compiling.
+private temporary folder and moves the result into place with ``os.replace`` (atomic on POSIX),
+then writes the file's SHA-256 next to it. A process that finds the file, and the file matches
+its SHA-256, loads it without compiling; a truncated or damaged file (which ``dlopen`` could
+crash on) is built again.
 """
 
 from __future__ import annotations
@@ -57,18 +59,31 @@ def build(source: str, directory: Path) -> ModuleType:
     """
     name = module_name(source)
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    digest = directory / f"{name}.sha256"
     try:
-        if not target.exists():
+        if not _intact(target, digest):
             directory.mkdir(parents=True, exist_ok=True)
             with FileLock(str(directory / f"{name}.lock")):
-                if not target.exists():
-                    _compile(name, source, directory, target)
+                if not _intact(target, digest):
+                    _compile(name, source, directory, target, digest)
         return _load(name, target)
     except (OSError, cffi.VerificationError) as e:
         raise TridentError(f"building {name} in {directory} failed: {e}") from e
 
 
-def _compile(name: str, source: str, directory: Path, target: Path) -> None:
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _intact(target: Path, digest: Path) -> bool:
+    try:
+        return digest.read_text() == _sha256(target)
+    except OSError:
+        return False
+
+
+def _compile(name: str, source: str, directory: Path, target: Path, digest: Path) -> None:
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=directory))
     try:
@@ -78,7 +93,9 @@ def _compile(name: str, source: str, directory: Path, target: Path) -> None:
                        extra_compile_args=CFLAGS, libraries=["dl"])
         built = ffi.compile(tmpdir=str(tmp), verbose=False)
         (directory / f"{name}.c").write_text(source)
+        (tmp / "sha256").write_text(_sha256(Path(built)))
         os.replace(built, target)
+        os.replace(tmp / "sha256", digest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log.info("built %s in %.2f s", target, time.perf_counter() - start)

@@ -13,8 +13,9 @@ module whose name that source hashes to.
 
 Note [Function key]: the function's bytecode and constants, nested code objects, default
 arguments, closure cells, the globals its code names (functions by their own key, modules by
-name, plain values by repr, other objects by their attributes), and the versions of Python,
-torch, triton, torch-mlir and Trident's own source.
+name, plain values by repr, other objects by their attributes, or by repr, or, having neither,
+by identity in this process only), a bound method's ``self`` likewise, and the versions of
+Python, torch, triton, torch-mlir and Trident's own source.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ import sys
 import tempfile
 import time
 import types
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import config
+
+_PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
 from .specialization import Specialization
 
 __version__ = "0.1.0"
@@ -121,12 +125,16 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif hasattr(value, "__dict__"):  # plain objects (configs, namespaces): their attributes
         h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
         _hash_value(h, dict(vars(value)), seen, depth + 1)
-    else:
-        h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
+    elif type(value).__repr__ is not object.__repr__:  # numpy scalars, enums, ...: their repr
+        h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
+    else:  # no content to hash (__slots__ objects): this object, in this process only
+        h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
     h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
+    if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
+        _hash_value(h, fn.__self__, seen, depth)
     _hash_code(h, fn.__code__)
     for default in fn.__defaults__ or ():
         _hash_value(h, default, seen, depth)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -116,6 +117,73 @@ def source_line(stack_trace: str | None) -> tuple[str, str]:
     return f"{path.rsplit('/', 1)[-1]}:{lineno}", text
 
 
+class _UnguardedReads:
+    """While tracing, user code that reads a tensor fact no guard covers raises TridentError.
+
+    Guards (guards.py) cover sizes, strides and 16-byte alignment, not where a view starts in
+    its storage or which tensor it views. A function that reads ``storage_offset()``,
+    ``untyped_storage()``, ``data_ptr()``, ``_version`` or ``_base`` would bake one call's answer
+    into the specialization, so it runs eagerly instead. The accessors of ``torch.Tensor`` are
+    wrapped for the duration of the trace; reads from torch's own code (fake tensors, make_fx)
+    and Triton, generated code, and other threads pass through.
+    """
+
+    METHODS = ("storage_offset", "untyped_storage", "data_ptr")
+    PROPERTIES = ("_version", "_base")
+
+    def __enter__(self):
+        thread = threading.get_ident()
+
+        libraries = _SKIP_PREFIXES + ("<",) + _triton_dir()
+
+        def check(name):
+            caller = sys._getframe(2)
+            if threading.get_ident() == thread and not caller.f_code.co_filename.startswith(
+                    libraries):
+                raise TridentError(f"the function reads a tensor's {name} "
+                                   f"({Path(caller.f_code.co_filename).name}:{caller.f_lineno}), "
+                                   "which Trident does not guard")
+
+        def method(name, original):
+            def read(self, *args, **kwargs):
+                check(name + "()")
+                return original(self, *args, **kwargs)
+            return read
+
+        def prop(name, original):
+            def read(self):
+                check(name)
+                return original.__get__(self)
+            return property(read)
+
+        self._saved = {name: torch.Tensor.__dict__.get(name, _MISSING)
+                       for name in self.METHODS + self.PROPERTIES}
+        for name in self.METHODS:
+            setattr(torch.Tensor, name, method(name, getattr(torch.Tensor, name)))
+        for name in self.PROPERTIES:
+            setattr(torch.Tensor, name, prop(name, getattr(torch._C.TensorBase, name)))
+        return self
+
+    def __exit__(self, *exc):
+        for name, saved in self._saved.items():
+            if saved is _MISSING:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, saved)
+
+
+_MISSING = object()
+
+
+def _triton_dir() -> tuple[str, ...]:
+    """Triton's own files (its launcher reads ``data_ptr()`` while autotuning at capture)."""
+    try:
+        import triton
+    except ImportError:
+        return ()
+    return (str(Path(triton.__file__).parent),)
+
+
 class _TritonLaunches:
     """While tracing, ``kernel[grid](...)`` records a ``triton_kernel_wrapper_mutation`` node.
 
@@ -214,7 +282,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     try:
-        with fx_traceback.preserve_node_meta(), _SourceLines(), launches:
+        with fx_traceback.preserve_node_meta(), _SourceLines(), launches, _UnguardedReads():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",

@@ -6,16 +6,17 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 (tests/test_guards.py) proves the two agree on random arguments.
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
-autocast, a tensor passed twice, the default dtype, torch.func transforms), then each argument's kind, then per tensor dtype, device,
-rank, then sizes and strides, then flags (alignment, requires_grad, inference tensor), then
-scalar values. Both the C
-function and ``first_failure`` evaluate guards in list order.
+inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
+TorchFunctionModes), then each argument's kind, then per tensor dtype, device, rank, then sizes
+and strides, then flags (alignment, requires_grad, inference tensor), then scalar values. Both
+the C function and ``first_failure`` evaluate guards in list order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import struct
 from typing import Any
 
@@ -30,7 +31,8 @@ _C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT"
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
-_ENV_FIELDS = ("grad_enabled", "autocast", "aliased", "default_dtype", "transforms")
+_ENV_FIELDS = ("grad_enabled", "inference_mode", "autocast", "aliased", "default_dtype",
+               "transforms", "function_modes")
 _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
@@ -97,10 +99,12 @@ def env_facts(args: tuple) -> dict:
     tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
     return {
         "grad_enabled": torch.is_grad_enabled(),
+        "inference_mode": torch.is_inference_mode_enabled(),
         "autocast": torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
         "aliased": len(set(tensors)) != len(tensors),
         "default_dtype": dtype_codes()[torch.get_default_dtype()],
         "transforms": torch._C._are_functorch_transforms_active(),
+        "function_modes": torch._C._len_torch_function_stack() > 0,
     }
 
 
@@ -140,10 +144,12 @@ class Guard:
         return {
             "nargs": lambda: f"n == {v}",
             "grad_enabled": lambda: f"env->grad_enabled == {int(v)}",
+            "inference_mode": lambda: f"env->inference_mode == {int(v)}",
             "autocast": lambda: f"env->autocast == {int(v)}",
             "aliased": lambda: f"env->aliased == {int(v)}",
             "default_dtype": lambda: f"env->default_dtype == {v}",
             "transforms": lambda: f"env->transforms == {int(v)}",
+            "function_modes": lambda: f"env->function_modes == {int(v)}",
             "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
             "dtype": lambda: f"{a}.dtype == {v}",
             "device_type": lambda: f"{a}.device_type == {v}",
@@ -167,10 +173,12 @@ class Guard:
         return {
             "nargs": lambda: f"{v} positional arguments",
             "grad_enabled": lambda: f"torch.is_grad_enabled() is {v}",
+            "inference_mode": lambda: f"torch.is_inference_mode_enabled() is {v}",
             "autocast": lambda: f"autocast is {'on' if v else 'off'}",
             "aliased": lambda: f"one tensor in two argument positions is {v}",
             "default_dtype": lambda: f"torch.get_default_dtype() == {dtype_name(v)}",
             "transforms": lambda: f"a torch.func transform is active is {v}",
+            "function_modes": lambda: f"a TorchFunctionMode is active is {v}",
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
             "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
             "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
@@ -225,10 +233,19 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     """``"x.size(0) == 4 expected, got 5"`` for a guard that ``args`` fail."""
     if guard.field not in ("nargs", *_ENV_FIELDS) and guard.arg >= len(args):
         return f"{guard.describe(names)} expected, but only {len(args)} arguments were passed"
-    actual = guard.actual([arg_facts(a) for a in args], len(args), env_facts(args))
+    facts = [arg_facts(a) for a in args]
+    actual = guard.actual(facts, len(args), env_facts(args))
+    if guard.field == "sym":  # name the sizes it read: "(x.size(0) >= 2) is false (x.size(0) = 1)"
+        read = dict.fromkeys(re.findall(r"([ST])\((\d+), (\d+)\)", guard.expr["py"]))
+        values = ", ".join(
+            f"{names[int(i)] if int(i) < len(names) else f'argument {i}'}."
+            f"{'size' if k == 'S' else 'stride'}({d}) = "
+            f"{facts[int(i)].get('sizes' if k == 'S' else 'strides', ['?'] * (int(d) + 1))[int(d)]}"
+            for k, i, d in read)
+        return f"{guard.describe(names)} is false ({values})"
     if guard.field == "kind":
         actual = KIND_NAMES.get(actual, actual)
-    elif guard.field == "dtype" and actual is not None:
+    elif guard.field in ("dtype", "default_dtype") and actual is not None:
         actual = dtype_name(actual)
     elif guard.field == "value" and guard.float_value and actual is not None:
         actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
@@ -272,9 +289,12 @@ def _eval_sym(py: str, facts: list[dict]) -> bool:
 def _render(expr, sources: dict) -> tuple[str, str, str]:
     """(C, Python, words) for a sympy expression over the source symbols."""
     import sympy
+    from torch.utils._sympy import functions
     from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
     from .errors import TridentError
+
+    Max, Min = getattr(functions, "Max", sympy.Max), getattr(functions, "Min", sympy.Min)
 
     def r(e):
         if isinstance(e, sympy.Integer) or e in (sympy.true, sympy.false):
@@ -297,6 +317,13 @@ def _render(expr, sources: dict) -> tuple[str, str, str]:
         if isinstance(e, FloorDiv):
             (ac, ap, at), (bc, bp, bt) = parts
             return f"trt_floordiv({ac}, {bc})", f"({ap} // {bp})", f"({at} // {bt})"
+        if isinstance(e, (sympy.Max, sympy.Min, Max, Min)):  # folded pairwise
+            op, name = (">", "max") if isinstance(e, (sympy.Max, Max)) else ("<", "min")
+            c, py, text = parts[0]
+            for bc, bp, bt in parts[1:]:
+                c = f"(({c}) {op} ({bc}) ? ({c}) : ({bc}))"
+                py, text = f"{name}({py}, {bp})", f"{name}({text}, {bt})"
+            return c, py, text
         if isinstance(e, (Mod, PythonMod, sympy.Mod)):
             (ac, ap, at), (bc, bp, bt) = parts
             return f"trt_mod({ac}, {bc})", f"({ap} % {bp})", f"({at} % {bt})"

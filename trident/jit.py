@@ -91,6 +91,7 @@ class JitFunctionMixin:
         self._eager_signatures: list[tuple[list, str]] = []
         self._cache: FunctionCache | None = None
         self._global_bindings: dict[str, object] = {}
+        self._cell_bindings: list[tuple[object, object]] = []
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
@@ -166,19 +167,27 @@ class JitFunctionMixin:
         self._install(0, 0)
         self._specs = []
         self._global_bindings = _global_bindings(self._fn)
+        self._cell_bindings = _cell_bindings(self._fn)
         g = self._fn.__globals__
-        self._set_global_guards(tuple((g, name, value)
-                                      for name, value in self._global_bindings.items()))
+        self._set_global_guards(
+            tuple((g, name, value) for name, value in self._global_bindings.items()) +
+            tuple((cell, None, value) for cell, value in self._cell_bindings))
         self._cache = FunctionCache(self._fn, function_key(self._fn))
-        self._specs = self._cache.load_specs()[: self._max_specializations]
+        self._specs = self._stored_specs()[: self._max_specializations]
         if self._specs:
             self._install_module(self._specs)
+
+    def _stored_specs(self) -> list[Specialization]:
+        """The cache's specializations of this function; with ``dynamic=False`` only static
+        ones, even where another jit of the same code stored symbolic ones."""
+        return [s for s in self._cache.load_specs() if self._dynamic is not False or not s.dynamic]
 
     def _globals_unchanged(self) -> bool:
         """Note [Global guards]: the Python twin of ``globals_unchanged`` in runtime.cpp."""
         g = self._fn.__globals__
         return all(g.get(name, _UNBOUND) is value
-                   for name, value in self._global_bindings.items())
+                   for name, value in self._global_bindings.items()) and all(
+            _cell_contents(cell) is value for cell, value in self._cell_bindings)
 
     def _arg_label(self, i: int) -> str:
         if i < len(self._arg_names):
@@ -196,8 +205,9 @@ class JitFunctionMixin:
             return self._eager(args, None, f"{len(args)} arguments; the native path reads at "
                                f"most {MAX_ARGS}")
         env = env_facts(args)
-        if env["autocast"] or env["transforms"]:
-            return self._eager(args, None, "autocast or a torch.func transform is on: Trident "
+        if env["autocast"] or env["transforms"] or env["function_modes"]:
+            return self._eager(args, None, "autocast, a torch.func transform or a "
+                               "TorchFunctionMode (torch.set_default_device, ...) is on: Trident "
                                "does not compile under them")
         for i, f in enumerate(arg_facts(a) for a in args):
             if f["kind"] == OTHER:
@@ -222,7 +232,7 @@ class JitFunctionMixin:
             try:
                 spec = self._compile_dynamic_or_static(args)
                 # The new specialization goes last, after those stored by other processes.
-                specs = [s for s in self._cache.load_specs() if s.key != spec.key]
+                specs = [s for s in self._stored_specs() if s.key != spec.key]
                 specs = specs[: self._max_specializations - 1] + [spec]
                 self._install_module(specs)
             except TridentError as e:
@@ -447,6 +457,22 @@ def _global_bindings(fn) -> dict[str, object]:
     list) keep their identity and are not seen."""
     return {name: fn.__globals__[name] for name in sorted(code_names(fn.__code__))
             if name in fn.__globals__}
+
+
+def _cell_contents(cell) -> object:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _UNBOUND
+
+
+def _cell_bindings(fn) -> list[tuple[object, object]]:
+    """Note [Global guards], for closures: each of ``fn``'s closure cells and the object it
+    holds now. ``nonlocal k; k = 5.0`` in the enclosing function rebinds the cell, which the
+    dispatcher sees as it sees a rebound global."""
+    cells = getattr(fn, "__closure__", None) or ()
+    return [(cell, _cell_contents(cell)) for cell in cells
+            if _cell_contents(cell) is not _UNBOUND]
 
 
 @functools.cache

@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -379,13 +380,15 @@ int Dispatcher_clear(Dispatcher* self) {
   return 0;
 }
 
-// Every global the module was compiled with is still bound to the same object.
+// Every global and closure cell the module was compiled with is still bound to the same object.
 bool globals_unchanged(Dispatcher* self) {
   if (!self->global_guards) return true;
   Py_ssize_t n = PyTuple_GET_SIZE(self->global_guards);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* g = PyTuple_GET_ITEM(self->global_guards, i);
-    PyObject* now = PyDict_GetItemWithError(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(g, 1));
+    PyObject* where = PyTuple_GET_ITEM(g, 0);
+    PyObject* now = PyCell_Check(where) ? PyCell_GET(where)
+                                        : PyDict_GetItemWithError(where, PyTuple_GET_ITEM(g, 1));
     if (now != PyTuple_GET_ITEM(g, 2)) {
       PyErr_Clear();
       return false;
@@ -428,6 +431,7 @@ void read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->default_dtype = static_cast<int32_t>(c10::typeMetaToScalarType(c10::get_default_dtype()));
   env->transforms =
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+  env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
@@ -513,7 +517,8 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// _set_global_guards(tuple of (dict, name, object)): Note [Global guards] in jit.py.
+// _set_global_guards(tuple of (dict, name, object) or (cell, None, object)): Note [Global
+// guards] in jit.py.
 PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
   if (!PyTuple_Check(guards)) {
     PyErr_SetString(PyExc_TypeError, "_set_global_guards expects a tuple");
@@ -521,8 +526,10 @@ PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); ++i) {
     PyObject* g = PyTuple_GET_ITEM(guards, i);
-    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 || !PyDict_Check(PyTuple_GET_ITEM(g, 0))) {
-      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object)");
+    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 ||
+        !(PyDict_Check(PyTuple_GET_ITEM(g, 0)) || PyCell_Check(PyTuple_GET_ITEM(g, 0)))) {
+      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object) or "
+                                       "(cell, None, object)");
       return nullptr;
     }
   }

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 2
+#define TRT_ABI_VERSION 3
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -124,6 +124,7 @@ typedef struct trt_env {
   int32_t aliased;        /* one tensor object is passed in two argument positions */
   int32_t default_dtype;  /* torch.get_default_dtype() as a c10::ScalarType */
   int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
+  int32_t function_modes; /* a TorchFunctionMode (torch.set_default_device, ...) is active */
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
