@@ -336,8 +336,9 @@ def test_index_error_on_a_hit_raises_and_recovers():
     good, bad = torch.tensor([0, 3]), torch.tensor([0, 9])
     assert torch.equal(jf(x, good), gather_rows(x, good))
     with pytest.raises(trident.TridentError, match=rf"^{HERE}:{line_of(gather_rows, 'x[i]')} "
-                                                   r"\(aten::index"):
+                                                   r"\(aten::index") as err:
         jf(x, bad)
+    assert isinstance(err.value, IndexError)  # what eager raises: `except IndexError` still works
     assert torch.equal(jf(x, good), gather_rows(x, good))
     # a call that raised is not a hit
     assert (jf.stats.hits, jf.stats.misses, jf.stats.compiles) == (1, 1, 1)

@@ -816,3 +816,14 @@ def test_unsupported_kernel_argument_warns_with_fallback():
     messages = [str(w.message) for w in caught]
     assert any("add_kernel" in m and "list" in m for m in messages), messages
     assert f.stats.fallbacks == 1 and f.stats.compiles == 0
+
+
+def test_eager_fallback_interprets_cpu_launches():
+    """A call Trident runs eagerly (here: an argument that requires grad under grad mode) runs
+    its CPU launches through Triton's interpreter, as the served calls do."""
+    f = trident.jit(add_tuple_grid)
+    x, y = randn(100, seed=40), randn(100, seed=41)
+    assert torch.equal(f(x, y), x + y)
+    x.requires_grad_(True)
+    assert torch.equal(f(x, y), (x + y).detach())
+    assert counts(f) == dict(hits=0, misses=2, compiles=1, fallbacks=1, traces=1, interpreted=1)

@@ -66,6 +66,8 @@ def build(source: str, directory: Path) -> ModuleType:
             with FileLock(str(directory / f"{name}.lock")):
                 if not _intact(target, digest):
                     _compile(name, source, directory, target, digest)
+        elif name not in sys.modules:
+            _log.info("loading %s (built before)", target)
         return _load(name, target)
     except (OSError, cffi.VerificationError) as e:
         raise TridentError(f"building {name} in {directory} failed: {e}") from e

@@ -57,7 +57,7 @@ def _configure_from_env() -> None:
         warnings.warn(f"TRIDENT_LOGS: unknown switch(es) {sorted(unknown)}; known: "
                       f"{', '.join(LOG_SWITCHES)}, all", stacklevel=2)
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[trident.%(name)s] %(message)s"))
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
     for name in names & set(LOG_SWITCHES):
         lg = logger(name)
         lg.setLevel(logging.INFO)

@@ -1,4 +1,4 @@
-"""Trident's one exception type."""
+"""Trident's exception types."""
 
 
 class TridentError(RuntimeError):
@@ -6,5 +6,29 @@ class TridentError(RuntimeError):
 
     The message names the argument or op and, where known, the user's source line
     (``file.py:LINE``). Errors raised by PyTorch ops inside a compiled launch sequence are
-    re-raised as ``TridentError`` with the failing step's source line prepended.
+    re-raised as ``TridentError`` with the failing step's source line prepended; where PyTorch
+    raises ``IndexError``, ``ValueError``, ``TypeError`` or ``NotImplementedError`` (c10's error
+    subclasses, or a Python exception in an interpreted Triton launch), the error is also an
+    instance of that class, so code written against eager PyTorch catches it.
     """
+
+
+class TridentIndexError(TridentError, IndexError):
+    """An op in the launch sequence raised ``IndexError`` (e.g. an index out of bounds)."""
+
+
+class TridentValueError(TridentError, ValueError):
+    """An op in the launch sequence raised ``ValueError``."""
+
+
+class TridentTypeError(TridentError, TypeError):
+    """An op in the launch sequence raised ``TypeError``."""
+
+
+class TridentNotImplementedError(TridentError, NotImplementedError):
+    """An op in the launch sequence raised ``NotImplementedError`` (e.g. a dtype it lacks)."""
+
+
+# in the order of the runtime's error kinds (ERR_GENERIC, ERR_INDEX, ... in runtime.cpp)
+ERROR_TYPES = (TridentError, TridentIndexError, TridentValueError, TridentTypeError,
+               TridentNotImplementedError)

@@ -92,6 +92,7 @@ class JitFunctionMixin:
         self._cache: FunctionCache | None = None
         self._global_bindings: dict[str, object] = {}
         self._cell_bindings: list[tuple[object, object]] = []
+        self._load_reason = "first call"
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
@@ -115,8 +116,13 @@ class JitFunctionMixin:
         """The signature of each installed specialization, in guard order."""
         return [s.signature for s in self._specs]
 
-    def explain(self, *args) -> str:
-        """Which specialization ``args`` would run, or why each one rejects them."""
+    def explain(self, *args, **kwargs) -> str:
+        """Which specialization ``args`` would run, or why each one rejects them (keyword
+        arguments are bound to positions first, as a call binds them)."""
+        if kwargs:
+            bound = self._signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
         self._ensure_loaded()
         lines = []
         for i, spec in enumerate(self._specs):
@@ -164,6 +170,13 @@ class JitFunctionMixin:
         the specializations cached under the function's current key."""
         if self._cache is not None and self._globals_unchanged():
             return
+        if self._cache is not None:  # for the miss reason of the call that finds no specs
+            g = self._fn.__globals__
+            rebound = [name for name, value in self._global_bindings.items()
+                       if g.get(name, _UNBOUND) is not value]
+            rebound += ["a closure variable"] * any(
+                _cell_contents(cell) is not value for cell, value in self._cell_bindings)
+            self._load_reason = f"{', '.join(rebound)} rebound since the last call"
         self._install(0, 0)
         self._specs = []
         self._global_bindings = _global_bindings(self._fn)
@@ -308,7 +321,7 @@ class JitFunctionMixin:
 
     def _miss_reason(self, args: tuple) -> str:
         if not self._specs:
-            return "first call"
+            return self._load_reason
         reasons = []
         for i, spec in enumerate(self._specs):
             failed = first_failure(spec.guards, args)
@@ -320,7 +333,8 @@ class JitFunctionMixin:
     def _eager(self, args: tuple, kwargs: dict | None, why: str):
         self._counters.fallbacks += 1
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
-        return self._fn(*args, **(kwargs or {}))
+        with kernels.cpu_launches_interpreted():
+            return self._fn(*args, **(kwargs or {}))
 
     def _dynamic_dims(self, args: tuple) -> dict[int, set[int]]:
         """Note [Automatic dynamic]: the dims of ``args`` to trace as symbolic sizes.

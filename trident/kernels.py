@@ -358,6 +358,46 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
 
 
 @contextlib.contextmanager
+def cpu_launches_interpreted():
+    """While active, ``kernel[grid](...)`` on CPU tensors runs through Triton's interpreter.
+
+    For the eager fallback: a function Trident serves with its CPU launches interpreted must
+    run eagerly the same way, where a plain launch would fail for want of a GPU driver
+    (triton 3.6: "0 active drivers"). Launches on other devices run as Triton runs them.
+    """
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        yield
+        return
+    from torch._subclasses.fake_tensor import is_fake
+    from triton.runtime.interpreter import InterpretedFunction
+
+    original = KernelInterface.__getitem__
+
+    def getitem(kernel, grid):
+        launch = original(kernel, grid)
+        if isinstance(kernel, InterpretedFunction):  # the interpreter's own launch
+            return launch
+
+        def run(*args, **kwargs):
+            tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+            if not tensors or any(t.device.type != "cpu" or is_fake(t) for t in tensors):
+                return launch(*args, **kwargs)
+            jit_fn, resolved, named = resolve_launch(kernel, grid, args, kwargs, lambda t: True)
+            values = [named[p["name"]] if p["kind"] == "tensor" else p["value"]
+                      for p in resolved.params if p["kind"] != "constexpr"]
+            interpreted_launcher(jit_fn, resolved, lambda: None)(*values, *resolved.grid)
+        return run
+
+    KernelInterface.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+@contextlib.contextmanager
 def _helpers_interpreted():
     """Let an interpreted kernel call other ``@triton.jit`` functions.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .. import config
-from ..errors import TridentError
+from ..errors import ERROR_TYPES, TridentError
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"
@@ -52,5 +52,5 @@ def load():
             build_directory=str(build_dir),
             verbose=False,
         )
-    module.set_error_type(TridentError)
+    module.set_error_types(ERROR_TYPES)
     return module

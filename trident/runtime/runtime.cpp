@@ -43,6 +43,11 @@ struct trt_op {
 namespace {
 
 thread_local std::string g_error;
+// The Python exception class of the pending error, as an index into ErrorTypes (trident/
+// errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins),
+// so that ``except IndexError`` around a call catches what eager PyTorch would raise.
+enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_KINDS };
+thread_local int g_error_kind = ERR_GENERIC;
 
 at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
 trt_tensor* new_handle(at::Tensor&& t) {
@@ -141,9 +146,15 @@ int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, 
     return 0;
   } catch (const c10::Error& e) {
     g_error = e.what_without_backtrace();
+    g_error_kind = dynamic_cast<const c10::IndexError*>(&e)            ? ERR_INDEX
+                   : dynamic_cast<const c10::ValueError*>(&e)          ? ERR_VALUE
+                   : dynamic_cast<const c10::TypeError*>(&e)           ? ERR_TYPE
+                   : dynamic_cast<const c10::NotImplementedError*>(&e) ? ERR_NOT_IMPLEMENTED
+                                                                       : ERR_GENERIC;
     return 1;
   } catch (const std::exception& e) {
     g_error = e.what();
+    g_error_kind = ERR_GENERIC;
     return 1;
   }
 }
@@ -203,6 +214,12 @@ fail:
     PyErr_Fetch(&type, &value, &tb);
     PyObject* s = value ? PyObject_Str(value) : nullptr;
     g_error = s ? PyUnicode_AsUTF8(s) : "python callback failed";
+    g_error_kind = !type                                                          ? ERR_GENERIC
+                   : PyErr_GivenExceptionMatches(type, PyExc_IndexError)          ? ERR_INDEX
+                   : PyErr_GivenExceptionMatches(type, PyExc_ValueError)          ? ERR_VALUE
+                   : PyErr_GivenExceptionMatches(type, PyExc_TypeError)           ? ERR_TYPE
+                   : PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError) ? ERR_NOT_IMPLEMENTED
+                                                                                  : ERR_GENERIC;
     Py_XDECREF(s);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -212,6 +229,7 @@ fail:
 }
 
 void api_set_error(const char* where, const char* message) {
+  if (message) g_error_kind = ERR_GENERIC;  // the SCM's own error, not a failed op's
   std::string msg = message ? std::string(message) : g_error;
   g_error = std::string(where) + ": " + msg;
 }
@@ -336,6 +354,7 @@ void release_outputs(trt_result* r, int32_t from) {
 // ---- Dispatcher ----------------------------------------------------------------------------
 
 PyObject* TridentError = nullptr;
+PyObject* ErrorTypes[ERR_KINDS] = {nullptr};
 
 struct Dispatcher {
   PyObject_HEAD
@@ -471,7 +490,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* args, int* rc_out) {
   *rc_out = rc;
   if (rc == TRT_MISS || rc == TRT_CAPTURE) return nullptr;
   if (rc == TRT_ERROR) {
-    PyErr_SetString(TridentError, g_error.c_str());
+    PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
     return nullptr;
   }
   const char* p = result.spec;
@@ -652,10 +671,19 @@ PyObject* dtype_code(PyObject*, PyObject* dtype) {
   return PyLong_FromLong(static_cast<long>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
 }
 
-// TridentError is defined in Python (trident/errors.py) and handed over once at load time.
-PyObject* set_error_type(PyObject*, PyObject* type) {
-  Py_INCREF(type);
-  Py_XSETREF(TridentError, type);
+// The error classes are defined in Python (trident/errors.py, ERROR_TYPES) and handed over once
+// at load time: TridentError first, then its twins in the order of the ERR_ kinds.
+PyObject* set_error_types(PyObject*, PyObject* types) {
+  if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != ERR_KINDS) {
+    PyErr_Format(PyExc_TypeError, "set_error_types expects a tuple of %d classes", ERR_KINDS);
+    return nullptr;
+  }
+  for (int i = 0; i < ERR_KINDS; ++i) {
+    Py_INCREF(PyTuple_GET_ITEM(types, i));
+    Py_XSETREF(ErrorTypes[i], PyTuple_GET_ITEM(types, i));
+  }
+  Py_INCREF(ErrorTypes[0]);
+  Py_XSETREF(TridentError, ErrorTypes[0]);
   Py_RETURN_NONE;
 }
 
@@ -665,7 +693,8 @@ PyMethodDef module_methods[] = {
      "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
     {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
-    {"set_error_type", set_error_type, METH_O, "set_error_type(cls): the class raised on TRT_ERROR."},
+    {"set_error_types", set_error_types, METH_O,
+     "set_error_types(classes): TridentError and its twins, raised on TRT_ERROR."},
     {nullptr, nullptr, 0, nullptr},
 };
 
