@@ -199,6 +199,25 @@ def test_corrupt_spec_files_are_ignored(trident_cache):
     assert torch.equal(again(torch.ones(3)), torch.full((3,), -1.0))
     assert again.stats.compiles == 0 and again.stats.hits == 1
     assert len(again.specializations) == 1
+    assert [p.name for p in spec_dir.glob("*.json")] == [p.name for p in spec_dir.glob("*-*.json")
+                                                         if "garbage" not in p.name
+                                                         and "partial" not in p.name]  # dropped
+
+
+def test_specialization_limit_counts_this_process_compiles(trident_cache):
+    """Note [Specialization limit]: specializations stored by earlier runs do not use up the
+    limit; the module installs the newest of them."""
+    def scale(x, k):
+        return x * k
+
+    x = torch.arange(3.0)
+    first = trident.jit(scale, max_specializations=2)
+    first(x, 1)
+    first(x, 2)
+    later = trident.jit(scale, max_specializations=2)
+    assert torch.equal(later(x, 3), x * 3) and torch.equal(later(x, 2), x * 2)
+    assert (later.stats.compiles, later.stats.fallbacks, later.stats.hits) == (1, 0, 1)
+    assert [s.split("k=")[1] for s in later.specializations] == ["2)", "3)"]
 
 
 def test_cache_dir_is_created_on_demand(tmp_path, monkeypatch):

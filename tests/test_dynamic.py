@@ -207,3 +207,15 @@ def test_dynamic_false_keeps_to_static_specializations():
         assert torch.equal(static(torch.ones(n)), torch.full((n,), 2.0))
     assert [s[s.index("(x"):] for s in static.specializations] == [
         "(x: float32[3] cpu)", "(x: float32[5] cpu)", "(x: float32[6] cpu)"]
+
+
+def test_strided_views_trace_with_symbolic_strides_and_offsets():
+    """A view's strides and storage offset may be symbols of their own (``stride(0) = s37*s49``
+    read before ``stride(1) = s37``); every symbol is sourced before any guard reads it."""
+    f = trident.jit(lambda x: x * 2, dynamic=True)
+    base = torch.randn(9, 8)
+    for x in (base[1:, ::2], base[2:, ::2], base[1:7, 1::3]):
+        assert torch.equal(f(x), x * 2)
+    # the second view hits the first's specialization; the third has another stride relation
+    assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (2, 1, 0)
+    assert all("?" in s for s in f.specializations)

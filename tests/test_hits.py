@@ -202,7 +202,7 @@ def test_max_specializations_bound_runs_eagerly_with_one_warning():
     x = torch.arange(3.0)
     jf(x, 1)
     jf(x, 2)
-    with pytest.warns(UserWarning, match="limit of 2 specializations") as record:
+    with pytest.warns(UserWarning, match="limit of 2 compiled specializations") as record:
         assert torch.equal(jf(x, 3), x * 3)
         assert torch.equal(jf(x, 4), x * 4)
         assert torch.equal(jf(x, 3), x * 3)
@@ -221,7 +221,7 @@ def test_max_specializations_from_environment(monkeypatch):
     monkeypatch.setenv("TRIDENT_MAX_SPECIALIZATIONS", "1")
     jf = trident.jit(scale)
     jf(torch.ones(1), 1)
-    with pytest.warns(UserWarning, match="limit of 1 specializations"):
+    with pytest.warns(UserWarning, match="limit of 1 compiled specializations"):
         jf(torch.ones(1), 2)
     assert counts(jf)["fallbacks"] == 1 and counts(jf)["compiles"] == 1
 

@@ -172,7 +172,10 @@ class FunctionCache:
             try:
                 spec = Specialization.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError):
-                continue  # a foreign or partial file; never trust it
+                # written atomically (save_spec), so damaged: never trust it, and drop it so that
+                # the next compile of that signature stores it again
+                path.unlink(missing_ok=True)
+                continue
             if spec.key not in keys:
                 keys.add(spec.key)
                 specs.append(spec)

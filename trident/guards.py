@@ -79,6 +79,7 @@ def arg_facts(obj: Any) -> dict:
             "dim": obj.dim(),
             "sizes": tuple(obj.shape),
             "strides": tuple(obj.stride()),
+            "storage_offset": obj.storage_offset(),
             "aligned16": data_ptr % 16 == 0,
             "requires_grad": obj.requires_grad,
             "inference": obj.is_inference(),
@@ -281,7 +282,8 @@ def _eval_sym(py: str, facts: list[dict]) -> bool:
     try:
         return bool(eval(py, {"__builtins__": {}, "max": max, "min": min},
                          {"S": lambda i, d: facts[i]["sizes"][d],
-                          "T": lambda i, d: facts[i]["strides"][d]}))
+                          "T": lambda i, d: facts[i]["strides"][d],
+                          "O": lambda i: facts[i]["storage_offset"]}))
     except (KeyError, IndexError, TypeError, ZeroDivisionError):
         return False
 
@@ -345,7 +347,8 @@ def _render(expr, sources: dict) -> tuple[str, str, str]:
 
 
 def _places(fake_args: tuple):
-    """Each size and stride of a dynamic trace's tensor arguments, in order:
+    """Each size and stride (and symbolic storage offset) of a dynamic trace's tensor
+    arguments, in order:
     ``(arg, sympy expression, (C, Python, words) naming the place)``."""
     import sympy
 
@@ -360,6 +363,12 @@ def _places(fake_args: tuple):
                 yield i, expr, (f"a[{i}].{'sizes' if kind == 'S' else 'strides'}[{d}]",
                                 f"{kind}({i}, {d})",
                                 f"{{{i}}}.{'size' if kind == 'S' else 'stride'}({d})")
+        # a view's storage offset is a symbol of its own when a dim is dynamic (ShapeEnv's
+        # duck sizing); a static offset is not guarded, as in a static specialization
+        offset = t.storage_offset()
+        if isinstance(offset, torch.SymInt) and not offset.node._expr.is_number:
+            yield i, offset.node._expr, (f"a[{i}].storage_offset", f"O({i})",
+                                         f"{{{i}}}.storage_offset()")
 
 
 def size_expr(value: "torch.SymInt", fake_args: tuple) -> dict:
@@ -388,9 +397,11 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
         guards.append(Guard("sym", True, arg, expr={"c": c, "py": py, "text": text}))
 
     places = list(_places(fake_args))
+    for _, expr, here in places:  # every symbol first, so any place may read one sourced later
+        if isinstance(expr, sympy.Symbol):
+            sources.setdefault(expr, here)
     for i, expr, here in places:
-        if isinstance(expr, sympy.Symbol) and expr not in sources:
-            sources[expr] = here
+        if isinstance(expr, sympy.Symbol) and sources[expr] is here:
             bounds = shape_env.var_to_range[expr]
             guard(sympy.Ge(expr, int(bounds.lower)), i)
             if not isinstance(bounds.upper, IntInfinity) and bounds.upper != sympy.oo:

@@ -186,7 +186,7 @@ class JitFunctionMixin:
             tuple((g, name, value) for name, value in self._global_bindings.items()) +
             tuple((cell, None, value) for cell, value in self._cell_bindings))
         self._cache = FunctionCache(self._fn, function_key(self._fn))
-        self._specs = self._stored_specs()[: self._max_specializations]
+        self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
             self._install_module(self._specs)
 
@@ -234,19 +234,23 @@ class JitFunctionMixin:
         for guards, why in self._eager_signatures:
             if first_failure(guards, args) is None:
                 return self._eager(args, None, why)
-        if len(self._specs) >= self._max_specializations:
+        # Note [Specialization limit]: the limit bounds compiles in this process (as
+        # torch.compile's recompile limit does) and the size of the module: the newest stored
+        # specializations are installed, so a cache that earlier processes filled never turns a
+        # new signature eager for good.
+        if self._counters.compiles >= self._max_specializations:
             if not self._warned_limit:
                 self._warned_limit = True
                 warnings.warn(f"trident: {self.__qualname__} reached its limit of "
-                              f"{self._max_specializations} specializations; further new "
-                              "signatures run eagerly", stacklevel=3)
+                              f"{self._max_specializations} compiled specializations; further "
+                              "new signatures run eagerly", stacklevel=3)
             return self._eager(args, None, "specialization limit")
         with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
             try:
                 spec = self._compile_dynamic_or_static(args)
                 # The new specialization goes last, after those stored by other processes.
                 specs = [s for s in self._stored_specs() if s.key != spec.key]
-                specs = specs[: self._max_specializations - 1] + [spec]
+                specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
                 self._install_module(specs)
             except TridentError as e:
                 if not self._fallback:
@@ -507,9 +511,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
         fn: a function of tensors and Python scalars that calls torch ops and Triton kernels
             (launched natively on CUDA tensors, through Triton's interpreter on CPU tensors).
             Positional arguments are guarded; keyword arguments are bound to positions first.
-        max_specializations: bound on specializations kept for this function (default 8, or
-            ``TRIDENT_MAX_SPECIALIZATIONS``); past it new signatures run eagerly, with one
-            warning.
+        max_specializations: bound on the specializations this function compiles in a process
+            and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it new
+            signatures run eagerly, with one warning (Note [Specialization limit]).
         fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or
             construct), run it eagerly with a warning (True) or raise ``TridentError`` (False).
         cuda_graphs: replay a CUDA graph of each CUDA specialization from its second call on
