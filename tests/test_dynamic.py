@@ -219,3 +219,15 @@ def test_strided_views_trace_with_symbolic_strides_and_offsets():
     # the second view hits the first's specialization; the third has another stride relation
     assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (2, 1, 0)
     assert all("?" in s for s in f.specializations)
+
+
+def test_dynamic_dict_is_checked():
+    with pytest.raises(trident.TridentError, match="'kv', which is not a parameter"):
+        trident.jit(lambda x: x + 1, dynamic={"kv": [0]})
+    with pytest.raises(trident.TridentError, match=r"dynamic\['x'\] must be a list of dims"):
+        trident.jit(lambda x: x + 1, dynamic={"x": 0})
+    f = trident.jit(lambda x: x + 1, dynamic={"x": [3]})
+    with pytest.warns(UserWarning, match=r"dynamic dims \[3\] of x, which has 2 dims"):
+        assert torch.equal(f(torch.ones(2, 2)), torch.full((2, 2), 2.0))  # eagerly
+    with pytest.raises(trident.TridentError, match=r"dynamic dims \[3\] of x, which has 2 dims"):
+        trident.jit(lambda x: x + 1, dynamic={"x": [3]}, fallback=False)(torch.ones(2, 2))

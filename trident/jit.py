@@ -246,20 +246,22 @@ class JitFunctionMixin:
                               "new signatures run eagerly", stacklevel=3)
             return self._eager(args, None, "specialization limit")
         with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
-            try:
-                spec = self._compile_dynamic_or_static(args)
-                # The new specialization goes last, after those stored by other processes.
-                specs = [s for s in self._stored_specs() if s.key != spec.key]
-                specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
-                self._install_module(specs)
-            except TridentError as e:
-                if not self._fallback:
-                    raise
-                warnings.warn(f"trident: {self.__qualname__} runs eagerly for this signature: "
-                              f"{e}", stacklevel=3)
-                self._eager_signatures.append((guards_for(args), str(e)))
-                return self._eager(args, None, str(e))
-            self._cache.save_spec(spec)  # only a specialization that built and installed
+            # a thread that waited here may find its signature compiled by the one before it
+            if not (self._specs and self._match(*args) >= 0):
+                try:
+                    spec = self._compile_dynamic_or_static(args)
+                    # The new specialization goes last, after those stored by other processes.
+                    specs = [s for s in self._stored_specs() if s.key != spec.key]
+                    specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
+                    self._install_module(specs)
+                except TridentError as e:
+                    if not self._fallback:
+                        raise
+                    warnings.warn(f"trident: {self.__qualname__} runs eagerly for this "
+                                  f"signature: {e}", stacklevel=3)
+                    self._eager_signatures.append((guards_for(args), str(e)))
+                    return self._eager(args, None, str(e))
+                self._cache.save_spec(spec)  # only a specialization that built and installed
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -354,8 +356,12 @@ class JitFunctionMixin:
         if self._dynamic is True:
             dims = {i: set(range(a.dim())) for i, a in tensors.items()}
         elif isinstance(self._dynamic, dict):
-            for i in tensors:
-                dims[i] |= set(self._dynamic.get(self._arg_label(i), ()))
+            for i, a in tensors.items():
+                asked = set(self._dynamic.get(self._arg_label(i), ()))
+                if any(d >= a.dim() for d in asked):
+                    raise TridentError(f"trident.jit: dynamic dims {sorted(asked)} of "
+                                       f"{self._arg_label(i)}, which has {a.dim()} dims")
+                dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             alike = [g for g in spec.guards if g.field not in ("size", "stride", "sym")]
             if spec.shapes is None or first_failure(alike, args) is not None:
@@ -542,5 +548,15 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     if not (dynamic is None or isinstance(dynamic, (bool, dict))):
         raise TridentError(f"trident.jit: dynamic must be None, a bool, or a dict of argument "
                            f"name to dims, got {type(dynamic).__name__}")
+    if isinstance(dynamic, dict):
+        params = inspect.signature(fn).parameters
+        for name, dims in dynamic.items():
+            if name not in params:
+                raise TridentError(f"trident.jit: dynamic names {name!r}, which is not a "
+                                   f"parameter of {fn.__qualname__} ({', '.join(params)})")
+            if not (isinstance(dims, (list, tuple, set)) and
+                    all(type(d) is int and d >= 0 for d in dims)):
+                raise TridentError(f"trident.jit: dynamic[{name!r}] must be a list of dims "
+                                   f"(ints >= 0), got {dims!r}")
     obj._setup(fn, max_specializations, fallback, cuda_graphs, dynamic)
     return obj
