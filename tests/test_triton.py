@@ -684,9 +684,8 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     (step,) = [s for s in spec.plan.steps if s.op == "triton"]
     assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
     source = codegen.render([spec], "f").source
-    (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, "
-                           r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[0\]\.sizes\[0\]\), 64LL\), 1, 1, "
-                           r"params\)", source)
+    grid = r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[0\]\.sizes\[0\]\), 64LL\), 1, 1"
+    (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
     assert "int32_t p3 = (int32_t)a[0].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
                                                                                       kernel)
     assert "% 16" in "".join(g.describe(spec.arg_names) for g in spec.guards)

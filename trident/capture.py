@@ -133,7 +133,6 @@ class _UnguardedReads:
 
     def __enter__(self):
         thread = threading.get_ident()
-
         libraries = _SKIP_PREFIXES + ("<",) + _triton_dir()
 
         def check(name):

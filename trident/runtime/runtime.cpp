@@ -214,12 +214,12 @@ fail:
     PyErr_Fetch(&type, &value, &tb);
     PyObject* s = value ? PyObject_Str(value) : nullptr;
     g_error = s ? PyUnicode_AsUTF8(s) : "python callback failed";
-    g_error_kind = !type                                                          ? ERR_GENERIC
-                   : PyErr_GivenExceptionMatches(type, PyExc_IndexError)          ? ERR_INDEX
-                   : PyErr_GivenExceptionMatches(type, PyExc_ValueError)          ? ERR_VALUE
-                   : PyErr_GivenExceptionMatches(type, PyExc_TypeError)           ? ERR_TYPE
-                   : PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError) ? ERR_NOT_IMPLEMENTED
-                                                                                  : ERR_GENERIC;
+    auto is = [&](PyObject* cls) { return type && PyErr_GivenExceptionMatches(type, cls); };
+    g_error_kind = is(PyExc_IndexError)            ? ERR_INDEX
+                   : is(PyExc_ValueError)          ? ERR_VALUE
+                   : is(PyExc_TypeError)           ? ERR_TYPE
+                   : is(PyExc_NotImplementedError) ? ERR_NOT_IMPLEMENTED
+                                                   : ERR_GENERIC;
     Py_XDECREF(s);
     Py_XDECREF(type);
     Py_XDECREF(value);
