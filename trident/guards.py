@@ -237,13 +237,7 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     facts = [arg_facts(a) for a in args]
     actual = guard.actual(facts, len(args), env_facts(args))
     if guard.field == "sym":  # name the sizes it read: "(x.size(0) >= 2) is false (x.size(0) = 1)"
-        read = dict.fromkeys(re.findall(r"([ST])\((\d+), (\d+)\)", guard.expr["py"]))
-        values = ", ".join(
-            f"{names[int(i)] if int(i) < len(names) else f'argument {i}'}."
-            f"{'size' if k == 'S' else 'stride'}({d}) = "
-            f"{facts[int(i)].get('sizes' if k == 'S' else 'strides', ['?'] * (int(d) + 1))[int(d)]}"
-            for k, i, d in read)
-        return f"{guard.describe(names)} is false ({values})"
+        return f"{guard.describe(names)} is false ({_values_read(guard, facts, names)})"
     if guard.field == "kind":
         actual = KIND_NAMES.get(actual, actual)
     elif guard.field in ("dtype", "default_dtype") and actual is not None:
@@ -251,6 +245,22 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     elif guard.field == "value" and guard.float_value and actual is not None:
         actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
     return f"{guard.describe(names)} expected, got {actual!r}"
+
+
+def _values_read(guard: Guard, facts: list[dict], names: list[str]) -> str:
+    """``"x.size(0) = 1, x.stride(0) = 8"``: the places a "sym" guard reads, with their values."""
+    out = []
+    for kind, i, d in dict.fromkeys(re.findall(r"([STO])\((\d+)(?:, (\d+))?\)", guard.expr["py"])):
+        f, who = facts[int(i)], names[int(i)] if int(i) < len(names) else f"argument {i}"
+        if f.get("kind") != TENSOR:
+            continue
+        if kind == "O":
+            out.append(f"{who}.storage_offset() = {f['storage_offset']}")
+        else:
+            field = "size" if kind == "S" else "stride"
+            values = f[field + "s"]
+            out.append(f"{who}.{field}({d}) = {values[int(d)] if int(d) < len(values) else '-'}")
+    return ", ".join(out)
 
 
 def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
@@ -371,16 +381,22 @@ def _places(fake_args: tuple):
                                          f"{{{i}}}.storage_offset()")
 
 
-def size_expr(value: "torch.SymInt", fake_args: tuple) -> dict:
-    """A SymInt of a dynamic trace as ``{"c", "py", "text"}`` over the arguments' sizes (each
-    symbol read where it first appears, as the guards read it)."""
+def _sources(places: list) -> dict:
+    """Each symbol's source: the first place that is that bare symbol (all of them before any
+    guard is rendered, since a stride may read a symbol that a later stride is)."""
     import sympy
 
     sources: dict = {}
-    for _, expr, here in _places(fake_args):
+    for _, expr, here in places:
         if isinstance(expr, sympy.Symbol):
             sources.setdefault(expr, here)
-    c, py, text = _render(value.node._expr, sources)
+    return sources
+
+
+def size_expr(value: "torch.SymInt", fake_args: tuple) -> dict:
+    """A SymInt of a dynamic trace as ``{"c", "py", "text"}`` over the arguments' sizes (each
+    symbol read at its source, as the guards read it)."""
+    c, py, text = _render(value.node._expr, _sources(list(_places(fake_args))))
     return {"c": c, "py": py, "text": text}
 
 
@@ -389,17 +405,14 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
     import sympy
     from torch.utils._sympy.numbers import IntInfinity
 
-    sources: dict = {}
+    places = list(_places(fake_args))
+    sources = _sources(places)
     guards: list[Guard] = []
 
     def guard(expr, arg: int) -> None:
         c, py, text = _render(expr, sources)
         guards.append(Guard("sym", True, arg, expr={"c": c, "py": py, "text": text}))
 
-    places = list(_places(fake_args))
-    for _, expr, here in places:  # every symbol first, so any place may read one sourced later
-        if isinstance(expr, sympy.Symbol):
-            sources.setdefault(expr, here)
     for i, expr, here in places:
         if isinstance(expr, sympy.Symbol) and sources[expr] is here:
             bounds = shape_env.var_to_range[expr]
