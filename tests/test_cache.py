@@ -218,6 +218,9 @@ def test_specialization_limit_counts_this_process_compiles(trident_cache):
     assert torch.equal(later(x, 3), x * 3) and torch.equal(later(x, 2), x * 2)
     assert (later.stats.compiles, later.stats.fallbacks, later.stats.hits) == (1, 0, 1)
     assert [s.split("k=")[1] for s in later.specializations] == ["2)", "3)"]
+    # k=1 is on disk but not installed: installed again, not compiled again
+    assert torch.equal(later(x, 1), x) and later.stats.compiles == 1
+    assert [s.split("k=")[1] for s in later.specializations] == ["3)", "1)"]
 
 
 def test_cache_dir_is_created_on_demand(tmp_path, monkeypatch):

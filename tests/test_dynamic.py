@@ -231,3 +231,4 @@ def test_dynamic_dict_is_checked():
         assert torch.equal(f(torch.ones(2, 2)), torch.full((2, 2), 2.0))  # eagerly
     with pytest.raises(trident.TridentError, match=r"dynamic dims \[3\] of x, which has 2 dims"):
         trident.jit(lambda x: x + 1, dynamic={"x": [3]}, fallback=False)(torch.ones(2, 2))
+

@@ -226,10 +226,17 @@ def test_rebinding_a_closure_variable_recompiles():
     assert (f.stats.compiles, f.stats.hits) == (2, 1)
 
 
+_storage_offset = torch.Tensor.storage_offset  # an alias taken before any trace
+
+
 @pytest.mark.parametrize("read", [lambda x: x + x.storage_offset(),
+                                  lambda x: x + _storage_offset(x),
+                                  lambda x: x + x.storage().size(),
                                   lambda x: x + 1 if x._base is None else x - 1,
+                                  lambda x: x * (2 if x._is_view() else 3),
                                   lambda x: x + x._version],
-                         ids=["storage_offset", "_base", "_version"])
+                         ids=["storage_offset", "alias", "storage", "_base", "_is_view",
+                              "_version"])
 def test_reading_unguarded_tensor_facts_runs_eagerly(read):
     f = trident.jit(read)
     base = torch.arange(32.0)

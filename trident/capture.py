@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import sys
-import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -92,10 +91,38 @@ def _user_frame() -> traceback.FrameSummary | None:
     return None
 
 
+# Facts of a tensor's memory that no guard covers (guards.py guards sizes, strides and 16-byte
+# alignment, not where a view starts in its storage or which tensor it views).
+_UNGUARDED_READS = {
+    "storage_offset()": torch.Tensor.storage_offset, "data_ptr()": torch.Tensor.data_ptr,
+    "untyped_storage()": torch.Tensor.untyped_storage, "storage()": torch.Tensor.storage,
+    "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
+    "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
+}
+
+
 class _SourceLines(TorchFunctionMode):
-    """Tags every node created inside a torch call with the user's line that made the call."""
+    """Tags every node created inside a torch call with the user's line that made the call.
+
+    While the traced function itself runs (``in_user_code``), a read of one of
+    ``_UNGUARDED_READS`` raises TridentError: the specialization would bake in one call's
+    answer, so the function runs eagerly instead. A TorchFunctionMode sees the read however it
+    is spelled (``x.storage_offset()``, ``torch.Tensor.storage_offset(x)``, code made by
+    ``exec``); torch's own reads while making fake tensors happen outside that window.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.in_user_code = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.in_user_code:
+            for name, read in _UNGUARDED_READS.items():
+                if func == read:
+                    frame = _user_frame()
+                    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                    raise TridentError(f"the function reads a tensor's {name}{where}, which "
+                                       "Trident does not guard")
         summary = _user_frame()
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))
@@ -117,72 +144,6 @@ def source_line(stack_trace: str | None) -> tuple[str, str]:
     return f"{path.rsplit('/', 1)[-1]}:{lineno}", text
 
 
-class _UnguardedReads:
-    """While tracing, user code that reads a tensor fact no guard covers raises TridentError.
-
-    Guards (guards.py) cover sizes, strides and 16-byte alignment, not where a view starts in
-    its storage or which tensor it views. A function that reads ``storage_offset()``,
-    ``untyped_storage()``, ``data_ptr()``, ``_version`` or ``_base`` would bake one call's answer
-    into the specialization, so it runs eagerly instead. The accessors of ``torch.Tensor`` are
-    wrapped for the duration of the trace; reads from torch's own code (fake tensors, make_fx)
-    and Triton, generated code, and other threads pass through.
-    """
-
-    METHODS = ("storage_offset", "untyped_storage", "data_ptr")
-    PROPERTIES = ("_version", "_base")
-
-    def __enter__(self):
-        thread = threading.get_ident()
-        libraries = _SKIP_PREFIXES + ("<",) + _triton_dir()
-
-        def check(name):
-            caller = sys._getframe(2)
-            if threading.get_ident() == thread and not caller.f_code.co_filename.startswith(
-                    libraries):
-                raise TridentError(f"the function reads a tensor's {name} "
-                                   f"({Path(caller.f_code.co_filename).name}:{caller.f_lineno}), "
-                                   "which Trident does not guard")
-
-        def method(name, original):
-            def read(self, *args, **kwargs):
-                check(name + "()")
-                return original(self, *args, **kwargs)
-            return read
-
-        def prop(name, original):
-            def read(self):
-                check(name)
-                return original.__get__(self)
-            return property(read)
-
-        self._saved = {name: torch.Tensor.__dict__.get(name, _MISSING)
-                       for name in self.METHODS + self.PROPERTIES}
-        for name in self.METHODS:
-            setattr(torch.Tensor, name, method(name, getattr(torch.Tensor, name)))
-        for name in self.PROPERTIES:
-            setattr(torch.Tensor, name, prop(name, getattr(torch._C.TensorBase, name)))
-        return self
-
-    def __exit__(self, *exc):
-        for name, saved in self._saved.items():
-            if saved is _MISSING:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, saved)
-
-
-_MISSING = object()
-
-
-def _triton_dir() -> tuple[str, ...]:
-    """Triton's own files (its launcher reads ``data_ptr()`` while autotuning at capture)."""
-    try:
-        import triton
-    except ImportError:
-        return ()
-    return (str(Path(triton.__file__).parent),)
-
-
 class _TritonLaunches:
     """While tracing, ``kernel[grid](...)`` records a ``triton_kernel_wrapper_mutation`` node.
 
@@ -192,7 +153,8 @@ class _TritonLaunches:
     importer finds it.
     """
 
-    def __init__(self, real_args: tuple):
+    def __init__(self, real_args: tuple, mode: _SourceLines):
+        self.mode = mode
         self.aligned_inputs = [isinstance(a, torch.Tensor) and a.data_ptr() % 16 == 0
                                for a in real_args]
         self.input_storages: dict = {}
@@ -213,6 +175,15 @@ class _TritonLaunches:
         return aligned and (t.storage_offset() - offset) * t.element_size() % 16 == 0
 
     def launch(self, kernel, grid, args, kwargs) -> None:
+        # Trident's and Triton's own reads (alignment, autotuning, size expressions) are not
+        # the function's
+        user, self.mode.in_user_code = self.mode.in_user_code, False
+        try:
+            self._launch(kernel, grid, args, kwargs)
+        finally:
+            self.mode.in_user_code = user
+
+    def _launch(self, kernel, grid, args, kwargs) -> None:
         from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
                                                                 triton_kernel_wrapper_mutation)
 
@@ -267,11 +238,16 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
             are not arguments, outputs other than tensors, tuples, lists, None and scalars).
     """
     holder: dict[str, Any] = {}
-    launches = _TritonLaunches(args)
+    mode = _SourceLines()
+    launches = _TritonLaunches(args, mode)
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
-        result = fn(*flat_args)
+        mode.in_user_code = True
+        try:
+            result = fn(*flat_args)
+        finally:
+            mode.in_user_code = False
         leaves, spec = pytree.tree_flatten(result)
         holder["spec"] = spec
         holder["leaves"] = leaves
@@ -281,7 +257,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     try:
-        with fx_traceback.preserve_node_meta(), _SourceLines(), launches, _UnguardedReads():
+        with fx_traceback.preserve_node_meta(), mode, launches:
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",

@@ -93,6 +93,7 @@ class JitFunctionMixin:
         self._global_bindings: dict[str, object] = {}
         self._cell_bindings: list[tuple[object, object]] = []
         self._load_reason = "first call"
+        self._dynamic_failed = False
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
@@ -236,9 +237,13 @@ class JitFunctionMixin:
                 return self._eager(args, None, why)
         # Note [Specialization limit]: the limit bounds compiles in this process (as
         # torch.compile's recompile limit does) and the size of the module: the newest stored
-        # specializations are installed, so a cache that earlier processes filled never turns a
-        # new signature eager for good.
-        if self._counters.compiles >= self._max_specializations:
+        # specializations are installed, a stored one that fits a miss replaces the oldest
+        # installed, and a cache that earlier processes filled never turns a new signature eager
+        # for good.
+        installed = {s.key for s in self._specs}
+        stored = next((s for s in self._stored_specs() if s.key not in installed
+                       and first_failure(s.guards, args) is None), None)
+        if stored is None and self._counters.compiles >= self._max_specializations:
             if not self._warned_limit:
                 self._warned_limit = True
                 warnings.warn(f"trident: {self.__qualname__} reached its limit of "
@@ -249,7 +254,9 @@ class JitFunctionMixin:
             # a thread that waited here may find its signature compiled by the one before it
             if not (self._specs and self._match(*args) >= 0):
                 try:
-                    spec = self._compile_dynamic_or_static(args)
+                    # a fitting specialization on disk that the module left out is installed
+                    # again rather than compiled again
+                    spec = stored or self._compile_dynamic_or_static(args)
                     # The new specialization goes last, after those stored by other processes.
                     specs = [s for s in self._stored_specs() if s.key != spec.key]
                     specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
@@ -261,7 +268,8 @@ class JitFunctionMixin:
                                   f"signature: {e}", stacklevel=3)
                     self._eager_signatures.append((guards_for(args), str(e)))
                     return self._eager(args, None, str(e))
-                self._cache.save_spec(spec)  # only a specialization that built and installed
+                if stored is None:
+                    self._cache.save_spec(spec)  # only a specialization that built and installed
         if self._match(*args) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -349,8 +357,9 @@ class JitFunctionMixin:
         (``dynamic={"kv_cache": [2]}``), dims marked with ``torch._dynamo.mark_dynamic``.
         Automatic: a call that misses a specialization only because some sizes changed makes
         those dims dynamic, with the dims that specialization already had, as torch.compile's
-        automatic dynamic shapes do. ``dynamic=False`` (or a failed dynamic compile, such as an
-        op whose C++ reads a symbolic size as an int) specializes on every size."""
+        automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
+        compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
+        size."""
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
         if self._dynamic is True:
@@ -372,14 +381,19 @@ class JitFunctionMixin:
         return {i: d for i, d in dims.items() if d}
 
     def _compile_dynamic_or_static(self, args: tuple) -> Specialization:
-        dynamic = self._dynamic_dims(args) if self._dynamic is not False else {}
+        automatic = self._dynamic is None
+        dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
+            self._dynamic_dims(args)
         if dynamic:
             try:
                 return self._compile(args, dynamic)
             except TridentError as e:
+                # automatic: one failed attempt per function, not per new size; dims the user
+                # asked for are tried again at the next new signature
                 _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
-                                 "sizes from now on", self.__qualname__, dynamic, e)
-                self._dynamic = False  # one failed attempt per function, not per new size
+                                 "sizes%s", self.__qualname__, dynamic, e,
+                                 " from now on" if automatic else "")
+                self._dynamic_failed = True
         return self._compile(args, {})
 
     def _compile(self, args: tuple, dynamic: dict[int, set[int]]) -> Specialization:
