@@ -237,6 +237,7 @@ _storage_offset = torch.Tensor.storage_offset  # an alias taken before any trace
                                   lambda x: x + x._version],
                          ids=["storage_offset", "alias", "storage", "_base", "_is_view",
                               "_version"])
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")  # x.storage(), torch 2.13
 def test_reading_unguarded_tensor_facts_runs_eagerly(read):
     f = trident.jit(read)
     base = torch.arange(32.0)
