@@ -37,11 +37,10 @@ from typing import Any
 import torch
 
 from . import config
-
-_PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
 from .specialization import Specialization
 
 __version__ = "0.1.0"
+_PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
 
 
 def _dist_version(name: str) -> str:

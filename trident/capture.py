@@ -147,8 +147,7 @@ def source_line(stack_trace: str | None) -> tuple[str, str]:
 class _TritonLaunches:
     """While tracing, ``kernel[grid](...)`` records a ``triton_kernel_wrapper_mutation`` node.
 
-    Triton's ``KernelInterface.__getitem__`` (the base of ``JITFunction``, ``Autotuner`` and
-    ``Heuristics`` in triton 3.6) is replaced for the duration of the trace; the launch is
+    The trace's thread routes ``kernel[grid]`` here (``kernels.launch_hook``); the launch is
     resolved by ``kernels.resolve_launch`` and stored in PyTorch's kernel side table, where the
     importer finds it.
     """
@@ -211,21 +210,15 @@ class _TritonLaunches:
             grid=[traced_grid], tma_descriptor_metadata={}, kwargs=tensors)
 
     def __enter__(self):
-        try:
-            from triton.runtime.jit import KernelInterface
-        except ImportError:
-            self._restore = None
-            return self
-        original = KernelInterface.__getitem__
-        KernelInterface.__getitem__ = lambda kernel, grid: (
-            lambda *args, **kwargs: self.launch(kernel, grid, args, kwargs))
-        self._restore = (KernelInterface, original)
+        from .kernels import launch_hook
+
+        self._hook = launch_hook(lambda kernel, grid, original: (
+            lambda *args, **kwargs: self.launch(kernel, grid, args, kwargs)))
+        self._hook.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self._restore is not None:
-            cls, original = self._restore
-            cls.__getitem__ = original
+        self._hook.__exit__(*exc)
 
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None) -> Capture:

@@ -28,6 +28,7 @@ import base64
 import contextlib
 import dataclasses
 import importlib
+import threading
 from typing import Any, Callable
 
 import torch
@@ -357,7 +358,43 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
     return run
 
 
+_HOOK = threading.local()  # this thread's launch hook (launch_hook)
+_ORIGINAL_GETITEM: list = []  # Triton's own KernelInterface.__getitem__, once replaced
+
+
 @contextlib.contextmanager
+def launch_hook(hook: Callable):
+    """While active in this thread, ``kernel[grid]`` returns ``hook(kernel, grid, original)``
+    (``original``: Triton's own ``__getitem__``).
+
+    Triton's ``KernelInterface.__getitem__`` (the base of ``JITFunction``, ``Autotuner`` and
+    ``Heuristics`` in triton 3.6) is replaced once per process by a dispatcher that reads a
+    thread-local hook, so capture in one thread and an eager call in another never undo each
+    other's patch; without a hook it is Triton's own.
+    """
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        yield
+        return
+    if not _ORIGINAL_GETITEM:
+        original = KernelInterface.__getitem__
+        _ORIGINAL_GETITEM.append(original)
+
+        def getitem(kernel, grid):
+            current = getattr(_HOOK, "fn", None)
+            return original(kernel, grid) if current is None else current(kernel, grid,
+                                                                          original)
+
+        KernelInterface.__getitem__ = getitem
+    previous = getattr(_HOOK, "fn", None)
+    _HOOK.fn = hook
+    try:
+        yield
+    finally:
+        _HOOK.fn = previous
+
+
 def cpu_launches_interpreted():
     """While active, ``kernel[grid](...)`` on CPU tensors runs through Triton's interpreter.
 
@@ -365,17 +402,11 @@ def cpu_launches_interpreted():
     run eagerly the same way, where a plain launch would fail for want of a GPU driver
     (triton 3.6: "0 active drivers"). Launches on other devices run as Triton runs them.
     """
-    try:
-        from triton.runtime.jit import KernelInterface
-    except ImportError:
-        yield
-        return
-    from torch._subclasses.fake_tensor import is_fake
-    from triton.runtime.interpreter import InterpretedFunction
 
-    original = KernelInterface.__getitem__
+    def hook(kernel, grid, original):
+        from torch._subclasses.fake_tensor import is_fake
+        from triton.runtime.interpreter import InterpretedFunction
 
-    def getitem(kernel, grid):
         launch = original(kernel, grid)
         if isinstance(kernel, InterpretedFunction):  # the interpreter's own launch
             return launch
@@ -390,11 +421,7 @@ def cpu_launches_interpreted():
             interpreted_launcher(jit_fn, resolved, lambda: None)(*values, *resolved.grid)
         return run
 
-    KernelInterface.__getitem__ = getitem
-    try:
-        yield
-    finally:
-        KernelInterface.__getitem__ = original
+    return launch_hook(hook)
 
 
 @contextlib.contextmanager
