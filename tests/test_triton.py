@@ -27,16 +27,10 @@ import trident
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from _triton_kernels import add_kernel  # noqa: E402
+
 
 # ---- kernels ----------------------------------------------------------------------------------
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
-             mask=mask)
 
 
 @triton.jit
