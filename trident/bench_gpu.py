@@ -242,27 +242,42 @@ def build_model(cfg, ctx=256, dtype=torch.bfloat16):
     return weights, cos, sin
 
 
-def make_decode_step(cfg):
+def _decoder_layer(cfg):
+    """One Llama-style layer of Liger kernels and ATen ops for a one-token step:
+    ``layer(h, p, cos, sin, k_past, v_past) -> (h, k_cache, v_cache)``, where ``p`` maps
+    PER_LAYER names to weights and the caches are ``k_past``/``v_past`` plus this position."""
     from liger_kernel.transformers import functional as liger
     F = torch.nn.functional
     H, KV, HD = cfg["H"], cfg["KV"], cfg["HD"]
 
+    def layer(h, p, cos, sin, k_past, v_past):
+        r = h
+        x = liger.liger_rms_norm(h, p["ln1"], 1e-6)
+        q = F.linear(x, p["wq"]).view(1, 1, H, HD).transpose(1, 2)
+        k = F.linear(x, p["wk"]).view(1, 1, KV, HD).transpose(1, 2)
+        v = F.linear(x, p["wv"]).view(1, 1, KV, HD).transpose(1, 2)
+        q, k = liger.liger_rope(q.contiguous(), k.contiguous(), cos, sin)
+        kc = torch.cat([k_past, k], dim=2)
+        vc = torch.cat([v_past, v], dim=2)
+        a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+        h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
+        x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
+        h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
+                         p["wd"])
+        return h, kc, vc
+
+    return layer
+
+
+def make_decode_step(cfg):
+    """The decode step over fixed-length KV caches (they are weights: PER_LAYER's kc, vc; each
+    step drops the oldest position and appends the new one)."""
+    layer = _decoder_layer(cfg)
+
     def decode_step(h, cos, sin, *weights):
         for i in range(0, len(weights), len(PER_LAYER)):
             p = dict(zip(PER_LAYER, weights[i:i + len(PER_LAYER)]))
-            r = h
-            x = liger.liger_rms_norm(h, p["ln1"], 1e-6)
-            q = F.linear(x, p["wq"]).view(1, 1, H, HD).transpose(1, 2)
-            k = F.linear(x, p["wk"]).view(1, 1, KV, HD).transpose(1, 2)
-            v = F.linear(x, p["wv"]).view(1, 1, KV, HD).transpose(1, 2)
-            q, k = liger.liger_rope(q.contiguous(), k.contiguous(), cos, sin)
-            kc = torch.cat([p["kc"][:, :, 1:], k], dim=2)
-            vc = torch.cat([p["vc"][:, :, 1:], v], dim=2)
-            a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
-            h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
-            x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
-            h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
-                             p["wd"])
+            h, _, _ = layer(h, p, cos, sin, p["kc"][:, :, 1:], p["vc"][:, :, 1:])
         return h
 
     return decode_step
@@ -273,29 +288,16 @@ def make_growing_step(cfg):
     caches' length grows by one per token (Note [Automatic dynamic] in trident/jit.py).
     Arguments: h, cos, sin, the per-layer weights (PER_LAYER without kc, vc), then the L key
     caches and the L value caches; returns h and the new caches."""
-    from liger_kernel.transformers import functional as liger
-    F = torch.nn.functional
-    H, KV, HD, L = cfg["H"], cfg["KV"], cfg["HD"], cfg["L"]
+    layer = _decoder_layer(cfg)
+    L = cfg["L"]
     per_layer = len(PER_LAYER) - 2
 
     def growing_step(h, cos, sin, *params):
         weights, kcs, vcs = params[:per_layer * L], params[per_layer * L:-L], params[-L:]
         new_k, new_v = [], []
-        for layer in range(L):
-            p = dict(zip(PER_LAYER, weights[layer * per_layer:(layer + 1) * per_layer]))
-            r = h
-            x = liger.liger_rms_norm(h, p["ln1"], 1e-6)
-            q = F.linear(x, p["wq"]).view(1, 1, H, HD).transpose(1, 2)
-            k = F.linear(x, p["wk"]).view(1, 1, KV, HD).transpose(1, 2)
-            v = F.linear(x, p["wv"]).view(1, 1, KV, HD).transpose(1, 2)
-            q, k = liger.liger_rope(q.contiguous(), k.contiguous(), cos, sin)
-            kc = torch.cat([kcs[layer], k], dim=2)
-            vc = torch.cat([vcs[layer], v], dim=2)
-            a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
-            h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
-            x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
-            h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
-                             p["wd"])
+        for i in range(L):
+            p = dict(zip(PER_LAYER, weights[i * per_layer:(i + 1) * per_layer]))
+            h, kc, vc = layer(h, p, cos, sin, kcs[i], vcs[i])
             new_k.append(kc)
             new_v.append(vc)
         return (h, *new_k, *new_v)
