@@ -160,6 +160,7 @@ class _TritonLaunches:
 
     def bind_inputs(self, fake_args: tuple) -> None:
         self.fake_args = fake_args
+        self.sources = None  # Note [Symbolic launches]: where each symbol is read
         for fake, aligned in zip(fake_args, self.aligned_inputs):
             if isinstance(fake, torch.Tensor):
                 self.input_storages[StorageWeakRef(fake.untyped_storage())] = (
@@ -186,7 +187,7 @@ class _TritonLaunches:
         from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
                                                                 triton_kernel_wrapper_mutation)
 
-        from .guards import size_expr
+        from .guards import size_expr, size_sources
         from .kernels import resolve_launch
 
         if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in (*args, *kwargs.values())):
@@ -194,11 +195,14 @@ class _TritonLaunches:
                                "is not supported")
         jit_fn, launch, tensors = resolve_launch(kernel, grid, args, kwargs, self.aligned)
         # Note [Symbolic launches] in kernels.py: expressions over dynamic dims, computed in C
-        for p in launch.params:
-            if "size" in p:
-                p["size"] = size_expr(p["size"], self.fake_args)
+        symbolic = [p for p in launch.params if "size" in p]
+        if (symbolic or any(isinstance(g, torch.SymInt) for g in launch.grid)) \
+                and self.sources is None:
+            self.sources = size_sources(self.fake_args)  # once per trace
+        for p in symbolic:
+            p["size"] = size_expr(p["size"], self.sources)
         traced_grid = tuple(g.node.hint if isinstance(g, torch.SymInt) else g for g in launch.grid)
-        launch.grid = [size_expr(g, self.fake_args) if isinstance(g, torch.SymInt) else g
+        launch.grid = [size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
                        for g in launch.grid]
         summary = _user_frame()
         if summary is not None:

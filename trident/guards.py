@@ -393,10 +393,15 @@ def _sources(places: list) -> dict:
     return sources
 
 
-def size_expr(value: "torch.SymInt", fake_args: tuple) -> dict:
+def size_sources(fake_args: tuple) -> dict:
+    """Where each symbol of a dynamic trace is read, for ``size_expr``."""
+    return _sources(list(_places(fake_args)))
+
+
+def size_expr(value: "torch.SymInt", sources: dict) -> dict:
     """A SymInt of a dynamic trace as ``{"c", "py", "text"}`` over the arguments' sizes (each
-    symbol read at its source, as the guards read it)."""
-    c, py, text = _render(value.node._expr, _sources(list(_places(fake_args))))
+    symbol read at its source in ``size_sources``, as the guards read it)."""
+    c, py, text = _render(value.node._expr, sources)
     return {"c": c, "py": py, "text": text}
 
 

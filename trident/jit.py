@@ -172,12 +172,7 @@ class JitFunctionMixin:
         if self._cache is not None and self._globals_unchanged():
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
-            g = self._fn.__globals__
-            rebound = [name for name, value in self._global_bindings.items()
-                       if g.get(name, _UNBOUND) is not value]
-            rebound += ["a closure variable"] * any(
-                _cell_contents(cell) is not value for cell, value in self._cell_bindings)
-            self._load_reason = f"{', '.join(rebound)} rebound since the last call"
+            self._load_reason = f"{', '.join(self._rebound())} rebound since the last call"
         self._install(0, 0)
         self._specs = []
         self._global_bindings = _global_bindings(self._fn)
@@ -196,12 +191,19 @@ class JitFunctionMixin:
         ones, even where another jit of the same code stored symbolic ones."""
         return [s for s in self._cache.load_specs() if self._dynamic is not False or not s.dynamic]
 
+    def _rebound(self) -> list[str]:
+        """The globals (and "a closure variable") no longer bound to the object the installed
+        module was compiled with."""
+        g = self._fn.__globals__
+        names = [name for name, value in self._global_bindings.items()
+                 if g.get(name, _UNBOUND) is not value]
+        if any(_cell_contents(cell) is not value for cell, value in self._cell_bindings):
+            names.append("a closure variable")
+        return names
+
     def _globals_unchanged(self) -> bool:
         """Note [Global guards]: the Python twin of ``globals_unchanged`` in runtime.cpp."""
-        g = self._fn.__globals__
-        return all(g.get(name, _UNBOUND) is value
-                   for name, value in self._global_bindings.items()) and all(
-            _cell_contents(cell) is value for cell, value in self._cell_bindings)
+        return not self._rebound()
 
     def _arg_label(self, i: int) -> str:
         if i < len(self._arg_names):
@@ -241,7 +243,8 @@ class JitFunctionMixin:
         # installed, and a cache that earlier processes filled never turns a new signature eager
         # for good.
         installed = {s.key for s in self._specs}
-        stored = next((s for s in self._stored_specs() if s.key not in installed
+        on_disk = self._stored_specs()
+        stored = next((s for s in on_disk if s.key not in installed
                        and first_failure(s.guards, args) is None), None)
         if stored is None and self._counters.compiles >= self._max_specializations:
             if not self._warned_limit:
@@ -257,8 +260,11 @@ class JitFunctionMixin:
                     # a fitting specialization on disk that the module left out is installed
                     # again rather than compiled again
                     spec = stored or self._compile_dynamic_or_static(args)
-                    # The new specialization goes last, after those stored by other processes.
-                    specs = [s for s in self._stored_specs() if s.key != spec.key]
+                    # The new specialization goes last, after those stored by other processes
+                    # (read again after a compile: they may have stored some meanwhile).
+                    if stored is None:
+                        on_disk = self._stored_specs()
+                    specs = [s for s in on_disk if s.key != spec.key]
                     specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
                     self._install_module(specs)
                 except TridentError as e:
@@ -509,8 +515,8 @@ def _cell_bindings(fn) -> list[tuple[object, object]]:
     holds now. ``nonlocal k; k = 5.0`` in the enclosing function rebinds the cell, which the
     dispatcher sees as it sees a rebound global."""
     cells = getattr(fn, "__closure__", None) or ()
-    return [(cell, _cell_contents(cell)) for cell in cells
-            if _cell_contents(cell) is not _UNBOUND]
+    return [(cell, value) for cell in cells
+            if (value := _cell_contents(cell)) is not _UNBOUND]
 
 
 @functools.cache
