@@ -52,8 +52,8 @@ def test_static_and_dynamic_specializations_coexist():
     f(x, kc, vc, *weights)  # length 1: static
     long_k, long_v = torch.randn(1, H, 9, D), torch.randn(1, H, 9, D)
     f(x, long_k, long_v, *weights)  # length 9: dynamic
-    assert f._match(x, kc, vc, *weights) == 0
-    assert f._match(x, long_k[:, :, :5].contiguous(), long_v[:, :, :5].contiguous(),
+    assert f._select(x, kc, vc, *weights) == 0
+    assert f._select(x, long_k[:, :, :5].contiguous(), long_v[:, :, :5].contiguous(),
                     *weights) == 1
     for n in (1, 3, 30):
         k, v = torch.randn(1, H, n, D), torch.randn(1, H, n, D)
@@ -116,7 +116,7 @@ def test_size_arithmetic_runs_in_c():
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert f.stats.compiles == 1
     source = f.source()
-    assert "s[0] = TRT_I(a[0].sizes[0]);" in source  # x.shape[0], read from the argument
+    assert "s[0] = TRT_I(a[1].sizes[0]);" in source  # x.shape[0], read from the argument
     assert "trt_floordiv(" in source and "TRT_IL(il" in source  # rows // 4; a computed list
 
 

@@ -91,21 +91,44 @@ def uses(x, obj):
     return x * 2 + obj
 
 
-@pytest.mark.parametrize("obj", ["abc", {"a": 2.0}, [torch.ones(3)], 2**70, 1 + 2j,
-                                 torch.ones(3).as_subclass(MyTensor)],
-                         ids=["str", "dict", "list", "bigint", "complex", "subclass"])
-def test_unsupported_argument_types_run_eagerly(obj):
+@pytest.mark.parametrize("obj", ["abc", {"a": 2.0}, [torch.ones(3)]], ids=["str", "dict", "list"])
+def test_containers_and_constants_are_arguments_served_natively(obj):
     jf = trident.jit(uses)
     x = torch.arange(3.0)
-    for i in range(3):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # no warning for an argument type
+    for _ in range(3):
+        assert_same(jf(x, obj), uses(x, obj))
+    st = jf.stats
+    assert (st.fallbacks, st.misses, st.compiles, st.hits) == (0, 1, 1, 2)
+
+
+@pytest.mark.parametrize("obj", [2**70, torch.ones(3).as_subclass(MyTensor)],
+                         ids=["bigint", "subclass"])
+def test_unsupported_argument_types_run_eagerly_with_one_warning(obj):
+    jf = trident.jit(uses)
+    x = torch.arange(3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
             got = jf(x, obj)
-        assert_same(got, uses(x, obj))
-        st = jf.stats
-        assert (st.fallbacks, st.misses, st.compiles, st.traces, st.hits) == (i + 1, i + 1, 0, 0, 0)
+            assert_same(got, uses(x, obj))
+            st = jf.stats
+            assert (st.fallbacks, st.misses, st.compiles, st.traces, st.hits) == \
+                (i + 1, i + 1, 0, 0, 0)
+    assert [str(w.message) for w in caught] == [
+        f"trident: uses runs eagerly: argument obj is a {type(obj).__name__} that the native "
+        "guards do not read (expected a strided CPU/CUDA tensor, int, float, bool or None)"]
+    assert jf.stats.miss_reasons[-1].startswith("eager: argument obj is a ")
     # the same function still compiles for supported arguments
     assert torch.equal(jf(x, 1.5), x * 2 + 1.5) and jf.stats.compiles == 1
+
+
+def test_complex_constant_argument_matches_eager():
+    jf = trident.jit(uses)
+    x = torch.arange(3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            assert_same(jf(x, 1 + 2j), uses(x, 1 + 2j))
 
 
 def test_unsupported_tensor_kinds_run_eagerly():
@@ -127,7 +150,8 @@ def test_unsupported_tensor_kinds_run_eagerly():
 def test_unsupported_argument_types_run_eagerly_even_without_fallback():
     jf = trident.jit(fallback=False)(uses)
     x = torch.arange(3.0)
-    assert torch.equal(jf(x, "ab"), x * 2)
+    with pytest.warns(UserWarning, match="obj is a int that the native guards do not read"):
+        assert torch.equal(jf(x, 2**70), uses(x, 2**70))
     assert jf.stats.fallbacks == 1
 
 
@@ -287,16 +311,23 @@ def test_item_values_are_never_baked_in():
                 assert_same(jf(x), f(x))
 
 
+class Slotted:
+    __slots__ = ("y",)
+
+    def __init__(self, y):
+        self.y = y
+
+
 def test_unsupported_output_type():
     def f(x):
-        return {"y": x + 1}
+        return Slotted(x + 1)
 
     jf = trident.jit(f)
     x = torch.ones(2)
-    with pytest.warns(UserWarning, match="dict"):
+    with pytest.warns(UserWarning, match="result is a test_errors.Slotted, which Trident cannot"):
         out = jf(x)
-    assert_same(out["y"], f(x)["y"])
-    with pytest.raises(trident.TridentError, match="dict"):
+    assert_same(out.y, f(x).y)
+    with pytest.raises(trident.TridentError, match="Slotted"):
         trident.jit(fallback=False)(f)(x)
 
 

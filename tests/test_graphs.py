@@ -17,7 +17,7 @@ from trident import build, codegen, graphs, runtime
 def spec_of(fn, *args):
     f = trident.jit(fallback=False, cuda_graphs=False)(fn)
     f(*args)
-    return f._specs[f._match(*args)]
+    return f._specs[f._select(*args)]
 
 
 def on_cuda(spec):
@@ -51,9 +51,10 @@ def writes_via_out(x, y):
 def test_written_args_follow_in_place_ops_views_and_out_arguments():
     x, y = torch.randn(4, 4), torch.randn(4, 4)
     assert graphs.written_args(spec_of(reads_only, x, y).plan) == set()
-    assert graphs.written_args(spec_of(writes_first, x.clone(), y).plan) == {0}
-    assert graphs.written_args(spec_of(writes_through_a_view, x.clone(), y).plan) == {0}
-    assert graphs.written_args(spec_of(writes_via_out, x.clone(), y).plan) == {0}
+    # leaf 0 is the argument tree's key (Note [Argument trees]); x is leaf 1
+    assert graphs.written_args(spec_of(writes_first, x.clone(), y).plan) == {1}
+    assert graphs.written_args(spec_of(writes_through_a_view, x.clone(), y).plan) == {1}
+    assert graphs.written_args(spec_of(writes_via_out, x.clone(), y).plan) == {1}
 
 
 def noisy(x):
@@ -66,8 +67,8 @@ def test_graph_device_needs_cuda_tensors_and_no_random_ops():
     assert graphs.graph_device(spec) is None  # CPU tensors
     assert graphs.graph_device(on_cuda(spec)) == 0
     assert graphs.graph_device(on_cuda(spec_of(noisy, x))) is None  # randn_like draws RNG
-    twice = on_cuda(spec_of(reads_only, x, x))  # one tensor in two positions
-    assert graphs.graph_device(twice) is None
+    # one tensor in two positions is one leaf (Note [Argument trees]): one graph input
+    assert graphs.graph_device(on_cuda(spec_of(reads_only, x, x))) == 0
 
 
 def attention(q, k, v):

@@ -68,12 +68,14 @@ BASES = [
 
 
 def native(jf, args) -> int:
-    return jf._match(*args)
+    """The native guards' verdict on the call's leaves (Note [Argument trees])."""
+    return jf._select(*args)
 
 
 def reference(jf, args) -> int:
+    call = jf._flatten(args, {})
     for i, spec in enumerate(jf._specs):
-        if first_failure(spec.guards, args) is None:
+        if spec.tree == call.tree.key and first_failure(spec.guards, call.leaves) is None:
             return i
     return -1
 

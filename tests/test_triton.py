@@ -219,9 +219,9 @@ def test_second_shape_makes_the_launch_symbolic():
     assert "% 16" in f.stats.miss_reasons[-1]
     assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
     (launch,) = [s.launch for s in triton_steps(f, 1)]
-    assert launch["grid"][0]["py"] == "((63 + S(0, 0)) // 64)" and launch["grid"][1:] == [1, 1]
-    assert param(launch, "n")["size"]["c"] == "a[0].sizes[0]"
-    assert "trt_floordiv((63LL + a[0].sizes[0]), 64LL)" in f.source()
+    assert launch["grid"][0]["py"] == "((63 + S(1, 0)) // 64)" and launch["grid"][1:] == [1, 1]
+    assert param(launch, "n")["size"]["c"] == "a[1].sizes[0]"
+    assert "trt_floordiv((63LL + a[1].sizes[0]), 64LL)" in f.source()
 
 
 def two_launches(x, y):
@@ -602,8 +602,9 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     rows = source.split(f"static const unsigned char {cubin_var}[] = {{", 1)[1].split("};")[0]
     assert bytes(int(b, 16) for b in re.findall(r"0x[0-9a-f]{2}", rows)) == cubin
     launch_block = _launch_block(source, kernel)
-    assert "CUdeviceptr p0 = (CUdeviceptr)a[0].data_ptr;  /* x_ptr */" in launch_block
-    assert "CUdeviceptr p1 = (CUdeviceptr)a[1].data_ptr;  /* y_ptr */" in launch_block
+    # a[0] is the argument tree's key (Note [Argument trees])
+    assert "CUdeviceptr p0 = (CUdeviceptr)a[1].data_ptr;  /* x_ptr */" in launch_block
+    assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
     assert re.search(r"CUdeviceptr p2 = \(CUdeviceptr\)rt->data_ptr\(v\[\d+\]\);  /\* out_ptr \*/",
                      launch_block)
     assert "int32_t p3 = 1000;  /* n */" in launch_block
@@ -648,7 +649,7 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     # x[1:] is computed by an aten step; its pointer is read from that value
     assert re.search(r"CUdeviceptr p0 = \(CUdeviceptr\)rt->data_ptr\(v\[\d+\]\);  /\* x_ptr \*/",
                      launch_block)
-    assert "CUdeviceptr p1 = (CUdeviceptr)a[1].data_ptr;  /* y_ptr */" in launch_block
+    assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
     assert "int32_t p3 = 128;  /* n */" in launch_block
     assert "void* params[] = {&p0, &p1, &p2, &p3, &scratch[0], &scratch[1]};" in launch_block
     module = build.build(source, tmp_path / "cuda-build")
@@ -678,9 +679,9 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     (step,) = [s for s in spec.plan.steps if s.op == "triton"]
     assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
     source = codegen.render([spec], "f").source
-    grid = r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[0\]\.sizes\[0\]\), 64LL\), 1, 1"
+    grid = r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[1\]\.sizes\[0\]\), 64LL\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
-    assert "int32_t p3 = (int32_t)a[0].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
+    assert "int32_t p3 = (int32_t)a[1].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
                                                                                       kernel)
     assert "% 16" in "".join(g.describe(spec.arg_names) for g in spec.guards)
     module = build.build(source, tmp_path / "cuda-build")

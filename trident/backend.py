@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .errors import TridentError
-from .jit import jit
+from .jit import jit_function_class
 
 
 def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs):
@@ -67,4 +67,9 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     if hasattr(gm, "real_recompile"):  # a _LazyGraphModule: generate forward's code now
         gm.real_recompile()
     # The cache key of the bound GraphModule.forward is its generated code: the graph itself.
-    return jit(gm.forward, max_specializations=options.get("max_specializations"))
+    # The GraphModule is Trident's own (Dynamo passes parameters as graph inputs): its state is
+    # not an argument tree to read on every call.
+    fn = jit_function_class()()
+    fn._constant_self = True
+    fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
+    return fn

@@ -55,6 +55,9 @@ class Capture:
     # the symbols' ranges and what the trace assumed about them.
     fake_args: tuple | None = None
     shape_env: Any = None
+    # Note [Argument trees] in flatten.py: how the runtime rebuilds a result that is more than
+    # tensors and scalars in tuples and lists (then ``out_spec`` is a flat tuple)
+    recipe: Any = None
 
 
 def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
@@ -225,15 +228,20 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None) -> Capture:
+def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
+          outputs: Callable | None = None, name: str | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
+    ``outputs``: ``result -> (flat leaves, recipe or None)`` (``flatten.flatten_output``); by
+    default results are tensors and scalars in tuples and lists. ``name``: the function's
+    name in messages.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
             are not arguments, outputs other than tensors, tuples, lists, None and scalars).
     """
+    name = name or getattr(fn, "__qualname__", repr(fn))
     holder: dict[str, Any] = {}
     mode = _SourceLines()
     launches = _TritonLaunches(args, mode)
@@ -245,9 +253,16 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
             result = fn(*flat_args)
         finally:
             mode.in_user_code = False
-        leaves, spec = pytree.tree_flatten(result)
+        recipe = None
+        if outputs is not None:
+            leaves, recipe = outputs(result)
+        if recipe is None:
+            leaves, spec = pytree.tree_flatten(result)
+        else:
+            spec = pytree.tree_flatten(tuple(leaves))[1]
         holder["spec"] = spec
         holder["leaves"] = leaves
+        holder["recipe"] = recipe
         holder["requires_grad"] = any(isinstance(leaf, torch.Tensor) and leaf.requires_grad
                                       for leaf in leaves)
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
@@ -263,11 +278,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
         raise
     except Exception as e:  # make_fx reports unsupported Python as many exception types
         where = _innermost_user_line(e)
-        raise TridentError(f"cannot trace {getattr(fn, '__qualname__', fn)}{where}: "
+        raise TridentError(f"cannot trace {name}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
     if holder["requires_grad"]:
-        raise TridentError(f"{fn.__qualname__} returns a tensor that requires grad (made with "
+        raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "
                            "inference")
     out_leaves = []
@@ -277,11 +292,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
         elif leaf is None or type(leaf) in (int, float, bool):
             out_leaves.append(("const", leaf))
         else:
-            raise TridentError(f"{fn.__qualname__} returns a {type(leaf).__name__}; expected "
+            raise TridentError(f"{name} returns a {type(leaf).__name__}; expected "
                                "tensors, tuples and lists of them, None, int, float or bool")
     out_spec = _spec_string(holder["spec"])
     if out_spec is None:
-        raise TridentError(f"{fn.__qualname__} returns a {holder['spec'].type.__name__}; "
+        raise TridentError(f"{name} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
     for node in gm.graph.nodes:
         # A one-element tensor the function makes from Python data (``y[i] = 0.5``,
@@ -290,13 +305,13 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
         # live state and must become an argument.
         if node.op != "get_attr":
             continue
-        literal = getattr(gm, node.target).numel() == 1 and all(
+        literal = getattr(gm, node.target).numel() <= 1 and all(
             u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
         if not literal:
             where, text = source_line(node.meta.get("stack_trace"))
-            raise TridentError(f"{fn.__qualname__} reads a tensor that is not an argument "
+            raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
-    return Capture(gm, out_spec, out_leaves, fake_args, shape_env)
+    return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"])
 
 
 def _spec_string(spec: pytree.TreeSpec) -> str | None:

@@ -14,8 +14,9 @@ import json
 import struct
 import threading
 import time
+import types
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -23,6 +24,7 @@ from . import build, codegen, config, graphs, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
+from .flatten import ArgTree, Binding, OutputRecipe, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
                      guards_for)
 from .importer import import_graph
@@ -53,8 +55,9 @@ class Stats:
             by a callback from the SCM (the only Python on a hit).
         graph_captures: CUDA graphs captured (Note [CUDA graphs] in trident/graphs.py).
         graph_replays: hits served by replaying a CUDA graph (counted in the SCM).
-        miss_reasons: for recent misses (the last 32), the first guard each specialization
-            failed, e.g. ``"x.size(0) == 4 expected, got 8 (specialization 0: f(...))"``.
+        miss_reasons: for recent misses and fallbacks (the last 32), the first guard or
+            argument path each specialization failed, e.g. ``"x.size(0) == 4 expected, got 8
+            (specialization 0)"``, or why a call ran eagerly (``"eager: ..."``).
     """
 
     hits: int = 0
@@ -68,15 +71,48 @@ class Stats:
     miss_reasons: list[str] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class _Call:
+    """One call as the miss path sees it: the user's ``args``/``kwargs``, its argument tree,
+    the leaves the SCM reads (``leaves[0]`` is the tree's key) and every node's value."""
+
+    args: tuple
+    kwargs: dict
+    tree: ArgTree
+    leaves: tuple
+    values: list
+
+    @property
+    def names(self) -> list[str]:
+        return self.tree.leaf_paths
+
+
 class JitFunctionMixin:
     """Python methods of a JitFunction; the native base class supplies ``__call__``."""
 
     __slots__ = ()  # instance state lives in the Dispatcher's __dict__
 
+    _constant_self = False  # backend.py: a GraphModule's forward, keyed by its code
+
     def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
                cuda_graphs: bool | None, dynamic) -> None:
-        functools.update_wrapper(self, fn)
+        # Note [Argument trees]: a module binds like its forward, with the module as ``self``;
+        # a bound method like its function, with its ``__self__``; both are read on every call.
+        if isinstance(fn, torch.nn.Module):
+            self._binding = Binding.of(fn.forward, fn, has_self=True)
+            self._code_fn = type(fn).forward
+            functools.update_wrapper(self, type(fn).forward, updated=())
+            self.__qualname__ = type(fn).__qualname__
+        elif isinstance(fn, types.MethodType) and not self._constant_self:
+            self._binding = Binding.of(fn, fn.__self__, has_self=True)
+            self._code_fn = fn.__func__
+            functools.update_wrapper(self, fn, updated=())
+        else:  # a function, or a method whose self is Trident's own (backend.py)
+            self._binding = Binding.of(fn)
+            self._code_fn = fn
+            functools.update_wrapper(self, fn)
         self._fn = fn
+        self._trees: dict[int, ArgTree] = {}  # every tree a call had in this process, by key
         self._max_specializations = max_specializations or config.max_specializations()
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
@@ -96,12 +132,7 @@ class JitFunctionMixin:
         self._dynamic_failed = False
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
-        self._warned_limit = False
-        self._signature = inspect.signature(fn)
-        params = list(self._signature.parameters.values())
-        self._arg_names = [p.name for p in params
-                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        self._varargs = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+        self._warned_reasons: set[str] = set()
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -118,51 +149,102 @@ class JitFunctionMixin:
         return [s.signature for s in self._specs]
 
     def explain(self, *args, **kwargs) -> str:
-        """Which specialization ``args`` would run, or why each one rejects them (keyword
-        arguments are bound to positions first, as a call binds them)."""
-        if kwargs:
-            bound = self._signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            args = bound.args
+        """Which specialization a call with ``args`` and ``kwargs`` would run, or why each one
+        rejects it: the first argument path whose structure differs from the one it was
+        compiled for, or its first failing guard.
+
+        Raises:
+            TypeError: the arguments do not bind to the function's parameters.
+            TridentError: an argument Trident cannot flatten (its path and type named)."""
+        call = self._flatten(args, kwargs)
         self._ensure_loaded()
         lines = []
         for i, spec in enumerate(self._specs):
-            failed = first_failure(spec.guards, args)
-            if failed is None:
+            why = self._why_not(spec, call)
+            if why is None:
                 return f"specialization {i} ({spec.signature}) accepts these arguments"
-            lines.append(f"specialization {i} ({spec.signature}): "
-                         f"{explain_failure(failed, args, spec.arg_names)}")
+            lines.append(f"specialization {i} ({spec.signature}): {why}")
         return "\n".join(lines) or "no specializations yet"
+
+    def _why_not(self, spec: Specialization, call: _Call) -> str | None:
+        """Why ``spec`` rejects ``call``: the first argument path whose structure differs, or
+        its first failing guard (None: it accepts the call)."""
+        if spec.tree != call.tree.key:
+            tree = self._trees.get(spec.tree)
+            return tree.first_difference(call.tree) if tree else "another argument structure"
+        failed = first_failure(spec.guards, call.leaves)
+        return explain_failure(failed, call.leaves, spec.arg_names) if failed else None
+
+    def _select(self, *args, **kwargs) -> int:
+        """The specialization the native dispatcher runs for this call, or -1 (for tests)."""
+        self._ensure_loaded()
+        return self._installed_match(self._flatten(args, kwargs))
 
     def source(self) -> str:
         """The C source of the installed Specialization Cache Module."""
         self._ensure_loaded()
         return codegen.render(self._specs, self.__qualname__).source if self._specs else ""
 
-    def mlir(self, *args) -> str:
-        """The Torch-MLIR module (``torch`` dialect) Trident builds for ``args``."""
-        module = import_graph(trace(self._fn, args).graph_module)
+    def mlir(self, *args, **kwargs) -> str:
+        """The Torch-MLIR module (``torch`` dialect) Trident builds for a call."""
+        call = self._flatten(args, kwargs)
+        module = import_graph(self._trace(call, {}).graph_module)
         return module.operation.get_asm(enable_debug_info=True)
 
     # ---- called from the native dispatcher ---------------------------------------------------
 
     def _slow_path(self, args: tuple, kwargs: dict | None):
-        """Called from the native dispatcher for keyword arguments, before a module is
-        installed, and when no specialization's guards accept ``args``."""
-        if kwargs:
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError:
-                return self._fn(*args, **kwargs)  # raises the same TypeError eager would
-            bound.apply_defaults()
-            if bound.kwargs:  # keyword-only parameters: not served natively
-                return self._eager(args, kwargs, "keyword-only arguments")
-            return self(*bound.args)
+        """Called from the native dispatcher before a module is installed, and when no
+        installed argument tree or no specialization's guards accept the call."""
+        kwargs = kwargs or {}
+        try:
+            call = self._flatten(args, kwargs)
+        except TypeError:
+            return self._fn(*args, **kwargs)  # raises the TypeError eager raises
+        except TridentError as e:
+            self._counters.misses += 1
+            return self._eager(args, kwargs, str(e))
         if self._cache is None or not self._globals_unchanged():
             self._ensure_loaded()
-            if self._specs and self._match(*args) >= 0:
-                return self(*args)  # served from the cached module: a hit
-        return self._on_miss(args)
+        index = self._installed_match(call)
+        if index >= 0:  # a cached specialization, or a tree seen for the first time
+            out = self._finish(call, index, self._run(*call.leaves))
+            self.hits += 1
+            return out
+        return self._on_miss(call)
+
+    def _flatten(self, args: tuple, kwargs: dict) -> _Call:
+        tree, leaves, values = flatten_call(self._binding, args, kwargs)
+        self._trees.setdefault(tree.key, tree)
+        return _Call(args, kwargs, self._trees[tree.key], tuple(leaves), values)
+
+    def _installed_match(self, call: _Call) -> int:
+        """The specialization the native guards pick for ``call`` (its tree installed first,
+        if a specialization uses it), or -1."""
+        if not any(s.tree == call.tree.key for s in self._specs):
+            return -1
+        self._set_trees()
+        return self._match(*call.leaves)
+
+    def _set_trees(self) -> None:
+        """Install the argument trees the installed specializations use, and their output
+        recipes (Note [Argument trees])."""
+        keys = list(dict.fromkeys(s.tree for s in self._specs if s.tree in self._trees))
+        recipes = tuple(tuple(s.recipe.ops) if s.recipe else None for s in self._specs)
+        self._set_call_trees(self._binding_program, tuple(self._trees[k].program() for k in keys),
+                             recipes)
+
+    @functools.cached_property
+    def _binding_program(self) -> tuple:
+        return (self._binding.program(), self._binding.self_obj, self._binding.has_self)
+
+    def _finish(self, call: _Call, index: int, out):
+        """The result of specialization ``index`` from the SCM's outputs ``out`` (Python's
+        twin of the end of Dispatcher_call, through the same native recipe code)."""
+        recipe = self._specs[index].recipe
+        if recipe is None:
+            return out
+        return runtime.load().build_result(tuple(recipe.ops), out, tuple(call.values))
 
     # ---- miss path --------------------------------------------------------------------------
 
@@ -175,13 +257,13 @@ class JitFunctionMixin:
             self._load_reason = f"{', '.join(self._rebound())} rebound since the last call"
         self._install(0, 0)
         self._specs = []
-        self._global_bindings = _global_bindings(self._fn)
-        self._cell_bindings = _cell_bindings(self._fn)
-        g = self._fn.__globals__
+        self._global_bindings = _global_bindings(self._code_fn)
+        self._cell_bindings = _cell_bindings(self._code_fn)
+        g = self._code_fn.__globals__
         self._set_global_guards(
             tuple((g, name, value) for name, value in self._global_bindings.items()) +
             tuple((cell, None, value) for cell, value in self._cell_bindings))
-        self._cache = FunctionCache(self._fn, function_key(self._fn))
+        self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
             self._install_module(self._specs)
@@ -194,7 +276,7 @@ class JitFunctionMixin:
     def _rebound(self) -> list[str]:
         """The globals (and "a closure variable") no longer bound to the object the installed
         module was compiled with."""
-        g = self._fn.__globals__
+        g = self._code_fn.__globals__
         names = [name for name, value in self._global_bindings.items()
                  if g.get(name, _UNBOUND) is not value]
         if any(_cell_contents(cell) is not value for cell, value in self._cell_bindings):
@@ -205,38 +287,34 @@ class JitFunctionMixin:
         """Note [Global guards]: the Python twin of ``globals_unchanged`` in runtime.cpp."""
         return not self._rebound()
 
-    def _arg_label(self, i: int) -> str:
-        if i < len(self._arg_names):
-            return self._arg_names[i]
-        return f"{self._varargs or 'args'}[{i - len(self._arg_names)}]"
-
-    def _on_miss(self, args: tuple):
+    def _on_miss(self, call: _Call):
         stats = self._counters
         stats.misses += 1
-        reason = self._miss_reason(args)
+        reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
+        args, names = call.leaves, call.names
 
         if len(args) > MAX_ARGS:
-            return self._eager(args, None, f"{len(args)} arguments; the native path reads at "
-                               f"most {MAX_ARGS}")
+            return self._eager(call.args, call.kwargs, f"{len(args)} argument leaves; the "
+                               f"native path reads at most {MAX_ARGS}")
         env = env_facts(args)
         if env["autocast"] or env["transforms"] or env["function_modes"]:
-            return self._eager(args, None, "autocast, a torch.func transform or a "
+            return self._eager(call.args, call.kwargs, "autocast, a torch.func transform or a "
                                "TorchFunctionMode (torch.set_default_device, ...) is on: Trident "
                                "does not compile under them")
         for i, f in enumerate(arg_facts(a) for a in args):
             if f["kind"] == OTHER:
-                return self._eager(args, None, f"argument {self._arg_label(i)} is a "
+                return self._eager(call.args, call.kwargs, f"argument {names[i]} is a "
                                    f"{type(args[i]).__name__} that the native guards do not "
                                    "read (expected a strided CPU/CUDA tensor, int, float, bool "
                                    "or None)")
             if f.get("requires_grad") and env["grad_enabled"]:
-                return self._eager(args, None, f"{self._arg_label(i)} requires grad: Trident "
-                                   "serves inference; autograd runs eagerly")
+                return self._eager(call.args, call.kwargs, f"{names[i]} requires grad: "
+                                   "Trident serves inference; autograd runs eagerly")
         for guards, why in self._eager_signatures:
             if first_failure(guards, args) is None:
-                return self._eager(args, None, why)
+                return self._eager(call.args, call.kwargs, why)
         # Note [Specialization limit]: the limit bounds compiles in this process (as
         # torch.compile's recompile limit does) and the size of the module: the newest stored
         # specializations are installed, a stored one that fits a miss replaces the oldest
@@ -244,22 +322,19 @@ class JitFunctionMixin:
         # for good.
         installed = {s.key for s in self._specs}
         on_disk = self._stored_specs()
-        stored = next((s for s in on_disk if s.key not in installed
+        stored = next((s for s in on_disk if s.key not in installed and s.tree == call.tree.key
                        and first_failure(s.guards, args) is None), None)
         if stored is None and self._counters.compiles >= self._max_specializations:
-            if not self._warned_limit:
-                self._warned_limit = True
-                warnings.warn(f"trident: {self.__qualname__} reached its limit of "
-                              f"{self._max_specializations} compiled specializations; further "
-                              "new signatures run eagerly", stacklevel=3)
-            return self._eager(args, None, "specialization limit")
+            return self._eager(call.args, call.kwargs, f"reached its limit of "
+                               f"{self._max_specializations} compiled specializations; further "
+                               "new signatures run eagerly")
         with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
             # a thread that waited here may find its signature compiled by the one before it
-            if not (self._specs and self._match(*args) >= 0):
+            if self._installed_match(call) < 0:
                 try:
                     # a fitting specialization on disk that the module left out is installed
                     # again rather than compiled again
-                    spec = stored or self._compile_dynamic_or_static(args)
+                    spec = stored or self._compile_dynamic_or_static(call)
                     # The new specialization goes last, after those stored by other processes
                     # (read again after a compile: they may have stored some meanwhile).
                     if stored is None:
@@ -270,33 +345,35 @@ class JitFunctionMixin:
                 except TridentError as e:
                     if not self._fallback:
                         raise
-                    warnings.warn(f"trident: {self.__qualname__} runs eagerly for this "
-                                  f"signature: {e}", stacklevel=3)
                     self._eager_signatures.append((guards_for(args), str(e)))
-                    return self._eager(args, None, str(e))
+                    return self._eager(call.args, call.kwargs, str(e))
                 if stored is None:
                     self._cache.save_spec(spec)  # only a specialization that built and installed
-        if self._match(*args) < 0:
+        if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
-        return self._capture_path(args, hit=False)
+        return self._capture_path(call, hit=False)
 
     # ---- CUDA graphs (Note [CUDA graphs]) --------------------------------------------------
 
-    def _capture_path(self, args: tuple, hit: bool = True):
-        """Called from the native dispatcher when the specialization that accepts ``args`` has
-        no CUDA graph yet but may have one: its first run in this process runs step by step
-        (the warm-up); the next one captures the graph and replays it."""
-        index = self._match(*args)
+    def _capture_path(self, call: _Call | tuple, kwargs: dict | None = None, hit: bool = True):
+        """Called from the native dispatcher (with the call's ``args`` and ``kwargs``) when the
+        specialization that accepts them has no CUDA graph yet but may have one: its first run
+        in this process runs step by step (the warm-up); the next one captures the graph and
+        replays it."""
+        if not isinstance(call, _Call):
+            call = self._flatten(call, kwargs or {})
+        index = self._installed_match(call)
         if index < 0:  # a global changed under us: the ordinary miss path
-            return self._slow_path(args, None)
+            return self._slow_path(call.args, call.kwargs)
+        args = call.leaves
         spec = self._specs[index]
         key, device = spec.key, spec.graph_device
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
         seen = self._graph_seen.get(key)
         if seen is None or not self._cuda_graphs or device is None:
             self._graph_seen[key] = graphs.pointers(args)
-            out = self._run(*args)
+            out = self._finish(call, index, self._run(*args))
             self.hits += hit
             if self._cuda_graphs and device is not None:
                 self._set_graph(index, graphs.PENDING)
@@ -316,7 +393,7 @@ class JitFunctionMixin:
             self._graphs[key] = captured
             _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
                              captured)
-            out = self._run(*args)
+            out = self._finish(call, index, self._run(*args))
             self.hits += hit
             return out
         self._graphs[key] = captured
@@ -324,10 +401,10 @@ class JitFunctionMixin:
         self._counters.graph_captures += 1
         _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
                          self.__qualname__, spec.signature,
-                         [self._arg_label(i) for i in sorted(captured.statics)] or "none")
+                         [call.names[i] for i in sorted(captured.statics)] or "none")
         self._install_graph(index, spec)
-        out = self(*args)  # replays: a hit
-        self.hits -= not hit
+        out = self._finish(call, index, self._run(*args))  # replays the graph
+        self.hits += hit
         return out
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
@@ -339,24 +416,27 @@ class JitFunctionMixin:
         elif captured is None and self._cuda_graphs and spec.graph_device is not None:
             self._set_graph(index, graphs.PENDING)
 
-    def _miss_reason(self, args: tuple) -> str:
+    def _miss_reason(self, call: _Call) -> str:
+        """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
+        failing guard or argument path, not the (possibly long) signature."""
         if not self._specs:
             return self._load_reason
-        reasons = []
-        for i, spec in enumerate(self._specs):
-            failed = first_failure(spec.guards, args)
-            described = (explain_failure(failed, args, spec.arg_names) if failed
-                         else "all guards hold")
-            reasons.append(f"{described} (specialization {i}: {spec.signature})")
-        return "; ".join(reasons)
+        return "; ".join(f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
+                         for i, spec in enumerate(self._specs))
 
     def _eager(self, args: tuple, kwargs: dict | None, why: str):
+        """Run the call eagerly: counted, logged, and warned once per reason (Note [Argument
+        trees]: never a silent fallback)."""
         self._counters.fallbacks += 1
+        self._counters.miss_reasons = (self._counters.miss_reasons + [f"eager: {why}"])[-32:]
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
+        if why not in self._warned_reasons:
+            self._warned_reasons.add(why)
+            warnings.warn(f"trident: {self.__qualname__} runs eagerly: {why}", stacklevel=4)
         with kernels.cpu_launches_interpreted():
             return self._fn(*args, **(kwargs or {}))
 
-    def _dynamic_dims(self, args: tuple) -> dict[int, set[int]]:
+    def _dynamic_dims(self, call: _Call) -> dict[int, set[int]]:
         """Note [Automatic dynamic]: the dims of ``args`` to trace as symbolic sizes.
 
         Asked for: every dim (``dynamic=True``), the dims named per argument
@@ -365,34 +445,36 @@ class JitFunctionMixin:
         those dims dynamic, with the dims that specialization already had, as torch.compile's
         automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
         compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
-        size."""
+        size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
+        args, names = call.leaves, call.names
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
         if self._dynamic is True:
             dims = {i: set(range(a.dim())) for i, a in tensors.items()}
         elif isinstance(self._dynamic, dict):
             for i, a in tensors.items():
-                asked = set(self._dynamic.get(self._arg_label(i), ()))
+                asked = set(self._dynamic.get(names[i], ()))
                 if any(d >= a.dim() for d in asked):
                     raise TridentError(f"trident.jit: dynamic dims {sorted(asked)} of "
-                                       f"{self._arg_label(i)}, which has {a.dim()} dims")
+                                       f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             alike = [g for g in spec.guards if g.field not in ("size", "stride", "sym")]
-            if spec.shapes is None or first_failure(alike, args) is not None:
+            if spec.shapes is None or spec.tree != call.tree.key or \
+                    first_failure(alike, args) is not None:
                 continue
             for i, a in tensors.items():
                 dims[i] |= set(spec.dynamic.get(str(i), ()))
                 dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
         return {i: d for i, d in dims.items() if d}
 
-    def _compile_dynamic_or_static(self, args: tuple) -> Specialization:
+    def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
         automatic = self._dynamic is None
         dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
-            self._dynamic_dims(args)
+            self._dynamic_dims(call)
         if dynamic:
             try:
-                return self._compile(args, dynamic)
+                return self._compile(call, dynamic)
             except TridentError as e:
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature
@@ -400,13 +482,25 @@ class JitFunctionMixin:
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
-        return self._compile(args, {})
+        return self._compile(call, {})
 
-    def _compile(self, args: tuple, dynamic: dict[int, set[int]]) -> Specialization:
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
+        """Trace the function on fake leaves put in place of the call's (Note [Argument
+        trees]); the result's structure becomes the capture's output recipe."""
+        def run(*leaves):
+            with substituted(call.tree, call.values, leaves) as roots:
+                return self._binding.call(self._fn, roots)
+
+        return trace(run, call.leaves, dynamic,
+                     outputs=lambda result: flatten_output(result, call.tree, call.values),
+                     name=self.__qualname__)
+
+    def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         self._counters.traces += 1
         start = time.perf_counter()
+        args, names = call.leaves, call.names
         # under the call's grad mode, which is guarded
-        captured = trace(self._fn, args, dynamic)
+        captured = self._trace(call, dynamic)
         traced = time.perf_counter()
         try:
             module = import_graph(captured.graph_module, shape_env=captured.shape_env)
@@ -426,19 +520,18 @@ class JitFunctionMixin:
                 key = json.dumps(step.launch, sort_keys=True)
                 if key not in binaries:
                     binaries[key] = kernels.compile_cuda(
-                        kernels.find_kernel(step.launch["ref"], self._fn),
+                        kernels.find_kernel(step.launch["ref"], self._code_fn),
                         kernels.Launch(**step.launch),
                         torch.cuda.get_device_capability(step.launch["device"]))
                 step.launch["binary"] = binaries[key]
         _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
                          self.__qualname__, traced - start, planned - traced, len(binaries),
                          time.perf_counter() - planned)
-        names = [self._arg_label(i) for i in range(len(args))]
         spec = Specialization(self._describe(args, names, captured.fake_args), names,
                               guards_for(args, captured.fake_args, captured.shape_env), plan,
                               {str(i): sorted(d) for i, d in dynamic.items()},
                               [list(a.shape) if isinstance(a, torch.Tensor) else None
-                               for a in args])
+                               for a in args], call.tree.key, captured.recipe)
         self._counters.compiles += 1
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.describe(names) for g in spec.guards))
@@ -450,9 +543,15 @@ class JitFunctionMixin:
         self._counters.interpreted_launches += 1
 
     def _describe(self, args: tuple, names: list[str], fake_args: tuple | None) -> str:
-        """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace."""
-        parts = []
+        """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace; the
+        parameters and buffers of ``self`` (a module) are counted, not listed."""
+        parts, owned = [], 0
         for i, (name, a) in enumerate(zip(names, args)):
+            if i == 0:  # the tree's key
+                continue
+            if name.startswith("self.") and (isinstance(a, torch.Tensor) or a is None):
+                owned += 1
+                continue
             if isinstance(a, torch.Tensor):
                 traced = fake_args[i].shape if fake_args else a.shape
                 shape = ["?" if isinstance(n, torch.SymInt) else n for n in traced]
@@ -460,6 +559,8 @@ class JitFunctionMixin:
                              f"[{', '.join(map(str, shape))}] {a.device}")
             else:
                 parts.append(f"{name}={a!r}")
+        if owned:
+            parts.insert(0, f"self: {owned} parameters and buffers")
         return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
@@ -476,7 +577,7 @@ class JitFunctionMixin:
             if key not in self._callback_ids:
                 launch = specs[spec_index].plan.steps[step_index].launch
                 launcher = kernels.interpreted_launcher(
-                    kernels.find_kernel(launch["ref"], self._fn),
+                    kernels.find_kernel(launch["ref"], self._code_fn),
                     kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
                     self._count_interpreted)
                 self._callback_ids[key] = rt.register_callback(launcher)
@@ -486,6 +587,7 @@ class JitFunctionMixin:
         self._reset_graphs(len(specs))
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
+        self._set_trees()
         self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
 
 
@@ -534,9 +636,15 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
 
     Args:
-        fn: a function of tensors and Python scalars that calls torch ops and Triton kernels
-            (launched natively on CUDA tensors, through Triton's interpreter on CPU tensors).
-            Positional arguments are guarded; keyword arguments are bound to positions first.
+        fn: a function that calls torch ops and Triton kernels (launched natively on CUDA
+            tensors, through Triton's interpreter on CPU tensors), a bound method
+            (``model.forward``) or an ``nn.Module`` (its ``__call__``, hooks included). Its
+            arguments are bound as Python binds them (positional, keyword, defaults) and
+            flattened into leaves (Note [Argument trees] in trident/flatten.py): tensors and
+            scalars in tuples, lists, dicts and namedtuples, and any object's ``__dict__``
+            (a module's parameters and buffers, a transformers ``StaticCache``) are read on
+            every call; an object's other attributes are guarded by value or identity.
+            ``@trident.jit`` on a method in a class body binds ``self`` like a function.
         max_specializations: bound on the specializations this function compiles in a process
             and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it new
             signatures run eagerly, with one warning (Note [Specialization limit]).
@@ -556,20 +664,24 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
         ``.source()`` and ``.mlir(*args)`` describe what it compiled.
 
     Raises:
-        TridentError: ``fn`` is not a Python function (it needs ``__code__`` and
-            ``__globals__`` for the cache key).
+        TridentError: ``fn`` is not a Python function, method or ``nn.Module`` whose
+            ``forward`` is one (the cache key hashes its code).
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
                                  fallback=fallback, cuda_graphs=cuda_graphs, dynamic=dynamic)
-    if not callable(fn) or not hasattr(fn, "__code__") or not hasattr(fn, "__globals__"):
-        raise TridentError(f"trident.jit expects a Python function, got {type(fn).__name__}")
+    if not (isinstance(fn, torch.nn.Module) and isinstance(
+            getattr(type(fn), "forward", None), types.FunctionType)) and not (
+            isinstance(fn, (types.FunctionType, types.MethodType)) and
+            isinstance(getattr(fn, "__func__", fn), types.FunctionType)):
+        raise TridentError(f"trident.jit expects a Python function, a method or an "
+                           f"nn.Module, got {type(fn).__name__}")
     obj = jit_function_class()()
     if not (dynamic is None or isinstance(dynamic, (bool, dict))):
         raise TridentError(f"trident.jit: dynamic must be None, a bool, or a dict of argument "
                            f"name to dims, got {type(dynamic).__name__}")
     if isinstance(dynamic, dict):
-        params = inspect.signature(fn).parameters
+        params = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters
         for name, dims in dynamic.items():
             if name not in params:
                 raise TridentError(f"trident.jit: dynamic names {name!r}, which is not a "

@@ -210,15 +210,24 @@ class _Walker:
         raise TridentError(f"unsupported constant {name}")
 
     def literal(self, op, where: str, text: str) -> dict:
-        """A one-element tensor constant, made on the CPU as eager PyTorch made it:
-        ``aten::scalar_tensor`` for 0-dim, ``aten::full`` otherwise."""
+        """A one-element or empty tensor constant, made on the CPU as eager PyTorch made it:
+        ``aten::scalar_tensor`` for 0-dim, ``aten::full`` otherwise, ``aten::empty`` for no
+        elements."""
         attr = op.attributes["value"]
         try:
             dense = ir.DenseElementsAttr(attr)
         except ValueError:  # a dense resource: a large constant
             dense = None
-        element = str(ir.RankedTensorType(attr.type).element_type) if dense else ""
+        element = str(ir.RankedTensorType(attr.type).element_type)
         dtype = _LITERAL_DTYPES.get(element)
+        shape = list(ir.RankedTensorType(attr.type).shape)
+        if dtype is not None and 0 in shape:  # torch.tensor([])
+            result = self.new_value("val")
+            self.steps.append(Step("aten::empty", "memory_format", [
+                {"k": "ints", "v": shape}, {"k": "int", "v": dtype_codes()[dtype]},
+                {"k": "none"}, {"k": "device", "type": 0, "index": -1}, {"k": "none"},
+                {"k": "none"}], [result], where, text))
+            return result
         if dense is None or dtype is None or not dense.is_splat:
             raise TridentError(f"{where}: unsupported tensor constant ({text})")
         item = dense.get_splat_value()

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 
+from .flatten import OutputRecipe
 from .guards import Guard
 from .plan import Plan
 
@@ -21,6 +22,10 @@ class Specialization:
         dynamic: {argument index (as a string): dims traced as symbolic sizes}.
         shapes: each argument's shape in the call it was traced from (None: not a tensor);
             automatic dynamic dims compare a missing call's shapes with these.
+        tree: the key of the argument tree its leaves come from (leaf 0; Note [Argument
+            trees] in flatten.py).
+        recipe: how the runtime rebuilds the result from the flat outputs, or None when the
+            SCM's output spec does.
     """
 
     signature: str
@@ -29,16 +34,21 @@ class Specialization:
     plan: Plan
     dynamic: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     shapes: list | None = None
+    tree: int = 0
+    recipe: OutputRecipe | None = None
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
                 "guards": [dataclasses.asdict(g) for g in self.guards],
-                "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes}
+                "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
+                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None}
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
+        recipe = data.get("recipe")
         return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
-                   Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"))
+                   Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
+                   data["tree"], OutputRecipe.from_json(recipe) if recipe else None)
 
     @functools.cached_property
     def graph_device(self) -> int | None:

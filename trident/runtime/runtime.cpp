@@ -351,6 +351,302 @@ void release_outputs(trt_result* r, int32_t from) {
     if (r->outs[i].tag == TRT_TENSOR) api_release(r->outs[i].u.t);
 }
 
+
+// ---- Note [Argument trees] (trident/flatten.py) --------------------------------------------
+//
+// A call's arguments are bound to the function's parameters here, as Python binds them, and
+// each installed tree is evaluated over the bound values: every node reads its value from its
+// parent and checks it; the LEAF nodes, after the tree's key, are the SCM's arguments.
+
+enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
+       PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
+enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
+enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
+enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT };
+enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
+
+struct Param {
+  PyObject* name;  // borrowed from CallTrees::source
+  int kind;
+  PyObject* default_value;  // nullptr: none
+};
+
+struct TreeNode {
+  Py_ssize_t parent;
+  int access;
+  PyObject* key;  // ITEM, ATTR: the key; borrowed
+  Py_ssize_t index;  // ARG, INDEX: the position
+  int check;
+  Py_ssize_t same;   // SAME: the node whose object this one must be
+  PyObject* expect;  // SEQ/DICT/OBJECT: the type; CONST: the value; ID: the object
+  Py_ssize_t length;
+  bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
+};
+
+struct Tree {
+  PyObject* key;  // leaf 0, a Python int
+  std::vector<TreeNode> nodes;
+  Py_ssize_t leaves;
+};
+
+// Everything a Dispatcher needs to bind and flatten a call. The Python tuples it was read from
+// are kept in `source` and `programs`, so every borrowed pointer stays valid.
+struct CallTrees {
+  PyObject* source = nullptr;    // (params, self object, has self)
+  PyObject* programs = nullptr;  // the trees, as flatten.ArgTree.program() made them
+  PyObject* recipes = nullptr;   // per specialization: an OutputRecipe's ops, or None
+  std::vector<Param> params;
+  PyObject* self_obj = nullptr;
+  bool has_self = false;
+  std::vector<Tree> trees;
+};
+
+// The values of one call: bound parameters, node values, leaves. `owned` holds the *args
+// tuple and **kwargs dict made by binding.
+struct CallValues {
+  std::vector<PyObject*> bound;
+  std::vector<PyObject*> values;
+  std::vector<PyObject*> dicts;  // per OBJECT node: its instance dict
+  std::vector<PyObject*> leaves;
+  std::vector<PyObject*> owned;
+  ~CallValues() {
+    for (PyObject* o : owned) Py_DECREF(o);
+  }
+};
+
+// Python's binding of positional and keyword arguments to parameters (inspect.Signature.bind
+// with defaults applied). false: the call does not bind; Python raises eager's TypeError.
+bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), i = 0, used = 0;
+  Py_ssize_t nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+  cv.bound.clear();
+  for (const Param& p : t.params) {
+    PyObject* v = nullptr;
+    if (p.kind == PARAM_VAR_POSITIONAL) {
+      v = PyTuple_GetSlice(args, i, nargs);
+      if (!v) return false;
+      cv.owned.push_back(v);
+      i = nargs;
+    } else if (p.kind == PARAM_VAR_KEYWORD) {
+      v = PyDict_New();
+      if (!v) return false;
+      cv.owned.push_back(v);
+      if (nkw) {
+        PyObject *k, *item;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwargs, &pos, &k, &item)) {
+          bool named = false;
+          for (const Param& q : t.params)
+            if ((q.kind == PARAM_POSITIONAL_OR_KEYWORD || q.kind == PARAM_KEYWORD_ONLY) &&
+                PyUnicode_Compare(q.name, k) == 0) {
+              named = true;
+              break;
+            }
+          if (!named) {
+            if (PyDict_SetItem(v, k, item) < 0) return false;
+            ++used;
+          }
+        }
+      }
+    } else if (p.kind != PARAM_KEYWORD_ONLY && i < nargs) {
+      if (p.kind == PARAM_POSITIONAL_OR_KEYWORD && nkw && PyDict_GetItem(kwargs, p.name))
+        return false;
+      v = PyTuple_GET_ITEM(args, i++);
+    } else if (p.kind != PARAM_POSITIONAL_ONLY && nkw && (v = PyDict_GetItem(kwargs, p.name))) {
+      ++used;
+    } else if (p.default_value) {
+      v = p.default_value;
+    } else {
+      return false;
+    }
+    cv.bound.push_back(v);
+  }
+  return i == nargs && used == nkw;
+}
+
+bool const_equal(const TreeNode& n, PyObject* v) {
+  if (v == n.expect) return true;
+  if (Py_TYPE(v) != Py_TYPE(n.expect)) return false;
+  if (n.float_bits)
+    return trt_f64_bits(PyFloat_AS_DOUBLE(v)) == trt_f64_bits(PyFloat_AS_DOUBLE(n.expect));
+  int eq = PyObject_RichCompareBool(v, n.expect, Py_EQ);
+  if (eq < 0) PyErr_Clear();
+  return eq == 1;
+}
+
+// The instance dict of an object (borrowed; the object holds it), or nullptr.
+PyObject* instance_dict(PyObject* obj) {
+  PyObject* d = PyObject_GenericGetDict(obj, nullptr);
+  if (!d) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  Py_DECREF(d);
+  return PyDict_Check(d) ? d : nullptr;
+}
+
+// Evaluates one tree over the bound values: true and cv.leaves filled when every check holds.
+bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv) {
+  size_t n = tree.nodes.size();
+  cv.values.resize(n);
+  cv.dicts.resize(n);
+  cv.leaves.clear();
+  cv.leaves.reserve(tree.leaves + 1);
+  cv.leaves.push_back(tree.key);
+  for (size_t i = 0; i < n; ++i) {
+    const TreeNode& node = tree.nodes[i];
+    PyObject* v = nullptr;
+    PyObject* parent = node.parent >= 0 ? cv.values[node.parent] : nullptr;
+    switch (node.access) {
+      case ACC_ARG: v = cv.bound[node.index]; break;
+      case ACC_SELF: v = t.self_obj; break;
+      case ACC_ITEM: v = PyDict_GetItemWithError(parent, node.key); break;
+      case ACC_INDEX:  // the parent's type and length were checked
+        v = PyTuple_Check(parent) ? PyTuple_GET_ITEM(parent, node.index)
+                                  : PyList_GET_ITEM(parent, node.index);
+        break;
+      case ACC_ATTR: v = PyDict_GetItemWithError(cv.dicts[node.parent], node.key); break;
+    }
+    if (!v) {
+      PyErr_Clear();
+      return false;
+    }
+    cv.values[i] = v;
+    bool ok = true;
+    switch (node.check) {
+      case CHK_LEAF: cv.leaves.push_back(v); break;
+      case CHK_SEQ:
+        ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) && Py_SIZE(v) == node.length;
+        break;
+      case CHK_DICT:
+        ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
+             PyDict_GET_SIZE(v) == node.length;
+        break;
+      case CHK_OBJECT: {
+        if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) return false;
+        PyObject* d = cv.dicts[i] = instance_dict(v);
+        ok = d && PyDict_GET_SIZE(d) == node.length;
+        break;
+      }
+      case CHK_CONST: ok = const_equal(node, v); break;
+      case CHK_ID: ok = v == node.expect; break;
+      case CHK_SAME: ok = v == cv.values[node.same]; break;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
+PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
+                       const std::vector<PyObject*>& values) {
+  if (pc >= PyTuple_GET_SIZE(ops))
+    return PyErr_Format(PyExc_RuntimeError, "trident: output recipe ends early");
+  PyObject* op = PyTuple_GET_ITEM(ops, pc++);
+  long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+  auto child = [&]() { return build_recipe(ops, pc, flat, next, values); };
+  switch (code) {
+    case R_VALUE: {
+      if (next >= PyTuple_GET_SIZE(flat))
+        return PyErr_Format(PyExc_RuntimeError, "trident: output recipe reads past the outputs");
+      PyObject* v = PyTuple_GET_ITEM(flat, next++);
+      Py_INCREF(v);
+      return v;
+    }
+    case R_CONST: {
+      PyObject* v = PyTuple_GET_ITEM(op, 1);
+      Py_INCREF(v);
+      return v;
+    }
+    case R_INPUT: {
+      Py_ssize_t node = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
+      if (node < 0 || node >= static_cast<Py_ssize_t>(values.size()))
+        return PyErr_Format(PyExc_RuntimeError, "trident: no call value %zd", node);
+      Py_INCREF(values[node]);
+      return values[node];
+    }
+    case R_TUPLE:
+    case R_LIST:
+    case R_NAMEDTUPLE: {
+      PyObject* cls = code == R_NAMEDTUPLE ? PyTuple_GET_ITEM(op, 1) : nullptr;
+      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, code == R_NAMEDTUPLE ? 2 : 1));
+      PyObject* items = code == R_LIST ? PyList_New(n) : PyTuple_New(n);
+      if (!items) return nullptr;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = child();
+        if (!item) {
+          Py_DECREF(items);
+          return nullptr;
+        }
+        if (code == R_LIST) PyList_SET_ITEM(items, i, item);
+        else PyTuple_SET_ITEM(items, i, item);
+      }
+      if (!cls) return items;
+      // tuple.__new__(cls, items): C, unlike a namedtuple's generated Python __new__
+      PyObject* pack = PyTuple_Pack(1, items);
+      Py_DECREF(items);
+      if (!pack) return nullptr;
+      PyObject* out = PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(cls), pack, nullptr);
+      Py_DECREF(pack);
+      return out;
+    }
+    case R_DICT: {
+      PyObject* keys = PyTuple_GET_ITEM(op, 1);
+      PyObject* d = PyDict_New();
+      if (!d) return nullptr;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); ++i) {
+        PyObject* item = child();
+        if (!item || PyDict_SetItem(d, PyTuple_GET_ITEM(keys, i), item) < 0) {
+          Py_XDECREF(item);
+          Py_DECREF(d);
+          return nullptr;
+        }
+        Py_DECREF(item);
+      }
+      return d;
+    }
+    case R_OBJECT: {
+      // (R_OBJECT, cls, base, attribute names, item keys): made by the C base type's tp_new,
+      // its __dict__ and items set without running the class's Python methods
+      auto* cls = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(op, 1));
+      long base = PyLong_AsLong(PyTuple_GET_ITEM(op, 2));
+      PyObject* attrs = PyTuple_GET_ITEM(op, 3);
+      PyObject* keys = PyTuple_GET_ITEM(op, 4);
+      PyTypeObject* maker = base == BASE_ODICT ? &PyODict_Type
+                            : base == BASE_DICT ? &PyDict_Type : &PyBaseObject_Type;
+      PyObject* empty = PyTuple_New(0);
+      if (!empty) return nullptr;
+      PyObject* obj = maker->tp_new(cls, empty, nullptr);
+      if (obj && base == BASE_ODICT && PyODict_Type.tp_init(obj, empty, nullptr) < 0)
+        Py_CLEAR(obj);
+      Py_DECREF(empty);
+      if (!obj) return nullptr;
+      PyObject* d = PyObject_GenericGetDict(obj, nullptr);
+      bool ok = d != nullptr;
+      for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(attrs); ++i) {
+        PyObject* item = child();
+        ok = item && PyDict_SetItem(d, PyTuple_GET_ITEM(attrs, i), item) == 0;
+        Py_XDECREF(item);
+      }
+      for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(keys); ++i) {
+        PyObject* item = child();
+        ok = item && (base == BASE_ODICT ? PyODict_SetItem(obj, PyTuple_GET_ITEM(keys, i), item)
+                                         : PyDict_SetItem(obj, PyTuple_GET_ITEM(keys, i), item)) == 0;
+        Py_XDECREF(item);
+      }
+      Py_XDECREF(d);
+      if (!ok) Py_CLEAR(obj);
+      return obj;
+    }
+  }
+  return PyErr_Format(PyExc_RuntimeError, "trident: bad output recipe op %ld", code);
+}
+
+PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values) {
+  Py_ssize_t pc = 0, next = 0;
+  return build_recipe(ops, pc, flat, next, values);
+}
+
 // ---- Dispatcher ----------------------------------------------------------------------------
 
 PyObject* TridentError = nullptr;
@@ -370,6 +666,8 @@ struct Dispatcher {
   trt_graph* graphs;
   Py_ssize_t num_graphs;
   long long replays_before;  // replays counted by slots since reset
+  // How calls bind and flatten (Note [Argument trees]); nullptr until the first install.
+  CallTrees* trees;
 };
 
 void free_graphs(Dispatcher* self) {
@@ -390,12 +688,25 @@ PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
 int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
   Py_VISIT(self->dict);
   Py_VISIT(self->global_guards);
+  if (self->trees) {
+    Py_VISIT(self->trees->source);
+    Py_VISIT(self->trees->programs);
+    Py_VISIT(self->trees->recipes);
+  }
   return 0;
 }
 
 int Dispatcher_clear(Dispatcher* self) {
   Py_CLEAR(self->dict);
   Py_CLEAR(self->global_guards);
+  if (self->trees) {
+    CallTrees* t = self->trees;
+    self->trees = nullptr;
+    Py_XDECREF(t->source);
+    Py_XDECREF(t->programs);
+    Py_XDECREF(t->recipes);
+    delete t;
+  }
   return 0;
 }
 
@@ -442,7 +753,7 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
   return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
 }
 
-void read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
+void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
   env->autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ||
@@ -451,9 +762,13 @@ void read_args(PyObject* args, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->transforms =
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
-  for (Py_ssize_t i = 0; i < n; ++i) read_arg(PyTuple_GET_ITEM(args, i), &out[i]);
+  for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
+}
+
+PyObject* const* tuple_items(PyObject* tuple) {
+  return reinterpret_cast<PyTupleObject*>(tuple)->ob_item;
 }
 
 // Argument records: on the C stack for the common case; a call with more arguments takes a heap
@@ -468,14 +783,14 @@ struct ArgBuffer {
   }
 };
 
-// Runs the installed SCM on `args`. Returns nullptr with *rc_out set to TRT_MISS when no guard
-// holds, or to TRT_CAPTURE when the matching specialization wants its CUDA graph captured first.
-PyObject* run_scm(Dispatcher* self, PyObject* args, int* rc_out) {
-  Py_ssize_t n = PyTuple_GET_SIZE(args);
+// Runs the installed SCM on the leaves `items[0..n)`. Returns nullptr with *rc_out set to TRT_MISS
+// when no guard holds, or to TRT_CAPTURE when the matching specialization wants its CUDA graph
+// captured first; otherwise *rc_out is the specialization that ran.
+PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out) {
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
-  read_args(args, a, n, &env);
+  read_args(items, a, n, &env);
   env.graphs = self->graphs;
   trt_result result;
   result.nouts = 0;
@@ -500,20 +815,41 @@ PyObject* run_scm(Dispatcher* self, PyObject* args, int* rc_out) {
   return out;
 }
 
-PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
-  int rc = TRT_MISS;
-  if (!(kwargs && PyDict_GET_SIZE(kwargs)) && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS &&
-      self->call && globals_unchanged(self)) {
-    PyObject* out = run_scm(self, args, &rc);
-    if (rc == TRT_CAPTURE)
-      return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "(O)", args);
-    if (rc != TRT_MISS) {
-      if (out) ++self->hits;
-      return out;
-    }
-  }
+PyObject* slow_path(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_slow_path", "OO", args,
                              kwargs ? kwargs : Py_None);
+}
+
+// Note [Hit path]: bind, flatten (the first installed tree whose checks hold), run the SCM,
+// rebuild the result. Anything that does not hold goes to Python.
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+  CallTrees* t = self->trees;
+  if (!t || !self->call || !globals_unchanged(self)) return slow_path(self, args, kwargs);
+  CallValues cv;
+  if (!bind_call(*t, args, kwargs, cv)) {
+    PyErr_Clear();
+    return slow_path(self, args, kwargs);
+  }
+  for (const Tree& tree : t->trees) {
+    if (!eval_tree(*t, tree, cv)) continue;
+    Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
+    if (n > TRT_MAX_ARGS) break;
+    int rc = TRT_MISS;
+    PyObject* out = run_scm(self, cv.leaves.data(), n, &rc);
+    if (rc == TRT_CAPTURE)
+      return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
+                                 kwargs ? kwargs : Py_None);
+    if (rc == TRT_MISS) break;
+    if (!out) return nullptr;
+    ++self->hits;
+    PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
+                           ? PyTuple_GET_ITEM(t->recipes, rc) : Py_None;
+    if (recipe == Py_None) return out;
+    PyObject* built = apply_recipe(recipe, out, cv.values);
+    Py_DECREF(out);
+    return built;
+  }
+  return slow_path(self, args, kwargs);
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
@@ -521,7 +857,7 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
 PyObject* Dispatcher_run(Dispatcher* self, PyObject* args) {
   int rc = TRT_MISS;
   PyObject* out = (self->call && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS)
-                      ? run_scm(self, args, &rc) : nullptr;
+                      ? run_scm(self, tuple_items(args), PyTuple_GET_SIZE(args), &rc) : nullptr;
   if (rc == TRT_MISS || rc == TRT_CAPTURE)
     PyErr_SetString(TridentError, "no specialization accepts these arguments");
   return out;
@@ -555,6 +891,98 @@ PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
   Py_INCREF(guards);
   Py_XSETREF(self->global_guards, guards);
   Py_RETURN_NONE;
+}
+
+// _set_call_trees(binding, trees, recipes): Note [Argument trees]. binding is (params, self
+// object, has self) with params ((name, kind, has default, default), ...); trees are
+// flatten.ArgTree.program() tuples; recipes one OutputRecipe's ops (or None) per specialization.
+PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
+  PyObject *binding, *programs, *recipes;
+  if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &binding, &PyTuple_Type, &programs,
+                        &PyTuple_Type, &recipes))
+    return nullptr;
+  auto* t = new CallTrees();
+  auto fail = [&](const char* what) {
+    delete t;
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "_set_call_trees: bad %s", what);
+    return nullptr;
+  };
+  if (PyTuple_GET_SIZE(binding) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(binding, 0)))
+    return fail("binding");
+  PyObject* params = PyTuple_GET_ITEM(binding, 0);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(params); ++i) {
+    PyObject* p = PyTuple_GET_ITEM(params, i);
+    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 4 || !PyUnicode_Check(PyTuple_GET_ITEM(p, 0)))
+      return fail("parameter");
+    t->params.push_back({PyTuple_GET_ITEM(p, 0), static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(p, 1))),
+                         PyObject_IsTrue(PyTuple_GET_ITEM(p, 2)) ? PyTuple_GET_ITEM(p, 3) : nullptr});
+  }
+  t->self_obj = PyTuple_GET_ITEM(binding, 1);
+  t->has_self = PyObject_IsTrue(PyTuple_GET_ITEM(binding, 2));
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(programs); ++k) {
+    PyObject* prog = PyTuple_GET_ITEM(programs, k);
+    if (!PyTuple_Check(prog) || PyTuple_GET_SIZE(prog) != 2 ||
+        !PyLong_Check(PyTuple_GET_ITEM(prog, 0)) || !PyTuple_Check(PyTuple_GET_ITEM(prog, 1)))
+      return fail("tree");
+    Tree tree;
+    tree.key = PyTuple_GET_ITEM(prog, 0);
+    tree.leaves = 0;
+    PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
+      PyObject* n = PyTuple_GET_ITEM(nodes, i);
+      if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 6) return fail("tree node");
+      TreeNode node;
+      node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
+      node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
+      node.key = PyTuple_GET_ITEM(n, 2);
+      node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
+      node.expect = PyTuple_GET_ITEM(n, 4);
+      node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
+      node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
+                                                                          : 0;
+      node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
+      node.float_bits = node.check == CHK_CONST && PyFloat_CheckExact(node.expect);
+      if (PyErr_Occurred() || node.parent >= i || (node.parent < 0 && node.access != ACC_ARG &&
+                                                   node.access != ACC_SELF) ||
+          (node.access == ACC_ARG && (node.index < 0 ||
+                                      node.index >= static_cast<Py_ssize_t>(t->params.size()))) ||
+          (node.access == ACC_ATTR && tree.nodes[node.parent].check != CHK_OBJECT) ||
+          (node.access == ACC_ITEM && tree.nodes[node.parent].check != CHK_DICT) ||
+          (node.access == ACC_INDEX && (tree.nodes[node.parent].check != CHK_SEQ || node.index < 0 ||
+                                        node.index >= tree.nodes[node.parent].length)) ||
+          (node.check == CHK_SAME && (node.same < 0 || node.same >= i)) ||
+          ((node.check == CHK_SEQ || node.check == CHK_DICT || node.check == CHK_OBJECT) &&
+           !PyType_Check(node.expect)))
+        return fail("tree node");
+      tree.leaves += node.check == CHK_LEAF;
+      tree.nodes.push_back(node);
+    }
+    t->trees.push_back(std::move(tree));
+  }
+  t->source = binding;
+  t->programs = programs;
+  t->recipes = recipes;
+  Py_INCREF(binding);
+  Py_INCREF(programs);
+  Py_INCREF(recipes);
+  CallTrees* old = self->trees;
+  self->trees = t;
+  if (old) {
+    Py_XDECREF(old->source);
+    Py_XDECREF(old->programs);
+    Py_XDECREF(old->recipes);
+    delete old;
+  }
+  Py_RETURN_NONE;
+}
+
+// A JitFunction in a class body binds like a function: obj.method is a bound method (C).
+PyObject* Dispatcher_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+  if (!obj || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, obj);
 }
 
 // _reset_graphs(n): n empty CUDA graph slots (a new SCM is being installed).
@@ -610,7 +1038,7 @@ PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
-  read_args(args, a, n, &env);
+  read_args(tuple_items(args), a, n, &env);
   return PyLong_FromLong(self->match(a, static_cast<int32_t>(n), &env));
 }
 
@@ -628,6 +1056,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
      "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
+    {"_set_call_trees", reinterpret_cast<PyCFunction>(Dispatcher_set_call_trees), METH_VARARGS,
+     "_set_call_trees(binding, trees, recipes): how calls bind, flatten and build results."},
     {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_O,
      "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
     {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
@@ -658,6 +1088,17 @@ PyObject* register_callback(PyObject*, PyObject* fn) {
   Py_INCREF(fn);
   g_callbacks.push_back(fn);
   return PyLong_FromSize_t(g_callbacks.size() - 1);
+}
+
+// build_result(ops, flat, values) -> object: an OutputRecipe applied in Python's slow path, by the
+// same code as on a hit.
+PyObject* build_result(PyObject*, PyObject* args) {
+  PyObject *ops, *flat, *values;
+  if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &ops, &PyTuple_Type, &flat, &PyTuple_Type,
+                        &values))
+    return nullptr;
+  std::vector<PyObject*> v(tuple_items(values), tuple_items(values) + PyTuple_GET_SIZE(values));
+  return apply_recipe(ops, flat, v);
 }
 
 PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }
@@ -692,6 +1133,8 @@ PyMethodDef module_methods[] = {
     {"register_callback", register_callback, METH_O,
      "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
     {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
+    {"build_result", build_result, METH_VARARGS,
+     "build_result(ops, flat, values): an output recipe applied to flat outputs."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
     {"set_error_types", set_error_types, METH_O,
      "set_error_types(classes): TridentError and its twins, raised on TRT_ERROR."},
@@ -716,6 +1159,7 @@ extern "C" PyMODINIT_FUNC TRT_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   DispatcherType.tp_traverse = reinterpret_cast<traverseproc>(Dispatcher_traverse);
   DispatcherType.tp_clear = reinterpret_cast<inquiry>(Dispatcher_clear);
   DispatcherType.tp_call = reinterpret_cast<ternaryfunc>(Dispatcher_call);
+  DispatcherType.tp_descr_get = Dispatcher_descr_get;
   DispatcherType.tp_methods = Dispatcher_methods;
   DispatcherType.tp_getset = Dispatcher_getset;
   DispatcherType.tp_dictoffset = offsetof(Dispatcher, dict);

@@ -1,0 +1,132 @@
+"""Hugging Face transformers models through Trident's three front doors, on the CPU.
+
+Tiny random configs (hidden 64, 2 layers) of real architectures: ``trident.jit`` of the module
+and of ``model.forward``, ``torch.compile(backend="trident")``, and transformers' own switch
+``generation_config.compile_config = CompileConfig(backend="trident")``. Tokens and every
+step's logits are compared with ``torch.equal`` (Note [Argument trees] in trident/flatten.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+transformers = pytest.importorskip("transformers")
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_key_value_heads": 2}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"num_key_value_heads": 2, "head_dim": 16}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"n_embd": 64, "n_layer": 2, "n_head": 4,
+                                                "n_positions": 64}),
+}
+NEW_TOKENS = 5
+
+
+def tiny_model(arch: str):
+    config_name, model_name, extra = ARCHS[arch]
+    common = {} if arch == "gpt2" else {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64}
+    config = getattr(transformers, config_name)(vocab_size=96, **common, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval()
+
+
+def generate(model, ids, **kw):
+    return model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                          cache_implementation="static", output_logits=True,
+                          return_dict_in_generate=True, **kw)
+
+
+def assert_same_generation(out, ref) -> None:
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.logits) == len(ref.logits) == NEW_TOKENS
+    for a, b in zip(out.logits, ref.logits):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_module_forward_is_served_natively(arch):
+    model = tiny_model(arch)
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        ref = model(ids)
+        jf = trident.jit(model)
+        for _ in range(3):
+            out = jf(ids)
+            assert type(out) is type(ref)
+            assert list(out.keys()) == list(ref.keys())
+            assert torch.equal(out.logits, ref.logits)
+    stats = jf.stats
+    assert (stats.compiles, stats.fallbacks, stats.hits) == (1, 0, 2), stats
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma", "gpt2"])
+def test_generate_with_a_static_cache_through_jit_of_forward(arch):
+    model = tiny_model(arch)
+    ids = torch.randint(0, 96, (1, 6))
+    ref = generate(model, ids, disable_compile=True)
+    jf = trident.jit(model.forward)
+    model.forward = jf
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for round in range(2):
+            assert_same_generation(generate(model, ids, disable_compile=True), ref)
+    stats = jf.stats
+    # per generate: the prefill lazily allocates the cache's tensors (Python state the
+    # specialization cannot replay) and runs eagerly, warned once; every decode step is a hit
+    assert stats.fallbacks == 2 and stats.compiles == 1, stats
+    assert stats.hits == 2 * (NEW_TOKENS - 1) - 1, stats
+    assert sum("runs eagerly" in str(w.message) for w in caught) == 1
+
+
+def test_generate_through_transformers_compile_config():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 96, (1, 6))
+    # Dynamo's graph of the decode step is the reference: its own "eager" backend runs it
+    # without compiling (on the CPU it already differs from plain eager in the last ulp)
+    torch._dynamo.reset()
+    config = transformers.CompileConfig(backend="eager", fullgraph=False)
+    config._compile_all_devices = True
+    model.generation_config.compile_config = config
+    ref = generate(model, ids)
+    torch._dynamo.reset()
+    model._compiled_call = None
+    config = transformers.CompileConfig(backend="trident", fullgraph=False)
+    config._compile_all_devices = True
+    model.generation_config.compile_config = config
+    for _ in range(2):
+        assert_same_generation(generate(model, ids), ref)
+
+
+def test_parameters_are_read_on_every_call():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 96, (1, 5))
+    jf = trident.jit(model)
+    with torch.no_grad():
+        jf(ids)
+        model.lm_head.weight.mul_(2)  # in place
+        assert torch.equal(jf(ids).logits, model(ids).logits)
+        model.model.norm.weight = torch.nn.Parameter(torch.randn(64))  # replaced
+        assert torch.equal(jf(ids).logits, model(ids).logits)
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        assert torch.equal(jf(ids).logits, model(ids).logits)
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (1, 0), jf.stats
+
+
+def test_a_changed_attribute_recompiles_and_names_its_path():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 96, (1, 5))
+    jf = trident.jit(model)
+    with torch.no_grad():
+        jf(ids)
+        model.model.layers[1].self_attn.scaling = 0.5
+        assert torch.equal(jf(ids).logits, model(ids).logits)
+    assert jf.stats.compiles == 2
+    assert "self.model.layers[1].self_attn.scaling" in jf.stats.miss_reasons[-1]

@@ -1,0 +1,160 @@
+"""Hugging Face models through every front door, on a GPU: ms per generated token.
+
+``python3 -m trident.bench_hf [out.json]``. Random weights in the real configs' shapes (no
+download), bf16, ``generate(cache_implementation="static", do_sample=False)``, 64 new tokens
+after a 16-token prompt, every contender in one process:
+
+- eager (``disable_compile=True``), transformers' auto-compile (its default for a static cache
+  on a GPU: inductor, ``reduce-overhead``), ``torch.compile`` default of ``model.forward``;
+- Trident's three doors: ``model.forward = trident.jit(model.forward)``,
+  ``torch.compile(model.forward, backend="trident")``, and
+  ``generation_config.compile_config = CompileConfig(backend="trident")``;
+- the floor: one decode step's forward replayed from a CUDA graph (``torch.cuda.graph``), and
+  ``generate``'s own Python per token (generate with a forward that returns stored logits).
+
+Each contender's tokens and logits are compared with eager's (``torch.equal``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+MODELS = {
+    "llama-3.2-1b-like": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_theta=500000.0)),
+    "qwen2.5-0.5b-like": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_theta=1000000.0)),
+}
+PROMPT, NEW = 16, 64
+
+
+def _model(name: str):
+    import transformers
+
+    config_name, model_name, kw = MODELS[name]
+    config = getattr(transformers, config_name)(**kw)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = getattr(transformers, model_name)(config).to(torch.bfloat16).eval()
+    return model
+
+
+def _generate(model, ids, **kw):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                         cache_implementation="static", output_logits=True,
+                         return_dict_in_generate=True, **kw)
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - start
+
+
+def _same(out, ref) -> bool:
+    return torch.equal(out.sequences, ref.sequences) and \
+        all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+
+
+def _contender(model, ids, ref, reps: int, **kw) -> dict:
+    out, first = _generate(model, ids, **kw)
+    times = []
+    for _ in range(reps):
+        out2, t = _generate(model, ids, **kw)
+        times.append(t * 1e3 / NEW)
+    return {"first_s": round(first, 2), "ms_per_token": round(statistics.median(times), 3),
+            "min": round(min(times), 3), "max": round(max(times), 3),
+            "bit_equal": bool(ref is not None and _same(out2, ref))}
+
+
+def run(name: str, reps: int = 3) -> dict:
+    import transformers
+    import trident
+
+    model = _model(name)
+    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), device="cuda")
+    rows: dict = {}
+    forward = model.forward
+    rows["eager"] = _contender(model, ids, None, reps, disable_compile=True)
+    ref, _ = _generate(model, ids, disable_compile=True)
+    rows["eager"]["bit_equal"] = True
+
+    jf = trident.jit(forward)
+    model.forward = jf
+    rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps, disable_compile=True)
+    rows["trident.jit(model.forward)"]["stats"] = str(jf.stats).split(", miss_reasons")[0]
+    model.forward = forward
+
+    torch._dynamo.reset()
+    model.forward = torch.compile(forward, backend="trident")
+    rows["torch.compile(backend=trident)"] = _contender(model, ids, ref, reps,
+                                                        disable_compile=True)
+    model.forward = forward
+
+    torch._dynamo.reset()
+    model._compiled_call = None
+    model.generation_config.compile_config = transformers.CompileConfig(backend="trident")
+    rows["CompileConfig(backend=trident)"] = _contender(model, ids, ref, reps)
+
+    torch._dynamo.reset()
+    model._compiled_call = None
+    model.generation_config.compile_config = None
+    rows["auto-compile (inductor reduce-overhead)"] = _contender(model, ids, ref, reps)
+
+    torch._dynamo.reset()
+    model.forward = torch.compile(forward)
+    rows["torch.compile default"] = _contender(model, ids, ref, reps, disable_compile=True)
+    model.forward = forward
+    torch._dynamo.reset()
+
+    # floor: generate's own Python per token, with a forward that costs nothing
+    logits = ref.logits
+    step = iter(())
+
+    class Out(dict):
+        pass
+
+    def canned(*args, **kwargs):
+        return transformers.modeling_outputs.CausalLMOutputWithPast(
+            logits=next(step)[:, None, :], past_key_values=kwargs.get("past_key_values"))
+
+    model.forward = canned
+    python = []
+    for _ in range(reps):
+        step = iter(logits)
+        _, t = _generate(model, ids, disable_compile=True)
+        python.append(t * 1e3 / NEW)
+    rows["generate's own Python (forward free)"] = {"ms_per_token": round(min(python), 3)}
+    model.forward = forward
+    return rows
+
+
+def main(out: str | None = None) -> dict:
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import transformers
+
+    results["transformers"] = transformers.__version__
+    for name in MODELS:
+        try:
+            results[name] = run(name)
+        except Exception as e:  # one model's failure is reported, the other still runs
+            import traceback
+
+            results[name] = {"error": f"{type(e).__name__}: {e}",
+                             "traceback": traceback.format_exc()[-3000:]}
+        print(json.dumps({name: results[name]}, indent=1), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
