@@ -151,3 +151,69 @@ def test_view_family_writes_reach_the_base():
     y = jf(x)
     assert y._base is x or y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert out.hits == 2
+
+
+# ---- item 9: reused buffers are never shared -----------------------------------------------
+
+_kept: list = []
+
+
+@torch.library.custom_op("trident_test::observe", mutates_args=())
+def _observe(x: torch.Tensor) -> torch.Tensor:
+    _kept.append(x)  # keeps its input, as an observer or a cache does
+    return x.clone()
+
+
+@_observe.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("trident_test::slow", mutates_args=())
+def _slow(x: torch.Tensor) -> torch.Tensor:
+    import time
+    time.sleep(0.001)  # lets other threads run this specialization meanwhile
+    return x + 0
+
+
+@_slow.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_custom_op_keeps_its_input():
+    """Every tensor the observer kept holds its own call's values, not the last call's."""
+    _kept.clear()
+    jf = trident.jit(lambda x: torch.ops.trident_test.observe(x * 2) + 1)
+    xs = [torch.full((4,), float(i)) for i in range(4)]
+    for x in xs:
+        jf(x)
+    assert jf.stats.hits == 3
+    for x, kept in zip(xs, _kept):
+        assert torch.equal(kept, x * 2)
+
+
+def test_threads_calling_a_custom_op():
+    """8 threads x 100 calls of ``slow(x * 2) + x * 2``: every result is its own call's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jf = trident.jit(lambda x: torch.ops.trident_test.slow(x * 2) + x * 2)
+    jf(torch.zeros(64))
+
+    def work(t):
+        bad = 0
+        for i in range(100):
+            x = torch.full((64,), float(t * 1000 + i))
+            bad += not torch.equal(jf(x), x * 4)
+        return bad
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(work, range(8))) == 0
+    assert jf.stats.hits == 800
+
+
+def test_aten_only_plans_still_reuse_buffers():
+    """The fix is not 'never reuse': a plan of ATen ops alone still writes .out overloads."""
+    jf = trident.jit(lambda x: (x * 2).relu() + 1)
+    jf(torch.randn(8))
+    assert "reused" in jf.source()

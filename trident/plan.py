@@ -460,8 +460,10 @@ def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)
     if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
-            or op in _DATA_DEPENDENT_SIZES):
-        return ""
+            or op in _DATA_DEPENDENT_SIZES or torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"{op}.{overload}" if overload else op,
+                torch._C.DispatchKey.CompositeImplicitAutograd)):
+        return ""  # a composite op's .out decomposes its own way (Note [Composite ops])
     signature = [(a.name, str(a.type)) for a in schema.arguments]
     for candidate in torch._C._jit_get_schemas_for_operator(op):
         args = [(a.name, str(a.type)) for a in candidate.arguments]
@@ -483,8 +485,14 @@ def reuse_buffers(plan: Plan) -> None:
     CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
     there could not be written outside it, and one made outside must not be written inside). The caller decides where that is safe: CPU tensors only (one stream:
     the next call cannot overtake this one), and no Python callback in the launch sequence (it
-    could re-enter the same specialization).
+    could re-enter the same specialization). Here: only plans of ATen ops alone, and no
+    composite op (its ``.out`` overload decomposes its own way).
     """
+    if any(not step.op.startswith(("aten::", "int")) for step in plan.steps):
+        # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
+        # running Python, lets another thread enter this specialization and overwrite the
+        # same buffers mid-call: only plans of ATen ops alone reuse.
+        return
     pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
     for step in plan.steps:
         schema = None if step.op == "triton" else _schema(step.op, step.overload)
