@@ -217,3 +217,89 @@ def test_aten_only_plans_still_reuse_buffers():
     jf = trident.jit(lambda x: (x * 2).relu() + 1)
     jf(torch.randn(8))
     assert "reused" in jf.source()
+
+
+# ---- item 7: global side effects run eagerly -----------------------------------------------
+
+def _seeded_dropout(x):
+    torch.manual_seed(42)
+    return torch.nn.functional.dropout(x, 0.5)
+
+
+def _set_state_then_rand(x, state):
+    torch.random.set_rng_state(state)
+    return x + torch.rand(x.shape)
+
+
+def _default_dtype(x):
+    torch.set_default_dtype(torch.float64)
+    try:
+        return x + torch.ones(3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_global_side_effects_run_eagerly():
+    """A function that seeds or sets the RNG (a sweep of the kind: the RNG, the default dtype)
+    runs eagerly on every call, with a warning, and equals eager each time."""
+    x = torch.randn(100)
+    state = torch.random.get_rng_state()
+    with pytest.warns(UserWarning, match="global torch state"):
+        trident.jit(_seeded_dropout)(x)
+    for fn, args in [(_seeded_dropout, (x,)), (lambda x: _set_state_then_rand(x, state), (x,))]:
+        jf = trident.jit(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                torch.manual_seed(7)
+                want = fn(*args)
+                after = torch.random.get_rng_state()
+                torch.manual_seed(7)
+                assert_same(jf(*args), want)
+                assert torch.equal(torch.random.get_rng_state(), after)
+        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+    calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
+
+
+def test_seed_outside_the_function():
+    """torch.manual_seed before each call: the compiled dropout draws what eager draws."""
+    x = torch.randn(100)
+    jf = trident.jit(lambda x: torch.nn.functional.dropout(x, 0.5))
+    for _ in range(3):
+        torch.manual_seed(42)
+        want = torch.nn.functional.dropout(x, 0.5)
+        torch.manual_seed(42)
+        assert_same(jf(x), want)
+    assert jf.stats.hits == 2
+
+
+# ---- item 8: forward-mode AD runs eagerly --------------------------------------------------
+
+def test_dual_tensor_keeps_its_tangent():
+    import torch.autograd.forward_ad as fwAD
+
+    def f(x):
+        return x.sin() * 2
+
+    jf = trident.jit(f)
+    x, t = torch.randn(5), torch.randn(5)
+    with fwAD.dual_level():
+        for _ in range(2):
+            got = fwAD.unpack_dual(jf(fwAD.make_dual(x, t)))
+            want = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+            assert_same(got.primal, want.primal)
+            assert_same(got.tangent, want.tangent)
+    assert (jf.stats.fallbacks, jf.stats.hits) == (2, 0), jf.stats
+
+
+@pytest.mark.xfail(strict=True, reason="the native guards (read_args in runtime.cpp) do not "
+                   "see a tensor's forward-AD tangent: a dual tensor hits a specialization "
+                   "compiled for a plain one")
+def test_dual_tensor_after_a_plain_call():
+    import torch.autograd.forward_ad as fwAD
+
+    jf = trident.jit(lambda x: x.sin() * 2)
+    x, t = torch.randn(5), torch.randn(5)
+    jf(x)
+    with fwAD.dual_level():
+        assert fwAD.unpack_dual(jf(fwAD.make_dual(x, t))).tangent is not None

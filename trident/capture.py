@@ -274,6 +274,38 @@ def _eager_decompositions():
         yield
 
 
+def _global_state() -> dict:
+    """Note [Global side effects]: process-wide torch state a function may set (the CPU random
+    generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
+    grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
+    not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
+    function that changes any of these runs eagerly; the state is put back first, so that the
+    eager call makes the change itself, once."""
+    state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
+             "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
+             "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    return state
+
+
+def _restore_global_state(state: dict) -> None:
+    torch.random.set_rng_state(state["rng"])
+    torch.set_default_dtype(state["dtype"])
+    torch.set_grad_enabled(state["grad"])
+    torch.set_num_threads(state["threads"])
+    torch.use_deterministic_algorithms(state["deterministic"])
+    for i, cuda in enumerate(state.get("cuda", ())):
+        torch.cuda.set_rng_state(cuda, i)
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return [k for k in before if not (torch.equal(before[k], after[k])
+                                      if isinstance(before[k], torch.Tensor) else
+                                      before[k] == after.get(k) if k != "cuda" else
+                                      all(map(torch.equal, before[k], after[k])))]
+
+
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
@@ -302,6 +334,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
+    state = _global_state()
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions():
             # Fake mode either way: fake arguments with symbolic dims carry their own
@@ -315,6 +348,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None)
         raise TridentError(f"cannot trace {getattr(fn, '__qualname__', fn)}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
+    changed = _changed(state, _global_state())
+    if changed:  # Note [Global side effects]
+        _restore_global_state(state)
+        raise TridentError(f"{getattr(fn, '__qualname__', fn)} changes global torch state "
+                           f"({', '.join(changed)}), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{fn.__qualname__} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "

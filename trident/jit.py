@@ -231,6 +231,9 @@ class JitFunctionMixin:
                                    f"{type(args[i]).__name__} that the native guards do not "
                                    "read (expected a strided CPU/CUDA tensor, int, float, bool "
                                    "or None)")
+            if f["kind"] != OTHER and _has_tangent(args[i]):
+                return self._eager(args, None, f"{self._arg_label(i)} is a forward-mode AD "
+                                   "dual tensor: its tangent is computed eagerly")
             if f.get("requires_grad") and env["grad_enabled"]:
                 return self._eager(args, None, f"{self._arg_label(i)} requires grad: Trident "
                                    "serves inference; autograd runs eagerly")
@@ -490,6 +493,15 @@ class JitFunctionMixin:
 
 
 _UNBOUND = object()
+
+
+def _has_tangent(a) -> bool:
+    """A dual tensor of the current forward-AD level (``torch.autograd.forward_ad``): the
+    native path would drop its tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    return (isinstance(a, torch.Tensor) and fwAD._current_level >= 0
+            and fwAD.unpack_dual(a).tangent is not None)
 
 
 def _global_bindings(fn) -> dict[str, object]:

@@ -376,6 +376,12 @@ class _Walker:
             # ScalarType arguments are ints in the schema; ATen names them dtype/out_dtype
             if arg.name in ("dtype", "out_dtype") and args[i]["k"] == "int":
                 args[i] = {"k": "int", "v": _torch_dtype_code(args[i]["v"])}
+            # a factory (no tensor operand) with dtype=None made the dtype that was the default
+            # while traced, which the function may have set itself (torch.set_default_dtype)
+            elif (arg.name == "dtype" and args[i]["k"] == "none" and len(op.results) == 1
+                  and not any(_vtensor(str(v.type)) for v in op.operands)
+                  and (made := _vtensor(str(op.results[0].type)))):
+                args[i] = {"k": "int", "v": dtype_codes()[made[1]]}
         results = []
         for r in op.results:
             type_str = str(r.type)
