@@ -13,7 +13,9 @@ importer turns it into the op's location.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import linecache
 import sys
 import traceback
@@ -228,6 +230,85 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
+@functools.cache
+def _composite_ops() -> dict:
+    """Note [Composite ops]: {aten op overload: what runs in its place while tracing}.
+
+    A CompositeImplicitAutograd op (``linalg_svdvals``, ``linear``, ``dropout``) has no kernel
+    of its own: its C++ body calls other ops, and some bodies branch on the tensor they get.
+    On a fake tensor ``at::linalg_svdvals`` asks for ``_linalg_svd(compute_uv=True)`` (fake
+    tensors are "subclass-like", ``_may_require_fw_or_bw_grad`` in ATen), where eager passes
+    False and LAPACK returns other values. So the trace keeps each functional composite op whole
+    (torch.export's own rule for which ones are safe to keep: no aliasing or mutation in the
+    schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
+    plan calls it, so that ATen decomposes it at call time exactly as in eager mode. The
+    others (views, ``dropout``, which may return its input) decompose through their C++ body as
+    before; those that Python decompositions would take over once the Python dispatcher is on
+    (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
+    """
+    from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
+                                     _special_op_to_preserve_cia)
+
+    kept = _collect_all_valid_cia_ops_for_aten_namespace()
+    ops = {op: _special_op_to_preserve_cia for op in kept}
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for op in packet.op_overloads():
+            if (op not in kept and key in op.py_kernels
+                    and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)):
+                ops[op] = functools.partial(_cpp_composite, op)
+    return ops
+
+
+def _cpp_composite(op, *args, **kwargs):
+    return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _eager_decompositions():
+    """Note [Composite ops]: while tracing, composite ops decompose as eager's would."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    with _override_composite_implicit_decomp(_composite_ops()), enable_python_dispatcher():
+        yield
+
+
+def _global_state() -> dict:
+    """Note [Global side effects]: process-wide torch state a function may set (the CPU random
+    generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
+    grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
+    not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
+    function that changes any of these runs eagerly; the state is put back first, so that the
+    eager call makes the change itself, once."""
+    state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
+             "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
+             "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    return state
+
+
+def _restore_global_state(state: dict) -> None:
+    torch.random.set_rng_state(state["rng"])
+    torch.set_default_dtype(state["dtype"])
+    torch.set_grad_enabled(state["grad"])
+    torch.set_num_threads(state["threads"])
+    torch.use_deterministic_algorithms(state["deterministic"])
+    for i, cuda in enumerate(state.get("cuda", ())):
+        torch.cuda.set_rng_state(cuda, i)
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return [k for k in before if not (torch.equal(before[k], after[k])
+                                      if isinstance(before[k], torch.Tensor) else
+                                      before[k] == after.get(k) if k != "cuda" else
+                                      all(map(torch.equal, before[k], after[k])))]
+
+
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
@@ -268,8 +349,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
+    state = _global_state()
     try:
-        with fx_traceback.preserve_node_meta(), mode, launches:
+        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",
@@ -281,6 +363,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         raise TridentError(f"cannot trace {name}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
+    changed = _changed(state, _global_state())
+    if changed:  # Note [Global side effects]
+        _restore_global_state(state)
+        raise TridentError(f"{name} changes global torch state "
+                           f"({', '.join(changed)}), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "

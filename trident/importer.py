@@ -7,6 +7,7 @@ Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops 
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -15,11 +16,21 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_dialect
 from torch_mlir.extras.fx_importer import FxImporter, GraphNodeImporter
+import torch
 
 from . import config
 
 
 TRITON_LAUNCH = "trident.triton_launch"
+
+
+# Note [Views stay views]: Torch-MLIR (20261001) rewrites ``aten.as_strided`` into
+# ``aten.index`` with constant indices before import (``fx_as_strided.rewrite_as_strided``: its
+# IR has no storage, so it keeps the values, not the aliasing), and refuses to import
+# as_strided itself. Trident calls ATen, where a view is a view: the importer sees as_strided
+# nodes under a stand-in target (a copy of the OpOverload, equal to it in all but identity) and
+# imports them as ``torch.aten.as_strided``.
+_AS_STRIDED = torch.ops.aten.as_strided.default
 
 
 class NodeImporter(GraphNodeImporter):
@@ -66,6 +77,17 @@ def import_graph(gm: fx.GraphModule, func_name: str = "main", shape_env=None) ->
 
 
 def _import(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir.Module:
+    stand_ins = [n for n in gm.graph.nodes if n.target is _AS_STRIDED]
+    for node in stand_ins:
+        node.target = copy.copy(_AS_STRIDED)
+    try:
+        return _import_graph(gm, func_name, shape_env, symbolic)
+    finally:
+        for node in stand_ins:
+            node.target = _AS_STRIDED
+
+
+def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir.Module:
     context = ir.Context()
     torch_dialect.register_dialect(context)
     importer = FxImporter(context=context, graph_node_importer_cls=NodeImporter)

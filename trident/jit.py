@@ -304,6 +304,9 @@ class JitFunctionMixin:
                                "TorchFunctionMode (torch.set_default_device, ...) is on: Trident "
                                "does not compile under them")
         for i, f in enumerate(arg_facts(a) for a in args):
+            if _has_tangent(args[i]):
+                return self._eager(call.args, call.kwargs, f"{names[i]} is a forward-mode AD "
+                                   "dual tensor: its tangent is computed eagerly")
             if f["kind"] == OTHER:
                 return self._eager(call.args, call.kwargs, f"argument {names[i]} is a "
                                    f"{type(args[i]).__name__} that the native guards do not "
@@ -592,6 +595,15 @@ class JitFunctionMixin:
 
 
 _UNBOUND = object()
+
+
+def _has_tangent(a) -> bool:
+    """A dual tensor of the current forward-AD level (``torch.autograd.forward_ad``): the
+    native path would drop its tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    return (isinstance(a, torch.Tensor) and fwAD._current_level >= 0
+            and fwAD.unpack_dual(a).tangent is not None)
 
 
 def _global_bindings(fn) -> dict[str, object]:

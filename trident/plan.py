@@ -24,9 +24,20 @@ hold those facts (guards.py), so the plan skips them.
 In-place ops (``add_``, ``copy_``) stay in place: the imported graph keeps them in program order,
 and running its steps in that order makes the same writes as eager PyTorch.
 
-Note [Scalar operands]: Torch-MLIR imports ``x + 1`` as ``aten.add.Tensor(x, NumToTensor(1))``.
-Eager PyTorch passes the 1 as a wrapped-number tensor; the ``.Scalar`` overload does exactly that
-inside ATen, so the plan calls ``add.Scalar(x, 1)`` instead of allocating a 0-dim tensor.
+Note [Scalar operands]: a Python scalar in a tensor slot (``t.mul_(0.1)``, ``torch.where(c, x,
+0.0)``) reaches eager's kernel as a *wrapped number*: a 0-dim CPU tensor of the scalar's full
+precision (double, int64, bool) that type promotion ranks below every other tensor (PyTorch
+2.11-2.13, ``c10::TensorImpl::is_wrapped_number``). Torch-MLIR imports it as
+``torch.prim.NumToTensor``. The ``.Scalar`` overload is not the same call (``mul_.Scalar``
+rounds the scalar to a bf16 tensor's dtype first: 192 of 1,000 bf16 products differ), and the
+dispatcher cannot make a wrapped number, so the plan passes a plain 0-dim tensor
+(``aten::scalar_tensor``) to the op eager called, with a dtype that changes neither the
+promoted dtype nor the value the kernel reads: the scalar's full precision when it cannot win
+promotion (``bf16_tensor * 0.1``), else the promoted dtype itself (``int_tensor * 0.1`` is
+float32, as eager's result), which the kernel would have cast it to. A case where neither holds
+(a 0-dim bf16 tensor times 0.1) is not compiled (``_scalar_dtype``). Torch-MLIR itself imports
+``add``/``sub``/``mul``/``div.Tensor`` with a scalar as their ``.Scalar`` overloads, which ATen
+implements as the ``.Tensor`` overload with a wrapped number: the same call.
 """
 
 from __future__ import annotations
@@ -117,6 +128,60 @@ def _schema(op: str, overload: str):
         return torch._C._get_schema(op, overload)
     except RuntimeError:
         return None
+
+
+_FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
+_ELEMENT_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
+                   "bf16": torch.bfloat16, "si64": torch.int64, "si32": torch.int32,
+                   "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8, "i1": torch.bool,
+                   "complex<f32>": torch.complex64, "complex<f64>": torch.complex128}
+_VTENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(.+)>$")
+
+
+def _vtensor(type_str: str) -> tuple[int, torch.dtype] | None:
+    """(rank, dtype) of a ``!torch.vtensor<[2,?],bf16>`` type; None for other types."""
+    m = _VTENSOR.match(type_str)
+    if not m or m.group(2) not in _ELEMENT_DTYPES:
+        return None
+    return (len(m.group(1).split(",")) if m.group(1) else 0), _ELEMENT_DTYPES[m.group(2)]
+
+
+def _scalar_kind(value: dict) -> str:
+    """"bool", "int" or "float": a constant's kind; an op's scalar return is a size (an int)."""
+    return value["k"] if value["k"] in _FULL_PRECISION else "int"
+
+
+def _scalar_dtype(value: dict, tensors: list[tuple[int, torch.dtype]],
+                  result: tuple[int, torch.dtype] | None, where: str) -> torch.dtype:
+    """Note [Scalar operands]: the dtype of a plain 0-dim tensor that an op given the other
+    ``tensors`` (rank, dtype) treats as eager treats the wrapped number ``value``.
+
+    Raises:
+        TridentError: no dtype keeps both the promoted dtype and the value (a float that a
+            0-dim float16/bfloat16 operand's dtype cannot hold exactly).
+    """
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    def promoted(*extra):
+        metas = [torch.empty((1,) * rank, dtype=dtype, device="meta") for rank, dtype in tensors]
+        return elementwise_dtypes(*metas, *extra,
+                                  type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+    kind = _scalar_kind(value)
+    full = _FULL_PRECISION[kind]
+    eager = promoted({"bool": True, "int": 1, "float": 1.0}[kind])
+    if result is not None and result[1] not in (torch.bool, eager):
+        return full  # the op does not promote to its result (in place, fill, masked_fill)
+    for dtype in (full, eager):
+        if promoted(torch.empty((), dtype=dtype, device="meta")) != eager:
+            continue
+        exact = dtype is full or value["k"] != "float" or dtype not in (
+            torch.float16, torch.bfloat16) or torch.tensor(value["v"], dtype=dtype).item() \
+            == value["v"]
+        if exact:
+            return dtype
+    raise TridentError(f"{where}: a Python {kind} whose wrapped-number semantics no plain "
+                       f"tensor reproduces next to {[str(d) for _, d in tensors]}")
 
 
 class _Walker:
@@ -278,12 +343,13 @@ class _Walker:
             return {"k": "opt_tensors", "v": [self.materialize(item) for item in items]}
         raise TridentError(f"{where}: unsupported list type {type_str}")
 
-    def materialize(self, operand: dict) -> dict:
-        """A NumToTensor operand that could not be folded becomes an ``aten::scalar_tensor``."""
+    def materialize(self, operand: dict, dtype: torch.dtype | None = None) -> dict:
+        """A NumToTensor operand becomes an ``aten::scalar_tensor`` of ``dtype`` (default: the
+        scalar's full precision); Note [Scalar operands]."""
         if operand["k"] != "num_to_tensor":
             return operand
         value = operand["v"]
-        dtype = {"int": torch.int64, "float": torch.float64, "bool": torch.bool}[value["k"]]
+        dtype = dtype or _FULL_PRECISION[_scalar_kind(value)]
         result = self.new_value("val")
         self.steps.append(Step("aten::scalar_tensor", "", [
             value, {"k": "int", "v": dtype_codes()[dtype]}, {"k": "none"},
@@ -300,8 +366,13 @@ class _Walker:
         opname, _, overload = rest.partition(".")
         args = [self.operand(v, where) for v in op.operands]
         op_qual = f"{ns}::{opname}"
-        overload = self.fold_scalars(op_qual, overload, args)
-        args = [self.materialize(a) for a in args]
+        if any(a["k"] == "num_to_tensor" for a in args):
+            tensors = [_vtensor(str(v.type)) for v in op.operands]
+            results = [_vtensor(str(r.type)) for r in op.results]
+            args = [a if a["k"] != "num_to_tensor" else self.materialize(a, _scalar_dtype(
+                a["v"], [t for j, t in enumerate(tensors) if t and j != i],
+                results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
+                for i, a in enumerate(args)]
         schema = _schema(op_qual, overload)
         try:
             torch._C._dispatch_find_schema_or_throw(op_qual, overload)
@@ -314,6 +385,12 @@ class _Walker:
             # ScalarType arguments are ints in the schema; ATen names them dtype/out_dtype
             if arg.name in ("dtype", "out_dtype") and args[i]["k"] == "int":
                 args[i] = {"k": "int", "v": _torch_dtype_code(args[i]["v"])}
+            # a factory (no tensor operand) with dtype=None made the dtype that was the default
+            # while traced, which the function may have set itself (torch.set_default_dtype)
+            elif (arg.name == "dtype" and args[i]["k"] == "none" and len(op.results) == 1
+                  and not any(_vtensor(str(v.type)) for v in op.operands)
+                  and (made := _vtensor(str(op.results[0].type)))):
+                args[i] = {"k": "int", "v": dtype_codes()[made[1]]}
         results = []
         for r in op.results:
             type_str = str(r.type)
@@ -332,27 +409,6 @@ class _Walker:
             self.env[r] = value
             results.append(value)
         self.steps.append(Step(op_qual, overload, args, results, where, text))
-
-    def fold_scalars(self, op: str, overload: str, args: list[dict]) -> str:
-        """Note [Scalar operands]: pick the Scalar overload for NumToTensor operands."""
-        positions = [i for i, a in enumerate(args) if a["k"] == "num_to_tensor"]
-        if not positions:
-            return overload
-        for schema in torch._C._jit_get_schemas_for_operator(op):
-            if len(schema.arguments) != len(args):
-                continue
-            ok = True
-            for i, (arg, have) in enumerate(zip(schema.arguments, args)):
-                want = str(arg.type)
-                if i in positions:
-                    ok = ok and want in ("Scalar", "number")
-                else:
-                    ok = ok and want == str(_schema(op, overload).arguments[i].type)
-            if ok:
-                for i in positions:
-                    args[i] = args[i]["v"]
-                return schema.overload_name
-        return overload
 
     def finish(self, outputs: list[dict], out_leaves: list) -> Plan:
         flat: list[dict] = []
@@ -419,8 +475,10 @@ def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)
     if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
-            or op in _DATA_DEPENDENT_SIZES):
-        return ""
+            or op in _DATA_DEPENDENT_SIZES or torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"{op}.{overload}" if overload else op,
+                torch._C.DispatchKey.CompositeImplicitAutograd)):
+        return ""  # a composite op's .out decomposes its own way (Note [Composite ops])
     signature = [(a.name, str(a.type)) for a in schema.arguments]
     for candidate in torch._C._jit_get_schemas_for_operator(op):
         args = [(a.name, str(a.type)) for a in candidate.arguments]
@@ -442,8 +500,14 @@ def reuse_buffers(plan: Plan) -> None:
     CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
     there could not be written outside it, and one made outside must not be written inside). The caller decides where that is safe: CPU tensors only (one stream:
     the next call cannot overtake this one), and no Python callback in the launch sequence (it
-    could re-enter the same specialization).
+    could re-enter the same specialization). Here: only plans of ATen ops alone, and no
+    composite op (its ``.out`` overload decomposes its own way).
     """
+    if any(not step.op.startswith(("aten::", "int")) for step in plan.steps):
+        # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
+        # running Python, lets another thread enter this specialization and overwrite the
+        # same buffers mid-call: only plans of ATen ops alone reuse.
+        return
     pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
     for step in plan.steps:
         schema = None if step.op == "triton" else _schema(step.op, step.overload)
@@ -468,9 +532,7 @@ def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
     return plan
 
 
-_LITERAL_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
-                   "bf16": torch.bfloat16, "si64": torch.int64, "si32": torch.int32,
-                   "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8, "i1": torch.bool}
+_LITERAL_DTYPES = {k: v for k, v in _ELEMENT_DTYPES.items() if not k.startswith("complex")}
 
 
 def _torch_dtype_code(mlir_code: int) -> int:

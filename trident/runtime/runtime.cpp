@@ -265,7 +265,8 @@ void read_arg(PyObject* obj, trt_arg* a) {
     // Layouts, symbolic shapes, conjugate/negative views and wrapper tensors are left to Python.
     if (!t.defined() || t.layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
         (!t.is_cpu() && !t.is_cuda()) ||
-        t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage()) {
+        t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
+        t._fw_grad(0).defined() || t._fw_grad(1).defined()) {  // a forward-AD dual tensor
       a->kind = TRT_ARG_OTHER;
       return;
     }

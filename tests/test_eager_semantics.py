@@ -1,0 +1,307 @@
+"""The trace makes the calls eager makes (issue 11, items 4-9): composite ops decompose as in
+eager mode, Python scalars keep their wrapped-number semantics, views stay views, global side
+effects and forward-mode AD run eagerly, reused buffers are never shared with anyone."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import assert_same, clone_args
+
+
+def calls(fn, *args, n: int = 3, fallbacks: int = 0):
+    """Run ``fn`` eagerly and jitted ``n`` times on fresh copies of ``args``; outputs and the
+    (possibly mutated) arguments must equal eager's bit for bit each time. Returns the stats."""
+    jf = trident.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if fallbacks else "error")
+        for _ in range(n):
+            want_args, got_args = clone_args(args), clone_args(args)
+            want = fn(*want_args)
+            got = jf(*got_args)
+            assert_same(got, want)
+            assert_same(got_args, want_args, path="args")
+    st = jf.stats
+    assert (st.misses, st.fallbacks, st.hits) == ((1, 0, n - 1) if not fallbacks
+                                                   else (st.misses, fallbacks, st.hits)), st
+    return st
+
+
+# ---- item 4: composite ops decompose as eager's --------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linalg_values_ops_decompose_as_eager(dtype):
+    """svdvals asked _linalg_svd(compute_uv=True) of a fake tensor where eager passes False
+    (LAPACK's values differ by a few ulps); the composite ops are now called whole."""
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0), dtype=dtype)
+
+    def f(a):
+        s = a + a.mT
+        return (torch.linalg.svdvals(a), torch.linalg.eigvalsh(s), torch.linalg.cond(a),
+                torch.linalg.norm(a, "nuc"), torch.linalg.matrix_norm(a, 2),
+                torch.linalg.matrix_norm(a, -2), torch.linalg.matrix_norm(a, "nuc"))
+
+    calls(f, a)
+
+
+def test_composite_ops_are_called_whole():
+    """The plan calls the composite op eager's Python binding calls (a sweep of the kind)."""
+    jf = trident.jit(lambda a, w: (torch.linalg.svdvals(a), torch.nn.functional.linear(a, w),
+                                   torch.linalg.eigvalsh(a @ a.mT), a.matmul(w)))
+    jf(torch.randn(3, 3), torch.randn(3, 3))
+    source = jf.source()
+    for op in ("aten::linalg_svdvals", "aten::linear", "aten::linalg_eigvalsh", "aten::matmul"):
+        assert f'"{op}"' in source, op
+    assert "_linalg_svd" not in source and "_linalg_eigh" not in source
+
+
+def test_dropout_decomposes_through_its_cpp_body():
+    """With the Python dispatcher on, torch._decomp's dropout (native_dropout) would replace
+    ATen's (bernoulli_, div_, mul): other random numbers than eager's."""
+    x = torch.randn(64)
+
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5)
+
+    jf = trident.jit(f)
+    for _ in range(2):
+        torch.manual_seed(3)
+        want = f(x)
+        torch.manual_seed(3)
+        assert_same(jf(x), want)
+    assert "native_dropout" not in jf.source()
+
+
+# ---- item 5: Python scalars are wrapped numbers --------------------------------------------
+
+def test_inplace_mul_by_python_float_bf16_fp16():
+    torch.manual_seed(0)
+    calls(lambda t: t.mul_(0.1), torch.randn(1000).bfloat16())
+    calls(lambda t: t.mul_(1e20), torch.tensor([-0., 0.]).half())
+
+
+def _float_scalars(x, z):
+    return (x.clone().mul_(0.1), x.clone().add_(0.1), x.clone().sub_(1e20), x.clone().div_(0.3),
+            x.clone().mul_(-1e-30), x * 0.1, x / 0.3, x + 1e20, x - 0.1,
+            x.clone().add_(1), x * 3, z * 0.1, z.clone().mul_(0.5), z.clone().add_(3))
+
+
+def _int_scalars(x, z):
+    return (x.clone().mul_(3), x.clone().add_(300), x.clone().sub_(7), x * 0.1, x / 3,
+            x + 2.5, x.clone().add_(True), z * 0.1, z.clone().mul_(5), z + 1e10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_python_scalars_float_tensors(dtype):
+    """Every in-place and out-of-place arithmetic op with a Python scalar, in every float dtype
+    (a 0-dim float32 ``z`` too), equals eager bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    calls(_float_scalars, (torch.randn(257, generator=g) * 100).to(dtype),
+          torch.tensor(0.7, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64])
+def test_python_scalars_int_tensors(dtype):
+    """Integer tensors with int, float and bool scalars: promotion (``x * 0.1`` is float32,
+    as eager's wrapped number makes it) and wrap-around (``uint8 + 300``)."""
+    x = torch.arange(-40, 60).to(dtype)
+    calls(_int_scalars, x, torch.tensor(3, dtype=dtype))
+
+
+def test_python_scalar_on_zero_dim_reduced_float_runs_eagerly():
+    """No plain tensor reproduces 0.1 as a wrapped number next to a 0-dim bfloat16 tensor
+    (eager reads the double; a bf16 0-dim tensor would round it): that call runs eagerly."""
+    z = torch.tensor(1.7, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="wrapped-number"):
+        trident.jit(lambda z: z.mul_(0.1))(z.clone())
+    calls(lambda z: z.mul_(0.1), z, fallbacks=3)
+    calls(lambda z: z.mul_(0.5), z)  # 0.5 is exact in bf16: compiled
+
+
+# ---- item 6: views stay views --------------------------------------------------------------
+
+def test_as_strided_is_a_view():
+    """Torch-MLIR rewrites as_strided into index (a copy); the plan calls aten::as_strided."""
+    def f(x):
+        v = torch.as_strided(x, [1], [1], 0)
+        v.add_(1)
+        return v
+
+    calls(f, torch.zeros(3))
+
+
+def test_view_family_writes_reach_the_base():
+    """A sweep of the kind: writes through each view reach the argument, as in eager."""
+    def f(x):
+        torch.as_strided(x, [2, 2], [1, 2], 1).mul_(2)
+        x.view(4, 3)[1].add_(1)
+        x.t().select(0, 2).sub_(3)
+        x.unsqueeze(0).narrow(2, 1, 2).mul_(-1)
+        x.diagonal().add_(10)
+        return x.reshape(12)[3:9].unflatten(0, (2, 3))
+
+    out = calls(f, torch.arange(12.).reshape(3, 4))
+    x = torch.zeros(3, 4)
+    jf = trident.jit(f)
+    jf(x.clone())
+    y = jf(x)
+    assert y._base is x or y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert out.hits == 2
+
+
+# ---- item 9: reused buffers are never shared -----------------------------------------------
+
+_kept: list = []
+
+
+@torch.library.custom_op("trident_test::observe", mutates_args=())
+def _observe(x: torch.Tensor) -> torch.Tensor:
+    _kept.append(x)  # keeps its input, as an observer or a cache does
+    return x.clone()
+
+
+@_observe.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("trident_test::slow", mutates_args=())
+def _slow(x: torch.Tensor) -> torch.Tensor:
+    import time
+    time.sleep(0.001)  # lets other threads run this specialization meanwhile
+    return x + 0
+
+
+@_slow.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_custom_op_keeps_its_input():
+    """Every tensor the observer kept holds its own call's values, not the last call's."""
+    _kept.clear()
+    jf = trident.jit(lambda x: torch.ops.trident_test.observe(x * 2) + 1)
+    xs = [torch.full((4,), float(i)) for i in range(4)]
+    for x in xs:
+        jf(x)
+    assert jf.stats.hits == 3
+    for x, kept in zip(xs, _kept):
+        assert torch.equal(kept, x * 2)
+
+
+def test_threads_calling_a_custom_op():
+    """8 threads x 100 calls of ``slow(x * 2) + x * 2``: every result is its own call's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jf = trident.jit(lambda x: torch.ops.trident_test.slow(x * 2) + x * 2)
+    jf(torch.zeros(64))
+
+    def work(t):
+        bad = 0
+        for i in range(100):
+            x = torch.full((64,), float(t * 1000 + i))
+            bad += not torch.equal(jf(x), x * 4)
+        return bad
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(work, range(8))) == 0
+    assert jf.stats.hits == 800
+
+
+def test_aten_only_plans_still_reuse_buffers():
+    """The fix is not 'never reuse': a plan of ATen ops alone still writes .out overloads."""
+    jf = trident.jit(lambda x: (x * 2).relu() + 1)
+    jf(torch.randn(8))
+    assert "reused" in jf.source()
+
+
+# ---- item 7: global side effects run eagerly -----------------------------------------------
+
+def _seeded_dropout(x):
+    torch.manual_seed(42)
+    return torch.nn.functional.dropout(x, 0.5)
+
+
+def _set_state_then_rand(x, state):
+    torch.random.set_rng_state(state)
+    return x + torch.rand(x.shape)
+
+
+def _default_dtype(x):
+    torch.set_default_dtype(torch.float64)
+    try:
+        return x + torch.ones(3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_global_side_effects_run_eagerly():
+    """A function that seeds or sets the RNG (a sweep of the kind: the RNG, the default dtype)
+    runs eagerly on every call, with a warning, and equals eager each time."""
+    x = torch.randn(100)
+    state = torch.random.get_rng_state()
+    with pytest.warns(UserWarning, match="global torch state"):
+        trident.jit(_seeded_dropout)(x)
+    for fn, args in [(_seeded_dropout, (x,)), (lambda x: _set_state_then_rand(x, state), (x,))]:
+        jf = trident.jit(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                torch.manual_seed(7)
+                want = fn(*args)
+                after = torch.random.get_rng_state()
+                torch.manual_seed(7)
+                assert_same(jf(*args), want)
+                assert torch.equal(torch.random.get_rng_state(), after)
+        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+    calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
+
+
+def test_seed_outside_the_function():
+    """torch.manual_seed before each call: the compiled dropout draws what eager draws."""
+    x = torch.randn(100)
+    jf = trident.jit(lambda x: torch.nn.functional.dropout(x, 0.5))
+    for _ in range(3):
+        torch.manual_seed(42)
+        want = torch.nn.functional.dropout(x, 0.5)
+        torch.manual_seed(42)
+        assert_same(jf(x), want)
+    assert jf.stats.hits == 2
+
+
+# ---- item 8: forward-mode AD runs eagerly --------------------------------------------------
+
+def test_dual_tensor_keeps_its_tangent():
+    import torch.autograd.forward_ad as fwAD
+
+    def f(x):
+        return x.sin() * 2
+
+    jf = trident.jit(f)
+    x, t = torch.randn(5), torch.randn(5)
+    with fwAD.dual_level():
+        for _ in range(2):
+            got = fwAD.unpack_dual(jf(fwAD.make_dual(x, t)))
+            want = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+            assert_same(got.primal, want.primal)
+            assert_same(got.tangent, want.tangent)
+    assert (jf.stats.fallbacks, jf.stats.hits) == (2, 0), jf.stats
+
+
+def test_dual_tensor_after_a_plain_call():
+    # the native guards (read_arg in runtime.cpp) see a tensor's forward-AD tangent: a dual
+    # tensor misses a specialization compiled for a plain one and runs eagerly
+    import torch.autograd.forward_ad as fwAD
+
+    jf = trident.jit(lambda x: x.sin() * 2)
+    x, t = torch.randn(5), torch.randn(5)
+    jf(x)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(jf(fwAD.make_dual(x, t)))
+        want = fwAD.unpack_dual((lambda x: x.sin() * 2)(fwAD.make_dual(x, t)))
+        assert_same(got.tangent, want.tangent)
+    assert (jf.stats.hits, jf.stats.fallbacks) == (0, 1), jf.stats
