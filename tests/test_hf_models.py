@@ -97,7 +97,7 @@ def test_generate_through_transformers_compile_config():
     model.generation_config.compile_config = config
     ref = generate(model, ids)
     torch._dynamo.reset()
-    model._compiled_call = None
+    model.__dict__.pop("_compiled_call", None)
     config = transformers.CompileConfig(backend="trident", fullgraph=False)
     config._compile_all_devices = True
     model.generation_config.compile_config = config

@@ -1,6 +1,6 @@
 """Hugging Face models through every front door, on a GPU: ms per generated token.
 
-``python3 -m trident.bench_hf [out.json]``. Random weights in the real configs' shapes (no
+``python3 -m trident.bench_hf [out.json [model ...]]``. Random weights in the real configs' shapes (no
 download), bf16, ``generate(cache_implementation="static", do_sample=False)``, 64 new tokens
 after a 16-token prompt, every contender in one process:
 
@@ -18,6 +18,7 @@ Each contender's tokens and logits are compared with eager's (``torch.equal``).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -64,6 +65,13 @@ def _same(out, ref) -> bool:
 
 
 def _contender(model, ids, ref, reps: int, **kw) -> dict:
+    try:
+        return _measure(model, ids, ref, reps, **kw)
+    except Exception as e:  # reported in its row; the other contenders still run
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def _measure(model, ids, ref, reps: int, **kw) -> dict:
     out, first = _generate(model, ids, **kw)
     times = []
     for _ in range(reps):
@@ -74,13 +82,42 @@ def _contender(model, ids, ref, reps: int, **kw) -> dict:
             "bit_equal": bool(ref is not None and _same(out2, ref))}
 
 
+def _graph_floor(forward, args, kwargs) -> dict:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.no_grad():
+        for _ in range(3):
+            forward(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        forward(*args, **kwargs)
+    replays = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(50):
+            graph.replay()
+        torch.cuda.synchronize()
+        replays.append((time.perf_counter() - start) * 1e3 / 50)
+    return {"ms_per_token": round(min(replays), 3)}
+
+
+class _Rows(dict):
+    """Each row printed as it is measured (a long run that is cut short still reports)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        print(json.dumps({key: value}), flush=True)
+
+
 def run(name: str, reps: int = 3) -> dict:
     import transformers
     import trident
 
     model = _model(name)
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), device="cuda")
-    rows: dict = {}
+    rows = _Rows()
     forward = model.forward
     rows["eager"] = _contender(model, ids, None, reps, disable_compile=True)
     ref, _ = _generate(model, ids, disable_compile=True)
@@ -89,7 +126,21 @@ def run(name: str, reps: int = 3) -> dict:
     jf = trident.jit(forward)
     model.forward = jf
     rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps, disable_compile=True)
-    rows["trident.jit(model.forward)"]["stats"] = str(jf.stats).split(", miss_reasons")[0]
+    stats = jf.stats
+    rows["trident.jit(model.forward) stats"] = {
+        "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
+    if os.environ.get("TRIDENT_BENCH_PROFILE"):
+        import cProfile
+        import io
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        _generate(model, ids, disable_compile=True)
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+        print(text.getvalue()[-6000:], flush=True)
     model.forward = forward
 
     torch._dynamo.reset()
@@ -99,12 +150,12 @@ def run(name: str, reps: int = 3) -> dict:
     model.forward = forward
 
     torch._dynamo.reset()
-    model._compiled_call = None
+    model.__dict__.pop("_compiled_call", None)
     model.generation_config.compile_config = transformers.CompileConfig(backend="trident")
     rows["CompileConfig(backend=trident)"] = _contender(model, ids, ref, reps)
 
     torch._dynamo.reset()
-    model._compiled_call = None
+    model.__dict__.pop("_compiled_call", None)
     model.generation_config.compile_config = None
     rows["auto-compile (inductor reduce-overhead)"] = _contender(model, ids, ref, reps)
 
@@ -114,12 +165,24 @@ def run(name: str, reps: int = 3) -> dict:
     model.forward = forward
     torch._dynamo.reset()
 
+    # floor: one decode step's forward replayed from a CUDA graph (its last call's arguments)
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen["call"] = (args, kwargs)
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    _generate(model, ids, disable_compile=True)
+    model.forward = forward
+    try:
+        rows["CUDA-graph replay of the decode forward"] = _graph_floor(forward, *seen["call"])
+    except Exception as e:  # an op that cannot be captured
+        rows["CUDA-graph replay of the decode forward"] = {"error": str(e)[:300]}
+
     # floor: generate's own Python per token, with a forward that costs nothing
     logits = ref.logits
     step = iter(())
-
-    class Out(dict):
-        pass
 
     def canned(*args, **kwargs):
         return transformers.modeling_outputs.CausalLMOutputWithPast(
@@ -136,12 +199,12 @@ def run(name: str, reps: int = 3) -> dict:
     return rows
 
 
-def main(out: str | None = None) -> dict:
+def main(out: str | None = None, models: list[str] | None = None) -> dict:
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import transformers
 
     results["transformers"] = transformers.__version__
-    for name in MODELS:
+    for name in models or MODELS:
         try:
             results[name] = run(name)
         except Exception as e:  # one model's failure is reported, the other still runs
@@ -157,4 +220,4 @@ def main(out: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main(sys.argv[1] if len(sys.argv) > 1 else None, sys.argv[2:] or None)

@@ -256,7 +256,7 @@ def _composite_ops() -> dict:
         packet = getattr(torch.ops.aten, name)
         if not isinstance(packet, torch._ops.OpOverloadPacket):
             continue
-        for op in packet.op_overloads():
+        for op in (getattr(packet, name) for name in packet.overloads()):  # torch >= 2.11
             if (op not in kept and key in op.py_kernels
                     and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)):
                 ops[op] = functools.partial(_cpp_composite, op)

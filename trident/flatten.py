@@ -308,12 +308,17 @@ class _Flattener:
             self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True)
 
 
+@functools.cache
+def _opaque_types() -> tuple:
+    from .runtime import load
+
+    return (functools.partial, load().Dispatcher)
+
+
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
     JitFunction, a ``functools.partial``)."""
-    from .runtime import load
-
-    return isinstance(value, (functools.partial, load().Dispatcher))
+    return isinstance(value, _opaque_types())
 
 
 def _attr(k) -> str:

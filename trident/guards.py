@@ -64,13 +64,14 @@ def arg_facts(obj: Any) -> dict:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
-                or obj.device.type not in DEVICE_TYPES
-                or any(torch._VF._unpack_dual(obj, level)[1] is not None for level in (0, 1))):
-            return {"kind": OTHER}  # (a forward-AD dual tensor: its tangent runs eagerly)
+                or obj.device.type not in DEVICE_TYPES):
+            return {"kind": OTHER}
         try:
             data_ptr = obj.data_ptr()
         except RuntimeError:  # no storage: a torch.func wrapper (vmap, grad)
             return {"kind": OTHER}
+        if any(torch._VF._unpack_dual(obj, level)[1] is not None for level in (0, 1)):
+            return {"kind": OTHER}  # a forward-AD dual tensor: its tangent runs eagerly
         return {
             "kind": TENSOR,
             "id": id(obj),
