@@ -97,6 +97,7 @@ class JitFunctionMixin:
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_limit = False
+        self._left_out = None  # Note [Specialization limit]: (cache, stored specs not installed)
         self._signature = inspect.signature(fn)
         params = list(self._signature.parameters.values())
         self._arg_names = [p.name for p in params
@@ -213,6 +214,10 @@ class JitFunctionMixin:
     def _on_miss(self, args: tuple):
         stats = self._counters
         stats.misses += 1
+        if self._counters.compiles >= self._max_specializations and \
+                self._stored_fit(args) is None:  # Note [Specialization limit]: no reason text
+            stats.miss_reasons = (stats.miss_reasons + ["specialization limit reached"])[-32:]
+            return self._past_limit(args)
         reason = self._miss_reason(args)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -241,31 +246,26 @@ class JitFunctionMixin:
         # torch.compile's recompile limit does) and the size of the module: the newest stored
         # specializations are installed, a stored one that fits a miss replaces the oldest
         # installed, and a cache that earlier processes filled never turns a new signature eager
-        # for good.
-        installed = {s.key for s in self._specs}
-        on_disk = self._stored_specs()
-        stored = next((s for s in on_disk if s.key not in installed
-                       and first_failure(s.guards, args) is None), None)
+        # for good. Past the limit a miss costs about an eager call: the stored specializations
+        # the module left out are read from disk once per installed module, not per call.
+        stored = self._stored_fit(args)
         if stored is None and self._counters.compiles >= self._max_specializations:
-            if not self._warned_limit:
-                self._warned_limit = True
-                warnings.warn(f"trident: {self.__qualname__} reached its limit of "
-                              f"{self._max_specializations} compiled specializations; further "
-                              "new signatures run eagerly", stacklevel=3)
-            return self._eager(args, None, "specialization limit")
+            return self._past_limit(args)
         with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
-            # a thread that waited here may find its signature compiled by the one before it
+            # a thread that waited here may find its signature compiled by the one before it,
+            # or the limit reached by the threads before it
             if not (self._specs and self._match(*args) >= 0):
+                if stored is None and self._counters.compiles >= self._max_specializations:
+                    return self._past_limit(args)
                 try:
                     # a fitting specialization on disk that the module left out is installed
                     # again rather than compiled again
                     spec = stored or self._compile_dynamic_or_static(args)
                     # The new specialization goes last, after those stored by other processes
-                    # (read again after a compile: they may have stored some meanwhile).
-                    if stored is None:
-                        on_disk = self._stored_specs()
-                    specs = [s for s in on_disk if s.key != spec.key]
-                    specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
+                    # (read again: they may have stored some meanwhile).
+                    specs = [s for s in self._stored_specs() if s.key != spec.key]
+                    keep = self._max_specializations - 1
+                    specs = specs[max(0, len(specs) - keep):] + [spec]
                     self._install_module(specs)
                 except TridentError as e:
                     if not self._fallback:
@@ -282,6 +282,26 @@ class JitFunctionMixin:
         return self._capture_path(args, hit=False)
 
     # ---- CUDA graphs (Note [CUDA graphs]) --------------------------------------------------
+
+    def _stored_fit(self, args: tuple) -> Specialization | None:
+        """Note [Specialization limit]: a stored specialization the installed module left out
+        whose guards accept ``args``. Under the limit the cache is read again (another process
+        may have stored one); at the limit, once per installed module (``self._left_out``)."""
+        left_out = self._left_out
+        if left_out is None or left_out[0] is not self._cache \
+                or self._counters.compiles < self._max_specializations:
+            installed = {s.key for s in self._specs}
+            left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
+                                                       if s.key not in installed])
+        return next((s for s in left_out[1] if first_failure(s.guards, args) is None), None)
+
+    def _past_limit(self, args: tuple):
+        if not self._warned_limit:
+            self._warned_limit = True
+            warnings.warn(f"trident: {self.__qualname__} reached its limit of "
+                          f"{self._max_specializations} compiled specializations; further "
+                          "new signatures run eagerly", stacklevel=4)
+        return self._eager(args, None, "specialization limit")
 
     def _capture_path(self, args: tuple, hit: bool = True):
         """Called from the native dispatcher when the specialization that accepts ``args`` has
@@ -483,6 +503,7 @@ class JitFunctionMixin:
             module.lib.scm_set_callback(slot, self._callback_ids[key])
         self._module = module
         self._specs = specs
+        self._left_out = None
         self._reset_graphs(len(specs))
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)

@@ -1,0 +1,80 @@
+"""Faults and bookkeeping (issue 12): every call Trident cannot serve runs exactly as eager
+does, with one warning; no fault of the cache, of an interrupt or of the limit breaks a
+function for good."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+
+def scale(x, k):
+    return x * k
+
+
+# ---- Note [Specialization limit] ---------------------------------------------------------------
+
+
+def test_fewer_specializations_than_the_limit_all_stay_installed():
+    """6 signatures under the limit of 8: the second pass hits every one (it used to drop the
+    oldest and miss 4 of them forever)."""
+    g = trident.jit(scale)
+    x = torch.arange(4.0)
+    for _ in range(2):
+        for k in range(6):
+            assert torch.equal(g(x, k), x * k)
+    s = g.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (6, 6, 6, 0)
+    assert len(g.specializations) == 6
+
+
+def test_past_the_limit_costs_about_an_eager_call():
+    g = trident.jit(scale, max_specializations=2)
+    x = torch.arange(4.0)
+    g(x, 0)
+    g(x, 1)
+    with pytest.warns(UserWarning, match="limit of 2"):
+        assert torch.equal(g(x, 2), x * 2)
+    n = 2000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only
+        start = time.perf_counter()
+        for k in range(n):
+            g(x, 3 + k)
+        served = time.perf_counter() - start
+    start = time.perf_counter()
+    for k in range(n):
+        scale(x, 3 + k)
+    eager = time.perf_counter() - start
+    s = g.stats
+    assert (s.compiles, s.fallbacks, s.traces) == (2, n + 1, 2)
+    assert s.miss_reasons[-1] == "specialization limit reached"
+    # it used to read and hash every stored specialization per call (~200x eager)
+    assert served < 20 * eager + 0.05, (served, eager)
+
+
+def test_threads_respect_the_limit():
+    g = trident.jit(scale, max_specializations=2)
+    x = torch.arange(4.0)
+    results, start = {}, threading.Barrier(6)
+
+    def call(k):
+        start.wait()
+        results[k] = g(x, k)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(torch.equal(results[k], x * k) for k in range(6))
+    s = g.stats
+    assert (s.compiles, s.fallbacks, s.misses) == (2, 4, 6)
