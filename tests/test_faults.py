@@ -78,3 +78,22 @@ def test_threads_respect_the_limit():
     assert all(torch.equal(results[k], x * k) for k in range(6))
     s = g.stats
     assert (s.compiles, s.fallbacks, s.misses) == (2, 4, 6)
+
+
+def add(x, k):
+    return x + k
+
+
+def test_superseded_modules_are_pruned(trident_cache):
+    """Note [Pruning] in build.py: each compile builds a module of all specializations; only
+    the newest (and the one the stored specializations render to) stay on disk."""
+    g = trident.jit(add)
+    x = torch.arange(3.0)
+    for k in range(4):
+        g(x, k)
+    (folder,) = (trident_cache / "functions").iterdir()
+    assert len(list(folder.glob("trident_scm_*.so"))) == 2  # was 4, one per compile
+    again = trident.jit(add)  # a new process's view: loads the stored set's module
+    for k in range(4):
+        assert torch.equal(again(x, k), x + k)
+    assert (again.stats.hits, again.stats.compiles) == (4, 0)

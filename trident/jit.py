@@ -295,6 +295,13 @@ class JitFunctionMixin:
                                                        if s.key not in installed])
         return next((s for s in left_out[1] if first_failure(s.guards, args) is None), None)
 
+    def _stored_module(self) -> set[str]:
+        """The name of the module a new process would load from the cache (Note [Pruning] in
+        build.py keeps it)."""
+        stored = self._stored_specs()[-self._max_specializations:]
+        return {build.module_name(codegen.render(stored, self.__qualname__).source)} if stored \
+            else set()
+
     def _past_limit(self, args: tuple):
         if not self._warned_limit:
             self._warned_limit = True
@@ -485,7 +492,7 @@ class JitFunctionMixin:
     def _install_module(self, specs: list[Specialization]) -> None:
         rendered = codegen.render(specs, self.__qualname__)
         _code_log.info("%s", rendered.source)
-        module = build.build(rendered.source, self._cache.directory)
+        module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
         rt = runtime.load()
         rc = module.lib.scm_init(rt.api_address())
         if rc != 0:
