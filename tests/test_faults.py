@@ -4,6 +4,9 @@ function for good."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -97,3 +100,64 @@ def test_superseded_modules_are_pruned(trident_cache):
     for k in range(4):
         assert torch.equal(again(x, k), x + k)
     assert (again.stats.hits, again.stats.compiles) == (4, 0)
+
+
+# ---- Note [Interrupted imports] ----------------------------------------------------------------
+
+INTERRUPTED_IMPORT = textwrap.dedent('''
+    import os, signal, sys
+    import torch, trident
+
+    class CtrlC:  # Ctrl-C while the first compile imports torch._dynamo
+        armed = True
+        def find_spec(self, name, path, target=None):
+            if self.armed and name == "torch._dynamo.source":
+                CtrlC.armed = False
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, CtrlC())
+
+    @trident.jit(fallback=False)
+    def g(x):
+        return x * 2
+
+    x = torch.arange(4.0)
+    try:
+        g(x)
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted", CtrlC.armed)
+    assert torch.equal(g(x), x * 2)
+    print(g.stats.hits, g.stats.compiles, g.stats.fallbacks)
+''')
+
+
+def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_env):
+    """Ctrl-C while the compile imports torch._dynamo used to break that package for the
+    process (every later compile failed); now it is raised when the compile ends."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_IMPORT)
+    out = subprocess.run([sys.executable, str(script)], env=subprocess_env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["interrupted False", "1 1 0"], out.stdout
+
+
+def test_ctrl_c_elsewhere_in_a_compile_leaves_nothing_behind(monkeypatch):
+    jit_module = sys.modules["trident.jit"]
+
+    real = jit_module.import_graph
+
+    def interrupted(*args, **kwargs):
+        monkeypatch.setattr(jit_module, "import_graph", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jit_module, "import_graph", interrupted)
+    g = trident.jit(fallback=False)(scale)
+    x = torch.arange(4.0)
+    with pytest.raises(KeyboardInterrupt):
+        g(x, 3)
+    assert torch.equal(g(x, 3), x * 3) and torch.equal(g(x, 3), x * 3)
+    s = g.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks, s.traces) == (1, 2, 1, 0, 2)

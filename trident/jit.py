@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, config, graphs, kernels, runtime
+from . import build, codegen, config, graphs, interrupts, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
@@ -251,7 +251,9 @@ class JitFunctionMixin:
         stored = self._stored_fit(args)
         if stored is None and self._counters.compiles >= self._max_specializations:
             return self._past_limit(args)
-        with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
+        # tracing and cffi's build (it changes the working directory) are not thread-safe;
+        # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
+        with _COMPILE_LOCK, interrupts.imports_uninterrupted():
             # a thread that waited here may find its signature compiled by the one before it,
             # or the limit reached by the threads before it
             if not (self._specs and self._match(*args) >= 0):
