@@ -551,9 +551,46 @@ def _cell_bindings(fn) -> list[tuple[object, object]]:
 
 @functools.cache
 def jit_function_class() -> type:
-    """``JitFunction``: the native Dispatcher with the methods above (built on first use)."""
-    rt = runtime.load()
+    """``JitFunction``: the native Dispatcher with the methods above (built on first use); an
+    eager stand-in, with one warning, when the runtime cannot be built or loaded (a full or
+    read-only cache folder, no C++ compiler)."""
+    try:
+        rt = runtime.load()
+    except TridentError as e:
+        warnings.warn(f"trident: every @trident.jit function of this process runs eagerly: {e}",
+                      stacklevel=3)
+        return type("JitFunction", (JitFunctionMixin, _EagerDispatcher),
+                    {"__module__": "trident", "_no_runtime": str(e)})
     return type("JitFunction", (JitFunctionMixin, rt.Dispatcher), {"__module__": "trident"})
+
+
+class _EagerDispatcher:
+    """The native ``Dispatcher``'s interface (runtime.cpp) without a runtime: every call runs
+    the function eagerly and counts a fallback."""
+
+    hits = 0
+    _no_runtime = ""
+
+    def __call__(self, *args, **kwargs):
+        return self._eager(args, kwargs, self._no_runtime)
+
+    def _install(self, call: int, match: int) -> None:
+        pass
+
+    def _set_global_guards(self, guards: tuple) -> None:
+        pass
+
+    def _match(self, *args) -> int:
+        return -1
+
+    def _reset_graphs(self, n: int) -> None:
+        pass
+
+    def _set_graph(self, *args) -> None:
+        pass
+
+    def _graph_replays(self) -> int:
+        return 0
 
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
