@@ -80,7 +80,10 @@ class Launch:
         kernel: the kernel's function name.
         ref: ``{"module", "qualname"}`` to find the ``JITFunction`` again in a new process.
         params: per kernel parameter, in order: ``{"name", "kind": "tensor", "aligned"}``,
-            ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``.
+            ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``
+            (a constexpr ``torch.dtype`` as ``"torch.float16"``, a ``tl.dtype`` as
+            ``{"triton_dtype": "fp16"}``, a ``@triton.jit`` function as
+            ``{"triton_function": {"module", "qualname"}}``; ``_constexpr`` makes them again).
             A scalar computed from dynamic dims also has ``"size"``: the expression (a SymInt
             while capturing, then Note [Symbolic guards]'s ``{"c", "py", "text"}``); ``value``
             is its value in the traced call.

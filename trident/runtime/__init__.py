@@ -92,7 +92,7 @@ def _build(build_dir: Path):
             return _load_intact(build_dir)
         if (build_dir / _LIBRARY).exists():
             warnings.warn(f"trident: the native runtime in {build_dir} is damaged or unchecked; "
-                          "building it again", stacklevel=4)
+                          "building it again", stacklevel=5)
         else:
             config.log.warning("trident: building the native runtime for torch %s into %s "
                                "(once per torch version, about 15 s)", torch.__version__,
