@@ -95,7 +95,7 @@ with interpret_mode():
         key=["n"])(triton.jit(accumulate_kernel.fn))
 
 
-# ---- 1. autotune pre_hook: an eager fallback that runs as the served calls do ----------------
+# ---- 1. autotune pre_hook: served on the CPU, and an eager fallback that runs it too ---------
 
 
 def prehook_call(x):
@@ -104,18 +104,31 @@ def prehook_call(x):
     return out
 
 
-def test_pre_hook_kernel_runs_eagerly_with_its_pre_hook():
-    """The trace cannot replay a pre_hook, so the signature runs eagerly: its CPU launch is
-    interpreted with the config Trident serves on the CPU (the first), after its pre_hook
-    (the fallback used to raise TridentError itself)."""
+def test_pre_hook_kernel_is_served_on_the_cpu():
+    """Note [Pre-hooks]: the interpreted launch runs the config's pre_hook first (the call
+    used to run eagerly, and the eager fallback raised TridentError itself)."""
     f = trident.jit(prehook_call)
     x = randn(100, 1)
+    for _ in range(2):
+        out, caught = calls_warning(f, x)
+        assert torch.equal(out, x) and caught == []  # zeroed by the pre_hook, then out += x
+    assert stats(f) == (1, 1, 1, 0, 2)
+    (step,) = [s for s in f._specs[0].plan.steps if s.op == "triton"]
+    assert step.launch["pre_hook"] == {"module": __name__, "name": "zeroing_accumulate",
+                                       "config": 0}
+    again = trident.jit(prehook_call)  # from the stored JSON: the pre_hook found again
+    assert torch.equal(again(x), x) and stats(again) == (1, 0, 0, 0, 1)
+
+
+def test_pre_hook_kernel_in_an_eager_call():
+    """A call that runs eagerly (x requires grad) interprets the launch after its pre_hook."""
+    f = trident.jit(prehook_call)
+    x = randn(100, 9).requires_grad_(True)
+    with torch.no_grad():
+        want = x.detach().clone()
     out, caught = calls_warning(f, x)
-    assert torch.equal(out, x)  # zeroed by the pre_hook, then out += x
-    assert len(caught) == 1 and "pre_hook" in caught[0]
-    out, caught = calls_warning(f, x)
-    assert torch.equal(out, x) and caught == []
-    assert stats(f) == (0, 2, 0, 2, 0)
+    assert torch.equal(out, want) and caught == []
+    assert stats(f) == (0, 1, 0, 1, 0)
 
 
 # ---- 2. constexprs that are a tl.dtype or a @triton.jit function ----------------------------
@@ -212,12 +225,10 @@ def interpreted_prehook_call(x):
     return out
 
 
-def test_interpreted_pre_hook_kernel_runs_as_triton_runs_it():
-    f = trident.jit(interpreted_prehook_call)
+def test_interpreted_pre_hook_kernel_is_served_as_triton_runs_it():
+    f = trident.jit(fallback=False)(interpreted_prehook_call)
     x = randn(100, 8)
-    want = interpreted_prehook_call(x)
+    want = interpreted_prehook_call(x)  # eager: Triton's autotuner and interpreter
     assert torch.equal(want, x)
-    out, caught = calls_warning(f, x)
-    assert torch.equal(out, want)
-    assert len(caught) == 1 and "pre_hook" in caught[0]
-    assert stats(f) == (0, 1, 0, 1, 0)
+    assert torch.equal(f(x), want) and torch.equal(f(x), want)
+    assert stats(f) == (1, 1, 1, 0, 2)

@@ -91,6 +91,9 @@ class Launch:
             scalar's ``size``.
         options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).
         device: ``"cpu"`` or ``"cuda:N"`` of the tensor arguments.
+        pre_hook: ``{"module", "name", "config"}``: the autotune config whose ``pre_hook`` runs
+            before each (interpreted) launch, as ``Autotuner.run`` runs it; the autotuner is the
+            global ``name`` of ``module`` (Note [Pre-hooks]).
     """
 
     kernel: str
@@ -99,6 +102,15 @@ class Launch:
     grid: list
     options: dict
     device: str
+    pre_hook: dict | None = None
+
+
+# Note [Pre-hooks]: an autotune config's ``pre_hook`` is Python that Triton runs before every
+# launch of that config (``Autotuner.run``, triton 3.6). A CPU launch is a Python callback anyway
+# (the interpreter), so it runs the hook first, with the arguments by name and the config's
+# values, as Triton passes them. The hook is found again through the autotuner's global name in
+# the kernel's module (an autotuner held elsewhere runs eagerly). A CUDA launch is C: such
+# kernels run eagerly there.
 
 
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
@@ -121,9 +133,9 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
 
     Args:
         alignment: ``fake tensor -> bool``, Note [Pointer alignment].
-        pre_hooks: where given, each autotune config ``pre_hook`` of the launch is appended to
-            it, bound to its arguments (``Autotuner.run`` calls it before the launch, triton
-            3.6), instead of raising.
+        pre_hooks: where given (real arguments), each autotune config ``pre_hook`` of the
+            launch is appended to it, bound to its arguments; else the launch names the config
+            (Note [Pre-hooks]).
 
     Returns:
         ``(jit_function, Launch, tensor_args)`` where ``tensor_args`` maps parameter name to the
@@ -137,6 +149,7 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
     kwargs = dict(kwargs)
     options: dict[str, Any] = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_NAMES}
     fn = _as_jit_function(kernel)
+    pre_hook = None
     if not isinstance(fn, JITFunction):
         # Note [Symbolic launches]: heuristics and autotuning choose constexprs and configs
         # from the values they see, so those values are fixed (guarded) first.
@@ -147,12 +160,12 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
                 kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
         elif isinstance(fn, Autotuner):
             config = _pick_config(fn, grid, args, kwargs)
-            if config.pre_hook is not None:  # Autotuner.run calls it before every launch
+            if config.pre_hook is not None:  # Note [Pre-hooks]
                 if pre_hooks is None:
-                    raise TridentError(f"{fn.base_fn.__name__}: autotune pre_hook is not "
-                                       "supported (it runs Python before every launch)")
-                nargs = {**dict(zip(fn.arg_names, args)), **kwargs, **config.all_kwargs()}
-                pre_hooks.append(functools.partial(config.pre_hook, nargs))
+                    pre_hook = _pre_hook_ref(fn, config)
+                else:
+                    nargs = {**dict(zip(fn.arg_names, args)), **kwargs, **config.all_kwargs()}
+                    pre_hooks.append(functools.partial(config.pre_hook, nargs))
             kwargs.update(config.kwargs)
             for name in _OPTION_NAMES:
                 value = getattr(config, name, None)
@@ -191,11 +204,15 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
                                "Trident passes tensors, ints, floats, bools and None to kernels")
     if len(devices) > 1:
         raise TridentError(f"{fn.__name__}: tensor arguments on several devices {sorted(devices)}")
+    device = devices.pop() if devices else "cpu"
+    if pre_hook is not None and device != "cpu":
+        raise TridentError(f"{fn.__name__}: an autotune pre_hook before a launch on {device} "
+                           "is not supported (it runs Python before every launch)")
     if callable(grid):
         grid = grid(bound)
     grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
     ref = {"module": fn.fn.__module__, "qualname": fn.fn.__qualname__}
-    launch = Launch(fn.__name__, ref, params, grid, options, devices.pop() if devices else "cpu")
+    launch = Launch(fn.__name__, ref, params, grid, options, device, pre_hook)
     return fn, launch, tensors
 
 
@@ -266,6 +283,29 @@ def _constexpr(value, jit_fn):
     if isinstance(value, dict) and "triton_function" in value:
         return find_kernel(value["triton_function"], jit_fn.fn)
     return value
+
+
+def _pre_hook_ref(autotuner, config) -> dict:
+    """Note [Pre-hooks]: where ``config`` of ``autotuner`` can be found in another process."""
+    inner = autotuner
+    while not isinstance(inner, _triton()[0]):
+        inner = _as_jit_function(inner.fn)
+    module = inner.fn.__module__
+    names = [name for name, value in vars(importlib.import_module(module)).items()
+             if value is autotuner]
+    if len(names) != 1:
+        raise TridentError(f"{autotuner.base_fn.__name__}: an autotune pre_hook runs only where "
+                           f"the autotuner is a global of {module}")
+    return {"module": module, "name": names[0], "config": autotuner.configs.index(config)}
+
+
+def _find_pre_hook(ref: dict) -> Callable:
+    autotuner = getattr(importlib.import_module(ref["module"]), ref["name"], None)
+    configs = getattr(autotuner, "configs", None) or ()
+    if ref["config"] >= len(configs) or configs[ref["config"]].pre_hook is None:
+        raise TridentError(f"cannot find the autotune pre_hook {ref['module']}.{ref['name']}"
+                           f".configs[{ref['config']}]")
+    return configs[ref["config"]]
 
 
 def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
@@ -410,9 +450,13 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
     constexprs = {p["name"]: _constexpr(p["value"], jit_fn) for p in launch.params
                   if p["kind"] == "constexpr"}
     options = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+    config = _find_pre_hook(launch.pre_hook) if launch.pre_hook else None
 
     def run(*values):  # the runtime arguments, then the three grid dims
         on_launch()
+        if config is not None:  # Note [Pre-hooks]
+            config.pre_hook({**dict(zip(runtime_names, values[:-3])), **constexprs,
+                             **config.all_kwargs()})
         with _helpers_interpreted():
             interpreted[tuple(values[-3:])](**dict(zip(runtime_names, values[:-3])),
                                             **constexprs, **options)
