@@ -93,6 +93,9 @@ with interpret_mode():
     interpreted_zeroing = triton.autotune(
         configs=[triton.Config({"BLOCK": 64}, pre_hook=lambda nargs: nargs["out_ptr"].zero_())],
         key=["n"])(triton.jit(accumulate_kernel.fn))
+    interpreted_restoring = triton.autotune(  # the hooks run only while benchmarking configs
+        configs=[triton.Config({"BLOCK": 64})], key=["n"], restore_value=["out_ptr"],
+        reset_to_zero=["x_ptr"])(triton.jit(accumulate_kernel.fn))
 
 
 # ---- 1. autotune pre_hook: served on the CPU, and an eager fallback that runs it too ---------
@@ -207,9 +210,16 @@ def interpreted_act_call(x):
     return out
 
 
+def interpreted_restoring_call(x):
+    out = torch.ones_like(x)
+    interpreted_restoring[(triton.cdiv(x.numel(), 64),)](x, out, x.numel())
+    return out
+
+
 @pytest.mark.parametrize("call, n_args", [(interpreted_add_call, 2),
                                           (interpreted_heuristic_call, 2),
-                                          (interpreted_act_call, 1)])
+                                          (interpreted_act_call, 1),
+                                          (interpreted_restoring_call, 1)])
 def test_interpreted_kernels_are_served_natively(call, n_args):
     """Under TRITON_INTERPRET=1 every call used to run eagerly (or raise, for heuristics)."""
     args = [randn(100, 6), randn(100, 7)][:n_args]
