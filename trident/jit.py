@@ -492,6 +492,8 @@ class JitFunctionMixin:
         return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
+        if isinstance(self, _EagerDispatcher):  # no runtime: explain() and source() say why
+            raise TridentError(self._no_runtime)
         rendered = codegen.render(specs, self.__qualname__)
         _code_log.info("%s", rendered.source)
         module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
