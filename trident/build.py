@@ -21,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import cffi
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from . import config
 from .errors import TridentError
@@ -51,8 +52,12 @@ def module_name(source: str) -> str:
     return f"trident_scm_{h.hexdigest()[:20]}"
 
 
-def build(source: str, directory: Path) -> ModuleType:
+def build(source: str, directory: Path, keep: Callable[[], set[str]] | None = None) -> ModuleType:
     """Compile (or find) and import the SCM for ``source`` in ``directory``.
+
+    Args:
+        keep: after a compile, the names of the other modules still in use (Note [Pruning]);
+            ``None`` prunes nothing.
 
     Raises:
         TridentError: the C compiler or the file system failed.
@@ -61,16 +66,63 @@ def build(source: str, directory: Path) -> ModuleType:
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     digest = directory / f"{name}.sha256"
     try:
+        compiled = False
         if not _intact(target, digest):
             directory.mkdir(parents=True, exist_ok=True)
             with FileLock(str(directory / f"{name}.lock")):
                 if not _intact(target, digest):
                     _compile(name, source, directory, target, digest)
+                    compiled = True
         elif name not in sys.modules:
             _log.info("loading %s (built before)", target)
-        return _load(name, target)
-    except (OSError, cffi.VerificationError) as e:
+        try:
+            module = _load(name, target)
+        except ImportError:  # pruned by another process after _intact: build it again
+            with FileLock(str(directory / f"{name}.lock")):
+                _compile(name, source, directory, target, digest)
+            module = _load(name, target)
+        if compiled and keep is not None:
+            prune(directory, keep() | {name}, target.stat().st_mtime_ns)
+        return module
+    except (OSError, ImportError, cffi.VerificationError) as e:
         raise TridentError(f"building {name} in {directory} failed: {e}") from e
+
+
+def prune(directory: Path, keep: set[str], before_ns: int) -> list[str]:
+    """Note [Pruning]: delete the modules of ``directory`` built before ``before_ns`` that are
+    not in ``keep``; returns their names.
+
+    A function's folder gets a new module for every new set of specializations, and only the
+    newest sets are ever loaded again (Note [Specialization limit] in jit.py). Pruning runs
+    after a compile, under the folder's ``prune.lock``, and deletes a module only while holding
+    its build lock (a module being built is never deleted). Modules built after ``before_ns``
+    are another process's newer work. A process that loaded a module keeps its mapping when the
+    file is deleted; one that is about to load it builds it again (``build``). Failures are
+    ignored: pruning only saves disk space.
+    """
+    deleted = []
+    try:
+        with FileLock(str(directory / "prune.lock"), timeout=0):
+            modules = {p.name.split(".")[0] for p in directory.glob("trident_scm_*")}
+            for name in sorted(modules - keep):
+                files = [p for p in directory.glob(f"{name}.*") if p.is_file()]
+                if any(p.stat().st_mtime_ns >= before_ns for p in files):
+                    continue
+                lock = directory / f"{name}.lock"
+                try:
+                    with FileLock(str(lock), timeout=0):
+                        for p in files:
+                            if p != lock:
+                                p.unlink(missing_ok=True)
+                        lock.unlink(missing_ok=True)
+                except Timeout:  # being built by another process
+                    continue
+                deleted.append(name)
+    except (OSError, Timeout):  # another process prunes; a read-only folder
+        pass
+    if deleted:
+        _log.info("pruned %d superseded modules from %s", len(deleted), directory)
+    return deleted
 
 
 def _sha256(path: Path) -> str:

@@ -31,6 +31,7 @@ import tempfile
 import time
 import types
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -164,16 +165,21 @@ class FunctionCache:
         self.spec_dir = self.directory / "specs"
 
     def load_specs(self) -> list[Specialization]:
+        """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
+        operator this Trident does not know, a folder where a file belongs, a file where the
+        ``specs`` folder belongs) is dropped with a warning, so that the next compile of that
+        signature stores it again."""
         if not self.spec_dir.is_dir():
+            if self.spec_dir.exists() or self.spec_dir.is_symlink():
+                _discard(self.spec_dir, "not a folder")
             return []
         specs, keys = [], set()
         for path in sorted(self.spec_dir.glob("*.json")):
             try:
                 spec = Specialization.from_json(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError):
-                # written atomically (save_spec), so damaged: never trust it, and drop it so that
-                # the next compile of that signature stores it again
-                path.unlink(missing_ok=True)
+                _check_ops(spec)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                _discard(path, f"{type(e).__name__}: {e}")  # written atomically: damaged
                 continue
             if spec.key not in keys:
                 keys.add(spec.key)
@@ -181,13 +187,47 @@ class FunctionCache:
         return specs
 
     def save_spec(self, spec: Specialization) -> None:
-        self.spec_dir.mkdir(parents=True, exist_ok=True)
-        if any(self.spec_dir.glob(f"*-{spec.key}.json")):
-            return
-        fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec.to_json(), f)
-        os.replace(tmp, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
+        """Store ``spec``; a cache that cannot be written (read-only, full) is warned about:
+        the specialization still serves this process."""
+        try:
+            if self.spec_dir.exists() and not self.spec_dir.is_dir():
+                _discard(self.spec_dir, "not a folder")
+            self.spec_dir.mkdir(parents=True, exist_ok=True)
+            if any(self.spec_dir.glob(f"*-{spec.key}.json")):
+                return
+            fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(spec.to_json(), f)
+                os.replace(tmp, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except OSError as e:
+            warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
+                          f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
+
+
+def _check_ops(spec: Specialization) -> None:
+    """Raise ``ValueError`` for a step calling an operator PyTorch's dispatcher lacks."""
+    for step in spec.plan.steps:
+        if "::" in step.op:
+            try:
+                torch._C._get_schema(step.op, step.overload)
+            except RuntimeError:
+                raise ValueError(f"unknown operator {step.op}.{step.overload}") from None
+
+
+def _discard(path: Path, why: str) -> None:
+    """Drop a damaged cache entry (a file or a folder), with a warning; a read-only cache keeps
+    it (and the warning repeats in each process that reads it)."""
+    warnings.warn(f"trident: dropped the damaged cache entry {path} ({why})", stacklevel=3)
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def list_entries() -> list[dict]:

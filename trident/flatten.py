@@ -310,9 +310,9 @@ class _Flattener:
 
 @functools.cache
 def _opaque_types() -> tuple:
-    from .runtime import load
+    from .jit import jit_function_class
 
-    return (functools.partial, load().Dispatcher)
+    return (functools.partial, jit_function_class())
 
 
 def _opaque(value) -> bool:

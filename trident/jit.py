@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import build, codegen, config, graphs, kernels, runtime
+from . import build, codegen, config, graphs, interrupts, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
@@ -133,6 +133,7 @@ class JitFunctionMixin:
         self._module = None
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_reasons: set[str] = set()
+        self._left_out = None  # Note [Specialization limit]: (cache, stored specs not installed)
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -290,6 +291,9 @@ class JitFunctionMixin:
     def _on_miss(self, call: _Call):
         stats = self._counters
         stats.misses += 1
+        if self._counters.compiles >= self._max_specializations and \
+                self._stored_fit(call) is None:  # Note [Specialization limit]: no reason text
+            return self._past_limit(call)
         reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -322,28 +326,28 @@ class JitFunctionMixin:
         # torch.compile's recompile limit does) and the size of the module: the newest stored
         # specializations are installed, a stored one that fits a miss replaces the oldest
         # installed, and a cache that earlier processes filled never turns a new signature eager
-        # for good.
-        installed = {s.key for s in self._specs}
-        on_disk = self._stored_specs()
-        stored = next((s for s in on_disk if s.key not in installed and s.tree == call.tree.key
-                       and first_failure(s.guards, args) is None), None)
+        # for good. Past the limit a miss costs about an eager call: the stored specializations
+        # the module left out are read from disk once per installed module, not per call.
+        stored = self._stored_fit(call)
         if stored is None and self._counters.compiles >= self._max_specializations:
-            return self._eager(call.args, call.kwargs, f"reached its limit of "
-                               f"{self._max_specializations} compiled specializations; further "
-                               "new signatures run eagerly")
-        with _COMPILE_LOCK:  # tracing and cffi's build (it changes the working directory)
-            # a thread that waited here may find its signature compiled by the one before it
+            return self._past_limit(call)
+        # tracing and cffi's build (it changes the working directory) are not thread-safe;
+        # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
+        with _COMPILE_LOCK, interrupts.imports_uninterrupted():
+            # a thread that waited here may find its signature compiled by the one before it,
+            # or the limit reached by the threads before it
             if self._installed_match(call) < 0:
+                if stored is None and self._counters.compiles >= self._max_specializations:
+                    return self._past_limit(call)
                 try:
                     # a fitting specialization on disk that the module left out is installed
                     # again rather than compiled again
                     spec = stored or self._compile_dynamic_or_static(call)
                     # The new specialization goes last, after those stored by other processes
-                    # (read again after a compile: they may have stored some meanwhile).
-                    if stored is None:
-                        on_disk = self._stored_specs()
-                    specs = [s for s in on_disk if s.key != spec.key]
-                    specs = specs[len(specs) - self._max_specializations + 1:] + [spec]
+                    # (read again: they may have stored some meanwhile).
+                    specs = [s for s in self._stored_specs() if s.key != spec.key]
+                    keep = self._max_specializations - 1
+                    specs = specs[max(0, len(specs) - keep):] + [spec]
                     self._install_module(specs)
                 except TridentError as e:
                     if not self._fallback:
@@ -358,6 +362,31 @@ class JitFunctionMixin:
         return self._capture_path(call, hit=False)
 
     # ---- CUDA graphs (Note [CUDA graphs]) --------------------------------------------------
+
+    def _stored_fit(self, call: _Call) -> Specialization | None:
+        """Note [Specialization limit]: a stored specialization the installed module left out
+        whose tree and guards accept ``call``. Under the limit the cache is read again (another process
+        may have stored one); at the limit, once per installed module (``self._left_out``)."""
+        left_out = self._left_out
+        if left_out is None or left_out[0] is not self._cache \
+                or self._counters.compiles < self._max_specializations:
+            installed = {s.key for s in self._specs}
+            left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
+                                                       if s.key not in installed])
+        return next((s for s in left_out[1] if s.tree == call.tree.key
+                     and first_failure(s.guards, call.leaves) is None), None)
+
+    def _stored_module(self) -> set[str]:
+        """The name of the module a new process would load from the cache (Note [Pruning] in
+        build.py keeps it)."""
+        stored = self._stored_specs()[-self._max_specializations:]
+        return {build.module_name(codegen.render(stored, self.__qualname__).source)} if stored \
+            else set()
+
+    def _past_limit(self, call: _Call):
+        return self._eager(call.args, call.kwargs, f"reached its limit of "
+                           f"{self._max_specializations} compiled specializations; further new "
+                           "signatures run eagerly")
 
     def _capture_path(self, call: _Call | tuple, kwargs: dict | None = None, hit: bool = True):
         """Called from the native dispatcher (with the call's ``args`` and ``kwargs``) when the
@@ -567,9 +596,11 @@ class JitFunctionMixin:
         return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
+        if isinstance(self, _EagerDispatcher):  # no runtime: explain() and source() say why
+            raise TridentError(self._no_runtime)
         rendered = codegen.render(specs, self.__qualname__)
         _code_log.info("%s", rendered.source)
-        module = build.build(rendered.source, self._cache.directory)
+        module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
         rt = runtime.load()
         rc = module.lib.scm_init(rt.api_address())
         if rc != 0:
@@ -587,6 +618,7 @@ class JitFunctionMixin:
             module.lib.scm_set_callback(slot, self._callback_ids[key])
         self._module = module
         self._specs = specs
+        self._left_out = None
         self._reset_graphs(len(specs))
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
@@ -635,9 +667,49 @@ def _cell_bindings(fn) -> list[tuple[object, object]]:
 
 @functools.cache
 def jit_function_class() -> type:
-    """``JitFunction``: the native Dispatcher with the methods above (built on first use)."""
-    rt = runtime.load()
+    """``JitFunction``: the native Dispatcher with the methods above (built on first use); an
+    eager stand-in, with one warning, when the runtime cannot be built or loaded (a full or
+    read-only cache folder, no C++ compiler)."""
+    try:
+        rt = runtime.load()
+    except TridentError as e:
+        warnings.warn(f"trident: every @trident.jit function of this process runs eagerly: {e}",
+                      stacklevel=3)
+        return type("JitFunction", (JitFunctionMixin, _EagerDispatcher),
+                    {"__module__": "trident", "_no_runtime": str(e)})
     return type("JitFunction", (JitFunctionMixin, rt.Dispatcher), {"__module__": "trident"})
+
+
+class _EagerDispatcher:
+    """The native ``Dispatcher``'s interface (runtime.cpp) without a runtime: every call runs
+    the function eagerly and counts a fallback."""
+
+    hits = 0
+    _no_runtime = ""
+
+    def __call__(self, *args, **kwargs):
+        return self._eager(args, kwargs, self._no_runtime)
+
+    def _install(self, call: int, match: int) -> None:
+        pass
+
+    def _set_global_guards(self, guards: tuple) -> None:
+        pass
+
+    def _set_call_trees(self, binding: tuple, trees: tuple, recipes: tuple) -> None:
+        pass
+
+    def _match(self, *args) -> int:
+        return -1
+
+    def _reset_graphs(self, n: int) -> None:
+        pass
+
+    def _set_graph(self, *args) -> None:
+        pass
+
+    def _graph_replays(self) -> int:
+        return 0
 
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,

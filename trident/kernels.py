@@ -27,7 +27,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import importlib
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -45,6 +47,31 @@ def _triton():
     return JITFunction, Autotuner, Heuristics
 
 
+def _as_jit_function(fn):
+    """``fn``, or for an ``InterpretedFunction`` (what ``@triton.jit`` makes under
+    ``TRITON_INTERPRET=1``, triton 3.6) the ``JITFunction`` of the same Python function and
+    options, made once: Trident compiles and interprets launches itself, as without the
+    variable (Note [Interpreted kernels])."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, InterpretedFunction):
+        return fn
+    twin = fn.__dict__.get("_trident_jit_function")
+    if twin is None:
+        accepted = inspect.signature(JITFunction.__init__).parameters
+        twin = JITFunction(fn.fn, **{k: v for k, v in fn.kwargs.items() if k in accepted})
+        fn.__dict__["_trident_jit_function"] = twin
+    return twin
+
+
+# Note [Interpreted kernels]: ``TRITON_INTERPRET=1`` makes every ``@triton.jit`` an
+# ``InterpretedFunction``, which Triton's interpreter runs on any tensors. Trident serves their
+# launches as it serves a ``JITFunction``'s (``_as_jit_function``): through the interpreter
+# callback on CPU tensors, compiled on CUDA ones. Its eager fallback leaves them to Triton, which
+# is what eager PyTorch with that variable runs.
+
+
 @dataclasses.dataclass
 class Launch:
     """A resolved Triton launch (JSON-able parts only; the kernel object travels separately).
@@ -53,7 +80,10 @@ class Launch:
         kernel: the kernel's function name.
         ref: ``{"module", "qualname"}`` to find the ``JITFunction`` again in a new process.
         params: per kernel parameter, in order: ``{"name", "kind": "tensor", "aligned"}``,
-            ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``.
+            ``{"name", "kind": "scalar", "value"}`` or ``{"name", "kind": "constexpr", "value"}``
+            (a constexpr ``torch.dtype`` as ``"torch.float16"``, a ``tl.dtype`` as
+            ``{"triton_dtype": "fp16"}``, a ``@triton.jit`` function as
+            ``{"triton_function": {"module", "qualname"}}``; ``_constexpr`` makes them again).
             A scalar computed from dynamic dims also has ``"size"``: the expression (a SymInt
             while capturing, then Note [Symbolic guards]'s ``{"c", "py", "text"}``); ``value``
             is its value in the traced call.
@@ -61,6 +91,9 @@ class Launch:
             scalar's ``size``.
         options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).
         device: ``"cpu"`` or ``"cuda:N"`` of the tensor arguments.
+        pre_hook: ``{"module", "name", "config"}``: the autotune config whose ``pre_hook`` runs
+            before each (interpreted) launch, as ``Autotuner.run`` runs it; the autotuner is the
+            global ``name`` of ``module`` (Note [Pre-hooks]).
     """
 
     kernel: str
@@ -69,6 +102,15 @@ class Launch:
     grid: list
     options: dict
     device: str
+    pre_hook: dict | None = None
+
+
+# Note [Pre-hooks]: an autotune config's ``pre_hook`` is Python that Triton runs before every
+# launch of that config (``Autotuner.run``, triton 3.6). A CPU launch is a Python callback anyway
+# (the interpreter), so it runs the hook first, with the arguments by name and the config's
+# values, as Triton passes them. The hook is found again through the autotuner's global name in
+# the kernel's module (an autotuner held elsewhere runs eagerly). A CUDA launch is C: such
+# kernels run eagerly there.
 
 
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
@@ -85,11 +127,15 @@ def _scratch_like(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable) -> tuple:
+def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
+                   pre_hooks: list | None = None) -> tuple:
     """Resolve ``kernel[grid](*args, **kwargs)`` at capture time.
 
     Args:
         alignment: ``fake tensor -> bool``, Note [Pointer alignment].
+        pre_hooks: where given (real arguments), each autotune config ``pre_hook`` of the
+            launch is appended to it, bound to its arguments; else the launch names the config
+            (Note [Pre-hooks]).
 
     Returns:
         ``(jit_function, Launch, tensor_args)`` where ``tensor_args`` maps parameter name to the
@@ -102,20 +148,24 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
     JITFunction, Autotuner, Heuristics = _triton()
     kwargs = dict(kwargs)
     options: dict[str, Any] = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_NAMES}
-    if not isinstance(kernel, JITFunction):
+    fn = _as_jit_function(kernel)
+    pre_hook = None
+    if not isinstance(fn, JITFunction):
         # Note [Symbolic launches]: heuristics and autotuning choose constexprs and configs
         # from the values they see, so those values are fixed (guarded) first.
         args, kwargs = _specialized(args), _specialized(kwargs)
-    fn = kernel
     while not isinstance(fn, JITFunction):
         if isinstance(fn, Heuristics):
             for name, heuristic in fn.values.items():
                 kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
         elif isinstance(fn, Autotuner):
             config = _pick_config(fn, grid, args, kwargs)
-            if config.pre_hook is not None:  # Autotuner.run calls it before every launch
-                raise TridentError(f"{fn.base_fn.__name__}: autotune pre_hook is not supported "
-                                   "(it runs Python before every launch)")
+            if config.pre_hook is not None:  # Note [Pre-hooks]
+                if pre_hooks is None:
+                    pre_hook = _pre_hook_ref(fn, config)
+                else:
+                    nargs = {**dict(zip(fn.arg_names, args)), **kwargs, **config.all_kwargs()}
+                    pre_hooks.append(functools.partial(config.pre_hook, nargs))
             kwargs.update(config.kwargs)
             for name in _OPTION_NAMES:
                 value = getattr(config, name, None)
@@ -123,7 +173,7 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
                     options[name] = value
         else:
             raise TridentError(f"unsupported Triton kernel wrapper {type(fn).__name__}")
-        fn = fn.fn
+        fn = _as_jit_function(fn.fn)
     names = [p.name for p in fn.params]
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -154,11 +204,15 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable)
                                "Trident passes tensors, ints, floats, bools and None to kernels")
     if len(devices) > 1:
         raise TridentError(f"{fn.__name__}: tensor arguments on several devices {sorted(devices)}")
+    device = devices.pop() if devices else "cpu"
+    if pre_hook is not None and device != "cpu":
+        raise TridentError(f"{fn.__name__}: an autotune pre_hook before a launch on {device} "
+                           "is not supported (it runs Python before every launch)")
     if callable(grid):
         grid = grid(bound)
     grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
     ref = {"module": fn.fn.__module__, "qualname": fn.fn.__qualname__}
-    launch = Launch(fn.__name__, ref, params, grid, options, devices.pop() if devices else "cpu")
+    launch = Launch(fn.__name__, ref, params, grid, options, device, pre_hook)
     return fn, launch, tensors
 
 
@@ -200,11 +254,58 @@ def _specialized(values):
 
 
 def _plain(value, fn, p):
+    """A constexpr as JSON (``_constexpr`` makes the object again)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    JITFunction, _, _ = _triton()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.dtype):
         return str(value)
+    if isinstance(value, tl.dtype):  # OUT=tl.float16
+        return {"triton_dtype": value.name}
+    if isinstance(value, (JITFunction, InterpretedFunction)):  # ACT=a @triton.jit function
+        return {"triton_function": {"module": value.fn.__module__,
+                                    "qualname": value.fn.__qualname__}}
     raise TridentError(f"{fn.__name__}: constexpr {p.name!r} is a {type(value).__name__}")
+
+
+def _constexpr(value, jit_fn):
+    """The object a constexpr's JSON (``_plain``) stands for; ``@triton.jit`` functions are
+    found from the kernel's own module first."""
+    import triton.language as tl
+
+    if isinstance(value, str) and value.startswith("torch."):
+        return getattr(torch, value[len("torch."):])
+    if isinstance(value, dict) and "triton_dtype" in value:
+        return tl.dtype(value["triton_dtype"])
+    if isinstance(value, dict) and "triton_function" in value:
+        return find_kernel(value["triton_function"], jit_fn.fn)
+    return value
+
+
+def _pre_hook_ref(autotuner, config) -> dict:
+    """Note [Pre-hooks]: where ``config`` of ``autotuner`` can be found in another process."""
+    inner = autotuner
+    while not isinstance(inner, _triton()[0]):
+        inner = _as_jit_function(inner.fn)
+    module = inner.fn.__module__
+    names = [name for name, value in vars(importlib.import_module(module)).items()
+             if value is autotuner]
+    if len(names) != 1:
+        raise TridentError(f"{autotuner.base_fn.__name__}: an autotune pre_hook runs only where "
+                           f"the autotuner is a global of {module}")
+    return {"module": module, "name": names[0], "config": autotuner.configs.index(config)}
+
+
+def _find_pre_hook(ref: dict) -> Callable:
+    autotuner = getattr(importlib.import_module(ref["module"]), ref["name"], None)
+    configs = getattr(autotuner, "configs", None) or ()
+    if ref["config"] >= len(configs) or configs[ref["config"]].pre_hook is None:
+        raise TridentError(f"cannot find the autotune pre_hook {ref['module']}.{ref['name']}"
+                           f".configs[{ref['config']}]")
+    return configs[ref["config"]]
 
 
 def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
@@ -247,6 +348,7 @@ def find_kernel(ref: dict, scope: Callable | None = None):
 
     for obj in candidates():
         for _ in range(8):  # Autotuner(Heuristics(JITFunction)) and the like
+            obj = _as_jit_function(obj)
             if obj is None or isinstance(obj, JITFunction) or not hasattr(obj, "fn"):
                 break
             obj = obj.fn
@@ -296,9 +398,8 @@ def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
         if p["kind"] == "tensor":
             dtype = getattr(torch, p["dtype"][len("torch."):])
             values.append(_Pointer(dtype, p["aligned"]))
-        elif p["kind"] == "constexpr" and isinstance(p["value"], str) \
-                and p["value"].startswith("torch."):
-            values.append(getattr(torch, p["value"][len("torch."):]))
+        elif p["kind"] == "constexpr":
+            values.append(_constexpr(p["value"], jit_fn))
         else:
             values.append(p["value"])
     kwargs = {k: v for k, v in launch.options.items() if v is not None}
@@ -346,11 +447,16 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
 
     interpreted = InterpretedFunction(jit_fn.fn)
     runtime_names = [p["name"] for p in launch.params if p["kind"] != "constexpr"]
-    constexprs = {p["name"]: p["value"] for p in launch.params if p["kind"] == "constexpr"}
+    constexprs = {p["name"]: _constexpr(p["value"], jit_fn) for p in launch.params
+                  if p["kind"] == "constexpr"}
     options = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+    config = _find_pre_hook(launch.pre_hook) if launch.pre_hook else None
 
     def run(*values):  # the runtime arguments, then the three grid dims
         on_launch()
+        if config is not None:  # Note [Pre-hooks]
+            config.pre_hook({**dict(zip(runtime_names, values[:-3])), **constexprs,
+                             **config.all_kwargs()})
         with _helpers_interpreted():
             interpreted[tuple(values[-3:])](**dict(zip(runtime_names, values[:-3])),
                                             **constexprs, **options)
@@ -408,16 +514,23 @@ def cpu_launches_interpreted():
         from triton.runtime.interpreter import InterpretedFunction
 
         launch = original(kernel, grid)
-        if isinstance(kernel, InterpretedFunction):  # the interpreter's own launch
+        inner = kernel
+        while not isinstance(inner, InterpretedFunction) and hasattr(inner, "fn"):
+            inner = inner.fn
+        if isinstance(inner, InterpretedFunction):  # Note [Interpreted kernels]: as eager
             return launch
 
         def run(*args, **kwargs):
             tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
             if not tensors or any(t.device.type != "cpu" or is_fake(t) for t in tensors):
                 return launch(*args, **kwargs)
-            jit_fn, resolved, named = resolve_launch(kernel, grid, args, kwargs, lambda t: True)
+            pre_hooks: list = []
+            jit_fn, resolved, named = resolve_launch(kernel, grid, args, kwargs, lambda t: True,
+                                                     pre_hooks)
             values = [named[p["name"]] if p["kind"] == "tensor" else p["value"]
                       for p in resolved.params if p["kind"] != "constexpr"]
+            for hook in pre_hooks:
+                hook()
             interpreted_launcher(jit_fn, resolved, lambda: None)(*values, *resolved.grid)
         return run
 

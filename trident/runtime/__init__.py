@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,16 +37,68 @@ def build_key() -> str:
 
 @functools.cache
 def load():
-    """Import the runtime extension, building it first if this cache has none for this torch."""
-    from torch.utils import cpp_extension
-    from filelock import FileLock
+    """Import the runtime extension, building it first if this cache has no intact build for
+    this torch.
 
+    Note [Runtime integrity]: ``cpp_extension`` links straight into ``trident_rt.so``, so an
+    interrupted link or a full disk leaves a truncated library that ninja then calls up to date,
+    and ``dlopen`` of a truncated library dies of SIGBUS. The library's SHA-256 is written beside
+    it after a build and checked before every load: an intact build is imported without
+    writing anything (a read-only cache works), anything else is built again.
+
+    Raises:
+        TridentError: the runtime cannot be built (no compiler, a read-only or full cache
+            folder) or loaded.
+    """
     build_dir = config.cache_dir() / "runtime" / build_key()
+    try:
+        module = _load_intact(build_dir) or _build(build_dir)
+    except (OSError, ImportError, RuntimeError) as e:  # cpp_extension: RuntimeError
+        raise TridentError(f"the native runtime for torch {torch.__version__} cannot be built "
+                           f"or loaded in {build_dir}: {type(e).__name__}: {e}") from e
+    module.set_error_types(ERROR_TYPES)
+    return module
+
+
+_LIBRARY = "trident_rt.so"  # cpp_extension's name for the extension "trident_rt"
+
+
+def _intact(build_dir: Path) -> bool:
+    try:
+        with open(build_dir / _LIBRARY, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return (build_dir / "trident_rt.sha256").read_text() == digest
+    except OSError:
+        return False
+
+
+def _load_intact(build_dir: Path):
+    if not _intact(build_dir):
+        return None
+    spec = importlib.util.spec_from_file_location("trident_rt", build_dir / _LIBRARY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["trident_rt"] = module
+    return module
+
+
+def _build(build_dir: Path):
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
     build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("trident_rt*.so")):
-        config.log.warning("trident: building the native runtime for torch %s into %s "
-                           "(once per torch version, about 15 s)", torch.__version__, build_dir)
     with FileLock(str(build_dir / ".lock")):
+        if _intact(build_dir):  # another process built it meanwhile
+            return _load_intact(build_dir)
+        if (build_dir / _LIBRARY).exists():
+            warnings.warn(f"trident: the native runtime in {build_dir} is damaged or unchecked; "
+                          "building it again", stacklevel=5)
+        else:
+            config.log.warning("trident: building the native runtime for torch %s into %s "
+                               "(once per torch version, about 15 s)", torch.__version__,
+                               build_dir)
+        for name in (_LIBRARY, "runtime.o"):  # ninja would find a damaged output up to date
+            (build_dir / name).unlink(missing_ok=True)
         module = cpp_extension.load(
             name="trident_rt",
             sources=[str(SOURCE)],
@@ -52,5 +107,9 @@ def load():
             build_directory=str(build_dir),
             verbose=False,
         )
-    module.set_error_types(ERROR_TYPES)
+        with open(build_dir / _LIBRARY, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        tmp = build_dir / f"trident_rt.sha256.{os.getpid()}"
+        tmp.write_text(digest)
+        os.replace(tmp, build_dir / "trident_rt.sha256")
     return module
