@@ -168,8 +168,10 @@ def run(name: str, reps: int = 3) -> dict:
     # floor: one decode step's forward replayed from a CUDA graph (its last call's arguments)
     seen = {}
 
-    def spy(*args, **kwargs):
-        seen["call"] = (args, kwargs)
+    def spy(*args, **kwargs):  # the first decode step (replays write the same position)
+        if "call" not in seen and kwargs.get("input_ids") is not None and \
+                kwargs["input_ids"].shape[-1] == 1:
+            seen["call"] = (args, kwargs)
         return forward(*args, **kwargs)
 
     model.forward = spy

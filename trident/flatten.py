@@ -444,7 +444,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple):
 # ---- outputs ---------------------------------------------------------------------------------
 
 # OutputRecipe ops, as runtime.cpp's build_recipe reads them
-R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT = range(8)
+R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN = range(9)
 # R_OBJECT's base: how the object is made without running its Python __init__
 BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
 
@@ -454,7 +454,9 @@ class OutputRecipe:
     """How the runtime rebuilds a result from the SCM's flat outputs (Note [Argument trees]).
 
     ``ops``: prefix order; each op is a tuple whose first item is an ``R_*`` code:
-    ``(R_VALUE,)`` the next flat output; ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
+    ``(R_VALUE,)`` the next flat output; ``(R_AGAIN, k)`` flat output ``k`` once more (a
+    tensor the result holds twice, as ``ModelOutput`` holds each field as an attribute and as
+    an item); ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
     ``(R_NAMEDTUPLE, cls, n)``; ``(R_OBJECT, cls, base, attributes, item keys)`` an object made
     by its base type's ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set
@@ -535,10 +537,16 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None):
     flat: list = []
     ops: list = []
     simple = [True]
+    flat_index: dict[int, int] = {}  # id of a tensor -> its flat output
 
     def walk(v, path: str) -> None:
         t = type(v)
-        if isinstance(v, torch.Tensor) or t in _SCALARS:
+        if isinstance(v, torch.Tensor) and id(v) in flat_index:
+            simple[0] = False
+            ops.append((R_AGAIN, flat_index[id(v)]))
+        elif isinstance(v, torch.Tensor) or t in _SCALARS:
+            if isinstance(v, torch.Tensor):
+                flat_index[id(v)] = len(flat)
             flat.append(v)
             ops.append((R_VALUE,))
         elif id(v) in objects:

@@ -12,6 +12,7 @@ import functools
 import inspect
 import json
 import struct
+import sys
 import threading
 import time
 import types
@@ -456,15 +457,16 @@ class JitFunctionMixin:
         return "; ".join(f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
                          for i, spec in enumerate(self._specs))
 
-    def _eager(self, args: tuple, kwargs: dict | None, why: str):
-        """Run the call eagerly: counted, logged, and warned once per reason (Note [Argument
-        trees]: never a silent fallback)."""
+    def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True):
+        """Run the call eagerly: counted, logged, and warned once per reason (never a silent
+        fallback), at the user's line."""
         self._counters.fallbacks += 1
         self._counters.miss_reasons = (self._counters.miss_reasons + [f"eager: {why}"])[-32:]
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
-        if why not in self._warned_reasons:
+        if warn and why not in self._warned_reasons:
             self._warned_reasons.add(why)
-            warnings.warn(f"trident: {self.__qualname__} runs eagerly: {why}", stacklevel=4)
+            warnings.warn(f"trident: {self.__qualname__} runs eagerly: {why}",
+                          stacklevel=_user_stacklevel())
         with kernels.cpu_launches_interpreted():
             return self._fn(*args, **(kwargs or {}))
 
@@ -627,6 +629,16 @@ class JitFunctionMixin:
 
 
 _UNBOUND = object()
+_PACKAGE = str(__import__("pathlib").Path(__file__).resolve().parent)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller point at the first frame
+    outside Trident (the user's call, wherever the miss path was entered)."""
+    frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _has_tangent(a) -> bool:
@@ -687,8 +699,8 @@ class _EagerDispatcher:
     hits = 0
     _no_runtime = ""
 
-    def __call__(self, *args, **kwargs):
-        return self._eager(args, kwargs, self._no_runtime)
+    def __call__(self, *args, **kwargs):  # jit_function_class() has warned once
+        return self._eager(args, kwargs, self._no_runtime, warn=False)
 
     def _install(self, call: int, match: int) -> None:
         pass

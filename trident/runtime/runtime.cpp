@@ -363,7 +363,8 @@ enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIO
        PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
 enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
 enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
-enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT };
+enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
+                 R_AGAIN };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
 
 struct Param {
@@ -487,7 +488,7 @@ PyObject* instance_dict(PyObject* obj) {
 }
 
 // Evaluates one tree over the bound values: true and cv.leaves filled when every check holds.
-bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv) {
+bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
   size_t n = tree.nodes.size();
   cv.values.resize(n);
   cv.dicts.resize(n);
@@ -510,6 +511,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv) {
     }
     if (!v) {
       PyErr_Clear();
+      if (failed) *failed = static_cast<Py_ssize_t>(i);
       return false;
     }
     cv.values[i] = v;
@@ -524,7 +526,10 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv) {
              PyDict_GET_SIZE(v) == node.length;
         break;
       case CHK_OBJECT: {
-        if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) return false;
+        if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) {
+          ok = false;
+          break;
+        }
         PyObject* d = cv.dicts[i] = instance_dict(v);
         ok = d && PyDict_GET_SIZE(d) == node.length;
         break;
@@ -533,7 +538,10 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv) {
       case CHK_ID: ok = v == node.expect; break;
       case CHK_SAME: ok = v == cv.values[node.same]; break;
     }
-    if (!ok) return false;
+    if (!ok) {
+      if (failed) *failed = static_cast<Py_ssize_t>(i);
+      return false;
+    }
   }
   return true;
 }
@@ -551,6 +559,14 @@ PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t
       if (next >= PyTuple_GET_SIZE(flat))
         return PyErr_Format(PyExc_RuntimeError, "trident: output recipe reads past the outputs");
       PyObject* v = PyTuple_GET_ITEM(flat, next++);
+      Py_INCREF(v);
+      return v;
+    }
+    case R_AGAIN: {  // a flat output the result holds a second time
+      Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
+      if (k < 0 || k >= PyTuple_GET_SIZE(flat))
+        return PyErr_Format(PyExc_RuntimeError, "trident: no flat output %zd", k);
+      PyObject* v = PyTuple_GET_ITEM(flat, k);
       Py_INCREF(v);
       return v;
     }
@@ -977,6 +993,33 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// _flatten_native(args, kwargs) -> (tree index, leaves) or (-1, first failing node of the last
+// tree, or -1 when the call does not bind): the native binding and flattening alone, so that
+// tests can hold them against flatten.py's.
+PyObject* Dispatcher_flatten_native(Dispatcher* self, PyObject* args) {
+  PyObject *call_args, *kwargs;
+  if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &call_args, &kwargs)) return nullptr;
+  if (kwargs != Py_None && !PyDict_Check(kwargs))
+    return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
+  CallTrees* t = self->trees;
+  CallValues cv;
+  Py_ssize_t failed = -1;
+  if (t && bind_call(*t, call_args, kwargs == Py_None ? nullptr : kwargs, cv)) {
+    for (size_t k = 0; k < t->trees.size(); ++k) {
+      if (!eval_tree(*t, t->trees[k], cv, &failed)) continue;
+      PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
+      if (!leaves) return nullptr;
+      for (size_t i = 0; i < cv.leaves.size(); ++i) {
+        Py_INCREF(cv.leaves[i]);
+        PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), cv.leaves[i]);
+      }
+      return Py_BuildValue("(nN)", static_cast<Py_ssize_t>(k), leaves);
+    }
+  }
+  PyErr_Clear();
+  return Py_BuildValue("(nn)", static_cast<Py_ssize_t>(-1), failed);
+}
+
 // A JitFunction in a class body binds like a function: obj.method is a bound method (C).
 PyObject* Dispatcher_descr_get(PyObject* self, PyObject* obj, PyObject*) {
   if (!obj || obj == Py_None) {
@@ -1057,6 +1100,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
      "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
+    {"_flatten_native", reinterpret_cast<PyCFunction>(Dispatcher_flatten_native), METH_VARARGS,
+     "_flatten_native(args, kwargs) -> (tree, leaves) or (-1, failing node): for tests."},
     {"_set_call_trees", reinterpret_cast<PyCFunction>(Dispatcher_set_call_trees), METH_VARARGS,
      "_set_call_trees(binding, trees, recipes): how calls bind, flatten and build results."},
     {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_O,
