@@ -14,9 +14,9 @@ For each case, in one process: Trident's result is checked against eager bit for
 ``--repeats`` timed loops of N calls (N chosen so a loop takes ~50 ms), the contenders' loops
 interleaved, after warm-up. Each contender's time over Trident's is printed with its range over
 the loops, and called a win or a loss only where the loops' min-max ranges do not overlap
-(``trident.demo.compare``); otherwise "no measurable difference". By default first calls compile from scratch (an empty Trident cache,
-Inductor's caches off), so the "first call" column is the compile time; ``--warm-caches`` lets
-both use their disk caches. ``--json PATH`` writes everything, raw samples included.
+(``trident.demo.compare``); otherwise "no measurable difference". By default first calls
+compile from scratch (an empty Trident cache, Inductor's caches off), so the "first call"
+column is the compile time; ``--warm-caches`` lets both use their disk caches. ``--json PATH`` writes everything, raw samples included.
 """
 
 from __future__ import annotations
