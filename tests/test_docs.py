@@ -57,18 +57,17 @@ class Block:
 def parse(path: Path) -> list[Block]:
     """The fenced blocks of a page, in order, with their expected outputs attached."""
     tokens = MarkdownIt("commonmark").parse(path.read_text())
-    blocks, previous = [], []
+    blocks: list[Block] = []
     for i, tok in enumerate(tokens):
         if tok.type != "fence":
             continue
         block = Block(path, tok.map[0] + 2, " ".join(tok.info.split()), tok.content)
-        # an output block: text fence, right after the comment, right after a python fence
+        # an output block: a text fence right after the comment, right after a python fence
         if (block.info == "text" and i >= 2 and tokens[i - 1].type == "html_block"
                 and tokens[i - 1].content.strip() == OUTPUT_MARK and tokens[i - 2].type == "fence"
-                and previous and previous[-1].info.startswith("python")):
-            previous[-1].expected = block.source
+                and blocks[-1].info.startswith("python")):
+            blocks[-1].expected = block.source
         blocks.append(block)
-        previous.append(block)
     return blocks
 
 
@@ -77,7 +76,7 @@ def run_page(path: Path, where: set[str]) -> None:
     one namespace; check each printed output that the page shows."""
     namespace = {"__name__": f"docs:{path.name}"}
     for block in parse(path):
-        if RUN_INFOS.get(block.info, None) not in where:
+        if RUN_INFOS.get(block.info) not in where:
             continue
         # pad with newlines so the code keeps the page's line numbers
         code = compile("\n" * (block.line - 1) + block.source, str(path), "exec")
