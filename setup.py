@@ -20,7 +20,7 @@ setup(
         "filelock",
         "platformdirs",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "liger-kernel"]},
+    extras_require={"test": ["pytest", "hypothesis", "liger-kernel", "transformers", "markdown-it-py"]},
     entry_points={
         "console_scripts": ["trident = trident.__main__:main"],
         "torch_dynamo_backends": ["trident = trident.backend:trident_backend"],

@@ -176,12 +176,14 @@ def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident
     assert p.returncode == 0 and p.stdout.strip() == str(trident_cache)
     p = _cli(subprocess_env, "list")
     assert p.returncode == 0, p.stderr
-    lines = [l for l in p.stdout.splitlines() if l.strip()]
-    assert len(lines) == 1
-    assert "1 specialization(s)" in lines[0] and "KiB" in lines[0]
-    assert str(trident_cache / "functions") in lines[0] and "model-" in lines[0]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith(f"model ({d / 'cached_mod.py'}:5): 1 specialization, ")
+    assert lines[0].endswith(" KiB") and lines[1].startswith("  0: model(x: float32[4, 8] cpu")
+    assert lines[2].startswith(f"  in {trident_cache / 'functions'}/model-")
     p = _cli(subprocess_env, "clear")
     assert p.returncode == 0 and str(trident_cache) in p.stdout
+    assert f"deleted {lines[2][len('  in '):]}" in p.stdout.splitlines()
     assert not (trident_cache / "functions").exists()
     assert trident.list_cache() == []
 

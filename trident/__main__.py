@@ -1,4 +1,4 @@
-"""python -m trident: inspect and clear Trident's cache."""
+"""python -m trident: inspect and clear Trident's cache (``TRIDENT_CACHE_DIR``)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,46 @@ import argparse
 from . import cache, config
 
 
+def _origin(about: dict) -> str:
+    if not about:
+        return "(made by an older Trident: origin not recorded)"
+    where = f"{about['file']}:{about['line']}" if about.get("file") else "source unknown"
+    graph = f", graph of {about['graph_of']}" if about.get("graph_of") else ""
+    return f"{about.get('qualname', '?')} ({where}{graph})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cache-dir", help="print the cache folder")
-    sub.add_parser("list", help="list cached functions")
-    sub.add_parser("clear", help="delete every cached module and runtime build")
+    sub.add_parser("list", help="list cached functions: origin, specializations, size, folder")
+    clear = sub.add_parser("clear", help="delete one function's entries, or every cached "
+                                         "module and runtime build")
+    clear.add_argument("name", nargs="?", help="a function's qualified name (as `list` shows "
+                                               "it) or its folder name; default: everything")
     args = parser.parse_args(argv)
     if args.command == "cache-dir":
         print(config.cache_dir())
     elif args.command == "list":
         rows = cache.list_entries()
         for row in rows:
-            print(f"{row['specializations']:3d} specialization(s) {row['bytes'] / 1024:9.1f} KiB  "
-                  f"{row['path']}")
+            n = len(row["signatures"])
+            print(f"{_origin(row['about'])}: {n} specialization{'s' * (n != 1)}, "
+                  f"{row['bytes'] / 1024:.1f} KiB")
+            for i, signature in enumerate(row["signatures"]):
+                print(f"  {i}: {signature}")
+            print(f"  in {row['path']}")
         if not rows:
             print(f"no cached functions in {config.cache_dir()}")
     elif args.command == "clear":
-        cache.clear()
-        print(f"cleared {config.cache_dir()}")
+        deleted = cache.clear(args.name)
+        for path in deleted:
+            print(f"deleted {path}")
+        if args.name is not None and not deleted:
+            print(f"no cached function named {args.name!r} in {config.cache_dir()}")
+            return 1
+        print(f"cleared {len(deleted)} entr{'ies' if len(deleted) != 1 else 'y'} in "
+              f"{config.cache_dir()}")
     return 0
 
 

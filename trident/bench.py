@@ -12,9 +12,11 @@ Cases:
 For each case, in one process: Trident's result is checked against eager bit for bit
 (``torch.equal``) before anything is timed; then each contender's per-call time is the median of
 ``--repeats`` timed loops of N calls (N chosen so a loop takes ~50 ms), the contenders' loops
-interleaved, after warm-up. By default first calls compile from scratch (an empty Trident cache,
-Inductor's caches off), so the "first call" column is the compile time; ``--warm-caches`` lets
-both use their disk caches. ``--json PATH`` writes everything, raw samples included.
+interleaved, after warm-up. Each contender's time over Trident's is printed with its range over
+the loops, and called a win or a loss only where the loops' min-max ranges do not overlap
+(``trident.demo.compare``); otherwise "no measurable difference". By default first calls
+compile from scratch (an empty Trident cache, Inductor's caches off), so the "first call"
+column is the compile time; ``--warm-caches`` lets both use their disk caches. ``--json PATH`` writes everything, raw samples included.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from .demo import (default_config, format_table, make_inputs, run_case, set_cpu_threads,
-                   transformer_block)
+from .demo import (compare, default_config, format_table, make_inputs, run_case,
+                   set_cpu_threads, transformer_block)
 
 
 def chain30(a, b):
@@ -88,23 +90,17 @@ def machine() -> dict:
 
 
 def summary_table(results: dict) -> str:
-    rows = [f"{'case':<10}{'eager µs':>11}{'compile µs':>12}{'Trident µs':>12}"
-            f"{'eager/T':>9}{'compile/T':>11}",
-            "-" * 65]
+    """Median µs per call, and each contender's time over Trident's with its range over the
+    timed loops and the verdict (:func:`trident.demo.compare`)."""
+    rows = [f"{'case':<10}{'eager µs':>10}{'compile µs':>12}{'Trident µs':>12}  "
+            f"{'eager / Trident':<44}{'torch.compile / Trident'}", "-" * 132]
     for name, r in results.items():
-        base = r["Trident"].get("us")
-
-        def cell(contender: str, width: int, ratio: bool = False) -> str:
-            us = r[contender].get("us")
-            if us is None:
-                return f"{'n/a':>{width}}"
-            if ratio:
-                return f"{us / base:>{width - 1}.2f}x" if base else f"{'n/a':>{width}}"
-            return f"{us:>{width}.1f}"
-
-        rows.append(f"{name:<10}{cell('eager', 11)}{cell('torch.compile', 12)}"
-                    f"{cell('Trident', 12)}{cell('eager', 9, True)}"
-                    f"{cell('torch.compile', 11, True)}")
+        times = "".join(f"{r[c]['us']:>{w}.1f}" if "us" in r[c] else f"{'n/a':>{w}}"
+                        for c, w in (("eager", 10), ("torch.compile", 12), ("Trident", 12)))
+        ratios = [str(compare(r[c]["samples_us"], r["Trident"]["samples_us"]))
+                  if "us" in r[c] and "us" in r["Trident"] else "n/a"
+                  for c in ("eager", "torch.compile")]
+        rows.append(f"{name:<10}{times}  {ratios[0]:<44}{ratios[1]}")
     return "\n".join("  " + row for row in rows)
 
 
@@ -175,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(format_table(result))
 
-    print(f"\nsummary (µs per call; x/T = x's time over Trident's, above 1 means Trident is "
-          f"faster), {time.perf_counter() - started:.0f} s in all\n")
+    print(f"\nsummary, {time.perf_counter() - started:.0f} s in all: median µs per call; "
+          f"x / Trident = x's time over Trident's (above 1: Trident took less), in parentheses\n"
+          f"its range over the {opts.repeats} loops; a side wins only where the loops' min-max "
+          "ranges do not overlap\n")
     print(summary_table(results))
 
     if opts.json:

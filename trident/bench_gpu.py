@@ -28,10 +28,11 @@ import traceback
 import torch
 
 import trident
+from trident.demo import compare
 
 
-def per_call(fn, n=2000, warm=50, reps=7) -> float:
-    """Median µs per call over ``reps`` batches of ``n`` calls, synchronized per batch."""
+def per_call(fn, n=2000, warm=50, reps=7) -> list[float]:
+    """µs per call in each of ``reps`` batches of ``n`` calls, synchronized per batch."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -42,7 +43,7 @@ def per_call(fn, n=2000, warm=50, reps=7) -> float:
             fn()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(times)
+    return times
 
 
 def first_call(fn) -> tuple[float, object]:
@@ -156,20 +157,25 @@ def contenders(name, fn, args, results, n=2000, reps=7,
                compile_modes=("default", "reduce-overhead")):
     """Time eager, torch.compile, CUDA graph and Trident on ``fn(*args)``; check equality."""
     row = results.setdefault(name, {})
-    timed = lambda f: per_call(f, n=n, warm=max(3, n // 40), reps=reps)  # noqa: E731
+    row["samples"] = {}
+
+    def timed(f):  # the median per call; every batch's time in row["samples"]
+        samples = per_call(f, n=n, warm=max(3, n // 40), reps=reps)
+        return statistics.median(samples), samples
+
     print(f"{name}: eager", flush=True)
     ref = fn(*args)
-    row["eager"] = timed(lambda: fn(*args))
+    row["eager"], row["samples"]["eager"] = timed(lambda: fn(*args))
     print(f"{name}: trident", flush=True)
     jitted = trident.jit(fn, fallback=False)
     row["trident_first_call_s"], out = first_call(lambda: jitted(*args))
     row["trident_equal"] = same(jitted(*args), ref) if ref is not None else True
-    row["trident"] = timed(lambda: jitted(*args))
+    row["trident"], row["samples"]["trident"] = timed(lambda: jitted(*args))
     row["trident_stats"] = str(jitted.stats)
     print(f"{name}: trident without CUDA graphs", flush=True)
     steps = trident.jit(fn, fallback=False, cuda_graphs=False)
     steps(*args)
-    row["trident_steps"] = timed(lambda: steps(*args))
+    row["trident_steps"], row["samples"]["trident_steps"] = timed(lambda: steps(*args))
     for mode in compile_modes:
         print(f"{name}: torch.compile {mode}", flush=True)
         try:
@@ -178,7 +184,8 @@ def contenders(name, fn, args, results, n=2000, reps=7,
             row[f"compile_{mode}_first_call_s"], _ = first_call(lambda: compiled(*args))
             for _ in range(3):
                 compiled(*args)
-            row[f"compile_{mode}"] = timed(lambda: compiled(*args))
+            row[f"compile_{mode}"], row["samples"][f"compile_{mode}"] = timed(
+                lambda: compiled(*args))
         except Exception:
             row[f"compile_{mode}_error"] = traceback.format_exc()[-600:]
     print(f"{name}: torch.compile backend=trident", flush=True)
@@ -187,12 +194,13 @@ def contenders(name, fn, args, results, n=2000, reps=7,
         backend = torch.compile(fn, backend="trident")
         row["trident_backend_first_call_s"], out = first_call(lambda: backend(*args))
         row["trident_backend_equal"] = same(backend(*args), ref) if ref is not None else True
-        row["trident_backend"] = timed(lambda: backend(*args))
+        row["trident_backend"], row["samples"]["trident_backend"] = timed(
+            lambda: backend(*args))
     except Exception:
         row["trident_backend_error"] = traceback.format_exc()[-600:]
     try:
         graph, _ = cuda_graph(lambda: fn(*args))
-        row["cuda_graph"] = timed(graph.replay)
+        row["cuda_graph"], row["samples"]["cuda_graph"] = timed(graph.replay)
     except Exception:
         row["cuda_graph_error"] = traceback.format_exc()[-600:]
     print(name, {k: v for k, v in row.items() if not k.endswith("error")}, flush=True)
@@ -208,9 +216,9 @@ def micro(results):
     stream = torch.cuda.current_stream().cuda_stream
     raw = (compiled.function, stream, x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel(), 1,
            32 * compiled.metadata.num_warps, compiled.metadata.shared)
-    row["raw_cffi_launch_add_only"] = per_call(lambda: lib.raw_launch(*raw))
-    row["triton_jit_add_only"] = per_call(
-        lambda: add_kernel[(1,)](x, y, out, x.numel(), BLOCK=1024))
+    row["raw_cffi_launch_add_only"] = statistics.median(per_call(lambda: lib.raw_launch(*raw)))
+    row["triton_jit_add_only"] = statistics.median(per_call(
+        lambda: add_kernel[(1,)](x, y, out, x.numel(), BLOCK=1024)))
 
     tensors = [torch.randn(1024, device="cuda") for _ in range(10)]
     row20 = contenders("one launch, 20 arguments (us)", launch20, tuple(tensors), results)
@@ -395,22 +403,27 @@ def models(results, names, compile_modes=("default", "reduce-overhead"), save=la
 
 
 def table(results) -> str:
-    """Markdown table: time per contender, and each contender's time over Trident's."""
+    """Markdown table: time per contender, and eager's, torch.compile's and the CUDA graph's
+    time over Trident's, each with its range over the batches and the verdict
+    (:func:`trident.demo.compare`: a win only where the batches' min-max ranges do not overlap)."""
     cols = ["eager", "compile_default", "compile_reduce-overhead", "cuda_graph", "trident",
             "trident_steps", "trident_backend"]
+    versus = ["eager", "compile_default", "cuda_graph"]
     lines = ["| case | " + " | ".join(cols) + " | eager/Trident | compile/Trident | "
              "graph/Trident |", "|---" * (len(cols) + 4) + "|"]
     for name, row in results.items():
-        t = row.get("trident")
+        samples = row.get("samples", {})
 
         def cell(c):
             return f"{row[c]:.1f}" if isinstance(row.get(c), float) else "-"
 
         def ratio(c):
-            return f"{row[c] / t:.2f}" if isinstance(row.get(c), float) and t else "-"
+            if c in samples and "trident" in samples:
+                return str(compare(samples[c], samples["trident"]))
+            return "-"
 
-        lines.append(f"| {name} | " + " | ".join(cell(c) for c in cols) +
-                     f" | {ratio('eager')} | {ratio('compile_default')} | {ratio('cuda_graph')} |")
+        lines.append(f"| {name} | " + " | ".join(cell(c) for c in cols) + " | " +
+                     " | ".join(ratio(c) for c in versus) + " |")
     return "\n".join(lines)
 
 

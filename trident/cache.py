@@ -4,6 +4,7 @@ Layout under ``config.cache_dir()``:
 
     runtime/<key>/                     the native runtime, one per (torch, Python, source)
     functions/<name>-<key>/            one @trident.jit function (Note [Function key])
+        function.json                  what it is, for ``python -m trident list`` (describe())
         specs/<ns>-<hash>.json         one specialization each (guards + plan), in creation order
         trident_scm_<hash>.<ext>       built SCMs; <hash> covers the rendered C (build.py)
         trident_scm_<hash>.c           the C source, for reading
@@ -25,6 +26,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -156,6 +158,27 @@ def function_key(fn) -> str:
     return h.hexdigest()[:20]
 
 
+def describe(fn) -> dict:
+    """What ``python -m trident list`` says of a function: ``qualname``, ``module``, ``file``
+    and ``line`` (of its ``def``); for the ``forward`` of a graph that ``torch.compile`` handed to
+    Trident's backend, ``graph_of``: the user function and line of the graph's first op, read
+    from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
+    code = getattr(fn, "__code__", None)
+    about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
+             "module": getattr(fn, "__module__", None),
+             "file": code.co_filename if code else None,
+             "line": code.co_firstlineno if code else None}
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.fx.GraphModule):
+        for node in owner.graph.nodes:
+            frame = re.search(r'File "([^"]+)", line (\d+), in (\S+)',
+                              node.meta.get("stack_trace") or "")
+            if frame:
+                about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
+                break
+    return about
+
+
 class FunctionCache:
     """The cache folder of one function."""
 
@@ -163,6 +186,7 @@ class FunctionCache:
         name = "".join(c if c.isalnum() or c in "_-" else "_" for c in fn.__qualname__)[:40]
         self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
         self.spec_dir = self.directory / "specs"
+        self.about = describe(fn)
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
@@ -193,6 +217,12 @@ class FunctionCache:
             if self.spec_dir.exists() and not self.spec_dir.is_dir():
                 _discard(self.spec_dir, "not a folder")
             self.spec_dir.mkdir(parents=True, exist_ok=True)
+            about = self.directory / "function.json"  # for `python3 -m trident list`
+            if not about.exists():
+                fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(self.about, f)
+                os.replace(tmp, about)
             if any(self.spec_dir.glob(f"*-{spec.key}.json")):
                 return
             fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
@@ -231,18 +261,49 @@ def _discard(path: Path, why: str) -> None:
 
 
 def list_entries() -> list[dict]:
-    """One row per cached function: its folder, specialization count and size in bytes."""
+    """One row per cached function folder: ``path``, ``about`` (describe(); empty for folders
+    made before Trident wrote it), ``signatures`` of its stored specializations in creation
+    order, their number ``specializations``, and ``bytes`` on disk."""
     root = config.cache_dir() / "functions"
     rows = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
+        try:
+            about = json.loads((d / "function.json").read_text())
+        except (OSError, ValueError):
+            about = {}
+        signatures = []
+        for path in sorted(d.glob("specs/*.json")):
+            try:
+                signatures.append(json.loads(path.read_text())["signature"])
+            except (OSError, ValueError, KeyError, TypeError):
+                signatures.append("(unreadable: dropped at the next load)")
         size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
-        rows.append({"path": str(d), "specializations": len(list(d.glob("specs/*.json"))),
-                     "bytes": size})
+        rows.append({"path": str(d), "about": about, "signatures": signatures,
+                     "specializations": len(signatures), "bytes": size})
     return rows
 
 
-def clear() -> None:
-    """Delete every cached function and runtime build."""
+def clear(name: str | None = None) -> list[str]:
+    """Delete the cache entries of the functions whose qualified name (or folder name) is
+    ``name``, or, without a name, every cached function and runtime build. Returns the deleted
+    folders."""
     root = config.cache_dir()
-    for sub in ("functions", "runtime"):
-        shutil.rmtree(root / sub, ignore_errors=True)
+    if name is not None:
+        doomed = [Path(row["path"]) for row in list_entries()
+                  if name in (row["about"].get("qualname"), Path(row["path"]).name)]
+    else:
+        functions, runtime = root / "functions", root / "runtime"
+        doomed = sorted(functions.iterdir()) if functions.is_dir() else []
+        if runtime.is_symlink():  # a shared build (the test suite's): drop the link only
+            doomed.append(runtime)
+        elif runtime.is_dir():
+            doomed += sorted(runtime.iterdir())
+    for d in doomed:
+        if d.is_symlink():
+            d.unlink()
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    if name is None:
+        for sub in ("functions", "runtime"):
+            shutil.rmtree(root / sub, ignore_errors=True)
+    return [str(d) for d in doomed]

@@ -6,7 +6,9 @@ kernel on CUDA and torch ops on the CPU. It traces to about 70 small operators, 
 around them shows in a call. The demo
 
 1. runs the block eagerly and through ``trident.jit`` and checks the results agree bit for bit;
-2. times a call of eager PyTorch, ``torch.compile`` (default mode) and Trident in one process;
+2. times a call of eager PyTorch, ``torch.compile`` (default mode) and Trident in one process,
+   and calls a ratio a win only where the timed loops' min-max ranges do not overlap
+   (:func:`compare`), else "no measurable difference";
 3. prints Trident's first-call time and the function's ``stats``.
 
 It uses CUDA when ``torch.cuda.is_available()``, else the CPU. ``python -m trident.bench`` runs
@@ -201,6 +203,43 @@ def time_contenders(contenders: dict[str, Callable], args: tuple, device: torch.
             for name, s in samples.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """``other / Trident`` of per-call times over repeated timed loops (µs, any unit).
+
+    ``median`` is the ratio of the medians; ``low``-``high`` the range the loops allow: the
+    other's fastest loop over Trident's slowest, and the other's slowest over Trident's fastest.
+    """
+    median: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        """The criterion of the demo and the benchmarks: a win only when the min-max ranges of
+        the loops do not overlap (Trident's slowest loop beat the other's fastest: ``low > 1``),
+        a loss only when the reverse holds (``high < 1``); else no measurable difference."""
+        if self.low > 1:
+            return "Trident faster"
+        if self.high < 1:
+            return "Trident slower"
+        return "no measurable difference"
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} ({self.low:.2f}-{self.high:.2f}): {self.verdict}"
+
+
+def compare(other: list[float], trident: list[float]) -> Ratio:
+    """``other / Trident`` from each contender's per-call time in every timed loop.
+
+    Raises ``ValueError`` if either list is empty or holds a time that is not positive.
+    """
+    if not other or not trident or min(other) <= 0 or min(trident) <= 0:
+        raise ValueError(f"compare needs positive times, got {other!r} and {trident!r}")
+    return Ratio(statistics.median(other) / statistics.median(trident),
+                 min(other) / max(trident), max(other) / min(trident))
+
+
 def timed_first_call(fn: Callable, args: tuple, device: torch.device):
     """``(result, seconds)`` of one call, synchronized."""
     sync = synchronizer(device)
@@ -309,33 +348,37 @@ def run_case(fn: Callable, args: tuple, device: torch.device, *, use_compile: bo
     for name, t in timings.items():
         result[name].update(us=t["us"], samples_us=t["samples_us"], calls_per_loop=t["n"])
     result["Trident"]["stats"] = dataclasses.asdict(jitted.stats)
+    if "us" in result["Trident"]:  # each contender / Trident, with its range and verdict
+        ratios = {name: compare(result[name]["samples_us"], result["Trident"]["samples_us"])
+                  for name in ("eager", "torch.compile") if "us" in result[name]}
+        result["ratios"] = {name: {**dataclasses.asdict(r), "verdict": r.verdict}
+                            for name, r in ratios.items()}
     return result
 
 
 def format_table(result: dict, indent: str = "  ") -> str:
-    """Per-call times (median, and the range of the timed loops) and ratios against Trident."""
-    base = result["Trident"].get("us")
-    rows = [f"{'':<15}{'per call (µs)':>14}{'loops min-max':>16}{'÷ Trident':>11}"
-            f"{'first call':>12}",
-            "-" * 68]
-    noisy = False
+    """Per-call times (median, and the range of the timed loops), then each contender against
+    Trident: the ratio of medians, its range over the loops, and the verdict (:class:`Ratio`)."""
+    rows = [f"{'':<15}{'per call (µs)':>14}{'loops min-max':>18}{'first call':>12}", "-" * 59]
     for name in ("eager", "torch.compile", "Trident"):
         r = result[name]
         if "us" not in r:
             rows.append(f"{name:<15}  {r.get('error', 'not run')}")
             continue
         low, high = min(r["samples_us"]), max(r["samples_us"])
-        noisy = noisy or high > 1.2 * low
-        ratio = f"{r['us'] / base:.2f}x" if base else "-"
         first = r.get("first_call_s")
         first = "-" if first is None else (f"{first:.1f} s" if first >= 1 else
                                            f"{first * 1e3:.0f} ms")
-        rows.append(f"{name:<15}{r['us']:>14.1f}{f'{low:.1f}-{high:.1f}':>16}{ratio:>11}"
-                    f"{first:>12}")
-    if noisy:
-        rows.append("(loops differ by over 20%: something else was using the machine; "
-                    "run again)")
-    return "\n".join(indent + row for row in rows)
+        rows.append(f"{name:<15}{r['us']:>14.1f}{f'{low:.1f}-{high:.1f}':>18}{first:>12}")
+    if "us" in result["Trident"]:
+        rows.append("")
+        for name in ("eager", "torch.compile"):
+            if "us" in result[name]:
+                ratio = compare(result[name]["samples_us"], result["Trident"]["samples_us"])
+                rows.append(f"{name} / Trident = {ratio}")
+        rows.append("(a ratio is the median's; in parentheses its range over the loops; a side "
+                    "wins only where the loops' ranges do not overlap)")
+    return "\n".join(indent + row if row else row for row in rows)
 
 
 # ---- main -----------------------------------------------------------------------------------
@@ -380,13 +423,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nper call: median of {opts.repeats} timed loops (time.perf_counter_ns{sync_note}), "
           "after warm-up\n")
     print(format_table(result))
-    base = result["Trident"]["us"]
-    print()
-    for name in ("eager", "torch.compile"):
-        if "us" in result[name]:
-            ratio = result[name]["us"] / base
-            print(f"  {name} / Trident = {ratio:.2f}  "
-                  f"({'Trident faster' if ratio > 1 else 'Trident not faster'})")
     if result["Trident"]["how"] != "traced and compiled":
         print("  (Trident's first call found its module in the cache; --cold compiles anew)")
     stats = trident.Stats(**result["Trident"]["stats"])

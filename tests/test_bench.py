@@ -1,0 +1,79 @@
+"""The demo's and the benchmarks' verdicts: a ratio is a win only where the loops' min-max
+ranges do not overlap (trident.demo.compare), on synthetic samples and one real short run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trident import bench, bench_gpu
+from trident.demo import Ratio, compare, format_table
+
+
+def test_compare_wins_only_without_overlap():
+    faster = compare([10.0, 11.0, 12.0], [7.0, 8.0, 9.0])  # Trident's slowest beat the fastest
+    assert faster == Ratio(median=11.0 / 8.0, low=10.0 / 9.0, high=12.0 / 7.0)
+    assert faster.verdict == "Trident faster"
+    assert compare([7.0, 8.0, 9.0], [10.0, 11.0, 12.0]).verdict == "Trident slower"
+
+
+def test_compare_overlap_is_no_measurable_difference():
+    # a median ratio of 1.03 with ranges overlapping: the case the old demo called a win
+    r = compare([10.3, 10.0, 12.0], [10.0, 9.5, 11.0])
+    assert r.median == pytest.approx(1.03) and r.low < 1 < r.high
+    assert r.verdict == "no measurable difference"
+    # ranges that touch overlap; one loop far off spoils a clear median
+    assert compare([10.0, 11.0], [9.0, 10.0]).verdict == "no measurable difference"
+    assert compare([20.0, 20.0, 20.0, 5.0], [10.0, 10.0, 10.0]).verdict == \
+        "no measurable difference"
+
+
+def test_compare_formats_and_rejects_bad_samples():
+    assert str(compare([3.0, 4.0], [1.0, 2.0])) == "2.33 (1.50-4.00): Trident faster"
+    for other, trident in (([], [1.0]), ([1.0], []), ([1.0], [0.0])):
+        with pytest.raises(ValueError):
+            compare(other, trident)
+
+
+def _case(eager, compiled, trident):
+    def contender(samples):
+        return {"us": sorted(samples)[len(samples) // 2], "samples_us": samples}
+    return {"eager": contender(eager), "torch.compile": contender(compiled),
+            "Trident": {**contender(trident), "first_call_s": 0.5}}
+
+
+def test_demo_and_bench_tables_print_the_spread_and_verdict():
+    result = _case([20.0, 21.0, 22.0], [10.0, 10.5, 12.0], [9.8, 10.2, 10.4])
+    table = format_table(result)
+    assert "eager / Trident = 2.06 (1.92-2.24): Trident faster" in table
+    assert "torch.compile / Trident = 1.03 (0.96-1.22): no measurable difference" in table
+    summary = bench.summary_table({"block": result})
+    assert "2.06 (1.92-2.24): Trident faster" in summary
+    assert "1.03 (0.96-1.22): no measurable difference" in summary
+
+
+def test_gpu_table_prints_the_spread_and_verdict():
+    row = {"eager": 21.0, "trident": 8.0, "compile_default": 8.2, "cuda_graph": 5.0,
+           "samples": {"eager": [20.0, 21.0, 22.0], "trident": [7.5, 8.0, 9.0],
+                       "compile_default": [7.9, 8.2, 8.4], "cuda_graph": [5.0, 5.0, 5.1]}}
+    line = bench_gpu.table({"micro (us)": row}).splitlines()[-1]
+    assert line.endswith("| 2.62 (2.22-2.93): Trident faster "
+                         "| 1.02 (0.88-1.12): no measurable difference "
+                         "| 0.62 (0.56-0.68): Trident slower |")
+
+
+def test_bench_cpu_runs_and_records_verdicts(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["cpu", "--cases", "chain30", "--no-compile", "--repeats", "3",
+                           "--json", str(tmp_path / "b.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    case = json.loads((tmp_path / "b.json").read_text())["cases"]["chain30"]
+    assert case["Trident"]["bit_exact"] and len(case["Trident"]["samples_us"]) == 3
+    ratio = compare(case["eager"]["samples_us"], case["Trident"]["samples_us"])
+    assert case["ratios"]["eager"]["verdict"] == ratio.verdict
+    assert f"eager / Trident = {ratio}" in out and f"chain30" in out

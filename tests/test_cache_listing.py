@@ -1,0 +1,83 @@
+"""`python -m trident list | clear [NAME]`: each entry names its function, clear says what it
+deleted and can take one function."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+import trident
+from trident import __main__ as cli
+
+
+def listed_f(x):
+    return x + 1
+
+
+def listed_g(x, n):
+    return x * n
+
+
+def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
+    trident.jit(listed_f)(torch.ones(2))
+    g = trident.jit(listed_g)
+    g(torch.ones(2), 2)
+    g(torch.ones(2), 3)
+    rows = {r["about"]["qualname"]: r for r in trident.list_cache()}
+    line = inspect.getsourcelines(listed_g)[1]
+    assert rows["listed_g"]["about"] == {"qualname": "listed_g", "module": __name__,
+                                         "file": __file__, "line": line}
+    assert rows["listed_g"]["signatures"] == ["listed_g(x: float32[2] cpu, n=2)",
+                                              "listed_g(x: float32[2] cpu, n=3)"]
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    g_line = next(i for i, l in enumerate(out) if l.startswith("listed_g ("))
+    assert out[g_line].startswith(f"listed_g ({__file__}:{line}): 2 specializations, ")
+    assert out[g_line + 1:g_line + 4] == [
+        "  0: listed_g(x: float32[2] cpu, n=2)", "  1: listed_g(x: float32[2] cpu, n=3)",
+        f"  in {rows['listed_g']['path']}"]
+
+
+def test_clear_one_function_says_what_it_deleted(trident_cache, capsys):
+    trident.jit(listed_f)(torch.ones(2))
+    trident.jit(listed_g)(torch.ones(2), 2)
+    paths = {r["about"]["qualname"]: r["path"] for r in trident.list_cache()}
+    assert cli.main(["clear", "listed_g"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"deleted {paths['listed_g']}", f"cleared 1 entry in {trident_cache}"]
+    assert [r["about"]["qualname"] for r in trident.list_cache()] == ["listed_f"]
+    assert (trident_cache / "runtime").exists()
+    assert cli.main(["clear", "no_such_function"]) == 1
+    assert "no cached function named 'no_such_function'" in capsys.readouterr().out
+    assert len(trident.list_cache()) == 1
+
+
+def test_clear_everything_lists_each_entry(trident_cache, capsys):
+    trident.jit(listed_f)(torch.ones(2))
+    path = trident.list_cache()[0]["path"]
+    assert cli.main(["clear"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"deleted {path}", f"deleted {trident_cache / 'runtime'}",
+        f"cleared 2 entries in {trident_cache}"]
+    assert trident.list_cache() == [] and not (trident_cache / "runtime").exists()
+
+
+def test_folders_without_metadata_are_listed(trident_cache, capsys):
+    (trident_cache / "functions" / "old-0123" / "specs").mkdir(parents=True)
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "(made by an older Trident: origin not recorded): 0 specializations, 0.0 KiB")
+
+
+def test_backend_graph_names_the_compiled_function(trident_cache):
+    def block(x):
+        return torch.relu(x) * 2
+
+    f = torch.compile(block, backend="trident")
+    x = torch.randn(4)
+    assert torch.equal(f(x), block(x))
+    (row,) = trident.list_cache()
+    first_op = inspect.getsourcelines(block)[1] + 1
+    assert row["about"]["qualname"].endswith("forward")
+    assert row["about"]["graph_of"] == f"block ({__file__}:{first_op})"
