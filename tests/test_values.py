@@ -381,7 +381,8 @@ def _run_child(code: str):
 
     from _trident_helpers import REPO
 
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, f"child exited with {p.returncode}\n{p.stderr[-3000:]}"

@@ -208,11 +208,8 @@ class JitFunctionMixin:
             return self._eager(args, kwargs, str(e))
         if self._cache is None or not self._globals_unchanged():
             self._ensure_loaded()
-        index = self._installed_match(call)
-        if index >= 0:  # a cached specialization, or a tree seen for the first time
-            out = self._finish(call, index, self._run(*call.leaves))
-            self.hits += 1
-            return out
+        if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
+            return self._capture_path(call)  # a hit (that may warm up or capture its graph)
         return self._on_miss(call)
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:

@@ -118,10 +118,12 @@ _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fu
 
 
 def _scratch_like(t: torch.Tensor) -> torch.Tensor:
-    """A real tensor with ``t``'s metadata (for autotuning on fake tensors)."""
+    """A real tensor with ``t``'s metadata (for autotuning on fake tensors), drawn from a
+    private generator: the user's random state is not Trident's to advance (Note [Global side
+    effects] in capture.py)."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     if out.is_floating_point():
-        out.normal_()
+        out.normal_(generator=torch.Generator(device=t.device).manual_seed(0))
     else:
         out.zero_()
     return out
