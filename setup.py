@@ -19,6 +19,7 @@ setup(
         "ninja",  # torch.utils.cpp_extension builds the runtime with it
         "filelock",
         "platformdirs",
+        "tqdm",  # progress of long first compiles on a terminal
     ],
     extras_require={"test": ["pytest", "hypothesis", "liger-kernel", "transformers", "markdown-it-py"]},
     entry_points={

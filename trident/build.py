@@ -10,6 +10,7 @@ crash on) is built again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -145,7 +146,11 @@ def _compile(name: str, source: str, directory: Path, target: Path, digest: Path
         ffi.cdef(CDEF)
         ffi.set_source(name, source, include_dirs=[str(HEADER.parent), _cuda_include()],
                        extra_compile_args=CFLAGS, libraries=["dl"])
-        built = ffi.compile(tmpdir=str(tmp), verbose=False)
+        with _compiler_output(name) as output:
+            try:
+                built = ffi.compile(tmpdir=str(tmp), verbose=False)
+            except cffi.VerificationError as e:  # the compiler's own words say why
+                raise cffi.VerificationError(f"{e}\n{output()}") from e
         (directory / f"{name}.c").write_text(source)
         (tmp / "sha256").write_text(_sha256(Path(built)))
         os.replace(built, target)
@@ -153,6 +158,36 @@ def _compile(name: str, source: str, directory: Path, target: Path, digest: Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log.info("built %s in %.2f s", target, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _compiler_output(name: str):
+    """The C compiler's output (its warnings), which it writes to the process's file
+    descriptors 1 and 2, goes to the ``cache`` log (``TRIDENT_LOGS=cache``) instead of the
+    user's terminal; yields a function that returns it so far. Builds run one at a time in a
+    process (jit.py's compile lock); another thread's output in that window is logged too."""
+    with tempfile.TemporaryFile() as sink:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+
+        def text() -> str:
+            sink.seek(0)
+            return sink.read().decode(errors="replace")
+
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield text
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            if text().strip():
+                _log.info("C compiler output for %s:\n%s", name, text().rstrip())
 
 
 def _cuda_include() -> str:

@@ -38,6 +38,17 @@ def cuda_graphs() -> bool:
     return os.environ.get("TRIDENT_CUDA_GRAPHS", "1") != "0"
 
 
+def progress(desc: str, total: int):
+    """A progress bar on the terminal (``tqdm``) for a first compile that takes more than 2 s:
+    silent when stderr is not a terminal or with ``TRIDENT_PROGRESS=0``."""
+    import sys
+
+    from tqdm import tqdm
+
+    quiet = os.environ.get("TRIDENT_PROGRESS", "1") == "0" or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, delay=2.0, disable=quiet, leave=False, unit="stage")
+
+
 def logger(switch: str) -> logging.Logger:
     """The logger ``trident.<switch>``; enabled at INFO when TRIDENT_LOGS names it."""
     assert switch in LOG_SWITCHES, switch

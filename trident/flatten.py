@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import hashlib
 import inspect
@@ -59,7 +60,7 @@ MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
-           torch.Size, frozenset, range, slice)
+           torch.Size, range)
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -70,7 +71,8 @@ class Node:
     """One value of the call: read from ``parent`` by ``access`` with ``key``, then checked.
 
     ``expect`` is the exact type (SEQ, DICT, OBJECT), the value (CONST), the object (ID) or the
-    node index (SAME); ``length`` the number of items or ``__dict__`` entries."""
+    node index (SAME); ``length`` the number of items or ``__dict__`` entries, and ``keys``
+    their keys in order (a function that iterates a dict sees that order)."""
 
     parent: int
     access: int
@@ -79,6 +81,7 @@ class Node:
     expect: Any = None
     length: int = 0
     path: str = ""
+    keys: tuple | None = None  # DICT and OBJECT: the keys in order (iteration order is read)
 
 
 @dataclasses.dataclass
@@ -96,8 +99,8 @@ class ArgTree:
 
     def program(self) -> tuple:
         """The tree as runtime.cpp's ``_set_trees`` reads it."""
-        return (self.key, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length)
-                                for n in self.nodes))
+        return (self.key, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length,
+                                 n.keys) for n in self.nodes))
 
     def first_difference(self, other: "ArgTree") -> str:
         """Where ``other`` (a call's tree) departs from this (an installed one), in words."""
@@ -132,7 +135,10 @@ class Binding:
 
     @classmethod
     def of(cls, fn: Callable, self_obj: Any = None, has_self: bool = False) -> "Binding":
-        sig = inspect.signature(fn, follow_wrapped=False)
+        try:  # the function as called (a decorator's wrapper, not what it wraps)
+            sig = inspect.signature(fn, follow_wrapped=False)
+        except ValueError:  # a callable object without one (a JitFunction): what it wraps
+            sig = inspect.signature(fn)
         return cls(tuple((p.name, int(p.kind), p.default) for p in sig.parameters.values()),
                    self_obj, has_self)
 
@@ -240,8 +246,8 @@ class _Flattener:
     def visit(self, value: Any, parent: int, access: int, key: Any, path: str,
               in_object: bool) -> None:
         t = type(value)
-        def node(check: int, expect: Any = None, length: int = 0) -> Node:
-            return Node(parent, access, key, check, expect, length, path)
+        def node(check: int, expect: Any = None, length: int = 0, keys=None) -> Node:
+            return Node(parent, access, key, check, expect, length, path, keys)
 
         if t in (torch.Tensor, torch.nn.Parameter) or isinstance(value, torch.Tensor):
             if id(value) in self.seen:
@@ -254,27 +260,28 @@ class _Flattener:
         if t in _SCALARS and not in_object:
             self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
             return
-        if t in _CONSTS or t is set:
-            try:
-                hash(value if t is not set else frozenset(value))
-            except TypeError:
-                pass
-            else:  # a set is compared with a copy of itself
-                expect = set(value) if t is set else value
-                words = sorted(map(repr, value)) if t in (set, frozenset) else repr(value)
-                self.add(value, node(CONST, expect), f"{t.__name__} {words}")
-                return
+        if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)
+            if not all(type(item) is str for item in value):
+                raise TridentError(f"argument {path} is a {t.__name__} of other values than "
+                                   "str, which Trident cannot guard")
+            self.add(value, node(CONST, set(value) if t is set else value),
+                     f"{t.__name__} {sorted(value)}")
+            return
+        if t in _CONSTS:
+            self.add(value, node(CONST, value), f"{t.__name__} {value!r}")
+            return
         if id(value) in self.seen:
             first = self.seen[id(value)]
             self.add(value, node(SAME, first), f"the object at {self.nodes[first].path}")
             return
-        if isinstance(value, _BY_ID) or _opaque(value) or not hasattr(value, "__dict__") and \
-                t not in (tuple, list, dict, OrderedDict) and not _is_namedtuple(t):
-            if isinstance(value, (set, list, dict, tuple)):  # a subclass without __dict__
-                raise TridentError(f"argument {path} is a {_type_name(t)}, which Trident "
-                                   "cannot flatten")
+        if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), _stable(value))
             return
+        if not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict) \
+                and not _is_namedtuple(t):
+            # a numpy array, a deque, an object with __slots__: contents no check can see
+            raise TridentError(f"argument {path} is a {_type_name(t)}, whose contents Trident "
+                               "cannot guard")
         self.seen[id(value)] = len(self.nodes)
         if t in (tuple, list) or _is_namedtuple(t):
             me = self.add(value, node(SEQ, t, len(value)), f"{_type_name(t)} of {len(value)}")
@@ -286,8 +293,8 @@ class _Flattener:
                 if type(k) not in (str, int):
                     raise TridentError(f"argument {path} is a dict with a {type(k).__name__} "
                                        "key; Trident flattens dicts with str and int keys")
-            me = self.add(value, node(DICT, t, len(value)),
-                          f"{t.__name__} with keys {sorted(map(str, value))}")
+            me = self.add(value, node(DICT, t, len(value), tuple(value)),
+                          f"{t.__name__} with keys {[str(k) for k in value]}")
             module_dict = parent >= 0 and access == ATTR and _is_module_dict(self.nodes[parent], key)
             for k, item in value.items():
                 if module_dict:
@@ -300,8 +307,8 @@ class _Flattener:
             raise TridentError(f"argument {path} is a {_type_name(t)}, which Trident cannot "
                                "flatten (a subclass of a built-in container)")
         entries = vars(value)
-        me = self.add(value, node(OBJECT, t, len(entries)),
-                      f"{_type_name(t)} with {sorted(entries)}")
+        me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
+                      f"{_type_name(t)} with {list(entries)}")
         for k, item in list(entries.items()):
             if type(k) is not str:
                 raise TridentError(f"argument {path} has a non-str attribute name {k!r}")
@@ -336,6 +343,13 @@ def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, 
         TypeError: the call does not bind to the function's parameters.
         TridentError: an argument that cannot be flattened (its path and type named)."""
     bound = binding.bind(args, kwargs)
+    try:
+        return _flatten_bound(binding, bound)
+    except RecursionError:
+        raise TridentError("an argument is nested too deeply to guard") from None
+
+
+def _flatten_bound(binding: Binding, bound: list) -> tuple[ArgTree, list, list]:
     f = _Flattener()
     if binding.has_self:
         f.visit(binding.self_obj, -1, SELF, None, "self", False)
@@ -388,10 +402,12 @@ def _restore(node: Node, value, saved) -> None:
 
 
 @contextlib.contextmanager
-def substituted(tree: ArgTree, values: list, leaves: tuple):
+def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None = None):
     """Put ``leaves`` (the trace's fake tensors; ``leaves[0]`` is the key) in place of the
     call's real leaves, inside the call's own objects, and yield the bound values to call
-    the function with; restore every object the tree covers afterwards.
+    the function with; restore every object the tree covers afterwards. ``rebuilt`` receives
+    {id of a tuple made around fake leaves: its node}, so that a result that returns it is
+    known as the call's own.
 
     Raises (after restoring):
         TridentError: the function assigned to Python state that the tree covers (an
@@ -404,6 +420,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple):
     mutable = [i for i, n in enumerate(nodes)
                if n.check in (OBJECT, DICT) or (n.check == SEQ and n.expect is list)]
     saved = {i: _snapshot(nodes[i], values[i]) for i in mutable}
+    sets = [i for i, n in enumerate(nodes) if n.check == CONST and type(values[i]) is set]
     new = list(values)
     for i, leaf in zip(tree.leaf_nodes, leaves[1:]):
         new[i] = leaf
@@ -420,6 +437,8 @@ def substituted(tree: ArgTree, values: list, leaves: tuple):
             kids = [new[j] for j in children.get(i, ())]
             if any(a is not b for a, b in zip(kids, values[i])):
                 new[i] = n.expect(*kids) if _is_namedtuple(n.expect) else tuple(kids)
+                if rebuilt is not None:
+                    rebuilt[id(new[i])] = i
     same_nodes()
     for i, n in enumerate(nodes):  # into the mutable parents, in place
         if n.parent >= 0 and new[i] is not values[i] and n.parent in saved:
@@ -436,6 +455,11 @@ def substituted(tree: ArgTree, values: list, leaves: tuple):
             if not _same(now, expected[i]):
                 changed.append(_changed_entry(nodes[i].path, now, expected[i]))
             _restore(nodes[i], values[i], saved[i])
+        for i in sets:
+            if values[i] != nodes[i].expect:
+                changed.append(nodes[i].path)
+                values[i].clear()
+                values[i].update(nodes[i].expect)
     if changed:
         raise TridentError(f"the function assigns to {changed[0]} (Python state of its "
                            "arguments, which a specialization cannot replay)")
@@ -444,7 +468,8 @@ def substituted(tree: ArgTree, values: list, leaves: tuple):
 # ---- outputs ---------------------------------------------------------------------------------
 
 # OutputRecipe ops, as runtime.cpp's build_recipe reads them
-R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN = range(9)
+(R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
+ R_BUILT) = range(10)
 # R_OBJECT's base: how the object is made without running its Python __init__
 BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
 
@@ -456,7 +481,8 @@ class OutputRecipe:
     ``ops``: prefix order; each op is a tuple whose first item is an ``R_*`` code:
     ``(R_VALUE,)`` the next flat output; ``(R_AGAIN, k)`` flat output ``k`` once more (a
     tensor the result holds twice, as ``ModelOutput`` holds each field as an attribute and as
-    an item); ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
+    an item); ``(R_BUILT, op)`` the container or object op ``op`` made, once more;
+    ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
     ``(R_NAMEDTUPLE, cls, n)``; ``(R_OBJECT, cls, base, attributes, item keys)`` an object made
     by its base type's ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set
@@ -526,7 +552,8 @@ def _rebuildable(t: type) -> bool:
     return "__dict__" in dir(t)
 
 
-def flatten_output(result: Any, tree: ArgTree | None, values: list | None):
+def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
+                   rebuilt: dict | None = None):
     """(flat outputs, recipe or None): ``recipe`` is None when the result is tensors, scalars
     and None in tuples and lists, which the SCM's output spec builds itself.
 
@@ -534,6 +561,9 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None):
         TridentError: a result Trident cannot rebuild (its path and type named)."""
     objects = {id(v): i for i, v in enumerate(values or ())
                if tree and tree.nodes[i].check in (OBJECT, DICT, SEQ, ID)}
+    objects.update(rebuilt or {})
+    made: dict[int, int] = {}  # id of a container or object of the result -> its op
+    making: set[int] = set()
     flat: list = []
     ops: list = []
     simple = [True]
@@ -552,7 +582,22 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None):
         elif id(v) in objects:
             simple[0] = False
             ops.append((R_INPUT, objects[id(v)]))
-        elif t in (tuple, list):
+        elif id(v) in made:  # the same container or object twice: one object, as in eager
+            simple[0] = False
+            ops.append((R_BUILT, made[id(v)]))
+        elif id(v) in making:
+            raise TridentError(f"the result {path} contains itself")
+        else:
+            making.add(id(v))
+            op = len(ops)
+            walk_new(v, path)
+            making.discard(id(v))
+            if type(v) not in _SCALARS and not isinstance(v, (str, torch.dtype, torch.device)):
+                made[id(v)] = op
+
+    def walk_new(v, path: str) -> None:
+        t = type(v)
+        if t in (tuple, list):
             ops.append((R_TUPLE if t is tuple else R_LIST, len(v)))
             for i, item in enumerate(v):
                 walk(item, f"{path}[{i}]")

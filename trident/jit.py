@@ -451,8 +451,11 @@ class JitFunctionMixin:
         failing guard or argument path, not the (possibly long) signature."""
         if not self._specs:
             return self._load_reason
-        return "; ".join(f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
-                         for i, spec in enumerate(self._specs))
+        # specializations of argument structures no call of this process had (stored by
+        # another front door or process) are not named one by one
+        reasons = [f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
+                   for i, spec in enumerate(self._specs) if spec.tree in self._trees]
+        return "; ".join(reasons) or "a new argument structure"
 
     def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True):
         """Run the call eagerly: counted, logged, and warned once per reason (never a silent
@@ -518,57 +521,69 @@ class JitFunctionMixin:
     def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
         trees]); the result's structure becomes the capture's output recipe."""
+        rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
+
         def run(*leaves):
-            with substituted(call.tree, call.values, leaves) as roots:
+            with substituted(call.tree, call.values, leaves, rebuilt) as roots:
                 return self._binding.call(self._fn, roots)
 
-        return trace(run, call.leaves, dynamic,
-                     outputs=lambda result: flatten_output(result, call.tree, call.values),
-                     name=self.__qualname__)
+        return trace(run, call.leaves, dynamic, name=self.__qualname__,
+                     outputs=lambda result: flatten_output(result, call.tree, call.values,
+                                                           rebuilt))
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         self._counters.traces += 1
         start = time.perf_counter()
         args, names = call.leaves, call.names
-        # under the call's grad mode, which is guarded
-        captured = self._trace(call, dynamic)
-        traced = time.perf_counter()
-        try:
-            module = import_graph(captured.graph_module, shape_env=captured.shape_env)
-            plan = build_plan(module, captured.out_leaves, captured.out_spec)
-        except TridentError:
-            raise
-        except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
-            raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import or plan the "
-                               f"graph: {type(e).__name__}: {e}") from e
-        planned = time.perf_counter()
-        binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
-        on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-        if on_cpu and not dynamic and not any(step.op == "triton" for step in plan.steps):
-            reuse_buffers(plan)  # Note [Buffer reuse]
-        for step in plan.steps:
-            if step.op == "triton" and step.launch["device"].startswith("cuda"):
-                key = json.dumps(step.launch, sort_keys=True)
-                if key not in binaries:
-                    binaries[key] = kernels.compile_cuda(
-                        kernels.find_kernel(step.launch["ref"], self._code_fn),
-                        kernels.Launch(**step.launch),
-                        torch.cuda.get_device_capability(step.launch["device"]))
-                step.launch["binary"] = binaries[key]
-        _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
-                         self.__qualname__, traced - start, planned - traced, len(binaries),
-                         time.perf_counter() - planned)
-        spec = Specialization(self._describe(args, names, captured.fake_args), names,
-                              guards_for(args, captured.fake_args, captured.shape_env), plan,
-                              {str(i): sorted(d) for i, d in dynamic.items()},
-                              [list(a.shape) if isinstance(a, torch.Tensor) else None
-                               for a in args], call.tree.key, captured.recipe)
-        self._counters.compiles += 1
-        _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
-                         "\n  ".join(g.describe(names) for g in spec.guards))
-        _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
-                         spec.signature, time.perf_counter() - start)
-        return spec
+        # a compile that takes over 2 s shows its stages on a terminal (config.progress)
+        with config.progress(f"trident: {self.__qualname__}", 2) as bar:
+            bar.set_postfix_str("tracing")
+            # under the call's grad mode, which is guarded
+            captured = self._trace(call, dynamic)
+            bar.update()
+            bar.set_postfix_str("Torch-MLIR")
+            traced = time.perf_counter()
+            try:
+                module = import_graph(captured.graph_module, shape_env=captured.shape_env)
+                plan = build_plan(module, captured.out_leaves, captured.out_spec)
+            except TridentError:
+                raise
+            except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
+                raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import or plan the "
+                                   f"graph: {type(e).__name__}: {e}") from e
+            planned = time.perf_counter()
+            bar.update()
+            bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
+                             for s in plan.steps)
+            binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
+            on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+            if on_cpu and not dynamic and not any(step.op == "triton" for step in plan.steps):
+                reuse_buffers(plan)  # Note [Buffer reuse]
+            for step in plan.steps:
+                if step.op == "triton" and step.launch["device"].startswith("cuda"):
+                    key = json.dumps(step.launch, sort_keys=True)
+                    if key not in binaries:
+                        binaries[key] = kernels.compile_cuda(
+                            kernels.find_kernel(step.launch["ref"], self._code_fn),
+                            kernels.Launch(**step.launch),
+                            torch.cuda.get_device_capability(step.launch["device"]))
+                    step.launch["binary"] = binaries[key]
+                    bar.set_postfix_str(f"Triton kernel {len(binaries)}")
+                    bar.update()
+            _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
+                             self.__qualname__, traced - start, planned - traced, len(binaries),
+                             time.perf_counter() - planned)
+            spec = Specialization(self._describe(args, names, captured.fake_args), names,
+                                  guards_for(args, captured.fake_args, captured.shape_env), plan,
+                                  {str(i): sorted(d) for i, d in dynamic.items()},
+                                  [list(a.shape) if isinstance(a, torch.Tensor) else None
+                                   for a in args], call.tree.key, captured.recipe)
+            self._counters.compiles += 1
+            _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
+                             "\n  ".join(g.describe(names) for g in spec.guards))
+            _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
+                             spec.signature, time.perf_counter() - start)
+            return spec
 
     def _count_interpreted(self) -> None:
         self._counters.interpreted_launches += 1

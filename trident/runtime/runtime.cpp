@@ -364,7 +364,7 @@ enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIO
 enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
 enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
 enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
-                 R_AGAIN };
+                 R_AGAIN, R_BUILT };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
 
 struct Param {
@@ -382,6 +382,7 @@ struct TreeNode {
   Py_ssize_t same;   // SAME: the node whose object this one must be
   PyObject* expect;  // SEQ/DICT/OBJECT: the type; CONST: the value; ID: the object
   Py_ssize_t length;
+  PyObject* keys;   // DICT, OBJECT: the keys in iteration order (a tuple), or nullptr
   bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
 };
 
@@ -466,11 +467,33 @@ bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues&
   return i == nargs && used == nkw;
 }
 
+// The dict's keys are `keys`, in that order (str and int keys: compared by exact type and value).
+bool same_keys(PyObject* d, PyObject* keys) {
+  Py_ssize_t pos = 0, i = 0;
+  PyObject *k, *item;
+  while (PyDict_Next(d, &pos, &k, &item)) {
+    PyObject* want = PyTuple_GET_ITEM(keys, i++);
+    if (k == want) continue;
+    if (Py_TYPE(k) != Py_TYPE(want)) return false;
+    int eq = PyObject_RichCompareBool(k, want, Py_EQ);
+    if (eq != 1) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 bool const_equal(const TreeNode& n, PyObject* v) {
   if (v == n.expect) return true;
   if (Py_TYPE(v) != Py_TYPE(n.expect)) return false;
   if (n.float_bits)
     return trt_f64_bits(PyFloat_AS_DOUBLE(v)) == trt_f64_bits(PyFloat_AS_DOUBLE(n.expect));
+  if (PyComplex_CheckExact(v)) {  // by bit pattern too (NaN, -0.0)
+    Py_complex a = PyComplex_AsCComplex(v), b = PyComplex_AsCComplex(n.expect);
+    return trt_f64_bits(a.real) == trt_f64_bits(b.real) &&
+           trt_f64_bits(a.imag) == trt_f64_bits(b.imag);
+  }
   int eq = PyObject_RichCompareBool(v, n.expect, Py_EQ);
   if (eq < 0) PyErr_Clear();
   return eq == 1;
@@ -523,7 +546,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
         break;
       case CHK_DICT:
         ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
-             PyDict_GET_SIZE(v) == node.length;
+             PyDict_GET_SIZE(v) == node.length && (!node.keys || same_keys(v, node.keys));
         break;
       case CHK_OBJECT: {
         if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) {
@@ -531,7 +554,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
           break;
         }
         PyObject* d = cv.dicts[i] = instance_dict(v);
-        ok = d && PyDict_GET_SIZE(d) == node.length;
+        ok = d && PyDict_GET_SIZE(d) == node.length && (!node.keys || same_keys(d, node.keys));
         break;
       }
       case CHK_CONST: ok = const_equal(node, v); break;
@@ -547,13 +570,25 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
 }
 
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
+// `built[k]`: the object op k made (borrowed: the result holds it), for R_BUILT.
+PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
+                   const std::vector<PyObject*>& values, std::vector<PyObject*>& built);
+
 PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                       const std::vector<PyObject*>& values) {
+                       const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
+  Py_ssize_t here = pc;
+  PyObject* out = build_op(ops, pc, flat, next, values, built);
+  if (out) built[here] = out;
+  return out;
+}
+
+PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
+                   const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
   if (pc >= PyTuple_GET_SIZE(ops))
     return PyErr_Format(PyExc_RuntimeError, "trident: output recipe ends early");
   PyObject* op = PyTuple_GET_ITEM(ops, pc++);
   long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
-  auto child = [&]() { return build_recipe(ops, pc, flat, next, values); };
+  auto child = [&]() { return build_recipe(ops, pc, flat, next, values, built); };
   switch (code) {
     case R_VALUE: {
       if (next >= PyTuple_GET_SIZE(flat))
@@ -561,6 +596,13 @@ PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t
       PyObject* v = PyTuple_GET_ITEM(flat, next++);
       Py_INCREF(v);
       return v;
+    }
+    case R_BUILT: {  // a container or object the result holds a second time
+      Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
+      if (k < 0 || k >= static_cast<Py_ssize_t>(built.size()) || !built[k])
+        return PyErr_Format(PyExc_RuntimeError, "trident: no object built by op %zd", k);
+      Py_INCREF(built[k]);
+      return built[k];
     }
     case R_AGAIN: {  // a flat output the result holds a second time
       Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
@@ -661,7 +703,8 @@ PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t
 
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values) {
   Py_ssize_t pc = 0, next = 0;
-  return build_recipe(ops, pc, flat, next, values);
+  std::vector<PyObject*> built(static_cast<size_t>(PyTuple_GET_SIZE(ops)), nullptr);
+  return build_recipe(ops, pc, flat, next, values, built);
 }
 
 // ---- Dispatcher ----------------------------------------------------------------------------
@@ -947,7 +990,7 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
     PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
       PyObject* n = PyTuple_GET_ITEM(nodes, i);
-      if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 6) return fail("tree node");
+      if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return fail("tree node");
       TreeNode node;
       node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
       node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
@@ -955,6 +998,9 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
       node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
       node.expect = PyTuple_GET_ITEM(n, 4);
       node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
+      node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
+      if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+        return fail("tree node keys");
       node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
                                                                           : 0;
       node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;

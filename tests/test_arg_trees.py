@@ -1,0 +1,175 @@
+"""Note [Argument trees] (trident/flatten.py): calls bound and flattened natively, results rebuilt.
+
+Each test is one kind of fault found by an adversarial pass: the call must return what eager
+returns (values, types, identity, the arguments' state afterwards) or run eagerly with a warning.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import trident
+
+
+def run_both(f, *args, **kwargs):
+    """(Trident's result, eager's result, the warnings Trident raised)."""
+    jf = trident.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = jf(*args, **kwargs)
+    return jf, got, f(*args, **kwargs), [str(w.message) for w in caught]
+
+
+def test_native_and_python_flattening_agree():
+    class Obj:
+        def __init__(self):
+            self.t, self.n, self.name, self.items = torch.ones(2), 3, "a", [torch.zeros(1), None]
+
+    x = torch.randn(3)
+    obj = Obj()
+    calls = [((x,), {}), ((x, (x, 2.0)), {}), ((x,), {"d": {"b": x, "a": [1, True]}}),
+             ((x, obj), {}), ((x, obj, obj), {}), ((x,), {"e": collections.namedtuple("P", "a b")(x, 1)})]
+    for args, kwargs in calls:
+        def f(*a, **k):
+            return a[0] + 1
+
+        jf = trident.jit(f)
+        jf(*args, **kwargs)
+        tree, leaves = jf._flatten_native(args, kwargs)
+        assert tree == 0
+        python = jf._flatten(args, kwargs).leaves
+        assert leaves[0] == python[0]  # the tree's key
+        assert len(leaves) == len(python) and all(a is b for a, b in zip(leaves[1:], python[1:]))
+
+
+def test_dict_and_keyword_order_is_guarded():
+    def f(x, **kw):
+        return [x * v for v in kw.values()]
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    for kw in ({"a": 1.0, "b": 2.0}, {"b": 2.0, "a": 1.0}, {"a": 1.0, "b": 2.0}):
+        got, want = jf(x, **kw), f(x, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert (jf.stats.compiles, jf.stats.hits) == (2, 1)
+
+    def g(x, d):
+        return {k: x * v for k, v in d.items()}
+
+    jg = trident.jit(g)
+    for d in ({"a": 1.0, "b": 2.0}, {"b": 2.0, "a": 1.0}):
+        assert list(jg(x, d)) == list(g(x, d))
+
+
+@pytest.mark.parametrize("make", [lambda: np.ones(3), lambda: collections.deque([1.0]),
+                                  lambda: bytearray(b"ab")], ids=["numpy", "deque", "bytearray"])
+def test_objects_whose_contents_no_check_sees_run_eagerly(make):
+    def f(x, a):
+        return x * float(a[0])
+
+    jf = trident.jit(f)
+    x, a = torch.ones(2), make()
+    with pytest.warns(UserWarning, match="whose contents Trident cannot guard"):
+        jf(x, a)
+    a[0] = 5
+    assert torch.equal(jf(x, a), f(x, a))
+    assert jf.stats.compiles == 0 and jf.stats.fallbacks == 2
+
+
+def test_slots_objects_run_eagerly():
+    class S:
+        __slots__ = ("k",)
+
+    s = S()
+    s.k = 2.0
+    jf, got, want, caught = run_both(lambda x, s: x * s.k, torch.ones(2), s)
+    assert torch.equal(got, want) and any("cannot guard" in w for w in caught)
+
+
+def test_sets_of_numbers_run_eagerly_and_sets_of_str_are_compared():
+    x = torch.ones(2)
+
+    class O:
+        pass
+
+    o = O()
+    o.v = frozenset({0.0})
+    jf, got, want, caught = run_both(lambda x, o: x / next(iter(o.v)), x, o)
+    assert torch.equal(got, want) and jf.stats.compiles == 0
+
+    def adds(x, s):
+        s.add("c")
+        return x + len(s)
+
+    s1, s2 = {"a"}, {"a"}
+    jf = trident.jit(adds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            assert torch.equal(jf(x, s1), adds(x, s2)) and s1 == s2
+
+
+def test_complex_constants_compare_bit_patterns():
+    class O:
+        pass
+
+    o, x = O(), torch.ones(2)
+    o.v = complex(0.0, 1.0)
+    f = lambda x, o: x / o.v.real  # noqa: E731
+    jf = trident.jit(f)
+    jf(x, o)
+    o.v = complex(-0.0, 1.0)
+    assert torch.equal(jf(x, o), f(x, o))  # -inf, not +inf
+    assert jf.stats.compiles == 2
+
+
+def test_deep_arguments_run_eagerly():
+    deep: list = []
+    for _ in range(sys.getrecursionlimit() + 10):
+        deep = [deep]
+    jf, got, want, caught = run_both(lambda x, d: x + len(d), torch.ones(2), deep)
+    assert torch.equal(got, want) and any("too deeply" in w for w in caught)
+
+
+@dataclasses.dataclass
+class D:
+    y: torch.Tensor
+
+
+def test_repeated_results_and_returned_arguments_keep_identity():
+    x = torch.ones(2)
+    for f, check in [(lambda x: (lambda d: [d, d])(D(x + 1)), lambda r: r[0] is r[1]),
+                     (lambda x: (lambda l: (l, l))([x + 1]), lambda r: r[0] is r[1]),
+                     (lambda t: t, None)]:
+        jf = trident.jit(f)
+        arg = (x, x + 1) if check is None else x
+        for _ in range(2):
+            r = jf(arg)
+            assert (r is arg) if check is None else check(r)
+        assert jf.stats.fallbacks == 0, jf.stats
+
+
+def test_function_that_mutates_its_arguments_runs_eagerly_with_eager_state():
+    def f(x, log, obj):
+        log.append(1)
+        obj.count = getattr(obj, "count", 0) + 1
+        return x * 2
+
+    class O:
+        pass
+
+    jf = trident.jit(f)
+    mine, theirs = ([], O()), ([], O())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            assert torch.equal(jf(torch.ones(2), *mine), f(torch.ones(2), *theirs))
+    assert mine[0] == theirs[0] and mine[1].count == theirs[1].count == 3
+    assert jf.stats.compiles == 0
