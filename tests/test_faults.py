@@ -288,3 +288,42 @@ def test_a_damaged_spec_is_dropped_with_one_warning(trident_cache, kind):
     s = g.stats
     assert (s.hits, s.compiles, s.fallbacks) == (1, 1, 0)
     assert len(list(trident_cache.glob("functions/*/specs/*.json"))) == 1  # stored again
+
+
+# ---- crashes (issue: every fallback is exactly eager, no fault crashes) ----------------------
+
+
+def test_nested_tensor_after_a_compile_runs_eagerly(subprocess_env):
+    """read_arg used to throw a C++ exception through C on a nested tensor (SIGABRT)."""
+    code = ("import torch, trident, warnings\n"
+            "warnings.simplefilter('ignore')\n"
+            "jf = trident.jit(lambda x: x * 2)\n"
+            "jf(torch.ones(2))\n"
+            "nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])\n"
+            "out = jf(nt)\n"
+            "print(out.is_nested, all(torch.equal(a, b * 2) for a, b in zip(out.unbind(), "
+            "nt.unbind())), jf.stats.fallbacks)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "1"]
+
+
+def test_generators_and_while_loops_inside_the_function_run_eagerly():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def draws(x):
+        return x + torch.rand(x.shape, generator=torch.Generator().manual_seed(5))
+
+    def loops(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0), x))
+
+    x = torch.ones(2)
+    for f in (draws, loops):
+        jf = trident.jit(f)
+        with pytest.warns(UserWarning, match="runs eagerly"):
+            got = jf(x)
+        want = f(x)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) if isinstance(got, tuple) \
+            else torch.equal(got, want)
+        assert jf.stats.fallbacks == 1 and jf.stats.compiles == 0

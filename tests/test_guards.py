@@ -73,7 +73,10 @@ def native(jf, args) -> int:
 
 
 def reference(jf, args) -> int:
-    call = jf._flatten(args, {})
+    try:
+        call = jf._flatten(args, {})
+    except trident.TridentError:  # Note [Argument trees]: such a call runs eagerly
+        return -1
     for i, spec in enumerate(jf._specs):
         if spec.tree == call.tree.key and first_failure(spec.guards, call.leaves) is None:
             return i

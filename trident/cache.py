@@ -210,9 +210,11 @@ class FunctionCache:
                 specs.append(spec)
         return specs
 
-    def save_spec(self, spec: Specialization) -> None:
-        """Store ``spec``; a cache that cannot be written (read-only, full) is warned about:
-        the specialization still serves this process."""
+    def save_spec(self, spec: Specialization, keep: int = 64) -> None:
+        """Store ``spec``, and delete the oldest stored ones past the newest ``keep`` (calls
+        whose argument trees hold per-process values never match across processes, and would
+        pile up); a cache that cannot be written (read-only, full) is warned about: the
+        specialization still serves this process."""
         try:
             if self.spec_dir.exists() and not self.spec_dir.is_dir():
                 _discard(self.spec_dir, "not a folder")
@@ -232,6 +234,8 @@ class FunctionCache:
                 os.replace(tmp, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
             finally:
                 Path(tmp).unlink(missing_ok=True)
+            for old in sorted(self.spec_dir.glob("*.json"))[:-keep]:
+                old.unlink(missing_ok=True)
         except OSError as e:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)

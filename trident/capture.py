@@ -392,7 +392,13 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         # live state and must become an argument.
         if node.op != "get_attr":
             continue
-        literal = getattr(gm, node.target).numel() <= 1 and all(
+        attr = getattr(gm, node.target)
+        if not isinstance(attr, torch.Tensor):  # a while_loop body, a torch.Generator, ...
+            where, text = source_line(node.meta.get("stack_trace"))
+            raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
+                               "Trident does not compile (control-flow ops and generators run "
+                               "eagerly)")
+        literal = attr.numel() <= 1 and all(
             u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
         if not literal:
             where, text = source_line(node.meta.get("stack_trace"))

@@ -104,10 +104,20 @@ class ArgTree:
 
     def first_difference(self, other: "ArgTree") -> str:
         """Where ``other`` (a call's tree) departs from this (an installed one), in words."""
-        for mine, theirs, n in zip(self.description, other.description, other.nodes):
-            if mine != theirs:
-                return (f"{n.path or 'keyword arguments'}: {_words(theirs)} where "
-                        f"{_words(mine)} was compiled")
+        for i, (mine, theirs, n) in enumerate(zip(self.description, other.description,
+                                                   other.nodes)):
+            if mine == theirs:
+                continue
+            where = n.path or "keyword arguments"
+            old, new = self.nodes[i].keys, n.keys
+            if old is not None and new is not None and old != new:  # name the keys only
+                added = [k for k in new if k not in old]
+                removed = [k for k in old if k not in new]
+                if added or removed:
+                    return (f"{where}: " + ", ".join(
+                        [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
+                return f"{where}: keys in another order"
+            return f"{where}: {_words(theirs)} where {_words(mine)} was compiled"
         if len(self.nodes) != len(other.nodes):
             longer = self if len(self.nodes) > len(other.nodes) else other
             n = longer.nodes[min(len(self.nodes), len(other.nodes))]

@@ -63,7 +63,7 @@ def float_bits(f: float) -> int:
 def arg_facts(obj: Any) -> dict:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
-        if (obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
+        if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
                 or obj.device.type not in DEVICE_TYPES):
             return {"kind": OTHER}
         try:

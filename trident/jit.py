@@ -180,7 +180,11 @@ class JitFunctionMixin:
     def _select(self, *args, **kwargs) -> int:
         """The specialization the native dispatcher runs for this call, or -1 (for tests)."""
         self._ensure_loaded()
-        return self._installed_match(self._flatten(args, kwargs))
+        try:
+            call = self._flatten(args, kwargs)
+        except TridentError:  # an argument no tree can hold: the call runs eagerly
+            return -1
+        return self._installed_match(call)
 
     def source(self) -> str:
         """The C source of the installed Specialization Cache Module."""
@@ -353,7 +357,8 @@ class JitFunctionMixin:
                     self._eager_signatures.append((guards_for(args), str(e)))
                     return self._eager(call.args, call.kwargs, str(e))
                 if stored is None:
-                    self._cache.save_spec(spec)  # only a specialization that built and installed
+                    # only a specialization that built and installed
+                    self._cache.save_spec(spec, keep=2 * self._max_specializations)
         if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -641,14 +646,15 @@ class JitFunctionMixin:
 
 
 _UNBOUND = object()
-_PACKAGE = str(__import__("pathlib").Path(__file__).resolve().parent)
+_PACKAGES = (str(__import__("pathlib").Path(__file__).resolve().parent),
+             str(__import__("pathlib").Path(torch.__file__).resolve().parent))
 
 
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame
-    outside Trident (the user's call, wherever the miss path was entered)."""
+    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line."""
     frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -257,32 +257,19 @@ const trt_api g_api = {
 
 // ---- reading arguments and building results ------------------------------------------------
 
+void read_tensor(PyObject* obj, trt_arg* a);
+
+// What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
+// Python runs eagerly): no C++ exception leaves this function.
 void read_arg(PyObject* obj, trt_arg* a) {
   std::memset(a, 0, sizeof(*a));
   if (THPVariable_CheckExact(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    auto* impl = t.unsafeGetTensorImpl();
-    // Layouts, symbolic shapes, conjugate/negative views and wrapper tensors are left to Python.
-    if (!t.defined() || t.layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
-        (!t.is_cpu() && !t.is_cuda()) ||
-        t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
-        t._fw_grad(0).defined() || t._fw_grad(1).defined()) {  // a forward-AD dual tensor
+    try {
+      read_tensor(obj, a);
+    } catch (const std::exception&) {
+      std::memset(a, 0, sizeof(*a));
       a->kind = TRT_ARG_OTHER;
-      return;
     }
-    a->kind = TRT_ARG_TENSOR;
-    a->dtype = static_cast<int32_t>(t.scalar_type());
-    a->device_type = static_cast<int32_t>(t.device().type());
-    a->device_index = t.device().index();
-    a->dim = static_cast<int32_t>(t.dim());
-    a->sizes = t.sizes().data();
-    a->strides = t.strides().data();
-    a->storage_offset = t.storage_offset();
-    a->data_ptr = const_cast<void*>(t.const_data_ptr());
-    a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
-    if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
-    if (t.is_inference()) a->flags |= TRT_INFERENCE;
-    if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   } else if (obj == Py_None) {
     a->kind = TRT_ARG_NONE;
   } else if (PyBool_Check(obj)) {
@@ -298,6 +285,34 @@ void read_arg(PyObject* obj, trt_arg* a) {
   } else {
     a->kind = TRT_ARG_OTHER;
   }
+}
+
+void read_tensor(PyObject* obj, trt_arg* a) {
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  auto* impl = t.unsafeGetTensorImpl();
+  // Nested, non-strided layouts, symbolic shapes, conjugate/negative views and wrapper tensors
+  // are left to Python.
+  if (!t.defined() || t.is_nested() || t.layout() != c10::kStrided ||
+      impl->has_symbolic_sizes_strides() ||
+      (!t.is_cpu() && !t.is_cuda()) ||
+      t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
+      t._fw_grad(0).defined() || t._fw_grad(1).defined()) {  // a forward-AD dual tensor
+    a->kind = TRT_ARG_OTHER;
+    return;
+  }
+  a->kind = TRT_ARG_TENSOR;
+  a->dtype = static_cast<int32_t>(t.scalar_type());
+  a->device_type = static_cast<int32_t>(t.device().type());
+  a->device_index = t.device().index();
+  a->dim = static_cast<int32_t>(t.dim());
+  a->sizes = t.sizes().data();
+  a->strides = t.strides().data();
+  a->storage_offset = t.storage_offset();
+  a->data_ptr = const_cast<void*>(t.const_data_ptr());
+  a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
+  if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+  if (t.is_inference()) a->flags |= TRT_INFERENCE;
+  if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
 }
 
 // steal=true: the value's tensor handle is owned by us and released here.
