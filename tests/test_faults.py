@@ -327,3 +327,28 @@ def test_generators_and_while_loops_inside_the_function_run_eagerly():
         assert all(torch.equal(a, b) for a, b in zip(got, want)) if isinstance(got, tuple) \
             else torch.equal(got, want)
         assert jf.stats.fallbacks == 1 and jf.stats.compiles == 0
+
+
+def test_aten_warnings_on_a_hit_reach_python_warnings():
+    """A hit runs ATen's kernels from C: their warnings (``TORCH_WARN``) go through Python's
+    warnings module as in eager, so filters apply (under "error" the call raises)."""
+    def f(x, y, o):
+        torch.add(x, y, out=o)  # o has the wrong shape: ATen resizes it and warns
+        return o * 2
+
+    x, y = torch.ones(3), torch.ones(3)
+    jf = trident.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jf(x, y, torch.ones(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(jf(x, y, torch.ones(2)), f(x, y, torch.ones(2)))
+    assert jf.stats.hits == 1
+    assert [str(w.message)[:39] for w in caught] == \
+        ["An output with one or more elements was"] * 2  # Trident's call, then eager's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="was resized"):
+            jf(x, y, torch.ones(2))
+    assert jf.stats.hits == 1  # the raising call is not counted as served

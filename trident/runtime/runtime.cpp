@@ -24,6 +24,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <dlfcn.h>
@@ -869,20 +870,30 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
   env.graphs = self->graphs;
   trt_result result;
   result.nouts = 0;
-  int rc;
-  {
-    // Specializations exist only for calls that need no autograd (a tensor that requires grad
-    // under grad mode misses), so the launch sequence skips the Autograd dispatch keys.
-    // ADInplaceOrView still runs: in-place ops bump version counters, views are views.
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-    rc = self->call(a, static_cast<int32_t>(n), &env, &result);
-  }
-  *rc_out = rc;
-  if (rc == TRT_MISS || rc == TRT_CAPTURE) return nullptr;
-  if (rc == TRT_ERROR) {
-    PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
+  int rc = TRT_ERROR;
+  try {
+    // ATen's warnings reach Python's warnings module (its filters apply: under "error" the
+    // call raises, as in eager), as torch's own Python bindings do with this handler.
+    torch::PyWarningHandler warnings;
+    {
+      // Specializations exist only for calls that need no autograd (a tensor that requires
+      // grad under grad mode misses), so the launch sequence skips the Autograd dispatch keys.
+      // ADInplaceOrView still runs: in-place ops bump version counters, views are views.
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+      rc = self->call(a, static_cast<int32_t>(n), &env, &result);
+    }
+    if (rc == TRT_ERROR) {
+      PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
+      warnings.set_in_exception();
+    }
+  } catch (python_error& e) {  // a warning the filters turned into an exception
+    e.restore();
+    if (rc >= 0) release_outputs(&result, 0);
+    *rc_out = TRT_ERROR;
     return nullptr;
   }
+  *rc_out = rc;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR) return nullptr;
   const char* p = result.spec;
   int32_t next = 0;
   PyObject* out = build_output(p, &result, next);
