@@ -173,3 +173,17 @@ def test_function_that_mutates_its_arguments_runs_eagerly_with_eager_state():
             assert torch.equal(jf(torch.ones(2), *mine), f(torch.ones(2), *theirs))
     assert mine[0] == theirs[0] and mine[1].count == theirs[1].count == 3
     assert jf.stats.compiles == 0
+
+
+def test_reassigned_defaults_are_seen():
+    def f(x, scale=[1.0], *, shift=0.0):
+        return x * len(scale) + shift
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    assert torch.equal(jf(x), f(x))
+    f.__defaults__ = ([1.0, 2.0, 3.0],)
+    assert torch.equal(jf(x), f(x))
+    f.__kwdefaults__ = {"shift": 5.0}
+    assert torch.equal(jf(x), f(x))
+    assert jf.stats.compiles == 3 and "__kwdefaults__ rebound" in jf.stats.miss_reasons[-1]

@@ -140,6 +140,9 @@ def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> Non
     _hash_code(h, fn.__code__)
     for default in fn.__defaults__ or ():
         _hash_value(h, default, seen, depth)
+    for name, default in sorted((fn.__kwdefaults__ or {}).items()):
+        h.update(name.encode())
+        _hash_value(h, default, seen, depth)
     for cell in fn.__closure__ or ():
         try:
             _hash_value(h, cell.cell_contents, seen, depth)

@@ -97,22 +97,18 @@ class JitFunctionMixin:
 
     def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
                cuda_graphs: bool | None, dynamic) -> None:
-        # Note [Argument trees]: a module binds like its forward, with the module as ``self``;
-        # a bound method like its function, with its ``__self__``; both are read on every call.
         if isinstance(fn, torch.nn.Module):
-            self._binding = Binding.of(fn.forward, fn, has_self=True)
             self._code_fn = type(fn).forward
             functools.update_wrapper(self, type(fn).forward, updated=())
             self.__qualname__ = type(fn).__qualname__
         elif isinstance(fn, types.MethodType) and not self._constant_self:
-            self._binding = Binding.of(fn, fn.__self__, has_self=True)
             self._code_fn = fn.__func__
             functools.update_wrapper(self, fn, updated=())
         else:  # a function, or a method whose self is Trident's own (backend.py)
-            self._binding = Binding.of(fn)
             self._code_fn = fn
             functools.update_wrapper(self, fn)
         self._fn = fn
+        self._binding = self._make_binding()
         self._trees: dict[int, ArgTree] = {}  # every tree a call had in this process, by key
         self._max_specializations = max_specializations or config.max_specializations()
         self._fallback = fallback
@@ -129,6 +125,7 @@ class JitFunctionMixin:
         self._cache: FunctionCache | None = None
         self._global_bindings: dict[str, object] = {}
         self._cell_bindings: list[tuple[object, object]] = []
+        self._default_bindings: list[tuple[str, object]] = []
         self._load_reason = "first call"
         self._dynamic_failed = False
         self._module = None
@@ -203,6 +200,8 @@ class JitFunctionMixin:
         """Called from the native dispatcher before a module is installed, and when no
         installed argument tree or no specialization's guards accept the call."""
         kwargs = kwargs or {}
+        if self._cache is None or not self._globals_unchanged():
+            self._ensure_loaded()  # (first, so that reassigned defaults bind this call)
         try:
             call = self._flatten(args, kwargs)
         except TypeError:
@@ -210,8 +209,6 @@ class JitFunctionMixin:
         except TridentError as e:
             self._counters.misses += 1
             return self._eager(args, kwargs, str(e))
-        if self._cache is None or not self._globals_unchanged():
-            self._ensure_loaded()
         if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
         return self._on_miss(call)
@@ -237,7 +234,18 @@ class JitFunctionMixin:
         self._set_call_trees(self._binding_program, tuple(self._trees[k].program() for k in keys),
                              recipes)
 
-    @functools.cached_property
+    def _make_binding(self) -> Binding:
+        """Note [Argument trees]: a module binds like its forward, with the module as ``self``;
+        a bound method like its function, with its ``__self__``; both are read on every call.
+        Made again when the function's defaults are reassigned (Note [Global guards])."""
+        fn = self._fn
+        if isinstance(fn, torch.nn.Module):
+            return Binding.of(fn.forward, fn, has_self=True)
+        if isinstance(fn, types.MethodType) and not self._constant_self:
+            return Binding.of(fn, fn.__self__, has_self=True)
+        return Binding.of(fn)
+
+    @property
     def _binding_program(self) -> tuple:
         return (self._binding.program(), self._binding.self_obj, self._binding.has_self)
 
@@ -262,10 +270,15 @@ class JitFunctionMixin:
         self._specs = []
         self._global_bindings = _global_bindings(self._code_fn)
         self._cell_bindings = _cell_bindings(self._code_fn)
+        self._default_bindings = _default_bindings(self._code_fn)
+        if self._cache is not None:  # defaults may have been reassigned
+            self._binding = self._make_binding()
+            self._trees.clear()
         g = self._code_fn.__globals__
         self._set_global_guards(
             tuple((g, name, value) for name, value in self._global_bindings.items()) +
-            tuple((cell, None, value) for cell, value in self._cell_bindings))
+            tuple((cell, None, value) for cell, value in self._cell_bindings) +
+            tuple((self._code_fn, name, value) for name, value in self._default_bindings))
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
@@ -284,6 +297,8 @@ class JitFunctionMixin:
                  if g.get(name, _UNBOUND) is not value]
         if any(_cell_contents(cell) is not value for cell, value in self._cell_bindings):
             names.append("a closure variable")
+        names += [name for name, value in self._default_bindings
+                  if getattr(self._code_fn, name) is not value]
         return names
 
     def _globals_unchanged(self) -> bool:
@@ -677,6 +692,14 @@ def _global_bindings(fn) -> dict[str, object]:
     list) keep their identity and are not seen."""
     return {name: fn.__globals__[name] for name in sorted(code_names(fn.__code__))
             if name in fn.__globals__}
+
+
+def _default_bindings(fn) -> list[tuple[str, object]]:
+    """Note [Global guards], for defaults: a call binds the function's ``__defaults__`` and
+    ``__kwdefaults__`` as they are now; reassigning either rebinds (a new cache key)."""
+    if not isinstance(fn, types.FunctionType):
+        return []
+    return [("__defaults__", fn.__defaults__), ("__kwdefaults__", fn.__kwdefaults__)]
 
 
 def _cell_contents(cell) -> object:

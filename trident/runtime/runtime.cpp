@@ -793,8 +793,16 @@ bool globals_unchanged(Dispatcher* self) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* g = PyTuple_GET_ITEM(self->global_guards, i);
     PyObject* where = PyTuple_GET_ITEM(g, 0);
-    PyObject* now = PyCell_Check(where) ? PyCell_GET(where)
-                                        : PyDict_GetItemWithError(where, PyTuple_GET_ITEM(g, 1));
+    PyObject* now;
+    if (PyCell_Check(where)) {
+      now = PyCell_GET(where);
+    } else if (PyFunction_Check(where)) {  // (function, "__defaults__" or "__kwdefaults__", value)
+      now = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(g, 1), "__defaults__") == 0
+                ? PyFunction_GetDefaults(where) : PyFunction_GetKwDefaults(where);
+      if (!now) now = Py_None;
+    } else {
+      now = PyDict_GetItemWithError(where, PyTuple_GET_ITEM(g, 1));
+    }
     if (now != PyTuple_GET_ITEM(g, 2)) {
       PyErr_Clear();
       return false;
@@ -968,9 +976,10 @@ PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); ++i) {
     PyObject* g = PyTuple_GET_ITEM(guards, i);
     if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 ||
-        !(PyDict_Check(PyTuple_GET_ITEM(g, 0)) || PyCell_Check(PyTuple_GET_ITEM(g, 0)))) {
-      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object) or "
-                                       "(cell, None, object)");
+        !(PyDict_Check(PyTuple_GET_ITEM(g, 0)) || PyCell_Check(PyTuple_GET_ITEM(g, 0)) ||
+          (PyFunction_Check(PyTuple_GET_ITEM(g, 0)) && PyUnicode_Check(PyTuple_GET_ITEM(g, 1))))) {
+      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object), (cell, None, "
+                                       "object) or (function, default attribute, object)");
       return nullptr;
     }
   }
