@@ -1,16 +1,18 @@
 """Hugging Face models through every front door, on a GPU: ms per generated token.
 
-``python3 -m trident.bench_hf [out.json [model ...]]``. Random weights in the real configs' shapes (no
-download), bf16, ``generate(cache_implementation="static", do_sample=False)``, 64 new tokens
-after a 16-token prompt, every contender in one process:
+``python3 -m trident.bench_hf [out.json [model ...]]``. Random weights in the real configs'
+shapes (no download), bf16, ``generate(cache_implementation="static", do_sample=False)``, 64 new
+tokens after a 16-token prompt, every contender in one process:
 
 - eager (``disable_compile=True``), transformers' auto-compile (its default for a static cache
   on a GPU: inductor, ``reduce-overhead``), ``torch.compile`` default of ``model.forward``;
 - Trident's three doors: ``model.forward = trident.jit(model.forward)``,
   ``torch.compile(model.forward, backend="trident")``, and
   ``generation_config.compile_config = CompileConfig(backend="trident")``;
-- the floor: one decode step's forward replayed from a CUDA graph (``torch.cuda.graph``), and
-  ``generate``'s own Python per token (generate with a forward that returns stored logits).
+- floors: Trident's own decode-step CUDA graph replayed alone, the eager decode forward captured
+  in a CUDA graph (``torch.cuda.graph``), and ``generate``'s own Python per token (a forward that
+  returns stored logits). ``TRIDENT_BENCH_NO_FLOOR=1`` skips the graph floors;
+  ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of one ``trident.jit`` generate.
 
 Each contender's tokens and logits are compared with eager's (``torch.equal``).
 """
