@@ -35,7 +35,8 @@ def test_native_and_python_flattening_agree():
     x = torch.randn(3)
     obj = Obj()
     calls = [((x,), {}), ((x, (x, 2.0)), {}), ((x,), {"d": {"b": x, "a": [1, True]}}),
-             ((x, obj), {}), ((x, obj, obj), {}), ((x,), {"e": collections.namedtuple("P", "a b")(x, 1)})]
+             ((x, obj), {}), ((x, obj, obj), {}),
+             ((x,), {"e": collections.namedtuple("P", "a b")(x, 1)})]
     for args, kwargs in calls:
         def f(*a, **k):
             return a[0] + 1

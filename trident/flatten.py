@@ -305,7 +305,8 @@ class _Flattener:
                                        "key; Trident flattens dicts with str and int keys")
             me = self.add(value, node(DICT, t, len(value), tuple(value)),
                           f"{t.__name__} with keys {[str(k) for k in value]}")
-            module_dict = parent >= 0 and access == ATTR and _is_module_dict(self.nodes[parent], key)
+            module_dict = (parent >= 0 and access == ATTR
+                           and _is_module_dict(self.nodes[parent], key))
             for k, item in value.items():
                 if module_dict:
                     child = f"{path.rsplit('.', 1)[0]}{_attr(k)}" if path else str(k)

@@ -383,8 +383,9 @@ class JitFunctionMixin:
 
     def _stored_fit(self, call: _Call) -> Specialization | None:
         """Note [Specialization limit]: a stored specialization the installed module left out
-        whose tree and guards accept ``call``. Under the limit the cache is read again (another process
-        may have stored one); at the limit, once per installed module (``self._left_out``)."""
+        whose tree and guards accept ``call``. Under the limit the cache is read again (another
+        process may have stored one); at the limit, once per installed module
+        (``self._left_out``)."""
         left_out = self._left_out
         if left_out is None or left_out[0] is not self._cache \
                 or self._counters.compiles < self._max_specializations:
