@@ -91,16 +91,16 @@ def test_generate_through_transformers_compile_config():
     ids = torch.randint(0, 96, (1, 6))
     # Dynamo's graph of the decode step is the reference: its own "eager" backend runs it
     # without compiling (on the CPU it already differs from plain eager in the last ulp)
-    torch._dynamo.reset()
-    config = transformers.CompileConfig(backend="eager", fullgraph=False)
-    config._compile_all_devices = True
-    model.generation_config.compile_config = config
+    def compile_with(backend: str) -> None:
+        torch._dynamo.reset()
+        model.__dict__.pop("_compiled_call", None)  # generate's compiled forward, if any
+        config = transformers.CompileConfig(backend=backend, fullgraph=False)
+        config._compile_all_devices = True  # transformers compiles on GPUs only by default
+        model.generation_config.compile_config = config
+
+    compile_with("eager")
     ref = generate(model, ids)
-    torch._dynamo.reset()
-    model.__dict__.pop("_compiled_call", None)
-    config = transformers.CompileConfig(backend="trident", fullgraph=False)
-    config._compile_all_devices = True
-    model.generation_config.compile_config = config
+    compile_with("trident")
     for _ in range(2):
         assert_same_generation(generate(model, ids), ref)
 

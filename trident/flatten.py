@@ -375,10 +375,14 @@ def _flatten_bound(binding: Binding, bound: list) -> tuple[ArgTree, list, list]:
 
 # ---- tracing with fake leaves ----------------------------------------------------------------
 
+def _entries(node: Node, value) -> dict | list:
+    """What a mutable node holds, in place: an object's ``__dict__``, a dict, a list."""
+    return vars(value) if node.check == OBJECT else value
+
+
 def _snapshot(node: Node, value) -> dict | list:
-    if node.check == OBJECT:
-        return dict(vars(value))
-    return dict(value) if node.check == DICT else list(value)
+    entries = _entries(node, value)
+    return dict(entries) if isinstance(entries, dict) else list(entries)
 
 
 def _same(a, b) -> bool:
@@ -404,7 +408,7 @@ def _restore(node: Node, value, saved) -> None:
     if isinstance(saved, list):
         value[:] = saved
         return
-    target = vars(value) if node.check == OBJECT else value
+    target = _entries(node, value)
     for k in [k for k in target if k not in saved]:
         del target[k]
     for k, v in saved.items():
@@ -453,8 +457,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     same_nodes()
     for i, n in enumerate(nodes):  # into the mutable parents, in place
         if n.parent >= 0 and new[i] is not values[i] and n.parent in saved:
-            parent = values[n.parent]
-            (vars(parent) if nodes[n.parent].check == OBJECT else parent)[n.key] = new[i]
+            _entries(nodes[n.parent], values[n.parent])[n.key] = new[i]
     expected = {i: _snapshot(nodes[i], values[i]) for i in mutable}
     roots = [new[i] for i in children.get(-1, ()) if nodes[i].access == ARG]
     changed: list[str] = []

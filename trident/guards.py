@@ -71,7 +71,7 @@ def arg_facts(obj: Any) -> dict:
         except RuntimeError:  # no storage: a torch.func wrapper (vmap, grad)
             return {"kind": OTHER}
         if any(torch._VF._unpack_dual(obj, level)[1] is not None for level in (0, 1)):
-            return {"kind": OTHER}  # a forward-AD dual tensor: its tangent runs eagerly
+            return {"kind": OTHER, "dual": True}  # forward-AD: its tangent runs eagerly
         return {
             "kind": TENSOR,
             "id": id(obj),

@@ -17,7 +17,8 @@ import threading
 import time
 import types
 import warnings
-from typing import Any, Callable
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -25,7 +26,7 @@ from . import build, codegen, config, graphs, interrupts, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
 from .errors import TridentError
-from .flatten import ArgTree, Binding, OutputRecipe, flatten_call, flatten_output, substituted
+from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
                      guards_for)
 from .importer import import_graph
@@ -215,15 +216,16 @@ class JitFunctionMixin:
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
         tree, leaves, values = flatten_call(self._binding, args, kwargs)
-        self._trees.setdefault(tree.key, tree)
+        if tree.key not in self._trees:
+            self._trees[tree.key] = tree
+            if any(s.tree == tree.key for s in self._specs):  # stored before this process
+                self._set_trees()  # knew the tree: the dispatcher evaluates it from now on
         return _Call(args, kwargs, self._trees[tree.key], tuple(leaves), values)
 
     def _installed_match(self, call: _Call) -> int:
-        """The specialization the native guards pick for ``call`` (its tree installed first,
-        if a specialization uses it), or -1."""
+        """The specialization the native guards pick for ``call``, or -1."""
         if not any(s.tree == call.tree.key for s in self._specs):
             return -1
-        self._set_trees()
         return self._match(*call.leaves)
 
     def _set_trees(self) -> None:
@@ -308,9 +310,11 @@ class JitFunctionMixin:
     def _on_miss(self, call: _Call):
         stats = self._counters
         stats.misses += 1
-        if self._counters.compiles >= self._max_specializations and \
-                self._stored_fit(call) is None:  # Note [Specialization limit]: no reason text
-            return self._past_limit(call)
+        # a fitting specialization on disk that the module left out is installed again rather
+        # than compiled again (Note [Specialization limit])
+        stored = self._stored_fit(call)
+        if stored is None and self._counters.compiles >= self._max_specializations:
+            return self._past_limit(call)  # no reason text: about an eager call's cost
         reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -325,7 +329,7 @@ class JitFunctionMixin:
                                "TorchFunctionMode (torch.set_default_device, ...) is on: Trident "
                                "does not compile under them")
         for i, f in enumerate(arg_facts(a) for a in args):
-            if _has_tangent(args[i]):
+            if f.get("dual"):
                 return self._eager(call.args, call.kwargs, f"{names[i]} is a forward-mode AD "
                                    "dual tensor: its tangent is computed eagerly")
             if f["kind"] == OTHER:
@@ -345,9 +349,6 @@ class JitFunctionMixin:
         # installed, and a cache that earlier processes filled never turns a new signature eager
         # for good. Past the limit a miss costs about an eager call: the stored specializations
         # the module left out are read from disk once per installed module, not per call.
-        stored = self._stored_fit(call)
-        if stored is None and self._counters.compiles >= self._max_specializations:
-            return self._past_limit(call)
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
         with _COMPILE_LOCK, interrupts.imports_uninterrupted():
@@ -357,8 +358,6 @@ class JitFunctionMixin:
                 if stored is None and self._counters.compiles >= self._max_specializations:
                     return self._past_limit(call)
                 try:
-                    # a fitting specialization on disk that the module left out is installed
-                    # again rather than compiled again
                     spec = stored or self._compile_dynamic_or_static(call)
                     # The new specialization goes last, after those stored by other processes
                     # (read again: they may have stored some meanwhile).
@@ -662,8 +661,7 @@ class JitFunctionMixin:
 
 
 _UNBOUND = object()
-_PACKAGES = (str(__import__("pathlib").Path(__file__).resolve().parent),
-             str(__import__("pathlib").Path(torch.__file__).resolve().parent))
+_PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
 
 
 def _user_stacklevel() -> int:
@@ -673,15 +671,6 @@ def _user_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _has_tangent(a) -> bool:
-    """A dual tensor of the current forward-AD level (``torch.autograd.forward_ad``): the
-    native path would drop its tangent."""
-    import torch.autograd.forward_ad as fwAD
-
-    return (isinstance(a, torch.Tensor) and fwAD._current_level >= 0
-            and fwAD.unpack_dual(a).tangent is not None)
 
 
 def _global_bindings(fn) -> dict[str, object]:

@@ -916,34 +916,41 @@ PyObject* slow_path(Dispatcher* self, PyObject* args, PyObject* kwargs) {
 
 // Note [Hit path]: bind, flatten (the first installed tree whose checks hold), run the SCM,
 // rebuild the result. Anything that does not hold goes to Python.
+// Binds the call and evaluates the installed trees in order: the index of the first whose checks
+// hold (cv holds its leaves and node values), or -1 (*failed: the last tree's failing node, -1
+// when the call does not bind). No Python error is left set.
+Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv,
+                        Py_ssize_t* failed = nullptr) {
+  if (!bind_call(t, args, kwargs, cv)) {
+    PyErr_Clear();
+    return -1;
+  }
+  for (size_t k = 0; k < t.trees.size(); ++k)
+    if (eval_tree(t, t.trees[k], cv, failed)) return static_cast<Py_ssize_t>(k);
+  return -1;
+}
+
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
   if (!t || !self->call || !globals_unchanged(self)) return slow_path(self, args, kwargs);
   CallValues cv;
-  if (!bind_call(*t, args, kwargs, cv)) {
-    PyErr_Clear();
-    return slow_path(self, args, kwargs);
-  }
-  for (const Tree& tree : t->trees) {
-    if (!eval_tree(*t, tree, cv)) continue;
-    Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
-    if (n > TRT_MAX_ARGS) break;
-    int rc = TRT_MISS;
-    PyObject* out = run_scm(self, cv.leaves.data(), n, &rc);
-    if (rc == TRT_CAPTURE)
-      return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
-                                 kwargs ? kwargs : Py_None);
-    if (rc == TRT_MISS) break;
-    if (!out) return nullptr;
-    ++self->hits;
-    PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
-                           ? PyTuple_GET_ITEM(t->recipes, rc) : Py_None;
-    if (recipe == Py_None) return out;
-    PyObject* built = apply_recipe(recipe, out, cv.values);
-    Py_DECREF(out);
-    return built;
-  }
-  return slow_path(self, args, kwargs);
+  if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
+  Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
+  if (n > TRT_MAX_ARGS) return slow_path(self, args, kwargs);
+  int rc = TRT_MISS;
+  PyObject* out = run_scm(self, cv.leaves.data(), n, &rc);
+  if (rc == TRT_CAPTURE)
+    return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
+                               kwargs ? kwargs : Py_None);
+  if (rc == TRT_MISS) return slow_path(self, args, kwargs);
+  if (!out) return nullptr;
+  ++self->hits;
+  PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
+                         ? PyTuple_GET_ITEM(t->recipes, rc) : Py_None;
+  if (recipe == Py_None) return out;
+  PyObject* built = apply_recipe(recipe, out, cv.values);
+  Py_DECREF(out);
+  return built;
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
@@ -1082,23 +1089,19 @@ PyObject* Dispatcher_flatten_native(Dispatcher* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &call_args, &kwargs)) return nullptr;
   if (kwargs != Py_None && !PyDict_Check(kwargs))
     return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
-  CallTrees* t = self->trees;
   CallValues cv;
   Py_ssize_t failed = -1;
-  if (t && bind_call(*t, call_args, kwargs == Py_None ? nullptr : kwargs, cv)) {
-    for (size_t k = 0; k < t->trees.size(); ++k) {
-      if (!eval_tree(*t, t->trees[k], cv, &failed)) continue;
-      PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
-      if (!leaves) return nullptr;
-      for (size_t i = 0; i < cv.leaves.size(); ++i) {
-        Py_INCREF(cv.leaves[i]);
-        PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), cv.leaves[i]);
-      }
-      return Py_BuildValue("(nN)", static_cast<Py_ssize_t>(k), leaves);
-    }
+  Py_ssize_t k = self->trees ? flatten_args(*self->trees, call_args,
+                                            kwargs == Py_None ? nullptr : kwargs, cv, &failed)
+                             : -1;
+  if (k < 0) return Py_BuildValue("(nn)", static_cast<Py_ssize_t>(-1), failed);
+  PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
+  if (!leaves) return nullptr;
+  for (size_t i = 0; i < cv.leaves.size(); ++i) {
+    Py_INCREF(cv.leaves[i]);
+    PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), cv.leaves[i]);
   }
-  PyErr_Clear();
-  return Py_BuildValue("(nn)", static_cast<Py_ssize_t>(-1), failed);
+  return Py_BuildValue("(nN)", k, leaves);
 }
 
 // A JitFunction in a class body binds like a function: obj.method is a bound method (C).
