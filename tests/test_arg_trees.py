@@ -188,3 +188,51 @@ def test_reassigned_defaults_are_seen():
     f.__kwdefaults__ = {"shift": 5.0}
     assert torch.equal(jf(x), f(x))
     assert jf.stats.compiles == 3 and "__kwdefaults__ rebound" in jf.stats.miss_reasons[-1]
+
+
+_SEEN_CALLS: list = []
+
+
+def _counting_hook(x):  # its content key reads a global list that grows with every call
+    _SEEN_CALLS.append(1)
+    return x
+
+
+def test_identity_checked_function_keeps_its_words_while_its_globals_change():
+    # Found on the GPU: a wrapper around model.forward that read changing globals (the
+    # JitFunction's counters, a list it appended to) gave every slow-path call a new argument
+    # tree, and the decode step recompiled on every call until the specialization limit.
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.hook = _counting_hook
+
+    def f(h, x):
+        return h.hook(x) * 2
+
+    jf = trident.jit(f)
+    x, y = torch.randn(3), torch.randn(5)
+    assert torch.equal(jf(holder, x), x * 2)
+    _SEEN_CALLS.append(1)
+    assert torch.equal(jf(holder, y), y * 2)  # a miss, through the Python flatten
+    assert "hook" not in jf.stats.miss_reasons[-1]
+    trees = {key for key in jf._trees}
+    assert len(trees) == 1
+    assert torch.equal(jf(holder, x), x * 2)
+    assert jf.stats.misses == 2 and jf.stats.fallbacks == 0
+
+
+def test_content_key_of_a_function_reading_a_jit_function_ignores_its_counters():
+    from trident.cache import function_key
+
+    jf = trident.jit(lambda x: x + 1)
+    globals()["_JF"] = jf
+
+    def wrapper(x):
+        return _JF(x)  # noqa: F821 (the global set above)
+
+    before = function_key(wrapper)
+    for n in range(3):
+        wrapper(torch.randn(n + 1))
+    assert jf.stats.misses >= 1 and function_key(wrapper) == before

@@ -96,8 +96,13 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         h.update(b"<seen>")
         return
     seen.add(id(value))
+    from .jit import JitFunctionMixin
+
     if isinstance(value, types.FunctionType):
         _hash_function(h, value, seen, depth + 1)
+    elif isinstance(value, JitFunctionMixin):  # its code, not its counters and graphs
+        h.update(b"trident.jit:")
+        _hash_value(h, value._code_fn, seen, depth + 1)
     elif isinstance(value, types.ModuleType):
         h.update(f"module:{value.__name__}".encode())
     elif isinstance(value, type):

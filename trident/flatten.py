@@ -46,6 +46,7 @@ import functools
 import hashlib
 import inspect
 import types
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -208,13 +209,24 @@ class Binding:
 
 # ---- flattening ------------------------------------------------------------------------------
 
+# An identity-checked function's words, fixed at its first sight in this process: the native
+# check is by identity, and its Python twin must agree with it. Recomputed at each miss, a
+# function whose globals change between calls (a wrapper that counts its calls) would give an
+# unchanged call a new tree, and a recompile, on every slow-path call.
+_FUNCTION_WORDS: "weakref.WeakKeyDictionary[types.FunctionType, str]" = weakref.WeakKeyDictionary()
+
+
 def _stable(obj: Any) -> str:
     """Words for an object checked by identity, the same in every process where they can be."""
     if isinstance(obj, (types.FunctionType, types.MethodType)):
         from .cache import function_key
 
         fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
-        return f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
+        words = _FUNCTION_WORDS.get(fn)
+        if words is None:
+            words = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
+            _FUNCTION_WORDS[fn] = words
+        return words
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
