@@ -53,17 +53,28 @@ def _dist_version(name: str) -> str:
         return "none"
 
 
-@functools.cache
-def versions() -> str:
-    """Python, torch, triton, torch-mlir, and Trident's own source (every stage, the templates
-    and the runtime): a change to any of them makes new cache entries."""
+# The benchmarks, the demo and the command line compile nothing: editing them must not
+# invalidate every user's cached functions.
+_OUTSIDE_THE_KEY = re.compile(r"bench\w*\.py|demo\.py|__main__\.py")
+
+
+def keyed_sources() -> list[Path]:
+    """Trident's own files that shape what it compiles: every stage, the runtime, the
+    templates; not the benchmarks, the demo or the command line."""
     from .codegen import TEMPLATE_DIRS
 
-    own = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    files = sorted(here.glob("*.py")) + sorted((here / "runtime").glob("*.[hc]*"))
-    files += sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
-    for path in files:
+    files = sorted(p for p in here.glob("*.py") if not _OUTSIDE_THE_KEY.fullmatch(p.name))
+    files += sorted((here / "runtime").glob("*.[hc]*"))
+    return files + sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
+
+
+@functools.cache
+def versions() -> str:
+    """Python, torch, triton, torch-mlir, and Trident's own source (``keyed_sources``): a change
+    to any of them makes new cache entries."""
+    own = hashlib.sha256()
+    for path in keyed_sources():
         own.update(path.read_bytes())
     parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
              __version__, own.hexdigest()]
