@@ -837,6 +837,54 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
   return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
 }
 
+// Note [Process group guard] in trident/collectives.py: the default process group as
+// "<name>:<rank>/<size>", "" when none is initialized; `fact()` there is the Python twin. Read
+// from torch.distributed.distributed_c10d._world.__dict__["_default_pg"] (a dict lookup per
+// call); the text is made again only when that object changes (the last one is kept alive, so
+// its address is not reused by another group).
+const char* process_group_fact() {
+  static PyObject* world = nullptr;  // _world.__dict__, or Py_None without torch.distributed
+  static PyObject* key = nullptr;
+  static PyObject* last = nullptr;
+  static std::string text;
+  if (!world) {
+    PyObject* module = PyImport_ImportModule("torch.distributed.distributed_c10d");
+    PyObject* w = module ? PyObject_GetAttrString(module, "_world") : nullptr;
+    world = w ? PyObject_GenericGetDict(w, nullptr) : nullptr;
+    Py_XDECREF(w);
+    Py_XDECREF(module);
+    PyErr_Clear();
+    if (!world || !PyDict_Check(world)) {
+      Py_XDECREF(world);
+      world = Py_NewRef(Py_None);
+    }
+    key = PyUnicode_InternFromString("_default_pg");
+  }
+  if (world == Py_None) return "";
+  PyObject* group = PyDict_GetItemWithError(world, key);  // borrowed
+  if (!group) group = Py_None;
+  if (group == last) return text.c_str();
+  text.clear();
+  if (group != Py_None) {
+    PyObject* name = PyObject_GetAttrString(group, "group_name");
+    PyObject* rank = PyObject_CallMethod(group, "rank", nullptr);
+    PyObject* size = PyObject_CallMethod(group, "size", nullptr);
+    const char* name_text = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+    if (name_text && rank && size && PyLong_Check(rank) && PyLong_Check(size))
+      text = std::string(name_text) + ":" + std::to_string(PyLong_AsLong(rank)) + "/" +
+             std::to_string(PyLong_AsLong(size));
+    else
+      text = "?";  // matches no specialization: the call goes to Python
+    Py_XDECREF(name);
+    Py_XDECREF(rank);
+    Py_XDECREF(size);
+    PyErr_Clear();
+  }
+  Py_INCREF(group);
+  Py_XSETREF(last, group);
+  return text.c_str();
+}
+
 void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
@@ -846,6 +894,7 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   env->transforms =
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
+  env->process_group = process_group_fact();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
