@@ -39,6 +39,11 @@
 
 struct trt_op {
   c10::OperatorHandle handle;
+  // A collective (the _c10d_functional namespace) runs without the GIL, as every op called
+  // from Python does (torch's invokeOperatorFromPython releases it): the process group's
+  // worker thread may drop the last reference to a tensor that has a Python object, which takes
+  // the GIL, while wait_tensor waits for that thread. Holding the GIL there deadlocked gloo.
+  bool release_gil;
 };
 
 namespace {
@@ -130,7 +135,7 @@ void from_ivalue(c10::IValue&& iv, trt_value* out) {
 trt_op* api_op(const char* name, const char* overload) {
   auto h = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!h) return nullptr;
-  return new trt_op{*h};
+  return new trt_op{*h, std::strncmp(name, "_c10d_functional::", 18) == 0};
 }
 
 int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
@@ -139,7 +144,12 @@ int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, 
   try {
     stack.clear();
     for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
-    op->handle.callBoxed(stack);
+    if (op->release_gil && PyGILState_Check()) {
+      pybind11::gil_scoped_release no_gil;
+      op->handle.callBoxed(stack);
+    } else {
+      op->handle.callBoxed(stack);
+    }
     TORCH_CHECK(static_cast<int32_t>(stack.size()) >= nrets, "trident: ",
                 op->handle.schema().name(), " returned ", stack.size(), " values, expected ",
                 nrets);
