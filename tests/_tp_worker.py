@@ -149,9 +149,19 @@ def run(rank: int, world: int, port: int, cache: str, out: str) -> None:
         dist.barrier()
     record["scaled"] = _stats(sr)
 
+    # A rank that leaves (its gloo connections close): the other's next collective raises at
+    # once, naming the user's line, instead of waiting for the timeout.
+    if rank == 1:
+        dist.destroy_process_group()
+    else:
+        try:
+            jf(x)
+        except RuntimeError as e:
+            record["peer_gone"] = [type(e).__name__, str(e)]
+        dist.destroy_process_group()
+
     # Another world: each rank alone in a group of one. The same functions miss on the process
     # group guard and compile again.
-    dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(port + 1 + rank)
     dist.init_process_group("gloo", rank=0, world_size=1, timeout=timeout)
     record["alone_equal"] = _equal(jf(x), collectives(x))

@@ -850,12 +850,13 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
 // Note [Process group guard] in trident/collectives.py: the default process group as
 // "<name>:<rank>/<size>", "" when none is initialized; `fact()` there is the Python twin. Read
 // from torch.distributed.distributed_c10d._world.__dict__["_default_pg"] (a dict lookup per
-// call); the text is made again only when that object changes (the last one is kept alive, so
-// its address is not reused by another group).
+// call); the text is made again only when that object changes. The last group is held by a weak
+// reference: a strong one kept a destroyed gloo group's connections open, and a dead weak
+// reference never equals a new group allocated at the same address.
 const char* process_group_fact() {
   static PyObject* world = nullptr;  // _world.__dict__, or Py_None without torch.distributed
   static PyObject* key = nullptr;
-  static PyObject* last = nullptr;
+  static PyObject* last = nullptr;   // a weak reference to the group `text` describes
   static std::string text;
   if (!world) {
     PyObject* module = PyImport_ImportModule("torch.distributed.distributed_c10d");
@@ -872,26 +873,26 @@ const char* process_group_fact() {
   }
   if (world == Py_None) return "";
   PyObject* group = PyDict_GetItemWithError(world, key);  // borrowed
-  if (!group) group = Py_None;
-  if (group == last) return text.c_str();
-  text.clear();
-  if (group != Py_None) {
-    PyObject* name = PyObject_GetAttrString(group, "group_name");
-    PyObject* rank = PyObject_CallMethod(group, "rank", nullptr);
-    PyObject* size = PyObject_CallMethod(group, "size", nullptr);
-    const char* name_text = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
-    if (name_text && rank && size && PyLong_Check(rank) && PyLong_Check(size))
-      text = std::string(name_text) + ":" + std::to_string(PyLong_AsLong(rank)) + "/" +
-             std::to_string(PyLong_AsLong(size));
-    else
-      text = "?";  // matches no specialization: the call goes to Python
-    Py_XDECREF(name);
-    Py_XDECREF(rank);
-    Py_XDECREF(size);
+  if (!group || group == Py_None) {
     PyErr_Clear();
+    return "";
   }
-  Py_INCREF(group);
-  Py_XSETREF(last, group);
+  if (last && PyWeakref_GetObject(last) == group) return text.c_str();  // a dead one is None
+  PyObject* name = PyObject_GetAttrString(group, "group_name");
+  PyObject* rank = PyObject_CallMethod(group, "rank", nullptr);
+  PyObject* size = PyObject_CallMethod(group, "size", nullptr);
+  const char* name_text = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+  if (name_text && rank && size && PyLong_Check(rank) && PyLong_Check(size))
+    text = std::string(name_text) + ":" + std::to_string(PyLong_AsLong(rank)) + "/" +
+           std::to_string(PyLong_AsLong(size));
+  else
+    text = "?";  // matches no specialization: the call goes to Python
+  Py_XDECREF(name);
+  Py_XDECREF(rank);
+  Py_XDECREF(size);
+  PyErr_Clear();
+  Py_XSETREF(last, PyWeakref_NewRef(group, nullptr));
+  PyErr_Clear();  // a group without weak references: its text is made at every call
   return text.c_str();
 }
 
