@@ -77,7 +77,7 @@ def tp_decode_step(h, cos, sin, ln1, ln2, wq, wk, wv, wo, wg, wu, wd, k_cache, v
     return h, kc, vc
 
 
-def tp_weights(rank: int, world: int):
+def tp_weights(rank: int, world: int, device: str = "cpu"):
     """This rank's shards (random: the comparison is with the same TP program run eagerly);
     the hidden state, norms and rotary tables are the same on every rank."""
     g = torch.Generator().manual_seed(100 + rank)
@@ -85,14 +85,22 @@ def tp_weights(rank: int, world: int):
     heads, kv_heads, inter = HEADS // world, KV_HEADS // world, INTER // world
 
     def w(*shape):
-        return torch.randn(*shape, generator=g) * 0.1
+        return (torch.randn(*shape, generator=g) * 0.1).to(device)
 
-    return (torch.randn(1, 1, D, generator=shared), torch.randn(1, 1, HEAD_DIM, generator=shared),
+    same = (torch.randn(1, 1, D, generator=shared), torch.randn(1, 1, HEAD_DIM, generator=shared),
             torch.randn(1, 1, HEAD_DIM, generator=shared),
-            torch.rand(D, generator=shared) + 0.5, torch.rand(D, generator=shared) + 0.5,
+            torch.rand(D, generator=shared) + 0.5, torch.rand(D, generator=shared) + 0.5)
+    return (*(t.to(device) for t in same),
             w(heads * HEAD_DIM, D), w(kv_heads * HEAD_DIM, D), w(kv_heads * HEAD_DIM, D),
             w(D, heads * HEAD_DIM), w(inter, D), w(inter, D), w(D, inter),
             w(1, kv_heads, CTX, HEAD_DIM), w(1, kv_heads, CTX, HEAD_DIM))
+
+
+SUBGROUP = None  # set by run(): a group other than the default one
+
+
+def on_subgroup(x):
+    return funcol.all_reduce(x, "sum", SUBGROUP)
 
 
 def _equal(a, b) -> bool:
@@ -149,6 +157,16 @@ def run(rank: int, world: int, port: int, cache: str, out: str) -> None:
         dist.barrier()
     record["scaled"] = _stats(sr)
 
+    # A collective on another group than the default one runs eagerly, with a warning.
+    global SUBGROUP
+    SUBGROUP = dist.new_group(list(range(world)))
+    js = trident.jit(on_subgroup)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record["subgroup_equal"] = _equal(js(x), on_subgroup(x))
+    record["subgroup"] = _stats(js)
+    record["subgroup_warnings"] = [str(w.message) for w in caught if "trident" in str(w.message)]
+
     # A rank that leaves (its gloo connections close): the other's next collective raises at
     # once, naming the user's line, instead of waiting for the timeout.
     if rank == 1:
@@ -182,5 +200,28 @@ def run(rank: int, world: int, port: int, cache: str, out: str) -> None:
     record["no_group_error"] = [got, want]
     record["no_group_warnings"] = [str(w.message) for w in caught if "trident" in str(w.message)]
     record["no_group"] = _stats(jf)
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def run_cuda(rank: int, world: int, port: int, cache: str, out: str) -> None:
+    """The same programs over NCCL, one GPU per rank: the decode step is captured into a CUDA
+    graph with its collectives on its second call and replayed after (Note [CUDA graphs])."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRIDENT_CACHE_DIR=cache)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    warnings.simplefilter("ignore", FutureWarning)
+    record: dict = {}
+    x = torch.randn(4, 3, device="cuda", generator=torch.Generator("cuda").manual_seed(rank))
+    jf = trident.jit(collectives)
+    record["collectives_equal"] = [_equal(jf(x), collectives(x)) for _ in range(4)]
+    record["collectives"] = _stats(jf)
+    args = tp_weights(rank, world, "cuda")
+    tp = trident.jit(tp_decode_step)
+    record["tp_equal"] = [_equal(tp(*args), tp_decode_step(*args)) for _ in range(4)]
+    record["tp"] = dict(_stats(tp), graph_captures=tp.stats.graph_captures,
+                        graph_replays=tp.stats.graph_replays)
+    dist.destroy_process_group()
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump(record, f)

@@ -8,6 +8,8 @@ import json
 import os
 import socket
 
+import pytest
+import torch
 import torch.multiprocessing as mp
 
 import _tp_worker
@@ -21,10 +23,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(tmp_path) -> list[dict]:
+def _ranks(tmp_path, worker=_tp_worker.run) -> list[dict]:
     port = _free_port()  # and port + 1, port + 2 for the groups of one
     cache = os.environ["TRIDENT_CACHE_DIR"]
-    mp.spawn(_tp_worker.run, args=(WORLD, port, cache, str(tmp_path)), nprocs=WORLD)
+    mp.spawn(worker, args=(WORLD, port, cache, str(tmp_path)), nprocs=WORLD)
     return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(WORLD)]
 
 
@@ -48,6 +50,9 @@ def test_two_ranks(tmp_path):
         assert (r["tp"]["hits"], r["tp"]["compiles"], r["tp"]["fallbacks"]) == (2, 1, 0)
         # the rank read while tracing is guarded: each rank compiled its own specialization
         assert r["scaled_equal"] and r["scaled"]["compiles"] == 1
+        # another group: eager, with one warning
+        assert r["subgroup_equal"] and r["subgroup"]["fallbacks"] == 1
+        assert len(r["subgroup_warnings"]) == 1 and "default group" in r["subgroup_warnings"][0]
         # a peer that leaves: the collective raises at once, with the user's line
         if rank == 0:
             kind, message = r["peer_gone"]
@@ -63,3 +68,15 @@ def test_two_ranks(tmp_path):
         got, want = r["no_group_error"]
         assert got == want
         assert r["no_group"]["fallbacks"] == 1 and len(r["no_group_warnings"]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")
+def test_two_gpus_nccl_graphs(tmp_path):
+    for rank, r in enumerate(_ranks(tmp_path, _tp_worker.run_cuda)):
+        assert r["collectives_equal"] == [True] * 4, rank
+        assert (r["collectives"]["hits"], r["collectives"]["fallbacks"]) == (3, 0)
+        # the decode step: step by step, then captured with its NCCL collectives and replayed
+        assert r["tp_equal"] == [True] * 4, rank
+        assert (r["tp"]["hits"], r["tp"]["fallbacks"]) == (3, 0), r["tp"]
+        assert (r["tp"]["graph_captures"], r["tp"]["graph_replays"]) == (1, 3), r["tp"]
