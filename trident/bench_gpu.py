@@ -250,10 +250,13 @@ def build_model(cfg, ctx=256, dtype=torch.bfloat16):
     return weights, cos, sin
 
 
-def _decoder_layer(cfg):
+def _decoder_layer(cfg, all_reduce=None):
     """One Llama-style layer of Liger kernels and ATen ops for a one-token step:
     ``layer(h, p, cos, sin, k_past, v_past) -> (h, k_cache, v_cache)``, where ``p`` maps
-    PER_LAYER names to weights and the caches are ``k_past``/``v_past`` plus this position."""
+    PER_LAYER names to weights and the caches are ``k_past``/``v_past`` plus this position.
+    ``all_reduce``: for a tensor-parallel shard (``cfg`` holds this rank's heads and
+    intermediate size; trident/bench_tp.py), called in place on the outputs of o_proj and down
+    before each residual add."""
     from liger_kernel.transformers import functional as liger
     F = torch.nn.functional
     H, KV, HD = cfg["H"], cfg["KV"], cfg["HD"]
@@ -268,19 +271,25 @@ def _decoder_layer(cfg):
         kc = torch.cat([k_past, k], dim=2)
         vc = torch.cat([v_past, v], dim=2)
         a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
-        h = r + F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
+        o = F.linear(a.transpose(1, 2).reshape(1, 1, H * HD), p["wo"])
+        if all_reduce is not None:
+            all_reduce(o)
+        h = r + o
         x = liger.liger_rms_norm(h, p["ln2"], 1e-6)
-        h = h + F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])),
-                         p["wd"])
+        d = F.linear(liger.liger_swiglu(F.linear(x, p["wg"]), F.linear(x, p["wu"])), p["wd"])
+        if all_reduce is not None:
+            all_reduce(d)
+        h = h + d
         return h, kc, vc
 
     return layer
 
 
-def make_decode_step(cfg):
+def make_decode_step(cfg, all_reduce=None):
     """The decode step over fixed-length KV caches (they are weights: PER_LAYER's kc, vc; each
-    step drops the oldest position and appends the new one)."""
-    layer = _decoder_layer(cfg)
+    step drops the oldest position and appends the new one). ``all_reduce``: see
+    ``_decoder_layer``."""
+    layer = _decoder_layer(cfg, all_reduce)
 
     def decode_step(h, cos, sin, *weights):
         for i in range(0, len(weights), len(PER_LAYER)):

@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
+from . import collectives
 from .errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -128,6 +129,9 @@ class _SourceLines(TorchFunctionMode):
                     where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                     raise TridentError(f"the function reads a tensor's {name}{where}, which "
                                        "Trident does not guard")
+            remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
+            if remapped is not None:
+                func, args, kwargs = remapped
         summary = _user_frame()
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))

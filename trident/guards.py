@@ -7,7 +7,7 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
-TorchFunctionModes), then each argument's kind, then per tensor dtype, device, rank, then sizes
+TorchFunctionModes, the default process group), then each argument's kind, then per tensor dtype, device, rank, then sizes
 and strides, then flags (alignment, requires_grad, inference tensor), then scalar values. Both
 the C function and ``first_failure`` evaluate guards in list order.
 """
@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 import struct
 from typing import Any
 
 import torch
+
+from . import collectives
 
 # trt_arg_kind in trident_rt.h
 OTHER, TENSOR, INT, FLOAT, BOOL, NONE = range(6)
@@ -32,7 +35,7 @@ DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
 _ENV_FIELDS = ("grad_enabled", "inference_mode", "autocast", "aliased", "default_dtype",
-               "transforms", "function_modes")
+               "transforms", "function_modes", "process_group")
 _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
@@ -108,6 +111,7 @@ def env_facts(args: tuple) -> dict:
         "default_dtype": dtype_codes()[torch.get_default_dtype()],
         "transforms": torch._C._are_functorch_transforms_active(),
         "function_modes": torch._C._len_torch_function_stack() > 0,
+        "process_group": collectives.fact(),  # Note [Process group guard]
     }
 
 
@@ -153,6 +157,7 @@ class Guard:
             "default_dtype": lambda: f"env->default_dtype == {v}",
             "transforms": lambda: f"env->transforms == {int(v)}",
             "function_modes": lambda: f"env->function_modes == {int(v)}",
+            "process_group": lambda: f"trt_streq(env->process_group, {json.dumps(v)})",
             "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
             "dtype": lambda: f"{a}.dtype == {v}",
             "device_type": lambda: f"{a}.device_type == {v}",
@@ -182,6 +187,7 @@ class Guard:
             "default_dtype": lambda: f"torch.get_default_dtype() == {dtype_name(v)}",
             "transforms": lambda: f"a torch.func transform is active is {v}",
             "function_modes": lambda: f"a TorchFunctionMode is active is {v}",
+            "process_group": lambda: collectives.describe(v),
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
             "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
             "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
@@ -240,6 +246,8 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     actual = guard.actual(facts, len(args), env_facts(args))
     if guard.field == "sym":  # name the sizes it read: "(x.size(0) >= 2) is false (x.size(0) = 1)"
         return f"{guard.describe(names)} is false ({_values_read(guard, facts, names)})"
+    if guard.field == "process_group":
+        return f"{guard.describe(names)} expected, but {collectives.describe(actual)}"
     if guard.field == "kind":
         actual = KIND_NAMES.get(actual, actual)
     elif guard.field in ("dtype", "default_dtype") and actual is not None:

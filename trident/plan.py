@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch_mlir import ir
 
+from . import collectives
 from .errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
@@ -382,6 +383,8 @@ class _Walker:
             raise TridentError(f"{where}: operator {op_qual}.{overload} is not registered with "
                                f"PyTorch's dispatcher ({text})")
         for i, arg in enumerate(schema.arguments[:len(args)]):
+            if ns == "_c10d_functional" and arg.name == "group_name":
+                collectives.check_group(args[i].get("v"), f"{where}: {op_qual} ({text})")
             # ScalarType arguments are ints in the schema; ATen names them dtype/out_dtype
             if arg.name in ("dtype", "out_dtype") and args[i]["k"] == "int":
                 args[i] = {"k": "int", "v": _torch_dtype_code(args[i]["v"])}

@@ -39,6 +39,11 @@
 
 struct trt_op {
   c10::OperatorHandle handle;
+  // A collective (the _c10d_functional namespace) runs without the GIL, as every op called
+  // from Python does (torch's invokeOperatorFromPython releases it): the process group's
+  // worker thread may drop the last reference to a tensor that has a Python object, which takes
+  // the GIL, while wait_tensor waits for that thread. Holding the GIL there deadlocked gloo.
+  bool release_gil;
 };
 
 namespace {
@@ -130,7 +135,7 @@ void from_ivalue(c10::IValue&& iv, trt_value* out) {
 trt_op* api_op(const char* name, const char* overload) {
   auto h = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!h) return nullptr;
-  return new trt_op{*h};
+  return new trt_op{*h, std::strncmp(name, "_c10d_functional::", 18) == 0};
 }
 
 int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
@@ -139,7 +144,12 @@ int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, 
   try {
     stack.clear();
     for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
-    op->handle.callBoxed(stack);
+    if (op->release_gil && PyGILState_Check()) {
+      pybind11::gil_scoped_release no_gil;
+      op->handle.callBoxed(stack);
+    } else {
+      op->handle.callBoxed(stack);
+    }
     TORCH_CHECK(static_cast<int32_t>(stack.size()) >= nrets, "trident: ",
                 op->handle.schema().name(), " returned ", stack.size(), " values, expected ",
                 nrets);
@@ -837,6 +847,55 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
   return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
 }
 
+// Note [Process group guard] in trident/collectives.py: the default process group as
+// "<name>:<rank>/<size>", "" when none is initialized; `fact()` there is the Python twin. Read
+// from torch.distributed.distributed_c10d._world.__dict__["_default_pg"] (a dict lookup per
+// call); the text is made again only when that object changes. The last group is held by a weak
+// reference: a strong one kept a destroyed gloo group's connections open, and a dead weak
+// reference never equals a new group allocated at the same address.
+const char* process_group_fact() {
+  static PyObject* world = nullptr;  // _world.__dict__, or Py_None without torch.distributed
+  static PyObject* key = nullptr;
+  static PyObject* last = nullptr;   // a weak reference to the group `text` describes
+  static std::string text;
+  if (!world) {
+    PyObject* module = PyImport_ImportModule("torch.distributed.distributed_c10d");
+    PyObject* w = module ? PyObject_GetAttrString(module, "_world") : nullptr;
+    world = w ? PyObject_GenericGetDict(w, nullptr) : nullptr;
+    Py_XDECREF(w);
+    Py_XDECREF(module);
+    PyErr_Clear();
+    if (!world || !PyDict_Check(world)) {
+      Py_XDECREF(world);
+      world = Py_NewRef(Py_None);
+    }
+    key = PyUnicode_InternFromString("_default_pg");
+  }
+  if (world == Py_None) return "";
+  PyObject* group = PyDict_GetItemWithError(world, key);  // borrowed
+  if (!group || group == Py_None) {
+    PyErr_Clear();
+    return "";
+  }
+  if (last && PyWeakref_GetObject(last) == group) return text.c_str();  // a dead one is None
+  PyObject* name = PyObject_GetAttrString(group, "group_name");
+  PyObject* rank = PyObject_CallMethod(group, "rank", nullptr);
+  PyObject* size = PyObject_CallMethod(group, "size", nullptr);
+  const char* name_text = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+  if (name_text && rank && size && PyLong_Check(rank) && PyLong_Check(size))
+    text = std::string(name_text) + ":" + std::to_string(PyLong_AsLong(rank)) + "/" +
+           std::to_string(PyLong_AsLong(size));
+  else
+    text = "?";  // matches no specialization: the call goes to Python
+  Py_XDECREF(name);
+  Py_XDECREF(rank);
+  Py_XDECREF(size);
+  PyErr_Clear();
+  Py_XSETREF(last, PyWeakref_NewRef(group, nullptr));
+  PyErr_Clear();  // a group without weak references: its text is made at every call
+  return text.c_str();
+}
+
 void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
@@ -846,6 +905,7 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   env->transforms =
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
+  env->process_group = process_group_fact();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;

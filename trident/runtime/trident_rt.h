@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 3
+#define TRT_ABI_VERSION 4
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -125,6 +125,9 @@ typedef struct trt_env {
   int32_t default_dtype;  /* torch.get_default_dtype() as a c10::ScalarType */
   int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
   int32_t function_modes; /* a TorchFunctionMode (torch.set_default_device, ...) is active */
+  /* the default process group, "<name>:<rank>/<size>", "" when none (Note [Process group
+   * guard] in trident/collectives.py); owned by the runtime */
+  const char* process_group;
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
@@ -172,6 +175,12 @@ static inline uint64_t trt_f64_bits(double f) {
   union { double f; uint64_t u; } v;
   v.f = f;
   return v.u;
+}
+
+/* Equal NUL-terminated strings (the process group guard). */
+static inline int trt_streq(const char* a, const char* b) {
+  while (*a && *a == *b) ++a, ++b;
+  return *a == *b;
 }
 
 /* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/plan.py). */

@@ -1,0 +1,117 @@
+"""Collectives: ``torch.distributed`` inside a Trident function (tensor parallelism).
+
+Note [Collectives]: the functional collectives (``torch.distributed._functional_collectives``:
+``all_reduce``, ``all_gather_tensor``, ``reduce_scatter_tensor``, ...) are ordinary dispatcher
+ops of the ``_c10d_functional`` namespace that name their process group by a string
+(``_c10d_functional::all_reduce(Tensor input, str reduce_op, str group_name)``) and return a
+tensor that ``_c10d_functional::wait_tensor`` completes. ``make_fx`` records them, Torch-MLIR
+imports them as ``torch.operator "torch._c10d_functional.*"``, and the plan calls them through the
+boxed dispatcher like any ATen op: the op resolves the group by its name on every call
+(``c10d::resolve_process_group``), as eager does.
+
+The legacy in-place collectives (``dist.all_reduce(t)``) call the process group's methods with
+the ``ProcessGroup`` and ``ReduceOp`` objects themselves (``c10d::allreduce_`` takes
+TorchScript objects a plan cannot hold). ``dist.all_reduce`` and its kin ask TorchFunctionModes
+first ("non-strict export implements such a torch function mode", distributed_c10d.py), so
+capture's mode redirects them while tracing (``remap``): ``dist.all_reduce(t, op, group)``
+becomes ``_c10d_functional::all_reduce_(t, op, group_name)`` followed by ``wait_tensor(t)``,
+the same reduction of ``t`` in place (no copy: the same kernel a CUDA graph of eager captures);
+the others go through ``traceable_collective_remaps``, the table Dynamo and non-strict export
+remap them with. ``async_op=True`` is not remapped (the function runs eagerly).
+
+Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
+of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
+(``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
+guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
+initialized (``process_group`` in ``trt_env``, read once per call from
+``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime.cpp; ``fact`` is its
+Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
+rank misses and is traced again; one outside any group misses and its trace raises as eager does
+(the call runs eagerly, with a warning). A collective on any other group than the default one is
+not compiled (``check_group``): its membership is not guarded.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from .errors import TridentError
+
+
+def fact() -> str:
+    """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
+    initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
+    runtime.cpp."""
+    if not torch.distributed.is_available():
+        return ""
+    from torch.distributed.distributed_c10d import _world
+
+    group = _world.__dict__.get("_default_pg")
+    if group is None:
+        return ""
+    return f"{group.group_name}:{group.rank()}/{group.size()}"
+
+
+def describe(value: str) -> str:
+    if not value:
+        return "no default process group is initialized"
+    name, _, ranks = value.partition(":")
+    rank, _, size = ranks.partition("/")
+    return f"the default process group is {name!r}, rank {rank} of {size}"
+
+
+def remap(func, args: tuple, kwargs: dict):
+    """Note [Collectives]: ``(func, args, kwargs)`` to call instead of a legacy collective
+    while tracing, or None to call ``func`` itself."""
+    if func not in _remappable() or not torch.distributed.is_initialized():
+        return None  # outside a process group the call raises as it does eagerly
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import (REDUCE_OP_TO_STR,
+                                                           traceable_collective_remaps)
+
+    if func is dist.all_reduce:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if a["async_op"] or a["tensor"].is_complex() or a["op"] not in REDUCE_OP_TO_STR:
+            return None  # not compiled: the trace fails on the process group object
+        group = a["group"] if a["group"] is not None else dist.group.WORLD
+        return _all_reduce_inplace, (a["tensor"], REDUCE_OP_TO_STR[a["op"]],
+                                     group.group_name), {}
+    if func not in traceable_collective_remaps:
+        return None
+    # as non-strict export does (torch._export.non_strict_utils), after Dynamo
+    kwargs = dict(inspect.signature(func).bind(*args, **kwargs).arguments)
+    if "op" in kwargs and kwargs["op"] in REDUCE_OP_TO_STR:
+        kwargs["op"] = REDUCE_OP_TO_STR[kwargs["op"]]
+    return traceable_collective_remaps[func], (), kwargs
+
+
+@functools.cache
+def _remappable() -> frozenset:
+    if not torch.distributed.is_available():
+        return frozenset()
+    from torch.distributed._functional_collectives import traceable_collective_remaps
+
+    return frozenset([torch.distributed.all_reduce, *traceable_collective_remaps])
+
+
+def _all_reduce_inplace(tensor: torch.Tensor, op: str, group_name: str) -> None:
+    torch.ops._c10d_functional.all_reduce_(tensor, op, group_name)
+    torch.ops._c10d_functional.wait_tensor(tensor)
+
+
+def check_group(group_name: str, where: str) -> None:
+    """Note [Process group guard]: a collective of the plan names the default group.
+
+    Raises:
+        TridentError: it names another group, whose membership no guard covers.
+    """
+    default = fact().partition(":")[0]
+    if group_name != default:
+        raise TridentError(f"{where}: a collective on process group {group_name!r}, not the "
+                           f"default group ({default or 'none'}); Trident guards the default "
+                           "group only")
