@@ -38,6 +38,30 @@ float32, as eager's result), which the kernel would have cast it to. A case wher
 (a 0-dim bf16 tensor times 0.1) is not compiled (``_scalar_dtype``). Torch-MLIR itself imports
 ``add``/``sub``/``mul``/``div.Tensor`` with a scalar as their ``.Scalar`` overloads, which ATen
 implements as the ``.Tensor`` overload with a wrapped number: the same call.
+
+Note [Views in C]: eager PyTorch makes every view (``x.view``, ``x.t()``, ``x[:, 1]``) through
+the dispatcher: about 1 µs of host time each, and a decode step of a Llama-sized model makes
+hundreds. The plan marks the view ops whose geometry is plain arithmetic (``_C_VIEWS``:
+``view``, ``_unsafe_view``, ``t``, ``transpose``, ``permute``, ``unsqueeze``, ``squeeze``,
+``slice``, ``select``, ``expand``, ``as_strided``; ``reshape`` and ``narrow`` reach the graph as
+``view``/``_unsafe_view`` and ``slice``): the generated C computes their sizes, strides and
+storage offset from their input's (``trident/runtime/trident_views.h``, symbolic sizes
+included) and makes a tensor only where one is needed, at the first step that reads the view:
+
+- a Triton launch reads only its pointer (storage data + offset), no tensor;
+- a functional ATen op (no argument written or aliased, Note [Buffer reuse]'s
+  ``_is_functional``) gets ATen's own view kernel's result (``alias_with_sizes_and_strides``:
+  the base's storage and version counter) made without the dispatcher;
+- a result the caller gets, an op that writes or keeps its argument, a Python op, or a view op
+  computed by the dispatcher gets what eager makes: ``aten::as_strided`` of the view's base
+  through the dispatcher (``ADInplaceOrView``: same ``_base``, version counter, sizes, strides
+  and offset as eager's chain of views);
+- ``_unsafe_view`` (not a view in autograd's sense) gets the alias that ATen's kernel makes,
+  with its own version counter, at its own step.
+
+Where ATen would raise (an index out of range, a shape that cannot be viewed, only possible with
+symbolic sizes) the C arithmetic says so and the step calls the op itself, which raises eager's
+exception. A view keeps its base alive as long as the view is used (``_assign_releases``).
 """
 
 from __future__ import annotations
@@ -80,6 +104,10 @@ class Step:
     # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
     # kept from the previous call, instead of allocating ("" when the step allocates).
     out_overload: str = ""
+    # Note [Views in C]: a view computed in C: {"rank": the input's rank, "eager": whether its
+    # tensor, once needed, is made as eager makes it (aten::as_strided), "alias": an
+    # _unsafe_view, made at its step}; None for other steps.
+    view: dict | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -408,7 +436,15 @@ class _Walker:
                 continue
             self.env[r] = value
             results.append(value)
-        self.steps.append(Step(op_qual, overload, args, results, where, text))
+        step = Step(op_qual, overload, args, results, where, text)
+        if (op_qual, overload) in _C_VIEWS and args[0]["k"] in ("arg", "val", "item") and (
+                rank := _vtensor(str(op.operands[0].type))) and (
+                made := _vtensor(str(op.results[0].type))) and max(rank[0], made[0]) <= 16 \
+                and all(a["k"] in ("int", "ints", "int_list", "scalar", "none", "bool")
+                        for a in args[1:]):
+            step.view = {"rank": rank[0], "eager": False,  # Note [Views in C]
+                         "alias": op_qual == "aten::_unsafe_view"}
+        self.steps.append(step)
 
     def finish(self, outputs: list[dict], out_leaves: list) -> Plan:
         flat: list[dict] = []
@@ -439,7 +475,8 @@ def _uses(operand: dict):
 
 
 def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
-    """Release each owned value right after its last use; outputs keep theirs to the end."""
+    """Release each owned value right after its last use; outputs keep theirs to the end. A
+    view computed in C (Note [Views in C]) keeps its input alive while the view is used."""
     last: dict[tuple, int] = {}
     for index, step in enumerate(steps):
         for result in step.results:
@@ -449,9 +486,44 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
             for use in _uses(a):
                 last[use] = index
     at_end = {use for out in outputs for use in _uses(out)}
+    for step in reversed(steps):  # a view's base lives as long as the view
+        if step.view is not None and not step.view["alias"]:
+            view = ("val", step.results[0]["i"])
+            for use in _uses(step.args[0]):
+                last[use] = max(last[use], last[view])
+                if view in at_end:
+                    at_end.add(use)
+    _mark_eager_views(steps, outputs)
     for use, index in last.items():
         if use not in at_end:
             steps[index].release.append({"k": use[0], "i": use[1]})
+
+
+# Note [Views in C]: the view ops whose geometry the generated C computes
+_C_VIEWS = {("aten::view", ""), ("aten::_unsafe_view", ""), ("aten::t", ""),
+            ("aten::transpose", "int"), ("aten::permute", ""), ("aten::unsqueeze", ""),
+            ("aten::squeeze", ""), ("aten::squeeze", "dim"), ("aten::squeeze", "dims"),
+            ("aten::slice", "Tensor"), ("aten::select", "int"), ("aten::expand", ""),
+            ("aten::as_strided", "")}
+
+
+def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
+    """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
+    a step that is not a functional ATen op (nor a Triton launch, which reads its pointer)
+    reads it."""
+    views = {step.results[0]["i"]: step for step in steps
+             if step.view is not None and not step.view["alias"]}
+    readers = [(None, out) for out in outputs]
+    readers += [(step, a) for step in steps if step.view is None for a in step.args]
+    for step, operand in readers:
+        if step is not None and step.op == "triton":
+            continue
+        schema = None if step is None else _schema(step.op, step.overload)
+        if schema is not None and step.op.startswith("aten::") and _is_functional(schema):
+            continue
+        for use in _uses(operand):
+            if use[0] == "val" and use[1] in views:
+                views[use[1]].view["eager"] = True
 
 
 # Ops whose results share storage with an argument without saying so in their schema.

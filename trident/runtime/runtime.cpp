@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/as_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/InferenceMode.h>
@@ -250,10 +251,56 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
   }
 }
 
+// Note [Views in C] (trident/plan.py): a tensor's geometry, and tensors of computed views.
+int api_view_of(trt_tensor* handle, trt_view* out) {
+  const at::Tensor& t = as_tensor(handle);
+  int64_t dim = t.dim();
+  if (dim > TRT_MAX_VIEW_DIM) {
+    g_error = "trident: a view of a tensor of more than 16 dims";
+    g_error_kind = ERR_GENERIC;
+    return 1;
+  }
+  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+  out->base = handle;
+  out->data = static_cast<char*>(const_cast<void*>(storage.data()));
+  out->itemsize = static_cast<int64_t>(t.itemsize());
+  out->nbytes = static_cast<int64_t>(storage.nbytes());
+  out->offset = t.storage_offset();
+  out->dim = static_cast<int32_t>(dim);
+  std::copy(t.sizes().begin(), t.sizes().end(), out->sizes);
+  std::copy(t.strides().begin(), t.strides().end(), out->strides);
+  return 0;
+}
+
+trt_tensor* api_view_tensor(const trt_view* view, int32_t how) {
+  try {
+    const at::Tensor& base = as_tensor(view->base);
+    c10::IntArrayRef sizes(view->sizes, view->dim), strides(view->strides, view->dim);
+    if (how == TRT_VIEW_EAGER) return new_handle(at::as_strided(base, sizes, strides, view->offset));
+    // ATen's alias_with_sizes_and_strides (TensorShape.cpp), the kernel of every view op
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), base.dtype());
+    auto* impl = t.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(sizes, strides, view->offset);
+    if (how == TRT_VIEW_KERNEL && !base.is_inference())
+      impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
+    return new_handle(std::move(t));
+  } catch (const c10::Error& e) {
+    g_error = e.what_without_backtrace();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  }
+}
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
-    api_python_callback, api_set_error, api_empty_strided,
+    api_python_callback, api_set_error, api_empty_strided, api_view_of,
+    api_view_tensor,
 };
 
 // ---- reading arguments and building results ------------------------------------------------
