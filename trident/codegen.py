@@ -237,7 +237,9 @@ class _SpecRenderer:
             values = []
             for p in launch["params"]:
                 if p["kind"] == "tensor":
-                    values.append(self.operand(next(tensors)))
+                    tensor = next(tensors)
+                    self.make_views(tensor, s)  # Note [Views in C]: the interpreter reads tensors
+                    values.append(self.operand(tensor))
                 elif "size" in p:  # Note [Symbolic launches] in kernels.py
                     values.append(f"TRT_I({p['size']['c']})")
                 elif p["kind"] == "scalar":

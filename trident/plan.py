@@ -509,14 +509,14 @@ _C_VIEWS = {("aten::view", ""), ("aten::_unsafe_view", ""), ("aten::t", ""),
 
 def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
     """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
-    a step that is not a functional ATen op (nor a Triton launch, which reads its pointer)
-    reads it."""
+    a step that is not a functional ATen op (nor a CUDA Triton launch, which reads its
+    pointer) reads it."""
     views = {step.results[0]["i"]: step for step in steps
              if step.view is not None and not step.view["alias"]}
     readers = [(None, out) for out in outputs]
     readers += [(step, a) for step in steps if step.view is None for a in step.args]
     for step, operand in readers:
-        if step is not None and step.op == "triton":
+        if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
             continue
         schema = None if step is None else _schema(step.op, step.overload)
         if schema is not None and step.op.startswith("aten::") and _is_functional(schema):
