@@ -442,6 +442,7 @@ class _SpecRenderer:
         for o in self.spec.plan.outputs:
             self.make_views(o, None)
         lines, moved = self.locals, {}
+        kept = self.kept_for_outputs()
         for k, o in enumerate(self.spec.plan.outputs):
             if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
                 moved[o["i"]] = k
@@ -453,7 +454,19 @@ class _SpecRenderer:
                 lines.append(f"out->outs[{k}] = TRT_T(rt->retain({inner}));")
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
+        for i in kept:
+            lines.append(f"if (v[{i}]) {{ rt->release(v[{i}]); v[{i}] = NULL; }}  "
+                         f"/* the base of a returned view */")
         return lines
+
+    def kept_for_outputs(self) -> list[int]:
+        """Values no step releases that are not outputs: the bases of returned views, kept
+        until those are made (Note [Views in C] in plan.py)."""
+        plan = self.spec.plan
+        made = {r["i"] for s in plan.steps for r in s.results if r["k"] == "val"}
+        released = {r["i"] for s in plan.steps for r in s.release if r["k"] == "val"}
+        returned = {o["i"] for o in plan.outputs if o["k"] == "val"}
+        return sorted(made - released - returned)
 
     def render(self) -> dict:
         plan = self.spec.plan
