@@ -259,6 +259,20 @@ def test_returned_views_alias_as_in_eager(trident_runtime):
     assert base._version == version + 1  # one version counter, as eager's views share
 
 
+def composite_returns_its_argument(x, y):
+    return x.t().type_as(y), x[0].type_as(y) * 2  # type_as of the same dtype: the view itself
+
+
+def test_a_composite_op_that_returns_its_argument_returns_eagers_view(trident_runtime):
+    f = trident.jit(composite_returns_its_argument)
+    x, y = torch.randn(3, 4), torch.randn(2)
+    f(x, y)
+    got, want = f(x, y), composite_returns_its_argument(x, y)
+    assert f.stats.hits == 1
+    assert got[0]._base is x and want[0]._base is x and geometry(got[0]) == geometry(want[0])
+    assert torch.equal(got[1], want[1])
+
+
 def write_through(x, y):
     x[:, 1].mul_(2)
     x.select(1, 0).copy_(y)

@@ -327,12 +327,20 @@ class _SpecRenderer:
         arithmetic finds what ATen would raise, the op itself is called. None: a form this
         does not compute (the step stays a dispatcher call)."""
         call = self.view_call(s)
-        if call is None:
-            return None
         lines = self.locals
         source, result = s.args[0], s.results[0]["i"]
         where = c_string(f"{s.where} ({s.qualified_name})")
         fail = f"{{ rt->set_error({where}, NULL); goto fail; }}"
+        if call is None and not (source["k"] == "val" and source["i"] in self.views):
+            return None  # an ordinary dispatcher call
+        if call is None:  # the op itself, on its input made as eager makes it
+            rest = [self.operand(a) for a in s.args[1:]]
+            lines += [f"const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
+                      f"if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], NULL, "
+                      f"&w[{self.views[source['i']][0]}], rest, {len(rest)}, &v[{result}], NULL"
+                      f")) {fail}"]
+            return CStep("view", s.where, c_comment(s.text), s.qualified_name, lines, [],
+                         self.releases(s))
         if source["k"] == "val" and source["i"] in self.views:
             view_in, tensor = f"&w[{self.views[source['i']][0]}]", "NULL"
         else:

@@ -49,11 +49,13 @@ storage offset from their input's (``trident/runtime/trident_views.h``, symbolic
 included) and makes a tensor only where one is needed, at the first step that reads the view:
 
 - a Triton launch reads only its pointer (storage data + offset), no tensor;
-- a functional ATen op (no argument written or aliased, Note [Buffer reuse]'s
-  ``_is_functional``) gets ATen's own view kernel's result (``alias_with_sizes_and_strides``:
-  the base's storage and version counter) made without the dispatcher;
-- a result the caller gets, an op that writes or keeps its argument, a Python op, or a view op
-  computed by the dispatcher gets what eager makes: ``aten::as_strided`` of the view's base
+- a functional ATen op with a kernel of its own (no argument written or aliased, Note [Buffer
+  reuse]'s ``_is_functional``; not composite) gets ATen's own view kernel's result
+  (``alias_with_sizes_and_strides``: the base's storage and version counter) made without the
+  dispatcher;
+- a result the caller gets, an op that writes or keeps its argument, a composite op (``type_as``
+  may return its argument itself), a Python op, or a view op computed by the dispatcher gets
+  what eager makes: ``aten::as_strided`` of the view's base
   through the dispatcher (``ADInplaceOrView``: same ``_base``, version counter, sizes, strides
   and offset as eager's chain of views);
 - ``_unsafe_view`` (not a view in autograd's sense) gets the alias that ATen's kernel makes,
@@ -509,8 +511,9 @@ _C_VIEWS = {("aten::view", ""), ("aten::_unsafe_view", ""), ("aten::t", ""),
 
 def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
     """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
-    a step that is not a functional ATen op (nor a CUDA Triton launch, which reads its
-    pointer) reads it."""
+    a step reads it that is not a functional ATen op with a kernel of its own (a composite op
+    such as ``type_as`` may return its argument itself) nor a CUDA Triton launch (which reads
+    its pointer)."""
     views = {step.results[0]["i"]: step for step in steps
              if step.view is not None and not step.view["alias"]}
     readers = [(None, out) for out in outputs]
@@ -519,7 +522,8 @@ def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
         if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
             continue
         schema = None if step is None else _schema(step.op, step.overload)
-        if schema is not None and step.op.startswith("aten::") and _is_functional(schema):
+        if schema is not None and step.op.startswith("aten::") and _is_functional(schema) \
+                and not _is_composite(step.op, step.overload):
             continue
         for use in _uses(operand):
             if use[0] == "val" and use[1] in views:
@@ -543,13 +547,17 @@ def _is_functional(schema) -> bool:
     return all(r.alias_info is None for r in schema.returns)
 
 
+def _is_composite(op: str, overload: str) -> bool:
+    """A CompositeImplicitAutograd op: its C++ body calls other ops (Note [Composite ops])."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"{op}.{overload}" if overload else op, torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
 def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)
     if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
-            or op in _DATA_DEPENDENT_SIZES or torch._C._dispatch_has_kernel_for_dispatch_key(
-                f"{op}.{overload}" if overload else op,
-                torch._C.DispatchKey.CompositeImplicitAutograd)):
+            or op in _DATA_DEPENDENT_SIZES or _is_composite(op, overload)):
         return ""  # a composite op's .out decomposes its own way (Note [Composite ops])
     signature = [(a.name, str(a.type)) for a in schema.arguments]
     for candidate in torch._C._jit_get_schemas_for_operator(op):
