@@ -50,7 +50,8 @@ included) and makes a tensor only where one is needed, at the first step that re
 
 - a Triton launch reads only its pointer (storage data + offset), no tensor;
 - a functional ATen op with a kernel of its own (no argument written or aliased, Note [Buffer
-  reuse]'s ``_is_functional``; not composite) gets ATen's own view kernel's result
+  reuse]'s ``_is_functional``; not composite, or one of ``_FRESH_COMPOSITES``) gets ATen's own
+  view kernel's result
   (``alias_with_sizes_and_strides``: the base's storage and version counter) made without the
   dispatcher;
 - a result the caller gets, an op that writes or keeps its argument, a composite op (``type_as``
@@ -509,11 +510,19 @@ _C_VIEWS = {("aten::view", ""), ("aten::_unsafe_view", ""), ("aten::t", ""),
             ("aten::as_strided", "")}
 
 
+# Composite ops whose C++ bodies always return a new tensor, never an argument or a view of one
+# (ATen 2.11-2.13: linear is addmm/matmul (+ add); matmul is dot/mv/mm/bmm, viewed back into
+# shape only when it made the result itself; attention's backends and softmax's return new
+# tensors): a view they read needs no view tracking.
+_FRESH_COMPOSITES = {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention",
+                     "aten::softmax.int", "aten::log_softmax.int"}
+
+
 def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
     """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
-    a step reads it that is not a functional ATen op with a kernel of its own (a composite op
-    such as ``type_as`` may return its argument itself) nor a CUDA Triton launch (which reads
-    its pointer)."""
+    a step reads it that is not a functional ATen op with a kernel of its own or a composite op
+    that always makes a new tensor (``type_as`` may return its argument itself), nor a CUDA
+    Triton launch (which reads its pointer)."""
     views = {step.results[0]["i"]: step for step in steps
              if step.view is not None and not step.view["alias"]}
     readers = [(None, out) for out in outputs]
@@ -522,8 +531,9 @@ def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
         if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
             continue
         schema = None if step is None else _schema(step.op, step.overload)
-        if schema is not None and step.op.startswith("aten::") and _is_functional(schema) \
-                and not _is_composite(step.op, step.overload):
+        if schema is not None and step.op.startswith("aten::") and _is_functional(schema) and (
+                step.qualified_name in _FRESH_COMPOSITES
+                or not _is_composite(step.op, step.overload)):
             continue
         for use in _uses(operand):
             if use[0] == "val" and use[1] in views:
