@@ -74,6 +74,7 @@ class CStep:
     slot: int = 0  # callback: index into the module's callback table
     buffer: str = ""  # aten_out: the static buffer the .out overload writes
     out_op_index: int = 0
+    reuse: str = ""  # aten_out: the C condition under which the buffer is reused
 
 
 class Rendered(NamedTuple):
@@ -306,6 +307,7 @@ class _SpecRenderer:
             step.kind = "aten_out"
             step.buffer = f"buffer{self.index}_{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
+            step.reuse = "reuse" if self.cuda_device() is not None else "!env->inference_mode"
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
         return step
 
@@ -445,6 +447,31 @@ class _SpecRenderer:
             return None
         return None
 
+    def cuda_device(self) -> int | None:
+        """The CUDA device of a specialization whose tensor arguments are all on it."""
+        facts: dict[str, set] = {}
+        for g in self.spec.guards:
+            if g.field in ("device_type", "device_index"):
+                facts.setdefault(g.field, set()).add(g.value)
+        if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1:
+            return None
+        return next(iter(facts["device_index"]))
+
+    def prologue(self) -> list[str]:
+        """Note [Buffer reuse] in plan.py: on CUDA, buffers are reused on the stream that made
+        them, and a call on another stream allocates."""
+        device = self.cuda_device()
+        if device is None or not any(s.out_overload for s in self.spec.plan.steps):
+            return []
+        stream = f"buffer_stream{self.index}"
+        self.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
+        self.statics.append(f"static int {stream}_set;")
+        return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
+                f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
+                f"NULL); goto fail; }}",
+                f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
+                f"const int reuse = !env->inference_mode && stream == {stream};"]
+
     def outputs(self) -> list[str]:
         self.locals = []
         for o in self.spec.plan.outputs:
@@ -489,6 +516,7 @@ class _SpecRenderer:
             "num_lists": plan.num_lists,
             "num_scalars": plan.num_scalars,
             "steps": steps,
+            "prologue": self.prologue(),
             "num_views": self.num_slots,
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
             "outputs": self.outputs(),

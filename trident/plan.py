@@ -583,20 +583,27 @@ def _out_overload(op: str, overload: str) -> str:
 
 
 def reuse_buffers(plan: Plan) -> None:
-    """Note [Buffer reuse]: on the CPU, a functional op whose result only feeds other functional
-    ops (not an output, not viewed, written or launched on) writes into the buffer its first
-    call allocated, through the op's ``.out`` overload: the same kernel and output layout as
-    the functional op, without an allocation per call. Buffers stay alive between calls (like a
+    """Note [Buffer reuse]: a functional op whose result only feeds other functional ops (not an
+    output, not viewed, written or launched on) writes into the buffer its first call
+    allocated, through the op's ``.out`` overload: the same kernel and output layout as the
+    functional op, without an allocation per call. Buffers stay alive between calls (like a
     CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
-    there could not be written outside it, and one made outside must not be written inside). The caller decides where that is safe: CPU tensors only (one stream:
-    the next call cannot overtake this one), and no Python callback in the launch sequence (it
-    could re-enter the same specialization). Here: only plans of ATen ops alone, and no
-    composite op (its ``.out`` overload decomposes its own way).
+    there could not be written outside it, and one made outside must not be written inside).
+    The caller decides where that is safe: static sizes, the tensors on the CPU or on one CUDA
+    device, and no Python callback in the launch sequence (it could re-enter the same
+    specialization). On CUDA the buffers are reused only on the stream that made them (codegen
+    checks the current stream): kernels on one stream run in order, so a call cannot overtake
+    the previous call's reads of its buffers, and a call on another stream allocates. Here: only
+    plans of ATen ops and CUDA Triton launches, and no composite op (its ``.out`` overload
+    decomposes its own way).
     """
-    if any(not step.op.startswith(("aten::", "int")) for step in plan.steps):
+    if any(not (step.op.startswith(("aten::", "int")) or (
+            step.op == "triton" and step.launch["device"].startswith("cuda")))
+           for step in plan.steps):
         # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
-        # running Python, lets another thread enter this specialization and overwrite the
-        # same buffers mid-call: only plans of ATen ops alone reuse.
+        # running Python (as Triton's interpreter does on the CPU), lets another thread enter
+        # this specialization and overwrite the same buffers mid-call: only plans of ATen ops
+        # and driver launches reuse.
         return
     pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
     for step in plan.steps:
