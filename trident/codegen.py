@@ -347,8 +347,9 @@ class _SpecRenderer:
             view_in, tensor = f"&w[{self.views[source['i']][0]}]", "NULL"
         else:
             tensor = self.operand(source)[len("TRT_T("):-1]
-            lines += ["trt_view in;", f"if (rt->view_of({tensor}, &in)) {fail}"]
+            lines.append("trt_view in;")
             view_in = "&in"
+            call = f"rt->view_of({tensor}, &in) || {call}"  # not strided: the op itself
         alias = s.view["alias"]
         if alias:  # _unsafe_view: a tensor of its own at once
             lines.append("trt_view out;")

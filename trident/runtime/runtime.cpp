@@ -452,8 +452,9 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
 int api_view_of(trt_tensor* handle, trt_view* out) {
   const at::Tensor& t = as_tensor(handle);
   int64_t dim = t.dim();
-  if (dim > TRT_MAX_VIEW_DIM) {
-    g_error = "trident: a view of a tensor of more than 16 dims";
+  if (dim > TRT_MAX_VIEW_DIM || !t.has_storage() || t.layout() != c10::kStrided) {
+    g_error = "trident: a view computed in C of a tensor that is not strided, or of more than "
+              "16 dims";
     g_error_kind = ERR_GENERIC;
     return 1;
   }
