@@ -576,8 +576,9 @@ class JitFunctionMixin:
             bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
                              for s in plan.steps)
             binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
-            on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-            if on_cpu and not dynamic and not any(step.op == "triton" for step in plan.steps):
+            devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+            if not dynamic and (all(d.type == "cpu" for d in devices) or (
+                    len(devices) == 1 and next(iter(devices)).type == "cuda")):
                 reuse_buffers(plan)  # Note [Buffer reuse]
             for step in plan.steps:
                 if step.op == "triton" and step.launch["device"].startswith("cuda"):

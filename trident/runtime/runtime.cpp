@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/as_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/InferenceMode.h>
@@ -43,7 +44,12 @@ struct trt_op {
   // from Python does (torch's invokeOperatorFromPython releases it): the process group's
   // worker thread may drop the last reference to a tensor that has a Python object, which takes
   // the GIL, while wait_tensor waits for that thread. Holding the GIL there deadlocked gloo.
-  bool release_gil;
+  bool release_gil = false;
+  // Note [Unboxed calls]: the operator's c10::TypedOperatorHandle and the function that calls
+  // it with trt_values, for the signatures in kUnboxed; null: boxed calls only.
+  void* typed = nullptr;
+  bool (*unboxed)(const trt_op* op, const trt_value* args, trt_value* ret) = nullptr;
+  int32_t nargs = 0;
 };
 
 namespace {
@@ -130,18 +136,211 @@ void from_ivalue(c10::IValue&& iv, trt_value* out) {
   }
 }
 
+// ---- Note [Unboxed calls] -------------------------------------------------------------------
+//
+// A boxed call turns every operand into an IValue on a stack, and the kernel's boxed wrapper
+// turns them back. For operators of the common signatures below (the matmul family,
+// elementwise ops, their .out and in-place overloads, allocation), the runtime calls the
+// operator's typed handle instead: the same dispatcher, dispatch keys and kernel, so the same
+// result bit for bit, without the stack. An operand whose tag the signature does not expect
+// takes the boxed call. Each argument kind is one letter: T Tensor, W Tensor(a!) (written),
+// O Tensor?, S Scalar, I int, B bool, Z SymInt[], d ScalarType?, l Layout?, v Device?,
+// p bool?, m MemoryFormat?; "&" after them: the return is the written tensor.
+
+template <char K> struct Arg;
+template <> struct Arg<'T'> {
+  using type = const at::Tensor&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR; }
+  static const at::Tensor& get(const trt_value& v) { return as_tensor(v.u.t); }
+};
+template <> struct Arg<'W'> {
+  using type = at::Tensor&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR; }
+  static at::Tensor& get(const trt_value& v) { return as_tensor(v.u.t); }
+};
+template <> struct Arg<'O'> {
+  using type = const std::optional<at::Tensor>&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR || v.tag == TRT_NONE; }
+  static std::optional<at::Tensor> get(const trt_value& v) {
+    return v.tag == TRT_TENSOR ? std::optional<at::Tensor>(as_tensor(v.u.t)) : std::nullopt;
+  }
+};
+template <> struct Arg<'S'> {
+  using type = const at::Scalar&;
+  static bool ok(const trt_value& v) {
+    return v.tag == TRT_INT || v.tag == TRT_FLOAT || v.tag == TRT_BOOL;
+  }
+  static at::Scalar get(const trt_value& v) {  // as IValue::toScalar makes it
+    return v.tag == TRT_FLOAT ? at::Scalar(v.u.f)
+           : v.tag == TRT_BOOL ? at::Scalar(v.u.i != 0)
+                               : at::Scalar(v.u.i);
+  }
+};
+template <> struct Arg<'I'> {
+  using type = int64_t;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT; }
+  static int64_t get(const trt_value& v) { return v.u.i; }
+};
+template <> struct Arg<'B'> {
+  using type = bool;
+  static bool ok(const trt_value& v) { return v.tag == TRT_BOOL; }
+  static bool get(const trt_value& v) { return v.u.i != 0; }
+};
+template <> struct Arg<'Z'> {
+  using type = c10::SymIntArrayRef;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT_LIST; }
+  static c10::SymIntArrayRef get(const trt_value& v) {
+    return c10::fromIntArrayRefSlow(c10::IntArrayRef(v.u.ints, v.len));
+  }
+};
+template <class E> struct OptionalEnum {
+  using type = std::optional<E>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT || v.tag == TRT_NONE; }
+  static std::optional<E> get(const trt_value& v) {
+    return v.tag == TRT_INT ? std::optional<E>(static_cast<E>(v.u.i)) : std::nullopt;
+  }
+};
+template <> struct Arg<'d'> : OptionalEnum<c10::ScalarType> {};
+template <> struct Arg<'l'> : OptionalEnum<c10::Layout> {};
+template <> struct Arg<'m'> : OptionalEnum<c10::MemoryFormat> {};
+template <> struct Arg<'v'> {
+  using type = std::optional<c10::Device>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_DEVICE || v.tag == TRT_NONE; }
+  static std::optional<c10::Device> get(const trt_value& v) {
+    if (v.tag == TRT_NONE) return std::nullopt;
+    return c10::Device(static_cast<c10::DeviceType>(v.u.i >> 16),
+                       static_cast<c10::DeviceIndex>((v.u.i & 0xffff) - 1));
+  }
+};
+template <> struct Arg<'p'> {
+  using type = std::optional<bool>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_BOOL || v.tag == TRT_NONE; }
+  static std::optional<bool> get(const trt_value& v) {
+    return v.tag == TRT_BOOL ? std::optional<bool>(v.u.i != 0) : std::nullopt;
+  }
+};
+
+template <bool Written, char... Ks>
+struct Unboxed {
+  using Ret = std::conditional_t<Written, at::Tensor&, at::Tensor>;
+  using Sig = Ret(typename Arg<Ks>::type...);
+  using Handle = c10::TypedOperatorHandle<Sig>;
+
+  static void* make(const c10::OperatorHandle& h) { return new Handle(h.typed<Sig>()); }
+
+  static bool call(const trt_op* op, const trt_value* a, trt_value* ret) {
+    return call_with(op, a, ret, std::make_index_sequence<sizeof...(Ks)>{});
+  }
+
+  template <size_t... I>
+  static bool call_with(const trt_op* op, const trt_value* a, trt_value* ret,
+                        std::index_sequence<I...>) {
+    if (!(Arg<Ks>::ok(a[I]) && ...)) return false;
+    Ret r = static_cast<const Handle*>(op->typed)->call(Arg<Ks>::get(a[I])...);
+    ret->tag = TRT_TENSOR;
+    ret->len = 0;
+    ret->u.t = new_handle(at::Tensor(r));
+    return true;
+  }
+};
+
+struct UnboxedSignature {
+  const char* kinds;
+  void* (*make)(const c10::OperatorHandle&);
+  bool (*call)(const trt_op*, const trt_value*, trt_value*);
+};
+
+template <bool Written, char... Ks>
+constexpr UnboxedSignature sig(const char* kinds) {
+  return {kinds, &Unboxed<Written, Ks...>::make, &Unboxed<Written, Ks...>::call};
+}
+
+const UnboxedSignature kUnboxed[] = {
+    // functional: relu, mul/div/mm/bmm/matmul, add/sub, mul.Scalar, add.Scalar, where,
+    // addmm/baddbmm, linear, softmax/_softmax
+    sig<false, 'T'>("T"), sig<false, 'T', 'T'>("TT"), sig<false, 'T', 'T', 'S'>("TTS"),
+    sig<false, 'T', 'S'>("TS"), sig<false, 'T', 'S', 'S'>("TSS"),
+    sig<false, 'T', 'T', 'T'>("TTT"), sig<false, 'T', 'T', 'T', 'S', 'S'>("TTTSS"),
+    sig<false, 'T', 'T', 'O'>("TTO"), sig<false, 'T', 'I', 'd'>("TId"),
+    sig<false, 'T', 'I', 'B'>("TIB"),
+    // .out overloads (Note [Buffer reuse] in plan.py)
+    sig<true, 'T', 'W'>("TW&"), sig<true, 'T', 'T', 'W'>("TTW&"),
+    sig<true, 'T', 'T', 'S', 'W'>("TTSW&"), sig<true, 'T', 'S', 'W'>("TSW&"),
+    sig<true, 'T', 'S', 'S', 'W'>("TSSW&"), sig<true, 'T', 'T', 'T', 'W'>("TTTW&"),
+    sig<true, 'T', 'T', 'T', 'S', 'S', 'W'>("TTTSSW&"),
+    // in place: relu_, mul_, add_, mul_.Scalar, copy_
+    sig<true, 'W'>("W&"), sig<true, 'W', 'T'>("WT&"), sig<true, 'W', 'T', 'S'>("WTS&"),
+    sig<true, 'W', 'S'>("WS&"), sig<true, 'W', 'T', 'B'>("WTB&"),
+    // allocation: empty.memory_format, empty_like
+    sig<false, 'Z', 'd', 'l', 'v', 'p', 'm'>("Zdlvpm"),
+    sig<false, 'T', 'd', 'l', 'v', 'p', 'm'>("Tdlvpm"),
+};
+
+// The kinds string of a schema (Note [Unboxed calls]); "" for one no kUnboxed entry can take.
+std::string unboxed_kinds(const c10::FunctionSchema& schema) {
+  using c10::TypeKind;
+  std::string kinds;
+  for (const auto& arg : schema.arguments()) {
+    const c10::TypePtr& type = arg.real_type();
+    bool written = arg.alias_info() && arg.alias_info()->isWrite();
+    TypeKind kind = type->kind();
+    if (kind == TypeKind::TensorType) {
+      kinds += written ? 'W' : 'T';
+      continue;
+    }
+    if (written) return "";
+    if (kind == TypeKind::NumberType) kinds += 'S';
+    else if (kind == TypeKind::IntType) kinds += 'I';
+    else if (kind == TypeKind::BoolType) kinds += 'B';
+    else if (kind == TypeKind::ListType &&
+             type->expectRef<c10::ListType>().getElementType()->kind() == TypeKind::SymIntType)
+      kinds += 'Z';
+    else if (kind == TypeKind::OptionalType) {
+      TypeKind inner = type->expectRef<c10::OptionalType>().getElementType()->kind();
+      kinds += inner == TypeKind::TensorType         ? 'O'
+               : inner == TypeKind::ScalarTypeType   ? 'd'
+               : inner == TypeKind::LayoutType       ? 'l'
+               : inner == TypeKind::DeviceObjType    ? 'v'
+               : inner == TypeKind::BoolType         ? 'p'
+               : inner == TypeKind::MemoryFormatType ? 'm'
+                                                     : '?';
+    } else {
+      return "";
+    }
+  }
+  const auto& returns = schema.returns();
+  if (returns.size() != 1 || returns[0].real_type()->kind() != TypeKind::TensorType) return "";
+  if (returns[0].alias_info() && returns[0].alias_info()->isWrite()) kinds += '&';
+  return kinds;
+}
+
 // ---- trt_api ------------------------------------------------------------------------------
 
 trt_op* api_op(const char* name, const char* overload) {
   auto h = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!h) return nullptr;
-  return new trt_op{*h, std::strncmp(name, "_c10d_functional::", 18) == 0};
+  auto* op = new trt_op{*h};
+  op->release_gil = std::strncmp(name, "_c10d_functional::", 18) == 0;
+  std::string kinds = unboxed_kinds(h->schema());
+  for (const auto& entry : kUnboxed) {
+    if (kinds != entry.kinds) continue;
+    try {
+      op->typed = entry.make(*h);  // checks the C++ signature against the schema
+      op->unboxed = entry.call;
+      op->nargs = static_cast<int32_t>(kinds.size()) - (kinds.back() == '&');
+    } catch (const c10::Error&) {
+      op->typed = nullptr;  // a signature the operator does not have: boxed calls
+    }
+    break;
+  }
+  return op;
 }
 
 int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
   // Reused across calls: the GIL serializes SCM calls, and no op calls back into an SCM.
   thread_local torch::jit::Stack stack;
   try {
+    if (op->unboxed && nargs == op->nargs && nrets == 1 && op->unboxed(op, args, rets)) return 0;
     stack.clear();
     for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
     if (op->release_gil && PyGILState_Check()) {
@@ -260,10 +459,57 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
   }
 }
 
+// Note [Views in C] (trident/plan.py): a tensor's geometry, and tensors of computed views.
+int api_view_of(trt_tensor* handle, trt_view* out) {
+  const at::Tensor& t = as_tensor(handle);
+  int64_t dim = t.dim();
+  if (dim > TRT_MAX_VIEW_DIM || !t.has_storage() || t.layout() != c10::kStrided) {
+    g_error = "trident: a view computed in C of a tensor that is not strided, or of more than "
+              "16 dims";
+    g_error_kind = ERR_GENERIC;
+    return 1;
+  }
+  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+  out->base = handle;
+  out->data = static_cast<char*>(const_cast<void*>(storage.data()));
+  out->itemsize = static_cast<int64_t>(t.itemsize());
+  out->nbytes = static_cast<int64_t>(storage.nbytes());
+  out->offset = t.storage_offset();
+  out->dim = static_cast<int32_t>(dim);
+  std::copy(t.sizes().begin(), t.sizes().end(), out->sizes);
+  std::copy(t.strides().begin(), t.strides().end(), out->strides);
+  return 0;
+}
+
+trt_tensor* api_view_tensor(const trt_view* view, int32_t how) {
+  try {
+    const at::Tensor& base = as_tensor(view->base);
+    c10::IntArrayRef sizes(view->sizes, view->dim), strides(view->strides, view->dim);
+    if (how == TRT_VIEW_EAGER) return new_handle(at::as_strided(base, sizes, strides, view->offset));
+    // ATen's alias_with_sizes_and_strides (TensorShape.cpp), the kernel of every view op
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), base.dtype());
+    auto* impl = t.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(sizes, strides, view->offset);
+    if (how == TRT_VIEW_KERNEL && !base.is_inference())
+      impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
+    return new_handle(std::move(t));
+  } catch (const c10::Error& e) {
+    g_error = e.what_without_backtrace();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  }
+}
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
-    api_python_callback, api_set_error, api_empty_strided,
+    api_python_callback, api_set_error, api_empty_strided, api_view_of,
+    api_view_tensor,
 };
 
 // ---- reading arguments and building results ------------------------------------------------
@@ -1293,6 +1539,20 @@ PyObject* build_result(PyObject*, PyObject* args) {
 
 PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }
 
+// unboxed_signature(name, overload) -> str | None: the argument kinds of the typed call that
+// api_call makes for this operator (Note [Unboxed calls]), or None where it calls boxed.
+PyObject* unboxed_signature(PyObject*, PyObject* args) {
+  const char *name, *overload;
+  if (!PyArg_ParseTuple(args, "ss", &name, &overload)) return nullptr;
+  trt_op* op = api_op(name, overload);
+  if (!op) {
+    PyErr_Format(PyExc_ValueError, "no operator %s.%s", name, overload);
+    return nullptr;
+  }
+  if (!op->unboxed) Py_RETURN_NONE;
+  return PyUnicode_FromString(unboxed_kinds(op->handle.schema()).c_str());
+}
+
 // dtype_code(dtype) -> int: the c10::ScalarType a torch.dtype stands for (what read_arg reports).
 PyObject* dtype_code(PyObject*, PyObject* dtype) {
   if (!THPDtype_Check(dtype)) {
@@ -1323,6 +1583,8 @@ PyMethodDef module_methods[] = {
     {"register_callback", register_callback, METH_O,
      "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
     {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
+    {"unboxed_signature", unboxed_signature, METH_VARARGS,
+     "unboxed_signature(name, overload) -> str | None: an operator's typed call, if any."},
     {"build_result", build_result, METH_VARARGS,
      "build_result(ops, flat, values): an output recipe applied to flat outputs."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
