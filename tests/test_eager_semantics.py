@@ -261,6 +261,42 @@ def test_global_side_effects_run_eagerly():
     calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
 
 
+def _seed_then_restore(x):
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        return x + torch.rand_like(x)
+
+
+def _set_state_then_restore(x, state):
+    saved = torch.random.get_rng_state()
+    torch.random.set_rng_state(state)
+    try:
+        return torch.nn.functional.dropout(x, 0.5) * torch.randn(x.shape)
+    finally:
+        torch.random.set_rng_state(saved)
+
+
+def test_random_ops_under_a_restored_rng_state_run_eagerly():
+    """A function that seeds or sets the RNG, draws, and puts the RNG back before it returns
+    (OpInfo's wrapper_set_seed, fork_rng) leaves no change a trace sees afterwards; its draws
+    still depend on the seed, so it runs eagerly, equal to eager on every call."""
+    x = torch.randn(100)
+    state = torch.Generator().manual_seed(5).get_state()
+    for fn in (_seed_then_restore, lambda x: _set_state_then_restore(x, state)):
+        jf = trident.jit(fn)
+        with pytest.warns(UserWarning, match="random generator in another state"):
+            first = jf(x)
+        assert_same(first, fn(x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                got = jf(x)
+                torch.manual_seed(seed)
+                assert_same(got, fn(x))
+        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+
+
 def test_seed_outside_the_function():
     """torch.manual_seed before each call: the compiled dropout draws what eager draws."""
     x = torch.randn(100)

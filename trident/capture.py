@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import TridentError
 
@@ -119,9 +120,13 @@ class _SourceLines(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.in_user_code = False
+        self.rng: bytes | None = None  # the generators' state when the function was entered
+        self.rng_set = False  # a torch call ran while they were in another state
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.in_user_code:
+            if not self.rng_set and self.rng is not None:  # Note [Global side effects]
+                self.rng_set = _rng_state() != self.rng
             for name, read in _UNGUARDED_READS.items():
                 if func == read:
                     frame = _user_frame()
@@ -282,7 +287,9 @@ def _global_state() -> dict:
     generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
     grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
     not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
-    function that changes any of these runs eagerly; the state is put back first, so that the
+    function that changes any of these runs eagerly, and so does one that calls torch while the
+    random generators are in another state than at its entry, though it puts them back before
+    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares); the state is put back first, so that the
     eager call makes the change itself, once."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
@@ -290,6 +297,15 @@ def _global_state() -> dict:
     if torch.cuda.is_initialized():
         state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
     return state
+
+
+def _rng_state() -> bytes:
+    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes."""
+    with _disable_current_modes():
+        states = [torch.random.get_rng_state()]
+        if torch.cuda.is_initialized():
+            states += [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+        return b"".join(bytes(s.numpy()) for s in states)
 
 
 def _restore_global_state(state: dict) -> None:
@@ -329,6 +345,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
+        mode.rng = _rng_state()
         mode.in_user_code = True
         try:
             result = fn(*flat_args)
@@ -368,6 +385,10 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         _restore_global_state(state)
         raise TridentError(f"{name} changes global torch state "
                            f"({', '.join(changed)}), which a compiled call would not replay")
+    if mode.rng_set:  # Note [Global side effects]
+        raise TridentError(f"{name} calls torch with the random generator in another state "
+                           "that it puts back before returning (torch.manual_seed inside "
+                           "freeze_rng_state), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "
