@@ -380,7 +380,7 @@ enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIO
 enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
 enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
 enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
-                 R_AGAIN, R_BUILT };
+                 R_AGAIN, R_BUILT, R_STRUCTSEQ };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
 
 struct Param {
@@ -642,9 +642,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
     }
     case R_TUPLE:
     case R_LIST:
-    case R_NAMEDTUPLE: {
-      PyObject* cls = code == R_NAMEDTUPLE ? PyTuple_GET_ITEM(op, 1) : nullptr;
-      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, code == R_NAMEDTUPLE ? 2 : 1));
+    case R_NAMEDTUPLE:
+    case R_STRUCTSEQ: {
+      bool typed = code == R_NAMEDTUPLE || code == R_STRUCTSEQ;
+      PyObject* cls = typed ? PyTuple_GET_ITEM(op, 1) : nullptr;
+      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, typed ? 2 : 1));
       PyObject* items = code == R_LIST ? PyList_New(n) : PyTuple_New(n);
       if (!items) return nullptr;
       for (Py_ssize_t i = 0; i < n; ++i) {
@@ -657,6 +659,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
         else PyTuple_SET_ITEM(items, i, item);
       }
       if (!cls) return items;
+      if (code == R_STRUCTSEQ) {  // torch.return_types.max(items): structseq_new, C
+        PyObject* out = PyObject_CallOneArg(cls, items);
+        Py_DECREF(items);
+        return out;
+      }
       // tuple.__new__(cls, items): C, unlike a namedtuple's generated Python __new__
       PyObject* pack = PyTuple_Pack(1, items);
       Py_DECREF(items);
