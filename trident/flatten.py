@@ -34,7 +34,8 @@ tree covers (a lazily initialized cache that stores new tensors in ``self.keys``
 its assignments are undone, and the call runs eagerly. The result's structure
 (:class:`OutputRecipe`) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
 namedtuples, ``torch.return_types`` struct sequences, dataclasses and transformers'
-``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself (``past_key_values`` returned in the output) by reference.
+``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself
+(``past_key_values`` returned in the output) by reference.
 """
 
 from __future__ import annotations
