@@ -112,6 +112,21 @@ def test_python_scalars_int_tensors(dtype):
     calls(_int_scalars, x, torch.tensor(3, dtype=dtype))
 
 
+def _bool_and_int_fills(x, b, i):
+    return (torch.fill(x, b), x.masked_fill(x > 0, b), torch.full_like(x, b),
+            x.clone().fill_(i), torch.full((2,), b), torch.full_like(x, i, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_scalar_conversions_of_constants(dtype):
+    """Torch-MLIR converts a Python bool or int for a Scalar slot with TorchScript's
+    ``aten::Int.bool`` / ``aten::Float.int``, which no dispatcher holds: the plan folds them
+    (each value is a constant of its specialization)."""
+    x = torch.arange(-3, 5).to(dtype)
+    for b, i in ((True, 3), (False, 0)):
+        calls(lambda x: _bool_and_int_fills(x, b, i), x)
+
+
 def test_python_scalar_on_zero_dim_reduced_float_runs_eagerly():
     """No plain tensor reproduces 0.1 as a wrapped number next to a 0-dim bfloat16 tensor
     (eager reads the double; a bf16 0-dim tensor would round it): that call runs eagerly."""
