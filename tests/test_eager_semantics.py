@@ -113,15 +113,15 @@ def test_python_scalars_int_tensors(dtype):
 
 
 def _bool_and_int_fills(x, b, i):
-    return (torch.fill(x, b), x.masked_fill(x > 0, b), torch.full_like(x, b),
+    return (torch.fill(x, b), x.masked_fill(x > 0, b), torch.full_like(x, b), b + x, x * b,
             x.clone().fill_(i), torch.full((2,), b), torch.full_like(x, i, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
-def test_scalar_conversions_of_constants(dtype):
-    """Torch-MLIR converts a Python bool or int for a Scalar slot with TorchScript's
-    ``aten::Int.bool`` / ``aten::Float.int``, which no dispatcher holds: the plan folds them
-    (each value is a constant of its specialization)."""
+def test_python_bools_in_scalar_slots(dtype):
+    """Torch-MLIR passes a Python bool to a Scalar slot through TorchScript's
+    ``aten::Int.bool``, which no dispatcher holds; the op gets the bool, as in eager (``False +
+    bool_tensor`` stays bool: an int would promote it to int64)."""
     x = torch.arange(-3, 5).to(dtype)
     for b, i in ((True, 3), (False, 0)):
         calls(lambda x: _bool_and_int_fills(x, b, i), x)

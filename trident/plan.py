@@ -61,9 +61,6 @@ _LOC = re.compile(r'"([^"]+)":(\d+)')
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
-_CONVERSION = re.compile(r"torch\.aten\.(Int|Float|Bool)\.\w+")
-
-
 @dataclasses.dataclass
 class Step:
     """One operator call: ``rets = op(*args)``."""
@@ -238,15 +235,12 @@ class _Walker:
             elif name in _INT_OPS or (name == "torch.aten.size.int" and self.env.get(
                     op.operands[0], {}).get("k") == "arg"):
                 self.int_step(op, name, where, text)
-            elif (conversion := _CONVERSION.fullmatch(name)) and all(
-                    self.env.get(v, {}).get("k") in ("int", "float", "bool")
-                    for v in op.operands):
-                # TorchScript's scalar conversions (aten::Int.bool) are not dispatcher ops:
-                # folded when their operand is a constant (fill(x, True))
-                kind = conversion.group(1).lower()
-                value = self.operand(op.operands[0], where)["v"]
-                self.env[op.result] = {"k": kind, "v": {"int": int, "float": float,
-                                                         "bool": bool}[kind](value)}
+            elif name == "torch.aten.Int.bool" and self.env.get(
+                    op.operands[0], {}).get("k") == "bool":
+                # Torch-MLIR passes a Python bool to a Scalar slot (fill(x, True), False + x)
+                # through TorchScript's Int.bool, which no dispatcher holds; eager's op gets
+                # the bool itself (bool + bool tensor stays bool)
+                self.env[op.result] = self.operand(op.operands[0], where)
             elif name == "torch.prim.NumToTensor.Scalar":
                 self.env[op.result] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
