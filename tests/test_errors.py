@@ -386,3 +386,24 @@ def test_op_error_message_is_pytorchs_message_without_cpp_backtrace():
     where = f"{HERE}:{line_of(gather_rows, 'x[i]')}"
     assert re.fullmatch(rf"{re.escape(where)} \(aten::index\.Tensor\): "
                         rf"{re.escape(str(eager.value))}", str(err.value)), str(err.value)
+
+
+def _size_division(x, y):
+    return torch.ones(x.shape[0] // (y.shape[0] - 4)), x.shape[0] % (y.shape[0] - 4)
+
+
+def test_division_by_zero_in_a_size_expression_raises_zero_division_error():
+    """With dynamic dims, a size expression whose divisor becomes 0 raises eager's
+    ZeroDivisionError (the specialization's guards exclude that size; its trace raises and the
+    call runs eagerly), and the sizes around it are served as before."""
+    jf = trident.jit(_size_division, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, 4, 7, 4):
+            x, y = torch.randn(n + 3), torch.randn(n)
+            if n == 4:
+                with pytest.raises(ZeroDivisionError):
+                    jf(x, y)
+            else:
+                assert_same(jf(x, y), _size_division(x, y))
+    assert jf.stats.fallbacks == 2, jf.stats
