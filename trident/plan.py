@@ -475,6 +475,30 @@ def _is_functional(schema) -> bool:
     return all(r.alias_info is None for r in schema.returns)
 
 
+def rerun_eagerly(plan: Plan) -> list[bool]:
+    """Note [Errors inside try] in capture.py: per step, whether a call that fails there may
+    run again eagerly: nothing the steps before it did is visible to the caller (no write to a
+    tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
+    tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""
+    clean, out = True, []
+    for step in plan.steps:
+        out.append(clean)
+        clean = clean and not _visible_effect(step)
+    return out
+
+
+def _visible_effect(step: Step) -> bool:
+    if step.op == "int":
+        return False
+    schema = _schema(step.op, step.overload) if step.op.startswith("aten::") else None
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write
+                             for a in schema.arguments):
+        return True
+    packet = getattr(torch.ops.aten, step.op[len("aten::"):], None)
+    overload = getattr(packet, step.overload or "default", None)
+    return overload is None or torch.Tag.nondeterministic_seeded in overload.tags
+
+
 def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)

@@ -46,8 +46,10 @@ namespace {
 thread_local std::string g_error;
 // The Python exception class of the pending error, as an index into ErrorTypes (trident/
 // errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins),
-// so that ``except IndexError`` around a call catches what eager PyTorch would raise.
-enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_KINDS };
+// so that ``except IndexError`` around a call catches what eager PyTorch would raise. ERR_EAGER
+// is no error kind of an op: the class that TRT_EAGER raises (errors.EagerCall).
+enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_EAGER,
+       ERR_KINDS };
 thread_local int g_error_kind = ERR_GENERIC;
 
 at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
@@ -897,8 +899,8 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
       rc = self->call(a, static_cast<int32_t>(n), &env, &result);
     }
-    if (rc == TRT_ERROR) {
-      PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
+    if (rc == TRT_ERROR || rc == TRT_EAGER) {
+      PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? ERR_EAGER : g_error_kind], g_error.c_str());
       warnings.set_in_exception();
     }
   } catch (python_error& e) {  // a warning the filters turned into an exception
@@ -908,7 +910,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
     return nullptr;
   }
   *rc_out = rc;
-  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR) return nullptr;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR || rc == TRT_EAGER) return nullptr;
   const char* p = result.spec;
   int32_t next = 0;
   PyObject* out = build_output(p, &result, next);
@@ -950,6 +952,17 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
   if (rc == TRT_MISS) return slow_path(self, args, kwargs);
+  if (rc == TRT_EAGER) {  // Note [Errors inside try] in capture.py: eager takes its branch
+    PyObject *type, *error, *tb;
+    PyErr_Fetch(&type, &error, &tb);
+    PyErr_NormalizeException(&type, &error, &tb);
+    PyObject* eager = PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_eager_path",
+                                          "OOO", args, kwargs ? kwargs : Py_None, error);
+    Py_XDECREF(type);
+    Py_XDECREF(error);
+    Py_XDECREF(tb);
+    return eager;
+  }
   if (!out) return nullptr;
   ++self->hits;
   PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
