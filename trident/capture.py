@@ -345,10 +345,10 @@ def _global_state() -> dict:
     generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
     grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
     not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
-    function that changes any of these runs eagerly, and so does one that calls torch while the
+    function that changes any of these runs eagerly (the state is put back first, so that the
+    eager call makes the change itself, once), and so does one that calls torch while the
     random generators are in another state than at its entry, though it puts them back before
-    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares); the state is put back first, so that the
-    eager call makes the change itself, once."""
+    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
