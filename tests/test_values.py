@@ -454,6 +454,17 @@ def test_ops_returning_struct_sequences():
     _run_child(code)
 
 
+def test_results_holding_torch_sizes():
+    """``torch.Size`` results (``x.shape``, ``torch.broadcast_shapes``) come back as
+    ``torch.Size``, as in eager."""
+    def f(x, y):
+        return torch.broadcast_shapes(x.shape, y.shape), x.sum(0).shape, [x.shape], x + y
+
+    jf, want, got = run_both(f, torch.randn(3, 1, generator=g()), torch.randn(4))
+    for out in got:
+        assert_same(out, want)
+
+
 def test_cat_stack_and_tensor_list_inputs_from_args():
     def f(x, y, z):
         return torch.cat([x, y, z], 0), torch.stack([x, y], -1), torch.cat([x.t(), z.t()], 1)

@@ -349,10 +349,12 @@ def _is_namedtuple(t: type) -> bool:
 
 
 def _is_structseq(t: type) -> bool:
-    """A C struct sequence whose fields are all items (``torch.return_types.sort``,
-    ``os.stat_result`` is not: it has fields beyond its items)."""
-    return (issubclass(t, tuple) and isinstance(getattr(t, "n_fields", None), int)
-            and t.n_fields == t.n_sequence_fields and t.n_unnamed_fields == 0)
+    """A C tuple type made by calling it on its items: ``torch.Size``, a struct sequence whose
+    fields are all items (``torch.return_types.sort``; ``os.stat_result`` is not: it has fields
+    beyond its items)."""
+    return t is torch.Size or (issubclass(t, tuple) and isinstance(getattr(t, "n_fields", None),
+                                                                   int)
+                               and t.n_fields == t.n_sequence_fields and t.n_unnamed_fields == 0)
 
 
 def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, list, list]:
@@ -506,8 +508,8 @@ class OutputRecipe:
     an item); ``(R_BUILT, op)`` the container or object op ``op`` made, once more;
     ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
-    ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C struct sequence such as
-    ``torch.return_types.max``, made by calling ``cls`` (C) on the items; ``(R_OBJECT, cls,
+    ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C tuple type such as
+    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items; ``(R_OBJECT, cls,
     base, attributes, item keys)`` an object made by its base type's ``tp_new`` whose
     ``__dict__`` entries and (dict bases) items are set without calling its Python methods, as
     a dataclass or transformers' ``ModelOutput`` holds them after ``__init__``."""
