@@ -465,6 +465,32 @@ def test_results_holding_torch_sizes():
         assert_same(out, want)
 
 
+def _scalars_of_data(x, i):
+    return x.sum().item(), x.max().item(), (x > 0).any().item(), i.argmax().item(), x * 2
+
+
+def test_scalars_computed_from_data_are_results():
+    """``.item()`` results (float, int, bool) come from the call's own data on every hit: the
+    trace returns the op's symbolic scalar and the plan returns the value the op computes."""
+    jf = trident.jit(_scalars_of_data)
+    for seed in range(3):
+        x, i = torch.randn(5, generator=g(seed)), torch.randint(0, 9, (4,), generator=g(seed))
+        assert_same(jf(x, i), _scalars_of_data(x, i))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 2), jf.stats
+
+
+def test_sizes_under_dynamic_dims_are_results():
+    """A size returned under dynamic dims is computed per call (one specialization)."""
+    def f(x):
+        return x.shape[0], x.shape, x.sum(0)
+
+    jf = trident.jit(f, dynamic=True)
+    for n in (3, 4, 5, 4):
+        x = torch.randn(n, 2, generator=g(n))
+        assert_same(jf(x), f(x))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 3), jf.stats
+
+
 def test_cat_stack_and_tensor_list_inputs_from_args():
     def f(x, y, z):
         return torch.cat([x, y, z], 0), torch.stack([x, y], -1), torch.cat([x.t(), z.t()], 1)

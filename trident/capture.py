@@ -67,6 +67,11 @@ class Capture:
     catching: str = ""
 
 
+# What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
+# a size under dynamic dims), which the plan returns as its scalar values.
+_GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static."""
@@ -421,7 +426,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         holder["recipe"] = recipe
         holder["requires_grad"] = any(isinstance(leaf, torch.Tensor) and leaf.requires_grad
                                       for leaf in leaves)
-        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+        return tuple(leaf for leaf in leaves if isinstance(leaf, _GRAPH_OUTPUTS))
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
@@ -453,7 +458,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                            "inference")
     out_leaves = []
     for leaf in holder["leaves"]:
-        if isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, _GRAPH_OUTPUTS):  # a tensor, or a scalar an op returned (.item())
             out_leaves.append(None)
         elif leaf is None or type(leaf) in (int, float, bool):
             out_leaves.append(("const", leaf))

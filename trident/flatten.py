@@ -599,7 +599,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         if isinstance(v, torch.Tensor) and id(v) in flat_index:
             simple[0] = False
             ops.append((R_AGAIN, flat_index[id(v)]))
-        elif isinstance(v, torch.Tensor) or t in _SCALARS:
+        elif isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) \
+                or t in _SCALARS:  # (a Sym scalar: an op's result while traced, .item())
             if isinstance(v, torch.Tensor):
                 flat_index[id(v)] = len(flat)
             flat.append(v)
