@@ -23,6 +23,7 @@ import argparse
 import collections
 import logging
 import random
+import re
 import sys
 import threading
 import traceback
@@ -238,11 +239,15 @@ def run_program(prog: dict, counts: collections.Counter) -> list[str]:
         layouts = other if n == CALLS - 1 else None
         want_args, got_args = make_args(prog, n, layouts), make_args(prog, n, layouts)
         want, want_error = _call(fn, want_args)
+        fallbacks = jf.stats.fallbacks
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             got, got_error = _call(jf, got_args)
         counts["calls"] += 1
         counts["eager errors"] += want_error is not None
+        # a call that ran eagerly though eager itself succeeds (not an error eager raises too)
+        counts["fallbacks where eager works"] += (jf.stats.fallbacks > fallbacks
+                                                  and want_error is None)
         if want_error is not None or got_error is not None:
             # Trident's errors name the step and subclass eager's class (errors.py)
             if want_error is None or not isinstance(got_error, type(want_error)):
@@ -260,7 +265,7 @@ def run_program(prog: dict, counts: collections.Counter) -> list[str]:
     counts["fallbacks"] += jf.stats.fallbacks
     for reason in jf.stats.miss_reasons:
         if reason.startswith("eager: "):
-            REASONS[reason.split(": ", 1)[1][:100]] += 1
+            REASONS[re.sub(r"<fuzz \d+>:\d+ \(\): ", "", reason.split(": ", 1)[1])[:100]] += 1
     counts["hits"] += jf.stats.hits
     return faults
 
