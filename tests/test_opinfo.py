@@ -96,9 +96,10 @@ def _clone(x):
     return x
 
 
-def same(got, want) -> str | None:
-    """None when ``got`` equals ``want`` (types, structure, dtypes, shapes, values NaN-aware,
-    Python floats by value with NaN equal to NaN); otherwise what differs."""
+def same(got, want, values: bool = True) -> str | None:
+    """None when ``got`` equals ``want`` (types, structure, dtypes, shapes, values NaN-aware
+    unless not ``values``, Python floats by value with NaN equal to NaN); otherwise what
+    differs."""
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"{type(got).__name__} where eager returns a tensor"
@@ -106,6 +107,8 @@ def same(got, want) -> str | None:
             return f"{got.dtype}{list(got.shape)} vs eager {want.dtype}{list(want.shape)}"
         if got.layout != want.layout:
             return f"layout {got.layout} vs eager {want.layout}"
+        if not values:
+            return None
         g, w = got.detach(), want.detach()
         if g.layout != torch.strided:  # sparse results: their values
             g, w = g.to_dense(), w.to_dense()
@@ -127,7 +130,7 @@ def same(got, want) -> str | None:
         if len(got) != len(want):
             return f"length {len(got)} vs eager {len(want)}"
         for g, w in zip(got, want):
-            why = same(g, w)
+            why = same(g, w, values)
             if why:
                 return why
         return None
@@ -153,8 +156,10 @@ def check_case(op, sample) -> tuple[str, str]:
     want, error, want_args = _run(op.op, sample, 0)
     if error is not None:
         return "skip", f"eager raises {type(error).__name__}"
+    # the empty family returns memory it never wrote: its values are not the op's
+    values = "empty" not in op.name
     again, _, _ = _run(op.op, sample, 0)
-    if same(again, want) is not None:
+    if same(again, want, values) is not None:
         return "skip", "eager is not deterministic"
     operator = op.op
 
@@ -168,7 +173,7 @@ def check_case(op, sample) -> tuple[str, str]:
             got, got_error, got_args = _run(jf, sample, 0)
         if got_error is not None:
             return "crash", f"call {n}: {type(got_error).__name__}: {str(got_error)[:300]}"
-        why = same(got, want) or same(got_args, want_args)
+        why = same(got, want, values) or same(got_args, want_args)
         if why:
             return "different", f"call {n}: {why}"
     stats = jf.stats

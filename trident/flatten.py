@@ -15,8 +15,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number, dtype, device, ``torch.Size`` or frozen set inside an object:
-  equal by value (floats by bit pattern) and of the same exact type;
+* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size`` or
+  frozen set inside an object: equal by value (floats by bit pattern) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
@@ -61,7 +61,7 @@ MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
-           torch.Size, range)
+           torch.Size, range, torch.memory_format, torch.layout)
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
