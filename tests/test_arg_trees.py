@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import assert_same
 
 
 def run_both(f, *args, **kwargs):
@@ -115,6 +116,24 @@ def test_sets_of_numbers_run_eagerly_and_sets_of_str_are_compared():
         warnings.simplefilter("ignore")
         for _ in range(2):
             assert torch.equal(jf(x, s1), adds(x, s2)) and s1 == s2
+
+
+def _to_format(x, memory_format, layout=torch.strided, dtype=torch.float64, device="cpu"):
+    return (x.to(dtype).clone(memory_format=memory_format),
+            torch.zeros(2, layout=layout, dtype=dtype, device=torch.device(device)))
+
+
+def test_torch_constants_as_arguments_are_guarded_by_value():
+    """dtypes, devices, memory formats and layouts passed as arguments (OpInfo passes
+    ``memory_format=``) are constants of a specialization: a call with another one misses."""
+    x = torch.randn(2, 3, 4, 5)
+    jf = trident.jit(_to_format)
+    calls = [dict(memory_format=torch.channels_last), dict(memory_format=torch.contiguous_format),
+             dict(memory_format=torch.channels_last, dtype=torch.float16),
+             dict(memory_format=torch.channels_last)]
+    for kwargs in calls:
+        assert_same(jf(x, **kwargs), _to_format(x, **kwargs))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (3, 0, 1), jf.stats
 
 
 def test_complex_constants_compare_bit_patterns():

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jinja2
 
 from .guards import c_int
+from .plan import rerun_eagerly
 from .specialization import Specialization
 
 # Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
@@ -75,6 +76,7 @@ class CStep:
     buffer: str = ""  # aten_out: the static buffer the .out overload writes
     out_op_index: int = 0
     reuse: str = ""  # aten_out: the C condition under which the buffer is reused
+    on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
 
 class Rendered(NamedTuple):
@@ -507,6 +509,9 @@ class _SpecRenderer:
     def render(self) -> dict:
         plan = self.spec.plan
         steps = [self.step(i, s) for i, s in enumerate(plan.steps)]
+        if self.spec.catching:  # Note [Errors inside try] in capture.py
+            for step, clean in zip(steps, rerun_eagerly(plan)):
+                step.on_error = "eager" if clean else "fail"
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
@@ -524,6 +529,7 @@ class _SpecRenderer:
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
             "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
+            "eager": any(step.on_error == "eager" for step in steps),
         }
 
 

@@ -15,8 +15,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number, dtype, device, ``torch.Size`` or frozen set inside an object:
-  equal by value (floats by bit pattern) and of the same exact type;
+* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size`` or
+  frozen set inside an object: equal by value (floats by bit pattern) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
@@ -33,8 +33,9 @@ fake tensors in place and restored afterwards; a function that assigns to the Py
 tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is reported,
 its assignments are undone, and the call runs eagerly. The result's structure
 (:class:`OutputRecipe`) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
-namedtuples, dataclasses and transformers' ``ModelOutput`` (an ``OrderedDict`` dataclass), and
-objects of the call itself (``past_key_values`` returned in the output) by reference.
+namedtuples, ``torch.return_types`` struct sequences, dataclasses and transformers'
+``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself
+(``past_key_values`` returned in the output) by reference.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
-           torch.Size, range)
+           torch.Size, range, torch.memory_format, torch.layout)
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -359,6 +360,15 @@ def _is_namedtuple(t: type) -> bool:
     return issubclass(t, tuple) and hasattr(t, "_fields") and t is not tuple
 
 
+def _is_structseq(t: type) -> bool:
+    """A C tuple type made by calling it on its items: ``torch.Size``, a struct sequence whose
+    fields are all items (``torch.return_types.sort``; ``os.stat_result`` is not: it has fields
+    beyond its items)."""
+    return t is torch.Size or (issubclass(t, tuple) and isinstance(getattr(t, "n_fields", None),
+                                                                   int)
+                               and t.n_fields == t.n_sequence_fields and t.n_unnamed_fields == 0)
+
+
 def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, list, list]:
     """(tree, leaves, node values) of one call; leaves[0] is the tree's key.
 
@@ -495,7 +505,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
 
 # OutputRecipe ops, as runtime.cpp's build_recipe reads them
 (R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT) = range(10)
+ R_BUILT, R_STRUCTSEQ) = range(11)
 # R_OBJECT's base: how the object is made without running its Python __init__
 BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
 
@@ -510,17 +520,18 @@ class OutputRecipe:
     an item); ``(R_BUILT, op)`` the container or object op ``op`` made, once more;
     ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
-    ``(R_NAMEDTUPLE, cls, n)``; ``(R_OBJECT, cls, base, attributes, item keys)`` an object made
-    by its base type's ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set
-    without calling its Python methods, as a dataclass or transformers' ``ModelOutput`` holds
-    them after ``__init__``."""
+    ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C tuple type such as
+    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items; ``(R_OBJECT, cls,
+    base, attributes, item keys)`` an object made by its base type's ``tp_new`` whose
+    ``__dict__`` entries and (dict bases) items are set without calling its Python methods, as
+    a dataclass or transformers' ``ModelOutput`` holds them after ``__init__``."""
 
     ops: list
 
     def to_json(self) -> list:
         out = []
         for op in self.ops:
-            if op[0] in (R_NAMEDTUPLE, R_OBJECT):
+            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
                 out.append([op[0], f"{op[1].__module__}:{op[1].__qualname__}", *op[2:]])
             elif op[0] == R_CONST and not isinstance(op[1], str):  # a dtype or device
                 out.append([op[0], {type(op[1]).__name__: str(op[1]).replace("torch.", "")}])
@@ -532,7 +543,7 @@ class OutputRecipe:
     def from_json(cls, data: list) -> "OutputRecipe":
         ops = []
         for op in data:
-            if op[0] in (R_NAMEDTUPLE, R_OBJECT):
+            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
                 op = [op[0], _import_type(op[1]), *op[2:]]
             if op[0] == R_DICT:
                 op = [op[0], tuple(op[1])]
@@ -600,7 +611,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         if isinstance(v, torch.Tensor) and id(v) in flat_index:
             simple[0] = False
             ops.append((R_AGAIN, flat_index[id(v)]))
-        elif isinstance(v, torch.Tensor) or t in _SCALARS:
+        elif isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) \
+                or t in _SCALARS:  # (a Sym scalar: an op's result while traced, .item())
             if isinstance(v, torch.Tensor):
                 flat_index[id(v)] = len(flat)
             flat.append(v)
@@ -627,9 +639,9 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
             ops.append((R_TUPLE if t is tuple else R_LIST, len(v)))
             for i, item in enumerate(v):
                 walk(item, f"{path}[{i}]")
-        elif _is_namedtuple(t):
+        elif _is_namedtuple(t) or _is_structseq(t):
             simple[0] = False
-            ops.append((R_NAMEDTUPLE, t, len(v)))
+            ops.append((R_NAMEDTUPLE if _is_namedtuple(t) else R_STRUCTSEQ, t, len(v)))
             for i, item in enumerate(v):
                 walk(item, f"{path}[{i}]")
         elif t is dict and all(type(k) is str for k in v):
@@ -657,7 +669,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         else:
             raise TridentError(f"the result {path} is a {_type_name(t)}, which Trident cannot "
                                "rebuild (expected tensors, scalars, None, str, tuples, lists, "
-                               "dicts, namedtuples, dataclasses, or an object of the call)")
+                               "dicts, namedtuples, torch.return_types, dataclasses, or an "
+                               "object of the call)")
 
     walk(result, "result")
     return flat, (None if simple[0] else OutputRecipe(ops))

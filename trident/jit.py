@@ -25,7 +25,7 @@ import torch
 from . import build, codegen, config, graphs, interrupts, kernels, runtime
 from .cache import FunctionCache, code_names, function_key
 from .capture import trace
-from .errors import TridentError
+from .errors import EagerCall, TridentError
 from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
                      guards_for)
@@ -423,7 +423,10 @@ class JitFunctionMixin:
         seen = self._graph_seen.get(key)
         if seen is None or not self._cuda_graphs or device is None:
             self._graph_seen[key] = graphs.pointers(args)
-            out = self._finish(call, index, self._run(*args))
+            try:
+                out = self._finish(call, index, self._run(*args))
+            except EagerCall as e:  # Note [Errors inside try] in capture.py
+                return self._eager_path(call.args, call.kwargs, e)
             self.hits += hit
             if self._cuda_graphs and device is not None:
                 self._set_graph(index, graphs.PENDING)
@@ -443,7 +446,10 @@ class JitFunctionMixin:
             self._graphs[key] = captured
             _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
                              captured)
-            out = self._finish(call, index, self._run(*args))
+            try:
+                out = self._finish(call, index, self._run(*args))
+            except EagerCall as e:  # Note [Errors inside try] in capture.py
+                return self._eager_path(call.args, call.kwargs, e)
             self.hits += hit
             return out
         self._graphs[key] = captured
@@ -456,6 +462,14 @@ class JitFunctionMixin:
         out = self._finish(call, index, self._run(*args))  # replays the graph
         self.hits += hit
         return out
+
+    def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
+        """Called from the native dispatcher (and the miss path) when a step of a specialization
+        traced inside a ``try`` failed before anything the call did was visible: the call runs
+        eagerly, which raises or takes the ``except`` branch as eager does (Note [Errors inside
+        try] in capture.py)."""
+        return self._eager(args, kwargs, f"{error} (raised inside the function's try; eager "
+                           "takes the branch it takes)")
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
         """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
@@ -598,7 +612,8 @@ class JitFunctionMixin:
                                   guards_for(args, captured.fake_args, captured.shape_env), plan,
                                   {str(i): sorted(d) for i, d in dynamic.items()},
                                   [list(a.shape) if isinstance(a, torch.Tensor) else None
-                                   for a in args], call.tree.key, captured.recipe)
+                                   for a in args], call.tree.key, captured.recipe,
+                                  captured.catching)
             self._counters.compiles += 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                              "\n  ".join(g.describe(names) for g in spec.guards))

@@ -89,8 +89,6 @@ _LOC = re.compile(r'"([^"]+)":(\d+)')
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
-
-
 @dataclasses.dataclass
 class Step:
     """One operator call: ``rets = op(*args)``."""
@@ -269,6 +267,12 @@ class _Walker:
             elif name in _INT_OPS or (name == "torch.aten.size.int" and self.env.get(
                     op.operands[0], {}).get("k") == "arg"):
                 self.int_step(op, name, where, text)
+            elif name == "torch.aten.Int.bool" and self.env.get(
+                    op.operands[0], {}).get("k") == "bool":
+                # Torch-MLIR passes a Python bool to a Scalar slot (fill(x, True), False + x)
+                # through TorchScript's Int.bool, which no dispatcher holds; eager's op gets
+                # the bool itself (bool + bool tensor stays bool)
+                self.env[op.result] = self.operand(op.operands[0], where)
             elif name == "torch.prim.NumToTensor.Scalar":
                 self.env[op.result] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
@@ -564,6 +568,30 @@ def _is_composite(op: str, overload: str) -> bool:
     """A CompositeImplicitAutograd op: its C++ body calls other ops (Note [Composite ops])."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(
         f"{op}.{overload}" if overload else op, torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+def rerun_eagerly(plan: Plan) -> list[bool]:
+    """Note [Errors inside try] in capture.py: per step, whether a call that fails there may
+    run again eagerly: nothing the steps before it did is visible to the caller (no write to a
+    tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
+    tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""
+    clean, out = True, []
+    for step in plan.steps:
+        out.append(clean)
+        clean = clean and not _visible_effect(step)
+    return out
+
+
+def _visible_effect(step: Step) -> bool:
+    if step.op == "int":
+        return False
+    schema = _schema(step.op, step.overload) if step.op.startswith("aten::") else None
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write
+                             for a in schema.arguments):
+        return True
+    packet = getattr(torch.ops.aten, step.op[len("aten::"):], None)
+    overload = getattr(packet, step.overload or "default", None)
+    return overload is None or torch.Tag.nondeterministic_seeded in overload.tags
 
 
 def _out_overload(op: str, overload: str) -> str:

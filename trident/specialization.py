@@ -26,6 +26,8 @@ class Specialization:
             trees] in flatten.py).
         recipe: how the runtime rebuilds the result from the flat outputs, or None when the
             SCM's output spec does.
+        catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
+            of the trace, or "" (Note [Errors inside try] in capture.py).
     """
 
     signature: str
@@ -36,19 +38,22 @@ class Specialization:
     shapes: list | None = None
     tree: int = 0
     recipe: OutputRecipe | None = None
+    catching: str = ""
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
                 "guards": [dataclasses.asdict(g) for g in self.guards],
                 "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
-                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None}
+                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
+                "catching": self.catching}
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
         recipe = data.get("recipe")
         return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
-                   data["tree"], OutputRecipe.from_json(recipe) if recipe else None)
+                   data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
+                   data.get("catching", ""))
 
     @functools.cached_property
     def graph_device(self) -> int | None:

@@ -57,8 +57,10 @@ namespace {
 thread_local std::string g_error;
 // The Python exception class of the pending error, as an index into ErrorTypes (trident/
 // errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins),
-// so that ``except IndexError`` around a call catches what eager PyTorch would raise.
-enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_KINDS };
+// so that ``except IndexError`` around a call catches what eager PyTorch would raise. ERR_EAGER
+// is no error kind of an op: the class that TRT_EAGER raises (errors.EagerCall).
+enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_EAGER,
+       ERR_KINDS };
 thread_local int g_error_kind = ERR_GENERIC;
 
 at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
@@ -636,7 +638,7 @@ enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIO
 enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
 enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
 enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
-                 R_AGAIN, R_BUILT };
+                 R_AGAIN, R_BUILT, R_STRUCTSEQ };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
 
 struct Param {
@@ -898,9 +900,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
     }
     case R_TUPLE:
     case R_LIST:
-    case R_NAMEDTUPLE: {
-      PyObject* cls = code == R_NAMEDTUPLE ? PyTuple_GET_ITEM(op, 1) : nullptr;
-      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, code == R_NAMEDTUPLE ? 2 : 1));
+    case R_NAMEDTUPLE:
+    case R_STRUCTSEQ: {
+      bool typed = code == R_NAMEDTUPLE || code == R_STRUCTSEQ;
+      PyObject* cls = typed ? PyTuple_GET_ITEM(op, 1) : nullptr;
+      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, typed ? 2 : 1));
       PyObject* items = code == R_LIST ? PyList_New(n) : PyTuple_New(n);
       if (!items) return nullptr;
       for (Py_ssize_t i = 0; i < n; ++i) {
@@ -913,6 +917,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
         else PyTuple_SET_ITEM(items, i, item);
       }
       if (!cls) return items;
+      if (code == R_STRUCTSEQ) {  // torch.return_types.max(items): structseq_new, C
+        PyObject* out = PyObject_CallOneArg(cls, items);
+        Py_DECREF(items);
+        return out;
+      }
       // tuple.__new__(cls, items): C, unlike a namedtuple's generated Python __new__
       PyObject* pack = PyTuple_Pack(1, items);
       Py_DECREF(items);
@@ -1196,8 +1205,8 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
       rc = self->call(a, static_cast<int32_t>(n), &env, &result);
     }
-    if (rc == TRT_ERROR) {
-      PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
+    if (rc == TRT_ERROR || rc == TRT_EAGER) {
+      PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? ERR_EAGER : g_error_kind], g_error.c_str());
       warnings.set_in_exception();
     }
   } catch (python_error& e) {  // a warning the filters turned into an exception
@@ -1207,7 +1216,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
     return nullptr;
   }
   *rc_out = rc;
-  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR) return nullptr;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR || rc == TRT_EAGER) return nullptr;
   const char* p = result.spec;
   int32_t next = 0;
   PyObject* out = build_output(p, &result, next);
@@ -1249,6 +1258,17 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
   if (rc == TRT_MISS) return slow_path(self, args, kwargs);
+  if (rc == TRT_EAGER) {  // Note [Errors inside try] in capture.py: eager takes its branch
+    PyObject *type, *error, *tb;
+    PyErr_Fetch(&type, &error, &tb);
+    PyErr_NormalizeException(&type, &error, &tb);
+    PyObject* eager = PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_eager_path",
+                                          "OOO", args, kwargs ? kwargs : Py_None, error);
+    Py_XDECREF(type);
+    Py_XDECREF(error);
+    Py_XDECREF(tb);
+    return eager;
+  }
   if (!out) return nullptr;
   ++self->hits;
   PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)

@@ -228,12 +228,16 @@ static inline int64_t trt_mod(int64_t a, int64_t b) {
 /* The entry points every SCM exports. */
 typedef int (*trt_scm_init_fn)(const trt_api* api);
 typedef int (*trt_scm_match_fn)(const trt_arg* args, int32_t nargs, const trt_env* env);
-/* Returns the specialization index that ran (>= 0), TRT_MISS, or TRT_ERROR. */
+/* Returns the specialization index that ran (>= 0), TRT_MISS, TRT_ERROR, TRT_CAPTURE or
+   TRT_EAGER. */
 typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env* env,
                                trt_result* result);
 #define TRT_MISS (-1)
 #define TRT_ERROR (-2)
 #define TRT_CAPTURE (-3) /* guards hold, and the specialization wants its CUDA graph captured */
+/* a step failed before anything the call did was visible, inside the function's `try`: the call
+   runs eagerly, which takes eager's branch (Note [Errors inside try] in capture.py) */
+#define TRT_EAGER (-4)
 
 #ifdef __cplusplus
 }
