@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 3
+#define TRT_ABI_VERSION 4
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -125,6 +125,9 @@ typedef struct trt_env {
   int32_t default_dtype;  /* torch.get_default_dtype() as a c10::ScalarType */
   int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
   int32_t function_modes; /* a TorchFunctionMode (torch.set_default_device, ...) is active */
+  int32_t num_threads;    /* torch.get_num_threads() */
+  uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
+                             global_flags() in runtime.cpp, FLAG_BITS in guards.py */
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
