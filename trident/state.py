@@ -393,7 +393,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     break
     for f in [f for f in functions.values() if f.__code__ in rec.codes]:  # their defaults
         root, steps = (("fn",), ()) if f is fn else _root_of(f)
-        for attr in ("__defaults__", "__kwdefaults__"):
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
             reads.append(Read(root, steps + (("attr", attr),)))
     return list(dict.fromkeys(reads))
 
@@ -526,10 +526,10 @@ class StateTree:
 def _words(obj) -> str:
     """Stable words for an object checked by identity: the same in every process where the
     object means the same (functions by their code, kernels by their source)."""
-    if isinstance(obj, types.FunctionType):
+    if isinstance(obj, (types.FunctionType, types.CodeType)):
         h = hashlib.sha256()
-        _hash_code(h, obj.__code__)
-        return f"function {obj.__module__}.{obj.__qualname__} {h.hexdigest()[:16]}"
+        _hash_code(h, getattr(obj, "__code__", obj))
+        return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
