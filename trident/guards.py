@@ -7,8 +7,8 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
-TorchFunctionModes, the number of threads, torch's global flags), then each argument's kind, then per tensor dtype, device, rank, then sizes
-and strides, then flags (alignment, requires_grad, inference tensor), then scalar values. Both
+TorchFunctionModes, the number of threads, torch's global flags), then each argument's kind,
+then per tensor dtype, device, rank, then sizes and strides, then flags (alignment, requires_grad, inference tensor), then scalar values. Both
 the C function and ``first_failure`` evaluate guards in list order.
 """
 
@@ -38,7 +38,8 @@ _ENV_FIELDS = ("grad_enabled", "inference_mode", "autocast", "aliased", "default
 # from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
 FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
              "torch.is_deterministic_algorithms_warn_only_enabled()",
-             "torch.backends.cuda.flash_sdp_enabled()", "torch.backends.cuda.mem_efficient_sdp_enabled()",
+             "torch.backends.cuda.flash_sdp_enabled()",
+             "torch.backends.cuda.mem_efficient_sdp_enabled()",
              "torch.backends.cuda.math_sdp_enabled()", "torch.backends.cuda.cudnn_sdp_enabled()",
              "torch.backends.cudnn.allow_tf32", "torch.backends.cudnn.enabled",
              "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from . import build, codegen, config, graphs, interrupts, kernels, runtime, state
-from .cache import FunctionCache, code_names, function_key
+from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import TridentError
 from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
@@ -272,7 +272,7 @@ class JitFunctionMixin:
         self._set_state(None)
         self._state = None
         self._specs = []
-        if self._cache is not None or not self._defaults_unchanged():  # defaults reassigned
+        if self._cache is not None:  # defaults may have been reassigned
             self._binding = self._make_binding()
             self._trees.clear()
         self._defaults_bound = _defaults_of(self._code_fn)
@@ -568,7 +568,7 @@ class JitFunctionMixin:
             bar.set_postfix_str("tracing")
             # under the call's grad mode, which is guarded; what it reads outside the
             # arguments becomes the specialization's state (Note [State guards])
-            with state.record() as recording:
+            with state.record(None if self._constant_self else self._code_fn) as recording:
                 captured = self._trace(call, dynamic)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]

@@ -65,15 +65,14 @@ from typing import Any
 import torch
 
 from .errors import TridentError
-from .flatten import (ABSENT, CONST, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node,
-                      _Flattener)
+from .flatten import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flattener
 
 # Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
 # a closure cell's contents.
 ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
 
-_HERE = str(Path(__file__).resolve().parent)
-_LIBRARY = tuple(sorted({str(Path(p).resolve()) for k, p in sysconfig.get_paths().items()
+_HERE = str(Path(__file__).resolve().parent) + os.sep
+_LIBRARY = tuple(sorted({str(Path(p).resolve()) + os.sep for k, p in sysconfig.get_paths().items()
                          if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
 _IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
@@ -128,25 +127,51 @@ def _impure_name(fn) -> str | None:
 
 
 @contextlib.contextmanager
-def record():
-    """Record the user code that runs in this thread (Note [State guards]); chains to a
-    profile function already set."""
+def record(fn):
+    """Record the user code that ``fn``'s code runs in this thread (Note [State guards]);
+    chains to a profile function already set."""
     rec = Recording()
+    top = getattr(fn, "__code__", None)
+    if top is None:
+        yield rec
+        return
     previous = sys.getprofile()
+    called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
+
+    def under_fn(frame) -> bool:
+        """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
+        between (Trident's own calls of user code, as an import hook or a patched ``open`` in
+        the trace's bookkeeping, are not the function's reads; a Triton heuristic that
+        kernels.py evaluates for the launch is)."""
+        if frame in called:
+            return called[frame]
+        f, seen = frame, []
+        while f is not None and f not in called and f.f_code is not top:
+            seen.append(f)
+            name = f.f_code.co_filename
+            if name.startswith(_HERE) and not name.endswith("kernels.py"):
+                f = None
+                break
+            f = f.f_back
+        result = f is not None and (f.f_code is top or called[f])
+        for g in seen:
+            called[g] = result
+        return result
 
     def hook(frame, event, arg):
         code = frame.f_code
         if event == "call":
-            if _is_user_frame(frame):
+            if _is_user_frame(frame) and under_fn(frame):
                 if code not in rec.codes:
                     nparams = code.co_argcount + code.co_kwonlyargcount
                     local = frame.f_locals
                     rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                          code.co_varnames[:nparams] if n in local})
             elif frame.f_back is not None and _is_user_frame(frame.f_back) and \
-                    frame.f_globals.get("__name__") in _IMPURE_MODULES:
+                    frame.f_globals.get("__name__") in _IMPURE_MODULES and \
+                    under_fn(frame.f_back):
                 rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
-        elif event == "c_call" and _is_user_frame(frame):
+        elif event == "c_call" and _is_user_frame(frame) and under_fn(frame):
             name = _impure_name(arg)
             if name:
                 rec.impure.append(name)
@@ -291,13 +316,21 @@ def _chains(code: types.CodeType) -> list[tuple[str, str, tuple]]:
     return out
 
 
+@functools.cache
+def _kernel_types() -> tuple:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import KernelInterface
+
+    return (KernelInterface, InterpretedFunction)
+
+
 def _kernel_fns(value) -> list:
     """The Python functions of a Triton kernel (through autotuners and heuristics)."""
     fns = []
-    while hasattr(value, "fn") and not isinstance(value, types.FunctionType):
-        if hasattr(value, "src"):
-            fns.append(value.fn)
+    while isinstance(value, _kernel_types()):
         value = value.fn
+        if isinstance(value, types.FunctionType):
+            fns.append(value)
     return fns
 
 
@@ -484,7 +517,8 @@ def _step(obj, step):
             return _MISSING
     name = step[1]
     if isinstance(obj, types.ModuleType):
-        return obj.__dict__.get(name, _MISSING)
+        value = obj.__dict__.get(name, _MISSING)
+        return _STOP if value is _MISSING and "__getattr__" in obj.__dict__ else value
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
@@ -534,10 +568,8 @@ def _words(obj) -> str:
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
         return f"module {obj.__name__}"
-    if hasattr(obj, "fn") and hasattr(obj, "src"):  # a Triton JITFunction
-        return f"triton kernel {hashlib.sha256(obj.src.encode()).hexdigest()[:16]}"
-    if hasattr(obj, "fn") and hasattr(obj, "configs"):  # an Autotuner
-        return f"triton autotuner {obj.configs!r} of {_words(obj.fn)}"
+    if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
+        return f"triton {type(obj).__name__} of {_words(obj.fn)}"
     if isinstance(obj, types.BuiltinFunctionType):
         return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
     if isinstance(obj, logging.Logger):
