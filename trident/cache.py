@@ -209,9 +209,9 @@ class FunctionCache:
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
-        operator this Trident does not know, a folder where a file belongs, a file where the
-        ``specs`` folder belongs) is dropped with a warning, so that the next compile of that
-        signature stores it again."""
+        operator this Trident does not know, contents that do not hash to the key in the file's
+        name, a folder where a file belongs, a file where the ``specs`` folder belongs) is
+        dropped with a warning, so that the next compile of that signature stores it again."""
         if not self.spec_dir.is_dir():
             if self.spec_dir.exists() or self.spec_dir.is_symlink():
                 _discard(self.spec_dir, "not a folder")
@@ -221,6 +221,9 @@ class FunctionCache:
             try:
                 spec = Specialization.from_json(json.loads(path.read_text()))
                 _check_ops(spec)
+                if path.stem.rpartition("-")[2] != spec.key:  # edited, or not written by us
+                    raise ValueError(f"its contents hash to {spec.key}, not to the hash in its "
+                                     "name")
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 _discard(path, f"{type(e).__name__}: {e}")  # written atomically: damaged
                 continue

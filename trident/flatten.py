@@ -55,9 +55,10 @@ import torch
 
 from .errors import TridentError
 
-# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check).
+# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
+# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
 ARG, ITEM, INDEX, ATTR, SELF = range(5)
-LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME = range(7)
+LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
 MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
@@ -249,6 +250,8 @@ def _is_module_dict(parent: Node, key: str) -> bool:
 
 
 class _Flattener:
+    what = "argument"  # what its messages call a path
+
     def __init__(self):
         self.nodes: list[Node] = []
         self.description: list[str] = []
@@ -258,13 +261,21 @@ class _Flattener:
 
     def add(self, value, node: Node, words: str) -> int:
         if len(self.nodes) >= MAX_NODES:
-            raise TridentError(f"argument {node.path} is too large to guard (more than "
+            raise TridentError(f"{self.what} {node.path} is too large to guard (more than "
                                f"{MAX_NODES} values reachable)")
         index = len(self.nodes)
         self.nodes.append(node)
         self.values.append(value)
         self.description.append(f"{node.parent}|{node.access}|{node.key!r}|{words}")
         return index
+
+    def words(self, value) -> str:
+        """Words for an object checked by identity (the tree's description)."""
+        return _stable(value)
+
+    def tensor(self, value: torch.Tensor, node: Node) -> None:
+        """A tensor first reached at ``node``: a leaf of the specialization."""
+        self.leaf_nodes.append(self.add(value, node, "a leaf"))
 
     def visit(self, value: Any, parent: int, access: int, key: Any, path: str,
               in_object: bool) -> None:
@@ -278,14 +289,14 @@ class _Flattener:
                          f"the tensor at {self.nodes[self.seen[id(value)]].path}")
                 return
             self.seen[id(value)] = len(self.nodes)
-            self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
+            self.tensor(value, node(LEAF))
             return
         if t in _SCALARS and not in_object:
             self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
             return
         if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)
             if not all(type(item) is str for item in value):
-                raise TridentError(f"argument {path} is a {t.__name__} of other values than "
+                raise TridentError(f"{self.what} {path} is a {t.__name__} of other values than "
                                    "str, which Trident cannot guard")
             self.add(value, node(CONST, set(value) if t is set else value),
                      f"{t.__name__} {sorted(value)}")
@@ -298,12 +309,12 @@ class _Flattener:
             self.add(value, node(SAME, first), f"the object at {self.nodes[first].path}")
             return
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
-            self.add(value, node(ID, value), _stable(value))
+            self.add(value, node(ID, value), self.words(value))
             return
         if not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict) \
                 and not _is_namedtuple(t):
             # a numpy array, a deque, an object with __slots__: contents no check can see
-            raise TridentError(f"argument {path} is a {_type_name(t)}, whose contents Trident "
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
                                "cannot guard")
         self.seen[id(value)] = len(self.nodes)
         if t in (tuple, list) or _is_namedtuple(t):
@@ -314,7 +325,7 @@ class _Flattener:
         if t in (dict, OrderedDict):
             for k in value:
                 if type(k) not in (str, int):
-                    raise TridentError(f"argument {path} is a dict with a {type(k).__name__} "
+                    raise TridentError(f"{self.what} {path} is a dict with a {type(k).__name__} "
                                        "key; Trident flattens dicts with str and int keys")
             me = self.add(value, node(DICT, t, len(value), tuple(value)),
                           f"{t.__name__} with keys {[str(k) for k in value]}")
@@ -328,14 +339,14 @@ class _Flattener:
                 self.visit(item, me, ITEM, k, child, in_object and not module_dict)
             return
         if isinstance(value, (dict, list, tuple, set)):
-            raise TridentError(f"argument {path} is a {_type_name(t)}, which Trident cannot "
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, which Trident cannot "
                                "flatten (a subclass of a built-in container)")
         entries = vars(value)
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
                       f"{_type_name(t)} with {list(entries)}")
         for k, item in list(entries.items()):
             if type(k) is not str:
-                raise TridentError(f"argument {path} has a non-str attribute name {k!r}")
+                raise TridentError(f"{self.what} {path} has a non-str attribute name {k!r}")
             self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True)
 
 

@@ -13,6 +13,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -635,8 +638,12 @@ void release_outputs(trt_result* r, int32_t from) {
 
 enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
        PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
-enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
-enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
+// ROOT, GETATTR, GETITEM, CELL, and TYPE, ABSENT, TENSOR: state trees (Note [State guards] in
+// state.py), which read what a function reads outside its arguments.
+enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF, ACC_ROOT, ACC_GETATTR,
+                   ACC_GETITEM, ACC_CELL };
+enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME,
+                  CHK_TYPE, CHK_ABSENT, CHK_TENSOR };
 enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
                  R_AGAIN, R_BUILT, R_STRUCTSEQ };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
@@ -654,8 +661,8 @@ struct TreeNode {
   Py_ssize_t index;  // ARG, INDEX: the position
   int check;
   Py_ssize_t same;   // SAME: the node whose object this one must be
-  PyObject* expect;  // SEQ/DICT/OBJECT: the type; CONST: the value; ID: the object
-  Py_ssize_t length;
+  PyObject* expect;  // SEQ/DICT/OBJECT/TYPE: the type; CONST: the value; ID, TENSOR: the object
+  Py_ssize_t length;  // TENSOR: its version counter
   PyObject* keys;   // DICT, OBJECT: the keys in iteration order (a tuple), or nullptr
   bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
 };
@@ -784,6 +791,33 @@ PyObject* instance_dict(PyObject* obj) {
   return PyDict_Check(d) ? d : nullptr;
 }
 
+// A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry
+// without a call, anything else through Python's getattr / getitem (a new reference, which `cv`
+// keeps). nullptr, with a Python error set or not, when there is none.
+PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
+  if (access == ACC_GETATTR && PyModule_CheckExact(parent)) {
+    PyObject* d = PyModule_GetDict(parent);
+    if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
+    // absent, unless a module __getattr__ (PEP 562) makes it: no AttributeError to raise
+    static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
+    if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr)) return nullptr;
+  }
+  if (access == ACC_GETITEM && PyDict_CheckExact(parent))
+    return PyDict_GetItemWithError(parent, key);
+  PyObject* v = nullptr;
+  if (access == ACC_GETATTR) {  // a missing attribute without making an AttributeError
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject_GetOptionalAttr(parent, key, &v);
+#else
+    _PyObject_LookupAttr(parent, key, &v);
+#endif
+  } else {
+    v = PyObject_GetItem(parent, key);
+  }
+  if (v) cv.owned.push_back(v);
+  return v;
+}
+
 // Evaluates one tree over the bound values: true and cv.leaves filled when every check holds.
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
   size_t n = tree.nodes.size();
@@ -805,9 +839,19 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
                                   : PyList_GET_ITEM(parent, node.index);
         break;
       case ACC_ATTR: v = PyDict_GetItemWithError(cv.dicts[node.parent], node.key); break;
+      case ACC_ROOT: v = node.key; break;
+      case ACC_GETATTR:
+      case ACC_GETITEM:
+        v = parent ? read_state(parent, node.access, node.key, cv) : nullptr;
+        break;
+      case ACC_CELL: v = parent && PyCell_Check(parent) ? PyCell_GET(parent) : nullptr; break;
     }
-    if (!v) {
+    if (!v || node.check == CHK_ABSENT) {
       PyErr_Clear();
+      if (!v && node.check == CHK_ABSENT) {
+        cv.values[i] = nullptr;
+        continue;
+      }
       if (failed) *failed = static_cast<Py_ssize_t>(i);
       return false;
     }
@@ -834,6 +878,11 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
       case CHK_CONST: ok = const_equal(node, v); break;
       case CHK_ID: ok = v == node.expect; break;
       case CHK_SAME: ok = v == cv.values[node.same]; break;
+      case CHK_TYPE: ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect); break;
+      case CHK_TENSOR:  // the same tensor, not written since (its version counter)
+        ok = v == node.expect && THPVariable_Check(v) &&
+             static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length;
+        break;
     }
     if (!ok) {
       if (failed) *failed = static_cast<Py_ssize_t>(i);
@@ -997,9 +1046,10 @@ struct Dispatcher {
   PyObject_HEAD
   PyObject* dict;
   PyObject* weaklist;
-  // Globals the function reads, as a tuple of (globals dict, name, object) triples: the
-  // installed module was compiled with those very objects (Note [Global guards] in jit.py).
-  PyObject* global_guards;
+  // What the installed specializations read outside the arguments (Note [State guards] in
+  // state.py): a tree program and its parsed form (nullptr: nothing to check).
+  PyObject* state_program;
+  std::shared_ptr<Tree> state;
   trt_scm_call_fn call;
   trt_scm_match_fn match;
   unsigned long long hits;
@@ -1023,12 +1073,13 @@ void free_graphs(Dispatcher* self) {
 
 PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<Dispatcher*>(type->tp_alloc(type, 0));
+  if (self) new (&self->state) std::shared_ptr<Tree>();
   return reinterpret_cast<PyObject*>(self);
 }
 
 int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
   Py_VISIT(self->dict);
-  Py_VISIT(self->global_guards);
+  Py_VISIT(self->state_program);
   if (self->trees) {
     Py_VISIT(self->trees->source);
     Py_VISIT(self->trees->programs);
@@ -1039,7 +1090,8 @@ int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
 
 int Dispatcher_clear(Dispatcher* self) {
   Py_CLEAR(self->dict);
-  Py_CLEAR(self->global_guards);
+  self->state.reset();
+  Py_CLEAR(self->state_program);
   if (self->trees) {
     CallTrees* t = self->trees;
     self->trees = nullptr;
@@ -1051,29 +1103,19 @@ int Dispatcher_clear(Dispatcher* self) {
   return 0;
 }
 
-// Every global and closure cell the module was compiled with is still bound to the same object.
-bool globals_unchanged(Dispatcher* self) {
-  if (!self->global_guards) return true;
-  Py_ssize_t n = PyTuple_GET_SIZE(self->global_guards);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* g = PyTuple_GET_ITEM(self->global_guards, i);
-    PyObject* where = PyTuple_GET_ITEM(g, 0);
-    PyObject* now;
-    if (PyCell_Check(where)) {
-      now = PyCell_GET(where);
-    } else if (PyFunction_Check(where)) {  // (function, "__defaults__" or "__kwdefaults__", value)
-      now = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(g, 1), "__defaults__") == 0
-                ? PyFunction_GetDefaults(where) : PyFunction_GetKwDefaults(where);
-      if (!now) now = Py_None;
-    } else {
-      now = PyDict_GetItemWithError(where, PyTuple_GET_ITEM(g, 1));
-    }
-    if (now != PyTuple_GET_ITEM(g, 2)) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
+// Note [State guards]: every check of the state tree holds. `failed`: the failing node.
+// The tree and its program stay alive while they are read: a check may run Python code (an
+// __eq__, a __getattribute__) in which another thread installs a new tree.
+bool state_holds(Dispatcher* self, Py_ssize_t* failed = nullptr) {
+  if (!self->state) return true;
+  static const CallTrees no_call;
+  std::shared_ptr<Tree> tree = self->state;
+  PyObject* program = self->state_program;
+  Py_INCREF(program);
+  CallValues cv;
+  bool ok = eval_tree(no_call, *tree, cv, failed);
+  Py_DECREF(program);
+  return ok;
 }
 
 void Dispatcher_dealloc(Dispatcher* self) {
@@ -1081,6 +1123,7 @@ void Dispatcher_dealloc(Dispatcher* self) {
   free_graphs(self);
   if (self->weaklist) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
   Dispatcher_clear(self);
+  self->state.~shared_ptr();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -1151,6 +1194,25 @@ const char* process_group_fact() {
   return text.c_str();
 }
 
+// torch's global flags that ops read when they run or when they are traced (which SDPA backend a
+// trace picks), one bit or field each, in the order guards.FLAG_BITS names them. About 170 ns
+// (2-core CPU machine, torch 2.13), 150 of them in allowTF32CuDNN() and float32MatmulPrecision(),
+// which go through torch's string-keyed float32 precision settings.
+uint64_t global_flags() {
+  const at::Context& c = at::globalContext();
+  uint64_t bits[] = {c.deterministicAlgorithms(), c.deterministicAlgorithmsWarnOnly(),
+                     c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(),
+                     c.userEnabledMathSDP(), c.userEnabledCuDNNSDP(), c.allowTF32CuDNN(),
+                     c.userEnabledCuDNN(), c.benchmarkCuDNN(), c.deterministicCuDNN()};
+  uint64_t flags = 0;
+  for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); ++i) flags |= (bits[i] ? 1ULL : 0ULL) << i;
+  // fields of 4 bits: the float32 matmul precision and the cuBLAS fp16/bf16 reduction options
+  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 16;
+  flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 20;
+  flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 24;
+  return flags;
+}
+
 void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
@@ -1161,6 +1223,8 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
   env->process_group = process_group_fact();
+  env->num_threads = at::get_num_threads();
+  env->flags = global_flags();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
@@ -1247,7 +1311,7 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
 
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
-  if (!t || !self->call || !globals_unchanged(self)) return slow_path(self, args, kwargs);
+  if (!t || !self->call || !state_holds(self)) return slow_path(self, args, kwargs);
   CallValues cv;
   if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
@@ -1299,26 +1363,71 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// _set_global_guards(tuple of (dict, name, object) or (cell, None, object)): Note [Global
-// guards] in jit.py.
-PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
-  if (!PyTuple_Check(guards)) {
-    PyErr_SetString(PyExc_TypeError, "_set_global_guards expects a tuple");
-    return nullptr;
+// A tree program (flatten.ArgTree.program() or state.StateTree.program()) into `tree`; false
+// for a malformed one. `nparams`: the parameters ARG nodes may read (0 for a state tree, whose
+// nodes start at ROOT nodes).
+bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
+  tree.key = PyTuple_GET_ITEM(prog, 0);
+  tree.leaves = 0;
+  PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(nodes, i);
+    if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return false;
+    TreeNode node;
+    node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
+    node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
+    node.key = PyTuple_GET_ITEM(n, 2);
+    node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
+    node.expect = PyTuple_GET_ITEM(n, 4);
+    node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
+    node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
+    if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+      return false;
+    node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
+                                                                      : 0;
+    node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
+    node.float_bits = node.check == CHK_CONST && PyFloat_CheckExact(node.expect);
+    bool root = node.access == ACC_ARG || node.access == ACC_SELF || node.access == ACC_ROOT;
+    const TreeNode* parent =
+        node.parent >= 0 && node.parent < i ? &tree.nodes[node.parent] : nullptr;
+    if (PyErr_Occurred() || node.parent >= i || root != (node.parent < 0) ||
+        (parent && parent->check == CHK_ABSENT) ||
+        (node.access == ACC_ARG && (node.index < 0 || node.index >= nparams)) ||
+        (node.access == ACC_ATTR && parent->check != CHK_OBJECT) ||
+        (node.access == ACC_ITEM && parent->check != CHK_DICT) ||
+        (node.access == ACC_INDEX && (parent->check != CHK_SEQ || node.index < 0 ||
+                                      node.index >= parent->length)) ||
+        (node.check == CHK_SAME && (node.same < 0 || node.same >= i)) ||
+        ((node.check == CHK_SEQ || node.check == CHK_DICT || node.check == CHK_OBJECT ||
+          node.check == CHK_TYPE) && !PyType_Check(node.expect)))
+      return false;
+    tree.leaves += node.check == CHK_LEAF;
+    tree.nodes.push_back(node);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); ++i) {
-    PyObject* g = PyTuple_GET_ITEM(guards, i);
-    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 ||
-        !(PyDict_Check(PyTuple_GET_ITEM(g, 0)) || PyCell_Check(PyTuple_GET_ITEM(g, 0)) ||
-          (PyFunction_Check(PyTuple_GET_ITEM(g, 0)) && PyUnicode_Check(PyTuple_GET_ITEM(g, 1))))) {
-      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object), (cell, None, "
-                                       "object) or (function, default attribute, object)");
+  return true;
+}
+
+// _set_state(program or None): Note [State guards] in state.py; hits need its checks to hold.
+PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
+  std::shared_ptr<Tree> tree;
+  if (program != Py_None) {
+    tree = std::make_shared<Tree>();
+    if (!PyTuple_Check(program) || PyTuple_GET_SIZE(program) != 2 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(program, 1)) || !parse_tree(program, 0, *tree)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_set_state: bad state tree");
       return nullptr;
     }
   }
-  Py_INCREF(guards);
-  Py_XSETREF(self->global_guards, guards);
+  self->state = std::move(tree);
+  Py_INCREF(program);
+  Py_XSETREF(self->state_program, program);
   Py_RETURN_NONE;
+}
+
+// _state_failure() -> int: the first state tree node whose check fails, or -1.
+PyObject* Dispatcher_state_failure(Dispatcher* self, PyObject*) {
+  Py_ssize_t failed = -1;
+  return PyLong_FromSsize_t(state_holds(self, &failed) ? -1 : failed);
 }
 
 // _set_call_trees(binding, trees, recipes): Note [Argument trees]. binding is (params, self
@@ -1353,41 +1462,8 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
         !PyLong_Check(PyTuple_GET_ITEM(prog, 0)) || !PyTuple_Check(PyTuple_GET_ITEM(prog, 1)))
       return fail("tree");
     Tree tree;
-    tree.key = PyTuple_GET_ITEM(prog, 0);
-    tree.leaves = 0;
-    PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
-      PyObject* n = PyTuple_GET_ITEM(nodes, i);
-      if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return fail("tree node");
-      TreeNode node;
-      node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
-      node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
-      node.key = PyTuple_GET_ITEM(n, 2);
-      node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
-      node.expect = PyTuple_GET_ITEM(n, 4);
-      node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
-      node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
-      if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
-        return fail("tree node keys");
-      node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
-                                                                          : 0;
-      node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
-      node.float_bits = node.check == CHK_CONST && PyFloat_CheckExact(node.expect);
-      if (PyErr_Occurred() || node.parent >= i || (node.parent < 0 && node.access != ACC_ARG &&
-                                                   node.access != ACC_SELF) ||
-          (node.access == ACC_ARG && (node.index < 0 ||
-                                      node.index >= static_cast<Py_ssize_t>(t->params.size()))) ||
-          (node.access == ACC_ATTR && tree.nodes[node.parent].check != CHK_OBJECT) ||
-          (node.access == ACC_ITEM && tree.nodes[node.parent].check != CHK_DICT) ||
-          (node.access == ACC_INDEX && (tree.nodes[node.parent].check != CHK_SEQ || node.index < 0 ||
-                                        node.index >= tree.nodes[node.parent].length)) ||
-          (node.check == CHK_SAME && (node.same < 0 || node.same >= i)) ||
-          ((node.check == CHK_SEQ || node.check == CHK_DICT || node.check == CHK_OBJECT) &&
-           !PyType_Check(node.expect)))
-        return fail("tree node");
-      tree.leaves += node.check == CHK_LEAF;
-      tree.nodes.push_back(node);
-    }
+    if (!parse_tree(prog, static_cast<Py_ssize_t>(t->params.size()), tree))
+      return fail("tree node");
     t->trees.push_back(std::move(tree));
   }
   t->source = binding;
@@ -1508,8 +1584,10 @@ PyMethodDef Dispatcher_methods[] = {
      "_install(call_address, match_address): install a Specialization Cache Module's entries."},
     {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
-    {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
-     "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
+    {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,
+     "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
+    {"_state_failure", reinterpret_cast<PyCFunction>(Dispatcher_state_failure), METH_NOARGS,
+     "_state_failure() -> int: the first failing state tree node, or -1."},
     {"_flatten_native", reinterpret_cast<PyCFunction>(Dispatcher_flatten_native), METH_VARARGS,
      "_flatten_native(args, kwargs) -> (tree, leaves) or (-1, failing node): for tests."},
     {"_set_call_trees", reinterpret_cast<PyCFunction>(Dispatcher_set_call_trees), METH_VARARGS,
@@ -1598,6 +1676,11 @@ PyObject* set_error_types(PyObject*, PyObject* types) {
   Py_RETURN_NONE;
 }
 
+// global_flags() -> int: what read_args reads into trt_env.flags (guards.env_facts).
+PyObject* global_flags_py(PyObject*, PyObject*) {
+  return PyLong_FromUnsignedLongLong(global_flags());
+}
+
 PyMethodDef module_methods[] = {
     {"api_address", api_address, METH_NOARGS, "Address of the runtime's trt_api table."},
     {"register_callback", register_callback, METH_O,
@@ -1608,6 +1691,7 @@ PyMethodDef module_methods[] = {
     {"build_result", build_result, METH_VARARGS,
      "build_result(ops, flat, values): an output recipe applied to flat outputs."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
+    {"global_flags", global_flags_py, METH_NOARGS, "global_flags() -> int: trt_env.flags now."},
     {"set_error_types", set_error_types, METH_O,
      "set_error_types(classes): TridentError and its twins, raised on TRT_ERROR."},
     {nullptr, nullptr, 0, nullptr},

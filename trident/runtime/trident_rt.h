@@ -155,6 +155,9 @@ typedef struct trt_env {
   /* the default process group, "<name>:<rank>/<size>", "" when none (Note [Process group
    * guard] in trident/collectives.py); owned by the runtime */
   const char* process_group;
+  int32_t num_threads;    /* torch.get_num_threads() */
+  uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
+                             global_flags() in runtime.cpp, FLAG_BITS in guards.py */
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
