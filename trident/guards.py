@@ -7,9 +7,10 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
-TorchFunctionModes, the default process group), then each argument's kind, then per tensor dtype, device, rank, then sizes
-and strides, then flags (alignment, requires_grad, inference tensor), then scalar values. Both
-the C function and ``first_failure`` evaluate guards in list order.
+TorchFunctionModes, the default process group), then each argument's kind, then per tensor
+dtype, device, rank, then sizes and strides, then flags (alignment, requires_grad, inference
+tensor), then scalar values. Both the C function and ``first_failure`` evaluate guards in list
+order.
 """
 
 from __future__ import annotations
