@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import assert_same
 
 
 def run_both(f, *args, **kwargs):
@@ -117,6 +118,24 @@ def test_sets_of_numbers_run_eagerly_and_sets_of_str_are_compared():
             assert torch.equal(jf(x, s1), adds(x, s2)) and s1 == s2
 
 
+def _to_format(x, memory_format, layout=torch.strided, dtype=torch.float64, device="cpu"):
+    return (x.to(dtype).clone(memory_format=memory_format),
+            torch.zeros(2, layout=layout, dtype=dtype, device=torch.device(device)))
+
+
+def test_torch_constants_as_arguments_are_guarded_by_value():
+    """dtypes, devices, memory formats and layouts passed as arguments (OpInfo passes
+    ``memory_format=``) are constants of a specialization: a call with another one misses."""
+    x = torch.randn(2, 3, 4, 5)
+    jf = trident.jit(_to_format)
+    calls = [dict(memory_format=torch.channels_last), dict(memory_format=torch.contiguous_format),
+             dict(memory_format=torch.channels_last, dtype=torch.float16),
+             dict(memory_format=torch.channels_last)]
+    for kwargs in calls:
+        assert_same(jf(x, **kwargs), _to_format(x, **kwargs))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (3, 0, 1), jf.stats
+
+
 def test_complex_constants_compare_bit_patterns():
     class O:
         pass
@@ -187,4 +206,52 @@ def test_reassigned_defaults_are_seen():
     assert torch.equal(jf(x), f(x))
     f.__kwdefaults__ = {"shift": 5.0}
     assert torch.equal(jf(x), f(x))
-    assert jf.stats.compiles == 3 and "__kwdefaults__ rebound" in jf.stats.miss_reasons[-1]
+    assert jf.stats.compiles == 3 and "f.__kwdefaults__['shift'] changed" in jf.stats.miss_reasons[-1]
+
+
+_SEEN_CALLS: list = []
+
+
+def _counting_hook(x):  # its content key reads a global list that grows with every call
+    _SEEN_CALLS.append(1)
+    return x
+
+
+def test_identity_checked_function_keeps_its_words_while_its_globals_change():
+    # Found on the GPU: a wrapper around model.forward that read changing globals (the
+    # JitFunction's counters, a list it appended to) gave every slow-path call a new argument
+    # tree, and the decode step recompiled on every call until the specialization limit.
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.hook = _counting_hook
+
+    def f(h, x):
+        return h.hook(x) * 2
+
+    jf = trident.jit(f)
+    x, y = torch.randn(3), torch.randn(5)
+    assert torch.equal(jf(holder, x), x * 2)
+    _SEEN_CALLS.append(1)
+    assert torch.equal(jf(holder, y), y * 2)  # a miss, through the Python flatten
+    assert "hook" not in jf.stats.miss_reasons[-1]
+    trees = {key for key in jf._trees}
+    assert len(trees) == 1
+    assert torch.equal(jf(holder, x), x * 2)
+    assert jf.stats.misses == 2 and jf.stats.fallbacks == 0
+
+
+def test_content_key_of_a_function_reading_a_jit_function_ignores_its_counters():
+    from trident.cache import function_key
+
+    jf = trident.jit(lambda x: x + 1)
+    globals()["_JF"] = jf
+
+    def wrapper(x):
+        return _JF(x)  # noqa: F821 (the global set above)
+
+    before = function_key(wrapper)
+    for n in range(3):
+        wrapper(torch.randn(n + 1))
+    assert jf.stats.misses >= 1 and function_key(wrapper) == before

@@ -329,3 +329,11 @@ def test_bound_methods_key_their_object():
     x = torch.ones(3)
     assert torch.equal(trident.jit(Model(2.0).forward)(x), x * 2)
     assert torch.equal(trident.jit(Model(3.0).forward)(x), x * 3)
+
+
+def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
+    from trident.cache import keyed_sources
+
+    names = {p.name for p in keyed_sources()}
+    assert {"capture.py", "codegen.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
+    assert not names & {"bench.py", "bench_gpu.py", "bench_hf.py", "demo.py", "__main__.py"}

@@ -112,6 +112,21 @@ def test_python_scalars_int_tensors(dtype):
     calls(_int_scalars, x, torch.tensor(3, dtype=dtype))
 
 
+def _bool_and_int_fills(x, b, i):
+    return (torch.fill(x, b), x.masked_fill(x > 0, b), torch.full_like(x, b), b + x, x * b,
+            x.clone().fill_(i), torch.full((2,), b), torch.full_like(x, i, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_python_bools_in_scalar_slots(dtype):
+    """Torch-MLIR passes a Python bool to a Scalar slot through TorchScript's
+    ``aten::Int.bool``, which no dispatcher holds; the op gets the bool, as in eager (``False +
+    bool_tensor`` stays bool: an int would promote it to int64)."""
+    x = torch.arange(-3, 5).to(dtype)
+    for b, i in ((True, 3), (False, 0)):
+        calls(lambda x: _bool_and_int_fills(x, b, i), x)
+
+
 def test_python_scalar_on_zero_dim_reduced_float_runs_eagerly():
     """No plain tensor reproduces 0.1 as a wrapped number next to a 0-dim bfloat16 tensor
     (eager reads the double; a bf16 0-dim tensor would round it): that call runs eagerly."""
@@ -259,6 +274,42 @@ def test_global_side_effects_run_eagerly():
                 assert torch.equal(torch.random.get_rng_state(), after)
         assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
     calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
+
+
+def _seed_then_restore(x):
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        return x + torch.rand_like(x)
+
+
+def _set_state_then_restore(x, state):
+    saved = torch.random.get_rng_state()
+    torch.random.set_rng_state(state)
+    try:
+        return torch.nn.functional.dropout(x, 0.5) * torch.randn(x.shape)
+    finally:
+        torch.random.set_rng_state(saved)
+
+
+def test_random_ops_under_a_restored_rng_state_run_eagerly():
+    """A function that seeds or sets the RNG, draws, and puts the RNG back before it returns
+    (OpInfo's wrapper_set_seed, fork_rng) leaves no change a trace sees afterwards; its draws
+    still depend on the seed, so it runs eagerly, equal to eager on every call."""
+    x = torch.randn(100)
+    state = torch.Generator().manual_seed(5).get_state()
+    for fn in (_seed_then_restore, lambda x: _set_state_then_restore(x, state)):
+        jf = trident.jit(fn)
+        with pytest.warns(UserWarning, match="random generator in another state"):
+            first = jf(x)
+        assert_same(first, fn(x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                got = jf(x)
+                torch.manual_seed(seed)
+                assert_same(got, fn(x))
+        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
 
 
 def test_seed_outside_the_function():

@@ -386,3 +386,106 @@ def test_op_error_message_is_pytorchs_message_without_cpp_backtrace():
     where = f"{HERE}:{line_of(gather_rows, 'x[i]')}"
     assert re.fullmatch(rf"{re.escape(where)} \(aten::index\.Tensor\): "
                         rf"{re.escape(str(eager.value))}", str(err.value)), str(err.value)
+
+
+def _size_division(x, y):
+    return torch.ones(x.shape[0] // (y.shape[0] - 4)), x.shape[0] % (y.shape[0] - 4)
+
+
+def test_division_by_zero_in_a_size_expression_raises_zero_division_error():
+    """With dynamic dims, a size expression whose divisor becomes 0 raises eager's
+    ZeroDivisionError (the specialization's guards exclude that size; its trace raises and the
+    call runs eagerly), and the sizes around it are served as before."""
+    jf = trident.jit(_size_division, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (5, 6, 4, 7, 4):
+            x, y = torch.randn(n + 3), torch.randn(n)
+            if n == 4:
+                with pytest.raises(ZeroDivisionError):
+                    jf(x, y)
+            else:
+                assert_same(jf(x, y), _size_division(x, y))
+    assert jf.stats.fallbacks == 2, jf.stats
+
+
+def _pow_or_double(x):
+    try:
+        return x.pow(-2)
+    except RuntimeError:
+        return x.double().pow(-2)
+
+
+def _gather_or_zeros(x, i):
+    try:
+        return x.clone().gather(0, i) * 2
+    except (IndexError, RuntimeError):
+        return torch.zeros(3)
+
+
+def _helper_catches(x, i):
+    y = x + 1
+    return _gather_or_zeros(y, i), y
+
+
+def _bare_except(x):
+    try:
+        return x.pow(-2)
+    except:  # noqa: E722 - the kind under test
+        return x * 0
+
+
+@pytest.mark.parametrize("fn, args, bad", [
+    (_pow_or_double, (torch.arange(1, 5),), None),
+    (_bare_except, (torch.arange(1, 5),), None),
+    (_gather_or_zeros, (torch.randn(3), torch.tensor([0, 2, 1])), torch.tensor([0, 9, 1])),
+    (_helper_catches, (torch.randn(3), torch.tensor([2, 2, 0])), torch.tensor([5, 0, 0])),
+], ids=["pow", "bare", "gather", "helper"])
+def test_errors_only_real_kernels_raise_take_eagers_except_branch(fn, args, bad):
+    """A ``try`` around ops whose error only the real kernel raises (the trace runs on fake
+    tensors): a call whose step fails before anything it did is visible runs eagerly and takes
+    eager's ``except`` branch; calls that do not fail stay native."""
+    jf = trident.jit(fn)
+    calls = [args, args] if bad is None else [args, (args[0], bad), args, (args[0], bad)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for call in calls:
+            assert_same(jf(*call), fn(*call))
+    # every call fails (None), or the calls with ``bad`` do, the second good call hits
+    fallbacks, hits = (len(calls), 0) if bad is None else (2, 1)
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, fallbacks, hits), \
+        jf.stats
+
+
+def _pow_in_finally_and_with(x):
+    with torch.no_grad():
+        try:
+            return x.pow(-2)
+        finally:
+            x.add_(0)
+
+
+def _write_then_catch(x, y):
+    y.add_(1)
+    try:
+        return x.pow(-2)
+    except RuntimeError:
+        return x.double().pow(-2)
+
+
+def test_errors_outside_catching_try_are_raised():
+    """``finally`` and ``with`` catch nothing: the kernel's error is raised, as eager raises it.
+    A step that fails after the call wrote to its arguments cannot run again eagerly: it raises
+    (a TridentError naming the step) rather than write twice."""
+    x = torch.arange(1, 5)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        _pow_in_finally_and_with(x)
+    jf = trident.jit(_pow_in_finally_and_with)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        jf(x)
+    assert jf.stats.fallbacks == 0, jf.stats
+    y = torch.zeros(2)
+    jg = trident.jit(_write_then_catch)
+    with pytest.raises(trident.TridentError, match="pow"):
+        jg(x, y)
+    assert torch.equal(y, torch.ones(2)) and jg.stats.fallbacks == 0

@@ -646,9 +646,12 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, 1, 1, 1, params\)", source)
     assert re.search(rf'static trt_kernel {kernel} = \{{"strided_add_kernel", \w+, 64, ', source)
     launch_block = _launch_block(source, kernel)
-    # x[1:] is computed by an aten step; its pointer is read from that value
-    assert re.search(r"CUdeviceptr p0 = \(CUdeviceptr\)rt->data_ptr\(v\[\d+\]\);  /\* x_ptr \*/",
-                     launch_block)
+    # x[1:] is a view computed in C (Note [Views in C]): the launch reads the storage's data at
+    # the view's offset, and no tensor is made for it
+    assert re.search(r"CUdeviceptr p0 = \(CUdeviceptr\)\(w\[(\d+)\]\.data \+ w\[\1\]\.offset \* "
+                     r"w\[\1\]\.itemsize\);  /\* x_ptr \*/", launch_block)
+    assert re.search(r"trt_view_slice\(&in, 0, 1LL, \S+, 1LL, &w\[", source)
+    assert "view_tensor" not in source
     assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
     assert "int32_t p3 = 128;  /* n */" in launch_block
     assert "void* params[] = {&p0, &p1, &p2, &p3, &scratch[0], &scratch[1]};" in launch_block

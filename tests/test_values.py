@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -413,19 +414,81 @@ def test_max_dim_sort_topk():
     check(f, torch.randn(5, 6, generator=g()))
 
 
-def test_returning_a_structseq_runs_eagerly_with_warning():
-    # torch.return_types.max is not a tuple/list: documented as unsupported, so eager
-    def f(x):
-        return torch.max(x, 1)
+def _structseqs(x, a, m):
+    """Every kind of op that returns a ``torch.return_types`` struct sequence."""
+    return (torch.max(x, 1), torch.min(x, 0, keepdim=True), torch.sort(x, stable=True),
+            torch.topk(x, 2), torch.kthvalue(x, 2), torch.mode(m), torch.cummax(x, 1),
+            torch.cummin(x, 0), torch.aminmax(x, dim=1), torch.frexp(x), torch.median(x, 1),
+            torch.linalg.eigh(a), torch.linalg.qr(a), torch.linalg.slogdet(a),
+            torch.linalg.svd(a), torch.linalg.lu_factor(a), torch.var_mean(x, 1))
 
-    jf = trident.jit(f)
-    x = torch.randn(3, 4)
-    with pytest.warns(UserWarning, match="runs eagerly"):
-        out = jf(x)
-    want = f(x)
-    assert type(out) is type(want)
-    assert_same(tuple(out), tuple(want))
-    assert jf.stats.fallbacks == 1 and jf.stats.compiles == 0
+
+def test_ops_returning_struct_sequences():
+    """``torch.return_types`` results (``torch.max(x, 1)``, ``sort``, ``linalg.eigh``...) are
+    served natively: same type, fields and values as eager, on a hit and in a new process."""
+    x = torch.randn(5, 6, generator=g())
+    a = torch.randn(4, 4, generator=g(1))
+    a = a @ a.T + torch.eye(4)
+    m = torch.randint(0, 3, (5, 6), generator=g(2)).float()
+    jf, want, got = run_both(_structseqs, x, a, m)
+    for out in got:
+        assert_same(out, want)
+        assert all(type(o) is type(w) for o, w in zip(out, want))
+        assert out[0].indices is out[0][1]
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import torch, trident
+        from test_values import _structseqs, g
+        x = torch.randn(5, 6, generator=g())
+        a = torch.randn(4, 4, generator=g(1))
+        a = a @ a.T + torch.eye(4)
+        m = torch.randint(0, 3, (5, 6), generator=g(2)).float()
+        jf = trident.jit(_structseqs)
+        out, want = jf(x, a, m), _structseqs(x, a, m)
+        assert [type(o) for o in out] == [type(w) for w in want]
+        assert all(torch.equal(p, q) for o, w in zip(out, want) for p, q in zip(o, w))
+        assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 0), jf.stats
+        print("OK")
+    """)
+    _run_child(code)
+
+
+def test_results_holding_torch_sizes():
+    """``torch.Size`` results (``x.shape``, ``torch.broadcast_shapes``) come back as
+    ``torch.Size``, as in eager."""
+    def f(x, y):
+        return torch.broadcast_shapes(x.shape, y.shape), x.sum(0).shape, [x.shape], x + y
+
+    jf, want, got = run_both(f, torch.randn(3, 1, generator=g()), torch.randn(4))
+    for out in got:
+        assert_same(out, want)
+
+
+def _scalars_of_data(x, i):
+    return x.sum().item(), x.max().item(), (x > 0).any().item(), i.argmax().item(), x * 2
+
+
+def test_scalars_computed_from_data_are_results():
+    """``.item()`` results (float, int, bool) come from the call's own data on every hit: the
+    trace returns the op's symbolic scalar and the plan returns the value the op computes."""
+    jf = trident.jit(_scalars_of_data)
+    for seed in range(3):
+        x, i = torch.randn(5, generator=g(seed)), torch.randint(0, 9, (4,), generator=g(seed))
+        assert_same(jf(x, i), _scalars_of_data(x, i))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 2), jf.stats
+
+
+def test_sizes_under_dynamic_dims_are_results():
+    """A size returned under dynamic dims is computed per call (one specialization)."""
+    def f(x):
+        return x.shape[0], x.shape, x.sum(0)
+
+    jf = trident.jit(f, dynamic=True)
+    for n in (3, 4, 5, 4):
+        x = torch.randn(n, 2, generator=g(n))
+        assert_same(jf(x), f(x))
+    assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 3), jf.stats
 
 
 def test_cat_stack_and_tensor_list_inputs_from_args():

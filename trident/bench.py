@@ -6,6 +6,9 @@ raw driver launch among the contenders). ``cpu`` runs the cases below.
 Cases:
     chain30   30 small ATen ops (``a = a + b; a = a * b; a = a - b``, ten times) on 16-element
               float32 tensors: nearly all host overhead.
+    views40   40 view ops (``t``, ``unsqueeze``, ``squeeze``, ``transpose``, ten times) and one
+              add on float32[16, 16]: eager's dispatcher per view against views computed in C
+              (Note [Views in C] in trident/plan.py).
     block     the transformer block of ``python -m trident.demo`` (trident/demo.py), batch 1,
               decode-sized.
 
@@ -52,11 +55,27 @@ def chain30_inputs(device: torch.device) -> tuple:
     return a.to(device), b.to(device)
 
 
+def views40(x, y):
+    """40 view ops and one add: ``x = x.t().unsqueeze(0).squeeze(0).transpose(0, 1)`` ten
+    times, then ``x + y``."""
+    for _ in range(10):
+        x = x.t().unsqueeze(0).squeeze(0).transpose(0, 1)
+    return x + y
+
+
+def views40_inputs(device: torch.device) -> tuple:
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(16, 16, generator=gen).to(device),
+            torch.randn(16, generator=gen).to(device))
+
+
 def cases(device: torch.device) -> dict[str, tuple[str, Callable, tuple]]:
     cfg = default_config(device)
     return {
         "chain30": ("30 ATen ops (add, mul, sub) on float32[16]", chain30,
                     chain30_inputs(device)),
+        "views40": ("40 view ops and one add on float32[16, 16]", views40,
+                    views40_inputs(device)),
         "block": (f"transformer block (trident.demo): {cfg.describe()}", transformer_block,
                   make_inputs(device, cfg)),
     }
@@ -110,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suite", choices=["cpu", "gpu"], help="run on the CPU or on CUDA")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per contender (7)")
-    parser.add_argument("--cases", default="chain30,block",
-                        help="comma-separated cases (default: chain30,block)")
+    parser.add_argument("--cases", default="chain30,views40,block",
+                        help="comma-separated cases (default: chain30,views40,block)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--warm-caches", action="store_true",
                         help="let Trident and Inductor use their disk caches on the first call")

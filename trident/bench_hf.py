@@ -12,7 +12,9 @@ tokens after a 16-token prompt, every contender in one process:
 - floors: Trident's own decode-step CUDA graph replayed alone, the eager decode forward captured
   in a CUDA graph (``torch.cuda.graph``), and ``generate``'s own Python per token (a forward that
   returns stored logits). ``TRIDENT_BENCH_NO_FLOOR=1`` skips the graph floors;
-  ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of one ``trident.jit`` generate.
+  ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of one ``trident.jit`` generate;
+``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
+reference, always runs).
 
 Each contender's tokens and logits are compared with eager's (``torch.equal``).
 """
@@ -139,6 +141,11 @@ def _replay_floor(jf, seen: dict) -> dict:
     return {"ms_per_token": round(min(times), 3), "positions restored": len(positions)}
 
 
+def _wanted(contender: str) -> bool:
+    only = os.environ.get("TRIDENT_BENCH_ONLY")
+    return not only or contender in only.split(",")
+
+
 class _Rows(dict):
     """Each row printed as it is measured (a long run that is cut short still reports)."""
 
@@ -176,8 +183,10 @@ def run(name: str, reps: int = 3) -> dict:
         return jf(*args, **kwargs)
 
     model.forward = spy
-    rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps, disable_compile=True)
-    if not os.environ.get("TRIDENT_BENCH_NO_FLOOR"):
+    if _wanted("jit"):
+        rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps,
+                                                        disable_compile=True)
+    if _wanted("jit") and not os.environ.get("TRIDENT_BENCH_NO_FLOOR"):
         try:
             rows["floor: Trident's decode graph, replayed alone"] = _replay_floor(jf, seen)
         except Exception as e:
@@ -185,7 +194,7 @@ def run(name: str, reps: int = 3) -> dict:
     stats = jf.stats
     rows["trident.jit(model.forward) stats"] = {
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
-    if os.environ.get("TRIDENT_BENCH_PROFILE"):
+    if _wanted("jit") and os.environ.get("TRIDENT_BENCH_PROFILE"):
         import cProfile
         import io
         import pstats
@@ -199,26 +208,29 @@ def run(name: str, reps: int = 3) -> dict:
         print(text.getvalue()[-6000:], flush=True)
     model.forward = forward
 
-    torch._dynamo.reset()
-    model.forward = torch.compile(forward, backend="trident")
-    rows["torch.compile(backend=trident)"] = _contender(model, ids, ref, reps,
-                                                        disable_compile=True)
-    model.forward = forward
+    if _wanted("backend"):
+        torch._dynamo.reset()
+        model.forward = torch.compile(forward, backend="trident")
+        rows["torch.compile(backend=trident)"] = _contender(model, ids, ref, reps,
+                                                            disable_compile=True)
+        model.forward = forward
 
-    torch._dynamo.reset()
-    model.__dict__.pop("_compiled_call", None)
-    model.generation_config.compile_config = transformers.CompileConfig(backend="trident")
-    rows["CompileConfig(backend=trident)"] = _contender(model, ids, ref, reps)
+    for door, row, compile_config in (
+            ("config", "CompileConfig(backend=trident)", transformers.CompileConfig(
+                backend="trident")),
+            ("auto", "auto-compile (inductor reduce-overhead)", None)):
+        if _wanted(door):
+            torch._dynamo.reset()
+            model.__dict__.pop("_compiled_call", None)
+            model.generation_config.compile_config = compile_config
+            rows[row] = _contender(model, ids, ref, reps)
 
-    torch._dynamo.reset()
-    model.__dict__.pop("_compiled_call", None)
-    model.generation_config.compile_config = None
-    rows["auto-compile (inductor reduce-overhead)"] = _contender(model, ids, ref, reps)
-
-    torch._dynamo.reset()
-    model.forward = torch.compile(forward)
-    rows["torch.compile default"] = _contender(model, ids, ref, reps, disable_compile=True)
-    model.forward = forward
+    if _wanted("compile"):
+        torch._dynamo.reset()
+        model.forward = torch.compile(forward)
+        rows["torch.compile default"] = _contender(model, ids, ref, reps,
+                                                   disable_compile=True)
+        model.forward = forward
     torch._dynamo.reset()
 
     # floor: generate's own Python per token, with a forward that costs nothing

@@ -53,17 +53,28 @@ def _dist_version(name: str) -> str:
         return "none"
 
 
-@functools.cache
-def versions() -> str:
-    """Python, torch, triton, torch-mlir, and Trident's own source (every stage, the templates
-    and the runtime): a change to any of them makes new cache entries."""
+# The benchmarks, the demo and the command line compile nothing: editing them must not
+# invalidate every user's cached functions.
+_OUTSIDE_THE_KEY = re.compile(r"bench\w*\.py|demo\.py|__main__\.py")
+
+
+def keyed_sources() -> list[Path]:
+    """Trident's own files that shape what it compiles: every stage, the runtime, the
+    templates; not the benchmarks, the demo or the command line."""
     from .codegen import TEMPLATE_DIRS
 
-    own = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    files = sorted(here.glob("*.py")) + sorted((here / "runtime").glob("*.[hc]*"))
-    files += sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
-    for path in files:
+    files = sorted(p for p in here.glob("*.py") if not _OUTSIDE_THE_KEY.fullmatch(p.name))
+    files += sorted((here / "runtime").glob("*.[hc]*"))
+    return files + sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
+
+
+@functools.cache
+def versions() -> str:
+    """Python, torch, triton, torch-mlir, and Trident's own source (``keyed_sources``): a change
+    to any of them makes new cache entries."""
+    own = hashlib.sha256()
+    for path in keyed_sources():
         own.update(path.read_bytes())
     parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
              __version__, own.hexdigest()]
@@ -96,8 +107,13 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         h.update(b"<seen>")
         return
     seen.add(id(value))
+    from .jit import JitFunctionMixin
+
     if isinstance(value, types.FunctionType):
         _hash_function(h, value, seen, depth + 1)
+    elif isinstance(value, JitFunctionMixin):  # its code, not its counters and graphs
+        h.update(b"trident.jit:")
+        _hash_value(h, value._code_fn, seen, depth + 1)
     elif isinstance(value, types.ModuleType):
         h.update(f"module:{value.__name__}".encode())
     elif isinstance(value, type):
@@ -193,9 +209,9 @@ class FunctionCache:
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
-        operator this Trident does not know, a folder where a file belongs, a file where the
-        ``specs`` folder belongs) is dropped with a warning, so that the next compile of that
-        signature stores it again."""
+        operator this Trident does not know, contents that do not hash to the key in the file's
+        name, a folder where a file belongs, a file where the ``specs`` folder belongs) is
+        dropped with a warning, so that the next compile of that signature stores it again."""
         if not self.spec_dir.is_dir():
             if self.spec_dir.exists() or self.spec_dir.is_symlink():
                 _discard(self.spec_dir, "not a folder")
@@ -205,6 +221,9 @@ class FunctionCache:
             try:
                 spec = Specialization.from_json(json.loads(path.read_text()))
                 _check_ops(spec)
+                if path.stem.rpartition("-")[2] != spec.key:  # edited, or not written by us
+                    raise ValueError(f"its contents hash to {spec.key}, not to the hash in its "
+                                     "name")
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 _discard(path, f"{type(e).__name__}: {e}")  # written atomically: damaged
                 continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import linecache
 import sys
@@ -29,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import collectives
 from .errors import TridentError
@@ -61,6 +63,14 @@ class Capture:
     # Note [Argument trees] in flatten.py: how the runtime rebuilds a result that is more than
     # tensors and scalars in tuples and lists (then ``out_spec`` is a flat tuple)
     recipe: Any = None
+    # Note [Errors inside try]: "file.py:LINE" of a `try` whose `except` was active around a
+    # torch call of the function, or ""
+    catching: str = ""
+
+
+# What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
+# a size under dynamic dims), which the plan returns as its scalar values.
+_GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
@@ -120,9 +130,16 @@ class _SourceLines(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.in_user_code = False
+        self.rng: bytes | None = None  # the generators' state when the function was entered
+        self.rng_set = False  # a torch call ran while they were in another state
+        self.catching = ""  # Note [Errors inside try]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.in_user_code:
+            if not self.rng_set and self.rng is not None:  # Note [Global side effects]
+                self.rng_set = _rng_state() != self.rng
+            if not self.catching:
+                self.catching = _enclosing_try(sys._getframe(1))
             for name, read in _UNGUARDED_READS.items():
                 if func == read:
                     frame = _user_frame()
@@ -136,6 +153,57 @@ class _SourceLines(TorchFunctionMode):
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))
         return func(*args, **(kwargs or {}))
+
+
+def _enclosing_try(frame) -> str:
+    """Note [Errors inside try]: a trace runs on fake tensors, which raise no error that only a
+    real kernel raises (an int tensor to a negative power, a missing kernel for a dtype, an
+    index out of range), so the trace cannot see which ``except`` branch eager would take. This
+    finds, among the user's frames between a torch call and the traced function (torch's own
+    frames skipped), one that is inside a ``try`` whose handler may catch (``except E``, a bare
+    ``except``; not ``finally``, not ``with``): "file.py:LINE" of the frame, or "".
+
+    A specialization traced so runs natively; a step that fails on a call before anything the
+    call did is visible (no write to memory the caller sees, no random draw: codegen's
+    ``rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
+    error is raised (as a TridentError) as before."""
+    seen_user = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_SKIP_PREFIXES[1]):  # Trident's frame: the trace's root
+            if seen_user:
+                return ""
+        elif not filename.startswith(_SKIP_PREFIXES[0]) and not filename.startswith("<frozen"):
+            seen_user = True
+            if any(start <= frame.f_lasti < end for start, end in _catching_ranges(frame.f_code)):
+                return f"{Path(filename).name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _catching_ranges(code) -> tuple[tuple[int, int], ...]:
+    """Byte ranges of ``code`` whose exception handler may catch: its first instructions test
+    the exception's class (``CHECK_EXC_MATCH``) or drop it (a bare ``except``). Python 3.10
+    has no exception table: any ``try`` counts, over the whole function."""
+    if sys.version_info < (3, 11):
+        return ((0, len(code.co_code)),) if any(
+            i.opname == "SETUP_FINALLY" for i in dis.get_instructions(code)) else ()
+    instructions = list(dis.get_instructions(code))
+    at = {ins.offset: k for k, ins in enumerate(instructions)}
+    ranges = []
+    for entry in dis.Bytecode(code).exception_entries:
+        k = at.get(entry.target)
+        if k is None or instructions[k].opname != "PUSH_EXC_INFO":
+            continue  # a cleanup handler (it re-raises)
+        for ins in instructions[k + 1:]:
+            if ins.opname in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH") or (
+                    ins.opname == "POP_TOP" and ins.offset == instructions[k + 1].offset):
+                ranges.append((entry.start, entry.end))
+                break
+            if ins.opname in ("RERAISE", "POP_EXCEPT", "WITH_EXCEPT_START"):
+                break
+    return tuple(ranges)
 
 
 def source_line(stack_trace: str | None) -> tuple[str, str]:
@@ -286,14 +354,25 @@ def _global_state() -> dict:
     generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
     grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
     not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
-    function that changes any of these runs eagerly; the state is put back first, so that the
-    eager call makes the change itself, once."""
+    function that changes any of these runs eagerly (the state is put back first, so that the
+    eager call makes the change itself, once), and so does one that calls torch while the
+    random generators are in another state than at its entry, though it puts them back before
+    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
     if torch.cuda.is_initialized():
         state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
     return state
+
+
+def _rng_state() -> bytes:
+    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes."""
+    with _disable_current_modes():
+        states = [torch.random.get_rng_state()]
+        if torch.cuda.is_initialized():
+            states += [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+        return b"".join(bytes(s.numpy()) for s in states)
 
 
 def _restore_global_state(state: dict) -> None:
@@ -333,6 +412,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
+        mode.rng = _rng_state()
         mode.in_user_code = True
         try:
             result = fn(*flat_args)
@@ -350,7 +430,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         holder["recipe"] = recipe
         holder["requires_grad"] = any(isinstance(leaf, torch.Tensor) and leaf.requires_grad
                                       for leaf in leaves)
-        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+        return tuple(leaf for leaf in leaves if isinstance(leaf, _GRAPH_OUTPUTS))
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
@@ -372,13 +452,17 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         _restore_global_state(state)
         raise TridentError(f"{name} changes global torch state "
                            f"({', '.join(changed)}), which a compiled call would not replay")
+    if mode.rng_set:  # Note [Global side effects]
+        raise TridentError(f"{name} calls torch with the random generator in another state "
+                           "that it puts back before returning (torch.manual_seed inside "
+                           "freeze_rng_state), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "
                            "inference")
     out_leaves = []
     for leaf in holder["leaves"]:
-        if isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, _GRAPH_OUTPUTS):  # a tensor, or a scalar an op returned (.item())
             out_leaves.append(None)
         elif leaf is None or type(leaf) in (int, float, bool):
             out_leaves.append(("const", leaf))
@@ -408,7 +492,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
-    return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"])
+    return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
+                   mode.catching)
 
 
 def _spec_string(spec: pytree.TreeSpec) -> str | None:

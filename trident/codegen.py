@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jinja2
 
 from .guards import c_int
+from .plan import rerun_eagerly
 from .specialization import Specialization
 
 # Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
@@ -74,6 +75,8 @@ class CStep:
     slot: int = 0  # callback: index into the module's callback table
     buffer: str = ""  # aten_out: the static buffer the .out overload writes
     out_op_index: int = 0
+    reuse: str = ""  # aten_out: the C condition under which the buffer is reused
+    on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
 
 class Rendered(NamedTuple):
@@ -131,6 +134,11 @@ class _SpecRenderer:
         self.statics: list[str] = []
         self.locals: list[str] = []
         self.uses_cuda = False
+        # Note [Views in C] in plan.py: views not yet made into tensors live in w[slot]; a slot
+        # is free again once its view is released
+        self.views: dict[int, tuple[int, bool]] = {}  # value -> (slot, made as eager makes it)
+        self.free_slots: list[int] = []
+        self.num_slots = 0
 
     def static_array(self, ctype: str, items: list[str]) -> str:
         name = f"k{self.index}_{len(self.statics)}"
@@ -204,12 +212,19 @@ class _SpecRenderer:
         """A tensor operand's data pointer, for a kernel parameter."""
         if o["k"] == "arg":
             return f"(CUdeviceptr)a[{o['i']}].data_ptr"
+        if o["k"] == "val" and o["i"] in self.views:  # Note [Views in C]: no tensor needed
+            w = f"w[{self.views[o['i']][0]}]"
+            return f"(CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize)"
         return f"(CUdeviceptr)rt->data_ptr({self.operand(o)[len('TRT_T('):-1]})"
 
     def releases(self, s) -> list[str]:
         out = []
         for rel in s.release:
-            if rel["k"] == "val":
+            if rel["k"] == "val" and rel["i"] in self.views:  # a tensor only if one was made
+                self.free_slots.append(self.views.pop(rel["i"])[0])
+                out.append(f"if (v[{rel['i']}]) {{ rt->release(v[{rel['i']}]); "
+                           f"v[{rel['i']}] = NULL; }}")
+            elif rel["k"] == "val":
                 out.append(f"rt->release(v[{rel['i']}]); v[{rel['i']}] = NULL;")
             else:
                 out.append(f"rt->release_list(&l[{rel['i']}]);")
@@ -225,7 +240,9 @@ class _SpecRenderer:
             values = []
             for p in launch["params"]:
                 if p["kind"] == "tensor":
-                    values.append(self.operand(next(tensors)))
+                    tensor = next(tensors)
+                    self.make_views(tensor, s)  # Note [Views in C]: the interpreter reads tensors
+                    values.append(self.operand(tensor))
                 elif "size" in p:  # Note [Symbolic launches] in kernels.py
                     values.append(f"TRT_I({p['size']['c']})")
                 elif p["kind"] == "scalar":
@@ -269,6 +286,10 @@ class _SpecRenderer:
         if s.op == "int":
             return self.int_step(s)
         self.locals = []
+        if s.view is not None and (step := self.view_step(s)):
+            return step
+        for a in s.args:
+            self.make_views(a, s)
         args = [self.operand(a) for a in s.args]
         takes = []
         for j, r in enumerate(s.results):
@@ -288,11 +309,178 @@ class _SpecRenderer:
             step.kind = "aten_out"
             step.buffer = f"buffer{self.index}_{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
+            step.reuse = "reuse" if self.cuda_device() is not None else "!env->inference_mode"
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
         return step
 
+    def make_views(self, o: dict, s) -> None:
+        """Note [Views in C]: the tensor of each view that operand ``o`` reads, unless an earlier
+        step made it."""
+        if o["k"] in ("tensors", "opt_tensors"):
+            for item in o["v"]:
+                self.make_views(item, s)
+        elif o["k"] == "val" and o["i"] in self.views:
+            slot, eager = self.views[o["i"]]
+            how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
+            where = c_string(f"{s.where} (view)" if s else "output (view)")
+            self.locals.append(f"if (!v[{o['i']}] && !(v[{o['i']}] = rt->view_tensor(&w[{slot}], "
+                               f"{how}))) {{ rt->set_error({where}, NULL); goto fail; }}")
+
+    def view_step(self, s) -> CStep | None:
+        """Note [Views in C] in plan.py: a view's geometry in C (trident_views.h); where the
+        arithmetic finds what ATen would raise, the op itself is called. None: a form this
+        does not compute (the step stays a dispatcher call)."""
+        call = self.view_call(s)
+        lines = self.locals
+        source, result = s.args[0], s.results[0]["i"]
+        where = c_string(f"{s.where} ({s.qualified_name})")
+        fail = f"{{ rt->set_error({where}, NULL); goto fail; }}"
+        if call is None and not (source["k"] == "val" and source["i"] in self.views):
+            return None  # an ordinary dispatcher call
+        if call is None:  # the op itself, on its input made as eager makes it
+            rest = [self.operand(a) for a in s.args[1:]]
+            lines += [f"const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
+                      f"if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], NULL, "
+                      f"&w[{self.views[source['i']][0]}], rest, {len(rest)}, &v[{result}], NULL"
+                      f")) {fail}"]
+            return CStep("view", s.where, c_comment(s.text), s.qualified_name, lines, [],
+                         self.releases(s))
+        if source["k"] == "val" and source["i"] in self.views:
+            view_in, tensor = f"&w[{self.views[source['i']][0]}]", "NULL"
+        else:
+            tensor = self.operand(source)[len("TRT_T("):-1]
+            lines.append("trt_view in;")
+            view_in = "&in"
+            call = f"rt->view_of({tensor}, &in) || {call}"  # not strided: the op itself
+        alias = s.view["alias"]
+        if alias:  # _unsafe_view: a tensor of its own at once
+            lines.append("trt_view out;")
+            view_out = "&out"
+        else:
+            slot = self.free_slots.pop() if self.free_slots else self.num_slots
+            self.num_slots = max(self.num_slots, slot + 1)
+            view_out = f"&w[{slot}]"
+            self.views[result] = (slot, s.view["eager"])
+        rest = [self.operand(a) for a in s.args[1:]]
+        lines += [f"if ({call.format(view_in, view_out)}) {{  /* ATen raises here, or the "
+                  f"view is not computed in C: the op itself */",
+                  f"  const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
+                  f"  if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], {tensor}, "
+                  f"{view_in}, rest, {len(rest)}, &v[{result}], {'NULL' if alias else view_out}"
+                  f")) {fail}"]
+        if alias:
+            lines.append(f"}} else if (!(v[{result}] = rt->view_tensor(&out, TRT_VIEW_ALIAS))) "
+                         f"{fail}")
+        else:
+            lines.append("}")
+        return CStep("view", s.where, c_comment(s.text), s.qualified_name, lines, [],
+                     self.releases(s))
+
+    def view_call(self, s) -> str | None:
+        """The trident_views.h call of a view step, with ``{0}``/``{1}`` for its input and
+        output, or None."""
+        rank, op, args = s.view["rank"], s.qualified_name, s.args
+
+        def dim(o, n=rank):  # maybe_wrap_dim: the rank is static
+            if o["k"] != "int" or not -max(n, 1) <= o["v"] < max(n, 1):
+                raise _NotComputed
+            return o["v"] % max(n, 1)
+
+        def int_arg(o, none):
+            if o["k"] == "none":
+                return none
+            if o["k"] not in ("int", "scalar"):
+                raise _NotComputed
+            return self.int_expr(o)
+
+        def int_array(o):
+            if o["k"] == "ints":
+                items = [c_int(int(v)) for v in o["v"]]
+            elif o["k"] == "int_list" and all(i["k"] in ("int", "scalar") for i in o["v"]):
+                items = [self.int_expr(i) for i in o["v"]]
+            else:
+                raise _NotComputed
+            if len(items) > 16:
+                raise _NotComputed
+            name = f"z{len(self.locals)}"
+            self.locals.append(f"const int64_t {name}[] = {{{', '.join(items) or '0'}}};")
+            return f"{name}, {len(items)}"
+
+        try:
+            if op == "aten::t" and rank <= 2:
+                return f"trt_view_transpose({{0}}, 0, {1 if rank == 2 else 0}, {{1}})"
+            if op == "aten::transpose.int":
+                return f"trt_view_transpose({{0}}, {dim(args[1])}, {dim(args[2])}, {{1}})"
+            if op == "aten::permute" and args[1]["k"] == "ints":
+                dims = [dim({"k": "int", "v": d}) for d in args[1]["v"]]
+                if sorted(dims) != list(range(rank)):
+                    return None
+                return f"trt_view_permute({{0}}, {self.static_array('int64_t', [str(d) for d in dims]) if dims else 'NULL'}, {{1}})"
+            if op == "aten::unsqueeze":
+                return f"trt_view_unsqueeze({{0}}, {dim(args[1], rank + 1)}, {{1}})"
+            if op in ("aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims"):
+                if op == "aten::squeeze":
+                    dims = range(rank)
+                elif op == "aten::squeeze.dim":
+                    dims = [dim(args[1])]
+                elif args[1]["k"] == "ints":
+                    dims = [dim({"k": "int", "v": d}) for d in args[1]["v"]]
+                else:
+                    return None
+                mask = sum(1 << d for d in set(dims)) if rank else 0
+                return f"trt_view_squeeze({{0}}, {mask:#x}u, {{1}})"
+            if op == "aten::slice.Tensor" and len(args) == 5:
+                return (f"trt_view_slice({{0}}, {dim(args[1])}, {int_arg(args[2], '0')}, "
+                        f"{int_arg(args[3], 'INT64_MAX')}, {int_arg(args[4], '1')}, {{1}})")
+            if op == "aten::select.int" and rank > 0:
+                return f"trt_view_select({{0}}, {dim(args[1])}, {int_arg(args[2], None)}, {{1}})"
+            if op in ("aten::view", "aten::_unsafe_view"):
+                return f"trt_view_view({{0}}, {int_array(args[1])}, {{1}})"
+            if op == "aten::expand":
+                return f"trt_view_expand({{0}}, {int_array(args[1])}, {{1}})"
+            if op == "aten::as_strided" and len(args) == 4:
+                sizes, strides = int_array(args[1]), int_array(args[2])
+                if sizes.split(", ")[1] != strides.split(", ")[1]:
+                    return None
+                offset = int_arg(args[3], "")
+                return (f"trt_view_as_strided({{0}}, {sizes.split(', ')[0]}, "
+                        f"{strides.split(', ')[0]}, {sizes.split(', ')[1]}, "
+                        f"{0 if offset == '' else 1}, {offset or 0}, {{1}})")
+        except _NotComputed:
+            return None
+        return None
+
+    def cuda_device(self) -> int | None:
+        """The CUDA device of a specialization whose tensor arguments are all on it."""
+        facts: dict[str, set] = {}
+        for g in self.spec.guards:
+            if g.field in ("device_type", "device_index"):
+                facts.setdefault(g.field, set()).add(g.value)
+        if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1:
+            return None
+        return next(iter(facts["device_index"]))
+
+    def prologue(self) -> list[str]:
+        """Note [Buffer reuse] in plan.py: on CUDA, buffers are reused on the stream that made
+        them, and a call on another stream allocates."""
+        device = self.cuda_device()
+        if device is None or not any(s.out_overload for s in self.spec.plan.steps):
+            return []
+        stream = f"buffer_stream{self.index}"
+        self.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
+        self.statics.append(f"static int {stream}_set;")
+        return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
+                f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
+                f"NULL); goto fail; }}",
+                f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
+                f"const int reuse = !env->inference_mode && stream == {stream};"]
+
     def outputs(self) -> list[str]:
-        lines, moved = [], {}
+        self.locals = []
+        for o in self.spec.plan.outputs:
+            self.make_views(o, None)
+        lines, moved = self.locals, {}
+        kept = self.kept_for_outputs()
         for k, o in enumerate(self.spec.plan.outputs):
             if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
                 moved[o["i"]] = k
@@ -304,11 +492,26 @@ class _SpecRenderer:
                 lines.append(f"out->outs[{k}] = TRT_T(rt->retain({inner}));")
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
+        for i in kept:
+            lines.append(f"if (v[{i}]) {{ rt->release(v[{i}]); v[{i}] = NULL; }}  "
+                         f"/* the base of a returned view */")
         return lines
+
+    def kept_for_outputs(self) -> list[int]:
+        """Values no step releases that are not outputs: the bases of returned views, kept
+        until those are made (Note [Views in C] in plan.py)."""
+        plan = self.spec.plan
+        made = {r["i"] for s in plan.steps for r in s.results if r["k"] == "val"}
+        released = {r["i"] for s in plan.steps for r in s.release if r["k"] == "val"}
+        returned = {o["i"] for o in plan.outputs if o["k"] == "val"}
+        return sorted(made - released - returned)
 
     def render(self) -> dict:
         plan = self.spec.plan
         steps = [self.step(i, s) for i, s in enumerate(plan.steps)]
+        if self.spec.catching:  # Note [Errors inside try] in capture.py
+            for step, clean in zip(steps, rerun_eagerly(plan)):
+                step.on_error = "eager" if clean else "fail"
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
@@ -319,12 +522,19 @@ class _SpecRenderer:
             "num_lists": plan.num_lists,
             "num_scalars": plan.num_scalars,
             "steps": steps,
+            "prologue": self.prologue(),
+            "num_views": self.num_slots,
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
             "outputs": self.outputs(),
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
             "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
+            "eager": any(step.on_error == "eager" for step in steps),
         }
+
+
+class _NotComputed(Exception):
+    """A view step's form that trident_views.h does not compute (Note [Views in C])."""
 
 
 def _grid_c(g) -> str:
@@ -350,12 +560,14 @@ def render(specs: list[Specialization], function: str) -> Rendered:
     renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
     rendered = [r.render() for r in renderers]
     uses_cuda = any(r.uses_cuda for r in renderers) or any(s["graph"] for s in rendered)
+    uses_views = any(s.view is not None for spec in specs for s in spec.plan.steps)
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
         specs=rendered,
         ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
              for (n, o) in ops],
         uses_cuda=uses_cuda,
+        uses_views=uses_views,
         kernels=kernels.decls,
         num_callbacks=len(callbacks),
     )

@@ -29,6 +29,12 @@ class TridentNotImplementedError(TridentError, NotImplementedError):
     """An op in the launch sequence raised ``NotImplementedError`` (e.g. a dtype it lacks)."""
 
 
+class EagerCall(Exception):
+    """Internal: a step failed inside the function's ``try`` before anything the call did was
+    visible, so the call runs eagerly (Note [Errors inside try] in capture.py). Never reaches
+    the user: the dispatcher and the miss path run the call eagerly instead."""
+
+
 # in the order of the runtime's error kinds (ERR_GENERIC, ERR_INDEX, ... in runtime.cpp)
 ERROR_TYPES = (TridentError, TridentIndexError, TridentValueError, TridentTypeError,
-               TridentNotImplementedError)
+               TridentNotImplementedError, EagerCall)

@@ -15,8 +15,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number, dtype, device, ``torch.Size`` or frozen set inside an object:
-  equal by value (floats by bit pattern) and of the same exact type;
+* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size`` or
+  frozen set inside an object: equal by value (floats by bit pattern) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
@@ -33,8 +33,9 @@ fake tensors in place and restored afterwards; a function that assigns to the Py
 tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is reported,
 its assignments are undone, and the call runs eagerly. The result's structure
 (:class:`OutputRecipe`) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
-namedtuples, dataclasses and transformers' ``ModelOutput`` (an ``OrderedDict`` dataclass), and
-objects of the call itself (``past_key_values`` returned in the output) by reference.
+namedtuples, ``torch.return_types`` struct sequences, dataclasses and transformers'
+``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself
+(``past_key_values`` returned in the output) by reference.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import functools
 import hashlib
 import inspect
 import types
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -53,14 +55,15 @@ import torch
 
 from .errors import TridentError
 
-# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check).
+# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
+# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
 ARG, ITEM, INDEX, ATTR, SELF = range(5)
-LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME = range(7)
+LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
 MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
-           torch.Size, range)
+           torch.Size, range, torch.memory_format, torch.layout)
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -208,13 +211,24 @@ class Binding:
 
 # ---- flattening ------------------------------------------------------------------------------
 
+# An identity-checked function's words, fixed at its first sight in this process: the native
+# check is by identity, and its Python twin must agree with it. Recomputed at each miss, a
+# function whose globals change between calls (a wrapper that counts its calls) would give an
+# unchanged call a new tree, and a recompile, on every slow-path call.
+_FUNCTION_WORDS: "weakref.WeakKeyDictionary[types.FunctionType, str]" = weakref.WeakKeyDictionary()
+
+
 def _stable(obj: Any) -> str:
     """Words for an object checked by identity, the same in every process where they can be."""
     if isinstance(obj, (types.FunctionType, types.MethodType)):
         from .cache import function_key
 
         fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
-        return f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
+        words = _FUNCTION_WORDS.get(fn)
+        if words is None:
+            words = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
+            _FUNCTION_WORDS[fn] = words
+        return words
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
@@ -236,6 +250,8 @@ def _is_module_dict(parent: Node, key: str) -> bool:
 
 
 class _Flattener:
+    what = "argument"  # what its messages call a path
+
     def __init__(self):
         self.nodes: list[Node] = []
         self.description: list[str] = []
@@ -245,13 +261,21 @@ class _Flattener:
 
     def add(self, value, node: Node, words: str) -> int:
         if len(self.nodes) >= MAX_NODES:
-            raise TridentError(f"argument {node.path} is too large to guard (more than "
+            raise TridentError(f"{self.what} {node.path} is too large to guard (more than "
                                f"{MAX_NODES} values reachable)")
         index = len(self.nodes)
         self.nodes.append(node)
         self.values.append(value)
         self.description.append(f"{node.parent}|{node.access}|{node.key!r}|{words}")
         return index
+
+    def words(self, value) -> str:
+        """Words for an object checked by identity (the tree's description)."""
+        return _stable(value)
+
+    def tensor(self, value: torch.Tensor, node: Node) -> None:
+        """A tensor first reached at ``node``: a leaf of the specialization."""
+        self.leaf_nodes.append(self.add(value, node, "a leaf"))
 
     def visit(self, value: Any, parent: int, access: int, key: Any, path: str,
               in_object: bool) -> None:
@@ -265,14 +289,14 @@ class _Flattener:
                          f"the tensor at {self.nodes[self.seen[id(value)]].path}")
                 return
             self.seen[id(value)] = len(self.nodes)
-            self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
+            self.tensor(value, node(LEAF))
             return
         if t in _SCALARS and not in_object:
             self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
             return
         if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)
             if not all(type(item) is str for item in value):
-                raise TridentError(f"argument {path} is a {t.__name__} of other values than "
+                raise TridentError(f"{self.what} {path} is a {t.__name__} of other values than "
                                    "str, which Trident cannot guard")
             self.add(value, node(CONST, set(value) if t is set else value),
                      f"{t.__name__} {sorted(value)}")
@@ -285,12 +309,12 @@ class _Flattener:
             self.add(value, node(SAME, first), f"the object at {self.nodes[first].path}")
             return
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
-            self.add(value, node(ID, value), _stable(value))
+            self.add(value, node(ID, value), self.words(value))
             return
         if not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict) \
                 and not _is_namedtuple(t):
             # a numpy array, a deque, an object with __slots__: contents no check can see
-            raise TridentError(f"argument {path} is a {_type_name(t)}, whose contents Trident "
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
                                "cannot guard")
         self.seen[id(value)] = len(self.nodes)
         if t in (tuple, list) or _is_namedtuple(t):
@@ -301,7 +325,7 @@ class _Flattener:
         if t in (dict, OrderedDict):
             for k in value:
                 if type(k) not in (str, int):
-                    raise TridentError(f"argument {path} is a dict with a {type(k).__name__} "
+                    raise TridentError(f"{self.what} {path} is a dict with a {type(k).__name__} "
                                        "key; Trident flattens dicts with str and int keys")
             me = self.add(value, node(DICT, t, len(value), tuple(value)),
                           f"{t.__name__} with keys {[str(k) for k in value]}")
@@ -315,14 +339,14 @@ class _Flattener:
                 self.visit(item, me, ITEM, k, child, in_object and not module_dict)
             return
         if isinstance(value, (dict, list, tuple, set)):
-            raise TridentError(f"argument {path} is a {_type_name(t)}, which Trident cannot "
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, which Trident cannot "
                                "flatten (a subclass of a built-in container)")
         entries = vars(value)
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
                       f"{_type_name(t)} with {list(entries)}")
         for k, item in list(entries.items()):
             if type(k) is not str:
-                raise TridentError(f"argument {path} has a non-str attribute name {k!r}")
+                raise TridentError(f"{self.what} {path} has a non-str attribute name {k!r}")
             self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True)
 
 
@@ -345,6 +369,15 @@ def _attr(k) -> str:
 
 def _is_namedtuple(t: type) -> bool:
     return issubclass(t, tuple) and hasattr(t, "_fields") and t is not tuple
+
+
+def _is_structseq(t: type) -> bool:
+    """A C tuple type made by calling it on its items: ``torch.Size``, a struct sequence whose
+    fields are all items (``torch.return_types.sort``; ``os.stat_result`` is not: it has fields
+    beyond its items)."""
+    return t is torch.Size or (issubclass(t, tuple) and isinstance(getattr(t, "n_fields", None),
+                                                                   int)
+                               and t.n_fields == t.n_sequence_fields and t.n_unnamed_fields == 0)
 
 
 def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, list, list]:
@@ -483,7 +516,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
 
 # OutputRecipe ops, as runtime.cpp's build_recipe reads them
 (R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT) = range(10)
+ R_BUILT, R_STRUCTSEQ) = range(11)
 # R_OBJECT's base: how the object is made without running its Python __init__
 BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
 
@@ -498,17 +531,18 @@ class OutputRecipe:
     an item); ``(R_BUILT, op)`` the container or object op ``op`` made, once more;
     ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
-    ``(R_NAMEDTUPLE, cls, n)``; ``(R_OBJECT, cls, base, attributes, item keys)`` an object made
-    by its base type's ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set
-    without calling its Python methods, as a dataclass or transformers' ``ModelOutput`` holds
-    them after ``__init__``."""
+    ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C tuple type such as
+    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items; ``(R_OBJECT, cls,
+    base, attributes, item keys)`` an object made by its base type's ``tp_new`` whose
+    ``__dict__`` entries and (dict bases) items are set without calling its Python methods, as
+    a dataclass or transformers' ``ModelOutput`` holds them after ``__init__``."""
 
     ops: list
 
     def to_json(self) -> list:
         out = []
         for op in self.ops:
-            if op[0] in (R_NAMEDTUPLE, R_OBJECT):
+            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
                 out.append([op[0], f"{op[1].__module__}:{op[1].__qualname__}", *op[2:]])
             elif op[0] == R_CONST and not isinstance(op[1], str):  # a dtype or device
                 out.append([op[0], {type(op[1]).__name__: str(op[1]).replace("torch.", "")}])
@@ -520,7 +554,7 @@ class OutputRecipe:
     def from_json(cls, data: list) -> "OutputRecipe":
         ops = []
         for op in data:
-            if op[0] in (R_NAMEDTUPLE, R_OBJECT):
+            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
                 op = [op[0], _import_type(op[1]), *op[2:]]
             if op[0] == R_DICT:
                 op = [op[0], tuple(op[1])]
@@ -588,7 +622,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         if isinstance(v, torch.Tensor) and id(v) in flat_index:
             simple[0] = False
             ops.append((R_AGAIN, flat_index[id(v)]))
-        elif isinstance(v, torch.Tensor) or t in _SCALARS:
+        elif isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) \
+                or t in _SCALARS:  # (a Sym scalar: an op's result while traced, .item())
             if isinstance(v, torch.Tensor):
                 flat_index[id(v)] = len(flat)
             flat.append(v)
@@ -615,9 +650,9 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
             ops.append((R_TUPLE if t is tuple else R_LIST, len(v)))
             for i, item in enumerate(v):
                 walk(item, f"{path}[{i}]")
-        elif _is_namedtuple(t):
+        elif _is_namedtuple(t) or _is_structseq(t):
             simple[0] = False
-            ops.append((R_NAMEDTUPLE, t, len(v)))
+            ops.append((R_NAMEDTUPLE if _is_namedtuple(t) else R_STRUCTSEQ, t, len(v)))
             for i, item in enumerate(v):
                 walk(item, f"{path}[{i}]")
         elif t is dict and all(type(k) is str for k in v):
@@ -645,7 +680,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         else:
             raise TridentError(f"the result {path} is a {_type_name(t)}, which Trident cannot "
                                "rebuild (expected tensors, scalars, None, str, tuples, lists, "
-                               "dicts, namedtuples, dataclasses, or an object of the call)")
+                               "dicts, namedtuples, torch.return_types, dataclasses, or an "
+                               "object of the call)")
 
     walk(result, "result")
     return flat, (None if simple[0] else OutputRecipe(ops))

@@ -7,10 +7,10 @@ the hit path) and checks itself in Python against the same facts (``arg_facts`` 
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
-TorchFunctionModes, the default process group), then each argument's kind, then per tensor
-dtype, device, rank, then sizes and strides, then flags (alignment, requires_grad, inference
-tensor), then scalar values. Both the C function and ``first_failure`` evaluate guards in list
-order.
+TorchFunctionModes, the default process group, the number of threads, torch's global flags),
+then each argument's kind, then per tensor dtype, device, rank, then sizes and strides, then
+flags (alignment, requires_grad, inference tensor), then scalar values. Both
+the C function and ``first_failure`` evaluate guards in list order.
 """
 
 from __future__ import annotations
@@ -36,7 +36,20 @@ DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
 _ENV_FIELDS = ("grad_enabled", "inference_mode", "autocast", "aliased", "default_dtype",
-               "transforms", "function_modes", "process_group")
+               "transforms", "function_modes", "process_group", "num_threads", "flags")
+# trt_env.flags, bit by bit (global_flags() in runtime.cpp): torch's global flags that eager ops
+# obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
+# from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
+FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
+             "torch.is_deterministic_algorithms_warn_only_enabled()",
+             "torch.backends.cuda.flash_sdp_enabled()",
+             "torch.backends.cuda.mem_efficient_sdp_enabled()",
+             "torch.backends.cuda.math_sdp_enabled()", "torch.backends.cuda.cudnn_sdp_enabled()",
+             "torch.backends.cudnn.allow_tf32", "torch.backends.cudnn.enabled",
+             "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")
+FLAG_FIELDS = ((16, "torch.get_float32_matmul_precision()"),
+               (20, "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+               (24, "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"))
 _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
@@ -113,7 +126,21 @@ def env_facts(args: tuple) -> dict:
         "transforms": torch._C._are_functorch_transforms_active(),
         "function_modes": torch._C._len_torch_function_stack() > 0,
         "process_group": collectives.fact(),  # Note [Process group guard]
+        "num_threads": torch.get_num_threads(),
+        "flags": _global_flags(),
     }
+
+
+def _global_flags() -> int:
+    from . import runtime
+
+    return runtime.load().global_flags()
+
+
+def flags_changed(expected: int, actual: int) -> list[str]:
+    """The flags (FLAG_BITS, FLAG_FIELDS) that differ between two ``trt_env.flags`` values."""
+    names = [name for i, name in enumerate(FLAG_BITS) if (expected ^ actual) >> i & 1]
+    return names + [name for shift, name in FLAG_FIELDS if (expected ^ actual) >> shift & 15]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +186,8 @@ class Guard:
             "transforms": lambda: f"env->transforms == {int(v)}",
             "function_modes": lambda: f"env->function_modes == {int(v)}",
             "process_group": lambda: f"trt_streq(env->process_group, {json.dumps(v)})",
+            "num_threads": lambda: f"env->num_threads == {v}",
+            "flags": lambda: f"env->flags == {v}ULL",
             "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
             "dtype": lambda: f"{a}.dtype == {v}",
             "device_type": lambda: f"{a}.device_type == {v}",
@@ -189,6 +218,8 @@ class Guard:
             "transforms": lambda: f"a torch.func transform is active is {v}",
             "function_modes": lambda: f"a TorchFunctionMode is active is {v}",
             "process_group": lambda: collectives.describe(v),
+            "num_threads": lambda: f"torch.get_num_threads() == {v}",
+            "flags": lambda: f"torch's global flags == {v:#x}",
             "kind": lambda: f"{who} is {KIND_NAMES[v]}",
             "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
             "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
@@ -253,6 +284,8 @@ def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
         actual = KIND_NAMES.get(actual, actual)
     elif guard.field in ("dtype", "default_dtype") and actual is not None:
         actual = dtype_name(actual)
+    elif guard.field == "flags":
+        return f"{', '.join(flags_changed(guard.value, actual))} changed since the compile"
     elif guard.field == "value" and guard.float_value and actual is not None:
         actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
     return f"{guard.describe(names)} expected, got {actual!r}"

@@ -22,10 +22,10 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, config, graphs, interrupts, kernels, runtime
-from .cache import FunctionCache, code_names, function_key
+from . import build, codegen, config, graphs, interrupts, kernels, runtime, state
+from .cache import FunctionCache, function_key
 from .capture import trace
-from .errors import TridentError
+from .errors import EagerCall, TridentError
 from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
                      guards_for)
@@ -124,9 +124,8 @@ class JitFunctionMixin:
         self._specs: list[Specialization] = []
         self._eager_signatures: list[tuple[list, str]] = []
         self._cache: FunctionCache | None = None
-        self._global_bindings: dict[str, object] = {}
-        self._cell_bindings: list[tuple[object, object]] = []
-        self._default_bindings: list[tuple[str, object]] = []
+        self._defaults_bound: tuple = ()  # (__defaults__, __kwdefaults__) the binding has
+        self._state: state.StateTree | None = None  # what the installed specializations read
         self._load_reason = "first call"
         self._dynamic_failed = False
         self._module = None
@@ -201,7 +200,7 @@ class JitFunctionMixin:
         """Called from the native dispatcher before a module is installed, and when no
         installed argument tree or no specialization's guards accept the call."""
         kwargs = kwargs or {}
-        if self._cache is None or not self._globals_unchanged():
+        if self._cache is None or self._state_failure() >= 0 or not self._defaults_unchanged():
             self._ensure_loaded()  # (first, so that reassigned defaults bind this call)
         try:
             call = self._flatten(args, kwargs)
@@ -262,50 +261,59 @@ class JitFunctionMixin:
     # ---- miss path --------------------------------------------------------------------------
 
     def _ensure_loaded(self) -> None:
-        """First use in this process, or after a global changed: install the module built from
-        the specializations cached under the function's current key."""
-        if self._cache is not None and self._globals_unchanged():
+        """First use in this process, or after what a specialization read changed (Note [State
+        guards] in state.py): install the module of the stored specializations that the
+        current state allows."""
+        if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
-            self._load_reason = f"{', '.join(self._rebound())} rebound since the last call"
+            self._load_reason = f"{self._state_change()} since the last call"
         self._install(0, 0)
+        self._set_state(None)
+        self._state = None
         self._specs = []
-        self._global_bindings = _global_bindings(self._code_fn)
-        self._cell_bindings = _cell_bindings(self._code_fn)
-        self._default_bindings = _default_bindings(self._code_fn)
         if self._cache is not None:  # defaults may have been reassigned
             self._binding = self._make_binding()
             self._trees.clear()
-        g = self._code_fn.__globals__
-        self._set_global_guards(
-            tuple((g, name, value) for name, value in self._global_bindings.items()) +
-            tuple((cell, None, value) for cell, value in self._cell_bindings) +
-            tuple((self._code_fn, name, value) for name, value in self._default_bindings))
+        self._defaults_bound = _defaults_of(self._code_fn)
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
             self._install_module(self._specs)
 
     def _stored_specs(self) -> list[Specialization]:
-        """The cache's specializations of this function; with ``dynamic=False`` only static
-        ones, even where another jit of the same code stored symbolic ones."""
-        return [s for s in self._cache.load_specs() if self._dynamic is not False or not s.dynamic]
+        """The cache's specializations of this function that the current state allows
+        (Note [State guards]); with ``dynamic=False`` only static ones, even where another jit
+        of the same code stored symbolic ones."""
+        digests: dict[str, str | None] = {}
 
-    def _rebound(self) -> list[str]:
-        """The globals (and "a closure variable") no longer bound to the object the installed
-        module was compiled with."""
-        g = self._code_fn.__globals__
-        names = [name for name, value in self._global_bindings.items()
-                 if g.get(name, _UNBOUND) is not value]
-        if any(_cell_contents(cell) is not value for cell, value in self._cell_bindings):
-            names.append("a closure variable")
-        names += [name for name, value in self._default_bindings
-                  if getattr(self._code_fn, name) is not value]
-        return names
+        def allowed(spec: Specialization) -> bool:
+            text = json.dumps(spec.state["reads"])
+            if text not in digests:
+                try:
+                    digests[text] = self._state_tree(spec.state["reads"]).digest
+                except (TridentError, ValueError, TypeError, KeyError, IndexError):
+                    digests[text] = None  # a chain that no longer evaluates
+            return digests[text] == spec.state["digest"]
 
-    def _globals_unchanged(self) -> bool:
-        """Note [Global guards]: the Python twin of ``globals_unchanged`` in runtime.cpp."""
-        return not self._rebound()
+        return [s for s in self._cache.load_specs()
+                if (self._dynamic is not False or not s.dynamic) and allowed(s)]
+
+    def _state_tree(self, reads: list) -> state.StateTree:
+        return state.build([state.Read.from_json(r) for r in reads], self._code_fn)
+
+    def _state_change(self) -> str:
+        """What changed in the state the installed module read: ``"Knobs.factor changed"``."""
+        failed = self._state_failure()
+        if failed >= 0 and self._state is not None:
+            return f"{self._state.nodes[failed].path or 'a global'} changed"
+        return "the function's defaults were reassigned"
+
+    def _defaults_unchanged(self) -> bool:
+        """The binding was made with the function's current defaults (Note [Argument trees])."""
+        now = _defaults_of(self._code_fn)
+        return len(now) == len(self._defaults_bound) and all(
+            a is b for a, b in zip(now, self._defaults_bound))
 
     def _on_miss(self, call: _Call):
         stats = self._counters
@@ -423,7 +431,10 @@ class JitFunctionMixin:
         seen = self._graph_seen.get(key)
         if seen is None or not self._cuda_graphs or device is None:
             self._graph_seen[key] = graphs.pointers(args)
-            out = self._finish(call, index, self._run(*args))
+            try:
+                out = self._finish(call, index, self._run(*args))
+            except EagerCall as e:  # Note [Errors inside try] in capture.py
+                return self._eager_path(call.args, call.kwargs, e)
             self.hits += hit
             if self._cuda_graphs and device is not None:
                 self._set_graph(index, graphs.PENDING)
@@ -443,7 +454,10 @@ class JitFunctionMixin:
             self._graphs[key] = captured
             _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
                              captured)
-            out = self._finish(call, index, self._run(*args))
+            try:
+                out = self._finish(call, index, self._run(*args))
+            except EagerCall as e:  # Note [Errors inside try] in capture.py
+                return self._eager_path(call.args, call.kwargs, e)
             self.hits += hit
             return out
         self._graphs[key] = captured
@@ -456,6 +470,14 @@ class JitFunctionMixin:
         out = self._finish(call, index, self._run(*args))  # replays the graph
         self.hits += hit
         return out
+
+    def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
+        """Called from the native dispatcher (and the miss path) when a step of a specialization
+        traced inside a ``try`` failed before anything the call did was visible: the call runs
+        eagerly, which raises or takes the ``except`` branch as eager does (Note [Errors inside
+        try] in capture.py)."""
+        return self._eager(args, kwargs, f"{error} (raised inside the function's try; eager "
+                           "takes the branch it takes)")
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
         """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
@@ -558,8 +580,13 @@ class JitFunctionMixin:
         # a compile that takes over 2 s shows its stages on a terminal (config.progress)
         with config.progress(f"trident: {self.__qualname__}", 2) as bar:
             bar.set_postfix_str("tracing")
-            # under the call's grad mode, which is guarded
-            captured = self._trace(call, dynamic)
+            # under the call's grad mode, which is guarded; what it reads outside the
+            # arguments becomes the specialization's state (Note [State guards])
+            with state.record(None if self._constant_self else self._code_fn) as recording:
+                captured = self._trace(call, dynamic)
+            reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
+                r.to_json() for r in state.reads_of(recording, self._code_fn)]
+            spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
             bar.update()
             bar.set_postfix_str("Torch-MLIR")
             traced = time.perf_counter()
@@ -576,8 +603,9 @@ class JitFunctionMixin:
             bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
                              for s in plan.steps)
             binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
-            on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-            if on_cpu and not dynamic and not any(step.op == "triton" for step in plan.steps):
+            devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+            if not dynamic and (all(d.type == "cpu" for d in devices) or (
+                    len(devices) == 1 and next(iter(devices)).type == "cuda")):
                 reuse_buffers(plan)  # Note [Buffer reuse]
             for step in plan.steps:
                 if step.op == "triton" and step.launch["device"].startswith("cuda"):
@@ -597,7 +625,8 @@ class JitFunctionMixin:
                                   guards_for(args, captured.fake_args, captured.shape_env), plan,
                                   {str(i): sorted(d) for i, d in dynamic.items()},
                                   [list(a.shape) if isinstance(a, torch.Tensor) else None
-                                   for a in args], call.tree.key, captured.recipe)
+                                   for a in args], call.tree.key, captured.recipe,
+                                  captured.catching, spec_state)
             self._counters.compiles += 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                              "\n  ".join(g.describe(names) for g in spec.guards))
@@ -657,10 +686,12 @@ class JitFunctionMixin:
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()
+        reads = list({json.dumps(r): r for s in specs for r in s.state["reads"]}.values())
+        self._state = self._state_tree(reads)  # the union of what they read, as it is now
+        self._set_state(self._state.program())
         self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
 
 
-_UNBOUND = object()
 _PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
 
 
@@ -673,39 +704,10 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _global_bindings(fn) -> dict[str, object]:
-    """Note [Global guards]: the globals ``fn``'s code names (nested code included), bound to
-    the objects they name now. A specialization bakes in what it read through them (a
-    ``SCALE = 2``, a helper function, a Triton kernel); the native dispatcher checks on every
-    call that each name is still bound to the same object, and a rebinding (``SCALE = 3``)
-    reloads the function under its new cache key. Objects changed in place (a dict's entry, a
-    list) keep their identity and are not seen."""
-    return {name: fn.__globals__[name] for name in sorted(code_names(fn.__code__))
-            if name in fn.__globals__}
-
-
-def _default_bindings(fn) -> list[tuple[str, object]]:
-    """Note [Global guards], for defaults: a call binds the function's ``__defaults__`` and
-    ``__kwdefaults__`` as they are now; reassigning either rebinds (a new cache key)."""
+def _defaults_of(fn) -> tuple:
     if not isinstance(fn, types.FunctionType):
-        return []
-    return [("__defaults__", fn.__defaults__), ("__kwdefaults__", fn.__kwdefaults__)]
-
-
-def _cell_contents(cell) -> object:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return _UNBOUND
-
-
-def _cell_bindings(fn) -> list[tuple[object, object]]:
-    """Note [Global guards], for closures: each of ``fn``'s closure cells and the object it
-    holds now. ``nonlocal k; k = 5.0`` in the enclosing function rebinds the cell, which the
-    dispatcher sees as it sees a rebound global."""
-    cells = getattr(fn, "__closure__", None) or ()
-    return [(cell, value) for cell in cells
-            if (value := _cell_contents(cell)) is not _UNBOUND]
+        return ()
+    return (fn.__defaults__, fn.__kwdefaults__)
 
 
 @functools.cache
@@ -736,8 +738,11 @@ class _EagerDispatcher:
     def _install(self, call: int, match: int) -> None:
         pass
 
-    def _set_global_guards(self, guards: tuple) -> None:
+    def _set_state(self, program) -> None:
         pass
+
+    def _state_failure(self) -> int:
+        return -1
 
     def _set_call_trees(self, binding: tuple, trees: tuple, recipes: tuple) -> None:
         pass

@@ -38,6 +38,33 @@ float32, as eager's result), which the kernel would have cast it to. A case wher
 (a 0-dim bf16 tensor times 0.1) is not compiled (``_scalar_dtype``). Torch-MLIR itself imports
 ``add``/``sub``/``mul``/``div.Tensor`` with a scalar as their ``.Scalar`` overloads, which ATen
 implements as the ``.Tensor`` overload with a wrapped number: the same call.
+
+Note [Views in C]: eager PyTorch makes every view (``x.view``, ``x.t()``, ``x[:, 1]``) through
+the dispatcher: about 1 µs of host time each, and a decode step of a Llama-sized model makes
+hundreds. The plan marks the view ops whose geometry is plain arithmetic (``_C_VIEWS``:
+``view``, ``_unsafe_view``, ``t``, ``transpose``, ``permute``, ``unsqueeze``, ``squeeze``,
+``slice``, ``select``, ``expand``, ``as_strided``; ``reshape`` and ``narrow`` reach the graph as
+``view``/``_unsafe_view`` and ``slice``): the generated C computes their sizes, strides and
+storage offset from their input's (``trident/runtime/trident_views.h``, symbolic sizes
+included) and makes a tensor only where one is needed, at the first step that reads the view:
+
+- a Triton launch reads only its pointer (storage data + offset), no tensor;
+- a functional ATen op with a kernel of its own (no argument written or aliased, Note [Buffer
+  reuse]'s ``_is_functional``; not composite, or one of ``_FRESH_COMPOSITES``) gets ATen's own
+  view kernel's result
+  (``alias_with_sizes_and_strides``: the base's storage and version counter) made without the
+  dispatcher;
+- a result the caller gets, an op that writes or keeps its argument, a composite op (``type_as``
+  may return its argument itself), a Python op, or a view op computed by the dispatcher gets
+  what eager makes: ``aten::as_strided`` of the view's base
+  through the dispatcher (``ADInplaceOrView``: same ``_base``, version counter, sizes, strides
+  and offset as eager's chain of views);
+- ``_unsafe_view`` (not a view in autograd's sense) gets the alias that ATen's kernel makes,
+  with its own version counter, at its own step.
+
+Where ATen would raise (an index out of range, a shape that cannot be viewed, only possible with
+symbolic sizes) the C arithmetic says so and the step calls the op itself, which raises eager's
+exception. A view keeps its base alive as long as the view is used (``_assign_releases``).
 """
 
 from __future__ import annotations
@@ -62,8 +89,6 @@ _LOC = re.compile(r'"([^"]+)":(\d+)')
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
-
-
 @dataclasses.dataclass
 class Step:
     """One operator call: ``rets = op(*args)``."""
@@ -81,6 +106,10 @@ class Step:
     # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
     # kept from the previous call, instead of allocating ("" when the step allocates).
     out_overload: str = ""
+    # Note [Views in C]: a view computed in C: {"rank": the input's rank, "eager": whether its
+    # tensor, once needed, is made as eager makes it (aten::as_strided), "alias": an
+    # _unsafe_view, made at its step}; None for other steps.
+    view: dict | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -238,6 +267,12 @@ class _Walker:
             elif name in _INT_OPS or (name == "torch.aten.size.int" and self.env.get(
                     op.operands[0], {}).get("k") == "arg"):
                 self.int_step(op, name, where, text)
+            elif name == "torch.aten.Int.bool" and self.env.get(
+                    op.operands[0], {}).get("k") == "bool":
+                # Torch-MLIR passes a Python bool to a Scalar slot (fill(x, True), False + x)
+                # through TorchScript's Int.bool, which no dispatcher holds; eager's op gets
+                # the bool itself (bool + bool tensor stays bool)
+                self.env[op.result] = self.operand(op.operands[0], where)
             elif name == "torch.prim.NumToTensor.Scalar":
                 self.env[op.result] = {"k": "num_to_tensor",
                                                  "v": self.operand(op.operands[0], where)}
@@ -411,7 +446,15 @@ class _Walker:
                 continue
             self.env[r] = value
             results.append(value)
-        self.steps.append(Step(op_qual, overload, args, results, where, text))
+        step = Step(op_qual, overload, args, results, where, text)
+        if (op_qual, overload) in _C_VIEWS and args[0]["k"] in ("arg", "val", "item") and (
+                rank := _vtensor(str(op.operands[0].type))) and (
+                made := _vtensor(str(op.results[0].type))) and max(rank[0], made[0]) <= 16 \
+                and all(a["k"] in ("int", "ints", "int_list", "scalar", "none", "bool")
+                        for a in args[1:]):
+            step.view = {"rank": rank[0], "eager": False,  # Note [Views in C]
+                         "alias": op_qual == "aten::_unsafe_view"}
+        self.steps.append(step)
 
     def finish(self, outputs: list[dict], out_leaves: list) -> Plan:
         flat: list[dict] = []
@@ -442,7 +485,8 @@ def _uses(operand: dict):
 
 
 def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
-    """Release each owned value right after its last use; outputs keep theirs to the end."""
+    """Release each owned value right after its last use; outputs keep theirs to the end. A
+    view computed in C (Note [Views in C]) keeps its input alive while the view is used."""
     last: dict[tuple, int] = {}
     for index, step in enumerate(steps):
         for result in step.results:
@@ -452,9 +496,55 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
             for use in _uses(a):
                 last[use] = index
     at_end = {use for out in outputs for use in _uses(out)}
+    for step in reversed(steps):  # a view's base lives as long as the view
+        if step.view is not None and not step.view["alias"]:
+            view = ("val", step.results[0]["i"])
+            for use in _uses(step.args[0]):
+                last[use] = max(last[use], last[view])
+                if view in at_end:
+                    at_end.add(use)
+    _mark_eager_views(steps, outputs)
     for use, index in last.items():
         if use not in at_end:
             steps[index].release.append({"k": use[0], "i": use[1]})
+
+
+# Note [Views in C]: the view ops whose geometry the generated C computes
+_C_VIEWS = {("aten::view", ""), ("aten::_unsafe_view", ""), ("aten::t", ""),
+            ("aten::transpose", "int"), ("aten::permute", ""), ("aten::unsqueeze", ""),
+            ("aten::squeeze", ""), ("aten::squeeze", "dim"), ("aten::squeeze", "dims"),
+            ("aten::slice", "Tensor"), ("aten::select", "int"), ("aten::expand", ""),
+            ("aten::as_strided", "")}
+
+
+# Composite ops whose C++ bodies always return a new tensor, never an argument or a view of one
+# (ATen 2.11-2.13: linear is addmm/matmul (+ add); matmul is dot/mv/mm/bmm, viewed back into
+# shape only when it made the result itself; attention's backends and softmax's return new
+# tensors): a view they read needs no view tracking.
+_FRESH_COMPOSITES = {"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention",
+                     "aten::softmax.int", "aten::log_softmax.int"}
+
+
+def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
+    """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
+    a step reads it that is not a functional ATen op with a kernel of its own or a composite op
+    that always makes a new tensor (``type_as`` may return its argument itself), nor a CUDA
+    Triton launch (which reads its pointer)."""
+    views = {step.results[0]["i"]: step for step in steps
+             if step.view is not None and not step.view["alias"]}
+    readers = [(None, out) for out in outputs]
+    readers += [(step, a) for step in steps if step.view is None for a in step.args]
+    for step, operand in readers:
+        if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
+            continue
+        schema = None if step is None else _schema(step.op, step.overload)
+        if schema is not None and step.op.startswith("aten::") and _is_functional(schema) and (
+                step.qualified_name in _FRESH_COMPOSITES
+                or not _is_composite(step.op, step.overload)):
+            continue
+        for use in _uses(operand):
+            if use[0] == "val" and use[1] in views:
+                views[use[1]].view["eager"] = True
 
 
 # Ops whose results share storage with an argument without saying so in their schema.
@@ -474,13 +564,41 @@ def _is_functional(schema) -> bool:
     return all(r.alias_info is None for r in schema.returns)
 
 
+def _is_composite(op: str, overload: str) -> bool:
+    """A CompositeImplicitAutograd op: its C++ body calls other ops (Note [Composite ops])."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"{op}.{overload}" if overload else op, torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+def rerun_eagerly(plan: Plan) -> list[bool]:
+    """Note [Errors inside try] in capture.py: per step, whether a call that fails there may
+    run again eagerly: nothing the steps before it did is visible to the caller (no write to a
+    tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
+    tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""
+    clean, out = True, []
+    for step in plan.steps:
+        out.append(clean)
+        clean = clean and not _visible_effect(step)
+    return out
+
+
+def _visible_effect(step: Step) -> bool:
+    if step.op == "int":
+        return False
+    schema = _schema(step.op, step.overload) if step.op.startswith("aten::") else None
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write
+                             for a in schema.arguments):
+        return True
+    packet = getattr(torch.ops.aten, step.op[len("aten::"):], None)
+    overload = getattr(packet, step.overload or "default", None)
+    return overload is None or torch.Tag.nondeterministic_seeded in overload.tags
+
+
 def _out_overload(op: str, overload: str) -> str:
     """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
     schema = _schema(op, overload)
     if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
-            or op in _DATA_DEPENDENT_SIZES or torch._C._dispatch_has_kernel_for_dispatch_key(
-                f"{op}.{overload}" if overload else op,
-                torch._C.DispatchKey.CompositeImplicitAutograd)):
+            or op in _DATA_DEPENDENT_SIZES or _is_composite(op, overload)):
         return ""  # a composite op's .out decomposes its own way (Note [Composite ops])
     signature = [(a.name, str(a.type)) for a in schema.arguments]
     for candidate in torch._C._jit_get_schemas_for_operator(op):
@@ -496,20 +614,27 @@ def _out_overload(op: str, overload: str) -> str:
 
 
 def reuse_buffers(plan: Plan) -> None:
-    """Note [Buffer reuse]: on the CPU, a functional op whose result only feeds other functional
-    ops (not an output, not viewed, written or launched on) writes into the buffer its first
-    call allocated, through the op's ``.out`` overload: the same kernel and output layout as
-    the functional op, without an allocation per call. Buffers stay alive between calls (like a
+    """Note [Buffer reuse]: a functional op whose result only feeds other functional ops (not an
+    output, not viewed, written or launched on) writes into the buffer its first call
+    allocated, through the op's ``.out`` overload: the same kernel and output layout as the
+    functional op, without an allocation per call. Buffers stay alive between calls (like a
     CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
-    there could not be written outside it, and one made outside must not be written inside). The caller decides where that is safe: CPU tensors only (one stream:
-    the next call cannot overtake this one), and no Python callback in the launch sequence (it
-    could re-enter the same specialization). Here: only plans of ATen ops alone, and no
-    composite op (its ``.out`` overload decomposes its own way).
+    there could not be written outside it, and one made outside must not be written inside).
+    The caller decides where that is safe: static sizes, the tensors on the CPU or on one CUDA
+    device, and no Python callback in the launch sequence (it could re-enter the same
+    specialization). On CUDA the buffers are reused only on the stream that made them (codegen
+    checks the current stream): kernels on one stream run in order, so a call cannot overtake
+    the previous call's reads of its buffers, and a call on another stream allocates. Here: only
+    plans of ATen ops and CUDA Triton launches, and no composite op (its ``.out`` overload
+    decomposes its own way).
     """
-    if any(not step.op.startswith(("aten::", "int")) for step in plan.steps):
+    if any(not (step.op.startswith(("aten::", "int")) or (
+            step.op == "triton" and step.launch["device"].startswith("cuda")))
+           for step in plan.steps):
         # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
-        # running Python, lets another thread enter this specialization and overwrite the
-        # same buffers mid-call: only plans of ATen ops alone reuse.
+        # running Python (as Triton's interpreter does on the CPU), lets another thread enter
+        # this specialization and overwrite the same buffers mid-call: only plans of ATen ops
+        # and driver launches reuse.
         return
     pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
     for step in plan.steps:

@@ -26,6 +26,11 @@ class Specialization:
             trees] in flatten.py).
         recipe: how the runtime rebuilds the result from the flat outputs, or None when the
             SCM's output spec does.
+        catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
+            of the trace, or "" (Note [Errors inside try] in capture.py).
+        state: what the trace read outside the arguments (Note [State guards] in state.py):
+            ``{"reads": [chain, ...], "digest": hash of their values}``; the specialization
+            serves a call only while the chains evaluate to that digest.
     """
 
     signature: str
@@ -36,19 +41,25 @@ class Specialization:
     shapes: list | None = None
     tree: int = 0
     recipe: OutputRecipe | None = None
+    catching: str = ""
+    state: dict = dataclasses.field(default_factory=lambda: {"reads": [], "digest": ""})
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
                 "guards": [dataclasses.asdict(g) for g in self.guards],
                 "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
-                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None}
+                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
+                "catching": self.catching, "state": self.state}
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
         recipe = data.get("recipe")
         return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
-                   data["tree"], OutputRecipe.from_json(recipe) if recipe else None)
+                   data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
+                   data.get("catching", ""),
+                   {"reads": list(data["state"]["reads"]),
+                    "digest": str(data["state"]["digest"])})
 
     @functools.cached_property
     def graph_device(self) -> int | None:

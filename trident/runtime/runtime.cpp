@@ -13,11 +13,14 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/as_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/InferenceMode.h>
@@ -32,6 +35,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,7 +47,12 @@ struct trt_op {
   // from Python does (torch's invokeOperatorFromPython releases it): the process group's
   // worker thread may drop the last reference to a tensor that has a Python object, which takes
   // the GIL, while wait_tensor waits for that thread. Holding the GIL there deadlocked gloo.
-  bool release_gil;
+  bool release_gil = false;
+  // Note [Unboxed calls]: the operator's c10::TypedOperatorHandle and the function that calls
+  // it with trt_values, for the signatures in kUnboxed; null: boxed calls only.
+  void* typed = nullptr;
+  bool (*unboxed)(const trt_op* op, const trt_value* args, trt_value* ret) = nullptr;
+  int32_t nargs = 0;
 };
 
 namespace {
@@ -51,8 +60,10 @@ namespace {
 thread_local std::string g_error;
 // The Python exception class of the pending error, as an index into ErrorTypes (trident/
 // errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins),
-// so that ``except IndexError`` around a call catches what eager PyTorch would raise.
-enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_KINDS };
+// so that ``except IndexError`` around a call catches what eager PyTorch would raise. ERR_EAGER
+// is no error kind of an op: the class that TRT_EAGER raises (errors.EagerCall).
+enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_EAGER,
+       ERR_KINDS };
 thread_local int g_error_kind = ERR_GENERIC;
 
 at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
@@ -130,18 +141,211 @@ void from_ivalue(c10::IValue&& iv, trt_value* out) {
   }
 }
 
+// ---- Note [Unboxed calls] -------------------------------------------------------------------
+//
+// A boxed call turns every operand into an IValue on a stack, and the kernel's boxed wrapper
+// turns them back. For operators of the common signatures below (the matmul family,
+// elementwise ops, their .out and in-place overloads, allocation), the runtime calls the
+// operator's typed handle instead: the same dispatcher, dispatch keys and kernel, so the same
+// result bit for bit, without the stack. An operand whose tag the signature does not expect
+// takes the boxed call. Each argument kind is one letter: T Tensor, W Tensor(a!) (written),
+// O Tensor?, S Scalar, I int, B bool, Z SymInt[], d ScalarType?, l Layout?, v Device?,
+// p bool?, m MemoryFormat?; "&" after them: the return is the written tensor.
+
+template <char K> struct Arg;
+template <> struct Arg<'T'> {
+  using type = const at::Tensor&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR; }
+  static const at::Tensor& get(const trt_value& v) { return as_tensor(v.u.t); }
+};
+template <> struct Arg<'W'> {
+  using type = at::Tensor&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR; }
+  static at::Tensor& get(const trt_value& v) { return as_tensor(v.u.t); }
+};
+template <> struct Arg<'O'> {
+  using type = const std::optional<at::Tensor>&;
+  static bool ok(const trt_value& v) { return v.tag == TRT_TENSOR || v.tag == TRT_NONE; }
+  static std::optional<at::Tensor> get(const trt_value& v) {
+    return v.tag == TRT_TENSOR ? std::optional<at::Tensor>(as_tensor(v.u.t)) : std::nullopt;
+  }
+};
+template <> struct Arg<'S'> {
+  using type = const at::Scalar&;
+  static bool ok(const trt_value& v) {
+    return v.tag == TRT_INT || v.tag == TRT_FLOAT || v.tag == TRT_BOOL;
+  }
+  static at::Scalar get(const trt_value& v) {  // as IValue::toScalar makes it
+    return v.tag == TRT_FLOAT ? at::Scalar(v.u.f)
+           : v.tag == TRT_BOOL ? at::Scalar(v.u.i != 0)
+                               : at::Scalar(v.u.i);
+  }
+};
+template <> struct Arg<'I'> {
+  using type = int64_t;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT; }
+  static int64_t get(const trt_value& v) { return v.u.i; }
+};
+template <> struct Arg<'B'> {
+  using type = bool;
+  static bool ok(const trt_value& v) { return v.tag == TRT_BOOL; }
+  static bool get(const trt_value& v) { return v.u.i != 0; }
+};
+template <> struct Arg<'Z'> {
+  using type = c10::SymIntArrayRef;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT_LIST; }
+  static c10::SymIntArrayRef get(const trt_value& v) {
+    return c10::fromIntArrayRefSlow(c10::IntArrayRef(v.u.ints, v.len));
+  }
+};
+template <class E> struct OptionalEnum {
+  using type = std::optional<E>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_INT || v.tag == TRT_NONE; }
+  static std::optional<E> get(const trt_value& v) {
+    return v.tag == TRT_INT ? std::optional<E>(static_cast<E>(v.u.i)) : std::nullopt;
+  }
+};
+template <> struct Arg<'d'> : OptionalEnum<c10::ScalarType> {};
+template <> struct Arg<'l'> : OptionalEnum<c10::Layout> {};
+template <> struct Arg<'m'> : OptionalEnum<c10::MemoryFormat> {};
+template <> struct Arg<'v'> {
+  using type = std::optional<c10::Device>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_DEVICE || v.tag == TRT_NONE; }
+  static std::optional<c10::Device> get(const trt_value& v) {
+    if (v.tag == TRT_NONE) return std::nullopt;
+    return c10::Device(static_cast<c10::DeviceType>(v.u.i >> 16),
+                       static_cast<c10::DeviceIndex>((v.u.i & 0xffff) - 1));
+  }
+};
+template <> struct Arg<'p'> {
+  using type = std::optional<bool>;
+  static bool ok(const trt_value& v) { return v.tag == TRT_BOOL || v.tag == TRT_NONE; }
+  static std::optional<bool> get(const trt_value& v) {
+    return v.tag == TRT_BOOL ? std::optional<bool>(v.u.i != 0) : std::nullopt;
+  }
+};
+
+template <bool Written, char... Ks>
+struct Unboxed {
+  using Ret = std::conditional_t<Written, at::Tensor&, at::Tensor>;
+  using Sig = Ret(typename Arg<Ks>::type...);
+  using Handle = c10::TypedOperatorHandle<Sig>;
+
+  static void* make(const c10::OperatorHandle& h) { return new Handle(h.typed<Sig>()); }
+
+  static bool call(const trt_op* op, const trt_value* a, trt_value* ret) {
+    return call_with(op, a, ret, std::make_index_sequence<sizeof...(Ks)>{});
+  }
+
+  template <size_t... I>
+  static bool call_with(const trt_op* op, const trt_value* a, trt_value* ret,
+                        std::index_sequence<I...>) {
+    if (!(Arg<Ks>::ok(a[I]) && ...)) return false;
+    Ret r = static_cast<const Handle*>(op->typed)->call(Arg<Ks>::get(a[I])...);
+    ret->tag = TRT_TENSOR;
+    ret->len = 0;
+    ret->u.t = new_handle(at::Tensor(r));
+    return true;
+  }
+};
+
+struct UnboxedSignature {
+  const char* kinds;
+  void* (*make)(const c10::OperatorHandle&);
+  bool (*call)(const trt_op*, const trt_value*, trt_value*);
+};
+
+template <bool Written, char... Ks>
+constexpr UnboxedSignature sig(const char* kinds) {
+  return {kinds, &Unboxed<Written, Ks...>::make, &Unboxed<Written, Ks...>::call};
+}
+
+const UnboxedSignature kUnboxed[] = {
+    // functional: relu, mul/div/mm/bmm/matmul, add/sub, mul.Scalar, add.Scalar, where,
+    // addmm/baddbmm, linear, softmax/_softmax
+    sig<false, 'T'>("T"), sig<false, 'T', 'T'>("TT"), sig<false, 'T', 'T', 'S'>("TTS"),
+    sig<false, 'T', 'S'>("TS"), sig<false, 'T', 'S', 'S'>("TSS"),
+    sig<false, 'T', 'T', 'T'>("TTT"), sig<false, 'T', 'T', 'T', 'S', 'S'>("TTTSS"),
+    sig<false, 'T', 'T', 'O'>("TTO"), sig<false, 'T', 'I', 'd'>("TId"),
+    sig<false, 'T', 'I', 'B'>("TIB"),
+    // .out overloads (Note [Buffer reuse] in plan.py)
+    sig<true, 'T', 'W'>("TW&"), sig<true, 'T', 'T', 'W'>("TTW&"),
+    sig<true, 'T', 'T', 'S', 'W'>("TTSW&"), sig<true, 'T', 'S', 'W'>("TSW&"),
+    sig<true, 'T', 'S', 'S', 'W'>("TSSW&"), sig<true, 'T', 'T', 'T', 'W'>("TTTW&"),
+    sig<true, 'T', 'T', 'T', 'S', 'S', 'W'>("TTTSSW&"),
+    // in place: relu_, mul_, add_, mul_.Scalar, copy_
+    sig<true, 'W'>("W&"), sig<true, 'W', 'T'>("WT&"), sig<true, 'W', 'T', 'S'>("WTS&"),
+    sig<true, 'W', 'S'>("WS&"), sig<true, 'W', 'T', 'B'>("WTB&"),
+    // allocation: empty.memory_format, empty_like
+    sig<false, 'Z', 'd', 'l', 'v', 'p', 'm'>("Zdlvpm"),
+    sig<false, 'T', 'd', 'l', 'v', 'p', 'm'>("Tdlvpm"),
+};
+
+// The kinds string of a schema (Note [Unboxed calls]); "" for one no kUnboxed entry can take.
+std::string unboxed_kinds(const c10::FunctionSchema& schema) {
+  using c10::TypeKind;
+  std::string kinds;
+  for (const auto& arg : schema.arguments()) {
+    const c10::TypePtr& type = arg.real_type();
+    bool written = arg.alias_info() && arg.alias_info()->isWrite();
+    TypeKind kind = type->kind();
+    if (kind == TypeKind::TensorType) {
+      kinds += written ? 'W' : 'T';
+      continue;
+    }
+    if (written) return "";
+    if (kind == TypeKind::NumberType) kinds += 'S';
+    else if (kind == TypeKind::IntType) kinds += 'I';
+    else if (kind == TypeKind::BoolType) kinds += 'B';
+    else if (kind == TypeKind::ListType &&
+             type->expectRef<c10::ListType>().getElementType()->kind() == TypeKind::SymIntType)
+      kinds += 'Z';
+    else if (kind == TypeKind::OptionalType) {
+      TypeKind inner = type->expectRef<c10::OptionalType>().getElementType()->kind();
+      kinds += inner == TypeKind::TensorType         ? 'O'
+               : inner == TypeKind::ScalarTypeType   ? 'd'
+               : inner == TypeKind::LayoutType       ? 'l'
+               : inner == TypeKind::DeviceObjType    ? 'v'
+               : inner == TypeKind::BoolType         ? 'p'
+               : inner == TypeKind::MemoryFormatType ? 'm'
+                                                     : '?';
+    } else {
+      return "";
+    }
+  }
+  const auto& returns = schema.returns();
+  if (returns.size() != 1 || returns[0].real_type()->kind() != TypeKind::TensorType) return "";
+  if (returns[0].alias_info() && returns[0].alias_info()->isWrite()) kinds += '&';
+  return kinds;
+}
+
 // ---- trt_api ------------------------------------------------------------------------------
 
 trt_op* api_op(const char* name, const char* overload) {
   auto h = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!h) return nullptr;
-  return new trt_op{*h, std::strncmp(name, "_c10d_functional::", 18) == 0};
+  auto* op = new trt_op{*h};
+  op->release_gil = std::strncmp(name, "_c10d_functional::", 18) == 0;
+  std::string kinds = unboxed_kinds(h->schema());
+  for (const auto& entry : kUnboxed) {
+    if (kinds != entry.kinds) continue;
+    try {
+      op->typed = entry.make(*h);  // checks the C++ signature against the schema
+      op->unboxed = entry.call;
+      op->nargs = static_cast<int32_t>(kinds.size()) - (kinds.back() == '&');
+    } catch (const c10::Error&) {
+      op->typed = nullptr;  // a signature the operator does not have: boxed calls
+    }
+    break;
+  }
+  return op;
 }
 
 int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
   // Reused across calls: the GIL serializes SCM calls, and no op calls back into an SCM.
   thread_local torch::jit::Stack stack;
   try {
+    if (op->unboxed && nargs == op->nargs && nrets == 1 && op->unboxed(op, args, rets)) return 0;
     stack.clear();
     for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
     if (op->release_gil && PyGILState_Check()) {
@@ -260,10 +464,57 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
   }
 }
 
+// Note [Views in C] (trident/plan.py): a tensor's geometry, and tensors of computed views.
+int api_view_of(trt_tensor* handle, trt_view* out) {
+  const at::Tensor& t = as_tensor(handle);
+  int64_t dim = t.dim();
+  if (dim > TRT_MAX_VIEW_DIM || !t.has_storage() || t.layout() != c10::kStrided) {
+    g_error = "trident: a view computed in C of a tensor that is not strided, or of more than "
+              "16 dims";
+    g_error_kind = ERR_GENERIC;
+    return 1;
+  }
+  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+  out->base = handle;
+  out->data = static_cast<char*>(const_cast<void*>(storage.data()));
+  out->itemsize = static_cast<int64_t>(t.itemsize());
+  out->nbytes = static_cast<int64_t>(storage.nbytes());
+  out->offset = t.storage_offset();
+  out->dim = static_cast<int32_t>(dim);
+  std::copy(t.sizes().begin(), t.sizes().end(), out->sizes);
+  std::copy(t.strides().begin(), t.strides().end(), out->strides);
+  return 0;
+}
+
+trt_tensor* api_view_tensor(const trt_view* view, int32_t how) {
+  try {
+    const at::Tensor& base = as_tensor(view->base);
+    c10::IntArrayRef sizes(view->sizes, view->dim), strides(view->strides, view->dim);
+    if (how == TRT_VIEW_EAGER) return new_handle(at::as_strided(base, sizes, strides, view->offset));
+    // ATen's alias_with_sizes_and_strides (TensorShape.cpp), the kernel of every view op
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), base.dtype());
+    auto* impl = t.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(sizes, strides, view->offset);
+    if (how == TRT_VIEW_KERNEL && !base.is_inference())
+      impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
+    return new_handle(std::move(t));
+  } catch (const c10::Error& e) {
+    g_error = e.what_without_backtrace();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    g_error_kind = ERR_GENERIC;
+    return nullptr;
+  }
+}
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
-    api_python_callback, api_set_error, api_empty_strided,
+    api_python_callback, api_set_error, api_empty_strided, api_view_of,
+    api_view_tensor,
 };
 
 // ---- reading arguments and building results ------------------------------------------------
@@ -387,10 +638,14 @@ void release_outputs(trt_result* r, int32_t from) {
 
 enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
        PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
-enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF };
-enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME };
+// ROOT, GETATTR, GETITEM, CELL, and TYPE, ABSENT, TENSOR: state trees (Note [State guards] in
+// state.py), which read what a function reads outside its arguments.
+enum tree_access { ACC_ARG = 0, ACC_ITEM, ACC_INDEX, ACC_ATTR, ACC_SELF, ACC_ROOT, ACC_GETATTR,
+                   ACC_GETITEM, ACC_CELL };
+enum tree_check { CHK_LEAF = 0, CHK_SEQ, CHK_DICT, CHK_OBJECT, CHK_CONST, CHK_ID, CHK_SAME,
+                  CHK_TYPE, CHK_ABSENT, CHK_TENSOR };
 enum recipe_op { R_VALUE = 0, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT,
-                 R_AGAIN, R_BUILT };
+                 R_AGAIN, R_BUILT, R_STRUCTSEQ };
 enum { BASE_OBJECT = 0, BASE_DICT, BASE_ODICT };
 
 struct Param {
@@ -406,8 +661,8 @@ struct TreeNode {
   Py_ssize_t index;  // ARG, INDEX: the position
   int check;
   Py_ssize_t same;   // SAME: the node whose object this one must be
-  PyObject* expect;  // SEQ/DICT/OBJECT: the type; CONST: the value; ID: the object
-  Py_ssize_t length;
+  PyObject* expect;  // SEQ/DICT/OBJECT/TYPE: the type; CONST: the value; ID, TENSOR: the object
+  Py_ssize_t length;  // TENSOR: its version counter
   PyObject* keys;   // DICT, OBJECT: the keys in iteration order (a tuple), or nullptr
   bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
 };
@@ -536,6 +791,33 @@ PyObject* instance_dict(PyObject* obj) {
   return PyDict_Check(d) ? d : nullptr;
 }
 
+// A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry
+// without a call, anything else through Python's getattr / getitem (a new reference, which `cv`
+// keeps). nullptr, with a Python error set or not, when there is none.
+PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
+  if (access == ACC_GETATTR && PyModule_CheckExact(parent)) {
+    PyObject* d = PyModule_GetDict(parent);
+    if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
+    // absent, unless a module __getattr__ (PEP 562) makes it: no AttributeError to raise
+    static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
+    if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr)) return nullptr;
+  }
+  if (access == ACC_GETITEM && PyDict_CheckExact(parent))
+    return PyDict_GetItemWithError(parent, key);
+  PyObject* v = nullptr;
+  if (access == ACC_GETATTR) {  // a missing attribute without making an AttributeError
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject_GetOptionalAttr(parent, key, &v);
+#else
+    _PyObject_LookupAttr(parent, key, &v);
+#endif
+  } else {
+    v = PyObject_GetItem(parent, key);
+  }
+  if (v) cv.owned.push_back(v);
+  return v;
+}
+
 // Evaluates one tree over the bound values: true and cv.leaves filled when every check holds.
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
   size_t n = tree.nodes.size();
@@ -557,9 +839,19 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
                                   : PyList_GET_ITEM(parent, node.index);
         break;
       case ACC_ATTR: v = PyDict_GetItemWithError(cv.dicts[node.parent], node.key); break;
+      case ACC_ROOT: v = node.key; break;
+      case ACC_GETATTR:
+      case ACC_GETITEM:
+        v = parent ? read_state(parent, node.access, node.key, cv) : nullptr;
+        break;
+      case ACC_CELL: v = parent && PyCell_Check(parent) ? PyCell_GET(parent) : nullptr; break;
     }
-    if (!v) {
+    if (!v || node.check == CHK_ABSENT) {
       PyErr_Clear();
+      if (!v && node.check == CHK_ABSENT) {
+        cv.values[i] = nullptr;
+        continue;
+      }
       if (failed) *failed = static_cast<Py_ssize_t>(i);
       return false;
     }
@@ -586,6 +878,11 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
       case CHK_CONST: ok = const_equal(node, v); break;
       case CHK_ID: ok = v == node.expect; break;
       case CHK_SAME: ok = v == cv.values[node.same]; break;
+      case CHK_TYPE: ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect); break;
+      case CHK_TENSOR:  // the same tensor, not written since (its version counter)
+        ok = v == node.expect && THPVariable_Check(v) &&
+             static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length;
+        break;
     }
     if (!ok) {
       if (failed) *failed = static_cast<Py_ssize_t>(i);
@@ -652,9 +949,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
     }
     case R_TUPLE:
     case R_LIST:
-    case R_NAMEDTUPLE: {
-      PyObject* cls = code == R_NAMEDTUPLE ? PyTuple_GET_ITEM(op, 1) : nullptr;
-      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, code == R_NAMEDTUPLE ? 2 : 1));
+    case R_NAMEDTUPLE:
+    case R_STRUCTSEQ: {
+      bool typed = code == R_NAMEDTUPLE || code == R_STRUCTSEQ;
+      PyObject* cls = typed ? PyTuple_GET_ITEM(op, 1) : nullptr;
+      Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, typed ? 2 : 1));
       PyObject* items = code == R_LIST ? PyList_New(n) : PyTuple_New(n);
       if (!items) return nullptr;
       for (Py_ssize_t i = 0; i < n; ++i) {
@@ -667,6 +966,11 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
         else PyTuple_SET_ITEM(items, i, item);
       }
       if (!cls) return items;
+      if (code == R_STRUCTSEQ) {  // torch.return_types.max(items): structseq_new, C
+        PyObject* out = PyObject_CallOneArg(cls, items);
+        Py_DECREF(items);
+        return out;
+      }
       // tuple.__new__(cls, items): C, unlike a namedtuple's generated Python __new__
       PyObject* pack = PyTuple_Pack(1, items);
       Py_DECREF(items);
@@ -742,9 +1046,10 @@ struct Dispatcher {
   PyObject_HEAD
   PyObject* dict;
   PyObject* weaklist;
-  // Globals the function reads, as a tuple of (globals dict, name, object) triples: the
-  // installed module was compiled with those very objects (Note [Global guards] in jit.py).
-  PyObject* global_guards;
+  // What the installed specializations read outside the arguments (Note [State guards] in
+  // state.py): a tree program and its parsed form (nullptr: nothing to check).
+  PyObject* state_program;
+  std::shared_ptr<Tree> state;
   trt_scm_call_fn call;
   trt_scm_match_fn match;
   unsigned long long hits;
@@ -768,12 +1073,13 @@ void free_graphs(Dispatcher* self) {
 
 PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<Dispatcher*>(type->tp_alloc(type, 0));
+  if (self) new (&self->state) std::shared_ptr<Tree>();
   return reinterpret_cast<PyObject*>(self);
 }
 
 int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
   Py_VISIT(self->dict);
-  Py_VISIT(self->global_guards);
+  Py_VISIT(self->state_program);
   if (self->trees) {
     Py_VISIT(self->trees->source);
     Py_VISIT(self->trees->programs);
@@ -784,7 +1090,8 @@ int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
 
 int Dispatcher_clear(Dispatcher* self) {
   Py_CLEAR(self->dict);
-  Py_CLEAR(self->global_guards);
+  self->state.reset();
+  Py_CLEAR(self->state_program);
   if (self->trees) {
     CallTrees* t = self->trees;
     self->trees = nullptr;
@@ -796,29 +1103,19 @@ int Dispatcher_clear(Dispatcher* self) {
   return 0;
 }
 
-// Every global and closure cell the module was compiled with is still bound to the same object.
-bool globals_unchanged(Dispatcher* self) {
-  if (!self->global_guards) return true;
-  Py_ssize_t n = PyTuple_GET_SIZE(self->global_guards);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* g = PyTuple_GET_ITEM(self->global_guards, i);
-    PyObject* where = PyTuple_GET_ITEM(g, 0);
-    PyObject* now;
-    if (PyCell_Check(where)) {
-      now = PyCell_GET(where);
-    } else if (PyFunction_Check(where)) {  // (function, "__defaults__" or "__kwdefaults__", value)
-      now = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(g, 1), "__defaults__") == 0
-                ? PyFunction_GetDefaults(where) : PyFunction_GetKwDefaults(where);
-      if (!now) now = Py_None;
-    } else {
-      now = PyDict_GetItemWithError(where, PyTuple_GET_ITEM(g, 1));
-    }
-    if (now != PyTuple_GET_ITEM(g, 2)) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
+// Note [State guards]: every check of the state tree holds. `failed`: the failing node.
+// The tree and its program stay alive while they are read: a check may run Python code (an
+// __eq__, a __getattribute__) in which another thread installs a new tree.
+bool state_holds(Dispatcher* self, Py_ssize_t* failed = nullptr) {
+  if (!self->state) return true;
+  static const CallTrees no_call;
+  std::shared_ptr<Tree> tree = self->state;
+  PyObject* program = self->state_program;
+  Py_INCREF(program);
+  CallValues cv;
+  bool ok = eval_tree(no_call, *tree, cv, failed);
+  Py_DECREF(program);
+  return ok;
 }
 
 void Dispatcher_dealloc(Dispatcher* self) {
@@ -826,6 +1123,7 @@ void Dispatcher_dealloc(Dispatcher* self) {
   free_graphs(self);
   if (self->weaklist) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
   Dispatcher_clear(self);
+  self->state.~shared_ptr();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -896,6 +1194,25 @@ const char* process_group_fact() {
   return text.c_str();
 }
 
+// torch's global flags that ops read when they run or when they are traced (which SDPA backend a
+// trace picks), one bit or field each, in the order guards.FLAG_BITS names them. About 170 ns
+// (2-core CPU machine, torch 2.13), 150 of them in allowTF32CuDNN() and float32MatmulPrecision(),
+// which go through torch's string-keyed float32 precision settings.
+uint64_t global_flags() {
+  const at::Context& c = at::globalContext();
+  uint64_t bits[] = {c.deterministicAlgorithms(), c.deterministicAlgorithmsWarnOnly(),
+                     c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(),
+                     c.userEnabledMathSDP(), c.userEnabledCuDNNSDP(), c.allowTF32CuDNN(),
+                     c.userEnabledCuDNN(), c.benchmarkCuDNN(), c.deterministicCuDNN()};
+  uint64_t flags = 0;
+  for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); ++i) flags |= (bits[i] ? 1ULL : 0ULL) << i;
+  // fields of 4 bits: the float32 matmul precision and the cuBLAS fp16/bf16 reduction options
+  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 16;
+  flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 20;
+  flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 24;
+  return flags;
+}
+
 void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
@@ -906,6 +1223,8 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
   env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
   env->process_group = process_group_fact();
+  env->num_threads = at::get_num_threads();
+  env->flags = global_flags();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
@@ -950,8 +1269,8 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
       rc = self->call(a, static_cast<int32_t>(n), &env, &result);
     }
-    if (rc == TRT_ERROR) {
-      PyErr_SetString(ErrorTypes[g_error_kind], g_error.c_str());
+    if (rc == TRT_ERROR || rc == TRT_EAGER) {
+      PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? ERR_EAGER : g_error_kind], g_error.c_str());
       warnings.set_in_exception();
     }
   } catch (python_error& e) {  // a warning the filters turned into an exception
@@ -961,7 +1280,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
     return nullptr;
   }
   *rc_out = rc;
-  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR) return nullptr;
+  if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR || rc == TRT_EAGER) return nullptr;
   const char* p = result.spec;
   int32_t next = 0;
   PyObject* out = build_output(p, &result, next);
@@ -992,7 +1311,7 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
 
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
-  if (!t || !self->call || !globals_unchanged(self)) return slow_path(self, args, kwargs);
+  if (!t || !self->call || !state_holds(self)) return slow_path(self, args, kwargs);
   CallValues cv;
   if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
@@ -1003,6 +1322,17 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
   if (rc == TRT_MISS) return slow_path(self, args, kwargs);
+  if (rc == TRT_EAGER) {  // Note [Errors inside try] in capture.py: eager takes its branch
+    PyObject *type, *error, *tb;
+    PyErr_Fetch(&type, &error, &tb);
+    PyErr_NormalizeException(&type, &error, &tb);
+    PyObject* eager = PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_eager_path",
+                                          "OOO", args, kwargs ? kwargs : Py_None, error);
+    Py_XDECREF(type);
+    Py_XDECREF(error);
+    Py_XDECREF(tb);
+    return eager;
+  }
   if (!out) return nullptr;
   ++self->hits;
   PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
@@ -1033,26 +1363,71 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// _set_global_guards(tuple of (dict, name, object) or (cell, None, object)): Note [Global
-// guards] in jit.py.
-PyObject* Dispatcher_set_global_guards(Dispatcher* self, PyObject* guards) {
-  if (!PyTuple_Check(guards)) {
-    PyErr_SetString(PyExc_TypeError, "_set_global_guards expects a tuple");
-    return nullptr;
+// A tree program (flatten.ArgTree.program() or state.StateTree.program()) into `tree`; false
+// for a malformed one. `nparams`: the parameters ARG nodes may read (0 for a state tree, whose
+// nodes start at ROOT nodes).
+bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
+  tree.key = PyTuple_GET_ITEM(prog, 0);
+  tree.leaves = 0;
+  PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(nodes, i);
+    if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return false;
+    TreeNode node;
+    node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
+    node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
+    node.key = PyTuple_GET_ITEM(n, 2);
+    node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
+    node.expect = PyTuple_GET_ITEM(n, 4);
+    node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
+    node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
+    if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+      return false;
+    node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
+                                                                      : 0;
+    node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
+    node.float_bits = node.check == CHK_CONST && PyFloat_CheckExact(node.expect);
+    bool root = node.access == ACC_ARG || node.access == ACC_SELF || node.access == ACC_ROOT;
+    const TreeNode* parent =
+        node.parent >= 0 && node.parent < i ? &tree.nodes[node.parent] : nullptr;
+    if (PyErr_Occurred() || node.parent >= i || root != (node.parent < 0) ||
+        (parent && parent->check == CHK_ABSENT) ||
+        (node.access == ACC_ARG && (node.index < 0 || node.index >= nparams)) ||
+        (node.access == ACC_ATTR && parent->check != CHK_OBJECT) ||
+        (node.access == ACC_ITEM && parent->check != CHK_DICT) ||
+        (node.access == ACC_INDEX && (parent->check != CHK_SEQ || node.index < 0 ||
+                                      node.index >= parent->length)) ||
+        (node.check == CHK_SAME && (node.same < 0 || node.same >= i)) ||
+        ((node.check == CHK_SEQ || node.check == CHK_DICT || node.check == CHK_OBJECT ||
+          node.check == CHK_TYPE) && !PyType_Check(node.expect)))
+      return false;
+    tree.leaves += node.check == CHK_LEAF;
+    tree.nodes.push_back(node);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); ++i) {
-    PyObject* g = PyTuple_GET_ITEM(guards, i);
-    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 3 ||
-        !(PyDict_Check(PyTuple_GET_ITEM(g, 0)) || PyCell_Check(PyTuple_GET_ITEM(g, 0)) ||
-          (PyFunction_Check(PyTuple_GET_ITEM(g, 0)) && PyUnicode_Check(PyTuple_GET_ITEM(g, 1))))) {
-      PyErr_SetString(PyExc_TypeError, "each global guard is (dict, name, object), (cell, None, "
-                                       "object) or (function, default attribute, object)");
+  return true;
+}
+
+// _set_state(program or None): Note [State guards] in state.py; hits need its checks to hold.
+PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
+  std::shared_ptr<Tree> tree;
+  if (program != Py_None) {
+    tree = std::make_shared<Tree>();
+    if (!PyTuple_Check(program) || PyTuple_GET_SIZE(program) != 2 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(program, 1)) || !parse_tree(program, 0, *tree)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_set_state: bad state tree");
       return nullptr;
     }
   }
-  Py_INCREF(guards);
-  Py_XSETREF(self->global_guards, guards);
+  self->state = std::move(tree);
+  Py_INCREF(program);
+  Py_XSETREF(self->state_program, program);
   Py_RETURN_NONE;
+}
+
+// _state_failure() -> int: the first state tree node whose check fails, or -1.
+PyObject* Dispatcher_state_failure(Dispatcher* self, PyObject*) {
+  Py_ssize_t failed = -1;
+  return PyLong_FromSsize_t(state_holds(self, &failed) ? -1 : failed);
 }
 
 // _set_call_trees(binding, trees, recipes): Note [Argument trees]. binding is (params, self
@@ -1087,41 +1462,8 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
         !PyLong_Check(PyTuple_GET_ITEM(prog, 0)) || !PyTuple_Check(PyTuple_GET_ITEM(prog, 1)))
       return fail("tree");
     Tree tree;
-    tree.key = PyTuple_GET_ITEM(prog, 0);
-    tree.leaves = 0;
-    PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
-      PyObject* n = PyTuple_GET_ITEM(nodes, i);
-      if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return fail("tree node");
-      TreeNode node;
-      node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
-      node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
-      node.key = PyTuple_GET_ITEM(n, 2);
-      node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
-      node.expect = PyTuple_GET_ITEM(n, 4);
-      node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
-      node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
-      if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
-        return fail("tree node keys");
-      node.index = (node.access == ACC_ARG || node.access == ACC_INDEX) ? PyLong_AsSsize_t(node.key)
-                                                                          : 0;
-      node.same = node.check == CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
-      node.float_bits = node.check == CHK_CONST && PyFloat_CheckExact(node.expect);
-      if (PyErr_Occurred() || node.parent >= i || (node.parent < 0 && node.access != ACC_ARG &&
-                                                   node.access != ACC_SELF) ||
-          (node.access == ACC_ARG && (node.index < 0 ||
-                                      node.index >= static_cast<Py_ssize_t>(t->params.size()))) ||
-          (node.access == ACC_ATTR && tree.nodes[node.parent].check != CHK_OBJECT) ||
-          (node.access == ACC_ITEM && tree.nodes[node.parent].check != CHK_DICT) ||
-          (node.access == ACC_INDEX && (tree.nodes[node.parent].check != CHK_SEQ || node.index < 0 ||
-                                        node.index >= tree.nodes[node.parent].length)) ||
-          (node.check == CHK_SAME && (node.same < 0 || node.same >= i)) ||
-          ((node.check == CHK_SEQ || node.check == CHK_DICT || node.check == CHK_OBJECT) &&
-           !PyType_Check(node.expect)))
-        return fail("tree node");
-      tree.leaves += node.check == CHK_LEAF;
-      tree.nodes.push_back(node);
-    }
+    if (!parse_tree(prog, static_cast<Py_ssize_t>(t->params.size()), tree))
+      return fail("tree node");
     t->trees.push_back(std::move(tree));
   }
   t->source = binding;
@@ -1242,8 +1584,10 @@ PyMethodDef Dispatcher_methods[] = {
      "_install(call_address, match_address): install a Specialization Cache Module's entries."},
     {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
-    {"_set_global_guards", reinterpret_cast<PyCFunction>(Dispatcher_set_global_guards), METH_O,
-     "_set_global_guards(((globals, name, object), ...)): hits need these bindings unchanged."},
+    {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,
+     "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
+    {"_state_failure", reinterpret_cast<PyCFunction>(Dispatcher_state_failure), METH_NOARGS,
+     "_state_failure() -> int: the first failing state tree node, or -1."},
     {"_flatten_native", reinterpret_cast<PyCFunction>(Dispatcher_flatten_native), METH_VARARGS,
      "_flatten_native(args, kwargs) -> (tree, leaves) or (-1, failing node): for tests."},
     {"_set_call_trees", reinterpret_cast<PyCFunction>(Dispatcher_set_call_trees), METH_VARARGS,
@@ -1293,6 +1637,20 @@ PyObject* build_result(PyObject*, PyObject* args) {
 
 PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }
 
+// unboxed_signature(name, overload) -> str | None: the argument kinds of the typed call that
+// api_call makes for this operator (Note [Unboxed calls]), or None where it calls boxed.
+PyObject* unboxed_signature(PyObject*, PyObject* args) {
+  const char *name, *overload;
+  if (!PyArg_ParseTuple(args, "ss", &name, &overload)) return nullptr;
+  trt_op* op = api_op(name, overload);
+  if (!op) {
+    PyErr_Format(PyExc_ValueError, "no operator %s.%s", name, overload);
+    return nullptr;
+  }
+  if (!op->unboxed) Py_RETURN_NONE;
+  return PyUnicode_FromString(unboxed_kinds(op->handle.schema()).c_str());
+}
+
 // dtype_code(dtype) -> int: the c10::ScalarType a torch.dtype stands for (what read_arg reports).
 PyObject* dtype_code(PyObject*, PyObject* dtype) {
   if (!THPDtype_Check(dtype)) {
@@ -1318,14 +1676,22 @@ PyObject* set_error_types(PyObject*, PyObject* types) {
   Py_RETURN_NONE;
 }
 
+// global_flags() -> int: what read_args reads into trt_env.flags (guards.env_facts).
+PyObject* global_flags_py(PyObject*, PyObject*) {
+  return PyLong_FromUnsignedLongLong(global_flags());
+}
+
 PyMethodDef module_methods[] = {
     {"api_address", api_address, METH_NOARGS, "Address of the runtime's trt_api table."},
     {"register_callback", register_callback, METH_O,
      "register_callback(fn) -> int: an id an SCM passes to trt_api.python_callback."},
     {"last_error", last_error, METH_NOARGS, "The runtime's pending error message."},
+    {"unboxed_signature", unboxed_signature, METH_VARARGS,
+     "unboxed_signature(name, overload) -> str | None: an operator's typed call, if any."},
     {"build_result", build_result, METH_VARARGS,
      "build_result(ops, flat, values): an output recipe applied to flat outputs."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
+    {"global_flags", global_flags_py, METH_NOARGS, "global_flags() -> int: trt_env.flags now."},
     {"set_error_types", set_error_types, METH_O,
      "set_error_types(classes): TridentError and its twins, raised on TRT_ERROR."},
     {nullptr, nullptr, 0, nullptr},

@@ -116,6 +116,33 @@ typedef struct trt_graph {
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
 enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1 };
 
+/* A view computed in C (Note [Views in C] in trident/plan.py): the size, stride and storage
+ * offset arithmetic of a view op, with no tensor made until a kernel or the caller needs one.
+ * `base` is borrowed: the tensor whose storage (and, once materialized, autograd base) the view
+ * shares; the launch sequence keeps it alive while the view is used. */
+#define TRT_MAX_VIEW_DIM 16
+typedef struct trt_view {
+  trt_tensor* base;
+  char* data;       /* the storage's data at element 0 (a Triton launch's pointer: data + offset) */
+  int64_t itemsize; /* bytes per element */
+  int64_t nbytes;   /* the storage's size in bytes (as_strided's bounds check) */
+  int64_t offset;   /* storage offset, in elements */
+  int32_t dim;
+  int64_t sizes[TRT_MAX_VIEW_DIM];
+  int64_t strides[TRT_MAX_VIEW_DIM];
+} trt_view;
+
+/* How trt_api.view_tensor makes a tensor of a trt_view. */
+enum {
+  TRT_VIEW_KERNEL = 0, /* for a functional ATen op that only reads it: the storage and version
+                          counter of the base, not a view in autograd's sense, no dispatcher */
+  TRT_VIEW_EAGER = 1,  /* what eager makes: aten::as_strided of the base through the dispatcher
+                          (ADInplaceOrView: `_base`, shared version counter), for a result the
+                          caller gets, a tensor an op writes or keeps */
+  TRT_VIEW_ALIAS = 2,  /* aten::_unsafe_view's result: the base's storage, its own version
+                          counter, not a view (as ATen's alias_with_sizes_and_strides makes it) */
+};
+
 /* Call-wide state read once per call. */
 typedef struct trt_env {
   int32_t grad_enabled;
@@ -128,6 +155,9 @@ typedef struct trt_env {
   /* the default process group, "<name>:<rank>/<size>", "" when none (Note [Process group
    * guard] in trident/collectives.py); owned by the runtime */
   const char* process_group;
+  int32_t num_threads;    /* torch.get_num_threads() */
+  uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
+                             global_flags() in runtime.cpp, FLAG_BITS in guards.py */
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
@@ -154,6 +184,11 @@ typedef struct trt_api {
    * into these (Note [CUDA graphs] in trident/graphs.py). NULL on failure. */
   trt_tensor* (*empty_strided)(int32_t dim, const int64_t* sizes, const int64_t* strides,
                                int32_t dtype, int32_t device_index);
+  /* Note [Views in C]: a tensor's geometry as a trt_view whose base is `t` (borrowed); non-zero
+   * for a tensor of more than TRT_MAX_VIEW_DIM dims. */
+  int (*view_of)(trt_tensor* t, trt_view* out);
+  /* A new tensor of a computed view, made as `how` says (TRT_VIEW_*); NULL on failure. */
+  trt_tensor* (*view_tensor)(const trt_view* view, int32_t how);
 } trt_api;
 
 /* Operand constructors used by generated launch sequences. */
@@ -196,12 +231,16 @@ static inline int64_t trt_mod(int64_t a, int64_t b) {
 /* The entry points every SCM exports. */
 typedef int (*trt_scm_init_fn)(const trt_api* api);
 typedef int (*trt_scm_match_fn)(const trt_arg* args, int32_t nargs, const trt_env* env);
-/* Returns the specialization index that ran (>= 0), TRT_MISS, or TRT_ERROR. */
+/* Returns the specialization index that ran (>= 0), TRT_MISS, TRT_ERROR, TRT_CAPTURE or
+   TRT_EAGER. */
 typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env* env,
                                trt_result* result);
 #define TRT_MISS (-1)
 #define TRT_ERROR (-2)
 #define TRT_CAPTURE (-3) /* guards hold, and the specialization wants its CUDA graph captured */
+/* a step failed before anything the call did was visible, inside the function's `try`: the call
+   runs eagerly, which takes eager's branch (Note [Errors inside try] in capture.py) */
+#define TRT_EAGER (-4)
 
 #ifdef __cplusplus
 }

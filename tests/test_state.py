@@ -1,0 +1,429 @@
+"""Never stale (issue 11, items 1-3): what a function reads outside its arguments is guarded
+natively (Note [State guards] in trident/state.py), or the call runs eagerly with a warning.
+
+Each kind of read is one case: the jitted function must equal eager before and after the state
+changes in place (the change must change eager's result), the change must cost exactly one
+recompile, and putting the state back must reinstall the first specialization without a compile
+(its content digest matches again)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import _state_helpers as cfg
+import trident
+from _state_helpers import act
+
+
+class Knobs:
+    factor = 1.0
+
+
+class Scaled:
+    factor = 2.0
+
+    def __init__(self):
+        self.scale = 2.0
+
+    def forward(self, x):
+        return x * self.scale
+
+    def by_class(self, x):
+        return x * self.factor
+
+
+GAIN = [2.0]
+CONFIG = {"scale": 2.0}
+GLOBAL_K = 2.0
+A, B, C = True, False, True
+T = torch.tensor([1.0, 2.0, 3.0])
+OBJ = Scaled()
+BOUND = OBJ.forward
+PARTIAL = functools.partial(torch.mul, other=2.0)
+
+
+class K:
+    s = 2.0
+
+
+def _set(obj, name, value):
+    """Set ``obj.name`` (or item) and return the undo."""
+    if isinstance(obj, dict):
+        old = obj[name]
+        obj[name] = value
+        return lambda: obj.__setitem__(name, old)
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    return lambda: setattr(obj, name, old)
+
+
+def _env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+
+    def undo():
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+    return undo
+
+
+def _closure():
+    lst = [2.0]
+
+    def f(x):
+        return x * lst[0]
+    return f, lambda: _list_set(lst, 0, 3.0)
+
+
+def _list_set(lst, i, value):
+    old = lst[i]
+    lst[i] = value
+    return lambda: lst.__setitem__(i, old)
+
+
+def _default():
+    def f(x, k=[2.0]):
+        return x * k[0]
+    return f, lambda: _list_set(f.__defaults__[0], 0, 3.0)
+
+
+def _code():
+    def f(x):
+        return x * 2.0
+
+    def g(x):
+        return x * 3.0
+    return f, lambda: _set(f, "__code__", g.__code__)
+
+
+def _builtin_shadow():
+    def f(x):
+        return abs(x)
+
+    def change():
+        globals()["abs"] = lambda t: t * 2
+
+        def undo():
+            del globals()["abs"]
+        return undo
+    return f, change
+
+
+def _threads():
+    def f(x):
+        return x * torch.get_num_threads()
+    n = torch.get_num_threads()
+
+    def change():
+        torch.set_num_threads(n + 1)
+        return lambda: torch.set_num_threads(n)
+    return f, change
+
+
+def _deterministic():
+    def f(x):
+        return x * (2.0 if torch.are_deterministic_algorithms_enabled() else 3.0)
+
+    def change():
+        torch.use_deterministic_algorithms(True)
+        return lambda: torch.use_deterministic_algorithms(False)
+    return f, change
+
+
+def _rebind(name, value):
+    def change():
+        old = globals()[name]
+        globals()[name] = value
+        return lambda: globals().__setitem__(name, old)
+    return change
+
+
+def _tensor_inplace():
+    def change():
+        old = T[1].item()
+        T[1] = 5.0
+        return lambda: T.__setitem__(1, old)
+    return change
+
+
+CASES = {
+    "class attribute": (lambda x: x * Knobs.factor, lambda: _set(Knobs, "factor", 10.0)),
+    "list item through a global": (lambda x: x * GAIN[0], lambda: _list_set(GAIN, 0, -1.0)),
+    "module attribute (cfg.SCALE)": (lambda x: x * cfg.SCALE, lambda: _set(cfg, "SCALE", 3.0)),
+    "helper in another module": (lambda x: x + act(x), lambda: _set(cfg, "SCALE", 3.0)),
+    "dict entry": (lambda x: x * CONFIG["scale"], lambda: _set(CONFIG, "scale", 3.0)),
+    "dict.get": (lambda x: x * CONFIG.get("scale"), lambda: _set(CONFIG, "scale", 3.0)),
+    "closure's list": _closure,
+    "mutable default": _default,
+    "__code__ reassigned": _code,
+    "global that shadows a builtin": _builtin_shadow,
+    "globals()[...]": (lambda x: x * globals()["GLOBAL_K"], _rebind("GLOBAL_K", 3.0)),
+    "os.environ.get": (lambda x: x * (2.0 if os.environ.get("TRIDENT_T_MODE") == "a" else 3.0),
+                       lambda: _env("TRIDENT_T_MODE", "a")),
+    "os.getenv": (lambda x: x * (2.0 if os.getenv("TRIDENT_T_MODE") == "a" else 3.0),
+                  lambda: _env("TRIDENT_T_MODE", "a")),
+    "deep config": (lambda x: x * cfg.CFG.model.attn.scale,
+                    lambda: _set(cfg.CFG.model.attn, "scale", 0.25)),
+    "bool rebound among seen values": (
+        lambda x: x * (2.0 if C else 3.0) * (1.0 if A and not B else 0.5), _rebind("C", False)),
+    "partial's argument": (lambda x: PARTIAL(x),
+                           _rebind("PARTIAL", functools.partial(torch.mul, other=3.0))),
+    "bound method's self": (lambda x: BOUND(x), lambda: _set(OBJ, "scale", 3.0)),
+    "class defined again under the same name": (
+        lambda x: x * K.s, _rebind("K", type("K", (), {"s": 3.0}))),
+    "global tensor read with .tolist()": (lambda x: x * T.tolist()[1], _tensor_inplace()),
+    "torch.get_num_threads()": _threads,
+    "are_deterministic_algorithms_enabled()": _deterministic,
+    "a method's class attribute through self": (
+        lambda x: OBJ.by_class(x), lambda: _set(Scaled, "factor", 3.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_state_changed_in_place_is_seen(case):
+    made = CASES[case]
+    fn, change = made() if not isinstance(made, tuple) else made
+    jf = trident.jit(fn)
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        before = jf(x)
+        assert torch.equal(before, fn(x)) and torch.equal(jf(x), before)
+        undo = change()
+        try:
+            after = fn(x)
+            assert not torch.equal(after, before), "the change must change eager's result"
+            assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
+            st = jf.stats
+            assert (st.compiles, st.misses, st.fallbacks, st.hits) == (2, 2, 0, 2), st
+        finally:
+            undo()
+        # back to the first state: its specialization again, without a compile
+        assert torch.equal(jf(x), before)
+    st = jf.stats
+    assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st
+
+
+def test_method_of_a_jitted_object_sees_its_attribute():
+    """``self.scale`` of a jitted bound method (the argument tree)."""
+    obj = Scaled()
+    jf = trident.jit(obj.forward)
+    x = torch.ones(3)
+    assert torch.equal(jf(x), x * 2)
+    obj.scale = 5.0
+    assert torch.equal(jf(x), x * 5) and jf.stats.compiles == 2
+
+
+def test_sdpa_after_disabling_a_backend():
+    """The SDPA backend a trace picked depends on torch's flags: they are call-wide guards."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(3))
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    jf = trident.jit(f)
+    assert torch.equal(jf(q, k, v), f(q, k, v))
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert torch.equal(jf(q, k, v), f(q, k, v))
+        st = jf.stats
+        assert st.compiles == 2 and "flash_sdp_enabled" in st.miss_reasons[-1], st
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+
+
+def test_triton_constexpr_global_edited_in_place():
+    """A kernel's ``tl.constexpr`` global (read by the kernel's code, which never runs in the
+    trace) is a chain of the kernel's function."""
+    def f(x):
+        out = torch.empty_like(x)
+        cfg.scale_kernel[(1,)](x, out, x.numel(), BLOCK=16)
+        return out
+
+    jf = trident.jit(f)
+    x = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Triton's interpreter on CPU tensors
+        assert torch.equal(jf(x), x * 2.0)
+        old = cfg.KERNEL_SCALE.value
+        cfg.KERNEL_SCALE.value = 3.0
+        try:
+            assert torch.equal(jf(x), x * 3.0)
+        finally:
+            cfg.KERNEL_SCALE.value = old
+    assert jf.stats.compiles == 2 and "KERNEL_SCALE" in jf.stats.miss_reasons[-1], jf.stats
+
+
+ARRAY = np.arange(4.0)
+
+
+@pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array"])
+def test_unguardable_reads_run_eagerly(case):
+    import random
+    import time
+
+    fns = {"random.random": lambda x: x * random.random(),
+           "random.randint": lambda x: x * random.randint(1, 10),
+           "time.time": lambda x: x * (time.time() > 0),
+           "numpy array": lambda x: x * float(ARRAY[1])}
+    fn = fns[case]
+    jf = trident.jit(fn)
+    x = torch.ones(4)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        jf(x)
+    if case == "numpy array":
+        ARRAY[1] = 7.0
+        try:
+            assert torch.equal(jf(x), x * 7.0)
+        finally:
+            ARRAY[1] = 1.0
+    else:
+        jf(x)
+    st = jf.stats
+    assert (st.compiles, st.fallbacks, st.hits) == (0, 2, 0), st
+
+
+def test_edited_spec_file_is_dropped(trident_cache):
+    def f(x):
+        return x * 2
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    jf(x)
+    (path,) = trident_cache.glob("functions/*/specs/*.json")
+    data = json.loads(path.read_text())
+    data["signature"] = data["signature"] + " "  # still parses, no longer hashes to its name
+    path.write_text(json.dumps(data))
+    jg = trident.jit(f)
+    with pytest.warns(UserWarning, match="not to the hash in its name"):
+        assert torch.equal(jg(x), x * 2)
+    assert jg.stats.compiles == 1
+
+
+# ---- item 3: state changed between processes ----------------------------------------------
+
+HELPERS = textwrap.dedent('''
+    import functools
+    import numpy as np
+    import torch
+
+    SCALE = 2.0
+    ARRAY = np.arange(100000.0)
+    T = torch.tensor([1.0, 2.0, 3.0])
+
+    def act(x):
+        return x * 2
+
+    class Knobs:
+        factor = 2.0
+
+    class Obj:
+        def method(self, x):
+            return x * 2
+
+    OBJ = Obj()
+
+    def mul(x, k):
+        return x * k
+
+    PARTIAL = functools.partial(mul, k=2.0)
+
+    def d1(x): return d2(x)
+    def d2(x): return d3(x)
+    def d3(x): return d4(x)
+    def d4(x): return d5(x)
+    def d5(x): return d6(x)
+    def d6(x): return x * 2
+''')
+
+USER = textwrap.dedent('''
+    import torch
+    import trident
+    import helpers
+    from helpers import act
+
+    CASES = {
+        "helper in another module": lambda x: act(x),
+        "config constant": lambda x: x * helpers.SCALE,
+        "class attribute": lambda x: x * helpers.Knobs.factor,
+        "method of a global object": lambda x: helpers.OBJ.method(x),
+        "partial's argument": lambda x: helpers.PARTIAL(x),
+        "helper chain 6 calls deep": lambda x: helpers.d1(x),
+        "large numpy array element": lambda x: x * float(helpers.ARRAY[99999]),
+        "tensor read with .tolist()": lambda x: x * helpers.T.tolist()[1],
+    }
+''')
+
+RUN = textwrap.dedent('''
+    import json, sys, warnings
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import trident, user
+    out = {}
+    x = torch.ones(3)
+    for name, fn in user.CASES.items():
+        jf = trident.jit(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [jf(x).tolist() for _ in range(2)]
+        st = jf.stats
+        out[name] = {"got": got, "want": fn(x).tolist(), "compiles": st.compiles,
+                     "fallbacks": st.fallbacks}
+    print("RESULT " + json.dumps(out))
+''')
+
+EDITS = [("def act(x):\n    return x * 2", "def act(x):\n    return x * 3"),
+         ("SCALE = 2.0", "SCALE = 3.0"),
+         ("factor = 2.0", "factor = 3.0"),
+         ("def method(self, x):\n        return x * 2",
+          "def method(self, x):\n        return x * 3"),
+         ("functools.partial(mul, k=2.0)", "functools.partial(mul, k=3.0)"),
+         ("def d6(x): return x * 2", "def d6(x): return x * 3"),
+         ("ARRAY = np.arange(100000.0)", "ARRAY = np.arange(100000.0); ARRAY[99999] = 7.0"),
+         ("torch.tensor([1.0, 2.0, 3.0])", "torch.tensor([1.0, 5.0, 3.0])")]
+
+
+def _run(d, env) -> dict:
+    p = subprocess.run([sys.executable, str(d / "run.py"), str(d)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads([l for l in p.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+
+
+def test_state_edited_between_processes(tmp_path, subprocess_env, trident_cache):
+    """A new process sharing the cache never loads a specialization compiled for other state:
+    one process compiles every case, the sources are edited, a second process must compile
+    again (or run eagerly, as the first did) and equal eager."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "helpers.py").write_text(HELPERS)
+    (d / "user.py").write_text(USER)
+    (d / "run.py").write_text(RUN)
+    first = _run(d, subprocess_env)
+    text = HELPERS
+    for old, new in EDITS:
+        assert old in text, old
+        text = text.replace(old, new)
+    (d / "helpers.py").write_text(text)
+    second = _run(d, subprocess_env)
+    unchanged = _run(d, subprocess_env)
+    for name, r in second.items():
+        assert r["got"] == [r["want"]] * 2, name
+        assert r["want"] != first[name]["want"], f"{name}: the edit must change eager's result"
+        eager = first[name]["fallbacks"] > 0
+        assert (r["compiles"], r["fallbacks"]) == ((0, 2) if eager else (1, 0)), (name, r)
+        assert (unchanged[name]["compiles"], unchanged[name]["got"]) == (0, r["got"]), name
+    assert first["large numpy array element"]["fallbacks"] == 2  # numpy contents: eager

@@ -1,0 +1,754 @@
+"""State guards: what a function reads outside its arguments, checked natively on every call.
+
+Note [State guards]: a trace bakes in every Python value the function reads that is not an
+argument: a global ``SCALE``, ``Knobs.factor``, ``GAIN[0]``, ``cfg.SCALE``, a closure's list, a
+default, ``os.environ.get("MODE")``, a helper's code, a Triton kernel's ``tl.constexpr`` global.
+Each such read becomes a **chain** (as Dynamo's sources: a root, then attribute, item and
+closure-cell accessors), found in two steps:
+
+1. :func:`record` watches the trace with ``sys.setprofile``: every function of user code that
+   runs (the function, the helpers and methods it calls, in any module and at any depth; not
+   the standard library, installed packages or Trident) and every call of a function whose
+   result no guard can keep (``random.random()``, ``time.time()``: Python's random state, the
+   clock, the OS), which make the call run eagerly.
+2. :func:`reads_of` reads the bytecode of each function that ran (and of each user Triton kernel
+   it launches) for chains: ``LOAD_GLOBAL`` / ``LOAD_DEREF`` of a closure cell, then
+   ``LOAD_ATTR`` / ``LOAD_METHOD`` / a constant subscript / ``.get(constant)``; ``globals()[...]``
+   and ``os.getenv(constant)`` too; a parameter's attribute that its class holds
+   (``self.factor`` of a class attribute). Every instruction of a function that ran counts,
+   taken or not, so a branch the next call takes is guarded too.
+
+:func:`build` evaluates the chains now and makes a **state tree**: the argument tree's nodes
+(flatten.py) under roots (a module, the function, ``builtins``), read in C by ``getattr`` /
+``getitem`` / a cell's contents, each checked like Dynamo's guard kinds:
+
+* ``ID`` (ID_MATCH): modules, classes, functions (their code runs, so their own reads are
+  chains of their own), builtins, Triton kernels;
+* ``CONST`` (EQUALS_MATCH): numbers (floats by bit pattern), str, bytes, None, dtypes;
+* ``TENSOR``: a tensor's identity and its version counter (a version tag: an in-place write
+  bumps it), for a global tensor read as Python values (``.tolist()``, ``.item()``);
+* ``TYPE``: the exact type of a container or object a chain goes through;
+* ``ABSENT``: a name that must stay unbound (a global that would shadow the builtin ``abs``);
+* a value used whole (a list iterated, a config passed on): its whole contents, as an argument
+  tree checks an argument (SEQ, DICT, OBJECT, CONST ...). Values whose contents no check sees
+  (numpy arrays, locks, an object with ``__slots__``) make the call run eagerly, with a warning.
+
+Reads by the standard library and installed packages are not chains (their code and module
+state are taken as fixed); torch's global flags that ops obey are call-wide guards instead
+(``trt_env.flags`` in guards.py).
+
+The dispatcher evaluates the union of its specializations' state trees before every call
+(``state_holds`` in runtime.cpp). When a check fails the call goes to Python, which evaluates
+each stored specialization's chains again and installs only those whose **digest** (a hash of
+every node's contents, by value: floats by bit pattern, functions by their code, tensors by
+their bytes) equals the one stored with it; the others stay on disk for the state they were
+compiled in. The digest is also what makes a stored specialization valid in another process.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import dis
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import TridentError
+from .flatten import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flattener
+
+# Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
+# a closure cell's contents.
+ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
+
+_HERE = str(Path(__file__).resolve().parent) + os.sep
+_LIBRARY = tuple(sorted({str(Path(p).resolve()) + os.sep for k, p in sysconfig.get_paths().items()
+                         if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+# Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
+_IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(filename: str) -> bool:
+    """Code whose reads are chains: not Trident, the standard library or an installed package."""
+    if filename.startswith("<frozen") or not filename:
+        return False
+    if filename.startswith("<"):  # exec'd code
+        return True
+    path = str(Path(filename).resolve())
+    return not path.startswith(_HERE) and not path.startswith(_LIBRARY)
+
+
+def _is_user_frame(frame) -> bool:
+    """A frame of user code; exec'd code (a dataclass's ``__init__``) belongs to the module
+    whose globals it runs in."""
+    filename = frame.f_code.co_filename
+    if not filename.startswith("<") or filename.startswith("<frozen"):
+        return is_user_file(filename)
+    module = sys.modules.get(frame.f_globals.get("__name__"))
+    return module is not None and not _is_library_module(module)
+
+
+def _is_library_module(m: types.ModuleType) -> bool:
+    f = getattr(m, "__file__", None)
+    return f is None or not is_user_file(f)
+
+
+# ---- recording -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Recording:
+    """What ran during a trace: per user code object, its globals and its parameters' values
+    at the call; and the calls whose results no guard keeps."""
+
+    codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
+    impure: list = dataclasses.field(default_factory=list)
+
+
+def _impure_name(fn) -> str | None:
+    owner = getattr(fn, "__self__", None)
+    import random
+
+    module = getattr(fn, "__module__", None) or type(owner).__module__
+    if isinstance(owner, random.Random) or module in _IMPURE_MODULES or \
+            str(type(owner).__module__).startswith("numpy.random"):
+        return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
+    return None
+
+
+@contextlib.contextmanager
+def record(fn):
+    """Record the user code that ``fn``'s code runs in this thread (Note [State guards]);
+    chains to a profile function already set."""
+    rec = Recording()
+    top = getattr(fn, "__code__", None)
+    if top is None:
+        yield rec
+        return
+    previous = sys.getprofile()
+    called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
+
+    def under_fn(frame) -> bool:
+        """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
+        between (Trident's own calls of user code, as an import hook or a patched ``open`` in
+        the trace's bookkeeping, are not the function's reads; a Triton heuristic that
+        kernels.py evaluates for the launch is)."""
+        if frame in called:
+            return called[frame]
+        f, seen = frame, []
+        while f is not None and f not in called and f.f_code is not top:
+            seen.append(f)
+            name = f.f_code.co_filename
+            if name.startswith(_HERE) and not name.endswith("kernels.py"):
+                f = None
+                break
+            f = f.f_back
+        result = f is not None and (f.f_code is top or called[f])
+        for g in seen:
+            called[g] = result
+        return result
+
+    def hook(frame, event, arg):
+        code = frame.f_code
+        if event == "call":
+            if _is_user_frame(frame) and under_fn(frame):
+                if code not in rec.codes:
+                    nparams = code.co_argcount + code.co_kwonlyargcount
+                    local = frame.f_locals
+                    rec.codes[code] = (frame.f_globals, {n: local[n] for n in
+                                                         code.co_varnames[:nparams] if n in local})
+            elif frame.f_back is not None and _is_user_frame(frame.f_back) and \
+                    frame.f_globals.get("__name__") in _IMPURE_MODULES and \
+                    under_fn(frame.f_back):
+                rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+        elif event == "c_call" and _is_user_frame(frame) and under_fn(frame):
+            name = _impure_name(arg)
+            if name:
+                rec.impure.append(name)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(hook)
+    try:
+        yield rec
+    finally:
+        sys.setprofile(previous)
+
+
+# ---- chains ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One chain: ``root`` (``("module", name)``, ``("fn",)``: the jitted function,
+    ``("builtins",)``, ``("object", token)``: an object of this process only) then ``steps``
+    (``("attr", name)``, ``("item", key)``, ``("get", key)``: an item that may be absent,
+    ``("cell",)``: a closure cell's contents). ``whole``: the value is used whole (its contents
+    are guarded), not only read through."""
+
+    root: tuple
+    steps: tuple
+    whole: bool = True
+
+    def to_json(self) -> list:
+        return [list(self.root), [[s[0], *map(_key_json, s[1:])] for s in self.steps],
+                self.whole]
+
+    @classmethod
+    def from_json(cls, data: list) -> "Read":
+        root, steps, whole = data
+        return cls(tuple(root), tuple((s[0], *map(_key_from_json, s[1:])) for s in steps),
+                   whole)
+
+
+def _key_json(k):
+    return {"bytes": k.hex()} if isinstance(k, bytes) else k
+
+
+def _key_from_json(k):
+    return bytes.fromhex(k["bytes"]) if isinstance(k, dict) else k
+
+
+_OBJECTS: dict[str, Any] = {}  # ("object", token) roots: objects no module path reaches
+
+
+def _root_of(obj) -> tuple[tuple, tuple]:
+    """(root, steps) naming ``obj``: its module, then its qualified name, when that path
+    reaches it; else the object itself, in this process only."""
+    if isinstance(obj, types.ModuleType):
+        return ("module", obj.__name__), ()
+    name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is not None and "<locals>" not in qualname:
+        target = module
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if target is obj:
+            return ("module", name), tuple(("attr", part) for part in qualname.split("."))
+    token = f"{type(obj).__name__}@{id(obj)}"
+    _OBJECTS[token] = obj
+    return ("object", token), ()
+
+
+def _globals_root(g: dict) -> tuple[tuple, str]:
+    """(root, step kind) for a globals dict: its module (read by getattr) or the dict itself."""
+    name = g.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is not None and module.__dict__ is g:
+        return ("module", name), "attr"
+    return _root_of_dict(g), "item"
+
+
+def _root_of_dict(g: dict) -> tuple:
+    token = f"dict@{id(g)}"
+    _OBJECTS[token] = g
+    return ("object", token)
+
+
+def _resolve_root(root: tuple, fn) -> Any:
+    """The object a root names now; ``_MISSING`` when it names none."""
+    kind = root[0]
+    if kind == "fn":
+        return fn
+    if kind == "builtins":
+        return builtins
+    if kind == "module":
+        return sys.modules.get(root[1], _MISSING)
+    return _OBJECTS.get(root[1], _MISSING)
+
+
+_MISSING = object()
+
+
+def _chains(code: types.CodeType) -> list[tuple[str, str, tuple]]:
+    """(start kind, name, steps) per chain of ``code``'s bytecode: start ``global``, ``free``
+    (a closure cell) or ``param``; steps as in :class:`Read`, plus ``("call0",)`` and
+    ``("call1", constant)`` for a call with no argument or one constant argument (``globals()``,
+    ``.get("k")``, ``os.getenv("k")``), resolved by :func:`reads_of`."""
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+    nparams = code.co_argcount + code.co_kwonlyargcount
+    params = set(code.co_varnames[:nparams])
+    out, i = [], 0
+    while i < len(ins):
+        op = ins[i]
+        if op.opname == "LOAD_GLOBAL":
+            start = ("global", op.argval)
+        elif op.opname == "LOAD_DEREF" and op.argval in code.co_freevars:
+            start = ("free", op.argval)
+        elif op.opname == "LOAD_FAST" and op.argval in params:
+            start = ("param", op.argval)
+        else:
+            i += 1
+            continue
+        steps, j = [], i + 1
+        while j < len(ins):
+            nxt = ins[j]
+            if nxt.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                steps.append(("attr", nxt.argval))
+                j += 1
+            elif nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and \
+                    ins[j + 1].opname == "BINARY_SUBSCR" and type(nxt.argval) in (str, int, bytes):
+                steps.append(("item", nxt.argval))
+                j += 2
+            elif nxt.opname == "CALL" and nxt.argval == 0:
+                steps.append(("call0",))
+                j += 1
+            elif nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "CALL" \
+                    and ins[j + 1].argval == 1 and type(nxt.argval) in (str, int, bytes):
+                steps.append(("call1", nxt.argval))
+                j += 2
+            else:
+                break
+        if start[0] == "param" and not steps:
+            i = j
+            continue
+        out.append((start[0], start[1], tuple(steps)))
+        i = j
+    return out
+
+
+@functools.cache
+def _kernel_types() -> tuple:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import KernelInterface
+
+    return (KernelInterface, InterpretedFunction)
+
+
+def _kernel_fns(value) -> list:
+    """The Python functions of a Triton kernel (through autotuners and heuristics)."""
+    fns = []
+    while isinstance(value, _kernel_types()):
+        value = value.fn
+        if isinstance(value, types.FunctionType):
+            fns.append(value)
+    return fns
+
+
+def reads_of(rec: Recording, fn) -> list[Read]:
+    """Note [State guards]: the chains of every user function that ran in ``rec`` (and of the
+    Triton kernels they name), rooted where a new call reads them.
+
+    Raises:
+        TridentError: the function calls something whose result no guard keeps, or reads a
+            closure variable whose cell cannot be found again."""
+    if rec.impure:
+        raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
+                           "specialization would keep (Python's random state, the clock, the OS)")
+    functions = {}  # code -> function object, for closure cells
+    if isinstance(fn, types.FunctionType):
+        functions[fn.__code__] = fn
+    parents = {}  # nested code -> the code that makes it
+    reads: list[Read] = []
+    todo = list(rec.codes.items())
+    seen_kernels: set = set()
+    for code, _ in todo:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                parents[const] = code
+
+    def root_for_cell(code, name, depth=0):
+        f = functions.get(code)
+        if f is not None:
+            root, steps = (("fn",), ()) if f is fn else _root_of(f)
+            i = code.co_freevars.index(name)
+            return root, steps + (("attr", "__closure__"), ("item", i), ("cell",))
+        parent = parents.get(code)
+        if parent is not None and depth < 64:
+            if name in parent.co_cellvars:
+                return None  # a local of the enclosing call: made inside the trace
+            if name in parent.co_freevars:
+                return root_for_cell(parent, name, depth + 1)
+        if code.co_filename.startswith("<"):  # exec'd code (a dataclass's __init__): the
+            return None  # cells of the code that made it, fixed
+        raise TridentError(f"{code.co_name} reads the closure variable {name!r}, whose cell "
+                           "Trident cannot find again")
+
+    # chains of functions whose objects are reached by other chains must see those objects
+    # first (closure cells): evaluate global chains first, collecting the functions they reach
+    pending = []
+    k = 0
+    while k < len(todo):
+        code, (g, params) = todo[k]
+        k += 1
+        for start, name, steps in _chains(code):
+            if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
+                    name not in g and len(steps) > 1 and steps[1][0] == "item":
+                start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+            if start == "global":
+                root, kind = _globals_root(g)
+                if kind == "attr" and name not in g:
+                    reads.append(Read(root, (("attr", name),), False))  # ABSENT: unbound
+                    root, steps0 = ("builtins",), (("attr", name),)
+                else:
+                    steps0 = ((kind, name),)
+                read = _resolve_calls(root, steps0 + steps, fn)
+            elif start == "param":
+                read = _param_read(params.get(name, _MISSING), steps, fn)
+            else:
+                pending.append((code, name, steps))
+                continue
+            if read is None:
+                continue
+            reads.append(read)
+            for value in _values_along(read, fn):
+                for f in _functions_in(value):
+                    functions.setdefault(f.__code__, f)
+                for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
+                    if kfn.__code__ not in seen_kernels:
+                        seen_kernels.add(kfn.__code__)
+                        functions.setdefault(kfn.__code__, kfn)
+                        todo.append((kfn.__code__, (kfn.__globals__, {})))
+    for code, name, steps in pending:
+        where = root_for_cell(code, name)
+        if where is not None:
+            read = _resolve_calls(where[0], where[1] + steps, fn)
+            if read is not None:
+                reads.append(read)
+    for code, (_, params) in rec.codes.items():  # methods reached through an argument
+        if code not in functions and code.co_argcount and code.co_varnames[0] in params:
+            owner = params[code.co_varnames[0]]
+            for c in type(owner).__mro__:
+                f = c.__dict__.get(code.co_name)
+                if getattr(f, "__code__", None) is code:
+                    functions[code] = f
+                    root, steps = _root_of(c)
+                    reads.append(Read(root, steps + (("attr", code.co_name),)))
+                    break
+    for f in [f for f in functions.values() if f.__code__ in rec.codes]:  # their defaults
+        root, steps = (("fn",), ()) if f is fn else _root_of(f)
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+            reads.append(Read(root, steps + (("attr", attr),)))
+    return list(dict.fromkeys(reads))
+
+
+def _functions_in(value) -> list:
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, types.MethodType):
+        return _functions_in(value.__func__)
+    if isinstance(value, functools.partial):
+        return _functions_in(value.func)
+    return []
+
+
+def _param_read(value, steps: tuple, fn) -> Read | None:
+    """``self.factor`` where the parameter's class holds ``factor``: a chain from the class."""
+    if value is _MISSING or steps[0][0] != "attr" or isinstance(
+            value, (type, types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
+        return None
+    name = steps[0][1]
+    d = getattr(value, "__dict__", None)
+    if isinstance(d, dict) and name in d:
+        return None  # an instance attribute: the argument tree or the chain to it has it
+    owner = next((c for c in type(value).__mro__ if name in c.__dict__), None)
+    if owner is None or owner.__module__ == "builtins" or not is_user_file(
+            getattr(sys.modules.get(owner.__module__), "__file__", "") or ""):
+        return None
+    root, path = _root_of(owner)
+    return _resolve_calls(root, path + (("attr", name),) + steps[1:], fn)
+
+
+def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
+    """Resolve ``call0`` / ``call1`` steps: ``globals()`` becomes its module's root,
+    ``d.get("k")`` and ``os.getenv("k")`` an item that may be absent; any other call ends the
+    chain at its callee."""
+    obj = _resolve_root(root, fn)
+    done: list = []
+    for step in steps:
+        if step[0] in ("call0", "call1"):
+            if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
+                return None  # globals() alone: its items are read by the chains after it
+            if step[0] == "call1" and done and done[-1] == ("attr", "get") and len(done) > 1:
+                done[-1] = ("get", step[1])
+                obj = _MISSING
+                continue
+            if step[0] == "call1" and obj is os.getenv:
+                return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
+            break
+        done.append(step)
+        obj = _step(obj, step) if obj is not _MISSING else _MISSING
+    return Read(root, tuple(done), True)
+
+
+def _values_along(read: Read, fn):
+    obj = _resolve_root(read.root, fn)
+    yield obj
+    for step in read.steps:
+        obj = _step(obj, step)
+        if obj is _MISSING or obj is _STOP:
+            return
+        yield obj
+
+
+_STOP = object()  # a read that Python code (a property, __getattr__) would serve
+
+
+def _step(obj, step):
+    """One step of a chain in Python: the value, ``_MISSING`` (absent), or ``_STOP``."""
+    kind = step[0]
+    if obj is _MISSING or obj is _STOP:
+        return obj
+    if kind == "cell":
+        try:
+            return obj.cell_contents
+        except (ValueError, AttributeError):
+            return _MISSING
+    if kind in ("item", "get"):
+        if obj is os.environ:
+            obj, key = obj._data, os.environ.encodekey(step[1])
+        else:
+            key = step[1]
+        if not isinstance(obj, (dict, list, tuple)) or type(obj).__getitem__ not in (
+                dict.__getitem__, list.__getitem__, tuple.__getitem__):
+            return _STOP
+        try:
+            return obj[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    name = step[1]
+    if isinstance(obj, types.ModuleType):
+        value = obj.__dict__.get(name, _MISSING)
+        return _STOP if value is _MISSING and "__getattr__" in obj.__dict__ else value
+    try:
+        static = inspect.getattr_static(obj, name)
+    except AttributeError:
+        return _STOP if hasattr(type(obj), "__getattr__") else _MISSING
+    if isinstance(static, property) or (
+            hasattr(type(static), "__get__") and not isinstance(
+                static, (types.FunctionType, staticmethod, classmethod, types.MemberDescriptorType,
+                         types.GetSetDescriptorType, types.MethodDescriptorType,
+                         types.WrapperDescriptorType, types.BuiltinFunctionType,
+                         types.ClassMethodDescriptorType)) and not isinstance(static, type)):
+        return _STOP
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return _MISSING
+
+
+# ---- state trees -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class StateTree:
+    """The nodes of a set of reads (Note [State guards]), with each node's path and words."""
+
+    nodes: list[Node]
+    description: list[str]
+
+    def program(self) -> tuple | None:
+        """As runtime.cpp's ``_set_state`` reads it (None: nothing to check)."""
+        if not self.nodes:
+            return None
+        return (0, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length, n.keys)
+                         for n in self.nodes))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(self.description).encode()).hexdigest()[:32]
+
+
+def _words(obj) -> str:
+    """Stable words for an object checked by identity: the same in every process where the
+    object means the same (functions by their code, kernels by their source)."""
+    if isinstance(obj, (types.FunctionType, types.CodeType)):
+        h = hashlib.sha256()
+        _hash_code(h, getattr(obj, "__code__", obj))
+        return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
+    if isinstance(obj, type):
+        return f"class {obj.__module__}.{obj.__qualname__}"
+    if isinstance(obj, types.ModuleType):
+        return f"module {obj.__name__}"
+    if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
+        return f"triton {type(obj).__name__} of {_words(obj.fn)}"
+    if isinstance(obj, types.BuiltinFunctionType):
+        return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
+    if isinstance(obj, logging.Logger):
+        return f"logger {obj.name}"
+    from .cache import _PROCESS
+
+    return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
+
+
+def _hash_code(h, code: types.CodeType) -> None:
+    h.update(code.co_filename.encode())
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _hash_code(h, const)
+        else:
+            h.update(repr(const).encode())
+
+
+def _tensor_words(t: torch.Tensor) -> str:
+    data = t.detach().cpu().contiguous()
+    digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return f"tensor {t.dtype} {tuple(t.shape)} {t.device} {digest.hexdigest()[:16]}"
+
+
+class _StateFlattener(_Flattener):
+    what = "global"
+
+    def add(self, value, node: Node, words: str) -> int:
+        index = super().add(value, node, words)
+        if node.access == ROOT:  # its key is the object: named by the words alone
+            self.description[index] = f"root|{words}"
+        return index
+
+    def words(self, value) -> str:
+        return _words(value)
+
+    def tensor(self, value, node: Node) -> None:
+        self.add(value, dataclasses.replace(node, check=TENSOR, expect=value,
+                                            length=value._version), _tensor_words(value))
+
+
+def _by_id(value) -> bool:
+    return isinstance(value, (_BY_ID, logging.Logger)) or bool(_kernel_fns(value)) or \
+        type(value).__name__ == "JitFunction"
+
+
+def build(reads: list[Read], fn) -> StateTree:
+    """The state tree of ``reads`` as they evaluate now (Note [State guards]).
+
+    Raises:
+        TridentError: a value read that no check can see the contents of (a numpy array, an
+            object with ``__slots__``), or more than ``MAX_NODES`` values."""
+    f = _StateFlattener()
+    trie: dict = {}  # (root, steps prefix) -> node index
+    for read in sorted(reads, key=lambda r: (repr(r.root), repr(r.steps))):
+        _add_read(f, trie, read, fn)
+    if len(f.nodes) > MAX_NODES:
+        raise TridentError("the function reads too much state to guard")
+    return StateTree(f.nodes, f.description)
+
+
+def _root_words(root: tuple) -> str:
+    return "|".join(map(str, root)) if root[0] != "object" else \
+        f"object {root[1]}:{__import__('trident.cache', fromlist=['_PROCESS'])._PROCESS}"
+
+
+def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
+    obj = _resolve_root(read.root, fn)
+    if obj is _MISSING:
+        raise TridentError(f"the state root {read.root} is gone")
+    key = (read.root,)
+    if key not in trie:
+        if read.root[0] in ("fn", "builtins"):
+            text = getattr(fn, "__qualname__", "fn") if read.root[0] == "fn" else "builtins"
+        else:
+            text = "" if read.root[1] == getattr(fn, "__module__", None) else read.root[1]
+        trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root))
+    parent, parent_obj = trie[key], obj
+    came = None  # how the parent was read: (its parent, access, key, trie key)
+    for n, step in enumerate(read.steps):
+        last = n == len(read.steps) - 1
+        value = _step(parent_obj, step)
+        if isinstance(parent_obj, types.ModuleType) and _is_library_module(parent_obj) and \
+                value is not os.environ:
+            return  # a library's module state is taken as fixed (Note [State guards])
+        if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
+            if came is not None:  # object it is read from, whole
+                grand, access, k, pkey = came
+                _use(f, trie, pkey, parent_obj, grand, access, k, f.nodes[parent].path)
+            return
+        if step[0] == "cell":
+            access, k = CELL, None
+        elif step[0] == "attr":
+            access, k = GETATTR, step[1]
+        else:
+            access, k = GETITEM, step[1]
+            if parent_obj is os.environ:  # its items, as bytes: os.environ._data
+                env = os.environ._data
+                kid = key + (("attr", "_data"),)
+                if kid not in trie:
+                    trie[kid] = f.add(env, Node(parent, GETATTR, "_data", TYPE, dict, 0,
+                                                f.nodes[parent].path), "type dict")
+                parent, parent_obj, key = trie[kid], env, kid
+                k = os.environ.encodekey(step[1])
+        key = key + (step,)
+        path = _path_text(f.nodes[parent].path, step)
+        if value is _MISSING:
+            if key not in trie:
+                trie[key] = f.add(None, Node(parent, access, k, ABSENT, None, 0, path), "absent")
+            return
+        if last and read.whole:
+            _use(f, trie, key, value, parent, access, k, path)
+            return
+        if key not in trie:
+            trie[key] = f.add(value, _through(value, parent, access, k, path),
+                              _through_words(value))
+        came = (parent, access, k, key)
+        parent, parent_obj = trie[key], value
+
+
+def _path_text(parent: str, step: tuple) -> str:
+    if step[0] == "attr":
+        return f"{parent}.{step[1]}" if parent else step[1]
+    if step[0] == "cell":
+        return f"{parent}.cell_contents"
+    return f"{parent}[{step[1]!r}]"
+
+
+def _through(value, parent: int, access: int, key, path: str) -> Node:
+    """A node a chain reads through: the object itself (modules, classes, functions, cells),
+    or its exact type (containers and other objects, read again on every call)."""
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.CellType)) or \
+            _by_id(value):
+        return Node(parent, access, key, ID, value, 0, path)
+    return Node(parent, access, key, TYPE, type(value), 0, path)
+
+
+def _through_words(value) -> str:
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.CellType)) or \
+            _by_id(value):
+        return "cell" if isinstance(value, types.CellType) else _words(value)
+    return f"type {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access, k,
+         path: str) -> None:
+    """``value`` used whole: its contents guarded, as an argument tree guards an argument."""
+    whole = key + ("whole",)
+    if whole in trie:
+        return
+    if isinstance(value, types.MethodType):  # obj.method: the function and its object
+        me = f.add(value, Node(parent, access, k, TYPE, types.MethodType, 0, path), "method")
+        trie[whole] = me
+        _use(f, trie, whole + ("f",), value.__func__, me, GETATTR, "__func__", f"{path}.__func__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        return
+    if isinstance(value, functools.partial):
+        me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "partial")
+        trie[whole] = me
+        for attr in ("func", "args", "keywords"):
+            _use(f, trie, whole + (attr,), getattr(value, attr), me, GETATTR, attr,
+                 f"{path}.{attr}")
+        return
+    if isinstance(value, types.BuiltinMethodType) and not isinstance(
+            value.__self__, types.ModuleType) and value.__self__ is not None:
+        # a C method of an object (d.items, lst.copy): the object, whole
+        me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
+        trie[whole] = me
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        return
+    if _by_id(value):
+        trie[whole] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        return
+    before = len(f.nodes)
+    try:
+        f.visit(value, parent, access, k, path, True)
+    except RecursionError:
+        raise TridentError(f"the global {path} is nested too deeply to guard") from None
+    trie[whole] = before
+
