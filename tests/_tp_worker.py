@@ -101,7 +101,7 @@ def tp_weights(rank: int, world: int, device: str = "cpu"):
             w(1, kv_heads, CTX, HEAD_DIM), w(1, kv_heads, CTX, HEAD_DIM))
 
 
-SUBGROUP = None  # set by run(): a group other than the default one
+SUBGROUP = ""  # set by run(): the name of a group other than the default one
 
 
 def on_subgroup(x):
@@ -164,7 +164,7 @@ def run(rank: int, world: int, port: int, cache: str, out: str) -> None:
 
     # A collective on another group than the default one runs eagerly, with a warning.
     global SUBGROUP
-    SUBGROUP = dist.new_group(list(range(world)))
+    SUBGROUP = dist.new_group(list(range(world))).group_name
     js = trident.jit(on_subgroup)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
