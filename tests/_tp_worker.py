@@ -23,8 +23,9 @@ from trident.backend import trident_backend
 
 
 def collectives(x):
-    """Functional all_reduce, all_gather and reduce_scatter, and the in-place all_reduce."""
-    group = dist.group.WORLD
+    """Functional all_reduce, all_gather and reduce_scatter, the in-place all_reduce, and the
+    in-place all_gather and reduce_scatter (the world size is read while traced)."""
+    group, world = dist.group.WORLD, dist.get_world_size()
     s = funcol.all_reduce(x * 2, "sum", group)
     g = funcol.all_gather_tensor(x + 1, 0, group)
     r = funcol.reduce_scatter_tensor(g * 3, "sum", 0, group)
@@ -32,7 +33,11 @@ def collectives(x):
     dist.all_reduce(y)
     m = x.clone()
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
-    return s + 1, g, r, y, m
+    gathered = torch.empty(world * x.shape[0], *x.shape[1:], device=x.device)
+    dist.all_gather_into_tensor(gathered, x * 4)
+    scattered = torch.empty(x.shape[0] // world, *x.shape[1:], device=x.device)
+    dist.reduce_scatter_tensor(scattered, x + 5)
+    return s + 1, g, r, y, m, gathered, scattered
 
 
 def scaled_by_rank(x):
@@ -96,7 +101,7 @@ def tp_weights(rank: int, world: int, device: str = "cpu"):
             w(1, kv_heads, CTX, HEAD_DIM), w(1, kv_heads, CTX, HEAD_DIM))
 
 
-SUBGROUP = None  # set by run(): a group other than the default one
+SUBGROUP = ""  # set by run(): the name of a group other than the default one
 
 
 def on_subgroup(x):
@@ -159,7 +164,7 @@ def run(rank: int, world: int, port: int, cache: str, out: str) -> None:
 
     # A collective on another group than the default one runs eagerly, with a warning.
     global SUBGROUP
-    SUBGROUP = dist.new_group(list(range(world)))
+    SUBGROUP = dist.new_group(list(range(world))).group_name
     js = trident.jit(on_subgroup)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -32,8 +32,8 @@ def _ranks(tmp_path, worker=_tp_worker.run) -> list[dict]:
 
 def test_two_ranks(tmp_path):
     for rank, r in enumerate(_ranks(tmp_path)):
-        # functional all_reduce / all_gather / reduce_scatter and in-place dist.all_reduce
-        # (SUM and MAX): served natively, equal to eager on each rank
+        # functional all_reduce / all_gather / reduce_scatter, in-place dist.all_reduce (SUM and
+        # MAX), all_gather_into_tensor, reduce_scatter_tensor: native, equal to eager per rank
         assert r["collectives_equal"] == [True] * 3, rank
         assert (r["collectives"]["hits"], r["collectives"]["compiles"]) == (2, 1), r["collectives"]
         assert r["collectives"]["fallbacks"] == 0

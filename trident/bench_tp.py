@@ -32,6 +32,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 import trident
 from trident.bench_gpu import (CONFIGS, build_model, cuda_graph, first_call, make_decode_step,
@@ -162,6 +163,7 @@ def report(results: dict, per_rank: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@record  # under torchrun, a failed rank's traceback reaches the agent's report
 def main(json_path: str | None = None) -> dict:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)

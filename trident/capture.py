@@ -164,8 +164,8 @@ def _enclosing_try(frame) -> str:
     ``except``; not ``finally``, not ``with``): "file.py:LINE" of the frame, or "".
 
     A specialization traced so runs natively; a step that fails on a call before anything the
-    call did is visible (no write to memory the caller sees, no random draw: codegen's
-    ``rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
+    call did is visible (no write to memory the caller sees, no random draw:
+    ``plan.rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
     error is raised (as a TridentError) as before."""
     seen_user = False
     while frame is not None:

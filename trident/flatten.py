@@ -532,10 +532,11 @@ class OutputRecipe:
     ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
     object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
     ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C tuple type such as
-    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items; ``(R_OBJECT, cls,
-    base, attributes, item keys)`` an object made by its base type's ``tp_new`` whose
-    ``__dict__`` entries and (dict bases) items are set without calling its Python methods, as
-    a dataclass or transformers' ``ModelOutput`` holds them after ``__init__``."""
+    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items;
+    ``(R_OBJECT, cls, base, attributes, item keys)`` an object made by its base type's
+    ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set without calling its
+    Python methods, as a dataclass or transformers' ``ModelOutput`` holds them after
+    ``__init__``."""
 
     ops: list
 
@@ -680,8 +681,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
         else:
             raise TridentError(f"the result {path} is a {_type_name(t)}, which Trident cannot "
                                "rebuild (expected tensors, scalars, None, str, tuples, lists, "
-                               "dicts, namedtuples, torch.return_types, dataclasses, or an "
-                               "object of the call)")
+                               "dicts, namedtuples, torch.return_types, torch.Size, "
+                               "dataclasses, or an object of the call)")
 
     walk(result, "result")
     return flat, (None if simple[0] else OutputRecipe(ops))

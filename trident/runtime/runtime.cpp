@@ -326,7 +326,8 @@ trt_op* api_op(const char* name, const char* overload) {
   if (!h) return nullptr;
   auto* op = new trt_op{*h};
   op->release_gil = std::strncmp(name, "_c10d_functional::", 18) == 0;
-  std::string kinds = unboxed_kinds(h->schema());
+  // collectives stay boxed: the unboxed path keeps the GIL (wait_tensor's "T" would match)
+  std::string kinds = op->release_gil ? "" : unboxed_kinds(h->schema());
   for (const auto& entry : kUnboxed) {
     if (kinds != entry.kinds) continue;
     try {
