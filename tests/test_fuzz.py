@@ -12,7 +12,7 @@ eager's bit for bit (NaN-aware), or the call must raise eager's exception class.
 variant calls one compiled program from several threads at once.
 
 CI runs a bounded slice (hypothesis, derandomized). A long run counts programs, calls,
-mismatches, fallbacks and crashes (docs/fuzzing.md has the last one)::
+mismatches, fallbacks and crashes (docs/conformance.md has the last one)::
 
     TRIDENT_CACHE_DIR=/tmp/tc-fuzz python tests/test_fuzz.py --programs 500 [--seed 0]
 """

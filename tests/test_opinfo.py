@@ -14,7 +14,7 @@ or, on a machine with 16 cores, in 16 shards at once, then the summary of all of
         > op-$k.log 2>&1 & done; wait; python tests/test_opinfo.py --summary op-*.jsonl
 
 It prints the native and fallback shares and the reasons for what runs eagerly
-(docs/opinfo.md holds the last full run). Each case is classified:
+(docs/conformance.md holds the last full run). Each case is classified:
 
 * ``native``: the second and third calls were hits;
 * ``fallback``: some call ran eagerly (the reason is Trident's ``miss_reasons``);
