@@ -93,6 +93,17 @@ def _list_set(lst, i, value):
     return lambda: lst.__setitem__(i, old)
 
 
+def _closure_helper():
+    k = [2.0]
+
+    def helper(x):
+        return x * k[0]
+
+    def f(x):
+        return helper(x)
+    return f, lambda: _list_set(k, 0, 3.0)
+
+
 def _default():
     def f(x, k=[2.0]):
         return x * k[0]
@@ -166,6 +177,7 @@ CASES = {
     "dict entry": (lambda x: x * CONFIG["scale"], lambda: _set(CONFIG, "scale", 3.0)),
     "dict.get": (lambda x: x * CONFIG.get("scale"), lambda: _set(CONFIG, "scale", 3.0)),
     "closure's list": _closure,
+    "a helper held by a closure reads its own closure": _closure_helper,
     "mutable default": _default,
     "__code__ reassigned": _code,
     "global that shadows a builtin": _builtin_shadow,

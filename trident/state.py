@@ -357,6 +357,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 parents[const] = code
 
     def root_for_cell(code, name, depth=0):
+        """(root, steps) of a closure cell, None for one that needs no guard, or
+        ``_MISSING`` while no function object of ``code`` is known."""
         f = functions.get(code)
         if f is not None:
             root, steps = (("fn",), ()) if f is fn else _root_of(f)
@@ -370,50 +372,61 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 return root_for_cell(parent, name, depth + 1)
         if code.co_filename.startswith("<"):  # exec'd code (a dataclass's __init__): the
             return None  # cells of the code that made it, fixed
+        return _MISSING
+
+    def add(read: Read) -> None:
+        """A chain, and the functions (their closure cells) and kernels it reaches."""
+        reads.append(read)
+        for value in _values_along(read, fn):
+            for f in _functions_in(value):
+                functions.setdefault(f.__code__, f)
+            for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
+                if kfn.__code__ not in seen_kernels:
+                    seen_kernels.add(kfn.__code__)
+                    functions.setdefault(kfn.__code__, kfn)
+                    todo.append((kfn.__code__, (kfn.__globals__, {})))
+
+    # closure chains need the function objects that other chains reach (a helper held by a
+    # global or by another closure): they are resolved as those are found
+    pending: list = []
+    k = 0
+    while True:
+        while k < len(todo):
+            code, (g, params) = todo[k]
+            k += 1
+            for start, name, steps in _chains(code):
+                if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
+                        name not in g and len(steps) > 1 and steps[1][0] == "item":
+                    start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+                if start == "global":
+                    root, kind = _globals_root(g)
+                    if kind == "attr" and name not in g:
+                        reads.append(Read(root, (("attr", name),), False))  # ABSENT: unbound
+                        root, steps0 = ("builtins",), (("attr", name),)
+                    else:
+                        steps0 = ((kind, name),)
+                    read = _resolve_calls(root, steps0 + steps, fn)
+                elif start == "param":
+                    read = _param_read(params.get(name, _MISSING), steps, fn)
+                else:
+                    pending.append((code, name, steps))
+                    continue
+                if read is not None:
+                    add(read)
+        before = len(pending)
+        resolved = [(item, root_for_cell(item[0], item[1])) for item in pending]
+        pending = [item for item, where in resolved if where is _MISSING]
+        for (code, name, steps), where in resolved:
+            if where is not None and where is not _MISSING:
+                read = _resolve_calls(where[0], where[1] + steps, fn)
+                if read is not None:
+                    add(read)
+        if len(pending) == before and k == len(todo):  # nothing more to find
+            break
+    if pending:
+        code, name, _ = pending[0]
         raise TridentError(f"{code.co_name} reads the closure variable {name!r}, whose cell "
                            "Trident cannot find again")
-
-    # chains of functions whose objects are reached by other chains must see those objects
-    # first (closure cells): evaluate global chains first, collecting the functions they reach
-    pending = []
-    k = 0
-    while k < len(todo):
-        code, (g, params) = todo[k]
-        k += 1
-        for start, name, steps in _chains(code):
-            if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
-                    name not in g and len(steps) > 1 and steps[1][0] == "item":
-                start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
-            if start == "global":
-                root, kind = _globals_root(g)
-                if kind == "attr" and name not in g:
-                    reads.append(Read(root, (("attr", name),), False))  # ABSENT: unbound
-                    root, steps0 = ("builtins",), (("attr", name),)
-                else:
-                    steps0 = ((kind, name),)
-                read = _resolve_calls(root, steps0 + steps, fn)
-            elif start == "param":
-                read = _param_read(params.get(name, _MISSING), steps, fn)
-            else:
-                pending.append((code, name, steps))
-                continue
-            if read is None:
-                continue
-            reads.append(read)
-            for value in _values_along(read, fn):
-                for f in _functions_in(value):
-                    functions.setdefault(f.__code__, f)
-                for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
-                    if kfn.__code__ not in seen_kernels:
-                        seen_kernels.add(kfn.__code__)
-                        functions.setdefault(kfn.__code__, kfn)
-                        todo.append((kfn.__code__, (kfn.__globals__, {})))
-    for code, name, steps in pending:
-        where = root_for_cell(code, name)
-        if where is not None:
-            read = _resolve_calls(where[0], where[1] + steps, fn)
-            if read is not None:
-                reads.append(read)
     for code, (_, params) in rec.codes.items():  # methods reached through an argument
         if code not in functions and code.co_argcount and code.co_varnames[0] in params:
             owner = params[code.co_varnames[0]]
