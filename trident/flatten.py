@@ -229,6 +229,12 @@ def _stable(obj: Any) -> str:
             words = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
             _FUNCTION_WORDS[fn] = words
         return words
+    return identity_words(obj)
+
+
+def identity_words(obj: Any) -> str:
+    """Words for a class, a module, a builtin (the same in every process) or any other object
+    checked by identity (this process only)."""
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):

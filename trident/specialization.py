@@ -69,7 +69,7 @@ class Specialization:
 
         return graph_device(self)
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # computed once: a miss compares it for every stored specialization
         text = json.dumps(self.to_json(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

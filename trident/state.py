@@ -65,7 +65,8 @@ from typing import Any
 import torch
 
 from .errors import TridentError
-from .flatten import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flattener
+from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flattener,
+                      identity_words)
 
 # Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
 # a closure cell's contents.
@@ -577,19 +578,11 @@ def _words(obj) -> str:
         h = hashlib.sha256()
         _hash_code(h, getattr(obj, "__code__", obj))
         return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
-    if isinstance(obj, type):
-        return f"class {obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, types.ModuleType):
-        return f"module {obj.__name__}"
     if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
         return f"triton {type(obj).__name__} of {_words(obj.fn)}"
-    if isinstance(obj, types.BuiltinFunctionType):
-        return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
     if isinstance(obj, logging.Logger):
         return f"logger {obj.name}"
-    from .cache import _PROCESS
-
-    return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
+    return identity_words(obj)
 
 
 def _hash_code(h, code: types.CodeType) -> None:
