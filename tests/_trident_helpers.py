@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,6 +15,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 _SESSION: dict = {"root": None, "owned": False}  # set by conftest.pytest_configure
 _counter = itertools.count()
+
+
+def run_python(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    """Run this interpreter with ``argv`` (``"-c", code`` or a script and its arguments) in
+    ``env``; assert it exits 0 (its stderr's tail in the message) and return it."""
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, f"child exited with {out.returncode}\n{out.stderr[-3000:]}"
+    return out
 
 
 def session_cache_root() -> Path:

@@ -1,12 +1,9 @@
 """torch.compile(fn, backend="trident") on CPU graphs of ATen ops."""
 
-import subprocess
-import sys
-
 import torch
 
 import trident
-from _trident_helpers import assert_same
+from _trident_helpers import assert_same, run_python
 
 
 def compiled_graph_count() -> int:
@@ -24,9 +21,7 @@ def test_backend_is_found_without_importing_trident(subprocess_env):
             "x = torch.randn(5)\n"
             "assert torch.equal(f(x), torch.relu(x) + 1)\n"
             "print('trident' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_python(subprocess_env, "-c", code)
     assert out.stdout.strip().splitlines()[-1] == "True"
 
 

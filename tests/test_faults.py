@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import run_python
 
 
 def scale(x, k):
@@ -142,9 +143,7 @@ def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_en
     process (every later compile failed); now it is raised when the compile ends."""
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED_IMPORT)
-    out = subprocess.run([sys.executable, str(script)], env=subprocess_env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out = run_python(subprocess_env, str(script))
     assert out.stdout.split("\n")[:2] == ["interrupted False", "1 1 0"], out.stdout
 
 
@@ -303,9 +302,7 @@ def test_nested_tensor_after_a_compile_runs_eagerly(subprocess_env):
             "out = jf(nt)\n"
             "print(out.is_nested, all(torch.equal(a, b * 2) for a, b in zip(out.unbind(), "
             "nt.unbind())), jf.stats.fallbacks)\n")
-    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_python(subprocess_env, "-c", code)
     assert out.stdout.split() == ["True", "True", "1"]
 
 

@@ -4,7 +4,6 @@ object)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import trident
-from _trident_helpers import assert_same, clone_args
+from _trident_helpers import assert_same, clone_args, run_python
 
 
 def run_both(fn, *args, calls: int = 2):
@@ -384,10 +383,7 @@ def _run_child(code: str):
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, f"child exited with {p.returncode}\n{p.stderr[-3000:]}"
-    assert "OK" in p.stdout
+    assert "OK" in run_python(env, "-c", code).stdout
 
 
 # ---- multi-output ops ----------------------------------------------------------------------
