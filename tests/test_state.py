@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 
 import numpy as np
@@ -169,6 +170,10 @@ def _tensor_inplace():
     return change
 
 
+# A module made at run time (no __file__): user state, not a library's.
+RUNTIME_MODULE = types.ModuleType("trident_test_runtime_module")
+RUNTIME_MODULE.S = 0.5
+
 CASES = {
     "class attribute": (lambda x: x * Knobs.factor, lambda: _set(Knobs, "factor", 10.0)),
     "list item through a global": (lambda x: x * GAIN[0], lambda: _list_set(GAIN, 0, -1.0)),
@@ -186,6 +191,8 @@ CASES = {
                        lambda: _env("TRIDENT_T_MODE", "a")),
     "os.getenv": (lambda x: x * (2.0 if os.getenv("TRIDENT_T_MODE") == "a" else 3.0),
                   lambda: _env("TRIDENT_T_MODE", "a")),
+    "attribute of a module without a file": (lambda x: x * RUNTIME_MODULE.S,
+                                             lambda: _set(RUNTIME_MODULE, "S", 7.0)),
     "deep config": (lambda x: x * cfg.CFG.model.attn.scale,
                     lambda: _set(cfg.CFG.model.attn, "scale", 0.25)),
     "bool rebound among seen values": (

@@ -101,8 +101,15 @@ def _is_user_frame(frame) -> bool:
 
 
 def _is_library_module(m: types.ModuleType) -> bool:
+    """A module whose state is taken as fixed: one from a library's file, or built into the
+    interpreter (``sys``, ``math``). A module without a file that is neither (one made at run
+    time with ``types.ModuleType``, a config namespace) is user state."""
     f = getattr(m, "__file__", None)
-    return f is None or not is_user_file(f)
+    if f is None:
+        spec = getattr(m, "__spec__", None)
+        return m.__name__ in sys.builtin_module_names or \
+            getattr(spec, "origin", None) in ("built-in", "frozen")
+    return not is_user_file(f)
 
 
 # ---- recording -------------------------------------------------------------------------------
