@@ -229,9 +229,9 @@ def test_threads_calling_a_custom_op():
 
 def test_aten_only_plans_still_reuse_buffers():
     """The fix is not 'never reuse': a plan of ATen ops alone still writes .out overloads."""
-    jf = trident.jit(lambda x: (x * 2).relu() + 1)
+    jf = trident.jit(lambda x: (x * x).sin() + x)
     jf(torch.randn(8))
-    assert "reused" in jf.source()
+    assert jf.source().count("reused") == 2  # mul, sin; the add is the output
 
 
 # ---- item 7: global side effects run eagerly -----------------------------------------------

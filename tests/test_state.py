@@ -245,6 +245,54 @@ def test_method_of_a_jitted_object_sees_its_attribute():
     assert torch.equal(jf(x), x * 5) and jf.stats.compiles == 2
 
 
+_TARGET_PACKAGE = """
+import functools
+import torch
+
+def contiguous_args(fn):  # a decorator that keeps the function in a closure cell
+    @functools.wraps(fn)
+    def wrapper(ctx, *args):
+        return fn(ctx, *(a.contiguous() for a in args))
+    return wrapper
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    @contiguous_args
+    def forward(ctx, x):
+        return x * 2
+"""
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["dist-info", "plain-folder"])
+def test_package_on_sys_path_with_closures(tmp_path, monkeypatch, installed):
+    """A package in a folder on ``sys.path`` that holds ``*.dist-info`` (``pip install --target``,
+    how liger-kernel reaches the GPU machine) is a library: its decorators' closure cells are not
+    user state, and the call is served natively. The same code in a plain folder is user code:
+    the cells are found through the class that holds the decorated method, and guarded."""
+    name = f"tgt_pkg_{'lib' if installed else 'user'}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_TARGET_PACKAGE)
+    if installed:
+        (tmp_path / f"{name}-1.0.dist-info").mkdir()
+        (tmp_path / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = __import__(name)
+
+    def f(x):
+        return package.Double.apply(x.t()) + 1
+
+    jf = trident.jit(f)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert torch.equal(jf(x), f(x))
+        assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 2, 0), jf.stats
+        if not installed:  # user code: the method it reached through the class is guarded
+            package.Double.forward = staticmethod(package.contiguous_args(lambda ctx, x: x * 3))
+            assert torch.equal(jf(x), f(x)) and jf.stats.compiles == 2, jf.stats
+
+
 def test_sdpa_after_disabling_a_backend():
     """The SDPA backend a trace picked depends on torch's flags: they are call-wide guards."""
     gen = torch.Generator().manual_seed(0)

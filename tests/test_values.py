@@ -621,8 +621,8 @@ def test_buffer_reuse_never_overwrites_earlier_results():
     views of intermediates that escape (reshape of an mm is an _unsafe_view) must not."""
     def f(x, w):
         h = x @ w  # 3-D @ 2-D: view, mm, then _unsafe_view of the mm result
-        t = torch.relu(x * 3 + 1).view(-1)
-        return h, (x + 1) * 2, t, (t * 2).sum()
+        t = torch.sin(x * x + x).view(-1)
+        return h, (x + x) * x, t, (t * t).sum()
 
     w = torch.randn(8, 4, generator=g())
     jf = trident.jit(f)
@@ -635,7 +635,7 @@ def test_buffer_reuse_never_overwrites_earlier_results():
     for out, saved in firsts:
         for a, b in zip(out, saved):
             assert torch.equal(a, b)
-    assert "reused" in jf.source()  # the chain x * 3 + 1 does reuse its buffers
+    assert "reused" in jf.source()  # the chain x * x + x does reuse its buffers
 
 
 def test_buffer_reuse_across_inference_mode():

@@ -166,7 +166,11 @@ def _enclosing_try(frame) -> str:
     A specialization traced so runs natively; a step that fails on a call before anything the
     call did is visible (no write to memory the caller sees, no random draw:
     ``plan.rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
-    error is raised (as a TridentError) as before."""
+    error is raised (as a TridentError) as before. Every specialization does so, inside a ``try``
+    or not: a call that fails early raises eager's own exception (its message, its traceback)
+    whatever the guards did or did not check (torch 2.11's trace of ``x.select(0, 4)`` on a
+    symbolic dim adds no guard ``size > 4`` that torch 2.13's adds). The "file.py:LINE" found here
+    names the ``try`` in the warning."""
     seen_user = False
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -509,9 +509,8 @@ class _SpecRenderer:
     def render(self) -> dict:
         plan = self.spec.plan
         steps = [self.step(i, s) for i, s in enumerate(plan.steps)]
-        if self.spec.catching:  # Note [Errors inside try] in capture.py
-            for step, clean in zip(steps, rerun_eagerly(plan)):
-                step.on_error = "eager" if clean else "fail"
+        for step, clean in zip(steps, rerun_eagerly(plan)):  # Note [Errors inside try]
+            step.on_error = "eager" if clean else "fail"
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),

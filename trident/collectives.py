@@ -19,6 +19,17 @@ the same reduction of ``t`` in place (no copy: the same kernel a CUDA graph of e
 the others go through ``traceable_collective_remaps``, the table Dynamo and non-strict export
 remap them with. ``async_op=True`` is not remapped (the function runs eagerly).
 
+Note [Synchronous all-reduce]: the functional ``all_reduce_`` runs the group's ``allreduce``
+with ``asyncOp`` on (``_c10d_functional`` ops always do, torch 2.11-2.13): ProcessGroupNCCL then
+launches on its own stream, between an event its stream waits for and one the caller's stream
+waits for (``wait_tensor``), two dependencies more per collective in a CUDA graph. Eager
+``dist.all_reduce(t)`` (``async_op=False``) sets ``AllreduceOptions::asyncOp`` off, and NCCL
+runs on the caller's stream. The runtime serves ``_c10d_functional::all_reduce_`` (the op the
+remap above writes, with sum, avg, product, min or max) as eager does: the group resolved by
+name (``c10d::resolve_process_group``), ``allreduce`` with ``asyncOp`` off, ``Work::wait``, the
+GIL released; the ``wait_tensor`` after it finds no pending work. The same NCCL reduction, so
+the same bits. Measured on two H200s: docs/benchmarks.md, "Tensor parallel".
+
 Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
 of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
 (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore

@@ -473,11 +473,11 @@ class JitFunctionMixin:
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
         """Called from the native dispatcher (and the miss path) when a step of a specialization
-        traced inside a ``try`` failed before anything the call did was visible: the call runs
-        eagerly, which raises or takes the ``except`` branch as eager does (Note [Errors inside
+        failed before anything the call did was visible: the call runs eagerly, which raises
+        eager's exception or takes the ``except`` branch as eager does (Note [Errors inside
         try] in capture.py)."""
-        return self._eager(args, kwargs, f"{error} (raised inside the function's try; eager "
-                           "takes the branch it takes)")
+        return self._eager(args, kwargs, f"{error} (a step failed before the call changed "
+                           "anything: eager raises or recovers as it does)")
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
         """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
@@ -606,7 +606,8 @@ class JitFunctionMixin:
             devices = {a.device for a in args if isinstance(a, torch.Tensor)}
             if not dynamic and (all(d.type == "cpu" for d in devices) or (
                     len(devices) == 1 and next(iter(devices)).type == "cuda")):
-                reuse_buffers(plan)  # Note [Buffer reuse]
+                reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices)
+                              else "CPU")  # Note [Buffer reuse]
             for step in plan.steps:
                 if step.op == "triton" and step.launch["device"].startswith("cuda"):
                     key = json.dumps(step.launch, sort_keys=True)

@@ -594,8 +594,12 @@ def _visible_effect(step: Step) -> bool:
     return overload is None or torch.Tag.nondeterministic_seeded in overload.tags
 
 
-def _out_overload(op: str, overload: str) -> str:
-    """The ``.out`` overload of a functional op with one return: same arguments, then ``out``."""
+def _out_overload(op: str, overload: str, backend: str) -> str:
+    """The ``.out`` overload of a functional op with one return: same arguments, then ``out``,
+    with a kernel of its own for ``backend`` (``"CPU"``, ``"CUDA"``). An ``.out`` overload that
+    torchgen made from the functional op (``relu.out``, ``mul.Scalar_out``: "autogen" in
+    native_functions.yaml, registered for CompositeExplicitAutograd only, torch 2.11-2.13) calls
+    the functional op and copies its result into ``out``: an allocation and a copy more, not less."""
     schema = _schema(op, overload)
     if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
             or op in _DATA_DEPENDENT_SIZES or _is_composite(op, overload)):
@@ -609,11 +613,13 @@ def _out_overload(op: str, overload: str) -> str:
                 torch._C._dispatch_find_schema_or_throw(op, candidate.overload_name)
             except RuntimeError:
                 continue
-            return candidate.overload_name
+            if torch._C._dispatch_has_kernel_for_dispatch_key(
+                    f"{op}.{candidate.overload_name}", backend):
+                return candidate.overload_name
     return ""
 
 
-def reuse_buffers(plan: Plan) -> None:
+def reuse_buffers(plan: Plan, backend: str) -> None:
     """Note [Buffer reuse]: a functional op whose result only feeds other functional ops (not an
     output, not viewed, written or launched on) writes into the buffer its first call
     allocated, through the op's ``.out`` overload: the same kernel and output layout as the
@@ -626,7 +632,8 @@ def reuse_buffers(plan: Plan) -> None:
     checks the current stream): kernels on one stream run in order, so a call cannot overtake
     the previous call's reads of its buffers, and a call on another stream allocates. Here: only
     plans of ATen ops and CUDA Triton launches, and no composite op (its ``.out`` overload
-    decomposes its own way).
+    decomposes its own way). ``backend``: the dispatch key of the tensors' device, ``"CPU"`` or
+    ``"CUDA"``.
     """
     if any(not (step.op.startswith(("aten::", "int")) or (
             step.op == "triton" and step.launch["device"].startswith("cuda")))
@@ -645,7 +652,7 @@ def reuse_buffers(plan: Plan) -> None:
     for step in plan.steps:
         if (step.op != "triton" and len(step.results) == 1 and step.results[0]["k"] == "val"
                 and ("val", step.results[0]["i"]) not in pinned):
-            step.out_overload = _out_overload(step.op, step.overload)
+            step.out_overload = _out_overload(step.op, step.overload, backend)
 
 
 def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:

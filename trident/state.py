@@ -73,10 +73,25 @@ from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flatte
 ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
 
 _HERE = str(Path(__file__).resolve().parent) + os.sep
-_LIBRARY = tuple(sorted({str(Path(p).resolve()) + os.sep for k, p in sysconfig.get_paths().items()
-                         if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+_INSTALL_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
 _IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
+
+
+@functools.lru_cache(maxsize=8)
+def _library_dirs(search_path: tuple[str, ...]) -> tuple[str, ...]:
+    """Where installed packages live: the interpreter's install paths, and every ``sys.path``
+    entry that holds a ``*.dist-info`` directory (a ``pip install --target`` folder put on
+    ``PYTHONPATH``, a second site directory): a package there is a library, not user code."""
+    dirs = {sysconfig.get_paths()[k] for k in _INSTALL_PATHS}
+    for entry in search_path:
+        try:
+            if entry and os.path.isdir(entry) and any(
+                    name.endswith(".dist-info") for name in os.listdir(entry)):
+                dirs.add(entry)
+        except OSError:
+            continue
+    return tuple(sorted(str(Path(d).resolve()) + os.sep for d in dirs))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -87,7 +102,7 @@ def is_user_file(filename: str) -> bool:
     if filename.startswith("<"):  # exec'd code
         return True
     path = str(Path(filename).resolve())
-    return not path.startswith(_HERE) and not path.startswith(_LIBRARY)
+    return not path.startswith(_HERE) and not path.startswith(_library_dirs(tuple(sys.path)))
 
 
 def _is_user_frame(frame) -> bool:
@@ -459,6 +474,13 @@ def _functions_in(value) -> list:
         return _functions_in(value.__func__)
     if isinstance(value, functools.partial):
         return _functions_in(value.func)
+    if isinstance(value, (staticmethod, classmethod)):
+        return _functions_in(value.__func__)
+    if isinstance(value, type) and is_user_file(
+            getattr(sys.modules.get(value.__module__), "__file__", "") or ""):
+        # a user class's methods (an autograd.Function's decorated forward): their cells
+        return [f for v in vars(value).values() if not isinstance(v, type)
+                for f in _functions_in(v)]
     return []
 
 

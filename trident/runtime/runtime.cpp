@@ -27,6 +27,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Dtype.h>
+#if __has_include(<torch/csrc/distributed/c10d/GroupRegistry.hpp>)
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#define TRT_HAVE_C10D 1
+#endif
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -48,6 +52,9 @@ struct trt_op {
   // worker thread may drop the last reference to a tensor that has a Python object, which takes
   // the GIL, while wait_tensor waits for that thread. Holding the GIL there deadlocked gloo.
   bool release_gil = false;
+  // Note [Synchronous all-reduce] in trident/collectives.py: _c10d_functional::all_reduce_ is
+  // served by the process group's allreduce with asyncOp off, as dist.all_reduce(t) does.
+  bool sync_all_reduce = false;
   // Note [Unboxed calls]: the operator's c10::TypedOperatorHandle and the function that calls
   // it with trt_values, for the signatures in kUnboxed; null: boxed calls only.
   void* typed = nullptr;
@@ -326,6 +333,8 @@ trt_op* api_op(const char* name, const char* overload) {
   if (!h) return nullptr;
   auto* op = new trt_op{*h};
   op->release_gil = std::strncmp(name, "_c10d_functional::", 18) == 0;
+  op->sync_all_reduce = std::strcmp(name, "_c10d_functional::all_reduce_") == 0 &&
+                        std::strcmp(overload, "") == 0;
   // collectives stay boxed: the unboxed path keeps the GIL (wait_tensor's "T" would match)
   std::string kinds = op->release_gil ? "" : unboxed_kinds(h->schema());
   for (const auto& entry : kUnboxed) {
@@ -342,11 +351,51 @@ trt_op* api_op(const char* name, const char* overload) {
   return op;
 }
 
+#ifdef TRT_HAVE_C10D
+template <typename O, typename = void>
+struct has_async_op : std::false_type {};
+template <typename O>
+struct has_async_op<O, std::void_t<decltype(std::declval<O&>().asyncOp)>> : std::true_type {};
+
+// Note [Synchronous all-reduce] in trident/collectives.py: all_reduce_(t, op, group) as
+// dist.all_reduce(t, op, group) runs it: the group's allreduce with asyncOp off (NCCL then works
+// on the caller's stream), then Work::wait. False: an op name this does not map (the boxed op).
+bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets) {
+  if (nargs != 3 || args[0].tag != TRT_TENSOR || args[1].tag != TRT_STR || args[2].tag != TRT_STR)
+    return false;
+  static const std::pair<const char*, c10d::ReduceOp::RedOpType> kOps[] = {
+      {"sum", c10d::ReduceOp::SUM}, {"avg", c10d::ReduceOp::AVG},
+      {"product", c10d::ReduceOp::PRODUCT}, {"min", c10d::ReduceOp::MIN},
+      {"max", c10d::ReduceOp::MAX}};
+  const auto* found = std::find_if(std::begin(kOps), std::end(kOps), [&](const auto& entry) {
+    return std::strcmp(entry.first, args[1].u.s) == 0;
+  });
+  if (found == std::end(kOps)) return false;
+  auto group = c10d::resolve_process_group(args[2].u.s);
+  std::vector<at::Tensor> tensors{as_tensor(args[0].u.t)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(found->second);
+  if constexpr (has_async_op<c10d::AllreduceOptions>::value) opts.asyncOp = false;
+  {
+    pybind11::gil_scoped_release no_gil;  // as for every collective (trt_op::release_gil)
+    auto work = group->allreduce(tensors, opts);
+    if (work) work->wait();
+  }
+  from_ivalue(c10::IValue(tensors[0]), &rets[0]);
+  return true;
+}
+#endif
+
 int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
   // Reused across calls: the GIL serializes SCM calls, and no op calls back into an SCM.
   thread_local torch::jit::Stack stack;
   try {
     if (op->unboxed && nargs == op->nargs && nrets == 1 && op->unboxed(op, args, rets)) return 0;
+#ifdef TRT_HAVE_C10D
+    if (op->sync_all_reduce && nrets == 1 && PyGILState_Check() &&
+        sync_all_reduce(args, nargs, rets))
+      return 0;
+#endif
     stack.clear();
     for (int32_t i = 0; i < nargs; ++i) stack.emplace_back(to_ivalue(args[i]));
     if (op->release_gil && PyGILState_Check()) {
