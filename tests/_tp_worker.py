@@ -9,6 +9,7 @@ collectives pair up.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import warnings
@@ -227,6 +228,11 @@ def run_cuda(rank: int, world: int, port: int, cache: str, out: str) -> None:
     record["tp_equal"] = [_equal(tp(*args), tp_decode_step(*args)) for _ in range(4)]
     record["tp"] = dict(_stats(tp), graph_captures=tp.stats.graph_captures,
                         graph_replays=tp.stats.graph_replays)
+    # a CUDA graph that holds NCCL kernels must go before its communicator: NCCL's
+    # ncclCommDestroy waits for it (docs/tensor-parallel.md, "Limits")
+    del jf, tp
+    gc.collect()
+    torch.cuda.synchronize()
     dist.destroy_process_group()
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump(record, f)

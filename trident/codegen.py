@@ -134,6 +134,7 @@ class _SpecRenderer:
         self.statics: list[str] = []
         self.locals: list[str] = []
         self.uses_cuda = False
+        self.on_error = "fail"  # the label a failing step jumps to (Note [Errors inside try])
         # Note [Views in C] in plan.py: views not yet made into tensors live in w[slot]; a slot
         # is free again once its view is released
         self.views: dict[int, tuple[int, bool]] = {}  # value -> (slot, made as eager makes it)
@@ -205,7 +206,7 @@ class _SpecRenderer:
         if s.overload in ("floordiv", "remainder"):
             lines.insert(0, f"if ({self.int_expr(s.args[1])} == 0) {{ rt->set_error("
                             f"{c_string(s.where + ' (' + s.overload + ')')}, \"integer division "
-                            f"by zero in a size expression\"); goto fail; }}")
+                            f"by zero in a size expression\"); goto {self.on_error}; }}")
         return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
 
     def pointer(self, o: dict) -> str:
@@ -324,7 +325,8 @@ class _SpecRenderer:
             how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
             where = c_string(f"{s.where} (view)" if s else "output (view)")
             self.locals.append(f"if (!v[{o['i']}] && !(v[{o['i']}] = rt->view_tensor(&w[{slot}], "
-                               f"{how}))) {{ rt->set_error({where}, NULL); goto fail; }}")
+                               f"{how}))) {{ rt->set_error({where}, NULL); "
+                               f"goto {self.on_error}; }}")
 
     def view_step(self, s) -> CStep | None:
         """Note [Views in C] in plan.py: a view's geometry in C (trident_views.h); where the
@@ -334,7 +336,7 @@ class _SpecRenderer:
         lines = self.locals
         source, result = s.args[0], s.results[0]["i"]
         where = c_string(f"{s.where} ({s.qualified_name})")
-        fail = f"{{ rt->set_error({where}, NULL); goto fail; }}"
+        fail = f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"
         if call is None and not (source["k"] == "val" and source["i"] in self.views):
             return None  # an ordinary dispatcher call
         if call is None:  # the op itself, on its input made as eager makes it
@@ -508,9 +510,12 @@ class _SpecRenderer:
 
     def render(self) -> dict:
         plan = self.spec.plan
-        steps = [self.step(i, s) for i, s in enumerate(plan.steps)]
-        for step, clean in zip(steps, rerun_eagerly(plan)):  # Note [Errors inside try]
-            step.on_error = "eager" if clean else "fail"
+        steps = []
+        for i, (s, clean) in enumerate(zip(plan.steps, rerun_eagerly(plan))):
+            self.on_error = "eager" if clean else "fail"  # Note [Errors inside try]
+            steps.append(self.step(i, s))
+            steps[-1].on_error = self.on_error
+        self.on_error = "fail"  # the outputs: after the last step
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
