@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import warnings
 import tracemalloc
 import weakref
 
@@ -173,33 +174,42 @@ def test_inputs_and_outputs_are_freed_after_hits():
     assert all(r() is None for r in refs)
 
 
-def test_errors_on_the_hit_path_do_not_leak():
-    # the failing step comes after a 256 KiB intermediate, which the error path must release
-    def f(x, i):
+@pytest.mark.parametrize("after_a_write", [False, True], ids=["reruns-eagerly", "raises"])
+def test_errors_on_the_hit_path_do_not_leak(after_a_write):
+    """A step that fails releases what the steps before it made (a 256 KiB intermediate here),
+    whether the call then runs again eagerly (nothing visible happened yet: eager's IndexError)
+    or raises from the launch sequence (after a write to an argument: a TridentIndexError)."""
+    def f(x, i, calls):
+        if after_a_write:
+            calls.add_(1)
         y = x * 2
         return y[i] + 1
 
     jf = trident.jit(f)
-    x = torch.randn(64, 1024)
+    x, calls = torch.randn(64, 1024), torch.zeros(())
     good, bad = torch.tensor([1]), torch.tensor([99])
-    jf(x, good)
-    for _ in range(20):
-        with pytest.raises(trident.TridentError):
-            jf(x, bad)
-    gc.collect()
-    rx = sys.getrefcount(x)
-    start = _rss_bytes()
-    for _ in range(300):  # (each error formats a C++ backtrace: slow-ish)
-        try:
-            jf(x, bad)
-        except trident.TridentError:
-            pass
+    jf(x, good, calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rerun's warning, once
+        for _ in range(20):
+            with pytest.raises(IndexError) as error:
+                jf(x, bad, calls)
+            assert isinstance(error.value, trident.TridentError) == after_a_write
+        gc.collect()
+        rx = sys.getrefcount(x)
+        start = _rss_bytes()
+        for _ in range(300):  # (each error formats a C++ backtrace: slow-ish)
+            try:
+                jf(x, bad, calls)
+            except IndexError:
+                pass
     gc.collect()
     after = sys.getrefcount(x)
     assert after == rx
     grown = _rss_bytes() - start
     assert grown < 32 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 300 failing calls"
-    assert torch.equal(jf(x, good), f(x, good))  # still serves hits
+    assert torch.equal(jf(x, good, calls), f(x, good, calls))  # still serves hits
+    assert jf.stats.compiles == 1
 
 
 def test_concurrent_hits_from_threads_are_correct():
