@@ -21,8 +21,10 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._sympy.functions import FloorDiv
 
 import trident
+from trident import sizes
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -219,9 +221,10 @@ def test_second_shape_makes_the_launch_symbolic():
     assert "% 16" in f.stats.miss_reasons[-1]
     assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
     (launch,) = [s.launch for s in triton_steps(f, 1)]
-    assert launch["grid"][0]["py"] == "((63 + S(1, 0)) // 64)" and launch["grid"][1:] == [1, 1]
-    assert param(launch, "n")["size"]["c"] == "a[1].sizes[0]"
-    assert "trt_floordiv((63LL + a[1].sizes[0]), 64LL)" in f.source()
+    n = sizes.place("size", 1, 0)  # Note [Size expressions]: x.size(0)
+    assert sizes.loads(launch["grid"][0]) == FloorDiv(63 + n, 64) and launch["grid"][1:] == [1, 1]
+    assert sizes.loads(param(launch, "n")["size"]) == n
+    assert "trt_floordiv(63LL + a[1].sizes[0], 64LL)" in f.source()
 
 
 def two_launches(x, y):
@@ -682,11 +685,11 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     (step,) = [s for s in spec.plan.steps if s.op == "triton"]
     assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
     source = codegen.render([spec], "f").source
-    grid = r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[1\]\.sizes\[0\]\), 64LL\), 1, 1"
+    grid = r"\(unsigned\)\(trt_floordiv\(63LL \+ a\[1\]\.sizes\[0\], 64LL\)\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
     assert "int32_t p3 = (int32_t)a[1].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
                                                                                       kernel)
-    assert "% 16" in "".join(g.describe(spec.arg_names) for g in spec.guards)
+    assert "% 16" in "".join(g.words(spec.arg_names) for g in spec.guards)
     module = build.build(source, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
@@ -721,6 +724,7 @@ import triton
 import triton.language as tl
 
 import trident
+from trident import sizes
 
 
 @triton.jit

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jinja2
+import sympy
+from torch.utils._sympy.printers import ExprPrinter
 
-from .guards import c_int
+from . import sizes
 from .plan import rerun_eagerly
 from .specialization import Specialization
 
@@ -31,6 +33,64 @@ def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIRS),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def c_int(v: int) -> str:
+    """A C literal for an int64, INT64_MIN included."""
+    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+
+
+class CPrinter(ExprPrinter):
+    """A size expression as a C int64 expression over the SCM's ``trt_arg a[]`` (torch's
+    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees)."""
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        kind, arg, dim = sizes.where(expr)
+        return f"a[{arg}].{sizes.PLACES[kind]}" + ("" if dim is None else f"[{dim}]")
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        return c_int(int(expr))
+
+    def _print_BooleanTrue(self, expr) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr) -> str:
+        return "0"
+
+    def _print_FloorDiv(self, expr) -> str:
+        return f"trt_floordiv({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    def _print_PythonMod(self, expr) -> str:
+        return f"trt_mod({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    _print_Mod = _print_PythonMod
+
+    def _print_Max(self, expr) -> str:  # folded pairwise
+        return self._fold(expr, ">")
+
+    def _print_Min(self, expr) -> str:
+        return self._fold(expr, "<")
+
+    def _fold(self, expr, op: str) -> str:
+        out = self.doprint(expr.args[0])
+        for b in expr.args[1:]:
+            b = self.doprint(b)
+            out = f"(({out}) {op} ({b}) ? ({out}) : ({b}))"
+        return out
+
+    def _print_And(self, expr) -> str:
+        return " && ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Or(self, expr) -> str:
+        return " || ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Not(self, expr) -> str:
+        return f"!({self.doprint(expr.args[0])})"
+
+
+def size_c(text: str) -> str:
+    """Note [Size expressions]' text as a C int64 expression."""
+    return CPrinter().doprint(sizes.loads(text))
 
 
 def c_string(s: str) -> str:
@@ -244,7 +304,7 @@ class _SpecRenderer:
                     self.make_views(tensor, s)  # Note [Views in C]: the interpreter reads tensors
                     values.append(self.operand(tensor))
                 elif "size" in p:  # Note [Symbolic launches] in kernels.py
-                    values.append(f"TRT_I({p['size']['c']})")
+                    values.append(f"TRT_I({size_c(p['size'])})")
                 elif p["kind"] == "scalar":
                     values.append(self.operand(_scalar_operand(p["value"])))
             values += [f"TRT_I({g})" for g in grid]
@@ -264,8 +324,8 @@ class _SpecRenderer:
                 self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  "
                                    f"/* {p['name']} */")
             elif "size" in p:  # Note [Symbolic launches] in kernels.py
-                words = c_comment(p["size"]["text"].format(*self.spec.arg_names))
-                self.locals.append(f"{ctype} {var} = ({ctype}){p['size']['c']};  "
+                words = c_comment(sizes.words(sizes.loads(p["size"]), self.spec.arg_names))
+                self.locals.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
                                    f"/* {p['name']} = {words} */")
             elif ctype in _CUDA_SCALAR:
                 self.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
@@ -515,7 +575,7 @@ class _SpecRenderer:
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
-            "guards": [(g.c_expr(), c_comment(g.describe(self.spec.arg_names))) for g in
+            "guards": [(g.c(), c_comment(g.words(self.spec.arg_names))) for g in
                        self.spec.guards],
             "statics": self.statics,
             "num_values": plan.num_values,
@@ -539,7 +599,7 @@ class _NotComputed(Exception):
 
 def _grid_c(g) -> str:
     """A grid dim: an int, or Note [Symbolic launches]'s expression (guarded to [0, 2**31))."""
-    return str(g) if isinstance(g, int) else f"(unsigned){g['c']}"
+    return str(g) if isinstance(g, int) else f"(unsigned)({size_c(g)})"
 
 
 def _scalar_operand(value) -> dict:

@@ -629,7 +629,7 @@ class JitFunctionMixin:
                                   captured.catching, spec_state)
             self._counters.compiles += 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
-                             "\n  ".join(g.describe(names) for g in spec.guards))
+                             "\n  ".join(g.words(names) for g in spec.guards))
             _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
                              spec.signature, time.perf_counter() - start)
             return spec

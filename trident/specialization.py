@@ -46,7 +46,7 @@ class Specialization:
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
-                "guards": [dataclasses.asdict(g) for g in self.guards],
+                "guards": [g.to_json() for g in self.guards],
                 "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
                 "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
                 "catching": self.catching, "state": self.state}
@@ -54,7 +54,7 @@ class Specialization:
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
         recipe = data.get("recipe")
-        return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
+        return cls(data["signature"], data["arg_names"], [Guard.from_json(g) for g in data["guards"]],
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
