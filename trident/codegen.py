@@ -369,7 +369,7 @@ class _SpecRenderer:
             step.kind = "aten_out"
             step.buffer = f"buffer{self.index}_{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
-            step.reuse = "reuse" if self.cuda_device() is not None else "!env->inference_mode"
+            step.reuse = "reuse" if self.spec.cuda_device is not None else "!env->inference_mode"
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
         return step
 
@@ -510,20 +510,10 @@ class _SpecRenderer:
             return None
         return None
 
-    def cuda_device(self) -> int | None:
-        """The CUDA device of a specialization whose tensor arguments are all on it."""
-        facts: dict[str, set] = {}
-        for g in self.spec.guards:
-            if g.field in ("device_type", "device_index"):
-                facts.setdefault(g.field, set()).add(g.value)
-        if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1:
-            return None
-        return next(iter(facts["device_index"]))
-
     def prologue(self) -> list[str]:
         """Note [Buffer reuse] in plan.py: on CUDA, buffers are reused on the stream that made
         them, and a call on another stream allocates."""
-        device = self.cuda_device()
+        device = self.spec.cuda_device
         if device is None or not any(s.out_overload for s in self.spec.plan.steps):
             return []
         stream = f"buffer_stream{self.index}"

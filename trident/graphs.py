@@ -45,7 +45,7 @@ import struct
 
 import torch
 
-from .guards import dtype_codes
+from .guards import Aliased, dtype_codes
 from .plan import Plan, _schema
 
 RECAPTURES = 2
@@ -58,14 +58,10 @@ def graph_device(spec) -> int | None:
     """The CUDA device whose graph could replay ``spec``'s sequence, or None when the sequence
     must run step by step (Note [CUDA graphs]: a CPU or no tensor argument, a tensor passed
     twice, an interpreted launch, an op that draws random numbers)."""
-    facts: dict[str, set] = {}
-    for g in spec.guards:
-        if g.field in ("device_type", "device_index", "aliased"):
-            facts.setdefault(g.field, set()).add(g.value)
-    if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1 \
-            or facts.get("aliased") != {False}:
+    if spec.cuda_device is None or any(isinstance(g, Aliased) and g.value
+                                       for g in spec.guards):
         return None
-    if any(g.field == "sym" for g in spec.guards):  # symbolic sizes: one graph per shape
+    if spec.symbolic:  # one graph per shape
         return None
     for step in spec.plan.steps:
         if step.op == "triton":
@@ -73,7 +69,7 @@ def graph_device(spec) -> int | None:
                 return None
         elif step.op != "int" and _draws_random(step):
             return None
-    return next(iter(facts["device_index"]))
+    return spec.cuda_device
 
 
 def _draws_random(step) -> bool:

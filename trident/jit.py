@@ -27,8 +27,8 @@ from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
 from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
-from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
-                     guards_for)
+from .guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, env_facts, explain_failure,
+                     first_failure, guards_for)
 from .importer import import_graph
 from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
@@ -297,7 +297,7 @@ class JitFunctionMixin:
             return digests[text] == spec.state["digest"]
 
         return [s for s in self._cache.load_specs()
-                if (self._dynamic is not False or not s.dynamic) and allowed(s)]
+                if (self._dynamic is not False or not s.symbolic) and allowed(s)]
 
     def _state_tree(self, reads: list) -> state.StateTree:
         return state.build([state.Read.from_json(r) for r in reads], self._code_fn)
@@ -535,7 +535,7 @@ class JitFunctionMixin:
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
-            alike = [g for g in spec.guards if g.field not in ("size", "stride", "sym")]
+            alike = [g for g in spec.guards if not isinstance(g, (Size, SizeRelation))]
             if spec.shapes is None or spec.tree != call.tree.key or \
                     first_failure(alike, args) is not None:
                 continue

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 from .flatten import OutputRecipe
-from .guards import Guard
+from .guards import DeviceIndex, DeviceType, Guard
 from .plan import Plan
 
 
@@ -60,6 +60,20 @@ class Specialization:
                    data.get("catching", ""),
                    {"reads": list(data["state"]["reads"]),
                     "digest": str(data["state"]["digest"])})
+
+    @property
+    def symbolic(self) -> bool:
+        """Traced with symbolic sizes: its sizes and strides are guarded by size relations
+        (Note [Symbolic guards] in guards.py), not by value."""
+        return bool(self.dynamic)
+
+    @property
+    def cuda_device(self) -> int | None:
+        """The CUDA device index of a specialization whose tensor arguments are all on that
+        device, else None (CPU tensors, several devices, no tensor)."""
+        types = {g.value for g in self.guards if isinstance(g, DeviceType)}
+        indices = {g.value for g in self.guards if isinstance(g, DeviceIndex)}
+        return next(iter(indices)) if types == {1} and len(indices) == 1 else None
 
     @functools.cached_property
     def graph_device(self) -> int | None:
