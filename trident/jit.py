@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, config, graphs, interrupts, kernels, runtime, state
+from . import build, codegen, compiler, config, graphs, interrupts, kernels, runtime, state
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
@@ -30,7 +30,6 @@ from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, env_facts, explain_failure,
                      first_failure, guards_for)
 from .importer import import_graph
-from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
 
 _recompiles = config.logger("recompiles")
@@ -588,45 +587,10 @@ class JitFunctionMixin:
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]
             spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
             bar.update()
-            bar.set_postfix_str("Torch-MLIR")
-            traced = time.perf_counter()
-            try:
-                module = import_graph(captured.graph_module, shape_env=captured.shape_env)
-                plan = build_plan(module, captured.out_leaves, captured.out_spec)
-            except TridentError:
-                raise
-            except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
-                raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import or plan the "
-                                   f"graph: {type(e).__name__}: {e}") from e
-            planned = time.perf_counter()
-            bar.update()
-            bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
-                             for s in plan.steps)
-            binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
-            devices = {a.device for a in args if isinstance(a, torch.Tensor)}
-            if not dynamic and (all(d.type == "cpu" for d in devices) or (
-                    len(devices) == 1 and next(iter(devices)).type == "cuda")):
-                reuse_buffers(plan)  # Note [Buffer reuse]
-            for step in plan.steps:
-                if step.op == "triton" and step.launch["device"].startswith("cuda"):
-                    key = json.dumps(step.launch, sort_keys=True)
-                    if key not in binaries:
-                        binaries[key] = kernels.compile_cuda(
-                            kernels.find_kernel(step.launch["ref"], self._code_fn),
-                            kernels.Launch(**step.launch),
-                            torch.cuda.get_device_capability(step.launch["device"]))
-                    step.launch["binary"] = binaries[key]
-                    bar.set_postfix_str(f"Triton kernel {len(binaries)}")
-                    bar.update()
-            _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
-                             self.__qualname__, traced - start, planned - traced, len(binaries),
-                             time.perf_counter() - planned)
-            spec = Specialization(self._describe(args, names, captured.fake_args), names,
-                                  guards_for(args, captured.fake_args, captured.shape_env), plan,
-                                  {str(i): sorted(d) for i, d in dynamic.items()},
-                                  [list(a.shape) if isinstance(a, torch.Tensor) else None
-                                   for a in args], call.tree.key, captured.recipe,
-                                  captured.catching, spec_state)
+            _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)
+            spec = compiler.compile_specialization(
+                captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
+                self._code_fn, bar)
             self._counters.compiles += 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                              "\n  ".join(g.words(names) for g in spec.guards))
@@ -636,27 +600,6 @@ class JitFunctionMixin:
 
     def _count_interpreted(self) -> None:
         self._counters.interpreted_launches += 1
-
-    def _describe(self, args: tuple, names: list[str], fake_args: tuple | None) -> str:
-        """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace; the
-        parameters and buffers of ``self`` (a module) are counted, not listed."""
-        parts, owned = [], 0
-        for i, (name, a) in enumerate(zip(names, args)):
-            if i == 0:  # the tree's key
-                continue
-            if name.startswith("self.") and (isinstance(a, torch.Tensor) or a is None):
-                owned += 1
-                continue
-            if isinstance(a, torch.Tensor):
-                traced = fake_args[i].shape if fake_args else a.shape
-                shape = ["?" if isinstance(n, torch.SymInt) else n for n in traced]
-                parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}"
-                             f"[{', '.join(map(str, shape))}] {a.device}")
-            else:
-                parts.append(f"{name}={a!r}")
-        if owned:
-            parts.insert(0, f"self: {owned} parameters and buffers")
-        return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
         if isinstance(self, _EagerDispatcher):  # no runtime: explain() and source() say why
