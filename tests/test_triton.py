@@ -608,8 +608,8 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     # a[0] is the argument tree's key (Note [Argument trees])
     assert "CUdeviceptr p0 = (CUdeviceptr)a[1].data_ptr;  /* x_ptr */" in launch_block
     assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
-    assert re.search(r"CUdeviceptr p2 = \(CUdeviceptr\)rt->data_ptr\(v\[\d+\]\);  /\* out_ptr \*/",
-                     launch_block)
+    assert re.search(r"if \(rt->data_ptr\(v\[\d+\], &p2_data\)\) \{ rt->set_error\(", launch_block)
+    assert "CUdeviceptr p2 = (CUdeviceptr)p2_data;  /* out_ptr */" in launch_block
     assert "int32_t p3 = 1000;  /* n */" in launch_block
     assert "void* params[] = {&p0, &p1, &p2, &p3, &scratch[0], &scratch[1]};" in launch_block
     assert "rt->cuda_stream(0, &stream)" in launch_block

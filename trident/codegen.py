@@ -268,14 +268,19 @@ class _SpecRenderer:
                             f"by zero in a size expression\"); goto fail; }}")
         return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
 
-    def pointer(self, o: dict) -> str:
-        """A tensor operand's data pointer, for a kernel parameter."""
+    def pointer(self, var: str, o: dict, where: str) -> list[str]:
+        """Statements that set ``CUdeviceptr var`` to a tensor operand's data pointer, for a
+        kernel parameter."""
         if o["k"] == "arg":
-            return f"(CUdeviceptr)a[{o['i']}].data_ptr"
+            return [f"CUdeviceptr {var} = (CUdeviceptr)a[{o['i']}].data_ptr;"]
         if o["k"] == "val" and o["i"] in self.views:  # Note [Views in C]: no tensor needed
             w = f"w[{self.views[o['i']][0]}]"
-            return f"(CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize)"
-        return f"(CUdeviceptr)rt->data_ptr({self.operand(o)[len('TRT_T('):-1]})"
+            return [f"CUdeviceptr {var} = (CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize);"]
+        tensor = self.operand(o)[len("TRT_T("):-1]
+        return [f"void* {var}_data;",
+                f"if (rt->data_ptr({tensor}, &{var}_data)) {{ rt->set_error({c_string(where)}, "
+                f"NULL); goto fail; }}",
+                f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
 
     def releases(self, s) -> list[str]:
         out = []
@@ -321,8 +326,8 @@ class _SpecRenderer:
                 continue
             var = f"p{len(params)}"
             if p["kind"] == "tensor":
-                self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  "
-                                   f"/* {p['name']} */")
+                self.locals += self.pointer(var, operand, f"{s.where} (triton {s.overload})")
+                self.locals[-1] += f"  /* {p['name']} */"
             elif "size" in p:  # Note [Symbolic launches] in kernels.py
                 words = c_comment(sizes.words(sizes.loads(p["size"]), self.spec.arg_names))
                 self.locals.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
@@ -535,11 +540,12 @@ class _SpecRenderer:
             if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
                 moved[o["i"]] = k
                 lines.append(f"out->outs[{k}] = TRT_T(v[{o['i']}]); v[{o['i']}] = NULL;")
-            elif o["k"] == "val":  # returned twice: a second handle to the same tensor
-                lines.append(f"out->outs[{k}] = TRT_T(rt->retain(out->outs[{moved[o['i']]}].u.t));")
-            elif o["k"] in ("arg", "item"):
-                inner = self.operand(o)[len("TRT_T("):-1]
-                lines.append(f"out->outs[{k}] = TRT_T(rt->retain({inner}));")
+            elif o["k"] in ("val", "arg", "item"):  # a second handle to the same tensor
+                inner = f"out->outs[{moved[o['i']]}].u.t" if o["k"] == "val" else \
+                    self.operand(o)[len("TRT_T("):-1]
+                lines += [f"out->outs[{k}] = TRT_T(rt->retain({inner}));",
+                          f"if (!out->outs[{k}].u.t) {{ rt->set_error(\"output {k}\", NULL); "
+                          f"goto fail; }}"]
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
         for i in kept:

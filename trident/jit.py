@@ -609,7 +609,10 @@ class JitFunctionMixin:
         module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
         rt = runtime.load()
         rc = module.lib.scm_init(rt.api_address())
-        if rc != 0:
+        if rc < 0:
+            raise TridentError(f"{self.__qualname__}: the module was built for another version "
+                               "of the runtime's ABI (trident_rt.h)")
+        if rc > 0:
             raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
                                f"calls (op table entry {rc - 1})")
         for slot, (spec_index, step_index) in enumerate(rendered.callbacks):
