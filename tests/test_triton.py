@@ -828,3 +828,20 @@ def test_eager_fallback_interprets_cpu_launches():
     x.requires_grad_(True)
     assert torch.equal(f(x, y), (x + y).detach())
     assert counts(f) == dict(hits=0, misses=2, compiles=1, fallbacks=1, traces=1, interpreted=1)
+
+
+def test_interpreted_launches_do_not_keep_the_function_alive():
+    """The runtime keeps a CPU launch's Python callback for the process; the callback holds the
+    JitFunction weakly, so a dropped function is freed (it held every compiled module)."""
+    import gc
+    import weakref
+
+    f = trident.jit(fallback=False)(add_callable_grid)
+    a, b = randn(100, seed=3), randn(100, seed=4)
+    for _ in range(2):
+        assert torch.equal(f(a, b), a + b)
+    assert f.stats.interpreted_launches == 2
+    ref = weakref.ref(f)
+    del f
+    gc.collect()
+    assert ref() is None

@@ -17,6 +17,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -622,7 +623,7 @@ class JitFunctionMixin:
                 launcher = kernels.interpreted_launcher(
                     kernels.find_kernel(launch["ref"], self._code_fn),
                     kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
-                    self._count_interpreted)
+                    _weakly(self._count_interpreted))
                 self._callback_ids[key] = rt.register_callback(launcher)
             module.lib.scm_set_callback(slot, self._callback_ids[key])
         self._module = module
@@ -639,6 +640,19 @@ class JitFunctionMixin:
 
 
 _PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object: a callback the runtime keeps
+    for the rest of the process (``register_callback``) does not keep a JitFunction alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 def _user_stacklevel() -> int:
