@@ -138,6 +138,42 @@ class CStep:
     reuse: str = ""  # aten_out: the C condition under which the buffer is reused
     on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
+    @property
+    def comment(self) -> str:
+        """The step's comment: the user's ``file.py:LINE: source text``."""
+        return c_comment(f"{self.where}: {self.text}")
+
+    @property
+    def call(self) -> str:
+        """The step's C call, non-zero on failure."""
+        if self.kind == "cuda":
+            return (f"trt_cuda_launch(&{self.kernel}, {self.device}, stream, "
+                    f"{', '.join(self.grid)}, params)")
+        if self.kind == "callback":
+            return f"rt->python_callback(callbacks[{self.slot}], args, {len(self.args)})"
+        return f"rt->call(ops[{self.op_index}], args, {len(self.args)}, r, {self.nrets})"
+
+    @property
+    def call_out(self) -> str:
+        """aten_out: the ``.out`` call that writes the reused buffer."""
+        return f"rt->call(ops[{self.out_op_index}], args, {len(self.args) + 1}, r, 1)"
+
+    @property
+    def stream_call(self) -> str:
+        """cuda: the call that reads the current stream."""
+        return f"rt->cuda_stream({self.device}, &stream)"
+
+    @property
+    def error_at(self) -> str:
+        """Where an error of this step is reported, as a C string: ``"f.py:12 (aten::mm)"``."""
+        suffix = ", interpreted" if self.kind == "callback" else ""
+        return c_string(f"{self.where} ({self.op}{suffix})")
+
+    @property
+    def error_at_out(self) -> str:
+        """``error_at`` of the ``.out`` call that writes a reused buffer."""
+        return c_string(f"{self.where} ({self.op}, out)")
+
 
 class Rendered(NamedTuple):
     """An SCM's source and, per callback slot, the (specialization, step) it launches."""
@@ -620,7 +656,8 @@ def render(specs: list[Specialization], function: str) -> Rendered:
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
         specs=rendered,
-        ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
+        ops=[{"name": c_string(n), "overload": c_string(o),
+              "comment": c_comment(f"{n}.{o}" if o else n)}
              for (n, o) in ops],
         uses_cuda=uses_cuda,
         uses_views=uses_views,

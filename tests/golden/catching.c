@@ -30,7 +30,6 @@ static const char* const op_names[][2] = {
 static trt_tensor* buffer0_0;  /* aten::pow.Tensor_Scalar result, reused */
 
 static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
-  (void)env;
   if (!(n == 2)) return 0;  /* 2 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
@@ -58,7 +57,6 @@ static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
-  (void)a; (void)env;
   /* Values live in arrays, not locals: the error path releases them with one loop, which
      keeps large launch sequences cheap to optimize. */
   trt_tensor* v[3] = {0};  /* tensors the steps own */
@@ -66,7 +64,6 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   trt_value s[1] = {{0}};  /* int/float/bool returns */
   trt_value r[1];  /* an op's returns */
   int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
-  (void)r; (void)s;
 
   /* test_golden.py:54: return x.pow(-2) + 1 */
   {
@@ -82,7 +79,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
         rt->set_error("test_golden.py:54 (aten::pow.Tensor_Scalar)", NULL);
         goto eager;
       }
-      if (!env->inference_mode && !buffer0_0) buffer0_0 = rt->retain(r[0].u.t);
+      if (!env->inference_mode && !buffer0_0) buffer0_0 = rt->retain(r[0].u.t);  /* NULL: not reused */
     }
     v[0] = r[0].u.t;
   }
@@ -101,8 +98,6 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->outs[0] = TRT_T(v[1]); v[1] = NULL;
   out->nouts = 1;
   out->spec = "v";
-  for (int i = 0; i < 0; ++i)  /* lists kept for their returned items */
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return 0;
 
 eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
@@ -110,8 +105,6 @@ eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it ru
 fail:
   for (int i = 0; i < 2; ++i)
     if (v[i]) rt->release(v[i]);
-  for (int i = 0; i < 0; ++i)
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return failed;
 }
 

@@ -34,7 +34,6 @@ static trt_tensor* buffer0_1;  /* aten::mul.Scalar result, reused */
 static const int64_t k0_2[] = {0LL};
 
 static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
-  (void)env;
   if (!(n == 3)) return 0;  /* 3 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
@@ -66,7 +65,6 @@ static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
-  (void)a; (void)env;
   /* Values live in arrays, not locals: the error path releases them with one loop, which
      keeps large launch sequences cheap to optimize. */
   trt_tensor* v[4] = {0};  /* tensors the steps own */
@@ -75,7 +73,6 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   trt_value r[1];  /* an op's returns */
   trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
   int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
-  (void)r; (void)s;
 
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
@@ -101,7 +98,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
         rt->set_error("test_golden.py:41 (aten::mul.Scalar)", NULL);
         goto fail;
       }
-      if (!env->inference_mode && !buffer0_1) buffer0_1 = rt->retain(r[0].u.t);
+      if (!env->inference_mode && !buffer0_1) buffer0_1 = rt->retain(r[0].u.t);  /* NULL: not reused */
     }
     v[1] = r[0].u.t;
     if (v[0]) { rt->release(v[0]); v[0] = NULL; }
@@ -122,15 +119,11 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->outs[1] = TRT_I(2LL);
   out->nouts = 2;
   out->spec = "(vv)";
-  for (int i = 0; i < 0; ++i)  /* lists kept for their returned items */
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return 0;
 
 fail:
   for (int i = 0; i < 3; ++i)
     if (v[i]) rt->release(v[i]);
-  for (int i = 0; i < 0; ++i)
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return failed;
 }
 
@@ -138,7 +131,6 @@ fail:
 static const int64_t k1_0[] = {0LL};
 
 static int guard_1(const trt_arg* a, int32_t n, const trt_env* env) {
-  (void)env;
   if (!(n == 3)) return 0;  /* 3 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
@@ -186,7 +178,6 @@ static int guard_1(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int run_1(const trt_arg* a, const trt_env* env, trt_result* out) {
-  (void)a; (void)env;
   /* Values live in arrays, not locals: the error path releases them with one loop, which
      keeps large launch sequences cheap to optimize. */
   trt_tensor* v[4] = {0};  /* tensors the steps own */
@@ -195,7 +186,6 @@ static int run_1(const trt_arg* a, const trt_env* env, trt_result* out) {
   trt_value r[1];  /* an op's returns */
   trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
   int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
-  (void)r; (void)s;
 
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
@@ -243,15 +233,11 @@ static int run_1(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->outs[1] = s[1];
   out->nouts = 2;
   out->spec = "(vv)";
-  for (int i = 0; i < 0; ++i)  /* lists kept for their returned items */
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return 0;
 
 fail:
   for (int i = 0; i < 3; ++i)
     if (v[i]) rt->release(v[i]);
-  for (int i = 0; i < 0; ++i)
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return failed;
 }
 

@@ -36,7 +36,6 @@ static const char* const op_names[][2] = {
 static trt_tensor* buffer0_1;  /* aten::add.Tensor result, reused */
 
 static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
-  (void)env;
   if (!(n == 5)) return 0;  /* 5 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
@@ -100,7 +99,6 @@ static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
-  (void)a; (void)env;
   /* Values live in arrays, not locals: the error path releases them with one loop, which
      keeps large launch sequences cheap to optimize. */
   trt_tensor* v[8] = {0};  /* tensors the steps own */
@@ -109,7 +107,6 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   trt_value r[1];  /* an op's returns */
   trt_view w[2];  /* views computed in C (Note [Views in C] in plan.py) */
   int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
-  (void)r; (void)s;
 
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
@@ -134,7 +131,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
         rt->set_error("test_golden.py:35 (aten::add.Tensor)", NULL);
         goto fail;
       }
-      if (!env->inference_mode && !buffer0_1) buffer0_1 = rt->retain(r[0].u.t);
+      if (!env->inference_mode && !buffer0_1) buffer0_1 = rt->retain(r[0].u.t);  /* NULL: not reused */
     }
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
@@ -192,15 +189,11 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   if (v[5]) { rt->release(v[5]); v[5] = NULL; }  /* the base of a returned view */
   out->nouts = 2;
   out->spec = "(vv)";
-  for (int i = 0; i < 0; ++i)  /* lists kept for their returned items */
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return 0;
 
 fail:
   for (int i = 0; i < 7; ++i)
     if (v[i]) rt->release(v[i]);
-  for (int i = 0; i < 0; ++i)
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return failed;
 }
 

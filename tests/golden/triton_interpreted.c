@@ -28,7 +28,6 @@ static const char* const op_names[][2] = {
 /* ---- specialization 0: triton_add(x: float32[100] cpu, y: float32[100] cpu) ---- */
 
 static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
-  (void)env;
   if (!(n == 3)) return 0;  /* 3 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
@@ -66,7 +65,6 @@ static int guard_0(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
-  (void)a; (void)env;
   /* Values live in arrays, not locals: the error path releases them with one loop, which
      keeps large launch sequences cheap to optimize. */
   trt_tensor* v[3] = {0};  /* tensors the steps own */
@@ -74,7 +72,6 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   trt_value s[1] = {{0}};  /* int/float/bool returns */
   trt_value r[1];  /* an op's returns */
   int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
-  (void)r; (void)s;
 
   /* test_golden.py:46: out = torch.empty_like(x) */
   {
@@ -108,15 +105,11 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->outs[0] = TRT_T(v[1]); v[1] = NULL;
   out->nouts = 1;
   out->spec = "v";
-  for (int i = 0; i < 0; ++i)  /* lists kept for their returned items */
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return 0;
 
 fail:
   for (int i = 0; i < 2; ++i)
     if (v[i]) rt->release(v[i]);
-  for (int i = 0; i < 0; ++i)
-    if (l[i].tag == TRT_TENSOR_LIST) rt->release_list(&l[i]);
   return failed;
 }
 
