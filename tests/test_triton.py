@@ -845,3 +845,15 @@ def test_interpreted_launches_do_not_keep_the_function_alive():
     del f
     gc.collect()
     assert ref() is None
+
+
+def test_symbolic_guards_state_each_condition_once():
+    """The range a 32-bit kernel argument needs (``< 2**31``, from the ShapeEnv) and the range of
+    the size it is (``<= 2**31 - 1``) are one condition: one guard (Note [Symbolic guards])."""
+    f = trident.jit(fallback=False, dynamic=True)(add_callable_grid)
+    a = randn(1000, seed=1)
+    assert torch.equal(f(a, a), a + a)
+    (spec,) = f._specs
+    words = [g.words(spec.arg_names) for g in spec.guards if g.field == "sym"]
+    assert [w for w in words if "214748364" in w] == ["x.size(0) <= 2147483647"], words
+    assert len(set(words)) == len(words)
