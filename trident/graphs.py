@@ -181,6 +181,53 @@ def _flat_outputs(result, spec_text: str) -> list:
     return flat
 
 
+class GraphStates:
+    """Note [CUDA graphs]: the graph state machine of one JitFunction's specializations, by
+    specialization key. A specialization that may have a graph runs step by step on its first
+    call in the process (the warm-up: ``next_call`` remembers where its arguments are), is
+    captured on the next (``next_call`` says which arguments to copy in; ``done`` keeps the
+    graph, or why there is none), and replays from then on; a moved by-pointer argument asks
+    for a new capture, at most ``RECAPTURES`` times. The dispatcher's graph slots
+    (``trt_graph``) are set from ``slot``."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
+        self.graphs: dict[str, Captured | str] = {}  # the graph, or why it has none
+        self.recaptures: dict[str, int] = {}  # captures left after a moved argument
+
+    def slot(self, spec) -> tuple | None:
+        """The state (and replay descriptor) of ``spec``'s slot after an install, as the
+        dispatcher's ``_set_graph`` takes them; None: no graph (the slot stays off)."""
+        captured = self.graphs.get(spec.key)
+        if isinstance(captured, Captured):
+            return (READY, self.recaptures[spec.key],
+                    struct.pack(f"<{len(captured.desc)}q", *captured.desc))
+        if captured is None and self.enabled and spec.graph_device is not None:
+            return (PENDING,)
+        return None
+
+    def next_call(self, spec, args: tuple) -> set[int] | None:
+        """For a call ``spec`` accepts whose slot is not ready: None to run it step by step
+        (a warm-up, or no graph applies), else the arguments to copy in while capturing it
+        now (those whose address changed)."""
+        seen = self.seen.get(spec.key)
+        if seen is None or not self.enabled or spec.graph_device is None:
+            self.seen[spec.key] = pointers(args)
+            return None
+        previous = self.graphs.pop(spec.key, None)
+        if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
+            return set(previous.statics) | {i for i, p in pointers(args).items()
+                                            if previous.pointers.get(i, p) != p}
+        return {i for i, p in pointers(args).items() if seen.get(i) != p}
+
+    def done(self, spec, captured: Captured | str) -> None:
+        """Keep what a capture gave: the graph, or why the specialization runs without one."""
+        self.graphs[spec.key] = captured
+        if isinstance(captured, Captured):
+            self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES + 1) - 1
+
+
 def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | str:
     """Capture ``run(*args)`` (the SCM's launch sequence for ``spec``) into a CUDA graph.
 

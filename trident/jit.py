@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import struct
 import sys
 import threading
 import time
@@ -115,11 +114,7 @@ class JitFunctionMixin:
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
         self._dynamic = dynamic
-        # Note [CUDA graphs], per specialization key: the argument addresses of its last
-        # step-by-step run in this process, its graph (or why it has none), recaptures left.
-        self._graph_seen: dict[str, dict[int, int]] = {}
-        self._graphs: dict[str, graphs.Captured | str] = {}
-        self._recaptures: dict[str, int] = {}
+        self._graph_states = graphs.GraphStates(self._cuda_graphs)  # Note [CUDA graphs]
         self._counters = Stats()
         self._specs: list[Specialization] = []
         self._eager_signatures: list[tuple[list, str]] = []
@@ -426,49 +421,33 @@ class JitFunctionMixin:
             return self._slow_path(call.args, call.kwargs)
         args = call.leaves
         spec = self._specs[index]
-        key, device = spec.key, spec.graph_device
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
-        seen = self._graph_seen.get(key)
-        if seen is None or not self._cuda_graphs or device is None:
-            self._graph_seen[key] = graphs.pointers(args)
+        moved = self._graph_states.next_call(spec, args)
+        if moved is not None:
             try:
-                out = self._finish(call, index, self._run(*args))
-            except EagerCall as e:  # Note [Errors inside try] in capture.py
-                return self._eager_path(call.args, call.kwargs, e)
-            self.hits += hit
-            if self._cuda_graphs and device is not None:
-                self._set_graph(index, graphs.PENDING)
-            return out
-        previous = self._graphs.get(key)
-        if isinstance(previous, graphs.Captured):  # a by-pointer argument moved: copy it in
-            moved = set(previous.statics) | {i for i, p in graphs.pointers(args).items()
-                                            if previous.pointers.get(i, p) != p}
-        else:
-            moved = {i for i, p in graphs.pointers(args).items() if seen.get(i) != p}
-        self._graphs.pop(key, None)
+                captured = graphs.capture(self._run, spec, args, moved, spec.graph_device)
+            except Exception as e:  # an op that cannot be captured (one that synchronizes)
+                captured = f"capture failed: {type(e).__name__}: {e}"
+            self._graph_states.done(spec, captured)
+            if isinstance(captured, str):
+                _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
+                                 spec.signature, captured)
+            else:
+                self._counters.graph_captures += 1
+                _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
+                                 self.__qualname__, spec.signature,
+                                 [call.names[i] for i in sorted(captured.statics)] or "none")
+                self._install_graph(index, spec)
+                out = self._finish(call, index, self._run(*args))  # replays the graph
+                self.hits += hit
+                return out
         try:
-            captured = graphs.capture(self._run, spec, args, moved, device)
-        except Exception as e:  # an op that cannot be captured (one that synchronizes)
-            captured = f"capture failed: {type(e).__name__}: {e}"
-        if isinstance(captured, str):
-            self._graphs[key] = captured
-            _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
-                             captured)
-            try:
-                out = self._finish(call, index, self._run(*args))
-            except EagerCall as e:  # Note [Errors inside try] in capture.py
-                return self._eager_path(call.args, call.kwargs, e)
-            self.hits += hit
-            return out
-        self._graphs[key] = captured
-        self._recaptures[key] = self._recaptures.get(key, graphs.RECAPTURES + 1) - 1
-        self._counters.graph_captures += 1
-        _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
-                         self.__qualname__, spec.signature,
-                         [call.names[i] for i in sorted(captured.statics)] or "none")
-        self._install_graph(index, spec)
-        out = self._finish(call, index, self._run(*args))  # replays the graph
+            out = self._finish(call, index, self._run(*args))
+        except EagerCall as e:  # Note [Errors inside try] in capture.py
+            return self._eager_path(call.args, call.kwargs, e)
         self.hits += hit
+        if moved is None and self._cuda_graphs and spec.graph_device is not None:
+            self._set_graph(index, graphs.PENDING)  # the warm-up: capture at the next call
         return out
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
@@ -481,12 +460,9 @@ class JitFunctionMixin:
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
         """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
-        captured = self._graphs.get(spec.key)
-        if isinstance(captured, graphs.Captured):
-            self._set_graph(index, graphs.READY, self._recaptures[spec.key],
-                            struct.pack(f"<{len(captured.desc)}q", *captured.desc))
-        elif captured is None and self._cuda_graphs and spec.graph_device is not None:
-            self._set_graph(index, graphs.PENDING)
+        slot = self._graph_states.slot(spec)
+        if slot is not None:
+            self._set_graph(index, *slot)
 
     def _miss_reason(self, call: _Call) -> str:
         """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
