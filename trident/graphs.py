@@ -47,11 +47,13 @@ import torch
 
 from .guards import Aliased, dtype_codes
 from .plan import Plan, _schema
+from .runtime import ABI
 
 RECAPTURES = 2
-OFF, PENDING, READY = 0, 1, 2  # trt_graph.state in runtime/trident_cuda.h
-BY_POINTER, COPY_IN = 0, 1
-_TAGS = {"none": 0, "tensor": 1, "int": 2, "float": 3, "bool": 4}  # trt_tag in trident_rt.h
+# trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
+OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
+BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
+_TAGS = {k: ABI[f"TRT_{k.upper()}"] for k in ("none", "tensor", "int", "float", "bool")}
 
 
 def graph_device(spec) -> int | None:

@@ -25,15 +25,16 @@ import sympy
 import torch
 
 from . import collectives, sizes
+from .runtime import ABI
 
-# trt_arg_kind in trident_rt.h
-OTHER, TENSOR, INT, FLOAT, BOOL, NONE = range(6)
+# trt_arg_kind and the limits, as trident_rt.h defines them (runtime.ABI)
+OTHER, TENSOR, INT, FLOAT, BOOL, NONE = (
+    ABI[f"TRT_ARG_{k}"] for k in ("OTHER", "TENSOR", "INT", "FLOAT", "BOOL", "NONE"))
 KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float", BOOL: "bool",
               NONE: "None"}
-_C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT",
-            FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
+_C_KINDS = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
-MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
+MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
 # trt_env.flags, bit by bit (global_flags() in runtime.cpp): torch's global flags that eager ops
 # obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
