@@ -506,3 +506,40 @@ def test_errors_outside_catching_try_are_raised():
     with pytest.raises(trident.TridentError, match="pow"):
         jg(x, y)
     assert torch.equal(y, torch.ones(2)) and jg.stats.fallbacks == 0
+
+
+def test_runtime_abi_reports_cpp_exceptions_as_error_codes(tmp_path):
+    """Note [No exception crosses the ABI]: a trt_api entry point whose C++ throws (the data
+    pointer of a tensor without storage) returns an error code to the C caller and leaves
+    PyTorch's message pending; nothing unwinds through C."""
+    import importlib.util
+
+    import cffi
+
+    from trident import runtime
+
+    ffi = cffi.FFI()
+    ffi.cdef("int probe(uintptr_t api);")
+    ffi.set_source("abi_probe", r"""
+#include "trident_rt.h"
+int probe(uintptr_t api) {
+  const trt_api* rt = (const trt_api*)api;
+  trt_op* empty = rt->op("aten::empty", "memory_format");
+  int64_t size = 2;
+  trt_value args[] = {TRT_IL(&size, 1), TRT_NONE_V, TRT_I(1) /* torch.sparse_coo */,
+                      TRT_NONE_V, TRT_NONE_V, TRT_NONE_V};
+  trt_value r[1];
+  if (!empty || rt->call(empty, args, 6, r, 1)) return -1;
+  void* data = 0;
+  int rc = rt->data_ptr(r[0].u.t, &data);
+  rt->release(r[0].u.t);
+  return rc;
+}
+""", include_dirs=[str(runtime.HEADER.parent)])
+    built = ffi.compile(tmpdir=str(tmp_path))
+    spec = importlib.util.spec_from_file_location("abi_probe", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rt = runtime.load()
+    assert module.lib.probe(rt.api_address()) == 1
+    assert "doesn't have storage" in rt.last_error()

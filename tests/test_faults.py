@@ -148,15 +148,15 @@ def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_en
 
 
 def test_ctrl_c_elsewhere_in_a_compile_leaves_nothing_behind(monkeypatch):
-    jit_module = sys.modules["trident.jit"]
+    compiler = sys.modules["trident.compiler"]  # compile_specialization's Torch-MLIR import
 
-    real = jit_module.import_graph
+    real = compiler.import_graph
 
     def interrupted(*args, **kwargs):
-        monkeypatch.setattr(jit_module, "import_graph", real)
+        monkeypatch.setattr(compiler, "import_graph", real)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(jit_module, "import_graph", interrupted)
+    monkeypatch.setattr(compiler, "import_graph", interrupted)
     g = trident.jit(fallback=False)(scale)
     x = torch.arange(4.0)
     with pytest.raises(KeyboardInterrupt):

@@ -3,6 +3,8 @@ reference (guards.first_failure over guards.arg_facts) on random arguments."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 
 import pytest
@@ -11,7 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trident
-from trident.guards import first_failure
+from trident import sizes
+from trident.guards import (KINDS, TENSOR, ArgCount, ArgGuard, Dtype, Facts, FloatBits, Guard,
+                            IntValue, ProcessGroup, SameAs, Size, SizeRelation, Stride,
+                            first_failure, float_bits)
 
 
 def probe(*args):
@@ -64,6 +69,7 @@ BASES = [
     (lambda: (T(torch.float32, (3,), "contig", requires_grad=True),), False),
     (lambda: (T(torch.float32, (3,), "offset"), 2**63 - 1, float("inf")), False),
     (lambda: (T(torch.float32, (), "contig"),), False),
+    (lambda: (lambda t: (t, 2, t))(T(torch.float32, (2,), "contig")), False),  # one tensor twice
 ]
 
 
@@ -142,7 +148,7 @@ def calls(draw):
     make, grad = BASES[index]
     args = list(make())
     mutation = draw(st.sampled_from(["none", "none", "replace", "replace", "append", "drop",
-                                     "random"]))
+                                     "random", "alias"]))
     if mutation == "replace" and args:
         args[draw(st.integers(0, len(args) - 1))] = draw(any_arg)
     elif mutation == "append":
@@ -151,8 +157,36 @@ def calls(draw):
         args.pop(draw(st.integers(0, len(args) - 1)))
     elif mutation == "random":
         args = draw(st.lists(any_arg, max_size=4))
+    elif mutation == "alias" and any(isinstance(a, torch.Tensor) for a in args):
+        args.append(draw(st.sampled_from([a for a in args if isinstance(a, torch.Tensor)])))
     grad = draw(st.sampled_from([grad, not grad]))
-    return tuple(args), grad
+    return tuple(args), grad, draw(st.sampled_from(["as is"] * 4 + list(ENVIRONMENTS)))
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark():
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not before
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+# Call-wide state a call may run under (Note [Guard order]'s call-wide guards)
+ENVIRONMENTS = {"as is": contextlib.nullcontext, "inference mode": torch.inference_mode,
+                "default dtype": lambda: _default_dtype(torch.float64),
+                "global flags": _cudnn_benchmark}
 
 
 def test_native_guards_agree_with_python_reference(compiled):
@@ -163,11 +197,11 @@ def test_native_guards_agree_with_python_reference(compiled):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(calls())
     def agree(call):
-        args, grad = call
-        with torch.set_grad_enabled(grad):
+        args, grad, env = call
+        with torch.set_grad_enabled(grad), ENVIRONMENTS[env]():
             want = reference(jf, args)
             got = native(jf, args)
-        assert got == want, (f"native {got} != reference {want} for grad={grad} args="
+        assert got == want, (f"native {got} != reference {want} for grad={grad}, {env}, args="
                              f"{[_describe(a) for a in args]}")
         outcomes["match" if got >= 0 else "miss"] += 1
 
@@ -207,3 +241,136 @@ def _describe(a):
         return (f"{type(a).__name__}({a.dtype}, {tuple(a.shape)}, stride={a.stride()}, "
                 f"offset={a.storage_offset()}, rg={a.requires_grad}, conj={a.is_conj()})")
     return repr(a)
+
+
+# ---- Note [Size expressions]: the C that codegen prints agrees with sizes.evaluate ------------
+
+def _size_expressions(n: int, seed: int = 0) -> list:
+    """``n`` random integer and boolean expressions over a few places of two tensor arguments
+    (divisors are positive, as a specialization's range guards make them before they run)."""
+    import random
+
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
+
+    rng = random.Random(seed)
+    places = [sizes.place("size", 0, 0), sizes.place("size", 0, 1), sizes.place("stride", 0, 0),
+              sizes.place("size", 1, 0), sizes.place("offset", 1)]
+
+    def integer(depth):
+        pick = rng.randrange(9 if depth else 2)
+        if pick == 0:
+            return rng.choice(places)
+        if pick == 1:
+            return sympy.Integer(rng.randint(-5, 40))
+        a, b = integer(depth - 1), integer(depth - 1)
+        return [a + b, a * b, FloorDiv(a, rng.randint(1, 9)), PythonMod(a, rng.randint(1, 9)),
+                FloorDiv(a, Max(1, b)), Max(a, b), Min(a, b, integer(0))][pick - 2] \
+            if pick < 9 else a
+
+    def boolean(depth):
+        pick = rng.randrange(4 if depth else 1)
+        if pick == 0:
+            relation = rng.choice([sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge])
+            return relation(integer(2), integer(2))
+        a, b = boolean(depth - 1), boolean(depth - 1)
+        return [sympy.And(a, b), sympy.Or(a, b), sympy.Not(a)][pick - 1]
+
+    out = []
+    while len(out) < n:
+        e = integer(3) if rng.random() < 0.5 else boolean(2)
+        try:
+            sizes.check(e)
+        except trident.TridentError:
+            continue
+        out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def size_expressions(tmp_path_factory):
+    """The expressions and a cffi module whose ``eval_expr(k, ...)`` computes expression ``k``
+    as codegen prints it, over ``trt_arg a[2]``."""
+    import importlib.util
+    from pathlib import Path
+
+    import cffi
+
+    from trident import codegen
+
+    exprs = _size_expressions(300)
+    body = "\n".join(f"    case {k}: return (int64_t)({codegen.CPrinter().doprint(e)});"
+                     for k, e in enumerate(exprs))
+    source = f"""#include <stdint.h>
+#include "trident_rt.h"
+int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, const int64_t* s1, int64_t o1) {{
+  trt_arg a[2] = {{{{0}}}};
+  a[0].sizes = s0; a[0].strides = t0; a[1].sizes = s1; a[1].storage_offset = o1;
+  switch (k) {{
+{body}
+  }}
+  return 0;
+}}
+"""
+    ffi = cffi.FFI()
+    ffi.cdef("int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, const int64_t* s1,"
+             " int64_t o1);")
+    header = Path(trident.__file__).parent / "runtime"
+    ffi.set_source("size_expressions", source, include_dirs=[str(header)])
+    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("size-expressions")))
+    spec = importlib.util.spec_from_file_location("size_expressions", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return exprs, module, ffi
+
+
+def test_size_expressions_in_c_agree_with_python(size_expressions):
+    """Each expression's C (codegen.CPrinter) and its Python twin (sizes.evaluate, which
+    SizeRelation guards read) give the same value on random sizes, strides and offsets; its
+    stored text reads back as the same expression."""
+    exprs, module, ffi = size_expressions
+    for e in exprs:
+        assert sizes.loads(sizes.dumps(e)) == e
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(st.integers(0, len(exprs) - 1), st.lists(st.integers(0, 40), min_size=3, max_size=3),
+           st.integers(-5, 40), st.integers(0, 40))
+    def agree(k, numbers, stride, offset):
+        facts = [{"kind": TENSOR, "sizes": numbers[:2], "strides": [stride]},
+                 {"kind": TENSOR, "sizes": numbers[2:], "storage_offset": offset}]
+        got = module.lib.eval_expr(k, ffi.new("int64_t[]", numbers[:2]),
+                                   ffi.new("int64_t[]", [stride]),
+                                   ffi.new("int64_t[]", numbers[2:]), offset)
+        want = sizes.evaluate(exprs[k], facts)
+        assert got == int(want), (exprs[k], facts)
+        if isinstance(want, bool):  # as a guard
+            guard = SizeRelation(True, 1, sizes.dumps(exprs[k]))
+            assert guard.holds(Facts(facts, 2, {})) == want
+
+    agree()
+
+
+def test_size_expression_text_is_read_without_eval():
+    """A stored expression is read by walking its syntax tree: anything but the constructors
+    of size arithmetic is refused (a damaged or edited cache entry), never run."""
+    for text in ("__import__('os').system('true')", "Symbol('x').__class__", "Integer(1.5)",
+                 "Add(Integer(1), lambda: 1)", "Symbol('x', integer=print)", "[Integer(1)]", ""):
+        with pytest.raises(ValueError):
+            sizes.loads(text)
+
+
+def test_every_guard_kind_round_trips_through_json():
+    """Each guard kind is stored and read back as itself; an unknown kind raises KeyError (the
+    cache drops such an entry)."""
+    examples = {ArgCount(3), Dtype(6, 1), Size(4, 0, 1), Stride(1, 0, 1), SameAs(0, 1),
+                FloatBits(float_bits(-0.0), 2), IntValue(7, 2), ProcessGroup(""),
+                SizeRelation(True, 0, sizes.dumps(sizes.place("size", 0, 0) >= 2))}
+    examples |= {kind(1, 0) for kind in KINDS.values() if issubclass(kind, ArgGuard)
+                 and kind not in (Size, Stride, SizeRelation)}
+    examples |= {kind(True) for kind in KINDS.values() if not issubclass(kind, ArgGuard)
+                 and kind not in (ArgCount, ProcessGroup)}
+    assert {type(g) for g in examples} == set(KINDS.values())
+    for g in examples:
+        assert Guard.from_json(json.loads(json.dumps(g.to_json()))) == g
+    with pytest.raises(KeyError):
+        Guard.from_json({"field": "no such kind", "value": 1})

@@ -21,8 +21,10 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._sympy.functions import FloorDiv
 
 import trident
+from trident import sizes
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -219,9 +221,10 @@ def test_second_shape_makes_the_launch_symbolic():
     assert "% 16" in f.stats.miss_reasons[-1]
     assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
     (launch,) = [s.launch for s in triton_steps(f, 1)]
-    assert launch["grid"][0]["py"] == "((63 + S(1, 0)) // 64)" and launch["grid"][1:] == [1, 1]
-    assert param(launch, "n")["size"]["c"] == "a[1].sizes[0]"
-    assert "trt_floordiv((63LL + a[1].sizes[0]), 64LL)" in f.source()
+    n = sizes.place("size", 1, 0)  # Note [Size expressions]: x.size(0)
+    assert sizes.loads(launch["grid"][0]) == FloorDiv(63 + n, 64) and launch["grid"][1:] == [1, 1]
+    assert sizes.loads(param(launch, "n")["size"]) == n
+    assert "trt_floordiv(63LL + a[1].sizes[0], 64LL)" in f.source()
 
 
 def two_launches(x, y):
@@ -605,8 +608,8 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     # a[0] is the argument tree's key (Note [Argument trees])
     assert "CUdeviceptr p0 = (CUdeviceptr)a[1].data_ptr;  /* x_ptr */" in launch_block
     assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
-    assert re.search(r"CUdeviceptr p2 = \(CUdeviceptr\)rt->data_ptr\(v\[\d+\]\);  /\* out_ptr \*/",
-                     launch_block)
+    assert re.search(r"if \(rt->data_ptr\(v\[\d+\], &p2_data\)\) \{ rt->set_error\(", launch_block)
+    assert "CUdeviceptr p2 = (CUdeviceptr)p2_data;  /* out_ptr */" in launch_block
     assert "int32_t p3 = 1000;  /* n */" in launch_block
     assert "void* params[] = {&p0, &p1, &p2, &p3, &scratch[0], &scratch[1]};" in launch_block
     assert "rt->cuda_stream(0, &stream)" in launch_block
@@ -682,11 +685,11 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     (step,) = [s for s in spec.plan.steps if s.op == "triton"]
     assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
     source = codegen.render([spec], "f").source
-    grid = r"\(unsigned\)trt_floordiv\(\(63LL \+ a\[1\]\.sizes\[0\]\), 64LL\), 1, 1"
+    grid = r"\(unsigned\)\(trt_floordiv\(63LL \+ a\[1\]\.sizes\[0\], 64LL\)\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
     assert "int32_t p3 = (int32_t)a[1].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
                                                                                       kernel)
-    assert "% 16" in "".join(g.describe(spec.arg_names) for g in spec.guards)
+    assert "% 16" in "".join(g.words(spec.arg_names) for g in spec.guards)
     module = build.build(source, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
@@ -721,6 +724,7 @@ import triton
 import triton.language as tl
 
 import trident
+from trident import sizes
 
 
 @triton.jit
@@ -824,3 +828,32 @@ def test_eager_fallback_interprets_cpu_launches():
     x.requires_grad_(True)
     assert torch.equal(f(x, y), (x + y).detach())
     assert counts(f) == dict(hits=0, misses=2, compiles=1, fallbacks=1, traces=1, interpreted=1)
+
+
+def test_interpreted_launches_do_not_keep_the_function_alive():
+    """The runtime keeps a CPU launch's Python callback for the process; the callback holds the
+    JitFunction weakly, so a dropped function is freed (it held every compiled module)."""
+    import gc
+    import weakref
+
+    f = trident.jit(fallback=False)(add_callable_grid)
+    a, b = randn(100, seed=3), randn(100, seed=4)
+    for _ in range(2):
+        assert torch.equal(f(a, b), a + b)
+    assert f.stats.interpreted_launches == 2
+    ref = weakref.ref(f)
+    del f
+    gc.collect()
+    assert ref() is None
+
+
+def test_symbolic_guards_state_each_condition_once():
+    """The range a 32-bit kernel argument needs (``< 2**31``, from the ShapeEnv) and the range of
+    the size it is (``<= 2**31 - 1``) are one condition: one guard (Note [Symbolic guards])."""
+    f = trident.jit(fallback=False, dynamic=True)(add_callable_grid)
+    a = randn(1000, seed=1)
+    assert torch.equal(f(a, a), a + a)
+    (spec,) = f._specs
+    words = [g.words(spec.arg_names) for g in spec.guards if g.field == "sym"]
+    assert [w for w in words if "214748364" in w] == ["x.size(0) <= 2147483647"], words
+    assert len(set(words)) == len(words)

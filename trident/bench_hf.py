@@ -126,7 +126,8 @@ def _replay_floor(jf, seen: dict) -> dict:
     are put back before each replay: 16-24 one-element copies, included)."""
     from trident import graphs
 
-    (captured,) = [g for g in jf._graphs.values() if isinstance(g, graphs.Captured)][-1:]
+    (captured,) = [g for g in jf._graph_states.graphs.values()
+                   if isinstance(g, graphs.Captured)][-1:]
     positions, saved = seen["positions"]  # as the first decode step of the last generate
     times = []
     for _ in range(5):

@@ -149,9 +149,7 @@ class _SourceLines(TorchFunctionMode):
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
-        summary = _user_frame()
-        if summary is not None:
-            fx_traceback.set_stack_trace(traceback.format_list([summary]))
+        _tag_nodes(_user_frame())
         return func(*args, **(kwargs or {}))
 
 
@@ -210,19 +208,24 @@ def _catching_ranges(code) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
-def source_line(stack_trace: str | None) -> tuple[str, str]:
-    """``("file.py:12", "y = x + 1")`` from a node's stack trace, or ``("?", "")``."""
-    if not stack_trace:
-        return "?", ""
-    lines = stack_trace.strip().splitlines()
-    head = lines[0].strip()
-    try:
-        path = head.split('"')[1]
-        lineno = int(head.split("line ")[1].split(",")[0])
-    except (IndexError, ValueError):
-        return "?", ""
-    text = lines[1].strip() if len(lines) > 1 else ""
-    return f"{path.rsplit('/', 1)[-1]}:{lineno}", text
+# Note [Source lines]: every node made inside a torch call is tagged with the user's line that
+# made the call, as data: ``("file.py:12", "y = x + 1")`` in the node's ``custom`` metadata,
+# which ``make_fx`` copies onto the nodes it creates (torch.fx.proxy's _COPY_META_FIELDS). The
+# importer makes it each op's MLIR location (a name location whose child holds the text) and
+# plan reads both names back; nothing parses a formatted stack trace.
+SOURCE = "trident.source"
+
+
+def _tag_nodes(summary: traceback.FrameSummary | None) -> None:
+    if summary is not None and fx_traceback.has_preserved_node_meta():
+        fx_traceback.current_meta["custom"] = {
+            SOURCE: (f"{Path(summary.filename).name}:{summary.lineno}", summary.line or "")}
+
+
+def source_line(node: torch.fx.Node) -> tuple[str, str]:
+    """``("file.py:12", "y = x + 1")``: the line Note [Source lines] tagged ``node`` with, or
+    ``("?", "")``."""
+    return tuple((node.meta.get("custom") or {}).get(SOURCE, ("?", "")))
 
 
 class _TritonLaunches:
@@ -285,9 +288,7 @@ class _TritonLaunches:
         traced_grid = tuple(g.node.hint if isinstance(g, torch.SymInt) else g for g in launch.grid)
         launch.grid = [size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
                        for g in launch.grid]
-        summary = _user_frame()
-        if summary is not None:
-            fx_traceback.set_stack_trace(traceback.format_list([summary]))
+        _tag_nodes(_user_frame())
         triton_kernel_wrapper_mutation(
             kernel_idx=kernel_side_table.add_kernel(jit_fn),
             constant_args_idx=kernel_side_table.add_constant_args(
@@ -486,14 +487,14 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             continue
         attr = getattr(gm, node.target)
         if not isinstance(attr, torch.Tensor):  # a while_loop body, a torch.Generator, ...
-            where, text = source_line(node.meta.get("stack_trace"))
+            where, text = source_line(node)
             raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
                                "Trident does not compile (control-flow ops and generators run "
                                "eagerly)")
         literal = attr.numel() <= 1 and all(
             u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
         if not literal:
-            where, text = source_line(node.meta.get("stack_trace"))
+            where, text = source_line(node)
             raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
     return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],

@@ -6,7 +6,6 @@ Each step of a launch sequence is commented with the user's source line that pro
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import functools
 import json
@@ -16,8 +15,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jinja2
+import sympy
+from torch.utils._sympy.printers import ExprPrinter
 
-from .guards import c_int
+from . import sizes, targets
 from .plan import rerun_eagerly
 from .specialization import Specialization
 
@@ -31,6 +32,64 @@ def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIRS),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def c_int(v: int) -> str:
+    """A C literal for an int64, INT64_MIN included."""
+    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+
+
+class CPrinter(ExprPrinter):
+    """A size expression as a C int64 expression over the SCM's ``trt_arg a[]`` (torch's
+    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees)."""
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        kind, arg, dim = sizes.where(expr)
+        return f"a[{arg}].{sizes.PLACES[kind]}" + ("" if dim is None else f"[{dim}]")
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        return c_int(int(expr))
+
+    def _print_BooleanTrue(self, expr) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr) -> str:
+        return "0"
+
+    def _print_FloorDiv(self, expr) -> str:
+        return f"trt_floordiv({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    def _print_PythonMod(self, expr) -> str:
+        return f"trt_mod({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    _print_Mod = _print_PythonMod
+
+    def _print_Max(self, expr) -> str:  # folded pairwise
+        return self._fold(expr, ">")
+
+    def _print_Min(self, expr) -> str:
+        return self._fold(expr, "<")
+
+    def _fold(self, expr, op: str) -> str:
+        out = self.doprint(expr.args[0])
+        for b in expr.args[1:]:
+            b = self.doprint(b)
+            out = f"(({out}) {op} ({b}) ? ({out}) : ({b}))"
+        return out
+
+    def _print_And(self, expr) -> str:
+        return " && ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Or(self, expr) -> str:
+        return " || ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Not(self, expr) -> str:
+        return f"!({self.doprint(expr.args[0])})"
+
+
+def size_c(text: str) -> str:
+    """Note [Size expressions]' text as a C int64 expression."""
+    return CPrinter().doprint(sizes.loads(text))
 
 
 def c_string(s: str) -> str:
@@ -78,6 +137,42 @@ class CStep:
     reuse: str = ""  # aten_out: the C condition under which the buffer is reused
     on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
+    @property
+    def comment(self) -> str:
+        """The step's comment: the user's ``file.py:LINE: source text``."""
+        return c_comment(f"{self.where}: {self.text}")
+
+    @property
+    def call(self) -> str:
+        """The step's C call, non-zero on failure."""
+        if self.kind == "cuda":
+            return (f"trt_cuda_launch(&{self.kernel}, {self.device}, stream, "
+                    f"{', '.join(self.grid)}, params)")
+        if self.kind == "callback":
+            return f"rt->python_callback(callbacks[{self.slot}], args, {len(self.args)})"
+        return f"rt->call(ops[{self.op_index}], args, {len(self.args)}, r, {self.nrets})"
+
+    @property
+    def call_out(self) -> str:
+        """aten_out: the ``.out`` call that writes the reused buffer."""
+        return f"rt->call(ops[{self.out_op_index}], args, {len(self.args) + 1}, r, 1)"
+
+    @property
+    def stream_call(self) -> str:
+        """cuda: the call that reads the current stream."""
+        return f"rt->cuda_stream({self.device}, &stream)"
+
+    @property
+    def error_at(self) -> str:
+        """Where an error of this step is reported, as a C string: ``"f.py:12 (aten::mm)"``."""
+        suffix = ", interpreted" if self.kind == "callback" else ""
+        return c_string(f"{self.where} ({self.op}{suffix})")
+
+    @property
+    def error_at_out(self) -> str:
+        """``error_at`` of the ``.out`` call that writes a reused buffer."""
+        return c_string(f"{self.where} ({self.op}, out)")
+
 
 class Rendered(NamedTuple):
     """An SCM's source and, per callback slot, the (specialization, step) it launches."""
@@ -90,50 +185,21 @@ class Rendered(NamedTuple):
 _C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
               "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})"}
 
-_CUDA_SCALAR = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
-                "uint64_t"}
-
-
-class _Kernels:
-    """The module's compiled kernels, one ``trt_kernel`` per distinct binary (a kernel launched
-    from every layer of a model is stored once)."""
-
-    def __init__(self):
-        self.names: dict[tuple, str] = {}
-        self.decls: list[str] = []
-
-    def add(self, kernel: str, binary: dict) -> str:
-        key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
-               binary["num_ctas"], binary["cooperative"], binary["pdl"])
-        if key in self.names:
-            return self.names[key]
-        name = f"kernel{len(self.names)}"
-        cubin = base64.b64decode(binary["cubin"])
-        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
-        self.decls.append(f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes */\n"
-                          f"static const unsigned char cubin_{name}[] = {{\n  "
-                          + ",\n  ".join(rows) + "\n};")
-        self.decls.append(
-            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin_{name}, "
-            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
-            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
-        self.names[key] = name
-        return name
 
 
 class _SpecRenderer:
     """Turns one specialization's plan into C declarations and statements."""
 
-    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list,
-                 kernels: "_Kernels"):
+    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list, kernels):
         self.index = index
         self.spec = spec
         self.op_index = op_index
         self.callbacks = callbacks
-        self.kernels = kernels
+        self.kernels = kernels  # target_cuda.Kernels: the module's cubins
+        self.target = targets.of_spec(spec)  # its launch sequence's
+        self.targets = {self.target}  # and its Triton launches'
         self.statics: list[str] = []
         self.locals: list[str] = []
-        self.uses_cuda = False
         self.on_error = "fail"  # the label a failing step jumps to (Note [Errors inside try])
         # Note [Views in C] in plan.py: views not yet made into tensors live in w[slot]; a slot
         # is free again once its view is released
@@ -209,15 +275,6 @@ class _SpecRenderer:
                             f"by zero in a size expression\"); goto {self.on_error}; }}")
         return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
 
-    def pointer(self, o: dict) -> str:
-        """A tensor operand's data pointer, for a kernel parameter."""
-        if o["k"] == "arg":
-            return f"(CUdeviceptr)a[{o['i']}].data_ptr"
-        if o["k"] == "val" and o["i"] in self.views:  # Note [Views in C]: no tensor needed
-            w = f"w[{self.views[o['i']][0]}]"
-            return f"(CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize)"
-        return f"(CUdeviceptr)rt->data_ptr({self.operand(o)[len('TRT_T('):-1]})"
-
     def releases(self, s) -> list[str]:
         out = []
         for rel in s.release:
@@ -232,54 +289,17 @@ class _SpecRenderer:
         return out
 
     def triton(self, index: int, s) -> CStep:
+        """A Triton launch, as the target of its tensors launches it."""
         self.locals = []
-        launch = s.launch
-        tensors = iter(s.args)
-        binary = launch.get("binary")
-        grid = [_grid_c(g) for g in launch["grid"]]
-        if binary is None:  # CPU tensors: Triton's interpreter, called back in Python
-            values = []
-            for p in launch["params"]:
-                if p["kind"] == "tensor":
-                    tensor = next(tensors)
-                    self.make_views(tensor, s)  # Note [Views in C]: the interpreter reads tensors
-                    values.append(self.operand(tensor))
-                elif "size" in p:  # Note [Symbolic launches] in kernels.py
-                    values.append(f"TRT_I({p['size']['c']})")
-                elif p["kind"] == "scalar":
-                    values.append(self.operand(_scalar_operand(p["value"])))
-            values += [f"TRT_I({g})" for g in grid]
-            self.callbacks.append((self.index, index))
-            return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}",
-                         self.locals, values, self.releases(s), slot=len(self.callbacks) - 1)
-        self.uses_cuda = True
-        name = self.kernels.add(launch["kernel"], binary)
-        params = []
-        for p, ctype in zip(launch["params"], binary["arg_types"]):
-            if p["kind"] == "tensor":
-                operand = next(tensors)
-            if ctype is None:
-                continue
-            var = f"p{len(params)}"
-            if p["kind"] == "tensor":
-                self.locals.append(f"CUdeviceptr {var} = {self.pointer(operand)};  "
-                                   f"/* {p['name']} */")
-            elif "size" in p:  # Note [Symbolic launches] in kernels.py
-                words = c_comment(p["size"]["text"].format(*self.spec.arg_names))
-                self.locals.append(f"{ctype} {var} = ({ctype}){p['size']['c']};  "
-                                   f"/* {p['name']} = {words} */")
-            elif ctype in _CUDA_SCALAR:
-                self.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
-            else:
-                self.locals.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
-                                   f"/* {p['name']} */")
-            params.append(f"&{var}")
-        self.locals.append("CUdeviceptr scratch[2] = {0, 0};  /* Triton's global and profile "
-                           "scratch */")
-        params += ["&scratch[0]", "&scratch[1]"]
-        device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
-        return CStep("cuda", s.where, c_comment(s.text), f"triton {s.overload}", self.locals,
-                     params, self.releases(s), kernel=name, device=device, grid=tuple(grid))
+        target = targets.of(s.launch["device"])
+        self.targets.add(target)
+        return target.launch(self, index, s)
+
+    def grid(self, launch: dict) -> list[str]:
+        """A launch's grid dims: ints, or Note [Symbolic launches]'s expressions (guarded to
+        [0, 2**31))."""
+        return [str(g) if isinstance(g, int) else f"(unsigned)({size_c(g)})"
+                for g in launch["grid"]]
 
     def step(self, index: int, s) -> CStep:
         if s.op == "triton":
@@ -310,7 +330,7 @@ class _SpecRenderer:
             step.kind = "aten_out"
             step.buffer = f"buffer{self.index}_{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
-            step.reuse = "reuse" if self.cuda_device() is not None else "!env->inference_mode"
+            step.reuse = self.target.REUSE
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
         return step
 
@@ -452,30 +472,11 @@ class _SpecRenderer:
             return None
         return None
 
-    def cuda_device(self) -> int | None:
-        """The CUDA device of a specialization whose tensor arguments are all on it."""
-        facts: dict[str, set] = {}
-        for g in self.spec.guards:
-            if g.field in ("device_type", "device_index"):
-                facts.setdefault(g.field, set()).add(g.value)
-        if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1:
-            return None
-        return next(iter(facts["device_index"]))
-
     def prologue(self) -> list[str]:
-        """Note [Buffer reuse] in plan.py: on CUDA, buffers are reused on the stream that made
-        them, and a call on another stream allocates."""
-        device = self.cuda_device()
-        if device is None or not any(s.out_overload for s in self.spec.plan.steps):
+        """Statements before the first step: the target's (Note [Buffer reuse] in plan.py)."""
+        if not any(s.out_overload for s in self.spec.plan.steps):
             return []
-        stream = f"buffer_stream{self.index}"
-        self.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
-        self.statics.append(f"static int {stream}_set;")
-        return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
-                f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
-                f"NULL); goto fail; }}",
-                f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
-                f"const int reuse = !env->inference_mode && stream == {stream};"]
+        return self.target.prologue(self)
 
     def outputs(self) -> list[str]:
         self.locals = []
@@ -487,11 +488,12 @@ class _SpecRenderer:
             if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
                 moved[o["i"]] = k
                 lines.append(f"out->outs[{k}] = TRT_T(v[{o['i']}]); v[{o['i']}] = NULL;")
-            elif o["k"] == "val":  # returned twice: a second handle to the same tensor
-                lines.append(f"out->outs[{k}] = TRT_T(rt->retain(out->outs[{moved[o['i']]}].u.t));")
-            elif o["k"] in ("arg", "item"):
-                inner = self.operand(o)[len("TRT_T("):-1]
-                lines.append(f"out->outs[{k}] = TRT_T(rt->retain({inner}));")
+            elif o["k"] in ("val", "arg", "item"):  # a second handle to the same tensor
+                inner = f"out->outs[{moved[o['i']]}].u.t" if o["k"] == "val" else \
+                    self.operand(o)[len("TRT_T("):-1]
+                lines += [f"out->outs[{k}] = TRT_T(rt->retain({inner}));",
+                          f"if (!out->outs[{k}].u.t) {{ rt->set_error(\"output {k}\", NULL); "
+                          f"goto fail; }}"]
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
         for i in kept:
@@ -519,7 +521,7 @@ class _SpecRenderer:
         return {
             "index": self.index,
             "signature": c_comment(self.spec.signature),
-            "guards": [(g.c_expr(), c_comment(g.describe(self.spec.arg_names))) for g in
+            "guards": [(g.c(), c_comment(g.words(self.spec.arg_names))) for g in
                        self.spec.guards],
             "statics": self.statics,
             "num_values": plan.num_values,
@@ -541,12 +543,7 @@ class _NotComputed(Exception):
     """A view step's form that trident_views.h does not compute (Note [Views in C])."""
 
 
-def _grid_c(g) -> str:
-    """A grid dim: an int, or Note [Symbolic launches]'s expression (guarded to [0, 2**31))."""
-    return str(g) if isinstance(g, int) else f"(unsigned){g['c']}"
-
-
-def _scalar_operand(value) -> dict:
+def scalar_operand(value) -> dict:
     if value is None:
         return {"k": "none"}
     return {"k": {bool: "bool", int: "int", float: "float"}[type(value)], "v": value}
@@ -554,24 +551,29 @@ def _scalar_operand(value) -> dict:
 
 def render(specs: list[Specialization], function: str) -> Rendered:
     """The SCM's C source for ``specs`` (in guard-evaluation order)."""
+    from . import target_cuda
     ops: dict[tuple[str, str], int] = {}
     callbacks: list[tuple[int, int]] = []
 
     def op_index(op: str, overload: str) -> int:
         return ops.setdefault((op, overload), len(ops))
 
-    kernels = _Kernels()
+    kernels = target_cuda.Kernels()
     renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
     rendered = [r.render() for r in renderers]
-    uses_cuda = any(r.uses_cuda for r in renderers) or any(s["graph"] for s in rendered)
-    uses_views = any(s.view is not None for spec in specs for s in spec.plan.steps)
+    used = set().union(*(r.targets for r in renderers)) if renderers else set()
+    if any(s["graph"] for s in rendered):  # Note [CUDA graphs]
+        used.add(target_cuda)
+    headers = sorted({h for target in used for h in target.HEADERS})
+    if any(s.view is not None for spec in specs for s in spec.plan.steps):
+        headers.append("trident_views.h")
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
         specs=rendered,
-        ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
+        ops=[{"name": c_string(n), "overload": c_string(o),
+              "comment": c_comment(f"{n}.{o}" if o else n)}
              for (n, o) in ops],
-        uses_cuda=uses_cuda,
-        uses_views=uses_views,
+        headers=headers,
         kernels=kernels.decls,
         num_callbacks=len(callbacks),
     )

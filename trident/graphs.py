@@ -45,27 +45,25 @@ import struct
 
 import torch
 
-from .guards import dtype_codes
+from .guards import Aliased, dtype_codes
 from .plan import Plan, _schema
+from .runtime import ABI
 
 RECAPTURES = 2
-OFF, PENDING, READY = 0, 1, 2  # trt_graph.state in runtime/trident_cuda.h
-BY_POINTER, COPY_IN = 0, 1
-_TAGS = {"none": 0, "tensor": 1, "int": 2, "float": 3, "bool": 4}  # trt_tag in trident_rt.h
+# trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
+OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
+BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
+_TAGS = {k: ABI[f"TRT_{k.upper()}"] for k in ("none", "tensor", "int", "float", "bool")}
 
 
 def graph_device(spec) -> int | None:
     """The CUDA device whose graph could replay ``spec``'s sequence, or None when the sequence
     must run step by step (Note [CUDA graphs]: a CPU or no tensor argument, a tensor passed
     twice, an interpreted launch, an op that draws random numbers)."""
-    facts: dict[str, set] = {}
-    for g in spec.guards:
-        if g.field in ("device_type", "device_index", "aliased"):
-            facts.setdefault(g.field, set()).add(g.value)
-    if facts.get("device_type") != {1} or len(facts.get("device_index", ())) != 1 \
-            or facts.get("aliased") != {False}:
+    if spec.cuda_device is None or any(isinstance(g, Aliased) and g.value
+                                       for g in spec.guards):
         return None
-    if any(g.field == "sym" for g in spec.guards):  # symbolic sizes: one graph per shape
+    if spec.symbolic:  # one graph per shape
         return None
     for step in spec.plan.steps:
         if step.op == "triton":
@@ -73,7 +71,7 @@ def graph_device(spec) -> int | None:
                 return None
         elif step.op != "int" and _draws_random(step):
             return None
-    return next(iter(facts["device_index"]))
+    return spec.cuda_device
 
 
 def _draws_random(step) -> bool:
@@ -183,6 +181,53 @@ def _flat_outputs(result, spec_text: str) -> list:
 
     walk(result)
     return flat
+
+
+class GraphStates:
+    """Note [CUDA graphs]: the graph state machine of one JitFunction's specializations, by
+    specialization key. A specialization that may have a graph runs step by step on its first
+    call in the process (the warm-up: ``next_call`` remembers where its arguments are), is
+    captured on the next (``next_call`` says which arguments to copy in; ``done`` keeps the
+    graph, or why there is none), and replays from then on; a moved by-pointer argument asks
+    for a new capture, at most ``RECAPTURES`` times. The dispatcher's graph slots
+    (``trt_graph``) are set from ``slot``."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
+        self.graphs: dict[str, Captured | str] = {}  # the graph, or why it has none
+        self.recaptures: dict[str, int] = {}  # captures left after a moved argument
+
+    def slot(self, spec) -> tuple | None:
+        """The state (and replay descriptor) of ``spec``'s slot after an install, as the
+        dispatcher's ``_set_graph`` takes them; None: no graph (the slot stays off)."""
+        captured = self.graphs.get(spec.key)
+        if isinstance(captured, Captured):
+            return (READY, self.recaptures[spec.key],
+                    struct.pack(f"<{len(captured.desc)}q", *captured.desc))
+        if captured is None and self.enabled and spec.graph_device is not None:
+            return (PENDING,)
+        return None
+
+    def next_call(self, spec, args: tuple) -> set[int] | None:
+        """For a call ``spec`` accepts whose slot is not ready: None to run it step by step
+        (a warm-up, or no graph applies), else the arguments to copy in while capturing it
+        now (those whose address changed)."""
+        seen = self.seen.get(spec.key)
+        if seen is None or not self.enabled or spec.graph_device is None:
+            self.seen[spec.key] = pointers(args)
+            return None
+        previous = self.graphs.pop(spec.key, None)
+        if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
+            return set(previous.statics) | {i for i, p in pointers(args).items()
+                                            if previous.pointers.get(i, p) != p}
+        return {i for i, p in pointers(args).items() if seen.get(i) != p}
+
+    def done(self, spec, captured: Captured | str) -> None:
+        """Keep what a capture gave: the graph, or why the specialization runs without one."""
+        self.graphs[spec.key] = captured
+        if isinstance(captured, Captured):
+            self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES + 1) - 1
 
 
 def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | str:

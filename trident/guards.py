@@ -1,9 +1,10 @@
 """Guards: the checks that select a specialization, as data.
 
-Each :class:`Guard` renders itself to a C expression over ``trt_arg`` (the SCM evaluates those on
-the hit path) and checks itself in Python against the same facts (``arg_facts`` mirrors
-``read_arg`` in ``runtime/runtime.cpp``). The Python side is used to explain a miss; a test
-(tests/test_guards.py) proves the two agree on random arguments.
+One class per guard kind (as PyTorch's guard manager has), each a frozen dataclass that owns
+how it reads its value from a call (``read``, over ``arg_facts``/``env_facts``, which mirror
+``read_arg``/``read_args`` in ``runtime/runtime.cpp``), its C check over ``trt_arg`` (``c``;
+the SCM evaluates those on the hit path) and its words (``words``, ``explain``). The Python side
+explains a miss; tests (tests/test_guards.py) prove the two agree on random arguments.
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
@@ -17,26 +18,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import re
 import struct
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
+import sympy
 import torch
 
-from . import collectives
+from . import collectives, sizes
+from .runtime import ABI
 
-# trt_arg_kind in trident_rt.h
-OTHER, TENSOR, INT, FLOAT, BOOL, NONE = range(6)
+# trt_arg_kind and the limits, as trident_rt.h defines them (runtime.ABI)
+OTHER, TENSOR, INT, FLOAT, BOOL, NONE = (
+    ABI[f"TRT_ARG_{k}"] for k in ("OTHER", "TENSOR", "INT", "FLOAT", "BOOL", "NONE"))
 KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float", BOOL: "bool",
               NONE: "None"}
-_C_KINDS = {OTHER: "TRT_ARG_OTHER", TENSOR: "TRT_ARG_TENSOR", INT: "TRT_ARG_INT",
-            FLOAT: "TRT_ARG_FLOAT", BOOL: "TRT_ARG_BOOL", NONE: "TRT_ARG_NONE"}
+_C_KINDS = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
-MAX_ARGS, MAX_OUTS = 4096, 256  # TRT_MAX_ARGS, TRT_MAX_OUTS in trident_rt.h
+MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
-_ENV_FIELDS = ("grad_enabled", "inference_mode", "autocast", "aliased", "default_dtype",
-               "transforms", "function_modes", "process_group", "num_threads", "flags")
 # trt_env.flags, bit by bit (global_flags() in runtime.cpp): torch's global flags that eager ops
 # obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
 # from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
@@ -68,13 +67,12 @@ def dtype_name(code: int) -> str:
                 str(code))
 
 
-def c_int(v: int) -> str:
-    """A C literal for an int64, INT64_MIN included."""
-    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
-
-
 def float_bits(f: float) -> int:
     return struct.unpack("<Q", struct.pack("<d", f))[0]
+
+
+def bits_float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
 
 
 def arg_facts(obj: Any) -> dict:
@@ -143,98 +141,369 @@ def flags_changed(expected: int, actual: int) -> list[str]:
     return names + [name for shift, name in FLAG_FIELDS if (expected ^ actual) >> shift & 15]
 
 
+class Facts(NamedTuple):
+    """What the native dispatcher read from one call: ``arg_facts`` of each argument, their
+    number, and ``env_facts``."""
+
+    args: list[dict]
+    nargs: int
+    env: dict
+
+
+KINDS: dict[str, type["Guard"]] = {}  # Guard.field -> its class, for from_json
+
+
 @dataclasses.dataclass(frozen=True)
 class Guard:
-    """``facts[arg][field](index) == value``; ``arg`` is None for call-wide facts."""
+    """One check that selects a specialization (Note [Guard order]). Each kind (a subclass,
+    named in JSON by its ``field``) owns how it reads its value from a call (``read``: the
+    Python twin of its C check, over what the native dispatcher read), its C check (``c``: an
+    expression over ``const trt_arg* a``, ``int32_t n`` and ``const trt_env* env``, printed by
+    codegen's helpers) and its words (``words``). The guard holds when the value read equals
+    ``value``."""
 
-    field: str
+    field: ClassVar[str] = ""
     value: Any
-    arg: int | None = None
-    index: int | None = None
-    float_value: bool = False  # "value" guards: compare float bit patterns
-    # "sym" guards (Note [Symbolic guards]): {"c": C, "py": Python, "text": words}, one
-    # condition over the arguments' sizes and strides; ``arg`` is the highest argument it reads.
-    expr: dict | None = None
 
-    def actual(self, facts: list[dict], nargs: int, env: dict) -> Any:
-        if self.field == "nargs":
-            return nargs
-        if self.arg is None:
-            return env[self.field]
-        f = facts[self.arg]
-        if self.field == "sym":
-            return _eval_sym(self.expr["py"], facts)
-        if self.field == "same_as":  # the index of the argument this one is
-            return self.value if f.get("id") == facts[self.value].get("id") else None
-        if self.field in ("size", "stride"):
-            return f[self.field + "s"][self.index]
-        return f.get(self.field)
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("field"):
+            KINDS[cls.field] = cls
 
-    def check(self, facts: list[dict], nargs: int, env: dict) -> bool:
-        return self.actual(facts, nargs, env) == self.value
+    def read(self, call: Facts) -> Any:
+        return call.env[self.field]
 
-    def c_expr(self) -> str:
-        a = f"a[{self.arg}]"
-        v = self.value
-        return {
-            "nargs": lambda: f"n == {v}",
-            "grad_enabled": lambda: f"env->grad_enabled == {int(v)}",
-            "inference_mode": lambda: f"env->inference_mode == {int(v)}",
-            "autocast": lambda: f"env->autocast == {int(v)}",
-            "aliased": lambda: f"env->aliased == {int(v)}",
-            "default_dtype": lambda: f"env->default_dtype == {v}",
-            "transforms": lambda: f"env->transforms == {int(v)}",
-            "function_modes": lambda: f"env->function_modes == {int(v)}",
-            "process_group": lambda: f"trt_streq(env->process_group, {json.dumps(v)})",
-            "num_threads": lambda: f"env->num_threads == {v}",
-            "flags": lambda: f"env->flags == {v}ULL",
-            "kind": lambda: f"{a}.kind == {_C_KINDS[v]}",
-            "dtype": lambda: f"{a}.dtype == {v}",
-            "device_type": lambda: f"{a}.device_type == {v}",
-            "device_index": lambda: f"{a}.device_index == {v}",
-            "dim": lambda: f"{a}.dim == {v}",
-            "same_as": lambda: f"{a}.tensor == a[{v}].tensor",
-            "size": lambda: f"{a}.sizes[{self.index}] == {v}",
-            "stride": lambda: f"{a}.strides[{self.index}] == {v}",
-            "aligned16": lambda: f"{'' if v else '!'}({a}.flags & TRT_ALIGNED16)",
-            "requires_grad": lambda: f"{'' if v else '!'}({a}.flags & TRT_REQUIRES_GRAD)",
-            "inference": lambda: f"{'' if v else '!'}({a}.flags & TRT_INFERENCE)",
-            "value": lambda: f"trt_f64_bits({a}.f) == {v}ULL" if self.float_value else
-            f"{a}.i == {c_int(v)}",
-            "sym": lambda: self.expr["c"],
-        }[self.field]()
+    def holds(self, call: Facts) -> bool:
+        return self.read(call) == self.value
 
-    def describe(self, names: list[str]) -> str:
-        who = names[self.arg] if self.arg is not None and self.arg < len(names) else \
-            f"argument {self.arg}"
-        v = self.value
-        return {
-            "nargs": lambda: f"{v} positional arguments",
-            "grad_enabled": lambda: f"torch.is_grad_enabled() is {v}",
-            "inference_mode": lambda: f"torch.is_inference_mode_enabled() is {v}",
-            "autocast": lambda: f"autocast is {'on' if v else 'off'}",
-            "aliased": lambda: f"one tensor in two argument positions is {v}",
-            "default_dtype": lambda: f"torch.get_default_dtype() == {dtype_name(v)}",
-            "transforms": lambda: f"a torch.func transform is active is {v}",
-            "function_modes": lambda: f"a TorchFunctionMode is active is {v}",
-            "process_group": lambda: collectives.describe(v),
-            "num_threads": lambda: f"torch.get_num_threads() == {v}",
-            "flags": lambda: f"torch's global flags == {v:#x}",
-            "kind": lambda: f"{who} is {KIND_NAMES[v]}",
-            "dtype": lambda: f"{who}.dtype == {dtype_name(v)}",
-            "same_as": lambda: f"{who} is {names[v] if v < len(names) else v}",
-            "device_type": lambda: f"{who}.device.type == {'cpu' if v == 0 else 'cuda'}",
-            "device_index": lambda: f"{who}.device.index == {v}",
-            "dim": lambda: f"{who}.dim() == {v}",
-            "size": lambda: f"{who}.size({self.index}) == {v}",
-            "stride": lambda: f"{who}.stride({self.index}) == {v}",
-            "aligned16": lambda: f"{who}.data_ptr() % 16 {'==' if v else '!='} 0",
-            "requires_grad": lambda: f"{who}.requires_grad is {v}",
-            "inference": lambda: f"{who}.is_inference() is {v}",
-            "value": lambda: f"{who} == {struct.unpack('<d', struct.pack('<Q', v))[0]!r}"
-            if self.float_value else f"{who} == {v!r}",
-            "sym": lambda: self.expr["text"].format(*names) if names else self.expr["text"],
-        }[self.field]()
+    def c(self) -> str:
+        return f"env->{self.field} == {self.value}"
+
+    def words(self, names: list[str]) -> str:
+        raise NotImplementedError
+
+    def said(self, actual: Any) -> str:
+        """A value read, as ``words`` says values."""
+        return repr(actual)
+
+    def explain(self, call: Facts, names: list[str]) -> str:
+        """Why ``call`` fails this guard: ``"x.size(0) == 4 expected, got 5"``."""
+        return f"{self.words(names)} expected, got {self.said(self.read(call))}"
+
+    def to_json(self) -> dict:
+        return {"field": self.field, **dataclasses.asdict(self)}
+
+    @staticmethod
+    def from_json(data: dict) -> "Guard":
+        """Raises KeyError (an unknown kind) or TypeError (fields it does not have)."""
+        data = dict(data)
+        return KINDS[data.pop("field")](**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgCount(Guard):
+    field = "nargs"
+
+    def read(self, call: Facts) -> int:
+        return call.nargs
+
+    def c(self) -> str:
+        return f"n == {self.value}"
+
+    def words(self, names: list[str]) -> str:
+        return f"{self.value} positional arguments"
+
+
+@dataclasses.dataclass(frozen=True)
+class _EnvFlag(Guard):
+    """A call-wide bool (``trt_env`` in trident_rt.h)."""
+
+    says: ClassVar[str] = ""
+
+    def c(self) -> str:
+        return f"env->{self.field} == {int(self.value)}"
+
+    def words(self, names: list[str]) -> str:
+        return self.says.format(self.value)
+
+
+class GradEnabled(_EnvFlag):
+    field, says = "grad_enabled", "torch.is_grad_enabled() is {}"
+
+
+class InferenceMode(_EnvFlag):
+    field, says = "inference_mode", "torch.is_inference_mode_enabled() is {}"
+
+
+class Autocast(_EnvFlag):
+    field = "autocast"
+
+    def words(self, names: list[str]) -> str:
+        return f"autocast is {'on' if self.value else 'off'}"
+
+
+class Aliased(_EnvFlag):
+    field, says = "aliased", "one tensor in two argument positions is {}"
+
+
+class Transforms(_EnvFlag):
+    field, says = "transforms", "a torch.func transform is active is {}"
+
+
+class FunctionModes(_EnvFlag):
+    field, says = "function_modes", "a TorchFunctionMode is active is {}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DefaultDtype(Guard):
+    field = "default_dtype"
+
+    def words(self, names: list[str]) -> str:
+        return f"torch.get_default_dtype() == {dtype_name(self.value)}"
+
+    def said(self, actual: Any) -> str:
+        return repr(dtype_name(actual))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup(Guard):
+    """Note [Process group guard] in collectives.py."""
+
+    field = "process_group"
+
+    def c(self) -> str:
+        from .codegen import c_string
+
+        return f"trt_streq(env->process_group, {c_string(self.value)})"
+
+    def words(self, names: list[str]) -> str:
+        return collectives.describe(self.value)
+
+    def explain(self, call: Facts, names: list[str]) -> str:
+        return f"{self.words(names)} expected, but {collectives.describe(self.read(call))}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NumThreads(Guard):
+    field = "num_threads"
+
+    def words(self, names: list[str]) -> str:
+        return f"torch.get_num_threads() == {self.value}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalFlags(Guard):
+    """``trt_env.flags``: FLAG_BITS and FLAG_FIELDS."""
+
+    field = "flags"
+
+    def c(self) -> str:
+        return f"env->flags == {self.value}ULL"
+
+    def words(self, names: list[str]) -> str:
+        return f"torch's global flags == {self.value:#x}"
+
+    def explain(self, call: Facts, names: list[str]) -> str:
+        changed = flags_changed(self.value, self.read(call))
+        return f"{', '.join(changed)} changed since the compile"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgGuard(Guard):
+    """A fact of argument ``arg`` (``trt_arg`` in trident_rt.h, ``arg_facts`` here); the C
+    reads ``a[arg].<member>``."""
+
+    arg: int = 0
+    member: ClassVar[str] = ""
+    says: ClassVar[str] = ""  # words, with {who} and {v}
+
+    def read(self, call: Facts) -> Any:
+        return call.args[self.arg].get(self.field)
+
+    def c(self) -> str:
+        return f"a[{self.arg}].{self.member or self.field} == {self.value}"
+
+    def words(self, names: list[str]) -> str:
+        return self.says.format(who=_who(self.arg, names), v=self.value)
+
+
+def _who(arg: int, names: list[str]) -> str:
+    return names[arg] if arg < len(names) else f"argument {arg}"
+
+
+class Kind(ArgGuard):
+    field = "kind"
+
+    def c(self) -> str:
+        return f"a[{self.arg}].kind == {_C_KINDS[self.value]}"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)} is {KIND_NAMES[self.value]}"
+
+    def said(self, actual: Any) -> str:
+        return repr(KIND_NAMES.get(actual, actual))
+
+
+class Dtype(ArgGuard):
+    field = "dtype"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)}.dtype == {dtype_name(self.value)}"
+
+    def said(self, actual: Any) -> str:
+        return repr(actual if actual is None else dtype_name(actual))
+
+
+class DeviceType(ArgGuard):
+    field = "device_type"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)}.device.type == {'cpu' if self.value == 0 else 'cuda'}"
+
+
+class DeviceIndex(ArgGuard):
+    field, says = "device_index", "{who}.device.index == {v}"
+
+
+class Dim(ArgGuard):
+    field, says = "dim", "{who}.dim() == {v}"
+
+
+class SameAs(ArgGuard):
+    """Argument ``arg`` is the tensor passed as argument ``value``."""
+
+    field = "same_as"
+
+    def read(self, call: Facts) -> int | None:
+        same = call.args[self.arg].get("id") == call.args[self.value].get("id")
+        return self.value if same else None
+
+    def c(self) -> str:
+        return f"a[{self.arg}].tensor == a[{self.value}].tensor"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)} is {_who(self.value, names).removeprefix('argument ')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Size(ArgGuard):
+    field, member = "size", "sizes"
+    index: int = 0
+
+    def read(self, call: Facts) -> int:
+        return call.args[self.arg][self.member][self.index]
+
+    def c(self) -> str:
+        return f"a[{self.arg}].{self.member}[{self.index}] == {self.value}"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)}.{self.field}({self.index}) == {self.value}"
+
+
+class Stride(Size):
+    field, member = "stride", "strides"
+
+
+class _Flag(ArgGuard):
+    """A bit of ``trt_arg.flags``."""
+
+    bit: ClassVar[str] = ""
+
+    def c(self) -> str:
+        return f"{'' if self.value else '!'}(a[{self.arg}].flags & {self.bit})"
+
+
+class Aligned16(_Flag):
+    field, bit = "aligned16", "TRT_ALIGNED16"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)}.data_ptr() % 16 {'==' if self.value else '!='} 0"
+
+
+class RequiresGrad(_Flag):
+    field, bit, says = "requires_grad", "TRT_REQUIRES_GRAD", "{who}.requires_grad is {v}"
+
+
+class Inference(_Flag):
+    field, bit, says = "inference", "TRT_INFERENCE", "{who}.is_inference() is {v}"
+
+
+class IntValue(ArgGuard):
+    """An int or bool argument's value."""
+
+    field, says = "value", "{who} == {v!r}"
+
+    def c(self) -> str:
+        from .codegen import c_int
+
+        return f"a[{self.arg}].i == {c_int(self.value)}"
+
+
+class FloatBits(ArgGuard):
+    """A float argument's bit pattern (NaNs, -0.0)."""
+
+    field = "float_bits"
+
+    def read(self, call: Facts) -> int | None:
+        return call.args[self.arg].get("value")
+
+    def c(self) -> str:
+        return f"trt_f64_bits(a[{self.arg}].f) == {self.value}ULL"
+
+    def words(self, names: list[str]) -> str:
+        return f"{_who(self.arg, names)} == {self.said(self.value)}"
+
+    def said(self, actual: Any) -> str:
+        return repr(actual) if actual is None else repr(bits_float(actual))
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeRelation(ArgGuard):
+    """Note [Symbolic guards]: a condition over the arguments' sizes, strides and offsets,
+    ``expr`` (Note [Size expressions] in sizes.py, as ``sympy.srepr`` text); ``arg`` is the
+    highest argument it reads, ``value`` True."""
+
+    field = "sym"
+    expr: str = ""
+
+    @property
+    def condition(self):
+        return sizes.loads(self.expr)
+
+    def read(self, call: Facts) -> bool:
+        try:
+            return bool(sizes.evaluate(self.condition, call.args))
+        except (KeyError, IndexError, TypeError, ZeroDivisionError):
+            return False
+
+    def c(self) -> str:
+        from .codegen import CPrinter
+
+        return CPrinter().doprint(self.condition)
+
+    def words(self, names: list[str]) -> str:
+        return sizes.words(self.condition, names)
+
+    def explain(self, call: Facts, names: list[str]) -> str:
+        """Names the places it read: ``x.size(0) >= 2 is false (x.size(0) = 1)``."""
+        read = []
+        for s in dict.fromkeys(e for e in sympy.preorder_traversal(self.condition)
+                               if isinstance(e, sympy.Symbol)):
+            kind, arg, dim = sizes.where(s)
+            f = call.args[arg]
+            if f.get("kind") != TENSOR:
+                continue
+            if dim is None:
+                read.append(f"{_who(arg, names)}.storage_offset() = {f['storage_offset']}")
+            else:
+                values = f[kind + "s"]
+                read.append(f"{_who(arg, names)}.{kind}({dim}) = "
+                            f"{values[dim] if dim < len(values) else '-'}")
+        return f"{self.words(names)} is false ({', '.join(read)})"
+
+
+_ENV_GUARDS = (GradEnabled, InferenceMode, Autocast, Aliased, DefaultDtype, Transforms,
+               FunctionModes, ProcessGroup, NumThreads, GlobalFlags)
 
 
 def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> list[Guard]:
@@ -243,78 +512,51 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
     symbolic sizes and strides are guarded by Note [Symbolic guards] instead of by value."""
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
-    guards = [Guard("nargs", len(args))]
-    guards += [Guard(k, env[k]) for k in _ENV_FIELDS]
-    guards += [Guard("kind", f["kind"], i) for i, f in enumerate(facts)]
+    guards: list[Guard] = [ArgCount(len(args))]
+    guards += [kind(env[kind.field]) for kind in _ENV_GUARDS]
+    guards += [Kind(f["kind"], i) for i, f in enumerate(facts)]
     tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
     for i, f in tensors:
-        guards += [Guard(k, f[k], i) for k in ("dtype", "device_type", "device_index", "dim")]
+        guards += [kind(f[kind.field], i) for kind in (Dtype, DeviceType, DeviceIndex, Dim)]
     if fake_args is None:
         for i, f in tensors:
-            guards += [Guard("size", s, i, d) for d, s in enumerate(f["sizes"])]
-            guards += [Guard("stride", s, i, d) for d, s in enumerate(f["strides"])]
+            guards += [Size(s, i, d) for d, s in enumerate(f["sizes"])]
+            guards += [Stride(s, i, d) for d, s in enumerate(f["strides"])]
     else:
         guards += symbolic_guards(fake_args, shape_env)
     first_seen: dict[int, int] = {}
     for i, f in tensors:  # the trace binds one tensor passed twice to one input
         if f["id"] in first_seen:
-            guards.append(Guard("same_as", first_seen[f["id"]], i))
+            guards.append(SameAs(first_seen[f["id"]], i))
         first_seen.setdefault(f["id"], i)
     for i, f in tensors:
-        guards += [Guard(k, f[k], i) for k in ("aligned16", "requires_grad", "inference")]
+        guards += [kind(f[kind.field], i) for kind in (Aligned16, RequiresGrad, Inference)]
     for i, f in enumerate(facts):
         if f["kind"] in (INT, BOOL):
-            guards.append(Guard("value", int(f["value"]), i))
+            guards.append(IntValue(int(f["value"]), i))
         elif f["kind"] == FLOAT:
-            guards.append(Guard("value", f["value"], i, float_value=True))
+            guards.append(FloatBits(f["value"], i))
     return guards
+
+
+def _facts(args: tuple) -> Facts:
+    return Facts([arg_facts(a) for a in args], len(args), env_facts(args))
 
 
 def explain_failure(guard: Guard, args: tuple, names: list[str]) -> str:
     """``"x.size(0) == 4 expected, got 5"`` for a guard that ``args`` fail."""
-    if guard.field not in ("nargs", *_ENV_FIELDS) and guard.arg >= len(args):
-        return f"{guard.describe(names)} expected, but only {len(args)} arguments were passed"
-    facts = [arg_facts(a) for a in args]
-    actual = guard.actual(facts, len(args), env_facts(args))
-    if guard.field == "sym":  # name the sizes it read: "(x.size(0) >= 2) is false (x.size(0) = 1)"
-        return f"{guard.describe(names)} is false ({_values_read(guard, facts, names)})"
-    if guard.field == "process_group":
-        return f"{guard.describe(names)} expected, but {collectives.describe(actual)}"
-    if guard.field == "kind":
-        actual = KIND_NAMES.get(actual, actual)
-    elif guard.field in ("dtype", "default_dtype") and actual is not None:
-        actual = dtype_name(actual)
-    elif guard.field == "flags":
-        return f"{', '.join(flags_changed(guard.value, actual))} changed since the compile"
-    elif guard.field == "value" and guard.float_value and actual is not None:
-        actual = struct.unpack("<d", struct.pack("<Q", actual))[0]
-    return f"{guard.describe(names)} expected, got {actual!r}"
-
-
-def _values_read(guard: Guard, facts: list[dict], names: list[str]) -> str:
-    """``"x.size(0) = 1, x.stride(0) = 8"``: the places a "sym" guard reads, with their values."""
-    out = []
-    for kind, i, d in dict.fromkeys(re.findall(r"([STO])\((\d+)(?:, (\d+))?\)", guard.expr["py"])):
-        f, who = facts[int(i)], names[int(i)] if int(i) < len(names) else f"argument {i}"
-        if f.get("kind") != TENSOR:
-            continue
-        if kind == "O":
-            out.append(f"{who}.storage_offset() = {f['storage_offset']}")
-        else:
-            field = "size" if kind == "S" else "stride"
-            values = f[field + "s"]
-            out.append(f"{who}.{field}({d}) = {values[int(d)] if int(d) < len(values) else '-'}")
-    return ", ".join(out)
+    if isinstance(guard, ArgGuard) and guard.arg >= len(args):
+        return f"{guard.words(names)} expected, but only {len(args)} arguments were passed"
+    return guard.explain(_facts(args), names)
 
 
 def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
     """The first guard (in Note [Guard order]) that ``args`` fail, or None if all hold."""
-    facts = [arg_facts(a) for a in args]
-    env = env_facts(args)
+    call = _facts(args)
     for g in guards:
-        if g.field not in ("nargs", *_ENV_FIELDS) and g.arg >= len(args):
+        if isinstance(g, ArgGuard) and g.arg >= len(args):
             return g
-        if not g.check(facts, len(args), env):
+        if not g.holds(call):
             return g
     return None
 
@@ -327,109 +569,34 @@ def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
 #     (``>= 2``: sizes 0 and 1 are specialized, as in torch.compile);
 #   * every other size or stride equals its expression over the sources (a contiguous tensor's
 #     ``stride(0) == size(1) * 16``; the same symbol in two places is an equality);
-#   * every guard the ShapeEnv recorded while tracing (``Eq(s0, s1)``, ``s0 < 100``).
-# Expressions are rendered from sympy to C (over ``a[i].sizes[d]``) and to Python (over the
-# argument facts) by the same walk, so both sides agree.
-
-
-def _eval_sym(py: str, facts: list[dict]) -> bool:
-    try:
-        return bool(eval(py, {"__builtins__": {}, "max": max, "min": min},
-                         {"S": lambda i, d: facts[i]["sizes"][d],
-                          "T": lambda i, d: facts[i]["strides"][d],
-                          "O": lambda i: facts[i]["storage_offset"]}))
-    except (KeyError, IndexError, TypeError, ZeroDivisionError):
-        return False
-
-
-def _render(expr, sources: dict) -> tuple[str, str, str]:
-    """(C, Python, words) for a sympy expression over the source symbols."""
-    import sympy
-    from torch.utils._sympy import functions
-    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
-
-    from .errors import TridentError
-
-    Max, Min = getattr(functions, "Max", sympy.Max), getattr(functions, "Min", sympy.Min)
-
-    def r(e):
-        if isinstance(e, sympy.Integer) or e in (sympy.true, sympy.false):
-            v = int(bool(e)) if e in (sympy.true, sympy.false) else int(e)
-            return c_int(v), str(v), str(v)
-        if isinstance(e, sympy.Symbol):
-            if e not in sources:
-                raise TridentError(f"a guard reads the symbol {e}, which no argument size has")
-            return sources[e]
-        parts = [r(a) for a in e.args]
-
-        def join(op_c, op_py, op_text=None):
-            return tuple("(" + f" {op} ".join(p[k] for p in parts) + ")"
-                         for k, op in enumerate((op_c, op_py, op_text or op_py)))
-
-        if isinstance(e, sympy.Add):
-            return join("+", "+")
-        if isinstance(e, sympy.Mul):
-            return join("*", "*")
-        if isinstance(e, FloorDiv):
-            (ac, ap, at), (bc, bp, bt) = parts
-            return f"trt_floordiv({ac}, {bc})", f"({ap} // {bp})", f"({at} // {bt})"
-        if isinstance(e, (sympy.Max, sympy.Min, Max, Min)):  # folded pairwise
-            op, name = (">", "max") if isinstance(e, (sympy.Max, Max)) else ("<", "min")
-            c, py, text = parts[0]
-            for bc, bp, bt in parts[1:]:
-                c = f"(({c}) {op} ({bc}) ? ({c}) : ({bc}))"
-                py, text = f"{name}({py}, {bp})", f"{name}({text}, {bt})"
-            return c, py, text
-        if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-            (ac, ap, at), (bc, bp, bt) = parts
-            return f"trt_mod({ac}, {bc})", f"({ap} % {bp})", f"({at} % {bt})"
-        relations = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=",
-                     sympy.Gt: ">", sympy.Ge: ">="}
-        for cls, op in relations.items():
-            if isinstance(e, cls):
-                return join(op, op)
-        if isinstance(e, sympy.And):
-            return join("&&", "and")
-        if isinstance(e, sympy.Or):
-            return join("||", "or")
-        if isinstance(e, sympy.Not):
-            c, p, t = parts[0]
-            return f"!{c}", f"(not {p})", f"not {t}"
-        raise TridentError(f"cannot guard the size expression {e} ({type(e).__name__})")
-
-    return r(expr)
+#   * every guard the ShapeEnv recorded while tracing (``Eq(s0, s1)``, ``s0 < 100``), once
+#     (``s0 < 2**31`` and ``s0 <= 2**31 - 1`` are one guard).
+# Each is a sympy expression over the places sizes are read from (Note [Size expressions] in
+# sizes.py): codegen prints it to C, ``sizes.evaluate`` is its Python twin.
 
 
 def _places(fake_args: tuple):
     """Each size and stride (and symbolic storage offset) of a dynamic trace's tensor
-    arguments, in order:
-    ``(arg, sympy expression, (C, Python, words) naming the place)``."""
-    import sympy
-
+    arguments, in order: ``(arg, sympy expression over ShapeEnv symbols, place symbol)``."""
     for i, t in enumerate(fake_args):
         if not isinstance(t, torch.Tensor):
             continue
-        for kind, values in (("S", t.shape), ("T", t.stride())):
+        for kind, values in (("size", t.shape), ("stride", t.stride())):
             for d, v in enumerate(values):
                 # the symbol as allocated: ``node.expr`` would apply what the trace learned
                 # later (``s0`` -> 64 after a view); those facts are the ShapeEnv's guards
                 expr = v.node._expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
-                yield i, expr, (f"a[{i}].{'sizes' if kind == 'S' else 'strides'}[{d}]",
-                                f"{kind}({i}, {d})",
-                                f"{{{i}}}.{'size' if kind == 'S' else 'stride'}({d})")
+                yield i, expr, sizes.place(kind, i, d)
         # a view's storage offset is a symbol of its own when a dim is dynamic (ShapeEnv's
         # duck sizing); a static offset is not guarded, as in a static specialization
         offset = t.storage_offset()
         if isinstance(offset, torch.SymInt) and not offset.node._expr.is_number:
-            yield i, offset.node._expr, (f"a[{i}].storage_offset", f"O({i})",
-                                         f"{{{i}}}.storage_offset()")
+            yield i, offset.node._expr, sizes.place("offset", i)
 
 
 def _sources(places: list) -> dict:
     """Each symbol's source: the first place that is that bare symbol (all of them before any
-    guard is rendered, since a stride may read a symbol that a later stride is)."""
-    import sympy
-
+    guard is made, since a stride may read a symbol that a later stride is)."""
     sources: dict = {}
     for _, expr, here in places:
         if isinstance(expr, sympy.Symbol):
@@ -442,25 +609,43 @@ def size_sources(fake_args: tuple) -> dict:
     return _sources(list(_places(fake_args)))
 
 
-def size_expr(value: "torch.SymInt", sources: dict) -> dict:
-    """A SymInt of a dynamic trace as ``{"c", "py", "text"}`` over the arguments' sizes (each
-    symbol read at its source in ``size_sources``, as the guards read it)."""
-    c, py, text = _render(value.node._expr, sources)
-    return {"c": c, "py": py, "text": text}
+def size_expr(value: "torch.SymInt", sources: dict) -> str:
+    """A SymInt of a dynamic trace as Note [Size expressions]'s text, over the places its
+    symbols are read from (``size_sources``, as the guards read them).
+
+    Raises:
+        TridentError: arithmetic the generated C does not compute (``sizes.check``).
+    """
+    return sizes.dumps(sizes.at_places(value.node._expr, sources))
+
+
+def _canonical(expr):
+    """``e < c`` as ``e <= c - 1`` and ``e > c`` as ``e >= c + 1`` for an int ``c``: the same
+    condition in one form, so that duplicates are seen."""
+    if isinstance(expr, sympy.Lt) and expr.rhs.is_Integer:
+        return sympy.Le(expr.lhs, expr.rhs - 1)
+    if isinstance(expr, sympy.Gt) and expr.rhs.is_Integer:
+        return sympy.Ge(expr.lhs, expr.rhs + 1)
+    return expr
 
 
 def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
-    """Note [Symbolic guards]: guards over the sizes and strides of a dynamic trace."""
-    import sympy
+    """Note [Symbolic guards]: guards over the sizes and strides of a dynamic trace.
+
+    Raises:
+        TridentError: a condition the generated C does not compute (``sizes.check``).
+    """
     from torch.utils._sympy.numbers import IntInfinity
 
     places = list(_places(fake_args))
     sources = _sources(places)
-    guards: list[Guard] = []
+    guards: dict[str, Guard] = {}
 
     def guard(expr, arg: int) -> None:
-        c, py, text = _render(expr, sources)
-        guards.append(Guard("sym", True, arg, expr={"c": c, "py": py, "text": text}))
+        expr = _canonical(sizes.at_places(expr, sources))
+        if expr is not sympy.true:
+            text = sizes.dumps(expr)
+            guards.setdefault(text, SizeRelation(True, arg, text))
 
     for i, expr, here in places:
         if isinstance(expr, sympy.Symbol) and sources[expr] is here:
@@ -469,11 +654,9 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
             if not isinstance(bounds.upper, IntInfinity) and bounds.upper != sympy.oo:
                 guard(sympy.Le(expr, int(bounds.upper)), i)
             continue
-        c, py, text = _render(expr, sources)
-        guards.append(Guard("sym", True, i, expr={"c": f"{here[0]} == {c}",
-                                                  "py": f"{here[1]} == {py}",
-                                                  "text": f"{here[2]} == {text}"}))
+        text = sizes.dumps(sympy.Eq(here, sizes.at_places(expr, sources), evaluate=False))
+        guards.setdefault(text, SizeRelation(True, i, text))
     last = max((i for i, _, _ in places), default=0)
     for g in shape_env.guards:
         guard(g.expr, last)
-    return guards
+    return list(guards.values())

@@ -2,7 +2,8 @@
 
 Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops on
 ``!torch.vtensor`` values, constants become ``torch.constant.*``, unregistered ops
-``torch.operator``). Each op's location is the user's source line recorded at capture.
+``torch.operator``). Each op's location is the user's source line recorded at capture (Note
+[Source lines] in capture.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import torch.fx as fx
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_dialect
-from torch_mlir.extras.fx_importer import FxImporter, GraphNodeImporter
+from torch_mlir.extras.fx_importer import ContextCache, FxImporter, GraphNodeImporter
 import torch
 
 from . import config
+from .capture import source_line
 
 
 TRITON_LAUNCH = "trident.triton_launch"
@@ -31,6 +33,28 @@ TRITON_LAUNCH = "trident.triton_launch"
 # nodes under a stand-in target (a copy of the OpOverload, equal to it in all but identity) and
 # imports them as ``torch.aten.as_strided``.
 _AS_STRIDED = torch.ops.aten.as_strided.default
+
+
+class _SourceLocations(ContextCache):
+    """Note [Source lines] in capture.py: a node's location is its user line as data,
+    ``loc("file.py:12"("y = x + 1"))``; a node without one keeps the previous node's location,
+    as Torch-MLIR does."""
+
+    def get_node_location(self, node: fx.Node) -> ir.Location | None:
+        where, text = source_line(node)
+        if where == "?":
+            return None
+        return ir.Location.name(where, childLoc=ir.Location.name(text, context=self._c),
+                                context=self._c)
+
+
+def location(op: ir.Operation) -> tuple[str, str]:
+    """``("file.py:12", "y = x + 1")`` of an op that ``_SourceLocations`` placed, or
+    ``("?", "")``."""
+    loc = op.location
+    if not isinstance(loc, ir.NameLoc):
+        return "?", ""
+    return loc.name_str, loc.child_loc.name_str
 
 
 class NodeImporter(GraphNodeImporter):
@@ -91,6 +115,7 @@ def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool)
     context = ir.Context()
     torch_dialect.register_dialect(context)
     importer = FxImporter(context=context, graph_node_importer_cls=NodeImporter)
+    importer._cc = _SourceLocations(context, py_attr_tracker=importer._py_attr_tracker)
     if shape_env is None:
         importer.import_graph_module(gm, func_name=func_name)
         return importer.module

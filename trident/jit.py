@@ -11,26 +11,25 @@ import dataclasses
 import functools
 import inspect
 import json
-import struct
 import sys
 import threading
 import time
 import types
 import warnings
+import weakref
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import build, codegen, config, graphs, interrupts, kernels, runtime, state
+from . import build, codegen, compiler, config, graphs, interrupts, kernels, runtime, state
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
 from .flatten import ArgTree, Binding, flatten_call, flatten_output, substituted
-from .guards import (MAX_ARGS, OTHER, arg_facts, env_facts, explain_failure, first_failure,
-                     guards_for)
+from .guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, env_facts, explain_failure,
+                     first_failure, guards_for)
 from .importer import import_graph
-from .plan import build_plan, reuse_buffers
 from .specialization import Specialization
 
 _recompiles = config.logger("recompiles")
@@ -115,11 +114,7 @@ class JitFunctionMixin:
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
         self._dynamic = dynamic
-        # Note [CUDA graphs], per specialization key: the argument addresses of its last
-        # step-by-step run in this process, its graph (or why it has none), recaptures left.
-        self._graph_seen: dict[str, dict[int, int]] = {}
-        self._graphs: dict[str, graphs.Captured | str] = {}
-        self._recaptures: dict[str, int] = {}
+        self._graph_states = graphs.GraphStates(self._cuda_graphs)  # Note [CUDA graphs]
         self._counters = Stats()
         self._specs: list[Specialization] = []
         self._eager_signatures: list[tuple[list, str]] = []
@@ -297,7 +292,7 @@ class JitFunctionMixin:
             return digests[text] == spec.state["digest"]
 
         return [s for s in self._cache.load_specs()
-                if (self._dynamic is not False or not s.dynamic) and allowed(s)]
+                if (self._dynamic is not False or not s.symbolic) and allowed(s)]
 
     def _state_tree(self, reads: list) -> state.StateTree:
         return state.build([state.Read.from_json(r) for r in reads], self._code_fn)
@@ -426,49 +421,33 @@ class JitFunctionMixin:
             return self._slow_path(call.args, call.kwargs)
         args = call.leaves
         spec = self._specs[index]
-        key, device = spec.key, spec.graph_device
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
-        seen = self._graph_seen.get(key)
-        if seen is None or not self._cuda_graphs or device is None:
-            self._graph_seen[key] = graphs.pointers(args)
+        moved = self._graph_states.next_call(spec, args)
+        if moved is not None:
             try:
-                out = self._finish(call, index, self._run(*args))
-            except EagerCall as e:  # Note [Errors inside try] in capture.py
-                return self._eager_path(call.args, call.kwargs, e)
-            self.hits += hit
-            if self._cuda_graphs and device is not None:
-                self._set_graph(index, graphs.PENDING)
-            return out
-        previous = self._graphs.get(key)
-        if isinstance(previous, graphs.Captured):  # a by-pointer argument moved: copy it in
-            moved = set(previous.statics) | {i for i, p in graphs.pointers(args).items()
-                                            if previous.pointers.get(i, p) != p}
-        else:
-            moved = {i for i, p in graphs.pointers(args).items() if seen.get(i) != p}
-        self._graphs.pop(key, None)
+                captured = graphs.capture(self._run, spec, args, moved, spec.graph_device)
+            except Exception as e:  # an op that cannot be captured (one that synchronizes)
+                captured = f"capture failed: {type(e).__name__}: {e}"
+            self._graph_states.done(spec, captured)
+            if isinstance(captured, str):
+                _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
+                                 spec.signature, captured)
+            else:
+                self._counters.graph_captures += 1
+                _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
+                                 self.__qualname__, spec.signature,
+                                 [call.names[i] for i in sorted(captured.statics)] or "none")
+                self._install_graph(index, spec)
+                out = self._finish(call, index, self._run(*args))  # replays the graph
+                self.hits += hit
+                return out
         try:
-            captured = graphs.capture(self._run, spec, args, moved, device)
-        except Exception as e:  # an op that cannot be captured (one that synchronizes)
-            captured = f"capture failed: {type(e).__name__}: {e}"
-        if isinstance(captured, str):
-            self._graphs[key] = captured
-            _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__, spec.signature,
-                             captured)
-            try:
-                out = self._finish(call, index, self._run(*args))
-            except EagerCall as e:  # Note [Errors inside try] in capture.py
-                return self._eager_path(call.args, call.kwargs, e)
-            self.hits += hit
-            return out
-        self._graphs[key] = captured
-        self._recaptures[key] = self._recaptures.get(key, graphs.RECAPTURES + 1) - 1
-        self._counters.graph_captures += 1
-        _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
-                         self.__qualname__, spec.signature,
-                         [call.names[i] for i in sorted(captured.statics)] or "none")
-        self._install_graph(index, spec)
-        out = self._finish(call, index, self._run(*args))  # replays the graph
+            out = self._finish(call, index, self._run(*args))
+        except EagerCall as e:  # Note [Errors inside try] in capture.py
+            return self._eager_path(call.args, call.kwargs, e)
         self.hits += hit
+        if moved is None and self._cuda_graphs and spec.graph_device is not None:
+            self._set_graph(index, graphs.PENDING)  # the warm-up: capture at the next call
         return out
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
@@ -481,12 +460,9 @@ class JitFunctionMixin:
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
         """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
-        captured = self._graphs.get(spec.key)
-        if isinstance(captured, graphs.Captured):
-            self._set_graph(index, graphs.READY, self._recaptures[spec.key],
-                            struct.pack(f"<{len(captured.desc)}q", *captured.desc))
-        elif captured is None and self._cuda_graphs and spec.graph_device is not None:
-            self._set_graph(index, graphs.PENDING)
+        slot = self._graph_states.slot(spec)
+        if slot is not None:
+            self._set_graph(index, *slot)
 
     def _miss_reason(self, call: _Call) -> str:
         """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
@@ -535,7 +511,7 @@ class JitFunctionMixin:
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
-            alike = [g for g in spec.guards if g.field not in ("size", "stride", "sym")]
+            alike = [g for g in spec.guards if not isinstance(g, (Size, SizeRelation))]
             if spec.shapes is None or spec.tree != call.tree.key or \
                     first_failure(alike, args) is not None:
                 continue
@@ -588,76 +564,19 @@ class JitFunctionMixin:
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]
             spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
             bar.update()
-            bar.set_postfix_str("Torch-MLIR")
-            traced = time.perf_counter()
-            try:
-                module = import_graph(captured.graph_module, shape_env=captured.shape_env)
-                plan = build_plan(module, captured.out_leaves, captured.out_spec)
-            except TridentError:
-                raise
-            except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
-                raise TridentError(f"{self.__qualname__}: Torch-MLIR cannot import or plan the "
-                                   f"graph: {type(e).__name__}: {e}") from e
-            planned = time.perf_counter()
-            bar.update()
-            bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
-                             for s in plan.steps)
-            binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
-            devices = {a.device for a in args if isinstance(a, torch.Tensor)}
-            if not dynamic and (all(d.type == "cpu" for d in devices) or (
-                    len(devices) == 1 and next(iter(devices)).type == "cuda")):
-                reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices)
-                              else "CPU")  # Note [Buffer reuse]
-            for step in plan.steps:
-                if step.op == "triton" and step.launch["device"].startswith("cuda"):
-                    key = json.dumps(step.launch, sort_keys=True)
-                    if key not in binaries:
-                        binaries[key] = kernels.compile_cuda(
-                            kernels.find_kernel(step.launch["ref"], self._code_fn),
-                            kernels.Launch(**step.launch),
-                            torch.cuda.get_device_capability(step.launch["device"]))
-                    step.launch["binary"] = binaries[key]
-                    bar.set_postfix_str(f"Triton kernel {len(binaries)}")
-                    bar.update()
-            _recompiles.info("%s: trace %.2f s, import and plan %.2f s, %d kernels %.2f s",
-                             self.__qualname__, traced - start, planned - traced, len(binaries),
-                             time.perf_counter() - planned)
-            spec = Specialization(self._describe(args, names, captured.fake_args), names,
-                                  guards_for(args, captured.fake_args, captured.shape_env), plan,
-                                  {str(i): sorted(d) for i, d in dynamic.items()},
-                                  [list(a.shape) if isinstance(a, torch.Tensor) else None
-                                   for a in args], call.tree.key, captured.recipe,
-                                  captured.catching, spec_state)
+            _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)
+            spec = compiler.compile_specialization(
+                captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
+                self._code_fn, bar)
             self._counters.compiles += 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
-                             "\n  ".join(g.describe(names) for g in spec.guards))
+                             "\n  ".join(g.words(names) for g in spec.guards))
             _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
                              spec.signature, time.perf_counter() - start)
             return spec
 
     def _count_interpreted(self) -> None:
         self._counters.interpreted_launches += 1
-
-    def _describe(self, args: tuple, names: list[str], fake_args: tuple | None) -> str:
-        """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace; the
-        parameters and buffers of ``self`` (a module) are counted, not listed."""
-        parts, owned = [], 0
-        for i, (name, a) in enumerate(zip(names, args)):
-            if i == 0:  # the tree's key
-                continue
-            if name.startswith("self.") and (isinstance(a, torch.Tensor) or a is None):
-                owned += 1
-                continue
-            if isinstance(a, torch.Tensor):
-                traced = fake_args[i].shape if fake_args else a.shape
-                shape = ["?" if isinstance(n, torch.SymInt) else n for n in traced]
-                parts.append(f"{name}: {str(a.dtype).replace('torch.', '')}"
-                             f"[{', '.join(map(str, shape))}] {a.device}")
-            else:
-                parts.append(f"{name}={a!r}")
-        if owned:
-            parts.insert(0, f"self: {owned} parameters and buffers")
-        return f"{self.__qualname__}({', '.join(parts)})"
 
     def _install_module(self, specs: list[Specialization]) -> None:
         if isinstance(self, _EagerDispatcher):  # no runtime: explain() and source() say why
@@ -667,7 +586,10 @@ class JitFunctionMixin:
         module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
         rt = runtime.load()
         rc = module.lib.scm_init(rt.api_address())
-        if rc != 0:
+        if rc < 0:
+            raise TridentError(f"{self.__qualname__}: the module was built for another version "
+                               "of the runtime's ABI (trident_rt.h)")
+        if rc > 0:
             raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
                                f"calls (op table entry {rc - 1})")
         for slot, (spec_index, step_index) in enumerate(rendered.callbacks):
@@ -677,7 +599,7 @@ class JitFunctionMixin:
                 launcher = kernels.interpreted_launcher(
                     kernels.find_kernel(launch["ref"], self._code_fn),
                     kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
-                    self._count_interpreted)
+                    _weakly(self._count_interpreted))
                 self._callback_ids[key] = rt.register_callback(launcher)
             module.lib.scm_set_callback(slot, self._callback_ids[key])
         self._module = module
@@ -694,6 +616,19 @@ class JitFunctionMixin:
 
 
 _PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object: a callback the runtime keeps
+    for the rest of the process (``register_callback``) does not keep a JitFunction alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 def _user_stacklevel() -> int:

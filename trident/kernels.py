@@ -85,8 +85,8 @@ class Launch:
             ``{"triton_dtype": "fp16"}``, a ``@triton.jit`` function as
             ``{"triton_function": {"module", "qualname"}}``; ``_constexpr`` makes them again).
             A scalar computed from dynamic dims also has ``"size"``: the expression (a SymInt
-            while capturing, then Note [Symbolic guards]'s ``{"c", "py", "text"}``); ``value``
-            is its value in the traced call.
+            while capturing, then Note [Size expressions]' text, in sizes.py); ``value`` is its
+            value in the traced call.
         grid: three entries, each an int or, computed from dynamic dims, an expression like a
             scalar's ``size``.
         options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).

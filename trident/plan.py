@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import linecache
 import re
 from typing import Any
 
@@ -83,9 +82,8 @@ from .errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
 from .guards import MAX_OUTS, dtype_codes
-from .importer import TRITON_LAUNCH
+from .importer import TRITON_LAUNCH, location
 
-_LOC = re.compile(r'"([^"]+)":(\d+)')
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
@@ -143,14 +141,6 @@ class Plan:
         data = dict(data)
         data["steps"] = [Step(**s) for s in data["steps"]]
         return cls(**data)
-
-
-def _location(op: ir.Operation) -> tuple[str, str]:
-    m = _LOC.search(str(op.location))
-    if not m:
-        return "?", ""
-    path, line = m.group(1), int(m.group(2))
-    return f"{path.rsplit('/', 1)[-1]}:{line}", linecache.getline(path, line).strip()
 
 
 def _schema(op: str, overload: str):
@@ -249,7 +239,7 @@ class _Walker:
         outputs = None
         for op in block.operations:
             name = op.operation.name
-            where, text = _location(op)
+            where, text = location(op)
             if name.startswith("torch.constant."):
                 self.env[op.result] = self.constant(op.operation, name)
             elif name == "torch.prim.ListConstruct":

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 from .flatten import OutputRecipe
-from .guards import Guard
+from .guards import DeviceIndex, DeviceType, Guard
 from .plan import Plan
 
 
@@ -46,7 +46,7 @@ class Specialization:
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
-                "guards": [dataclasses.asdict(g) for g in self.guards],
+                "guards": [g.to_json() for g in self.guards],
                 "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
                 "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
                 "catching": self.catching, "state": self.state}
@@ -54,12 +54,26 @@ class Specialization:
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
         recipe = data.get("recipe")
-        return cls(data["signature"], data["arg_names"], [Guard(**g) for g in data["guards"]],
+        return cls(data["signature"], data["arg_names"], [Guard.from_json(g) for g in data["guards"]],
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
                    {"reads": list(data["state"]["reads"]),
                     "digest": str(data["state"]["digest"])})
+
+    @property
+    def symbolic(self) -> bool:
+        """Traced with symbolic sizes: its sizes and strides are guarded by size relations
+        (Note [Symbolic guards] in guards.py), not by value."""
+        return bool(self.dynamic)
+
+    @property
+    def cuda_device(self) -> int | None:
+        """The CUDA device index of a specialization whose tensor arguments are all on that
+        device, else None (CPU tensors, several devices, no tensor)."""
+        types = {g.value for g in self.guards if isinstance(g, DeviceType)}
+        indices = {g.value for g in self.guards if isinstance(g, DeviceIndex)}
+        return next(iter(indices)) if types == {1} and len(indices) == 1 else None
 
     @functools.cached_property
     def graph_device(self) -> int | None:

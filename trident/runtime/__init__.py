@@ -12,6 +12,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -24,6 +25,22 @@ from ..errors import ERROR_TYPES, TridentError
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"
 SOURCE = HERE / "runtime.cpp"
+
+
+def _abi_constants() -> dict[str, int]:
+    """The ABI's integer constants (``#define TRT_X 4096`` and enumerators written
+    ``TRT_X = 1``) of trident_rt.h and trident_cuda.h: the one place they are defined; Python
+    reads them from here instead of repeating their values."""
+    out: dict[str, int] = {}
+    for header in (HEADER, HERE / "trident_cuda.h"):
+        text = header.read_text()
+        out.update((m[0], int(m[1])) for m in re.findall(r"^#define (TRT_\w+) (-?\d+)\b", text,
+                                                          re.MULTILINE))
+        out.update((m[0], int(m[1])) for m in re.findall(r"\b(TRT_\w+) = (-?\d+)\b", text))
+    return out
+
+
+ABI = _abi_constants()
 
 
 def build_key() -> str:

@@ -328,7 +328,31 @@ std::string unboxed_kinds(const c10::FunctionSchema& schema) {
 
 // ---- trt_api ------------------------------------------------------------------------------
 
-trt_op* api_op(const char* name, const char* overload) {
+// Note [No exception crosses the ABI]: the trt_api entry points are called from C (the SCMs),
+// where a C++ exception is undefined behaviour; each one catches everything PyTorch's C++ may
+// throw and returns an error code (or NULL), leaving the message for trt_api.set_error, as
+// PyTorch's AOTInductor shim does (AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE).
+int fail_with_current_exception() noexcept {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    g_error = e.what_without_backtrace();
+    g_error_kind = dynamic_cast<const c10::IndexError*>(&e)            ? ERR_INDEX
+                   : dynamic_cast<const c10::ValueError*>(&e)          ? ERR_VALUE
+                   : dynamic_cast<const c10::TypeError*>(&e)           ? ERR_TYPE
+                   : dynamic_cast<const c10::NotImplementedError*>(&e) ? ERR_NOT_IMPLEMENTED
+                                                                       : ERR_GENERIC;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    g_error_kind = ERR_GENERIC;
+  } catch (...) {
+    g_error = "trident: an unknown C++ exception";
+    g_error_kind = ERR_GENERIC;
+  }
+  return 1;
+}
+
+trt_op* api_op(const char* name, const char* overload) noexcept try {
   auto h = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!h) return nullptr;
   auto* op = new trt_op{*h};
@@ -349,6 +373,9 @@ trt_op* api_op(const char* name, const char* overload) {
     break;
   }
   return op;
+} catch (...) {
+  fail_with_current_exception();
+  return nullptr;
 }
 
 #ifdef TRT_HAVE_C10D
@@ -386,7 +413,8 @@ bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets) {
 }
 #endif
 
-int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets) {
+int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets,
+             int32_t nrets) noexcept {
   // Reused across calls: the GIL serializes SCM calls, and no op calls back into an SCM.
   thread_local torch::jit::Stack stack;
   try {
@@ -409,39 +437,42 @@ int api_call(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, 
                 nrets);
     for (int32_t i = 0; i < nrets; ++i) from_ivalue(std::move(stack[i]), &rets[i]);
     return 0;
-  } catch (const c10::Error& e) {
-    g_error = e.what_without_backtrace();
-    g_error_kind = dynamic_cast<const c10::IndexError*>(&e)            ? ERR_INDEX
-                   : dynamic_cast<const c10::ValueError*>(&e)          ? ERR_VALUE
-                   : dynamic_cast<const c10::TypeError*>(&e)           ? ERR_TYPE
-                   : dynamic_cast<const c10::NotImplementedError*>(&e) ? ERR_NOT_IMPLEMENTED
-                                                                       : ERR_GENERIC;
-    return 1;
-  } catch (const std::exception& e) {
-    g_error = e.what();
-    g_error_kind = ERR_GENERIC;
-    return 1;
+  } catch (...) {
+    return fail_with_current_exception();
   }
 }
 
-trt_tensor* api_retain(trt_tensor* t) { return new_handle(at::Tensor(as_tensor(t))); }
-void api_release(trt_tensor* t) { delete reinterpret_cast<at::Tensor*>(t); }
-void api_release_list(trt_value* list) {
+trt_tensor* api_retain(trt_tensor* t) noexcept {
+  try {
+    return new_handle(at::Tensor(as_tensor(t)));
+  } catch (...) {
+    fail_with_current_exception();
+    return nullptr;
+  }
+}
+void api_release(trt_tensor* t) noexcept { delete reinterpret_cast<at::Tensor*>(t); }
+void api_release_list(trt_value* list) noexcept {
   for (int32_t i = 0; i < list->len; ++i) api_release(list->u.items[i].u.t);
   delete[] list->u.items;
   list->u.items = nullptr;
   list->len = 0;
 }
-void* api_data_ptr(trt_tensor* t) { return as_tensor(t).data_ptr(); }
+int api_data_ptr(trt_tensor* t, void** out) noexcept {
+  try {
+    *out = as_tensor(t).data_ptr();
+    return 0;
+  } catch (...) {
+    return fail_with_current_exception();
+  }
+}
 
-int api_cuda_stream(int32_t device_index, void** stream) {
+int api_cuda_stream(int32_t device_index, void** stream) noexcept {
   try {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     *stream = impl.getStream(c10::Device(c10::DeviceType::CUDA, device_index)).native_handle();
     return 0;
-  } catch (const std::exception& e) {
-    g_error = e.what();
-    return 1;
+  } catch (...) {
+    return fail_with_current_exception();
   }
 }
 
@@ -449,7 +480,7 @@ std::vector<PyObject*> g_callbacks;  // strong references, never freed (a few pe
 
 PyObject* wrap_value(const trt_value& v, bool steal);
 
-int api_python_callback(int64_t id, const trt_value* args, int32_t nargs) {
+int api_python_callback(int64_t id, const trt_value* args, int32_t nargs) noexcept try {
   PyObject* tuple = PyTuple_New(nargs);
   if (!tuple) goto fail;
   for (int32_t i = 0; i < nargs; ++i) {
@@ -491,16 +522,21 @@ fail:
     Py_XDECREF(tb);
   }
   return 1;
+} catch (...) {
+  return fail_with_current_exception();
 }
 
-void api_set_error(const char* where, const char* message) {
-  if (message) g_error_kind = ERR_GENERIC;  // the SCM's own error, not a failed op's
-  std::string msg = message ? std::string(message) : g_error;
-  g_error = std::string(where) + ": " + msg;
+void api_set_error(const char* where, const char* message) noexcept {
+  try {
+    if (message) g_error_kind = ERR_GENERIC;  // the SCM's own error, not a failed op's
+    std::string msg = message ? std::string(message) : g_error;
+    g_error = std::string(where) + ": " + msg;
+  } catch (...) {  // std::bad_alloc: keep the pending message
+  }
 }
 
 trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* strides,
-                              int32_t dtype, int32_t device_index) {
+                              int32_t dtype, int32_t device_index) noexcept {
   try {
     auto options = at::TensorOptions()
                        .dtype(static_cast<c10::ScalarType>(dtype))
@@ -508,14 +544,14 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
                                            static_cast<c10::DeviceIndex>(device_index)));
     return new_handle(at::empty_strided(c10::IntArrayRef(sizes, dim),
                                         c10::IntArrayRef(strides, dim), options));
-  } catch (const std::exception& e) {
-    g_error = e.what();
+  } catch (...) {
+    fail_with_current_exception();
     return nullptr;
   }
 }
 
 // Note [Views in C] (trident/plan.py): a tensor's geometry, and tensors of computed views.
-int api_view_of(trt_tensor* handle, trt_view* out) {
+int api_view_of(trt_tensor* handle, trt_view* out) noexcept try {
   const at::Tensor& t = as_tensor(handle);
   int64_t dim = t.dim();
   if (dim > TRT_MAX_VIEW_DIM || !t.has_storage() || t.layout() != c10::kStrided) {
@@ -534,9 +570,11 @@ int api_view_of(trt_tensor* handle, trt_view* out) {
   std::copy(t.sizes().begin(), t.sizes().end(), out->sizes);
   std::copy(t.strides().begin(), t.strides().end(), out->strides);
   return 0;
+} catch (...) {
+  return fail_with_current_exception();
 }
 
-trt_tensor* api_view_tensor(const trt_view* view, int32_t how) {
+trt_tensor* api_view_tensor(const trt_view* view, int32_t how) noexcept {
   try {
     const at::Tensor& base = as_tensor(view->base);
     c10::IntArrayRef sizes(view->sizes, view->dim), strides(view->strides, view->dim);
@@ -549,12 +587,8 @@ trt_tensor* api_view_tensor(const trt_view* view, int32_t how) {
     if (how == TRT_VIEW_KERNEL && !base.is_inference())
       impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
     return new_handle(std::move(t));
-  } catch (const c10::Error& e) {
-    g_error = e.what_without_backtrace();
-    g_error_kind = ERR_GENERIC;
-    return nullptr;
-  } catch (const std::exception& e) {
-    g_error = e.what();
+  } catch (...) {
+    fail_with_current_exception();
     g_error_kind = ERR_GENERIC;
     return nullptr;
   }

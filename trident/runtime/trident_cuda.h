@@ -267,7 +267,13 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, const trt_api
       break;
     }
     out->outs[k].u.t = t;
-    if (bytes > 0 && (rc = trt_cu.memcpy_async((CUdeviceptr)rt->data_ptr(t), (CUdeviceptr)src,
+    void* data = NULL;
+    if (bytes > 0 && rt->data_ptr(t, &data)) {
+      failed = trt_graph_error("no data pointer for a graph output");
+      ++k;
+      break;
+    }
+    if (bytes > 0 && (rc = trt_cu.memcpy_async((CUdeviceptr)data, (CUdeviceptr)src,
                                                (size_t)bytes, (CUstream)stream))) {
       failed = trt_cuda_fail("cuMemcpyAsync (graph output)", rc) ? TRT_GRAPH_FAILED : failed;
       ++k;

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 4
+#define TRT_ABI_VERSION 5
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -161,18 +161,20 @@ typedef struct trt_env {
   trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
 } trt_env;
 
-/* The runtime's services, handed to an SCM once by scm_init(). */
+/* The runtime's services, handed to an SCM once by scm_init(). Note [No exception crosses the
+ * ABI] in runtime.cpp: every entry point catches what PyTorch's C++ throws and reports it as
+ * its return value (non-zero, or NULL), with the message pending for set_error(). */
 typedef struct trt_api {
   int32_t abi_version;
   /* Look an operator up in PyTorch's dispatcher ("aten::add", "Tensor"); NULL if absent. */
   trt_op* (*op)(const char* name, const char* overload);
   /* Boxed call: args[0..nargs) in schema order; writes nrets returns (new tensor handles). */
   int (*call)(trt_op* op, const trt_value* args, int32_t nargs, trt_value* rets, int32_t nrets);
-  trt_tensor* (*retain)(trt_tensor* t); /* new handle to the same tensor */
+  trt_tensor* (*retain)(trt_tensor* t); /* new handle to the same tensor; NULL on failure */
   void (*release)(trt_tensor* t);
   void (*release_list)(trt_value* list); /* a TRT_TENSOR_LIST returned by call() */
-  /* Tensor facts the launch sequence needs (Triton launches). */
-  void* (*data_ptr)(trt_tensor* t);
+  /* A tensor's data pointer (a Triton launch's argument); non-zero on failure. */
+  int (*data_ptr)(trt_tensor* t, void** out);
   /* Current stream of a CUDA device as a CUstream; NULL for the default stream. */
   int (*cuda_stream)(int32_t device_index, void** stream);
   /* Run a Python callback registered by the SCM's owner (a Triton kernel on CPU tensors through

@@ -1,0 +1,108 @@
+"""Golden files: checked-in specializations (``tests/golden/<case>.json``) rendered to C by
+codegen, without tracing, and compared with the checked-in C (``tests/golden/<case>.c``); the
+C is then built with cffi and initialized against the runtime.
+
+A change to codegen or the template shows here as a diff of the generated C. After a change
+that is meant, write the files again and review their diff:
+
+    cd tests && python -c "import test_golden; test_golden.update()"
+
+(``update`` traces the functions below, so the JSON changes too when capture, import or plan
+change what they store.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+import trident
+from trident import build, codegen, runtime
+from trident.specialization import Specialization
+
+from _triton_kernels import add_kernel
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def mlp(x, w1, b1, w2):
+    h = torch.relu(x @ w1 + b1)
+    y = torch.nn.functional.linear(h, w2)
+    return torch.softmax(y, -1), h.t()[0]
+
+
+def halves(x, n: int):
+    y = x.view(x.shape[0] // 2, -1) * n
+    return y.sum(0), y.shape[0]
+
+
+def triton_add(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64)
+    return out * 2
+
+
+def catching(x):
+    try:
+        return x.pow(-2) + 1
+    except RuntimeError:
+        return x
+
+
+def _r(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# case -> (function, jit options, the calls that make its specializations)
+CASES = {
+    "mlp": (mlp, {}, [(_r(2, 4), _r(4, 8, seed=1), _r(8, seed=2), _r(3, 8, seed=3))]),
+    "halves_dynamic": (halves, {}, [(_r(4, 3), 2), (_r(6, 3), 2)]),
+    "triton_interpreted": (triton_add, {}, [(_r(100), _r(100, seed=1))]),
+    "catching": (catching, {}, [(_r(3),)]),
+}
+
+
+def _specs(case: str) -> list[Specialization]:
+    return [Specialization.from_json(d)
+            for d in json.loads((GOLDEN / f"{case}.json").read_text())]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stored_specializations_render_to_the_golden_c(case):
+    source = codegen.render(_specs(case), case).source
+    golden = (GOLDEN / f"{case}.c").read_text()
+    assert source == golden, (f"the C of {case} changed; if that is meant, run update() (see "
+                              "this module's docstring) and review the diff")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_c_builds_and_initializes(case, tmp_path):
+    module = build.build((GOLDEN / f"{case}.c").read_text(), tmp_path)
+    assert module.lib.scm_init(runtime.load().api_address()) == 0
+
+
+def update() -> None:
+    """Trace each case and write its specializations and their C (see the docstring), in a
+    fresh cache folder that shares the current one's runtime build."""
+    from trident import config
+
+    runtime_dir = config.cache_dir() / "runtime"
+    os.environ["TRIDENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="trident-golden-")
+    if runtime_dir.is_dir():
+        (config.cache_dir() / "runtime").symlink_to(runtime_dir, target_is_directory=True)
+    GOLDEN.mkdir(exist_ok=True)
+    for case, (fn, options, calls) in CASES.items():
+        jf = trident.jit(fallback=False, **options)(fn)
+        for args in calls:
+            jf(*args)
+        assert len(jf._specs) == len(calls) and not jf.stats.fallbacks, (case, jf.stats)
+        (GOLDEN / f"{case}.json").write_text(
+            json.dumps([s.to_json() for s in jf._specs], indent=1, sort_keys=True) + "\n")
+        (GOLDEN / f"{case}.c").write_text(codegen.render(_specs(case), case).source)

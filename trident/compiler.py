@@ -1,0 +1,104 @@
+"""Compile one specialization: a traced call in, a :class:`Specialization` out.
+
+Like Triton's ``compile()``: typed objects pass between the stages (capture's ``Capture`` →
+Torch-MLIR's module (importer.py) → plan.py's ``Plan`` → kernels.py's cubins → guards.py's
+guards) and the result is pure data, which codegen.py renders to C and build.py compiles. The
+miss path that decides what to trace (dynamic dims, the state the trace read) is jit.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from . import config, kernels
+from .capture import Capture
+from .errors import TridentError
+from .guards import guards_for
+from .importer import import_graph
+from .plan import build_plan, reuse_buffers
+from .specialization import Specialization
+
+_recompiles = config.logger("recompiles")
+
+
+def compile_specialization(captured: Capture, args: tuple, names: list[str],
+                           dynamic: dict[int, set[int]], tree: int, state: dict, name: str,
+                           code_fn, bar) -> Specialization:
+    """The specialization of a call traced into ``captured``.
+
+    Args:
+        args, names: the call's leaves (Note [Argument trees] in flatten.py) and their paths.
+        dynamic: per leaf, the dims traced as symbolic sizes.
+        tree: the key of the call's argument tree.
+        state: what the trace read outside the arguments (Note [State guards] in state.py).
+        name: the function's qualified name, for messages and the signature.
+        code_fn: the function whose globals name the Triton kernels the plan launches.
+        bar: ``config.progress``'s bar, told each stage.
+
+    Raises:
+        TridentError: an op, constant or type the plan cannot call, a graph Torch-MLIR cannot
+            import, a kernel Triton cannot compile for the device.
+    """
+    bar.set_postfix_str("Torch-MLIR")
+    start = time.perf_counter()
+    try:
+        module = import_graph(captured.graph_module, shape_env=captured.shape_env)
+        plan = build_plan(module, captured.out_leaves, captured.out_spec)
+    except TridentError:
+        raise
+    except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
+        raise TridentError(f"{name}: Torch-MLIR cannot import or plan the graph: "
+                           f"{type(e).__name__}: {e}") from e
+    planned = time.perf_counter()
+    bar.update()
+    bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
+                     for s in plan.steps)
+    binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
+    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+    if not dynamic and (all(d.type == "cpu" for d in devices) or (
+            len(devices) == 1 and next(iter(devices)).type == "cuda")):
+        reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices)
+                      else "CPU")  # Note [Buffer reuse]
+    for step in plan.steps:
+        if step.op == "triton" and step.launch["device"].startswith("cuda"):
+            key = json.dumps(step.launch, sort_keys=True)
+            if key not in binaries:
+                binaries[key] = kernels.compile_cuda(
+                    kernels.find_kernel(step.launch["ref"], code_fn),
+                    kernels.Launch(**step.launch),
+                    torch.cuda.get_device_capability(step.launch["device"]))
+            step.launch["binary"] = binaries[key]
+            bar.set_postfix_str(f"Triton kernel {len(binaries)}")
+            bar.update()
+    _recompiles.info("%s: import and plan %.2f s, %d kernels %.2f s", name, planned - start,
+                     len(binaries), time.perf_counter() - planned)
+    return Specialization(signature(name, args, names, captured.fake_args), names,
+                          guards_for(args, captured.fake_args, captured.shape_env), plan,
+                          {str(i): sorted(d) for i, d in dynamic.items()},
+                          [list(a.shape) if isinstance(a, torch.Tensor) else None
+                           for a in args], tree, captured.recipe, captured.catching, state)
+
+
+def signature(name: str, args: tuple, names: list[str], fake_args: tuple | None) -> str:
+    """``f(x: float32[4, ?] cpu, n=2)``: a ``?`` for each symbolic size of the trace; the
+    parameters and buffers of ``self`` (a module) are counted, not listed."""
+    parts, owned = [], 0
+    for i, (leaf, a) in enumerate(zip(names, args)):
+        if i == 0:  # the tree's key
+            continue
+        if leaf.startswith("self.") and (isinstance(a, torch.Tensor) or a is None):
+            owned += 1
+            continue
+        if isinstance(a, torch.Tensor):
+            traced = fake_args[i].shape if fake_args else a.shape
+            shape = ["?" if isinstance(n, torch.SymInt) else n for n in traced]
+            parts.append(f"{leaf}: {str(a.dtype).replace('torch.', '')}"
+                         f"[{', '.join(map(str, shape))}] {a.device}")
+        else:
+            parts.append(f"{leaf}={a!r}")
+    if owned:
+        parts.insert(0, f"self: {owned} parameters and buffers")
+    return f"{name}({', '.join(parts)})"

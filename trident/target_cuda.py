@@ -1,0 +1,109 @@
+"""The CUDA target of codegen: what a Specialization Cache Module does differently when its
+tensors are on a CUDA device. Triton kernels launch through the driver
+(``runtime/trident_cuda.h``: each cubin a ``trt_kernel``, loaded per device at its first
+launch, ``cuLaunchKernelEx`` on PyTorch's current stream); buffers are reused on the stream
+that made them (Note [Buffer reuse] in plan.py). The CPU target is ``target_cpu.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from . import sizes
+from .codegen import CStep, c_comment, c_float, c_string, size_c
+
+NAME = "cuda"
+HEADERS = ("trident_cuda.h",)
+REUSE = "reuse"  # set by the prologue: not in inference mode, on the buffers' stream
+_SCALARS = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
+            "uint64_t"}
+
+
+class Kernels:
+    """The module's compiled kernels, one ``trt_kernel`` per distinct binary (a kernel launched
+    from every layer of a model is stored once)."""
+
+    def __init__(self):
+        self.names: dict[tuple, str] = {}
+        self.decls: list[str] = []
+
+    def add(self, kernel: str, binary: dict) -> str:
+        key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
+               binary["num_ctas"], binary["cooperative"], binary["pdl"])
+        if key in self.names:
+            return self.names[key]
+        name = f"kernel{len(self.names)}"
+        cubin = base64.b64decode(binary["cubin"])
+        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
+        self.decls.append(f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes */\n"
+                          f"static const unsigned char cubin_{name}[] = {{\n  "
+                          + ",\n  ".join(rows) + "\n};")
+        self.decls.append(
+            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin_{name}, "
+            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
+            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
+        self.names[key] = name
+        return name
+
+
+def prologue(r) -> list[str]:
+    """Note [Buffer reuse] in plan.py: buffers are reused on the stream that made them, and a
+    call on another stream allocates."""
+    device = r.spec.cuda_device
+    stream = f"buffer_stream{r.index}"
+    r.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
+    r.statics.append(f"static int {stream}_set;")
+    return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
+            f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
+            f"NULL); goto fail; }}",
+            f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
+            f"const int reuse = !env->inference_mode && stream == {stream};"]
+
+
+def _pointer(r, var: str, o: dict, where: str) -> list[str]:
+    """Statements that set ``CUdeviceptr var`` to a tensor operand's data pointer, for a
+    kernel parameter."""
+    if o["k"] == "arg":
+        return [f"CUdeviceptr {var} = (CUdeviceptr)a[{o['i']}].data_ptr;"]
+    if o["k"] == "val" and o["i"] in r.views:  # Note [Views in C]: no tensor needed
+        w = f"w[{r.views[o['i']][0]}]"
+        return [f"CUdeviceptr {var} = (CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize);"]
+    tensor = r.operand(o)[len("TRT_T("):-1]
+    return [f"void* {var}_data;",
+            f"if (rt->data_ptr({tensor}, &{var}_data)) {{ rt->set_error({c_string(where)}, "
+            f"NULL); goto fail; }}",
+            f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
+
+
+def launch(r, index: int, s) -> CStep:
+    """A Triton launch of the step's cubin through the driver: one local per kernel parameter
+    (Triton 3.6's: non-constexpr arguments, then the global and profile scratch pointers)."""
+    launch = s.launch
+    binary = launch["binary"]
+    tensors = iter(s.args)
+    name = r.kernels.add(launch["kernel"], binary)
+    params = []
+    for p, ctype in zip(launch["params"], binary["arg_types"]):
+        if p["kind"] == "tensor":
+            operand = next(tensors)
+        if ctype is None:
+            continue
+        var = f"p{len(params)}"
+        if p["kind"] == "tensor":
+            r.locals += _pointer(r, var, operand, f"{s.where} (triton {s.overload})")
+            r.locals[-1] += f"  /* {p['name']} */"
+        elif "size" in p:  # Note [Symbolic launches] in kernels.py
+            words = c_comment(sizes.words(sizes.loads(p["size"]), r.spec.arg_names))
+            r.locals.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
+                            f"/* {p['name']} = {words} */")
+        elif ctype in _SCALARS:
+            r.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
+        else:
+            r.locals.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
+                            f"/* {p['name']} */")
+        params.append(f"&{var}")
+    r.locals.append("CUdeviceptr scratch[2] = {0, 0};  /* Triton's global and profile scratch */")
+    params += ["&scratch[0]", "&scratch[1]"]
+    device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
+    return CStep("cuda", s.where, c_comment(s.text), f"triton {s.overload}", r.locals,
+                 params, r.releases(s), kernel=name, device=device, grid=tuple(r.grid(launch)))
