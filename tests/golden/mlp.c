@@ -113,7 +113,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor)};
     if (rt->call(ops[0], args, 2, r, 1)) {
       rt->set_error("test_golden.py:35 (aten::matmul)", NULL);
-      goto fail;
+      goto eager;
     }
     v[0] = r[0].u.t;
   }
@@ -123,13 +123,13 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
       const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer0_1)};
       if (rt->call(ops[2], args, 4, r, 1)) {
         rt->set_error("test_golden.py:35 (aten::add.Tensor, out)", NULL);
-        goto fail;
+        goto eager;
       }
     } else {
       const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL)};
       if (rt->call(ops[1], args, 3, r, 1)) {
         rt->set_error("test_golden.py:35 (aten::add.Tensor)", NULL);
-        goto fail;
+        goto eager;
       }
       if (!env->inference_mode && !buffer0_1) buffer0_1 = rt->retain(r[0].u.t);  /* NULL: not reused */
     }
@@ -141,7 +141,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[1])};
     if (rt->call(ops[3], args, 1, r, 1)) {
       rt->set_error("test_golden.py:35 (aten::relu)", NULL);
-      goto fail;
+      goto eager;
     }
     v[2] = r[0].u.t;
     rt->release(v[1]); v[1] = NULL;
@@ -151,7 +151,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[2]), TRT_T(a[4].tensor), TRT_NONE_V};
     if (rt->call(ops[4], args, 3, r, 1)) {
       rt->set_error("test_golden.py:36 (aten::linear)", NULL);
-      goto fail;
+      goto eager;
     }
     v[3] = r[0].u.t;
   }
@@ -160,7 +160,7 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[3]), TRT_I(-1LL), TRT_NONE_V};
     if (rt->call(ops[5], args, 3, r, 1)) {
       rt->set_error("test_golden.py:37 (aten::softmax.int)", NULL);
-      goto fail;
+      goto eager;
     }
     v[4] = r[0].u.t;
     rt->release(v[3]); v[3] = NULL;
@@ -170,14 +170,14 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
     trt_view in;
     if (rt->view_of(v[2], &in) || trt_view_transpose(&in, 0, 1, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_NONE_V};
-      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0])) { rt->set_error("test_golden.py:37 (aten::t)", NULL); goto fail; }
+      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0])) { rt->set_error("test_golden.py:37 (aten::t)", NULL); goto eager; }
     }
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     if (trt_view_select(&w[0], 0, 0LL, &w[1])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_I(0LL), TRT_I(0LL)};
-      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1])) { rt->set_error("test_golden.py:37 (aten::select.int)", NULL); goto fail; }
+      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1])) { rt->set_error("test_golden.py:37 (aten::select.int)", NULL); goto eager; }
     }
   }
 
@@ -191,6 +191,8 @@ static int run_0(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->spec = "(vv)";
   return 0;
 
+eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
+  failed = 2;
 fail:
   for (int i = 0; i < 7; ++i)
     if (v[i]) rt->release(v[i]);
