@@ -32,7 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import collectives
+from . import collectives, rng, runtime
 from .errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -149,10 +149,35 @@ class _SourceLines(TorchFunctionMode):
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
+            func = _bool_results().get(func, func)  # Note [Bool results]
         summary = _user_frame()
         if summary is not None:
             fx_traceback.set_stack_trace(traceback.format_list([summary]))
         return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _bool_results() -> dict:
+    """Note [Bool results]: ``aten::equal`` and ``aten::allclose`` return a C++ bool, which a
+    trace on fake tensors cannot know (``DataDependentOutputException``). While tracing,
+    ``torch.equal`` and ``torch.allclose`` (functions and methods) call the runtime's
+    ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
+    bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
+    the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
+    function that branches on it cannot be traced and runs eagerly, as before. (Composite ops
+    that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
+    ops = runtime.operators()
+
+    def bool_result(op):
+        def call(*args, **kwargs):
+            if "input" in kwargs:  # the Python binding's name of ``self``
+                kwargs = dict(kwargs, self=kwargs.pop("input"))
+            return op(*args, **kwargs).item()
+        return call
+
+    return {torch.equal: bool_result(ops.equal), torch.Tensor.equal: bool_result(ops.equal),
+            torch.allclose: bool_result(ops.allclose),
+            torch.Tensor.allclose: bool_result(ops.allclose)}
 
 
 def _enclosing_try(frame) -> str:
@@ -357,7 +382,10 @@ def _global_state() -> dict:
     function that changes any of these runs eagerly (the state is put back first, so that the
     eager call makes the change itself, once), and so does one that calls torch while the
     random generators are in another state than at its entry, though it puts them back before
-    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares)."""
+    it returns (``_SourceLines`` compares). ``torch.manual_seed``, ``torch.get_rng_state``,
+    ``torch.set_rng_state`` and their CUDA twins are steps of the plan instead and leave the
+    generators alone while tracing (Note [Random state steps] in rng.py); what remains here is
+    a generator's own methods (``torch.default_generator.manual_seed(0)``)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -367,11 +395,13 @@ def _global_state() -> dict:
 
 
 def _rng_state() -> bytes:
-    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes."""
+    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes
+    (from the generators: while tracing, ``torch.get_rng_state`` is a step, Note [Random state
+    steps] in rng.py)."""
     with _disable_current_modes():
-        states = [torch.random.get_rng_state()]
+        states = [torch.default_generator.get_state()]
         if torch.cuda.is_initialized():
-            states += [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+            states += [g.get_state() for g in torch.cuda.default_generators]
         return b"".join(bytes(s.numpy()) for s in states)
 
 
@@ -435,7 +465,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
     try:
-        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions():
+        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions(), \
+                rng.hooks():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",
@@ -454,8 +485,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                            f"({', '.join(changed)}), which a compiled call would not replay")
     if mode.rng_set:  # Note [Global side effects]
         raise TridentError(f"{name} calls torch with the random generator in another state "
-                           "that it puts back before returning (torch.manual_seed inside "
-                           "freeze_rng_state), which a compiled call would not replay")
+                           "that it puts back before returning (through a torch.Generator's "
+                           "own methods), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "
