@@ -504,11 +504,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     if out_spec is None:
         raise TridentError(f"{name} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
-    for node in gm.graph.nodes:
-        # A one-element tensor the function makes from Python data (``y[i] = 0.5``,
-        # ``torch.tensor(3)``: make_fx lifts it and copies it with lift_fresh_copy) is baked
-        # into the plan. Any other tensor that is not an argument (a global, a closure) is
-        # live state and must become an argument.
+    for node in list(gm.graph.nodes):
+        # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
+        # an index list ``x[[1, 2]]``: make_fx lifts it and copies it with lift_fresh_copy) is
+        # baked into the plan. Any other tensor that is not an argument (a global, a closure)
+        # is live state and must become an argument.
         if node.op != "get_attr":
             continue
         attr = getattr(gm, node.target)
@@ -517,14 +517,53 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
                                "Trident does not compile (control-flow ops and generators run "
                                "eagerly)")
-        literal = attr.numel() <= 1 and all(
+        literal = attr.numel() <= _LITERAL_ELEMENTS and all(
             u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
         if not literal:
             where, text = source_line(node.meta.get("stack_trace"))
             raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
+        if attr.numel() > 1:
+            _build_literal(gm.graph, node, attr)
+    gm.recompile()
     return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
                    mode.catching)
+
+
+# Literals of up to this many elements are baked into the plan (each element is a step).
+_LITERAL_ELEMENTS = 64
+
+
+def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> None:
+    """A tensor of several elements made from Python data (plan.py bakes one element, as
+    ``aten::scalar_tensor``): each ``lift_fresh_copy`` of it becomes the ops that make the same
+    new tensor on every call, ``aten::scalar_tensor`` of each element, ``aten::stack`` and
+    ``aten::_unsafe_view`` to its shape (contiguous, on the CPU, no ``_base``: as eager's
+    copy)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    aten = torch.ops.aten
+    fake = FakeTensorMode()  # the values the importer reads types from
+    item, flat, whole = (fake.from_tensor(t.clone()) for t in (
+        value.flatten()[0], value.flatten(), value.contiguous()))
+    for copy in list(constant.users):
+        with graph.inserting_before(copy):
+            items = []
+            for v in value.flatten().tolist():
+                items.append(graph.call_function(aten.scalar_tensor.default, (v,),
+                                                 {"dtype": value.dtype}))
+                items[-1].meta["val"] = item
+            made = stacked = graph.call_function(aten.stack.default, (items,))
+            stacked.meta["val"] = flat
+            if value.dim() != 1:  # not a view in autograd's sense: no _base, as eager's
+                made = graph.call_function(aten._unsafe_view.default,
+                                           (stacked, list(value.shape)))
+                made.meta["val"] = whole
+        for node in {*items, stacked, made}:
+            node.meta["stack_trace"] = copy.meta.get("stack_trace")
+        copy.replace_all_uses_with(made)
+        graph.erase_node(copy)
+    graph.erase_node(constant)
 
 
 def _spec_string(spec: pytree.TreeSpec) -> str | None:
