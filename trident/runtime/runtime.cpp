@@ -784,6 +784,19 @@ bool const_equal(const TreeNode& n, PyObject* v) {
     return trt_f64_bits(a.real) == trt_f64_bits(b.real) &&
            trt_f64_bits(a.imag) == trt_f64_bits(b.imag);
   }
+  if (PySlice_Check(v)) {  // each bound by exact type too: 1.0 == 1, but x[1.0:] raises
+    auto* a = reinterpret_cast<PySliceObject*>(v);
+    auto* b = reinterpret_cast<PySliceObject*>(n.expect);
+    PyObject* mine[] = {a->start, a->stop, a->step};
+    PyObject* theirs[] = {b->start, b->stop, b->step};
+    for (int i = 0; i < 3; ++i) {
+      if (Py_TYPE(mine[i]) != Py_TYPE(theirs[i])) return false;
+      int eq = PyObject_RichCompareBool(mine[i], theirs[i], Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      if (eq != 1) return false;
+    }
+    return true;
+  }
   int eq = PyObject_RichCompareBool(v, n.expect, Py_EQ);
   if (eq < 0) PyErr_Clear();
   return eq == 1;
