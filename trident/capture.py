@@ -524,6 +524,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
         if attr.numel() > 1:
+            if attr.dtype.is_complex or attr.is_quantized:
+                raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
+                                   "which Trident does not compile")
             _build_literal(gm.graph, node, attr)
     gm.recompile()
     return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
