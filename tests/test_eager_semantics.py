@@ -4,6 +4,7 @@ effects and forward-mode AD run eagerly, reused buffers are never shared with an
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -382,6 +383,16 @@ def _seed_from_argument(x, seed: int):
     return x + torch.randn(x.shape)
 
 
+def _every_spelling(x):
+    torch.random.manual_seed(1)
+    a = torch.rand(2)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(2)
+    b = torch.rand(2)
+    torch.set_rng_state(state)
+    return a, b, torch.rand(2) + x[:2], torch.get_rng_state()
+
+
 def test_random_state_calls_are_steps():
     """Note [Random state steps]: a function that seeds, saves or restores the generators
     (``torch.manual_seed``, ``get_rng_state``/``set_rng_state``, ``fork_rng``, OpInfo's
@@ -395,6 +406,8 @@ def test_random_state_calls_are_steps():
     rng_calls(_set_state_then_restore, x, state)
     rng_calls(_seeded_ops, x, p)
     rng_calls(_saves_and_returns_the_state, x)
+    importlib.import_module("torch._dynamo")  # it replaces torch.manual_seed with a wrapper
+    rng_calls(_every_spelling, x)
     st = rng_calls(lambda x: (_seed_from_argument(x, 3), _seed_from_argument(x, 2 ** 64 - 1),
                               _seed_from_argument(x, -5)), x)
     assert st.compiles == 1, st

@@ -21,7 +21,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/equal.h>
@@ -1744,7 +1743,7 @@ void seed_generator(at::Generator gen, int64_t seed) {
 void op_manual_seed(int64_t seed, std::optional<c10::Device> device) {
   if (device) return seed_generator(default_generator(*device), seed);
   if (at::globalContext().hasCUDA())
-    for (c10::DeviceIndex i = 0; i < at::detail::getCUDAHooks().deviceCount(); ++i)
+    for (c10::DeviceIndex i = 0; i < c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount(); ++i)
       seed_generator(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i)), seed);
   seed_generator(at::detail::getDefaultCPUGenerator(), seed);
 }
