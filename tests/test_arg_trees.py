@@ -136,6 +136,28 @@ def test_torch_constants_as_arguments_are_guarded_by_value():
     assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (3, 0, 1), jf.stats
 
 
+def _sliced(x, index):
+    return x[index], x.__getitem__(index).sum()
+
+
+def test_slices_are_guarded_by_their_bounds_types_and_values():
+    """A slice of ints (OpInfo's ``__getitem__``) is a constant of a specialization, its bounds
+    compared by exact type: ``slice(True, 3)`` equals ``slice(1, 3)`` in Python and ``x[1.0:3]``
+    raises where ``x[1:3]`` does not, so each compiles or runs on its own."""
+    x = torch.randn(5, 4)
+    jf = trident.jit(_sliced)
+    for index in (slice(1, 3), slice(1, 3), (slice(None, None, 2), 1), slice(True, 3),
+                  slice(1, 3), (slice(None, None, 2), 1), slice(1.0, 3)):
+        try:
+            want = _sliced(x, index)
+        except TypeError as e:
+            with pytest.warns(UserWarning, match="cannot guard"), pytest.raises(type(e)):
+                jf(x, index)
+            continue
+        assert_same(jf(x, index), want)
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (3, 3, 1), jf.stats
+
+
 def test_complex_constants_compare_bit_patterns():
     class O:
         pass

@@ -4,6 +4,7 @@ effects and forward-mode AD run eagerly, reused buffers are never shared with an
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -234,17 +235,7 @@ def test_aten_only_plans_still_reuse_buffers():
     assert jf.source().count("reused") == 2  # mul, sin; the add is the output
 
 
-# ---- item 7: global side effects run eagerly -----------------------------------------------
-
-def _seeded_dropout(x):
-    torch.manual_seed(42)
-    return torch.nn.functional.dropout(x, 0.5)
-
-
-def _set_state_then_rand(x, state):
-    torch.random.set_rng_state(state)
-    return x + torch.rand(x.shape)
-
+# ---- item 7: global side effects run eagerly; random state calls are steps -------------------
 
 def _default_dtype(x):
     torch.set_default_dtype(torch.float64)
@@ -254,26 +245,106 @@ def _default_dtype(x):
         torch.set_default_dtype(torch.float32)
 
 
+def _sets_default_dtype(x):
+    torch.set_default_dtype(torch.float64)
+    return x + torch.ones(3)
+
+
+def _sets_threads(x):
+    torch.set_num_threads(1)
+    return x * 2
+
+
 def test_global_side_effects_run_eagerly():
-    """A function that seeds or sets the RNG (a sweep of the kind: the RNG, the default dtype)
-    runs eagerly on every call, with a warning, and equals eager each time."""
-    x = torch.randn(100)
-    state = torch.random.get_rng_state()
-    with pytest.warns(UserWarning, match="global torch state"):
-        trident.jit(_seeded_dropout)(x)
-    for fn, args in [(_seeded_dropout, (x,)), (lambda x: _set_state_then_rand(x, state), (x,))]:
-        jf = trident.jit(fn)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(3):
-                torch.manual_seed(7)
-                want = fn(*args)
-                after = torch.random.get_rng_state()
-                torch.manual_seed(7)
-                assert_same(jf(*args), want)
-                assert torch.equal(torch.random.get_rng_state(), after)
-        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+    """A function that changes global torch state the plan would not replay (a sweep of the
+    kind: the default dtype, the thread count) runs eagerly on every call, with a warning, and
+    equals eager each time; one that changes it back inside is compiled."""
+    x = torch.randn(3)
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    try:
+        for fn in (_sets_default_dtype, _sets_threads):
+            jf = trident.jit(fn)
+            with pytest.warns(UserWarning, match="global torch state"):
+                jf(x)
+            for _ in range(2):
+                torch.set_default_dtype(dtype)
+                torch.set_num_threads(threads)
+                want = fn(x)
+                changed = torch.get_default_dtype(), torch.get_num_threads()
+                torch.set_default_dtype(dtype)
+                torch.set_num_threads(threads)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    assert_same(jf(x), want)
+                assert (torch.get_default_dtype(), torch.get_num_threads()) == changed
+            assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
     calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
+
+
+def _generator_states() -> list[torch.Tensor]:
+    states = [torch.default_generator.get_state()]
+    if torch.cuda.is_initialized():
+        states += [g.get_state() for g in torch.cuda.default_generators]
+    return states
+
+
+def rng_calls(fn, *args, calls_: int = 3, fallbacks: int = 0):
+    """``fn`` eagerly and jitted under the caller's seeds 0, 1, 2...: the same results and
+    written arguments, and the same generator states afterwards (CPU, and CUDA once
+    initialized: ``torch.manual_seed`` seeds both). Returns the stats."""
+    if torch.cuda.is_available():
+        torch.cuda.init()  # Note [Random state steps]: CUDA's lazy seeding runs eagerly
+    jf = trident.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if fallbacks else "error")
+        for seed in range(calls_):
+            want_args, got_args = clone_args(args), clone_args(args)
+            torch.manual_seed(seed)
+            try:
+                want = fn(*want_args)
+            except Exception as e:  # noqa: BLE001 - compared with Trident's
+                want = e
+            want_states = _generator_states()
+            torch.manual_seed(seed)
+            try:
+                got = jf(*got_args)
+            except Exception as e:  # noqa: BLE001
+                assert isinstance(want, Exception) and isinstance(e, type(want)), (want, e)
+                got = want
+            if not isinstance(want, Exception):
+                assert_same(got, want)
+                assert_same(got_args, want_args, path="args")
+            for g, w in zip(_generator_states(), want_states, strict=True):
+                assert torch.equal(g, w), "the generators' state differs from eager's"
+    st = jf.stats
+    raised = isinstance(want, Exception)  # a call that raises is not a hit
+    assert (st.fallbacks, st.hits) == (fallbacks, st.hits if fallbacks or raised else
+                                       calls_ - 1), st
+    for fn in (torch.manual_seed, torch.random.manual_seed, torch.get_rng_state,
+               torch.cuda.manual_seed_all, torch.cuda.random.set_rng_state):
+        assert "trident" not in fn.__code__.co_filename, "torch's own functions after a trace"
+    return st
+
+
+def _wrapper_set_seed(op, *args, **kwargs):  # OpInfo's, common_methods_invocations.py
+    from torch.testing._internal.common_utils import freeze_rng_state
+
+    with freeze_rng_state():
+        torch.manual_seed(42)
+        return op(*args, **kwargs)
+
+
+def _seeded_dropout(x):
+    torch.manual_seed(42)
+    return torch.nn.functional.dropout(x, 0.5)
+
+
+def _set_state_then_rand(x, state):
+    torch.random.set_rng_state(state)
+    return x + torch.rand(x.shape)
 
 
 def _seed_then_restore(x):
@@ -291,25 +362,130 @@ def _set_state_then_restore(x, state):
         torch.random.set_rng_state(saved)
 
 
-def test_random_ops_under_a_restored_rng_state_run_eagerly():
-    """A function that seeds or sets the RNG, draws, and puts the RNG back before it returns
-    (OpInfo's wrapper_set_seed, fork_rng) leaves no change a trace sees afterwards; its draws
-    still depend on the seed, so it runs eagerly, equal to eager on every call."""
-    x = torch.randn(100)
+def _seeded_ops(x, p):
+    return (_wrapper_set_seed(torch.bernoulli, p), _wrapper_set_seed(torch.normal, x, 2.0),
+            _wrapper_set_seed(torch.multinomial, p, 3),
+            _wrapper_set_seed(torch.randint, 0, 9, (4,)),
+            _wrapper_set_seed(torch.Tensor.exponential_, x.clone()),
+            _wrapper_set_seed(torch.nn.functional.rrelu, x, training=True),
+            torch.rand(2))  # after the restore: the caller's stream
+
+
+def _saves_and_returns_the_state(x):
+    state = torch.get_rng_state()
+    y = x + torch.rand_like(x)
+    torch.manual_seed(7)
+    return y, state, torch.get_rng_state(), torch.rand(2)
+
+
+def _seed_from_argument(x, seed: int):
+    torch.manual_seed(seed)
+    return x + torch.randn(x.shape)
+
+
+def _every_spelling(x):
+    torch.random.manual_seed(1)
+    a = torch.rand(2)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(2)
+    b = torch.rand(2)
+    torch.set_rng_state(state)
+    return a, b, torch.rand(2) + x[:2], torch.get_rng_state()
+
+
+def test_random_state_calls_are_steps():
+    """Note [Random state steps]: a function that seeds, saves or restores the generators
+    (``torch.manual_seed``, ``get_rng_state``/``set_rng_state``, ``fork_rng``, OpInfo's
+    ``wrapper_set_seed``: a sweep of the kind) is compiled; every call draws what eager draws
+    and leaves the caller's generators where eager leaves them."""
+    x, p = torch.randn(64), torch.rand(5)
     state = torch.Generator().manual_seed(5).get_state()
-    for fn in (_seed_then_restore, lambda x: _set_state_then_restore(x, state)):
-        jf = trident.jit(fn)
-        with pytest.warns(UserWarning, match="random generator in another state"):
-            first = jf(x)
-        assert_same(first, fn(x))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for seed in (1, 2):
-                torch.manual_seed(seed)
-                got = jf(x)
-                torch.manual_seed(seed)
-                assert_same(got, fn(x))
-        assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
+    rng_calls(_seeded_dropout, x)
+    rng_calls(_set_state_then_rand, x, state)
+    rng_calls(_seed_then_restore, x)
+    rng_calls(_set_state_then_restore, x, state)
+    rng_calls(_seeded_ops, x, p)
+    rng_calls(_saves_and_returns_the_state, x)
+    importlib.import_module("torch._dynamo")  # it replaces torch.manual_seed with a wrapper
+    rng_calls(_every_spelling, x)
+    st = rng_calls(lambda x: (_seed_from_argument(x, 3), _seed_from_argument(x, 2 ** 64 - 1),
+                              _seed_from_argument(x, -5)), x)
+    assert st.compiles == 1, st
+
+
+def test_random_state_errors_are_eagers():
+    """A state eager rejects raises eager's class from the step (a float tensor: TypeError; a
+    byte tensor of the wrong size: RuntimeError), after the steps before it, as eager."""
+    x = torch.randn(8)
+    for state in (torch.zeros(5056), torch.zeros(10, dtype=torch.uint8)):
+        st = rng_calls(_set_state_then_rand, x, state)
+        assert (st.compiles, st.fallbacks) == (1, 0), st
+
+
+def _returns_the_generator(x):
+    return x + torch.rand(3, generator=torch.manual_seed(1))
+
+
+def _seed_from_the_os(x):
+    state = torch.get_rng_state()
+    torch.seed()  # nondeterministic: put back, so that eager's result can be compared
+    torch.set_rng_state(state)
+    return x * 2
+
+
+def _initial_seed(x):
+    torch.manual_seed(9)
+    return x * torch.initial_seed()
+
+
+def _generator_method(x):
+    return x * torch.default_generator.initial_seed()
+
+
+def _generator_methods_restored(x):
+    state = torch.default_generator.get_state()
+    torch.default_generator.manual_seed(42)
+    try:
+        return x + torch.rand(3)
+    finally:
+        torch.default_generator.set_state(state)
+
+
+def _seed_out_of_range(x):
+    torch.manual_seed(2 ** 64)
+    return x + torch.rand(3)
+
+
+def test_unkept_random_state_runs_eagerly():
+    """What no step replays runs eagerly on every call, equal to eager (a sweep of the kind): a
+    seed from the OS, a seed read back (``torch.initial_seed()``, a generator's own method), a
+    generator's own methods that change the state and put it back, the generator
+    ``manual_seed`` returns used as an argument, a seed eager rejects."""
+    x = torch.randn(3)
+    for fn in (_returns_the_generator, _seed_from_the_os, _initial_seed, _generator_method,
+               _generator_methods_restored, _seed_out_of_range):
+        jf_stats = rng_calls(fn, x, fallbacks=3)
+        assert jf_stats.compiles == 0, (fn, jf_stats)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_random_state_calls_are_steps():
+    """The CUDA twins (``torch.cuda.manual_seed``/``manual_seed_all``/``get_rng_state``/
+    ``set_rng_state``, ``fork_rng`` over CUDA devices) as steps, on CUDA tensors."""
+    x = torch.randn(64, device="cuda")
+
+    def f(x):
+        with torch.random.fork_rng(devices=[0]):
+            torch.cuda.manual_seed(4)
+            a = torch.rand_like(x)
+        state = torch.cuda.get_rng_state(0)
+        torch.cuda.manual_seed_all(5)
+        b = torch.nn.functional.dropout(x, 0.5)
+        torch.cuda.set_rng_state(state, "cuda:0")
+        return a, b, torch.randn(3, device="cuda")
+
+    rng_calls(f, x)
 
 
 def test_seed_outside_the_function():

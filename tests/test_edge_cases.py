@@ -161,6 +161,33 @@ def test_one_element_global_tensor_is_live_state_not_a_constant():
     G[0] = 2.0
 
 
+def _literals(x, i, k: int):
+    return (x[[1, 2]], x[[k, 0]], torch.unravel_index(i, (4, 5)),
+            x[:2, 0] + torch.tensor([0.5, 1e-3]), torch.tensor([[True, False]]) & (x[:1, :2] > 0),
+            torch.tensor([[1, 2], [3, 4]], dtype=torch.int16), torch.tensor([3.0, 4.0]),
+            x.new_tensor([[k, 2 * k]]), torch.tensor([255, 1], dtype=torch.uint8) + 1,
+            torch.tensor([0.1, 1e-30], dtype=torch.float64),
+            torch.tensor([0.1, 0.2], dtype=torch.bfloat16) * x[0, :2])
+
+
+def test_tensors_made_from_python_data_are_baked():
+    """Tensors the function makes from Python values (index lists, ``torch.tensor([...])``, a
+    shape inside ``unravel_index``; up to 64 elements; a sweep of the kind over dtypes) are
+    made by the plan on every call: fresh, contiguous, no ``_base``, equal to eager's; a value
+    from an int argument is guarded (another value compiles again); complex ones run eagerly."""
+    x, i = torch.randn(5, 5), torch.arange(13).view(1, 13)
+    jf = trident.jit(_literals)
+    for k in (3, 3, 4, 4):
+        got, want = jf(x, i, k), _literals(x, i, k)
+        assert_same(got, want)
+        assert [t._is_view() for t in got[:2] + got[3:]] == [t._is_view() for t in
+                                                             want[:2] + want[3:]]
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 2, 0), jf.stats
+    jf = trident.jit(lambda x: x + torch.tensor([1j, 2.0]))
+    with pytest.warns(UserWarning, match="complex64 tensor from Python data"):
+        assert_same(jf(x[0, :2]), x[0, :2] + torch.tensor([1j, 2.0]))
+
+
 def test_default_dtype_is_guarded():
     def f(x):
         return (x * 1.5).sum(0) + torch.tensor(0.1)

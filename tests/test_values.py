@@ -475,6 +475,41 @@ def test_scalars_computed_from_data_are_results():
     assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 2), jf.stats
 
 
+def _bool_results(x, y):
+    return (torch.equal(x, y), x.equal(y), torch.allclose(x, y), x.allclose(y, atol=0.5),
+            torch.allclose(input=x, other=y, rtol=0.0, atol=1e-6, equal_nan=True), x + y)
+
+
+def test_bool_results_of_equal_and_allclose():
+    """Note [Bool results]: ``torch.equal`` and ``torch.allclose`` (functions, methods,
+    keywords) are values the plan computes on every call, True on one call and False on the
+    next; a branch on one runs eagerly (its result depends on the data)."""
+    jf = trident.jit(_bool_results)
+    x = torch.randn(6, generator=g())
+    nan = torch.tensor([1.0, float("nan")])
+    for a, b in ((x, x.clone()), (x, x + 0.1), (x, x + 1e-7), (x, x + 1.0), (nan, nan.clone()),
+                 (x, x[:3])):
+        try:
+            want = _bool_results(a, b)
+        except RuntimeError as e:  # allclose of shapes that do not broadcast: eager's error
+            with pytest.warns(UserWarning, match="runs eagerly"), pytest.raises(type(e)):
+                jf(a, b)
+            continue
+        got = jf(a, b)
+        assert got[:5] == want[:5] and all(type(v) is bool for v in got[:5]), (got, want)
+        assert_same(got[5], want[5])
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 3, 1), jf.stats
+
+    def branch(x, y):
+        return x if torch.equal(x, y) else -x
+
+    jf = trident.jit(branch)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert_same(jf(x, x.clone()), x)
+    assert_same(jf(x, x + 1), -x)
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 2), jf.stats
+
+
 def test_sizes_under_dynamic_dims_are_results():
     """A size returned under dynamic dims is computed per call (one specialization)."""
     def f(x):

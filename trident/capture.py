@@ -32,7 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import collectives
+from . import collectives, rng, runtime
 from .errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -149,8 +149,33 @@ class _SourceLines(TorchFunctionMode):
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
+            func = _bool_results().get(func, func)  # Note [Bool results]
         _tag_nodes(_user_frame())
         return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _bool_results() -> dict:
+    """Note [Bool results]: ``aten::equal`` and ``aten::allclose`` return a C++ bool, which a
+    trace on fake tensors cannot know (``DataDependentOutputException``). While tracing,
+    ``torch.equal`` and ``torch.allclose`` (functions and methods) call the runtime's
+    ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
+    bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
+    the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
+    function that branches on it cannot be traced and runs eagerly, as before. (Composite ops
+    that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
+    ops = runtime.operators()
+
+    def bool_result(op):
+        def call(*args, **kwargs):
+            if "input" in kwargs:  # the Python binding's name of ``self``
+                kwargs = dict(kwargs, self=kwargs.pop("input"))
+            return op(*args, **kwargs).item()
+        return call
+
+    return {torch.equal: bool_result(ops.equal), torch.Tensor.equal: bool_result(ops.equal),
+            torch.allclose: bool_result(ops.allclose),
+            torch.Tensor.allclose: bool_result(ops.allclose)}
 
 
 def _enclosing_try(frame) -> str:
@@ -362,7 +387,10 @@ def _global_state() -> dict:
     function that changes any of these runs eagerly (the state is put back first, so that the
     eager call makes the change itself, once), and so does one that calls torch while the
     random generators are in another state than at its entry, though it puts them back before
-    it returns (``torch.manual_seed`` inside ``freeze_rng_state``: ``_SourceLines`` compares)."""
+    it returns (``_SourceLines`` compares). ``torch.manual_seed``, ``torch.get_rng_state``,
+    ``torch.set_rng_state`` and their CUDA twins are steps of the plan instead and leave the
+    generators alone while tracing (Note [Random state steps] in rng.py); what remains here is
+    a generator's own methods (``torch.default_generator.manual_seed(0)``)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -372,11 +400,13 @@ def _global_state() -> dict:
 
 
 def _rng_state() -> bytes:
-    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes."""
+    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes
+    (from the generators: while tracing, ``torch.get_rng_state`` is a step, Note [Random state
+    steps] in rng.py)."""
     with _disable_current_modes():
-        states = [torch.random.get_rng_state()]
+        states = [torch.default_generator.get_state()]
         if torch.cuda.is_initialized():
-            states += [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+            states += [g.get_state() for g in torch.cuda.default_generators]
         return b"".join(bytes(s.numpy()) for s in states)
 
 
@@ -440,7 +470,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
     try:
-        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions():
+        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions(), \
+                rng.hooks():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",
@@ -459,8 +490,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                            f"({', '.join(changed)}), which a compiled call would not replay")
     if mode.rng_set:  # Note [Global side effects]
         raise TridentError(f"{name} calls torch with the random generator in another state "
-                           "that it puts back before returning (torch.manual_seed inside "
-                           "freeze_rng_state), which a compiled call would not replay")
+                           "that it puts back before returning (through a torch.Generator's "
+                           "own methods), which a compiled call would not replay")
     if holder["requires_grad"]:
         raise TridentError(f"{name} returns a tensor that requires grad (made with "
                            "requires_grad=True or under torch.enable_grad()); Trident serves "
@@ -478,11 +509,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     if out_spec is None:
         raise TridentError(f"{name} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
-    for node in gm.graph.nodes:
-        # A one-element tensor the function makes from Python data (``y[i] = 0.5``,
-        # ``torch.tensor(3)``: make_fx lifts it and copies it with lift_fresh_copy) is baked
-        # into the plan. Any other tensor that is not an argument (a global, a closure) is
-        # live state and must become an argument.
+    for node in list(gm.graph.nodes):
+        # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
+        # an index list ``x[[1, 2]]``: make_fx lifts it and copies it with lift_fresh_copy) is
+        # baked into the plan. Any other tensor that is not an argument (a global, a closure)
+        # is live state and must become an argument.
         if node.op != "get_attr":
             continue
         attr = getattr(gm, node.target)
@@ -491,14 +522,56 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
                                "Trident does not compile (control-flow ops and generators run "
                                "eagerly)")
-        literal = attr.numel() <= 1 and all(
+        literal = attr.numel() <= _LITERAL_ELEMENTS and all(
             u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
         if not literal:
             where, text = source_line(node)
             raise TridentError(f"{name} reads a tensor that is not an argument "
                                f"({where}: {text}); pass it as an argument")
+        if attr.numel() > 1:
+            if attr.dtype.is_complex or attr.is_quantized:
+                raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
+                                   "which Trident does not compile")
+            _build_literal(gm.graph, node, attr)
+    gm.recompile()
     return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
                    mode.catching)
+
+
+# Literals of up to this many elements are baked into the plan (each element is a step).
+_LITERAL_ELEMENTS = 64
+
+
+def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> None:
+    """A tensor of several elements made from Python data (plan.py bakes one element, as
+    ``aten::scalar_tensor``): each ``lift_fresh_copy`` of it becomes the ops that make the same
+    new tensor on every call, ``aten::scalar_tensor`` of each element, ``aten::stack`` and
+    ``aten::_unsafe_view`` to its shape (contiguous, on the CPU, no ``_base``: as eager's
+    copy)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    aten = torch.ops.aten
+    fake = FakeTensorMode()  # the values the importer reads types from
+    item, flat, whole = (fake.from_tensor(t.clone()) for t in (
+        value.flatten()[0], value.flatten(), value.contiguous()))
+    for copy in list(constant.users):
+        with graph.inserting_before(copy):
+            items = []
+            for v in value.flatten().tolist():
+                items.append(graph.call_function(aten.scalar_tensor.default, (v,),
+                                                 {"dtype": value.dtype}))
+                items[-1].meta["val"] = item
+            made = stacked = graph.call_function(aten.stack.default, (items,))
+            stacked.meta["val"] = flat
+            if value.dim() != 1:  # not a view in autograd's sense: no _base, as eager's
+                made = graph.call_function(aten._unsafe_view.default,
+                                           (stacked, list(value.shape)))
+                made.meta["val"] = whole
+        for node in {*items, stacked, made}:
+            node.meta["custom"] = copy.meta.get("custom")  # Note [Source lines]
+        copy.replace_all_uses_with(made)
+        graph.erase_node(copy)
+    graph.erase_node(constant)
 
 
 def _spec_string(spec: pytree.TreeSpec) -> str | None:

@@ -15,8 +15,9 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size`` or
-  frozen set inside an object: equal by value (floats by bit pattern) and of the same exact type;
+* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size``, a
+  slice of ints, or a frozen set inside an object: equal by value (floats by bit pattern, a
+  slice's bounds each by exact type) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
@@ -64,6 +65,9 @@ MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
            torch.Size, range, torch.memory_format, torch.layout)
+# A slice is a CONST when its bounds are of these types, compared by exact type and value
+# (runtime.cpp's const_equal: ``x[1.0:]`` raises where ``x[1:]`` does not, though 1.0 == 1).
+_SLICE_BOUNDS = (int, bool, type(None))
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -307,7 +311,8 @@ class _Flattener:
             self.add(value, node(CONST, set(value) if t is set else value),
                      f"{t.__name__} {sorted(value)}")
             return
-        if t in _CONSTS:
+        if t in _CONSTS or (t is slice and all(type(b) in _SLICE_BOUNDS for b in (
+                value.start, value.stop, value.step))):
             self.add(value, node(CONST, value), f"{t.__name__} {value!r}")
             return
         if id(value) in self.seen:

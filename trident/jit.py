@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, compiler, config, graphs, interrupts, kernels, runtime, state
+from . import build, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime, state
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
@@ -292,7 +292,8 @@ class JitFunctionMixin:
             return digests[text] == spec.state["digest"]
 
         return [s for s in self._cache.load_specs()
-                if (self._dynamic is not False or not s.symbolic) and allowed(s)]
+                if (self._dynamic is not False or not s.symbolic) and allowed(s)
+                and rng.installable(s.plan)]
 
     def _state_tree(self, reads: list) -> state.StateTree:
         return state.build([state.Read.from_json(r) for r in reads], self._code_fn)

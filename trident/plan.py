@@ -621,11 +621,11 @@ def reuse_buffers(plan: Plan, backend: str) -> None:
     specialization). On CUDA the buffers are reused only on the stream that made them (codegen
     checks the current stream): kernels on one stream run in order, so a call cannot overtake
     the previous call's reads of its buffers, and a call on another stream allocates. Here: only
-    plans of ATen ops and CUDA Triton launches, and no composite op (its ``.out`` overload
-    decomposes its own way). ``backend``: the dispatch key of the tensors' device, ``"CPU"`` or
-    ``"CUDA"``.
+    plans of ATen ops, the runtime's ``trident::`` ops (C++, they keep nothing) and CUDA Triton
+    launches, and no composite op (its ``.out`` overload decomposes its own way). ``backend``: the
+    dispatch key of the tensors' device, ``"CPU"`` or ``"CUDA"``.
     """
-    if any(not (step.op.startswith(("aten::", "int")) or (
+    if any(not (step.op.startswith(("aten::", "int", "trident::")) or (
             step.op == "triton" and step.launch["device"].startswith("cuda")))
            for step in plan.steps):
         # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,

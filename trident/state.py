@@ -9,8 +9,9 @@ closure-cell accessors), found in two steps:
 1. :func:`record` watches the trace with ``sys.setprofile``: every function of user code that
    runs (the function, the helpers and methods it calls, in any module and at any depth; not
    the standard library, installed packages or Trident) and every call of a function whose
-   result no guard can keep (``random.random()``, ``time.time()``: Python's random state, the
-   clock, the OS), which make the call run eagerly.
+   result no guard can keep (``random.random()``, ``time.time()``,
+   ``torch.default_generator.initial_seed()``: Python's random state, a ``torch.Generator``'s,
+   the clock, the OS), which make the call run eagerly.
 2. :func:`reads_of` reads the bytecode of each function that ran (and of each user Triton kernel
    it launches) for chains: ``LOAD_GLOBAL`` / ``LOAD_DEREF`` of a closure cell, then
    ``LOAD_ATTR`` / ``LOAD_METHOD`` / a constant subscript / ``.get(constant)``; ``globals()[...]``
@@ -143,7 +144,7 @@ def _impure_name(fn) -> str | None:
     import random
 
     module = getattr(fn, "__module__", None) or type(owner).__module__
-    if isinstance(owner, random.Random) or module in _IMPURE_MODULES or \
+    if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):
         return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
     return None
@@ -366,7 +367,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             closure variable whose cell cannot be found again."""
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
-                           "specialization would keep (Python's random state, the clock, the OS)")
+                           "specialization would keep (Python's random state, a "
+                           "torch.Generator's, the clock, the OS)")
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn

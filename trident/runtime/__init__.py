@@ -77,6 +77,34 @@ def load():
     return module
 
 
+@functools.cache
+def operators():
+    """The runtime's ``trident::`` operators (runtime.cpp), with their fake kernels for traces:
+    the random state steps (Note [Random state steps] in trident/rng.py) and the bool results of
+    ``equal`` and ``allclose`` as 0-dim bool tensors (Note [Bool results] in capture.py).
+    Returns ``torch.ops.trident``."""
+    load()
+    states: dict[str, int] = {}  # device type -> bytes of its generators' state
+
+    def get_rng_state(device):
+        if device.type not in states:
+            gen = torch.default_generator if device.type == "cpu" else \
+                torch.cuda.default_generators[0]
+            states[device.type] = gen.get_state().numel()
+        return torch.empty(states[device.type], dtype=torch.uint8)
+
+    def bool_result(self, other, *args):
+        return torch.empty((), dtype=torch.bool)
+
+    fake = torch.library.register_fake
+    fake("trident::manual_seed")(lambda seed, device=None: None)
+    fake("trident::get_rng_state")(get_rng_state)
+    fake("trident::set_rng_state")(lambda state, device: None)
+    fake("trident::equal")(bool_result)
+    fake("trident::allclose")(bool_result)
+    return torch.ops.trident
+
+
 _LIBRARY = "trident_rt.so"  # cpp_extension's name for the extension "trident_rt"
 
 
