@@ -232,7 +232,7 @@ def test_aten_only_plans_still_reuse_buffers():
     """The fix is not 'never reuse': a plan of ATen ops alone still writes .out overloads."""
     jf = trident.jit(lambda x: (x * x).sin() + x)
     jf(torch.randn(8))
-    assert jf.source().count("reused") == 2  # mul, sin; the add is the output
+    assert jf.source().count("result, reused") == 2  # mul, sin; the add is the output
 
 
 # ---- item 7: global side effects run eagerly; random state calls are steps -------------------
@@ -414,12 +414,13 @@ def test_random_state_calls_are_steps():
 
 
 def test_random_state_errors_are_eagers():
-    """A state eager rejects raises eager's class from the step (a float tensor: TypeError; a
-    byte tensor of the wrong size: RuntimeError), after the steps before it, as eager."""
+    """A state eager rejects (a float tensor: TypeError; a byte tensor of the wrong size:
+    RuntimeError) fails the first step, before the call changed anything: each call runs again
+    eagerly and raises eager's exception (Note [Errors inside try] in capture.py)."""
     x = torch.randn(8)
     for state in (torch.zeros(5056), torch.zeros(10, dtype=torch.uint8)):
-        st = rng_calls(_set_state_then_rand, x, state)
-        assert (st.compiles, st.fallbacks) == (1, 0), st
+        st = rng_calls(_set_state_then_rand, x, state, fallbacks=3)
+        assert st.compiles == 1, st
 
 
 def _returns_the_generator(x):
