@@ -77,9 +77,9 @@ def test_cuda_buffers_are_reused_on_the_stream_that_made_them_codegen(trident_ru
     plan.reuse_buffers(spec.plan)
     reused = [s.qualified_name for s in spec.plan.steps if s.out_overload]
     assert reused == ["aten::relu", "aten::mul.Scalar", "aten::add.Scalar"]  # matmul: composite
-    source = codegen.render([spec], "chain").source
+    source = codegen.render(spec, "chain").source
     assert "if (rt->cuda_stream(0, &stream))" in source
-    assert "const int reuse = !env->inference_mode && stream == buffer_stream0;" in source
+    assert "const int reuse = !env->inference_mode && stream == buffer_stream;" in source
     assert source.count("&& reuse) {  /* write into an earlier call's result */") == 3
     module = build.build(source, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0

@@ -1,4 +1,4 @@
-"""Codegen: render a function's specializations into one C source (the SCM).
+"""Codegen: render one specialization of a function into the C source of its module.
 
 Everything is decided here; ``templates/scm.c.jinja`` only loops over the prepared values.
 Each step of a launch sequence is commented with the user's source line that produced it.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import struct
@@ -80,10 +81,13 @@ class CStep:
 
 
 class Rendered(NamedTuple):
-    """An SCM's source and, per callback slot, the (specialization, step) it launches."""
+    """A specialization's module: its C source; per callback slot, the index of the step it
+    launches; per kernel of the module, its cubin (``scm_set_cubin`` hands it over at install:
+    the source names only its size and SHA-256)."""
 
     source: str
-    callbacks: list[tuple[int, int]]
+    callbacks: list[int]
+    cubins: list[bytes]
 
 
 # "int" steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
@@ -101,6 +105,7 @@ class _Kernels:
     def __init__(self):
         self.names: dict[tuple, str] = {}
         self.decls: list[str] = []
+        self.cubins: list[bytes] = []
 
     def add(self, kernel: str, binary: dict) -> str:
         key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
@@ -109,24 +114,21 @@ class _Kernels:
             return self.names[key]
         name = f"kernel{len(self.names)}"
         cubin = base64.b64decode(binary["cubin"])
-        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
-        self.decls.append(f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes */\n"
-                          f"static const unsigned char cubin_{name}[] = {{\n  "
-                          + ",\n  ".join(rows) + "\n};")
         self.decls.append(
-            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin_{name}, "
+            f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes, sha256 "
+            f"{hashlib.sha256(cubin).hexdigest()} */\n"
+            f"static trt_kernel {name} = {{{c_string(binary['name'])}, NULL, "
             f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
             f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
         self.names[key] = name
+        self.cubins.append(cubin)
         return name
 
 
 class _SpecRenderer:
     """Turns one specialization's plan into C declarations and statements."""
 
-    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list,
-                 kernels: "_Kernels"):
-        self.index = index
+    def __init__(self, spec: Specialization, op_index, callbacks: list, kernels: "_Kernels"):
         self.spec = spec
         self.op_index = op_index
         self.callbacks = callbacks
@@ -141,7 +143,7 @@ class _SpecRenderer:
         self.num_slots = 0
 
     def static_array(self, ctype: str, items: list[str]) -> str:
-        name = f"k{self.index}_{len(self.statics)}"
+        name = f"k{len(self.statics)}"
         self.statics.append(f"static const {ctype} {name}[] = {{{', '.join(items)}}};")
         return name
 
@@ -248,7 +250,7 @@ class _SpecRenderer:
                 elif p["kind"] == "scalar":
                     values.append(self.operand(_scalar_operand(p["value"])))
             values += [f"TRT_I({g})" for g in grid]
-            self.callbacks.append((self.index, index))
+            self.callbacks.append(index)
             return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}",
                          self.locals, values, self.releases(s), slot=len(self.callbacks) - 1)
         self.uses_cuda = True
@@ -307,7 +309,7 @@ class _SpecRenderer:
                      nrets=len(s.results), takes=takes)
         if s.out_overload:  # Note [Buffer reuse] in plan.py
             step.kind = "aten_out"
-            step.buffer = f"buffer{self.index}_{index}"
+            step.buffer = f"buffer{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
             step.reuse = "reuse" if self.cuda_device() is not None else "!env->inference_mode"
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
@@ -466,7 +468,7 @@ class _SpecRenderer:
         device = self.cuda_device()
         if device is None or not any(s.out_overload for s in self.spec.plan.steps):
             return []
-        stream = f"buffer_stream{self.index}"
+        stream = "buffer_stream"
         self.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
         self.statics.append(f"static int {stream}_set;")
         return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
@@ -513,7 +515,6 @@ class _SpecRenderer:
             for step, clean in zip(steps, rerun_eagerly(plan)):
                 step.on_error = "eager" if clean else "fail"
         return {
-            "index": self.index,
             "signature": c_comment(self.spec.signature),
             "guards": [(g.c_expr(), c_comment(g.describe(self.spec.arg_names))) for g in
                        self.spec.guards],
@@ -548,27 +549,27 @@ def _scalar_operand(value) -> dict:
     return {"k": {bool: "bool", int: "int", float: "float"}[type(value)], "v": value}
 
 
-def render(specs: list[Specialization], function: str) -> Rendered:
-    """The SCM's C source for ``specs`` (in guard-evaluation order)."""
+def render(spec: Specialization, function: str) -> Rendered:
+    """The C source of ``spec``'s module (Note [Incremental modules] in build.py: one module
+    per specialization)."""
     ops: dict[tuple[str, str], int] = {}
-    callbacks: list[tuple[int, int]] = []
+    callbacks: list[int] = []
 
     def op_index(op: str, overload: str) -> int:
         return ops.setdefault((op, overload), len(ops))
 
     kernels = _Kernels()
-    renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
-    rendered = [r.render() for r in renderers]
-    uses_cuda = any(r.uses_cuda for r in renderers) or any(s["graph"] for s in rendered)
-    uses_views = any(s.view is not None for spec in specs for s in spec.plan.steps)
+    renderer = _SpecRenderer(spec, op_index, callbacks, kernels)
+    rendered = renderer.render()
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
-        specs=rendered,
+        spec=rendered,
         ops=[{"name": c_string(n), "overload": c_string(o), "comment": f"{n}.{o}" if o else n}
              for (n, o) in ops],
-        uses_cuda=uses_cuda,
-        uses_views=uses_views,
+        uses_cuda=renderer.uses_cuda or rendered["graph"],
+        uses_views=any(s.view is not None for s in spec.plan.steps),
         kernels=kernels.decls,
+        kernel_addresses=[f"&{name}" for name in kernels.names.values()],
         num_callbacks=len(callbacks),
     )
-    return Rendered(source, callbacks)
+    return Rendered(source, callbacks, kernels.cubins)
