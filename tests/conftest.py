@@ -27,6 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 from _trident_helpers import REPO, _SESSION, make_cache_dir, session_cache_root  # noqa: E402
 
+if str(REPO) not in sys.path:  # benchmarks/ (test_bench.py), outside the installed package
+    sys.path.append(str(REPO))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")

@@ -1,6 +1,6 @@
 """``python -m trident.bench cpu|gpu``: eager PyTorch vs torch.compile vs Trident, per call.
 
-``gpu`` runs trident/bench_gpu.py (Triton launches and LLM decode steps, with CUDA graphs and a
+``gpu`` runs benchmarks/bench_gpu.py (Triton launches and LLM decode steps, with CUDA graphs and a
 raw driver launch among the contenders). ``cpu`` runs the cases below.
 
 Cases:
@@ -9,7 +9,7 @@ Cases:
     views40   40 view ops (``t``, ``unsqueeze``, ``squeeze``, ``transpose``, ten times) and one
               add on float32[16, 16]: eager's dispatcher per view against views computed in C
               (Note [Views in C] in trident/plan.py).
-    block     the transformer block of ``python -m trident.demo`` (trident/demo.py), batch 1,
+    block     the transformer block of ``python -m trident.demo`` (benchmarks/demo.py), batch 1,
               decode-sized.
 
 For each case, in one process: Trident's result is checked against eager bit for bit
@@ -17,7 +17,7 @@ For each case, in one process: Trident's result is checked against eager bit for
 ``--repeats`` timed loops of N calls (N chosen so a loop takes ~50 ms), the contenders' loops
 interleaved, after warm-up. Each contender's time over Trident's is printed with its range over
 the loops, and called a win or a loss only where the loops' min-max ranges do not overlap
-(``trident.demo.compare``); otherwise "no measurable difference". By default first calls
+(``benchmarks.demo.compare``); otherwise "no measurable difference". By default first calls
 compile from scratch (an empty Trident cache, Inductor's caches off), so the "first call"
 column is the compile time; ``--warm-caches`` lets both use their disk caches. ``--json PATH`` writes everything, raw samples included.
 """
@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from .demo import (compare, default_config, format_table, make_inputs, run_case,
+from benchmarks.demo import (compare, default_config, format_table, make_inputs, run_case,
                    set_cpu_threads, transformer_block)
 
 
@@ -76,7 +76,7 @@ def cases(device: torch.device) -> dict[str, tuple[str, Callable, tuple]]:
                     chain30_inputs(device)),
         "views40": ("40 view ops and one add on float32[16, 16]", views40,
                     views40_inputs(device)),
-        "block": (f"transformer block (trident.demo): {cfg.describe()}", transformer_block,
+        "block": (f"transformer block (benchmarks/demo.py): {cfg.describe()}", transformer_block,
                   make_inputs(device, cfg)),
     }
 
@@ -102,7 +102,7 @@ def machine() -> dict:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    from . import __version__
+    from trident import __version__
 
     info["trident"] = __version__
     return info
@@ -110,7 +110,7 @@ def machine() -> dict:
 
 def summary_table(results: dict) -> str:
     """Median µs per call, and each contender's time over Trident's with its range over the
-    timed loops and the verdict (:func:`trident.demo.compare`)."""
+    timed loops and the verdict (:func:`benchmarks.demo.compare`)."""
     rows = [f"{'case':<10}{'eager µs':>10}{'compile µs':>12}{'Trident µs':>12}  "
             f"{'eager / Trident':<44}{'torch.compile / Trident'}", "-" * 132]
     for name, r in results.items():
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print("trident.bench gpu: CUDA is not available here (torch "
                   f"{torch.__version__}); run `python -m trident.bench cpu`", file=sys.stderr)
             return 2
-        from . import bench_gpu  # the Triton and LLM decode cases (docs/benchmarks.md)
+        from benchmarks import bench_gpu  # the Triton and LLM decode cases (docs/benchmarks.md)
 
         models = [m for m in opts.models.split(",") if m and m != "none"]
         bench_gpu.main(opts.json, model_names=models,
