@@ -1268,6 +1268,10 @@ trt_graph* graph_slot(Dispatcher* self, size_t i) {
 // that ran.
 PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out) {
   std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
+  if (!scms) {  // uninstalled meanwhile (a state check ran Python code)
+    *rc_out = TRT_MISS;
+    return nullptr;
+  }
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
