@@ -10,7 +10,8 @@ Cache layout during a test session:
   test_cache.py starts.
 
 Set ``TRIDENT_TEST_RUNTIME_CACHE=/some/dir`` to keep the session cache (and its runtime build)
-between pytest runs.
+between pytest runs. Under pytest-xdist (``-n 2``) the workers share the session folder that
+the controller made.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def pytest_configure(config):
     else:
         root = Path(tempfile.mkdtemp(prefix="trident-test-session-"))
         _SESSION["owned"] = True
+        # pytest-xdist's workers (started after this, with this environment) share it
+        os.environ["TRIDENT_TEST_RUNTIME_CACHE"] = str(root)
     _SESSION["root"] = root
     # Before collection: a test module that applies @trident.jit at import time builds the
     # runtime here, never in the user's ~/.cache/trident.
