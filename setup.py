@@ -21,7 +21,8 @@ setup(
         "platformdirs",
         "tqdm",  # progress of long first compiles on a terminal
     ],
-    extras_require={"test": ["pytest", "hypothesis", "expecttest", "liger-kernel", "transformers", "markdown-it-py"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "hypothesis", "expecttest", "liger-kernel",
+                             "transformers", "markdown-it-py"]},
     entry_points={
         "console_scripts": ["trident = trident.__main__:main"],
         "torch_dynamo_backends": ["trident = trident.backend:trident_backend"],

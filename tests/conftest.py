@@ -10,7 +10,8 @@ Cache layout during a test session:
   test_cache.py starts.
 
 Set ``TRIDENT_TEST_RUNTIME_CACHE=/some/dir`` to keep the session cache (and its runtime build)
-between pytest runs.
+between pytest runs. Under pytest-xdist (``-n 2``) the workers share the session folder that
+the controller made.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under --import-mode=importlib
 from _trident_helpers import REPO, _SESSION, make_cache_dir, session_cache_root  # noqa: E402
 
+if str(REPO) not in sys.path:  # benchmarks/ (test_bench.py), outside the installed package
+    sys.path.append(str(REPO))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
@@ -37,6 +41,8 @@ def pytest_configure(config):
     else:
         root = Path(tempfile.mkdtemp(prefix="trident-test-session-"))
         _SESSION["owned"] = True
+        # pytest-xdist's workers (started after this, with this environment) share it
+        os.environ["TRIDENT_TEST_RUNTIME_CACHE"] = str(root)
     _SESSION["root"] = root
     # Before collection: a test module that applies @trident.jit at import time builds the
     # runtime here, never in the user's ~/.cache/trident.

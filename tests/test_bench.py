@@ -1,5 +1,5 @@
 """The demo's and the benchmarks' verdicts: a ratio is a win only where the loops' min-max
-ranges do not overlap (trident.demo.compare), on synthetic samples and one real short run."""
+ranges do not overlap (benchmarks.demo.compare), on synthetic samples and one real short run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from trident import bench, bench_gpu
-from trident.demo import Ratio, compare, format_table
+from benchmarks import bench, bench_gpu
+from benchmarks.demo import Ratio, compare, format_table
 
 
 def test_compare_wins_only_without_overlap():

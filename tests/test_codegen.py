@@ -90,15 +90,25 @@ def test_guards_are_commented_in_words():
         assert f"/* {text} */" in src, text
 
 
-def test_one_module_holds_every_specialization():
+def test_one_module_per_specialization_and_a_miss_builds_only_its_own(trident_cache):
+    """Note [Incremental modules] in build.py."""
     jf = trident.jit(dynamic=False)(mlp)
-    jf(*mlp_args())
-    x2 = torch.randn(5, 4)
-    jf(x2, *mlp_args()[1:])
-    src = jf.source()
-    assert "specialization 0: mlp(x: float32[2, 4] cpu" in src
-    assert "specialization 1: mlp(x: float32[5, 4] cpu" in src
-    assert src.count("static int guard_") == 2
+    args = mlp_args()
+    jf(*args)
+    (folder,) = (trident_cache / "functions").iterdir()
+    first = {p.name: p.stat().st_mtime_ns for p in folder.glob("trident_scm_*.so")}
+    args2 = (torch.randn(5, 4), *args[1:])
+    for got, want in zip(jf(*args2), mlp(*args2)):
+        assert torch.equal(got, want)
+    for got, want in zip(jf(*args), mlp(*args)):  # the first module still serves
+        assert torch.equal(got, want)
+    assert (jf.stats.compiles, jf.stats.hits) == (2, 1)
+    now = {p.name: p.stat().st_mtime_ns for p in folder.glob("trident_scm_*.so")}
+    assert len(first) == 1 and len(now) == 2 and first.items() <= now.items()  # not rebuilt
+    sources = [p.read_text() for p in sorted(folder.glob("trident_scm_*.c"))]
+    assert sorted(s.count("static int guard(") for s in sources) == [1, 1]
+    # source(): the installed modules' sources, in guard order
+    assert jf.source() == "\n".join(sorted(sources, key=lambda s: "float32[5, 4]" in s))
 
 
 def test_cached_c_file_matches_source():

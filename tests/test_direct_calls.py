@@ -79,9 +79,9 @@ def test_cuda_buffers_are_reused_on_the_stream_that_made_them_codegen(trident_ru
     # matmul: composite; relu and mul by a Python scalar: their .out overloads are torchgen's
     # (the functional op, then a copy): no kernel of their own
     assert reused == ["aten::sin", "aten::mul.Tensor", "aten::add.Tensor"]
-    source = codegen.render([spec], "chain").source
+    source = codegen.render(spec, "chain").source
     assert "if (rt->cuda_stream(0, &stream))" in source
-    assert "const int reuse = !env->inference_mode && stream == buffer_stream0;" in source
+    assert "const int reuse = !env->inference_mode && stream == buffer_stream;" in source
     assert source.count("&& reuse) {  /* write into an earlier call's result */") == 3
     module = build.build(source, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0

@@ -12,7 +12,7 @@ pytest.importorskip("liger_kernel")
 
 
 def test_liger_decode_loop_of_512_steps():
-    from trident import bench_gpu
+    from benchmarks import bench_gpu
 
     cfg = dict(D=256, H=4, KV=2, HD=64, I=512, L=2)
     weights, cos, sin = bench_gpu.growing_model(cfg)

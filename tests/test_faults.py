@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -93,18 +94,28 @@ def add(x, k):
 
 
 def test_superseded_modules_are_pruned(trident_cache):
-    """Note [Pruning] in build.py: each compile builds a module of all specializations; only
-    the newest (and the one the stored specializations render to) stay on disk."""
-    g = trident.jit(add)
+    """Note [Pruning] in build.py: the module of each stored specialization stays on disk, and
+    those of specializations the cache no longer stores (it keeps the newest
+    2 * max_specializations) are deleted (issue 12: 29 files after 3 runs of a function)."""
     x = torch.arange(3.0)
-    for k in range(4):
-        g(x, k)
+    for k in range(5):  # five processes' worth, each compiling one new signature
+        g = trident.jit(add, max_specializations=1)
+        assert torch.equal(g(x, k), x + k)
+        assert g.stats.compiles == 1
     (folder,) = (trident_cache / "functions").iterdir()
-    assert len(list(folder.glob("trident_scm_*.so"))) == 2  # was 4, one per compile
-    again = trident.jit(add)  # a new process's view: loads the stored set's module
-    for k in range(4):
+    assert len(list(folder.glob("specs/*.json"))) == 2
+    modules = {p.name.split(".")[0] for p in folder.glob("trident_scm_*")}
+    assert len(modules) == 2
+    for name in modules:  # a module's files: source, library, its SHA-256, its build lock
+        assert sorted(p.name.removeprefix(name) for p in folder.glob(f"{name}.*")) == sorted(
+            [".c", sysconfig.get_config_var("EXT_SUFFIX"), ".lock", ".sha256"])
+    assert {p.name for p in folder.iterdir() if not p.name.startswith("trident_scm_")} == \
+        {"specs", "function.json", "prune.lock"}
+    again = trident.jit(add, max_specializations=2)  # a new process: the stored modules serve
+    for k in (3, 4):
         assert torch.equal(again(x, k), x + k)
-    assert (again.stats.hits, again.stats.compiles) == (4, 0)
+    assert (again.stats.hits, again.stats.compiles) == (2, 0)
+    assert {p.name.split(".")[0] for p in folder.glob("trident_scm_*")} == modules
 
 
 # ---- Note [Interrupted imports] ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Golden files: checked-in specializations (``tests/golden/<case>.json``) rendered to C by
-codegen, without tracing, and compared with the checked-in C (``tests/golden/<case>.c``); the
+codegen, without tracing, and compared with the checked-in C (``tests/golden/<case>-<i>.c``, one module per specialization); the
 C is then built with cffi and initialized against the runtime.
 
 A change to codegen or the template shows here as a diff of the generated C. After a change
@@ -74,18 +74,28 @@ def _specs(case: str) -> list[Specialization]:
             for d in json.loads((GOLDEN / f"{case}.json").read_text())]
 
 
+def _golden_c(case: str) -> list:
+    """The checked-in C of each of the case's specializations: one module each (Note
+    [Incremental modules] in build.py)."""
+    return sorted(GOLDEN.glob(f"{case}-*.c"))
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_stored_specializations_render_to_the_golden_c(case):
-    source = codegen.render(_specs(case), case).source
-    golden = (GOLDEN / f"{case}.c").read_text()
-    assert source == golden, (f"the C of {case} changed; if that is meant, run update() (see "
-                              "this module's docstring) and review the diff")
+    specs, files = _specs(case), _golden_c(case)
+    assert len(files) == len(specs), files
+    for i, spec in enumerate(specs):
+        source = codegen.render(spec, case).source
+        golden = (GOLDEN / f"{case}-{i}.c").read_text()
+        assert source == golden, (f"the C of {case}-{i} changed; if that is meant, run update() "
+                                  "(see this module's docstring) and review the diff")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_c_builds_and_initializes(case, tmp_path):
-    module = build.build((GOLDEN / f"{case}.c").read_text(), tmp_path)
-    assert module.lib.scm_init(runtime.load().api_address()) == 0
+    for path in _golden_c(case):
+        module = build.build(path.read_text(), tmp_path)
+        assert module.lib.scm_init(runtime.load().api_address()) == 0
 
 
 def update() -> None:
@@ -105,4 +115,7 @@ def update() -> None:
         assert len(jf._specs) == len(calls) and not jf.stats.fallbacks, (case, jf.stats)
         (GOLDEN / f"{case}.json").write_text(
             json.dumps([s.to_json() for s in jf._specs], indent=1, sort_keys=True) + "\n")
-        (GOLDEN / f"{case}.c").write_text(codegen.render(_specs(case), case).source)
+        for old in _golden_c(case):
+            old.unlink()
+        for i, spec in enumerate(_specs(case)):
+            (GOLDEN / f"{case}-{i}.c").write_text(codegen.render(spec, case).source)

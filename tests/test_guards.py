@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trident
+from _trident_helpers import make_cache_dir
 from trident import sizes
 from trident.guards import (KINDS, TENSOR, ArgCount, ArgGuard, Dtype, Facts, FloatBits, Guard,
                             IntValue, ProcessGroup, SameAs, Size, SizeRelation, Stride,
@@ -89,15 +91,27 @@ def reference(jf, args) -> int:
     return -1
 
 
-@pytest.fixture
-def compiled():
-    jf = trident.jit(max_specializations=32)(probe)
-    for make, grad in BASES:
-        with torch.set_grad_enabled(grad):
-            jf(*make())
+@pytest.fixture(scope="module")
+def compiled_once(tmp_path_factory):
+    """The base signatures' specializations, compiled once for this file's tests (which only
+    hit them), in a cache folder of their own."""
+    saved = os.environ["TRIDENT_CACHE_DIR"]
+    os.environ["TRIDENT_CACHE_DIR"] = str(make_cache_dir(tmp_path_factory.mktemp("guards")))
+    try:
+        jf = trident.jit(max_specializations=32)(probe)
+        for make, grad in BASES:
+            with torch.set_grad_enabled(grad):
+                jf(*make())
+    finally:
+        os.environ["TRIDENT_CACHE_DIR"] = saved
     assert jf.stats.compiles == len(BASES) and jf.stats.fallbacks == 0
+    return jf
+
+
+@pytest.fixture
+def compiled(compiled_once):
     grad = torch.is_grad_enabled()
-    yield jf
+    yield compiled_once
     torch.set_grad_enabled(grad)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import re
 import subprocess
 import sys
@@ -591,19 +592,20 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     cubin = base64.b64decode(binary["cubin"])
     assert cubin[:4] == b"\x7fELF"
 
-    rendered = codegen.render([spec], "f")
+    rendered = codegen.render(spec, "f")
     source = rendered.source
     assert rendered.callbacks == []  # nothing left for the interpreter
     assert "python_callback" not in source
     assert '#include "trident_cuda.h"' in source
     # trt_cuda_launch(&<kernel>, device 0, stream, grid cdiv(1000, 32) x 1 x 1, params)
     (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, 32, 1, 1, params\)", source)
-    (cubin_var,) = re.findall(
-        rf'static trt_kernel {kernel} = \{{"add_kernel", (\w+), 128, ', source)
-    assert f"static const unsigned char {cubin_var}[] = {{" in source
-    assert f"/* add_kernel: sm_90 cubin, {len(cubin)} bytes */" in source
-    rows = source.split(f"static const unsigned char {cubin_var}[] = {{", 1)[1].split("};")[0]
-    assert bytes(int(b, 16) for b in re.findall(r"0x[0-9a-f]{2}", rows)) == cubin
+    # the cubin is handed over at install (scm_set_cubin), not written into the C as text; the
+    # source names its size and SHA-256, so that another cubin makes another module
+    assert rendered.cubins == [cubin]
+    assert re.search(rf'static trt_kernel {kernel} = \{{"add_kernel", NULL, 128, ', source)
+    assert (f"/* add_kernel: sm_90 cubin, {len(cubin)} bytes, sha256 "
+            f"{hashlib.sha256(cubin).hexdigest()} */") in source
+    assert "unsigned char" not in source.split("scm_set_cubin", 1)[0]
     launch_block = _launch_block(source, kernel)
     # a[0] is the argument tree's key (Note [Argument trees])
     assert "CUdeviceptr p0 = (CUdeviceptr)a[1].data_ptr;  /* x_ptr */" in launch_block
@@ -619,6 +621,8 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     module = build.build(source, tmp_path / "cuda-build")
     # libcuda is opened at the first launch, so a module holding cubins loads without a GPU
     assert module.lib.scm_init(runtime.load().api_address()) == 0
+    assert module.lib.scm_set_cubin(0, cubin, len(cubin)) == 0
+    assert module.lib.scm_set_cubin(1, cubin, len(cubin)) == 1  # the module has one kernel
 
 
 def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
@@ -644,7 +648,7 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     assert types["BLOCK"] is None
     assert types["n"] == "int32_t"
     assert binary["threads"] == 64  # num_warps=2 at the launch
-    source = codegen.render([spec], "f").source
+    source = codegen.render(spec, "f").source
     assert "/* x_stride */" not in source
     (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, 1, 1, 1, params\)", source)
     assert re.search(rf'static trt_kernel {kernel} = \{{"strided_add_kernel", \w+, 64, ', source)
@@ -684,7 +688,7 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     spec = _retarget_to_cuda(f)
     (step,) = [s for s in spec.plan.steps if s.op == "triton"]
     assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
-    source = codegen.render([spec], "f").source
+    source = codegen.render(spec, "f").source
     grid = r"\(unsigned\)\(trt_floordiv\(63LL \+ a\[1\]\.sizes\[0\], 64LL\)\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
     assert "int32_t p3 = (int32_t)a[1].sizes[0];  /* n = x.size(0) */" in _launch_block(source,

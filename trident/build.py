@@ -6,6 +6,16 @@ private temporary folder and moves the result into place with ``os.replace`` (at
 then writes the file's SHA-256 next to it. A process that finds the file, and the file matches
 its SHA-256, loads it without compiling; a truncated or damaged file (which ``dlopen`` could
 crash on) is built again.
+
+Note [Incremental modules]: each specialization is a module of its own (codegen.render), and a
+function's dispatcher holds the installed modules in guard order (``_install`` in runtime.cpp)
+and tries them one after another. So a miss compiles only the new specialization's C, and the
+Nth compile of a function costs what the first did (a module of all specializations, built
+again at every miss, grew with their number). A module's name hashes its
+source, so two functions with the same specialization share its module in a process, and a
+function whose specialization was built before (by an earlier compile or process) finds it.
+Triton cubins are not in the source: the module holds each one's size and SHA-256, and the
+bytes, stored with the specialization, are handed over at install (``scm_set_cubin``).
 """
 
 from __future__ import annotations
@@ -22,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 import cffi
 from filelock import FileLock, Timeout
@@ -37,6 +46,7 @@ int scm_init(uintptr_t api);
 int scm_set_callback(int slot, int64_t id);
 uintptr_t scm_call_address(void);
 uintptr_t scm_match_address(void);
+int scm_set_cubin(int index, const char* data, size_t size);
 """
 CFLAGS = ["-O2", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
           "-Wno-unused-but-set-variable"]
@@ -54,12 +64,8 @@ def module_name(source: str) -> str:
     return f"trident_scm_{h.hexdigest()[:20]}"
 
 
-def build(source: str, directory: Path, keep: Callable[[], set[str]] | None = None) -> ModuleType:
+def build(source: str, directory: Path) -> ModuleType:
     """Compile (or find) and import the SCM for ``source`` in ``directory``.
-
-    Args:
-        keep: after a compile, the names of the other modules still in use (Note [Pruning]);
-            ``None`` prunes nothing.
 
     Raises:
         TridentError: the C compiler or the file system failed.
@@ -68,13 +74,11 @@ def build(source: str, directory: Path, keep: Callable[[], set[str]] | None = No
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     digest = directory / f"{name}.sha256"
     try:
-        compiled = False
         if not _intact(target, digest):
             directory.mkdir(parents=True, exist_ok=True)
             with FileLock(str(directory / f"{name}.lock")):
                 if not _intact(target, digest):
                     _compile(name, source, directory, target, digest)
-                    compiled = True
         elif name not in sys.modules:
             _log.info("loading %s (built before)", target)
         try:
@@ -83,8 +87,6 @@ def build(source: str, directory: Path, keep: Callable[[], set[str]] | None = No
             with FileLock(str(directory / f"{name}.lock")):
                 _compile(name, source, directory, target, digest)
             module = _load(name, target)
-        if compiled and keep is not None:
-            prune(directory, keep() | {name}, target.stat().st_mtime_ns)
         return module
     except (OSError, ImportError, cffi.VerificationError) as e:
         raise TridentError(f"building {name} in {directory} failed: {e}") from e
@@ -94,10 +96,12 @@ def prune(directory: Path, keep: set[str], before_ns: int) -> list[str]:
     """Note [Pruning]: delete the modules of ``directory`` built before ``before_ns`` that are
     not in ``keep``; returns their names.
 
-    A function's folder gets a new module for every new set of specializations, and only the
-    newest sets are ever loaded again (Note [Specialization limit] in jit.py). Pruning runs
-    after a compile, under the folder's ``prune.lock``, and deletes a module only while holding
-    its build lock (a module being built is never deleted). Modules built after ``before_ns``
+    A function's folder gets a module per specialization (Note [Incremental modules]), and
+    only those of the stored specializations are ever loaded again (the cache keeps the newest
+    specializations: ``FunctionCache.save_spec``). Pruning runs after a new specialization
+    is stored (``before_ns``: when its module was built), under the folder's ``prune.lock``,
+    and deletes a module only while holding its build lock (a module being built is never
+    deleted). Modules built after ``before_ns``
     are another process's newer work. A process that loaded a module keeps its mapping when the
     file is deleted; one that is about to load it builds it again (``build``). Failures are
     ignored: pruning only saves disk space.

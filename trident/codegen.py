@@ -1,4 +1,4 @@
-"""Codegen: render a function's specializations into one C source (the SCM).
+"""Codegen: render one specialization of a function into the C source of its module.
 
 Everything is decided here; ``templates/scm.c.jinja`` only loops over the prepared values.
 Each step of a launch sequence is commented with the user's source line that produced it.
@@ -175,10 +175,13 @@ class CStep:
 
 
 class Rendered(NamedTuple):
-    """An SCM's source and, per callback slot, the (specialization, step) it launches."""
+    """A specialization's module: its C source; per callback slot, the index of the step it
+    launches; per kernel of the module, its cubin (``scm_set_cubin`` hands it over at install:
+    the source names only its size and SHA-256)."""
 
     source: str
-    callbacks: list[tuple[int, int]]
+    callbacks: list[int]
+    cubins: list[bytes]
 
 
 # "int" steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
@@ -190,8 +193,7 @@ _C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
 class _SpecRenderer:
     """Turns one specialization's plan into C declarations and statements."""
 
-    def __init__(self, index: int, spec: Specialization, op_index, callbacks: list, kernels):
-        self.index = index
+    def __init__(self, spec: Specialization, op_index, callbacks: list, kernels):
         self.spec = spec
         self.op_index = op_index
         self.callbacks = callbacks
@@ -208,7 +210,7 @@ class _SpecRenderer:
         self.num_slots = 0
 
     def static_array(self, ctype: str, items: list[str]) -> str:
-        name = f"k{self.index}_{len(self.statics)}"
+        name = f"k{len(self.statics)}"
         self.statics.append(f"static const {ctype} {name}[] = {{{', '.join(items)}}};")
         return name
 
@@ -328,7 +330,7 @@ class _SpecRenderer:
                      nrets=len(s.results), takes=takes)
         if s.out_overload:  # Note [Buffer reuse] in plan.py
             step.kind = "aten_out"
-            step.buffer = f"buffer{self.index}_{index}"
+            step.buffer = f"buffer{index}"
             step.out_op_index = self.op_index(s.op, s.out_overload)
             step.reuse = self.target.REUSE
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
@@ -519,7 +521,6 @@ class _SpecRenderer:
             steps[-1].on_error = self.on_error
         self.on_error = "fail"  # the outputs: after the last step
         return {
-            "index": self.index,
             "signature": c_comment(self.spec.signature),
             "guards": [(g.c(), c_comment(g.words(self.spec.arg_names))) for g in
                        self.spec.guards],
@@ -549,32 +550,34 @@ def scalar_operand(value) -> dict:
     return {"k": {bool: "bool", int: "int", float: "float"}[type(value)], "v": value}
 
 
-def render(specs: list[Specialization], function: str) -> Rendered:
-    """The SCM's C source for ``specs`` (in guard-evaluation order)."""
+def render(spec: Specialization, function: str) -> Rendered:
+    """The C source of ``spec``'s module (Note [Incremental modules] in build.py: one module
+    per specialization)."""
     from . import target_cuda
     ops: dict[tuple[str, str], int] = {}
-    callbacks: list[tuple[int, int]] = []
+    callbacks: list[int] = []
 
     def op_index(op: str, overload: str) -> int:
         return ops.setdefault((op, overload), len(ops))
 
     kernels = target_cuda.Kernels()
-    renderers = [_SpecRenderer(i, s, op_index, callbacks, kernels) for i, s in enumerate(specs)]
-    rendered = [r.render() for r in renderers]
-    used = set().union(*(r.targets for r in renderers)) if renderers else set()
-    if any(s["graph"] for s in rendered):  # Note [CUDA graphs]
+    renderer = _SpecRenderer(spec, op_index, callbacks, kernels)
+    rendered = renderer.render()
+    used = set(renderer.targets)
+    if rendered["graph"]:  # Note [CUDA graphs]
         used.add(target_cuda)
     headers = sorted({h for target in used for h in target.HEADERS})
-    if any(s.view is not None for spec in specs for s in spec.plan.steps):
+    if any(s.view is not None for s in spec.plan.steps):
         headers.append("trident_views.h")
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),
-        specs=rendered,
+        spec=rendered,
         ops=[{"name": c_string(n), "overload": c_string(o),
               "comment": c_comment(f"{n}.{o}" if o else n)}
              for (n, o) in ops],
         headers=headers,
         kernels=kernels.decls,
+        kernel_addresses=[f"&{name}" for name in kernels.names.values()],
         num_callbacks=len(callbacks),
     )
-    return Rendered(source, callbacks)
+    return Rendered(source, callbacks, kernels.cubins)

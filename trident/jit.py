@@ -123,7 +123,9 @@ class JitFunctionMixin:
         self._state: state.StateTree | None = None  # what the installed specializations read
         self._load_reason = "first call"
         self._dynamic_failed = False
-        self._module = None
+        self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones
+        self._modules: dict[str, types.ModuleType] = {}  # their modules, in guard order
+        self._module_names: dict[str, str] = {}  # by Specialization.key (Note [Pruning])
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_reasons: set[str] = set()
         self._left_out = None  # Note [Specialization limit]: (cache, stored specs not installed)
@@ -179,9 +181,10 @@ class JitFunctionMixin:
         return self._installed_match(call)
 
     def source(self) -> str:
-        """The C source of the installed Specialization Cache Module."""
+        """The C source of the installed specializations' modules, in guard order (one module
+        per specialization: Note [Incremental modules] in build.py)."""
         self._ensure_loaded()
-        return codegen.render(self._specs, self.__qualname__).source if self._specs else ""
+        return "\n".join(self._render(s).source for s in self._specs)
 
     def mlir(self, *args, **kwargs) -> str:
         """The Torch-MLIR module (``torch`` dialect) Trident builds for a call."""
@@ -263,7 +266,7 @@ class JitFunctionMixin:
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
             self._load_reason = f"{self._state_change()} since the last call"
-        self._install(0, 0)
+        self._install(())
         self._set_state(None)
         self._state = None
         self._specs = []
@@ -377,6 +380,7 @@ class JitFunctionMixin:
                 if stored is None:
                     # only a specialization that built and installed
                     self._cache.save_spec(spec, keep=2 * self._max_specializations)
+                    self._prune(spec)
         if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -398,12 +402,30 @@ class JitFunctionMixin:
         return next((s for s in left_out[1] if s.tree == call.tree.key
                      and first_failure(s.guards, call.leaves) is None), None)
 
-    def _stored_module(self) -> set[str]:
-        """The name of the module a new process would load from the cache (Note [Pruning] in
-        build.py keeps it)."""
-        stored = self._stored_specs()[-self._max_specializations:]
-        return {build.module_name(codegen.render(stored, self.__qualname__).source)} if stored \
-            else set()
+    def _stored_modules(self) -> set[str]:
+        """The names of the modules of the stored specializations, which a new process may
+        load (Note [Pruning] in build.py keeps them)."""
+        names = set()
+        for spec in self._cache.load_specs():
+            if spec.key not in self._module_names:
+                self._module_names[spec.key] = build.module_name(self._render(spec).source)
+            names.add(self._module_names[spec.key])
+        return names
+
+    def _prune(self, spec: Specialization) -> None:
+        """Note [Pruning] in build.py: after ``spec`` is stored, delete the modules of
+        specializations the cache no longer stores, built before ``spec``'s."""
+        try:
+            built = Path(self._modules[spec.key].__file__).stat().st_mtime_ns
+        except OSError:  # pruned by another process meanwhile: so it prunes
+            return
+        keep = self._stored_modules() | {m.__name__ for m in self._modules.values()}
+        build.prune(self._cache.directory, keep, built)
+
+    def _render(self, spec: Specialization) -> codegen.Rendered:
+        """``spec``'s module source; rendered once while installed."""
+        rendered = self._rendered.get(spec.key)
+        return rendered if rendered is not None else codegen.render(spec, self.__qualname__)
 
     def _past_limit(self, call: _Call):
         return self._eager(call.args, call.kwargs, f"reached its limit of "
@@ -580,30 +602,16 @@ class JitFunctionMixin:
         self._counters.interpreted_launches += 1
 
     def _install_module(self, specs: list[Specialization]) -> None:
+        """Install ``specs``, in guard order: each one's module is built only where no earlier
+        compile built it (Note [Incremental modules] in build.py)."""
         if isinstance(self, _EagerDispatcher):  # no runtime: explain() and source() say why
             raise TridentError(self._no_runtime)
-        rendered = codegen.render(specs, self.__qualname__)
-        _code_log.info("%s", rendered.source)
-        module = build.build(rendered.source, self._cache.directory, keep=self._stored_module)
-        rt = runtime.load()
-        rc = module.lib.scm_init(rt.api_address())
-        if rc < 0:
-            raise TridentError(f"{self.__qualname__}: the module was built for another version "
-                               "of the runtime's ABI (trident_rt.h)")
-        if rc > 0:
-            raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
-                               f"calls (op table entry {rc - 1})")
-        for slot, (spec_index, step_index) in enumerate(rendered.callbacks):
-            key = (specs[spec_index].key, step_index)
-            if key not in self._callback_ids:
-                launch = specs[spec_index].plan.steps[step_index].launch
-                launcher = kernels.interpreted_launcher(
-                    kernels.find_kernel(launch["ref"], self._code_fn),
-                    kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
-                    _weakly(self._count_interpreted))
-                self._callback_ids[key] = rt.register_callback(launcher)
-            module.lib.scm_set_callback(slot, self._callback_ids[key])
-        self._module = module
+        rendered = {s.key: self._render(s) for s in specs}
+        for key, r in rendered.items():
+            if key not in self._rendered:
+                _code_log.info("%s", r.source)
+        self._rendered = rendered
+        self._modules = {s.key: self._load_module(s) for s in specs}
         self._specs = specs
         self._left_out = None
         self._reset_graphs(len(specs))
@@ -613,7 +621,37 @@ class JitFunctionMixin:
         reads = list({json.dumps(r): r for s in specs for r in s.state["reads"]}.values())
         self._state = self._state_tree(reads)  # the union of what they read, as it is now
         self._set_state(self._state.program())
-        self._install(module.lib.scm_call_address(), module.lib.scm_match_address())
+        self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
+                            for m in self._modules.values()))
+
+    def _load_module(self, spec: Specialization):
+        """``spec``'s module, built (or found in the cache), its operators looked up, its
+        cubins and Python callbacks handed over."""
+        rendered = self._rendered[spec.key]
+        module = build.build(rendered.source, self._cache.directory)
+        rt = runtime.load()
+        rc = module.lib.scm_init(rt.api_address())
+        if rc < 0:
+            raise TridentError(f"{self.__qualname__}: the module was built for another version "
+                               "of the runtime's ABI (trident_rt.h)")
+        if rc > 0:
+            raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
+                               f"calls (op table entry {rc - 1})")
+        for index, cubin in enumerate(rendered.cubins):
+            if module.lib.scm_set_cubin(index, cubin, len(cubin)):
+                raise TridentError(f"{self.__qualname__}: cannot hand cubin {index} over to "
+                                   "its module (out of memory)")
+        for slot, step_index in enumerate(rendered.callbacks):
+            key = (spec.key, step_index)
+            if key not in self._callback_ids:
+                launch = spec.plan.steps[step_index].launch
+                launcher = kernels.interpreted_launcher(
+                    kernels.find_kernel(launch["ref"], self._code_fn),
+                    kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
+                    _weakly(self._count_interpreted))
+                self._callback_ids[key] = rt.register_callback(launcher)
+            module.lib.scm_set_callback(slot, self._callback_ids[key])
+        return module
 
 
 _PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
@@ -672,7 +710,7 @@ class _EagerDispatcher:
     def __call__(self, *args, **kwargs):  # jit_function_class() has warned once
         return self._eager(args, kwargs, self._no_runtime, warn=False)
 
-    def _install(self, call: int, match: int) -> None:
+    def _install(self, entries: tuple) -> None:
         pass
 
     def _set_state(self, program) -> None:

@@ -33,6 +33,6 @@ def launch(r, index: int, s) -> CStep:
         elif p["kind"] == "scalar":
             values.append(r.operand(scalar_operand(p["value"])))
     values += [f"TRT_I({g})" for g in r.grid(launch)]
-    r.callbacks.append((r.index, index))
+    r.callbacks.append(index)
     return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}", r.locals,
                  values, r.releases(s), slot=len(r.callbacks) - 1)

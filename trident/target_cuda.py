@@ -8,6 +8,7 @@ that made them (Note [Buffer reuse] in plan.py). The CPU target is ``target_cpu.
 from __future__ import annotations
 
 import base64
+import hashlib
 
 from . import sizes
 from .codegen import CStep, c_comment, c_float, c_string, size_c
@@ -21,11 +22,14 @@ _SCALARS = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "u
 
 class Kernels:
     """The module's compiled kernels, one ``trt_kernel`` per distinct binary (a kernel launched
-    from every layer of a model is stored once)."""
+    from every layer of a model is stored once). The source names each cubin by size and SHA-256;
+    the bytes are handed over at install (``scm_set_cubin``, Note [Incremental modules] in
+    build.py), not embedded as text."""
 
     def __init__(self):
         self.names: dict[tuple, str] = {}
         self.decls: list[str] = []
+        self.cubins: list[bytes] = []
 
     def add(self, kernel: str, binary: dict) -> str:
         key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
@@ -34,15 +38,14 @@ class Kernels:
             return self.names[key]
         name = f"kernel{len(self.names)}"
         cubin = base64.b64decode(binary["cubin"])
-        rows = [", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) for i in range(0, len(cubin), 16)]
-        self.decls.append(f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes */\n"
-                          f"static const unsigned char cubin_{name}[] = {{\n  "
-                          + ",\n  ".join(rows) + "\n};")
         self.decls.append(
-            f"static trt_kernel {name} = {{{c_string(binary['name'])}, cubin_{name}, "
+            f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes, sha256 "
+            f"{hashlib.sha256(cubin).hexdigest()} */\n"
+            f"static trt_kernel {name} = {{{c_string(binary['name'])}, NULL, "
             f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
             f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
         self.names[key] = name
+        self.cubins.append(cubin)
         return name
 
 
@@ -50,7 +53,7 @@ def prologue(r) -> list[str]:
     """Note [Buffer reuse] in plan.py: buffers are reused on the stream that made them, and a
     call on another stream allocates."""
     device = r.spec.cuda_device
-    stream = f"buffer_stream{r.index}"
+    stream = "buffer_stream"
     r.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
     r.statics.append(f"static int {stream}_set;")
     return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
@@ -71,7 +74,7 @@ def _pointer(r, var: str, o: dict, where: str) -> list[str]:
     tensor = r.operand(o)[len("TRT_T("):-1]
     return [f"void* {var}_data;",
             f"if (rt->data_ptr({tensor}, &{var}_data)) {{ rt->set_error({c_string(where)}, "
-            f"NULL); goto fail; }}",
+            f"NULL); goto {r.on_error}; }}",
             f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
 
 

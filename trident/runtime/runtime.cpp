@@ -1146,6 +1146,11 @@ PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject
 PyObject* TridentError = nullptr;
 PyObject* ErrorTypes[ERR_KINDS] = {nullptr};
 
+struct ScmEntry {
+  trt_scm_call_fn call;
+  trt_scm_match_fn match;
+};
+
 struct Dispatcher {
   PyObject_HEAD
   PyObject* dict;
@@ -1154,10 +1159,11 @@ struct Dispatcher {
   // state.py): a tree program and its parsed form (nullptr: nothing to check).
   PyObject* state_program;
   std::shared_ptr<Tree> state;
-  trt_scm_call_fn call;
-  trt_scm_match_fn match;
+  // The installed SCMs, one per specialization, in guard order (Note [Incremental modules] in
+  // build.py); nullptr: none. Held by each call: a Python callback may install another table.
+  std::shared_ptr<const std::vector<ScmEntry>> scms;
   unsigned long long hits;
-  // CUDA graph slots, one per specialization of the installed SCM (Note [CUDA graphs]).
+  // CUDA graph slots, one per installed specialization (Note [CUDA graphs]).
   trt_graph* graphs;
   Py_ssize_t num_graphs;
   long long replays_before;  // replays counted by slots since reset
@@ -1177,7 +1183,10 @@ void free_graphs(Dispatcher* self) {
 
 PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<Dispatcher*>(type->tp_alloc(type, 0));
-  if (self) new (&self->state) std::shared_ptr<Tree>();
+  if (self) {
+    new (&self->state) std::shared_ptr<Tree>();
+    new (&self->scms) std::shared_ptr<const std::vector<ScmEntry>>();
+  }
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -1228,6 +1237,7 @@ void Dispatcher_dealloc(Dispatcher* self) {
   if (self->weaklist) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
   Dispatcher_clear(self);
   self->state.~shared_ptr();
+  self->scms.~shared_ptr();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -1350,15 +1360,25 @@ struct ArgBuffer {
   }
 };
 
-// Runs the installed SCM on the leaves `items[0..n)`. Returns nullptr with *rc_out set to TRT_MISS
-// when no guard holds, or to TRT_CAPTURE when the matching specialization wants its CUDA graph
-// captured first; otherwise *rc_out is the specialization that ran.
+// The graph slot of installed specialization `i`, or nullptr.
+trt_graph* graph_slot(Dispatcher* self, size_t i) {
+  return static_cast<Py_ssize_t>(i) < self->num_graphs ? &self->graphs[i] : nullptr;
+}
+
+// Runs the installed SCMs on the leaves `items[0..n)`, the first whose guards hold. Returns
+// nullptr with *rc_out set to TRT_MISS when no guard holds, or to TRT_CAPTURE when the matching
+// specialization wants its CUDA graph captured first; otherwise *rc_out is the specialization
+// that ran.
 PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out) {
+  std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
+  if (!scms) {  // uninstalled meanwhile (a state check ran Python code)
+    *rc_out = TRT_MISS;
+    return nullptr;
+  }
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(items, a, n, &env);
-  env.graphs = self->graphs;
   trt_result result;
   result.nouts = 0;
   int rc = TRT_ERROR;
@@ -1371,7 +1391,12 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       // grad under grad mode misses), so the launch sequence skips the Autograd dispatch keys.
       // ADInplaceOrView still runs: in-place ops bump version counters, views are views.
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-      rc = self->call(a, static_cast<int32_t>(n), &env, &result);
+      rc = TRT_MISS;
+      for (size_t i = 0; i < scms->size() && rc == TRT_MISS; ++i) {
+        env.graphs = graph_slot(self, i);
+        rc = (*scms)[i].call(a, static_cast<int32_t>(n), &env, &result);
+        if (rc >= 0) rc = static_cast<int>(i);
+      }
     }
     if (rc == TRT_ERROR || rc == TRT_EAGER) {
       PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? ERR_EAGER : g_error_kind], g_error.c_str());
@@ -1415,7 +1440,7 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
 
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
-  if (!t || !self->call || !state_holds(self)) return slow_path(self, args, kwargs);
+  if (!t || !self->scms || !state_holds(self)) return slow_path(self, args, kwargs);
   CallValues cv;
   if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
@@ -1451,19 +1476,29 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
 // A specialization that wants its CUDA graph captured runs its launch sequence instead.
 PyObject* Dispatcher_run(Dispatcher* self, PyObject* args) {
   int rc = TRT_MISS;
-  PyObject* out = (self->call && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS)
+  PyObject* out = (self->scms && PyTuple_GET_SIZE(args) <= TRT_MAX_ARGS)
                       ? run_scm(self, tuple_items(args), PyTuple_GET_SIZE(args), &rc) : nullptr;
   if (rc == TRT_MISS || rc == TRT_CAPTURE)
     PyErr_SetString(TridentError, "no specialization accepts these arguments");
   return out;
 }
 
-// _install(call_address, match_address): point the hit path at a (re)built SCM; 0, 0 uninstalls.
-PyObject* Dispatcher_install(Dispatcher* self, PyObject* args) {
-  unsigned long long call_addr, match_addr;
-  if (!PyArg_ParseTuple(args, "KK", &call_addr, &match_addr)) return nullptr;
-  self->call = reinterpret_cast<trt_scm_call_fn>(call_addr);
-  self->match = reinterpret_cast<trt_scm_match_fn>(match_addr);
+// _install(entries): point the hit path at the SCMs of the installed specializations, a tuple of
+// (call_address, match_address) in guard order; () uninstalls.
+PyObject* Dispatcher_install(Dispatcher* self, PyObject* entries) {
+  if (!PyTuple_Check(entries)) return PyErr_Format(PyExc_TypeError, "expected a tuple");
+  auto scms = std::make_shared<std::vector<ScmEntry>>();
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); ++i) {
+    unsigned long long call_addr, match_addr;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(entries, i), "KK", &call_addr, &match_addr))
+      return nullptr;
+    scms->push_back({reinterpret_cast<trt_scm_call_fn>(call_addr),
+                     reinterpret_cast<trt_scm_match_fn>(match_addr)});
+  }
+  if (scms->empty())
+    self->scms.reset();
+  else
+    self->scms = std::move(scms);
   Py_RETURN_NONE;
 }
 
@@ -1668,12 +1703,16 @@ PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*) {
 // _match(*args) -> int: the specialization the native guards pick, or -1. For tests and explain.
 PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
-  if (!self->match || n > TRT_MAX_ARGS) return PyLong_FromLong(-1);
+  std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
+  if (!scms || n > TRT_MAX_ARGS) return PyLong_FromLong(-1);
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(tuple_items(args), a, n, &env);
-  return PyLong_FromLong(self->match(a, static_cast<int32_t>(n), &env));
+  for (size_t i = 0; i < scms->size(); ++i)
+    if ((*scms)[i].match(a, static_cast<int32_t>(n), &env) >= 0)
+      return PyLong_FromSize_t(i);
+  return PyLong_FromLong(-1);
 }
 
 PyObject* Dispatcher_get_hits(Dispatcher* self, void*) { return PyLong_FromUnsignedLongLong(self->hits); }
@@ -1684,8 +1723,8 @@ int Dispatcher_set_hits(Dispatcher* self, PyObject* value, void*) {
 }
 
 PyMethodDef Dispatcher_methods[] = {
-    {"_install", reinterpret_cast<PyCFunction>(Dispatcher_install), METH_VARARGS,
-     "_install(call_address, match_address): install a Specialization Cache Module's entries."},
+    {"_install", reinterpret_cast<PyCFunction>(Dispatcher_install), METH_O,
+     "_install(entries): install the SCMs' (call_address, match_address), in guard order."},
     {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,

@@ -108,6 +108,10 @@ static int trt_cuda_enter(int device, int* pushed) {
 static int trt_cuda_function(trt_kernel* k, int device) {
   CUresult rc;
   CUmodule module;
+  if (!k->cubin) {  /* scm_set_cubin() was not called: an install that went wrong */
+    snprintf(trt_cuda_message, sizeof(trt_cuda_message), "%s: no cubin was set", k->name);
+    return 1;
+  }
   if ((rc = trt_cu.module_load_data(&module, k->cubin))) return trt_cuda_fail("cuModuleLoadData", rc);
   if ((rc = trt_cu.module_get_function(&k->function[device], module, k->name)))
     return trt_cuda_fail("cuModuleGetFunction", rc);

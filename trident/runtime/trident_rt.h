@@ -158,7 +158,7 @@ typedef struct trt_env {
   int32_t num_threads;    /* torch.get_num_threads() */
   uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
                              global_flags() in runtime.cpp, FLAG_BITS in guards.py */
-  trt_graph* graphs;      /* the calling function's graph slot per specialization, or NULL */
+  trt_graph* graphs;      /* the calling function's graph slot for the SCM it calls, or NULL */
 } trt_env;
 
 /* The runtime's services, handed to an SCM once by scm_init(). Note [No exception crosses the
@@ -230,11 +230,11 @@ static inline int64_t trt_mod(int64_t a, int64_t b) {
   return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
 }
 
-/* The entry points every SCM exports. */
+/* The entry points every SCM exports. An SCM holds one specialization (Note [Incremental
+   modules] in trident/build.py): match returns 0 when its guards hold, else TRT_MISS. */
 typedef int (*trt_scm_init_fn)(const trt_api* api);
 typedef int (*trt_scm_match_fn)(const trt_arg* args, int32_t nargs, const trt_env* env);
-/* Returns the specialization index that ran (>= 0), TRT_MISS, TRT_ERROR, TRT_CAPTURE or
-   TRT_EAGER. */
+/* Returns 0 (the specialization ran), TRT_MISS, TRT_ERROR, TRT_CAPTURE or TRT_EAGER. */
 typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env* env,
                                trt_result* result);
 #define TRT_MISS (-1)

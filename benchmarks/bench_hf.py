@@ -1,6 +1,6 @@
 """Hugging Face models through every front door, on a GPU: ms per generated token.
 
-``python3 -m trident.bench_hf [out.json [model ...]]``. Random weights in the real configs'
+``python3 -m benchmarks.bench_hf [out.json [model ...]]``. Random weights in the real configs'
 shapes (no download), bf16, ``generate(cache_implementation="static", do_sample=False)``, 64 new
 tokens after a 16-token prompt, every contender in one process:
 

@@ -1,4 +1,4 @@
-"""``python -m trident.bench_guards``: what each kind of state guard costs per call, in C.
+"""``python3 -m benchmarks.bench_guards``: what each kind of state guard costs per call, in C.
 
 Note [State guards] (trident/state.py) checks what a function read outside its arguments
 before every call. This micro-benchmark installs state trees of ``--reads`` reads of one kind
@@ -19,8 +19,8 @@ import types
 
 import torch
 
-from . import runtime, state
-from .jit import jit
+from trident import runtime, state
+from trident.jit import jit
 
 
 def _trees(n: int) -> dict[str, tuple[str, list[state.Read]]]:

@@ -28,7 +28,7 @@ import traceback
 import torch
 
 import trident
-from trident.demo import compare
+from benchmarks.demo import compare
 
 
 def per_call(fn, n=2000, warm=50, reps=7) -> list[float]:
@@ -255,7 +255,7 @@ def _decoder_layer(cfg, all_reduce=None):
     ``layer(h, p, cos, sin, k_past, v_past) -> (h, k_cache, v_cache)``, where ``p`` maps
     PER_LAYER names to weights and the caches are ``k_past``/``v_past`` plus this position.
     ``all_reduce``: for a tensor-parallel shard (``cfg`` holds this rank's heads and
-    intermediate size; trident/bench_tp.py), called in place on the outputs of o_proj and down
+    intermediate size; benchmarks/bench_tp.py), called in place on the outputs of o_proj and down
     before each residual add."""
     from liger_kernel.transformers import functional as liger
     F = torch.nn.functional
@@ -414,7 +414,7 @@ def models(results, names, compile_modes=("default", "reduce-overhead"), save=la
 def table(results) -> str:
     """Markdown table: time per contender, and eager's, torch.compile's and the CUDA graph's
     time over Trident's, each with its range over the batches and the verdict
-    (:func:`trident.demo.compare`: a win only where the batches' min-max ranges do not overlap)."""
+    (:func:`benchmarks.demo.compare`: a win only where the batches' min-max ranges do not overlap)."""
     cols = ["eager", "compile_default", "compile_reduce-overhead", "cuda_graph", "trident",
             "trident_steps", "trident_backend"]
     versus = ["eager", "compile_default", "cuda_graph"]

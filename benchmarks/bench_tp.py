@@ -1,6 +1,6 @@
-"""Tensor-parallel benchmark: ``torchrun --nproc-per-node 2 -m trident.bench_tp [out.json]``.
+"""Tensor-parallel benchmark: ``torchrun --nproc-per-node 2 -m benchmarks.bench_tp [out.json]``.
 
-The Llama-3.2-1B-like decode step of ``trident/bench_gpu.py`` (hidden 2048, 16 layers, 32/8
+The Llama-3.2-1B-like decode step of ``benchmarks/bench_gpu.py`` (hidden 2048, 16 layers, 32/8
 heads, intermediate 8192, bf16, Liger's rms_norm, rope and swiglu, KV length 256), split over
 the ranks as Megatron splits it: column-parallel QKV and gate/up (each rank holds its heads and
 its slice of the intermediate dim), row-parallel o_proj and down, each followed by an in-place
@@ -35,9 +35,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import trident
-from trident.bench_gpu import (CONFIGS, build_model, cuda_graph, first_call, make_decode_step,
+from benchmarks.bench_gpu import (CONFIGS, build_model, cuda_graph, first_call, make_decode_step,
                                per_call, same)
-from trident.demo import compare
+from benchmarks.demo import compare
 
 MODEL = "llama-3.2-1b-like"
 
