@@ -1,6 +1,6 @@
 """Golden files: checked-in specializations (``tests/golden/<case>.json``) rendered to C by
-codegen, without tracing, and compared with the checked-in C (``tests/golden/<case>-<i>.c``, one module per specialization); the
-C is then built with cffi and initialized against the runtime.
+codegen, without tracing, and compared with the checked-in C (``tests/golden/<case>-<i>.c``, one
+module per specialization); the C is then built with cffi and initialized against the runtime.
 
 A change to codegen or the template shows here as a diff of the generated C. After a change
 that is meant, write the files again and review their diff:
