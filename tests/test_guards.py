@@ -187,20 +187,12 @@ def _default_dtype(dtype):
         torch.set_default_dtype(before)
 
 
-@contextlib.contextmanager
-def _cudnn_benchmark():
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = not before
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before
-
-
 # Call-wide state a call may run under (Note [Guard order]'s call-wide guards)
 ENVIRONMENTS = {"as is": contextlib.nullcontext, "inference mode": torch.inference_mode,
                 "default dtype": lambda: _default_dtype(torch.float64),
-                "global flags": _cudnn_benchmark}
+                # (the flags() context: torch.testing disables setting the flags directly)
+                "global flags": lambda: torch.backends.cudnn.flags(
+                    enabled=not torch.backends.cudnn.enabled)}
 
 
 def test_native_guards_agree_with_python_reference(compiled):
