@@ -158,6 +158,32 @@ def test_slices_are_guarded_by_their_bounds_types_and_values():
     assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (3, 3, 1), jf.stats
 
 
+def _calls_an_operator(op):
+    def call(*args):
+        return op(*args)
+    return call
+
+
+def test_torch_operators_are_checked_by_identity():
+    """A torch operator (``torch.ops.aten.mul.Tensor``, a packet such as ``torch.ops.aten.add``)
+    passed as an argument or read from a closure (OpInfo's ``op.op``) is checked by identity
+    (its ``__dict__`` holds the dispatcher's caches, keyed by DispatchKey: it ran eagerly);
+    another operator compiles again."""
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    jf = trident.jit(lambda op, x, y: op(x, y))
+    for op in (torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.add,
+               torch.ops.aten.add, torch.ops.aten.mul.Tensor):
+        assert_same(jf(op, x, y), op(x, y))
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 3, 0), jf.stats
+    for op in (torch.ops.aten._safe_softmax.default, torch.ops.aten._softmax):
+        f = _calls_an_operator(op)
+        jf = trident.jit(f)
+        args = (x, 1) if op is torch.ops.aten._safe_softmax.default else (x, 1, False)
+        for _ in range(2):
+            assert_same(jf(*args), f(*args))
+        assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 1, 0), jf.stats
+
+
 def test_complex_constants_compare_bit_patterns():
     class O:
         pass

@@ -245,6 +245,8 @@ def identity_words(obj: Any) -> str:
         return f"module {obj.__name__}"
     if isinstance(obj, types.BuiltinFunctionType):
         return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
+    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"torch operator {obj}"  # one object per operator, in every process
     from .cache import _PROCESS
 
     return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
@@ -365,12 +367,14 @@ class _Flattener:
 def _opaque_types() -> tuple:
     from .jit import jit_function_class
 
-    return (functools.partial, jit_function_class())
+    return (functools.partial, jit_function_class(), torch._ops.OpOverload,
+            torch._ops.OpOverloadPacket)
 
 
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
-    JitFunction, a ``functools.partial``)."""
+    JitFunction, a ``functools.partial``, a torch operator such as ``torch.ops.aten.add.Tensor``,
+    whose ``__dict__`` holds the dispatcher's caches)."""
     return isinstance(value, _opaque_types())
 
 
