@@ -92,7 +92,10 @@ def test_graph_code_builds_without_a_gpu(tmp_path):
     # only the CUDA specialization tries its graph slot (the one the dispatcher hands the
     # module it calls) before its launch sequence
     assert "trt_graph" not in codegen.render(cpu, "reads_only").source
+    # the signature (quotes, a backslash) is escaped where a C string holds it
+    cuda = dataclasses.replace(cuda, signature='reads_only(x: "a\\b")')
     source = codegen.render(cuda, "reads_only").source
+    assert 'rt->set_error("CUDA graph of reads_only(x: \\"a\\\\b\\")", ' in source
     assert source.count("trt_graph_replay(") == 1
     assert "trt_graph_replay(env->graphs, a, rt, out)" in source
     module = build.build(source, tmp_path / "graph-build")

@@ -536,6 +536,7 @@ class _SpecRenderer:
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
             "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
+            "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
             "eager": any(step.on_error == "eager" for step in steps),
         }
 
