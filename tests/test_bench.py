@@ -76,4 +76,4 @@ def test_bench_cpu_runs_and_records_verdicts(tmp_path, capsys):
     assert case["Trident"]["bit_exact"] and len(case["Trident"]["samples_us"]) == 3
     ratio = compare(case["eager"]["samples_us"], case["Trident"]["samples_us"])
     assert case["ratios"]["eager"]["verdict"] == ratio.verdict
-    assert f"eager / Trident = {ratio}" in out and f"chain30" in out
+    assert f"eager / Trident = {ratio}" in out and "chain30" in out

@@ -34,7 +34,6 @@ def layouts(draw, shape, dtype):
     """A tensor of logical ``shape`` laid out one of several ways."""
     seed = draw(st.integers(0, 2**16))
     kind = draw(st.sampled_from(["contig", "transposed", "sliced", "expanded", "permuted"]))
-    ndim = len(shape)
     t = _layout(draw, kind, shape, dtype, seed)
     event(f"layout={kind if t.dim() >= 2 or kind in ('contig', 'sliced', 'expanded') else 'contig'}")
     event(f"dtype={str(dtype).replace('torch.', '')}")

@@ -130,8 +130,8 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif hasattr(value, "fn") and hasattr(value, "src"):  # a Triton JITFunction
         h.update(f"triton:{value.src}".encode())
     elif hasattr(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
-        for config in getattr(value, "configs", None) or ():
-            h.update(repr(config).encode())
+        for tuned in getattr(value, "configs", None) or ():
+            h.update(repr(tuned).encode())
         for name, heuristic in (getattr(value, "values", None) or {}).items():
             h.update(name.encode())
             _hash_value(h, heuristic, seen, depth + 1)

@@ -56,7 +56,7 @@ def prologue(r) -> list[str]:
     stream = "buffer_stream"
     r.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
     r.statics.append(f"static int {stream}_set;")
-    return [f"void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
+    return ["void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
             f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
             f"NULL); goto fail; }}",
             f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
