@@ -494,3 +494,90 @@ def test_state_edited_between_processes(tmp_path, subprocess_env, trident_cache)
         assert (r["compiles"], r["fallbacks"]) == ((0, 2) if eager else (1, 0)), (name, r)
         assert (unchanged[name]["compiles"], unchanged[name]["got"]) == (0, r["got"]), name
     assert first["large numpy array element"]["fallbacks"] == 2  # numpy contents: eager
+
+
+# ---- writes to state outside the arguments (found by a fresh user's pass) -------------------
+
+WRITES = {"n": 0}
+WRITE_LOG: list = []
+WRITE_COUNT = 0
+
+
+class _Counter:
+    n = 0
+
+
+WRITE_OBJ = _Counter()
+
+
+def _writes_item(x):
+    WRITES["n"] += 1
+    return x * WRITES["n"]
+
+
+def _assigns_item(x):
+    WRITES["n"] = WRITES["n"] + 1
+    return x * WRITES["n"]
+
+
+def _writes_global(x):
+    global WRITE_COUNT
+    WRITE_COUNT += 1
+    return x * WRITE_COUNT
+
+
+def _writes_attribute(x):
+    WRITE_OBJ.n += 1
+    return x * WRITE_OBJ.n
+
+
+def _appends(x):
+    WRITE_LOG.append(1)
+    return x * len(WRITE_LOG)
+
+
+def _writes_in_a_helper(x):
+    return _writes_item(x) + 1
+
+
+def _writes_nonlocal():
+    k = 0
+
+    def step(x):
+        nonlocal k
+        k += 1
+        return x * k
+
+    return step
+
+
+def _state_now():
+    return (dict(WRITES), list(WRITE_LOG), WRITE_COUNT, WRITE_OBJ.n)
+
+
+def _reset_writes():
+    global WRITE_COUNT
+    WRITES["n"], WRITE_COUNT, WRITE_OBJ.n = 0, 0, 0
+    WRITE_LOG.clear()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _writes_item, lambda: _assigns_item, lambda: _writes_global,
+    lambda: _writes_attribute, lambda: _appends, lambda: _writes_in_a_helper, _writes_nonlocal,
+], ids=["item", "item-assign", "global", "attribute", "append", "helper", "nonlocal"])
+def test_writes_outside_the_arguments_run_eagerly(make):
+    """Only a trace runs the function's Python code: a hit would skip a write to a global, a
+    closure variable, a global container's item or attribute, a mutating method's. Such a
+    function runs eagerly (checked before the trace, so the write happens once per call, as in
+    eager), with a warning naming the write."""
+    x = torch.ones(2)
+    _reset_writes()
+    fn = make()
+    want = [fn(x) for _ in range(3)]
+    want_state = _state_now()
+    _reset_writes()
+    jf = trident.jit(make())
+    with pytest.warns(UserWarning, match="writes to"):
+        got = [jf(x) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and _state_now() == want_state
+    assert (jf.stats.fallbacks, jf.stats.compiles) == (3, 0), jf.stats

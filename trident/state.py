@@ -358,6 +358,81 @@ def _kernel_fns(value) -> list:
     return fns
 
 
+# Methods that change the container they are called on (list, dict, set, deque).
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update",
+                       "setdefault", "popitem", "add", "discard", "appendleft", "popleft",
+                       "__setitem__", "__delitem__"})
+
+
+def outside_write(code: types.CodeType, g: dict) -> str | None:
+    """Note [State guards]: what ``code`` writes outside its frame and its arguments (a
+    ``global`` or ``nonlocal`` assignment, an item or attribute of an object read from a global
+    or a closure cell, a mutating method of such a container), or None. Only the trace runs the
+    function's Python code: a hit would skip the write (issue 11's never-stale rule), so such a
+    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a write this does not
+    recognise (through a local alias of the object) is not seen."""
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+
+    def outside(i) -> str | None:
+        if i.opname == "LOAD_GLOBAL" and not isinstance(g.get(i.argval), types.ModuleType):
+            return f"global {i.argval}"
+        if i.opname == "LOAD_DEREF" and i.argval in code.co_freevars:
+            return f"closure variable {i.argval}"
+        return None
+
+    line = 0
+    for j, i in enumerate(ins):
+        if i.starts_line not in (None, False):
+            line = j
+        if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            return f"global {i.argval}"
+        if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval in code.co_freevars:
+            return f"closure variable {i.argval}"
+        target = None
+        if i.opname in ("STORE_ATTR", "DELETE_ATTR") and j >= 1:
+            target = outside(ins[j - 1])  # obj.n = v
+        elif i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and j >= 2 and \
+                ins[j - 1].opname in ("LOAD_CONST", "LOAD_FAST"):
+            target = outside(ins[j - 2])  # d[k] = v
+        elif i.opname in ("LOAD_METHOD", "LOAD_ATTR") and i.argval in _MUTATORS and j >= 1:
+            target = outside(ins[j - 1])  # log.append(v)
+        if target is None and i.opname in ("STORE_ATTR", "STORE_SUBSCR") and j >= 1 and \
+                ins[j - 1].opname == "SWAP":
+            target = outside(ins[line])  # d[k] += v, obj.n += v
+        if target is not None:
+            return f"{target} ({code.co_filename.rsplit('/', 1)[-1]}:{i.positions.lineno})"
+    return None
+
+
+def write_before_trace(fn) -> str | None:
+    """:func:`outside_write` of ``fn`` and of the user functions it names by global or closure
+    (four calls deep), checked before a trace runs them: a trace that wrote would leave the
+    write done twice once the call runs eagerly."""
+    seen: set = set()
+    todo = [(fn, 0)]
+    while todo:
+        f, depth = todo.pop()
+        code = getattr(f, "__code__", None)
+        if not isinstance(f, types.FunctionType) or code in seen or \
+                not is_user_file(code.co_filename):
+            continue
+        seen.add(code)
+        written = outside_write(code, f.__globals__)
+        if written is not None:
+            return written
+        if depth < 4:
+            cells = dict(zip(code.co_freevars, f.__closure__ or ()))
+            for i in dis.get_instructions(code):
+                if i.opname == "LOAD_GLOBAL":
+                    todo.append((f.__globals__.get(i.argval), depth + 1))
+                elif i.opname == "LOAD_DEREF" and i.argval in cells:
+                    try:
+                        todo.append((cells[i.argval].cell_contents, depth + 1))
+                    except ValueError:  # an empty cell
+                        pass
+    return None
+
+
 def reads_of(rec: Recording, fn) -> list[Read]:
     """Note [State guards]: the chains of every user function that ran in ``rec`` (and of the
     Triton kernels they name), rooted where a new call reads them.
@@ -369,6 +444,11 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
+    for code, (g, _) in rec.codes.items():
+        written = outside_write(code, g)
+        if written is not None:
+            raise TridentError(f"the function writes to {written}: Python state outside its "
+                               "arguments, which a hit would not write")
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
