@@ -563,10 +563,7 @@ class JitFunctionMixin:
         """Trace the function on fake leaves put in place of the call's (Note [Argument
         trees]); the result's structure becomes the capture's output recipe."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
-        written = state.write_before_trace(self._code_fn)  # so that eager writes once
-        if written is not None:
-            raise TridentError(f"the function writes to {written}: Python state outside its "
-                               "arguments, which a hit would not write")
+        state.check_writes_before_trace(self._code_fn)  # so that eager writes once
 
         def run(*leaves):
             with substituted(call.tree, call.values, leaves, rebuilt) as roots:

@@ -404,10 +404,22 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     return None
 
 
-def write_before_trace(fn) -> str | None:
-    """:func:`outside_write` of ``fn`` and of the user functions it names by global or closure
-    (four calls deep), checked before a trace runs them: a trace that wrote would leave the
-    write done twice once the call runs eagerly."""
+def check_write(code: types.CodeType, g: dict) -> None:
+    """Raises:
+        TridentError: ``code`` writes outside its arguments (:func:`outside_write`)."""
+    written = outside_write(code, g)
+    if written is not None:
+        raise TridentError(f"the function writes to {written}: Python state outside its "
+                           "arguments, which a hit would not write")
+
+
+def check_writes_before_trace(fn) -> None:
+    """:func:`check_write` of ``fn`` and of the user functions it names by global or closure
+    (four calls deep), before a trace runs them: a trace that wrote would leave the write done
+    twice once the call runs eagerly.
+
+    Raises:
+        TridentError: one of them writes outside its arguments."""
     seen: set = set()
     todo = [(fn, 0)]
     while todo:
@@ -417,9 +429,7 @@ def write_before_trace(fn) -> str | None:
                 not is_user_file(code.co_filename):
             continue
         seen.add(code)
-        written = outside_write(code, f.__globals__)
-        if written is not None:
-            return written
+        check_write(code, f.__globals__)
         if depth < 4:
             cells = dict(zip(code.co_freevars, f.__closure__ or ()))
             for i in dis.get_instructions(code):
@@ -430,7 +440,6 @@ def write_before_trace(fn) -> str | None:
                         todo.append((cells[i.argval].cell_contents, depth + 1))
                     except ValueError:  # an empty cell
                         pass
-    return None
 
 
 def reads_of(rec: Recording, fn) -> list[Read]:
@@ -438,17 +447,15 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     Triton kernels they name), rooted where a new call reads them.
 
     Raises:
-        TridentError: the function calls something whose result no guard keeps, or reads a
-            closure variable whose cell cannot be found again."""
+        TridentError: the function calls something whose result no guard keeps, writes
+            outside its arguments (a helper reached past :func:`check_writes_before_trace`), or
+            reads a closure variable whose cell cannot be found again."""
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
     for code, (g, _) in rec.codes.items():
-        written = outside_write(code, g)
-        if written is not None:
-            raise TridentError(f"the function writes to {written}: Python state outside its "
-                               "arguments, which a hit would not write")
+        check_write(code, g)
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
