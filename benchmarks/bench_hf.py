@@ -9,12 +9,17 @@ tokens after a 16-token prompt, every contender in one process:
 - Trident's three doors: ``model.forward = trident.jit(model.forward)``,
   ``torch.compile(model.forward, backend="trident")``, and
   ``generation_config.compile_config = CompileConfig(backend="trident")``;
-- floors: Trident's own decode-step CUDA graph replayed alone, the eager decode forward captured
-  in a CUDA graph (``torch.cuda.graph``), and ``generate``'s own Python per token (a forward that
-  returns stored logits). ``TRIDENT_BENCH_NO_FLOOR=1`` skips the graph floors;
-  ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of one ``trident.jit`` generate;
+- floors: a greedy decode loop replaying the eager decode forward from one CUDA graph
+  (``torch.cuda.graph``: the GPU's own pace per token, no ``generate``), and ``generate``'s own
+  Python per token (a forward that returns stored logits);
+- each decode step of one ``generate`` through ``trident.jit`` and eagerly, timed alone: host
+  time until the call returns, and until its GPU work is done.
+
+``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of
+one ``trident.jit`` generate and a torch profile (GPU kernel time per token);
 ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
-reference, always runs).
+reference, always runs). Trident's native runtime is loaded (built, in a fresh cache folder:
+once per torch version) before the contenders, and its time is reported on its own row.
 
 Each contender's tokens and logits are compared with eager's (``torch.equal``).
 """
@@ -86,60 +91,105 @@ def _measure(model, ids, ref, reps: int, **kw) -> dict:
             "bit_equal": bool(ref is not None and _same(out2, ref))}
 
 
-def _graph_floor(forward, args, kwargs) -> dict:
-    """One decode step's forward replayed from a CUDA graph: the GPU's own pace for a token.
-    The cache's integer position tensors (``cumulative_length``) advance in place on every
-    step; the graph restores them first, so replays write the same position."""
-    cache = kwargs.get("past_key_values") or kwargs.get("cache")
-    positions = [t for layer in getattr(cache, "layers", ()) for t in vars(layer).values()
-                 if isinstance(t, torch.Tensor) and not t.is_floating_point()]
-    saved = [t.clone() for t in positions]
+def _graph_floor(model, ids) -> dict:
+    """The GPU's own pace for a token: a greedy decode loop that replays the eager decode
+    forward from one CUDA graph (``torch.cuda.graph``), as serving engines do: the new token id
+    and its position copied into the graph's static inputs, no ``generate``, no guards. The
+    static cache advances its own position tensors inside the graph."""
+    import transformers
+
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    positions = torch.arange(PROMPT, device=ids.device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, past_key_values=cache, cache_position=positions).logits
+    token = logits[:, -1:].argmax(-1)
+    position = torch.tensor([PROMPT], device=ids.device)
+    lengths = [layer.cumulative_length for layer in cache.layers]
+    saved = [t.clone() for t in lengths]
+
+    def restore():
+        for t, v in zip(lengths, saved):
+            t.copy_(v)
 
     def step():
-        for t, s in zip(positions, saved):
-            t.copy_(s)
-        forward(*args, **kwargs)
+        return model(input_ids=token, past_key_values=cache, cache_position=position).logits
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.no_grad():
         for _ in range(3):
             step()
+            restore()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
-        step()
-    replays = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(50):
-            graph.replay()
-        torch.cuda.synchronize()
-        replays.append((time.perf_counter() - start) * 1e3 / 50)
-    return {"ms_per_token": round(min(replays), 3)}
-
-
-def _replay_floor(jf, seen: dict) -> dict:
-    """The GPU's own pace for one token: the CUDA graph Trident captured for the decode step,
-    replayed back to back (the cache's position tensors, which each step advances in place,
-    are put back before each replay: 16-24 one-element copies, included)."""
-    from trident import graphs
-
-    (captured,) = [g for g in jf._graph_states.graphs.values()
-                   if isinstance(g, graphs.Captured)][-1:]
-    positions, saved = seen["positions"]  # as the first decode step of the last generate
+        out = step()
     times = []
     for _ in range(5):
+        restore()
+        position.fill_(PROMPT)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for _ in range(20):
-            for t, v in zip(positions, saved):
-                t.copy_(v)
-            captured.graph.replay()
+        for _ in range(NEW - 1):
+            graph.replay()
+            torch.argmax(out[:, -1:], -1, out=token)
+            position.add_(1)
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3 / 20)
-    return {"ms_per_token": round(min(times), 3), "positions restored": len(positions)}
+        times.append((time.perf_counter() - start) * 1e3 / (NEW - 1))
+    return {"ms_per_token": round(min(times), 3)}
+
+
+def _timed(forward):
+    """``forward``, wrapped so that :func:`_step_times` can time its calls. One wrapper for all
+    of a door's ``generate`` calls: the model's ``forward`` attribute is part of what
+    ``trident.jit(model.forward)`` guards, so a new wrapper would be a recompile."""
+    marks = []
+
+    def timed(*args, **kwargs):
+        if not timed.on:
+            return forward(*args, **kwargs)
+        start = time.perf_counter()
+        result = forward(*args, **kwargs)
+        returned = time.perf_counter()
+        torch.cuda.synchronize()
+        marks.append((start, returned, time.perf_counter()))
+        return result
+
+    timed.on, timed.marks = False, marks
+    return timed
+
+
+def _step_times(model, ids) -> dict:
+    """Each decode step of one ``generate`` through ``model.forward`` (a :func:`_timed`): the
+    host time until the call returns (``host_us``), the time until its GPU work is done
+    (``step_ms``, the GPU waited for after each call: the call alone, ``generate``'s share
+    excluded) and the time between two steps (``token_ms``)."""
+    timed = model.forward
+    timed.marks.clear()
+    timed.on = True
+    try:
+        _generate(model, ids, disable_compile=True)
+    finally:
+        timed.on = False
+    decode = timed.marks[1:]
+    return {"host_us": round(statistics.median(r - s for s, r, _ in decode) * 1e6, 1),
+            "step_ms": round(statistics.median(d - s for s, _, d in decode) * 1e3, 3),
+            "token_ms": round(statistics.median(
+                b[0] - a[0] for a, b in zip(decode, decode[1:])) * 1e3, 3)}
+
+
+def _gpu_busy(model, ids) -> dict:
+    """GPU kernel time per generated token of one ``generate`` (torch profiler), and the
+    busiest host functions."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _generate(model, ids, disable_compile=True)
+    events = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in events) / 1e3 / NEW
+    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60),
+          flush=True)
+    return {"gpu_ms_per_token": round(gpu, 3)}
 
 
 def _wanted(contender: str) -> bool:
@@ -159,39 +209,25 @@ def run(name: str, reps: int = 3) -> dict:
     import transformers
     import trident
 
+    start = time.perf_counter()
+    from trident import runtime
+
+    runtime.load()  # built once per torch version (a fresh cache folder): not a compile
+    rows = _Rows()
+    rows["Trident's native runtime, load or build (s)"] = round(time.perf_counter() - start, 2)
     model = _model(name)
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), device="cuda")
-    rows = _Rows()
     forward = model.forward
     rows["eager"] = _contender(model, ids, None, reps, disable_compile=True)
     ref, _ = _generate(model, ids, disable_compile=True)
     rows["eager"]["bit_equal"] = True
 
     jf = trident.jit(forward)
-    seen: dict = {}
-
-    def spy(*args, **kwargs):  # the last generate's first decode step
-        if kwargs.get("input_ids") is not None and kwargs["input_ids"].shape[-1] == 1 and \
-                seen.get("prefill"):
-            cache = kwargs.get("past_key_values") or kwargs.get("cache")
-            positions = [t for layer in getattr(cache, "layers", ())
-                         for t in vars(layer).values()
-                         if isinstance(t, torch.Tensor) and not t.is_floating_point()]
-            seen["positions"] = (positions, [t.clone() for t in positions])
-            seen["prefill"] = False
-        elif kwargs.get("input_ids") is not None and kwargs["input_ids"].shape[-1] > 1:
-            seen["prefill"] = True
-        return jf(*args, **kwargs)
-
-    model.forward = spy
+    model.forward = _timed(jf)
     if _wanted("jit"):
         rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps,
                                                         disable_compile=True)
-    if _wanted("jit") and not os.environ.get("TRIDENT_BENCH_NO_FLOOR"):
-        try:
-            rows["floor: Trident's decode graph, replayed alone"] = _replay_floor(jf, seen)
-        except Exception as e:
-            rows["floor: Trident's decode graph, replayed alone"] = {"error": str(e)[:300]}
+        rows["trident.jit, one decode step alone"] = _step_times(model, ids)
     stats = jf.stats
     rows["trident.jit(model.forward) stats"] = {
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
@@ -207,6 +243,7 @@ def run(name: str, reps: int = 3) -> dict:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
         print(text.getvalue()[-6000:], flush=True)
+        rows["trident.jit generate, torch profiler"] = _gpu_busy(model, ids)
     model.forward = forward
 
     if _wanted("backend"):
@@ -250,25 +287,14 @@ def run(name: str, reps: int = 3) -> dict:
         python.append(t * 1e3 / NEW)
     rows["generate's own Python (forward free)"] = {"ms_per_token": round(min(python), 3)}
     model.forward = forward
-    # floor: one decode step's forward replayed from a CUDA graph (its last call's arguments)
-    seen = {}
-
-    def spy(*args, **kwargs):  # the first decode step (replays write the same position)
-        if "call" not in seen and kwargs.get("input_ids") is not None and \
-                kwargs["input_ids"].shape[-1] == 1:
-            seen["call"] = (args, kwargs)
-        return forward(*args, **kwargs)
-
     if os.environ.get("TRIDENT_BENCH_NO_FLOOR"):
         return rows
-    model.forward = spy
-    _generate(model, ids, disable_compile=True)
-    model.forward = forward
     try:
-        rows["CUDA-graph replay of the decode forward"] = _graph_floor(forward, *seen["call"])
+        rows["floor: CUDA-graph replay of the eager decode forward"] = _graph_floor(model, ids)
     except Exception as e:  # an op that cannot be captured
-        rows["CUDA-graph replay of the decode forward"] = {"error": str(e)[:300]}
-
+        rows["floor: CUDA-graph replay of the eager decode forward"] = {"error": str(e)[:300]}
+    model.forward = _timed(forward)
+    rows["eager, one decode step alone"] = _step_times(model, ids)
     model.forward = forward
     return rows
 

@@ -70,6 +70,32 @@ def test_argument_moving_after_capture_recaptures_once():
         assert_equal(f(y, w1, w2), mlp(y, w1, w2))
     s = f.stats
     assert (s.graph_captures, s.graph_replays, s.hits) == (2, 2 + 3, 6)
+    (captured,) = f._graph_states.graphs.values()
+    assert [t.shape for t in captured.statics.values()] == [y.shape]  # new each call: copied in
+
+
+def test_argument_moving_to_a_new_stable_address_is_read_by_pointer_again():
+    """A new KV cache for each ``generate``: a graph replayed ``STABLE_REPLAYS`` times before
+    its argument moved is captured again after a new warm-up, reading the argument by pointer
+    (no copy in and back on every replay), as often as that happens."""
+    from trident.graphs import RECAPTURES, STABLE_REPLAYS
+
+    f = trident.jit(scale_)
+    caches, calls = RECAPTURES + 2, STABLE_REPLAYS + 4
+    for _ in range(caches):  # each cache used for `calls` calls, then a new one
+        x = torch.arange(1000, device="cuda", dtype=torch.float32)
+        ref = x.clone()
+        for _ in range(calls):
+            out = f(x, 0.5)
+            ref = ref * 0.5
+            assert torch.equal(x, ref) and torch.equal(out, ref * 2)
+    s = f.stats
+    # the first cache: a miss, then replays; each later one: its first call runs step by step
+    # (the moved pointer), the second captures and replays
+    assert (s.graph_captures, s.graph_replays, s.hits) == (
+        caches, (calls - 1) + (caches - 1) * (calls - 1), caches * calls - 1)
+    (captured,) = f._graph_states.graphs.values()
+    assert captured.statics == {} and x.data_ptr() in captured.pointers.values()
 
 
 def scale_(x, s: float):

@@ -581,3 +581,32 @@ def test_writes_outside_the_arguments_run_eagerly(make):
         got = [jf(x) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and _state_now() == want_state
     assert (jf.stats.fallbacks, jf.stats.compiles) == (3, 0), jf.stats
+
+
+def _after_the_compile():
+    return None
+
+
+def test_compiles_under_a_c_profiler():
+    """``sys.getprofile()`` returns cProfile's ``Profile`` object, which cannot be called: the
+    state recording of a compile suspends it, and it records again afterwards (a TypeError
+    from inside the trace before)."""
+    import cProfile
+    import pstats
+
+    @trident.jit
+    def f(x):
+        return x * 2 + 1
+
+    x = torch.randn(5)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        first, second = f(x), f(x)
+        _after_the_compile()
+    finally:
+        profile.disable()
+    assert torch.equal(first, x * 2 + 1) and torch.equal(second, x * 2 + 1)
+    assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (1, 1, 0)
+    assert sys.getprofile() is None
+    assert "_after_the_compile" in {name for _, _, name in pstats.Stats(profile).stats}

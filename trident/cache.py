@@ -206,6 +206,7 @@ class FunctionCache:
         self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
         self.spec_dir = self.directory / "specs"
         self.about = describe(fn)
+        self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
@@ -219,12 +220,19 @@ class FunctionCache:
         specs, keys = [], set()
         for path in sorted(self.spec_dir.glob("*.json")):
             try:
-                spec = Specialization.from_json(json.loads(path.read_text()))
-                _check_ops(spec)
-                if path.stem.rpartition("-")[2] != spec.key:  # edited, or not written by us
-                    raise ValueError(f"its contents hash to {spec.key}, not to the hash in its "
-                                     "name")
+                stat = path.stat()
+                seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                if path in self._parsed and self._parsed[path][0] == seen:
+                    spec = self._parsed[path][1]
+                else:
+                    spec = Specialization.from_json(json.loads(path.read_text()))
+                    _check_ops(spec)
+                    if path.stem.rpartition("-")[2] != spec.key:  # edited, or not ours
+                        raise ValueError(f"its contents hash to {spec.key}, not to the hash in "
+                                         "its name")
+                    self._parsed[path] = (seen, spec)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                self._parsed.pop(path, None)
                 _discard(path, f"{type(e).__name__}: {e}")  # written atomically: damaged
                 continue
             if spec.key not in keys:

@@ -15,8 +15,12 @@ A graph bakes in the addresses it reads and writes, so the SCM checks them befor
   call's argument at that address (weights, KV caches, static input buffers);
 - one whose address changed is *copied in*: the graph reads a buffer of its own, and a replay
   first copies the argument there (``cuMemcpyAsync``, same stream). A by-pointer argument later
-  seen at a new address makes that call run the launch sequence and asks for a new capture, at
-  most ``RECAPTURES`` times per specialization.
+  seen at a new address makes that call run the launch sequence and the next one capture
+  again. If the graph had been replayed at least ``STABLE_REPLAYS`` times, the moved arguments
+  are taken to be stable at their new address (a KV cache for one ``generate``, a new one for
+  the next) and read by pointer there, not copied in and back on every replay (such a
+  recapture is not counted); else they are copied in from then on, at most ``RECAPTURES``
+  times per specialization.
 - a copied-in argument that the function may write (passed to a Triton launch, or to an ATen
   op's mutable ``Tensor(a!)`` argument, directly or through a view) is copied back after the
   replay, so the caller's tensor holds what eager PyTorch would have written. A call where a
@@ -50,6 +54,7 @@ from .plan import Plan, _schema
 from .runtime import ABI
 
 RECAPTURES = 2
+STABLE_REPLAYS = 16  # a graph replayed this often before an argument moved: recapture freely
 # trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
 OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
 BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
@@ -189,7 +194,8 @@ class GraphStates:
     call in the process (the warm-up: ``next_call`` remembers where its arguments are), is
     captured on the next (``next_call`` says which arguments to copy in; ``done`` keeps the
     graph, or why there is none), and replays from then on; a moved by-pointer argument asks
-    for a new capture, at most ``RECAPTURES`` times. The dispatcher's graph slots
+    for a new capture (by pointer at its new address after a well-used graph, else copied
+    in), at most ``RECAPTURES`` times. The dispatcher's graph slots
     (``trt_graph``) are set from ``slot``."""
 
     def __init__(self, enabled: bool):
@@ -197,6 +203,7 @@ class GraphStates:
         self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
         self.graphs: dict[str, Captured | str] = {}  # the graph, or why it has none
         self.recaptures: dict[str, int] = {}  # captures left after a moved argument
+        self.replays_at: dict[str, int] = {}  # the graph slot's replays when it was captured
 
     def slot(self, spec) -> tuple | None:
         """The state (and replay descriptor) of ``spec``'s slot after an install, as the
@@ -209,23 +216,27 @@ class GraphStates:
             return (PENDING,)
         return None
 
-    def next_call(self, spec, args: tuple) -> set[int] | None:
-        """For a call ``spec`` accepts whose slot is not ready: None to run it step by step
-        (a warm-up, or no graph applies), else the arguments to copy in while capturing it
-        now (those whose address changed)."""
+    def next_call(self, spec, args: tuple, replays: int) -> set[int] | None:
+        """For a call ``spec`` accepts whose slot is not ready (``replays``: its slot's replays
+        so far): None to run it step by step (a warm-up, or no graph applies), else the
+        arguments to copy in while capturing it now (those whose address changed)."""
         seen = self.seen.get(spec.key)
         if seen is None or not self.enabled or spec.graph_device is None:
             self.seen[spec.key] = pointers(args)
             return None
         previous = self.graphs.pop(spec.key, None)
-        if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
+        if isinstance(previous, Captured):  # a by-pointer argument moved
+            if replays - self.replays_at[spec.key] >= STABLE_REPLAYS:
+                self.recaptures[spec.key] += 1  # not counted: by pointer at the new address
+                return set(previous.statics)
             return set(previous.statics) | {i for i, p in pointers(args).items()
                                             if previous.pointers.get(i, p) != p}
         return {i for i, p in pointers(args).items() if seen.get(i) != p}
 
-    def done(self, spec, captured: Captured | str) -> None:
+    def done(self, spec, captured: Captured | str, replays: int) -> None:
         """Keep what a capture gave: the graph, or why the specialization runs without one."""
         self.graphs[spec.key] = captured
+        self.replays_at[spec.key] = replays
         if isinstance(captured, Captured):
             self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES + 1) - 1
 

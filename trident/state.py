@@ -153,13 +153,23 @@ def _impure_name(fn) -> str | None:
 @contextlib.contextmanager
 def record(fn):
     """Record the user code that ``fn``'s code runs in this thread (Note [State guards]);
-    chains to a profile function already set."""
+    chains to a profile function already set. A profiler written in C (``cProfile``:
+    ``sys.getprofile()`` returns its ``Profile`` object, which is not callable) cannot be
+    chained: it is disabled while the call is recorded and enabled again after it."""
     rec = Recording()
     top = getattr(fn, "__code__", None)
     if top is None:
         yield rec
         return
     previous = sys.getprofile()
+    suspended = previous if previous is not None and not callable(previous) and \
+        callable(getattr(previous, "enable", None)) else None
+    if suspended is not None:
+        suspended.disable()
+        previous = None
+    elif previous is not None and not callable(previous):
+        raise TridentError("a profiler that Trident cannot chain to is active "
+                           f"({type(previous).__name__}): its calls run eagerly")
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
 
     def under_fn(frame) -> bool:
@@ -207,6 +217,8 @@ def record(fn):
         yield rec
     finally:
         sys.setprofile(previous)
+        if suspended is not None:
+            suspended.enable()
 
 
 # ---- chains ----------------------------------------------------------------------------------
