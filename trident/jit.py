@@ -446,6 +446,11 @@ class JitFunctionMixin:
         spec = self._specs[index]
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
         moved = self._graph_states.next_call(spec, args, self._graph_replays(index))
+        if isinstance(moved, graphs.Captured):  # a kept graph of these addresses
+            self._install_graph(index, spec)
+            out = self._finish(call, index, self._run(*args))  # replays it
+            self.hits += hit
+            return out
         if moved is not None:
             try:
                 captured = graphs.capture(self._run, spec, args, moved, spec.graph_device)
