@@ -445,18 +445,13 @@ class JitFunctionMixin:
         args = call.leaves
         spec = self._specs[index]
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
-        moved = self._graph_states.next_call(spec, args, self._graph_replays(index))
-        if isinstance(moved, graphs.Captured):  # a kept graph of these addresses
-            self._install_graph(index, spec)
-            out = self._finish(call, index, self._run(*args))  # replays it
-            self.hits += hit
-            return out
+        moved = self._graph_states.next_call(spec, args)
         if moved is not None:
             try:
                 captured = graphs.capture(self._run, spec, args, moved, spec.graph_device)
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
                 captured = f"capture failed: {type(e).__name__}: {e}"
-            self._graph_states.done(spec, captured, self._graph_replays(index))
+            self._graph_states.done(spec, captured)
             if isinstance(captured, str):
                 _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
                                  spec.signature, captured)
@@ -737,7 +732,7 @@ class _EagerDispatcher:
     def _set_graph(self, *args) -> None:
         pass
 
-    def _graph_replays(self, index: int = -1) -> int:
+    def _graph_replays(self) -> int:
         return 0
 
 

@@ -1693,13 +1693,8 @@ PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// _graph_replays(index=-1) -> int: CUDA graph replays of this function, all SCMs it had
-// included; with an index, those of that graph slot since the last _reset_graphs.
-PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject* args) {
-  Py_ssize_t index = -1;
-  if (!PyArg_ParseTuple(args, "|n", &index)) return nullptr;
-  if (index >= self->num_graphs) return PyErr_Format(PyExc_IndexError, "no graph slot %zd", index);
-  if (index >= 0) return PyLong_FromLongLong(self->graphs[index].replays);
+// _graph_replays() -> int: CUDA graph replays of this function, all SCMs it had included.
+PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*) {
   long long total = self->replays_before;
   for (Py_ssize_t i = 0; i < self->num_graphs; ++i) total += self->graphs[i].replays;
   return PyLong_FromLongLong(total);
@@ -1744,8 +1739,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
     {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
      "_set_graph(index, state, recaptures=0, desc=None): a specialization's CUDA graph."},
-    {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_VARARGS,
-     "_graph_replays(index=-1) -> int: hits served by a CUDA graph (of one slot)."},
+    {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
+     "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},

@@ -199,9 +199,8 @@ static inline int trt_ranges_overlap(uintptr_t a, int64_t an, uintptr_t b, int64
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: copy in, launch, copy written inputs back, copy the outputs into new tensors.
  * Returns TRT_GRAPH_NONE when the graph does not apply to this call (none captured, an input at
- * a new address once no recapture is left, another stream, a copied input overlapping another
- * where either may be written): the caller then runs the launch sequence; TRT_GRAPH_CAPTURE
- * when Python is to capture (or pick a kept graph) for this call. */
+ * a new address, another stream, a copied input overlapping another where either may be
+ * written): the caller then runs the launch sequence. */
 static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, const trt_api* rt,
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
@@ -216,10 +215,11 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, const trt_api
   for (int i = 0; i < ninputs; ++i) {
     const int64_t* x = in + 5 * i;
     if (x[1] == TRT_GRAPH_BY_POINTER && (uintptr_t)a[x[0]].data_ptr != (uintptr_t)x[2]) {
-      if (g->recaptures_left <= 0) return TRT_GRAPH_NONE;
-      --g->recaptures_left;  /* Python picks or captures the graph of this call's addresses */
-      g->state = TRT_GRAPH_PENDING;
-      return TRT_GRAPH_CAPTURE;
+      if (g->recaptures_left > 0) {
+        --g->recaptures_left;
+        g->state = TRT_GRAPH_PENDING;
+      }
+      return TRT_GRAPH_NONE;
     }
   }
   for (int i = 0; i < ninputs; ++i) {  /* a copy must not hide a write through another input */
