@@ -1,0 +1,158 @@
+"""Eager fallbacks are cheap, honest and quiet (Note [Eager decisions] in trident/jit.py): a call
+that runs eagerly for a reason its argument tree keeps is decided from the leaves the native
+tree read, without flattening in Python or tracing again; it says its real reason (once in the
+warnings, in ``miss_reasons`` and ``explain``); the decision is read again at every call, so a
+call whose reason stopped holding is compiled and served natively; a trace that fails prints
+nothing of torch's on stderr; two ``trident.jit`` objects over one function share its cache
+entry and its specialization limit."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import warnings
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import trident
+from trident.guards import MAX_ARGS
+
+jit_module = importlib.import_module("trident.jit")  # (trident.jit is the decorator)
+
+
+def add(x, y):
+    return x + y
+
+
+def matmul(x, y):
+    return x @ y
+
+
+def shift(x, n):
+    return x * 2 + n % 7
+
+
+def total(xs):
+    return torch.stack(xs).sum(0)
+
+
+GLOBAL_W = torch.randn(3)
+
+
+def reads_global(x, y):
+    return x + y + GLOBAL_W
+
+
+def _requires_grad():
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    return (add, lambda: (x, w), contextlib.nullcontext, lambda: w.requires_grad_(False),
+            "y requires grad: Trident serves inference; autograd runs eagerly")
+
+
+def _autocast():
+    x, y, on = torch.randn(2, 3), torch.randn(3, 2), [True]
+    return (matmul, lambda: (x, y), lambda: torch.autocast("cpu", enabled=on[0]),
+            lambda: on.__setitem__(0, False), "autocast, a torch.func transform or a "
+            "TorchFunctionMode (torch.set_default_device, ...) is on")
+
+
+def _bigint():
+    x, n = torch.randn(3), [2**70]
+    return (shift, lambda: (x, n[0]), contextlib.nullcontext, lambda: n.__setitem__(0, 3),
+            "argument n is a int that the native guards do not read")
+
+
+def _dual():
+    x, y, t, dual = torch.randn(3), torch.randn(3), torch.randn(3), [True]
+
+    @contextlib.contextmanager
+    def level():
+        with fwAD.dual_level() if dual[0] else contextlib.nullcontext():
+            yield
+
+    return (add, lambda: (fwAD.make_dual(x, t) if dual[0] else x, y), level,
+            lambda: dual.__setitem__(0, False),
+            "x is a forward-mode AD dual tensor: its tangent is computed eagerly")
+
+
+def _too_many_leaves():
+    xs = [torch.full((2,), float(i)) for i in range(MAX_ARGS + 1)]
+    return (total, lambda: (xs,), contextlib.nullcontext, None,
+            f"{MAX_ARGS + 1} argument leaves; the native path reads at most {MAX_ARGS - 1}")
+
+
+def _compile_failure():
+    x, y = torch.randn(3), torch.randn(3)
+    return (reads_global, lambda: (x, y), contextlib.nullcontext, None,
+            "reads_global reads a tensor that is not an argument")
+
+
+def _run(fn, args, context):
+    """``fn(*args)`` under ``context``: the output's values and, for a dual output, tangent."""
+    with context():
+        out = fn(*args())
+        primal, tangent = fwAD.unpack_dual(out)
+        return primal.detach(), tangent, out.requires_grad, out.dtype
+
+
+def _same(got, want) -> bool:
+    return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+               for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("case", [_requires_grad, _autocast, _bigint, _dual, _too_many_leaves,
+                                  _compile_failure],
+                         ids=["requires-grad", "autocast", "bigint", "dual", "too-many-leaves",
+                              "compile-failure"])
+def test_eager_decisions_are_made_once_per_tree_and_never_stale(case, monkeypatch):
+    """Each kind of reason a call runs eagerly for: after the first call, no call of the tree
+    is flattened in Python or traced again, every call equals eager (values, tangent, grad),
+    the reason is warned once and recorded per call (never "first call"), and explain() says
+    it. When the reason stops holding, the next call compiles and the one after is a hit."""
+    fn, args, context, stop, reason = case()
+    flattened = []
+    real = jit_module.flatten_call
+    monkeypatch.setattr(jit_module, "flatten_call",
+                        lambda *a: flattened.append(1) or real(*a))  # counts, then runs it
+    jf = trident.jit(fn)
+    traced = 1 if case is _compile_failure else 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            assert _same(_run(jf, args, context), _run(fn, args, context))
+            st = jf.stats
+            assert (st.misses, st.fallbacks, st.hits, st.compiles, st.traces) == \
+                (i + 1, i + 1, 0, 0, traced), st
+    assert len(flattened) == 1
+    ours = [str(w.message) for w in caught if str(w.message).startswith("trident")]
+    assert len(ours) == 1 and ours[0].startswith(f"trident: {fn.__name__} runs eagerly: {reason}")
+    eager = [r for r in jf.stats.miss_reasons if r != "first call"]
+    assert len(eager) == 4 and all(r.startswith(f"eager: {reason}") for r in eager)
+    assert jf.stats.miss_reasons.count("first call") == traced  # a trace's miss says why
+    with context():
+        assert f"runs eagerly: {reason}" in jf.explain(*args())
+    if stop is None:
+        return
+    stop()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # compiled: no warning
+        for _ in range(2):
+            assert _same(_run(jf, args, context), _run(fn, args, context))
+    st = jf.stats
+    assert (st.misses, st.fallbacks, st.hits, st.compiles) == (5, 4, 1, 1), st
+    assert "accepts these arguments" in jf.explain(*args())
+
+
+def test_reasons_that_return_are_decided_again():
+    """A tensor that requires grad again after a compile: its calls miss natively and run
+    eagerly without a new trace; calls without grad stay hits."""
+    x, w = torch.randn(3), torch.randn(3)
+    jf = trident.jit(add)
+    with pytest.warns(UserWarning, match="y requires grad"):
+        for grad in (False, False, True, True, False, True):
+            w.requires_grad_(grad)
+            assert torch.equal(jf(x, w), x + w) and jf(x, w).requires_grad == grad
+    st = jf.stats  # each loop step called twice
+    assert (st.compiles, st.traces, st.hits, st.fallbacks) == (1, 1, 5, 6), st
