@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import warnings
 
 import pytest
@@ -156,3 +157,42 @@ def test_reasons_that_return_are_decided_again():
             assert torch.equal(jf(x, w), x + w) and jf(x, w).requires_grad == grad
     st = jf.stats  # each loop step called twice
     assert (st.compiles, st.traces, st.hits, st.fallbacks) == (1, 1, 5, 6), st
+
+
+# ---- a failed trace prints nothing of torch's ----------------------------------------------
+
+
+def _mismatched_matmul(x, w):
+    return x @ w
+
+
+def _mismatched_cat(x, w):
+    return torch.cat([x, w], dim=1)
+
+
+def _bad_view(x, w):
+    return (x + 1).view(7, -1) + w.sum()
+
+
+@pytest.mark.parametrize("fn", [_mismatched_matmul, _mismatched_cat, _bad_view],
+                         ids=["matmul", "cat", "view"])
+def test_a_failed_trace_warns_once_and_raises_eagers_exception_only(fn, capfd, caplog):
+    """A shape error inside the function: the user sees Trident's one warning and eager's own
+    exception, nothing on stderr; fake tensor mode's traceback goes to Trident's recompiles
+    log (TRIDENT_LOGS=recompiles)."""
+    x, w = torch.randn(3, 4), torch.randn(5, 6)
+    with pytest.raises(RuntimeError) as want:
+        fn(x, w)
+    capfd.readouterr()
+    jf = trident.jit(fn)
+    caplog.set_level(logging.INFO, logger="trident.recompiles")
+    with pytest.warns(UserWarning, match=f"trident: {fn.__name__} runs eagerly: cannot trace"):
+        with pytest.raises(RuntimeError) as got:
+            jf(x, w)
+    assert str(got.value) == str(want.value)
+    assert capfd.readouterr().err == ""
+    assert jf.stats.fallbacks == 1 and jf.stats.traces == 1
+    logged = [r for r in caplog.records if r.name == "trident.recompiles"]
+    if fn is not _bad_view:  # (view's error is raised by torch's Python, not the meta kernel)
+        assert any("torch._subclasses.fake_tensor (ERROR)" in r.getMessage() and r.exc_info
+                   for r in logged)
