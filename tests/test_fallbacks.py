@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import threading
 import warnings
 
 import pytest
@@ -196,3 +197,53 @@ def test_a_failed_trace_warns_once_and_raises_eagers_exception_only(fn, capfd, c
     if fn is not _bad_view:  # (view's error is raised by torch's Python, not the meta kernel)
         assert any("torch._subclasses.fake_tensor (ERROR)" in r.getMessage() and r.exc_info
                    for r in logged)
+
+
+# ---- two trident.jit objects over one function ---------------------------------------------
+
+
+def scaled(x, n):
+    return x * n
+
+
+def test_two_jits_of_one_function_share_its_cache_entry():
+    """The second jit loads what the first compiled; both are one function in `list`."""
+    x = torch.randn(3)
+    a, b = trident.jit(scaled), trident.jit(scaled)
+    assert torch.equal(a(x, 2), x * 2) and torch.equal(b(x, 2), x * 2)
+    assert (a.stats.compiles, b.stats.compiles, b.stats.misses) == (1, 0, 0)
+    assert b(x, 2) is not None and b.stats.hits == 2
+    (row,) = trident.list_cache()
+    assert row["specializations"] == 1
+
+
+def test_two_jits_called_at_once_compile_once():
+    x = torch.randn(3)
+    jfs = [trident.jit(scaled) for _ in range(2)]
+    start = threading.Barrier(2)
+    outs = [None, None]
+
+    def call(i):
+        start.wait()
+        outs[i] = jfs[i](x, 3)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(o, x * 3) for o in outs)
+    assert sum(j.stats.compiles for j in jfs) == 1 and sum(j.stats.fallbacks for j in jfs) == 0
+    assert [r["specializations"] for r in trident.list_cache()] == [1]
+
+
+def test_two_jits_of_one_function_share_its_specialization_limit():
+    """Note [Specialization limit]: compiles are counted per function, as torch.compile's
+    recompile limit counts per code object."""
+    x = torch.randn(3)
+    a, b = (trident.jit(scaled, max_specializations=2) for _ in range(2))
+    assert torch.equal(a(x, 2), x * 2) and torch.equal(b(x, 3), x * 3)
+    with pytest.warns(UserWarning, match="reached its limit of 2 compiled specializations"):
+        assert torch.equal(a(x, 4), x * 4)
+    assert (a.stats.compiles, b.stats.compiles, a.stats.fallbacks) == (1, 1, 1)
+    assert torch.equal(a(x, 3), x * 3) and a.stats.fallbacks == 1  # b's, from the cache

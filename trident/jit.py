@@ -40,6 +40,10 @@ _guards_log = config.logger("guards")
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
+# Note [Specialization limit]: compiles in this process per function cache folder, by every
+# JitFunction over that function (two trident.jit objects over one function, a method jitted
+# on two instances), as torch.compile's recompile limit counts per code object.
+_FUNCTION_COMPILES: dict[Path, int] = {}
 
 
 @dataclasses.dataclass
@@ -343,7 +347,7 @@ class JitFunctionMixin:
         # a fitting specialization on disk that the module left out is installed again rather
         # than compiled again (Note [Specialization limit])
         stored = self._stored_fit(call)
-        if stored is None and self._counters.compiles >= self._max_specializations:
+        if stored is None and self._at_limit():
             return self._past_limit(call)  # no reason text: about an eager call's cost
         reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
@@ -358,10 +362,12 @@ class JitFunctionMixin:
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
         with _COMPILE_LOCK, interrupts.imports_uninterrupted():
-            # a thread that waited here may find its signature compiled by the one before it,
-            # or the limit reached by the threads before it
+            # a thread that waited here may find its signature compiled by the one before it
+            # (through this JitFunction or another one over the same function, which stored
+            # it), or the limit reached by the threads before it
             if self._installed_match(call) < 0:
-                if stored is None and self._counters.compiles >= self._max_specializations:
+                stored = stored or self._stored_fit(call)
+                if stored is None and self._at_limit():
                     return self._past_limit(call)
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
@@ -394,13 +400,17 @@ class JitFunctionMixin:
         process may have stored one); at the limit, once per installed module
         (``self._left_out``)."""
         left_out = self._left_out
-        if left_out is None or left_out[0] is not self._cache \
-                or self._counters.compiles < self._max_specializations:
+        if left_out is None or left_out[0] is not self._cache or not self._at_limit():
             installed = {s.key for s in self._specs}
             left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
                                                        if s.key not in installed])
         return next((s for s in left_out[1] if s.tree == call.tree.key
                      and first_failure(s.guards, call.leaves) is None), None)
+
+    def _at_limit(self) -> bool:
+        """Note [Specialization limit]: this process compiled ``max_specializations`` of this
+        function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
+        return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
 
     def _stored_modules(self) -> set[str]:
         """The names of the modules of the stored specializations, which a new process may
@@ -621,6 +631,8 @@ class JitFunctionMixin:
                 captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
                 self._code_fn, bar)
             self._counters.compiles += 1
+            _FUNCTION_COMPILES[self._cache.directory] = \
+                _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
             _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                              "\n  ".join(g.words(names) for g in spec.guards))
             _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
@@ -824,8 +836,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             every call; an object's other attributes are guarded by value or identity.
             ``@trident.jit`` on a method in a class body binds ``self`` like a function.
         max_specializations: bound on the specializations this function compiles in a process
-            and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it new
-            signatures run eagerly, with one warning (Note [Specialization limit]).
+            (counted over every ``trident.jit`` of the same function, which share its cache
+            entry) and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it
+            new signatures run eagerly, with one warning (Note [Specialization limit]).
         fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or
             construct), run it eagerly with a warning (True) or raise ``TridentError`` (False).
         cuda_graphs: replay a CUDA graph of each CUDA specialization from its second call on
