@@ -235,6 +235,39 @@ def test_state_changed_in_place_is_seen(case):
     assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st
 
 
+S_ITEM = torch.tensor([2.0])
+
+
+def test_global_tensor_is_named_and_what_changed_said():
+    """A global tensor read as a Python value is guarded by identity and version counter: a
+    write that leaves its values equal reinstalls the same specialization (a hit, no miss); a
+    write that changes them misses with the global's own name and what happened to it (not
+    ``S_ITEM.item.__self__ changed``); another tensor bound to the name is "changed"."""
+    def fn(x):
+        return x * S_ITEM.item()
+
+    global S_ITEM
+    jf, x, saved = trident.jit(fn), torch.ones(2), S_ITEM
+    try:
+        for _ in range(2):
+            assert torch.equal(jf(x), fn(x))
+        S_ITEM.mul_(1)
+        assert torch.equal(jf(x), fn(x)) and (jf.stats.misses, jf.stats.hits) == (1, 2)
+        version = S_ITEM._version
+        S_ITEM.add_(1)
+        assert torch.equal(jf(x), fn(x)) and jf.stats.misses == 2
+        assert jf.stats.miss_reasons[-1] == (
+            f"S_ITEM was written in place (its version counter is {version + 1}, was "
+            f"{version}) since the last call")
+        S_ITEM = torch.tensor([5.0])
+        assert torch.equal(jf(x), fn(x)) and jf.stats.misses == 3
+        assert jf.stats.miss_reasons[-1] == "S_ITEM changed since the last call"
+    finally:
+        S_ITEM = saved
+        S_ITEM.fill_(2.0)
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats
+
+
 def test_method_of_a_jitted_object_sees_its_attribute():
     """``self.scale`` of a jitted bound method (the argument tree)."""
     obj = Scaled()
@@ -335,9 +368,12 @@ def test_triton_constexpr_global_edited_in_place():
 
 
 ARRAY = np.arange(4.0)
+with torch.inference_mode():
+    INFERENCE_T = torch.tensor([1.0, 2.0])  # no version counter
 
 
-@pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array"])
+@pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
+                                  "inference tensor"])
 def test_unguardable_reads_run_eagerly(case):
     import random
     import time
@@ -345,7 +381,8 @@ def test_unguardable_reads_run_eagerly(case):
     fns = {"random.random": lambda x: x * random.random(),
            "random.randint": lambda x: x * random.randint(1, 10),
            "time.time": lambda x: x * (time.time() > 0),
-           "numpy array": lambda x: x * float(ARRAY[1])}
+           "numpy array": lambda x: x * float(ARRAY[1]),
+           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1]}
     fn = fns[case]
     jf = trident.jit(fn)
     x = torch.ones(4)

@@ -329,7 +329,12 @@ class JitFunctionMixin:
         """What changed in the state the installed module read: ``"Knobs.factor changed"``."""
         failed = self._state_failure()
         if failed >= 0 and self._state is not None:
-            return f"{self._state.nodes[failed].path or 'a global'} changed"
+            node = self._state.nodes[failed]
+            path = node.path or "a global"
+            if node.check == TENSOR and node.expect._version != node.length:
+                return (f"{path} was written in place (its version counter is "
+                        f"{node.expect._version}, was {node.length})")
+            return f"{path} changed"
         return "the function's defaults were reassigned"
 
     def _defaults_unchanged(self) -> bool:

@@ -733,6 +733,9 @@ class _StateFlattener(_Flattener):
         return _words(value)
 
     def tensor(self, value, node: Node) -> None:
+        if value.is_inference():  # (torch.inference_mode): written there without a trace
+            raise TridentError(f"the global {node.path} is an inference tensor, which has no "
+                               "version counter to guard its values by; pass it as an argument")
         self.add(value, dataclasses.replace(node, check=TENSOR, expect=value,
                                             length=value._version), _tensor_words(value))
 
@@ -807,7 +810,7 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                 trie[key] = f.add(None, Node(parent, access, k, ABSENT, None, 0, path), "absent")
             return
         if last and read.whole:
-            _use(f, trie, key, value, parent, access, k, path)
+            _use(f, trie, key, value, parent, access, k, path, (parent_obj, f.nodes[parent].path))
             return
         if key not in trie:
             trie[key] = f.add(value, _through(value, parent, access, k, path),
@@ -841,16 +844,20 @@ def _through_words(value) -> str:
 
 
 def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access, k,
-         path: str) -> None:
-    """``value`` used whole: its contents guarded, as an argument tree guards an argument."""
+         path: str, owner: tuple = (None, "")) -> None:
+    """``value`` used whole: its contents guarded, as an argument tree guards an argument.
+    ``owner``: the object ``value`` was read from, and its path (a method's ``__self__`` that
+    is its owner is named by the owner's path: ``S``, not ``S.item.__self__``)."""
     whole = key + ("whole",)
     if whole in trie:
         return
+    self_path = owner[1] if owner[1] and getattr(value, "__self__", None) is owner[0] else \
+        f"{path}.__self__"
     if isinstance(value, types.MethodType):  # obj.method: the function and its object
         me = f.add(value, Node(parent, access, k, TYPE, types.MethodType, 0, path), "method")
         trie[whole] = me
         _use(f, trie, whole + ("f",), value.__func__, me, GETATTR, "__func__", f"{path}.__func__")
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", self_path)
         return
     if isinstance(value, functools.partial):
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "partial")
@@ -864,7 +871,7 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
         # a C method of an object (d.items, lst.copy): the object, whole
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
         trie[whole] = me
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", self_path)
         return
     if _by_id(value):
         trie[whole] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
