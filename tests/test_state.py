@@ -16,6 +16,7 @@ import sys
 import textwrap
 import types
 import warnings
+from warnings import warn
 
 import numpy as np
 import pytest
@@ -618,3 +619,67 @@ def test_writes_outside_the_arguments_run_eagerly(make):
         got = [jf(x) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and _state_now() == want_state
     assert (jf.stats.fallbacks, jf.stats.compiles) == (3, 0), jf.stats
+
+
+def _prints(x):
+    print("x is", x.shape)
+    return x + 1
+
+
+def _warns(x):
+    warnings.warn("careful")
+    return x + 1
+
+
+def _warns_through_an_import(x):
+    warn("careful")
+    return x + 1
+
+
+def _writes_stdout(x):
+    sys.stdout.write("out\n")
+    return x + 1
+
+
+def _writes_stderr(x):
+    sys.stderr.write("err\n")
+    return x + 1
+
+
+def _prints_in_a_helper(x):
+    return _prints(x) * 2
+
+
+def _prints_in_a_branch_not_taken(x):
+    if x.dim() > 3:
+        print("big")
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [_prints, _warns, _warns_through_an_import, _writes_stdout,
+                                _writes_stderr, _prints_in_a_helper, _prints_in_a_branch_not_taken],
+                         ids=["print", "warnings.warn", "warn", "stdout", "stderr", "helper",
+                              "branch-not-taken"])
+def test_printing_or_warning_functions_run_eagerly(fn, capsys):
+    """Only a trace runs the function's Python code: a hit would not print or warn, eager does
+    at every call (as Python's warning filters allow). Such a function runs eagerly (checked
+    in its bytecode and its helpers' before the trace: the output comes once per call), with
+    one warning naming the call; every instruction counts, a branch not taken too."""
+    x = torch.ones(2)
+
+    def run(f):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = [f(x) for _ in range(3)]
+        printed = capsys.readouterr()
+        return outs, printed.out, printed.err, [str(w.message) for w in caught]
+
+    want, want_out, want_err, want_warnings = run(fn)
+    jf = trident.jit(fn)
+    got, out, err, caught = run(jf)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert (out, err) == (want_out, want_err)
+    ours = [w for w in caught if w.startswith("trident:")]
+    assert [w for w in caught if not w.startswith("trident:")] == want_warnings
+    assert len(ours) == 1 and "the function prints or warns (" in ours[0], ours
+    assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.traces) == (3, 0, 1), jf.stats

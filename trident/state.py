@@ -60,6 +60,7 @@ import os
 import sys
 import sysconfig
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -404,22 +405,53 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     return None
 
 
+def terminal_output(code: types.CodeType, g: dict) -> str | None:
+    """A call in ``code`` that prints or warns (``print``, ``warnings.warn`` or
+    ``warn_explicit``, ``sys.stdout.write``, ``sys.stderr.write``, named by a global or a
+    builtin, through modules), or None. Only the trace runs the function's Python code: eager
+    prints and warns at every call (as Python's warning filters allow), a hit would not, so such
+    a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
+    not taken makes the function run eagerly too."""
+    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+    for j, i in enumerate(ins):
+        if i.opname != "LOAD_GLOBAL":
+            continue
+        name = i.argval
+        obj = g[name] if name in g else getattr(builtins, name, None)
+        for step in ins[j + 1:j + 3]:  # warnings.warn, sys.stdout.write
+            if step.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not (
+                    isinstance(obj, types.ModuleType) or any(obj is s for s in streams)):
+                break
+            obj, name = getattr(obj, step.argval, None), f"{name}.{step.argval}"
+        if any(obj is f for f in (print, warnings.warn, warnings.warn_explicit)) or (
+                name.endswith(".write") and any(getattr(obj, "__self__", None) is s
+                                                for s in streams)):
+            return f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{i.positions.lineno}"
+    return None
+
+
 def check_write(code: types.CodeType, g: dict) -> None:
     """Raises:
-        TridentError: ``code`` writes outside its arguments (:func:`outside_write`)."""
+        TridentError: ``code`` writes outside its arguments (:func:`outside_write`) or prints
+            or warns (:func:`terminal_output`)."""
     written = outside_write(code, g)
     if written is not None:
         raise TridentError(f"the function writes to {written}: Python state outside its "
                            "arguments, which a hit would not write")
+    output = terminal_output(code, g)
+    if output is not None:
+        raise TridentError(f"the function prints or warns ({output}): eager does at every "
+                           "call, a hit would not")
 
 
 def check_writes_before_trace(fn) -> None:
     """:func:`check_write` of ``fn`` and of the user functions it names by global or closure
-    (four calls deep), before a trace runs them: a trace that wrote would leave the write done
-    twice once the call runs eagerly.
+    (four calls deep), before a trace runs them: a trace that wrote (or printed) would leave
+    the write done twice once the call runs eagerly.
 
     Raises:
-        TridentError: one of them writes outside its arguments."""
+        TridentError: one of them writes outside its arguments, prints or warns."""
     seen: set = set()
     todo = [(fn, 0)]
     while todo:
