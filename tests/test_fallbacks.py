@@ -160,6 +160,29 @@ def test_reasons_that_return_are_decided_again():
     assert (st.compiles, st.traces, st.hits, st.fallbacks) == (1, 1, 5, 6), st
 
 
+def pick(x, y):
+    return x + (y[0] if isinstance(y, list) else y % 7 if type(y) is int else y)
+
+
+def test_a_call_the_eager_tree_holds_but_python_flattens_otherwise_is_compiled():
+    """The native tree of an eager call also holds for calls whose own tree differs (a LEAF
+    takes any value; a tensor passed twice is one leaf and a SAME node in Python's tree): those
+    take the whole miss path, flattened in Python, and compile."""
+    x, t = torch.randn(3), torch.randn(3)
+    jf = trident.jit(pick)
+    with pytest.warns(UserWarning, match="argument y is a int"):
+        assert torch.equal(jf(x, 2**70), pick(x, 2**70))
+    assert torch.equal(jf(x, [t]), x + t) and torch.equal(jf(x, [t]), x + t)
+    assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.hits) == (1, 1, 1), jf.stats
+    w = torch.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="y requires grad"):
+        assert torch.equal(jf(x, w), x + w)
+    w.requires_grad_(False)
+    assert torch.equal(jf(w, w), w + w) and torch.equal(jf(w, w), w + w)
+    assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.hits) == (2, 2, 2), jf.stats
+    assert len(jf.specializations) == 2 and jf._select(w, w) == 1
+
+
 # ---- a failed trace prints nothing of torch's ----------------------------------------------
 
 

@@ -221,14 +221,16 @@ class JitFunctionMixin:
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
         return self._on_miss(call)
 
-    def _tree_miss(self, args: tuple, kwargs: dict | None, leaves: tuple, values: list):
+    def _tree_miss(self, args: tuple, kwargs: dict | None, leaves: tuple):
         """Called from the native dispatcher when an installed argument tree accepts the call
-        and no installed specialization's guards do (or none is installed): the miss path, with
-        the leaves and node values the tree read (Note [Eager decisions])."""
-        tree = self._trees.get(leaves[0])
-        if tree is None or not self._defaults_unchanged():  # the binding is stale
+        and no installed specialization's guards do (or none is installed), with the leaves
+        the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
+        decided it holds (Note [Eager decisions]); any other call takes the whole miss path."""
+        known = self._eager_trees.get(leaves[0])
+        if known is None or not self._defaults_unchanged() or not known[1](leaves):
             return self._slow_path(args, kwargs)
-        return self._on_miss(_Call(args, kwargs or {}, tree, leaves, values))
+        self._counters.misses += 1
+        return self._eager(args, kwargs, known[0])
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
         tree, leaves, values = flatten_call(self._binding, args, kwargs)
@@ -510,11 +512,13 @@ class JitFunctionMixin:
     # transformers model (5,186 tree nodes) on the 2-core CPU machine. So the tree of a call
     # that ran eagerly is installed in the dispatcher like a specialization's: a later call of
     # that tree reaches Python with the leaves the native tree read (``_tree_miss``), and the
-    # fact that decided the last eager call of the tree is tested first, on its one leaf. It is
-    # read again at every call, so it is never stale: a tensor that stops requiring grad, or
-    # autocast turned off, fails the test and the call takes the whole miss path, which
-    # compiles it. A call that fails the test but still runs eagerly for another fact records
-    # that one for its tree.
+    # fact that decided the last eager call of the tree is tested on them, on its one leaf. It
+    # is read again at every call, so it is never stale: a tensor that stops requiring grad, or
+    # autocast turned off, fails the test and the call takes the whole miss path (flattened in
+    # Python), which compiles it, or records the fact that now makes it eager. Each test holds
+    # only of values Python flattens as leaves too (a tensor, or a value of the decided leaf's
+    # own type): the native tree also accepts a call whose own tree differs (a tensor passed
+    # twice, a list where a tensor was), which the whole miss path flattens as its own.
 
     def _eager_reason(self, call: _Call) -> str | None:
         """Why ``call`` runs eagerly whatever is compiled (Note [Eager decisions]), or None."""
@@ -727,7 +731,8 @@ def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
         if f["kind"] == OTHER:
             return (f"argument {names[i]} is a {type(a).__name__} that the native guards do "
                     "not read (expected a strided CPU/CUDA tensor, int, float, bool or "
-                    "None)", lambda leaves: arg_facts(leaves[i])["kind"] == OTHER)
+                    "None)", lambda leaves: type(leaves[i]) is type(a) and
+                    arg_facts(leaves[i])["kind"] == OTHER)
         if f.get("requires_grad") and grad:
             return (f"{names[i]} requires grad: Trident serves inference; autograd runs "
                     "eagerly", lambda leaves: torch.is_grad_enabled() and

@@ -1440,22 +1440,15 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
 }
 
 // Note [Eager decisions] in jit.py: a call an installed tree accepted that no installed SCM
-// accepts (or none is installed) goes to Python with what the tree read, so the miss path does
-// not flatten it again: _tree_miss(args, kwargs, leaves, node values).
+// accepts (or none is installed) goes to Python with the leaves the tree read:
+// _tree_miss(args, kwargs, leaves).
 PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const CallValues& cv) {
   PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
-  PyObject* values = leaves ? PyList_New(static_cast<Py_ssize_t>(cv.values.size())) : nullptr;
-  if (!values) {
-    Py_XDECREF(leaves);
-    return nullptr;
-  }
+  if (!leaves) return nullptr;
   for (size_t i = 0; i < cv.leaves.size(); ++i)
     PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), Py_NewRef(cv.leaves[i]));
-  for (size_t i = 0; i < cv.values.size(); ++i)
-    PyList_SET_ITEM(values, static_cast<Py_ssize_t>(i),
-                    Py_NewRef(cv.values[i] ? cv.values[i] : Py_None));
-  return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_tree_miss", "OONN", args,
-                             kwargs ? kwargs : Py_None, leaves, values);
+  return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_tree_miss", "OON", args,
+                             kwargs ? kwargs : Py_None, leaves);
 }
 
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
