@@ -419,9 +419,9 @@ def terminal_output(code: types.CodeType, g: dict) -> str | None:
             continue
         name = i.argval
         obj = g[name] if name in g else getattr(builtins, name, None)
-        for step in ins[j + 1:j + 3]:  # warnings.warn, sys.stdout.write
+        for step in ins[j + 1:j + 3]:  # warnings.warn, sys.stdout.write (no other getattr)
             if step.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not (
-                    isinstance(obj, types.ModuleType) or any(obj is s for s in streams)):
+                    obj is warnings or obj is sys or any(obj is s for s in streams)):
                 break
             obj, name = getattr(obj, step.argval, None), f"{name}.{step.argval}"
         if any(obj is f for f in (print, warnings.warn, warnings.warn_explicit)) or (
@@ -883,13 +883,12 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     whole = key + ("whole",)
     if whole in trie:
         return
-    self_path = owner[1] if owner[1] and getattr(value, "__self__", None) is owner[0] else \
-        f"{path}.__self__"
     if isinstance(value, types.MethodType):  # obj.method: the function and its object
         me = f.add(value, Node(parent, access, k, TYPE, types.MethodType, 0, path), "method")
         trie[whole] = me
         _use(f, trie, whole + ("f",), value.__func__, me, GETATTR, "__func__", f"{path}.__func__")
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", self_path)
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
         return
     if isinstance(value, functools.partial):
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "partial")
@@ -903,7 +902,8 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
         # a C method of an object (d.items, lst.copy): the object, whole
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
         trie[whole] = me
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", self_path)
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
         return
     if _by_id(value):
         trie[whole] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
