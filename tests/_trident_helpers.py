@@ -40,6 +40,13 @@ def make_cache_dir(path: Path) -> Path:
     return path
 
 
+def as_in_a_new_process() -> None:
+    """Forget this process's compiles per function (Note [Specialization limit]: every
+    ``trident.jit`` of a function shares its limit within a process), so that the next jit
+    object stands for a new process's; its cache folder stays."""
+    sys.modules["trident.jit"]._FUNCTION_COMPILES.clear()
+
+
 def unique_cache_dir() -> Path:
     """A brand-new cache folder (sharing the session runtime) beside the current one."""
     base = Path(os.environ["TRIDENT_CACHE_DIR"])

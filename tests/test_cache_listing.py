@@ -3,7 +3,9 @@ deleted and can take one function."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from pathlib import Path
 
 import torch
 
@@ -32,8 +34,8 @@ def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
                                               "listed_g(x: float32[2] cpu, n=3)"]
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out.splitlines()
-    g_line = next(i for i, l in enumerate(out) if l.startswith("listed_g ("))
-    assert out[g_line].startswith(f"listed_g ({__file__}:{line}): 2 specializations, ")
+    g_line = next(i for i, l in enumerate(out) if l.startswith(f"{__name__}.listed_g ("))
+    assert out[g_line].startswith(f"{__name__}.listed_g ({__file__}:{line}): 2 specializations, ")
     assert out[g_line + 1:g_line + 4] == [
         "  0: listed_g(x: float32[2] cpu, n=2)", "  1: listed_g(x: float32[2] cpu, n=3)",
         f"  in {rows['listed_g']['path']}"]
@@ -51,6 +53,30 @@ def test_clear_one_function_says_what_it_deleted(trident_cache, capsys):
     assert cli.main(["clear", "no_such_function"]) == 1
     assert "no cached function named 'no_such_function'" in capsys.readouterr().out
     assert len(trident.list_cache()) == 1
+
+
+def test_clear_takes_the_module_when_a_name_is_in_several(trident_cache, capsys, tmp_path,
+                                                           monkeypatch):
+    """`clear f` with an `f` in two modules deletes nothing and names both; `clear moda.f`
+    (as `list` shows it) deletes that one; `f` then names one function."""
+    for name, body in (("moda", "x + 1"), ("modb", "x + 2")):
+        (tmp_path / f"{name}.py").write_text(f"def f(x):\n    return {body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mods = [importlib.import_module(name) for name in ("moda", "modb")]
+    for mod in mods:
+        trident.jit(mod.f)(torch.ones(2))
+    paths = {r["about"]["module"]: r["path"] for r in trident.list_cache()}
+    assert cli.main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert f"moda.f ({tmp_path / 'moda.py'}:1)" in listed and "modb.f (" in listed
+    assert cli.main(["clear", "f"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("'f' names 2 functions; name one by module.qualname or by folder:")
+    assert all(Path(p).name in out for p in paths.values()) and len(trident.list_cache()) == 2
+    assert cli.main(["clear", "moda.f"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"deleted {paths['moda']}"
+    assert [r["about"]["module"] for r in trident.list_cache()] == ["modb"]
+    assert cli.main(["clear", "f"]) == 0 and trident.list_cache() == []
 
 
 def test_clear_everything_lists_each_entry(trident_cache, capsys):

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import types
 import warnings
+from warnings import warn
 
 import numpy as np
 import pytest
@@ -235,6 +236,39 @@ def test_state_changed_in_place_is_seen(case):
     assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st
 
 
+S_ITEM = torch.tensor([2.0])
+
+
+def test_global_tensor_is_named_and_what_changed_said():
+    """A global tensor read as a Python value is guarded by identity and version counter: a
+    write that leaves its values equal reinstalls the same specialization (a hit, no miss); a
+    write that changes them misses with the global's own name and what happened to it (not
+    ``S_ITEM.item.__self__ changed``); another tensor bound to the name is "changed"."""
+    def fn(x):
+        return x * S_ITEM.item()
+
+    global S_ITEM
+    jf, x, saved = trident.jit(fn), torch.ones(2), S_ITEM
+    try:
+        for _ in range(2):
+            assert torch.equal(jf(x), fn(x))
+        S_ITEM.mul_(1)
+        assert torch.equal(jf(x), fn(x)) and (jf.stats.misses, jf.stats.hits) == (1, 2)
+        version = S_ITEM._version
+        S_ITEM.add_(1)
+        assert torch.equal(jf(x), fn(x)) and jf.stats.misses == 2
+        assert jf.stats.miss_reasons[-1] == (
+            f"S_ITEM was written in place (its version counter is {version + 1}, was "
+            f"{version}) since the last call")
+        S_ITEM = torch.tensor([5.0])
+        assert torch.equal(jf(x), fn(x)) and jf.stats.misses == 3
+        assert jf.stats.miss_reasons[-1] == "S_ITEM changed since the last call"
+    finally:
+        S_ITEM = saved
+        S_ITEM.fill_(2.0)
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats
+
+
 def test_method_of_a_jitted_object_sees_its_attribute():
     """``self.scale`` of a jitted bound method (the argument tree)."""
     obj = Scaled()
@@ -335,9 +369,12 @@ def test_triton_constexpr_global_edited_in_place():
 
 
 ARRAY = np.arange(4.0)
+with torch.inference_mode():
+    INFERENCE_T = torch.tensor([1.0, 2.0])  # no version counter
 
 
-@pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array"])
+@pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
+                                  "inference tensor"])
 def test_unguardable_reads_run_eagerly(case):
     import random
     import time
@@ -345,7 +382,8 @@ def test_unguardable_reads_run_eagerly(case):
     fns = {"random.random": lambda x: x * random.random(),
            "random.randint": lambda x: x * random.randint(1, 10),
            "time.time": lambda x: x * (time.time() > 0),
-           "numpy array": lambda x: x * float(ARRAY[1])}
+           "numpy array": lambda x: x * float(ARRAY[1]),
+           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1]}
     fn = fns[case]
     jf = trident.jit(fn)
     x = torch.ones(4)
@@ -610,3 +648,65 @@ def test_compiles_under_a_c_profiler():
     assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (1, 1, 0)
     assert sys.getprofile() is None
     assert "_after_the_compile" in {name for _, _, name in pstats.Stats(profile).stats}
+def _prints(x):
+    print("x is", x.shape)
+    return x + 1
+
+
+def _warns(x):
+    warnings.warn("careful")
+    return x + 1
+
+
+def _warns_through_an_import(x):
+    warn("careful")
+    return x + 1
+
+
+def _writes_stdout(x):
+    sys.stdout.write("out\n")
+    return x + 1
+
+
+def _writes_stderr(x):
+    sys.stderr.write("err\n")
+    return x + 1
+
+
+def _prints_in_a_helper(x):
+    return _prints(x) * 2
+
+
+def _prints_in_a_branch_not_taken(x):
+    if x.dim() > 3:
+        print("big")
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [_prints, _warns, _warns_through_an_import, _writes_stdout,
+                                _writes_stderr, _prints_in_a_helper, _prints_in_a_branch_not_taken],
+                         ids=["print", "warnings.warn", "warn", "stdout", "stderr", "helper",
+                              "branch-not-taken"])
+def test_printing_or_warning_functions_run_eagerly(fn, capsys):
+    """Only a trace runs the function's Python code: a hit would not print or warn, eager does
+    at every call (as Python's warning filters allow). Such a function runs eagerly (checked
+    in its bytecode and its helpers' before the trace: the output comes once per call), with
+    one warning naming the call; every instruction counts, a branch not taken too."""
+    x = torch.ones(2)
+
+    def run(f):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = [f(x) for _ in range(3)]
+        printed = capsys.readouterr()
+        return outs, printed.out, printed.err, [str(w.message) for w in caught]
+
+    want, want_out, want_err, want_warnings = run(fn)
+    jf = trident.jit(fn)
+    got, out, err, caught = run(jf)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert (out, err) == (want_out, want_err)
+    ours = [w for w in caught if w.startswith("trident:")]
+    assert [w for w in caught if not w.startswith("trident:")] == want_warnings
+    assert len(ours) == 1 and "the function prints or warns (" in ours[0], ours
+    assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.traces) == (3, 0, 1), jf.stats

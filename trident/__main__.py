@@ -12,7 +12,7 @@ def _origin(about: dict) -> str:
         return "(made by an older Trident: origin not recorded)"
     where = f"{about['file']}:{about['line']}" if about.get("file") else "source unknown"
     graph = f", graph of {about['graph_of']}" if about.get("graph_of") else ""
-    return f"{about.get('qualname', '?')} ({where}{graph})"
+    return f"{cache.full_name(about) or '?'} ({where}{graph})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,8 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="list cached functions: origin, specializations, size, folder")
     clear = sub.add_parser("clear", help="delete one function's entries, or every cached "
                                          "module and runtime build")
-    clear.add_argument("name", nargs="?", help="a function's qualified name (as `list` shows "
-                                               "it) or its folder name; default: everything")
+    clear.add_argument("name", nargs="?", help="a function's module.qualname (as `list` shows "
+                                               "it), its qualified name alone when no other "
+                                               "module has one alike, or its folder name; "
+                                               "default: everything")
     args = parser.parse_args(argv)
     if args.command == "cache-dir":
         print(config.cache_dir())
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         if not rows:
             print(f"no cached functions in {config.cache_dir()}")
     elif args.command == "clear":
-        deleted = cache.clear(args.name)
+        try:
+            deleted = cache.clear(args.name)
+        except ValueError as e:
+            print(e)
+            return 2
         for path in deleted:
             print(f"deleted {path}")
         if args.name is not None and not deleted:

@@ -317,14 +317,35 @@ def list_entries() -> list[dict]:
     return rows
 
 
+def full_name(about: dict) -> str | None:
+    """``module.qualname`` of a cached function (``describe()``), as ``list`` names it."""
+    if not about.get("qualname"):
+        return None
+    return f"{about['module']}.{about['qualname']}" if about.get("module") else about["qualname"]
+
+
 def clear(name: str | None = None) -> list[str]:
-    """Delete the cache entries of the functions whose qualified name (or folder name) is
-    ``name``, or, without a name, every cached function and runtime build. Returns the deleted
-    folders."""
+    """Delete the cache entries of the function ``name`` names, or, without a name, every cached
+    function and runtime build. ``name`` is a folder name, ``module.qualname`` as ``list`` shows
+    it (``app.model.Block.forward``), or a bare qualified name (``Block.forward``) when one
+    function has it; entries of one function made by earlier versions of its code go with it.
+    Returns the deleted folders.
+
+    Raises:
+        ValueError: ``name`` fits functions of several modules or files (its text lists them,
+            with the folder name that picks each one); nothing is deleted."""
     root = config.cache_dir()
     if name is not None:
-        doomed = [Path(row["path"]) for row in list_entries()
-                  if name in (row["about"].get("qualname"), Path(row["path"]).name)]
+        rows = list_entries()
+        rows = [r for r in rows if Path(r["path"]).name == name] or [
+            r for r in rows if name in (r["about"].get("qualname"), full_name(r["about"]))]
+        origins = {(r["about"].get("module"), r["about"].get("file")) for r in rows}
+        if len(origins) > 1:
+            raise ValueError(f"{name!r} names {len(origins)} functions; name one by "
+                             "module.qualname or by folder:\n" + "\n".join(
+                                 f"  {full_name(r['about'])} ({r['about'].get('file')}): "
+                                 f"{Path(r['path']).name}" for r in rows))
+        doomed = [Path(r["path"]) for r in rows]
     else:
         functions, runtime = root / "functions", root / "runtime"
         doomed = sorted(functions.iterdir()) if functions.is_dir() else []

@@ -18,6 +18,7 @@ import dataclasses
 import dis
 import functools
 import linecache
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -32,7 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import collectives, rng, runtime
+from . import collectives, config, rng, runtime
 from .errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -379,6 +380,36 @@ def _eager_decompositions():
         yield
 
 
+# What torch logs while Trident traces is about the trace, not the user's call: fake tensor mode
+# logs the whole traceback of an op that failed on fake tensors (a shape error, about 40 lines
+# at ERROR) before make_fx raises it, and the user then sees Trident's one warning and eager's
+# own exception. Those records go to Trident's ``recompiles`` log (TRIDENT_LOGS), at INFO.
+_TRACE_LOGGERS = ("torch._subclasses.fake_tensor",)
+
+
+class _ToTridentLog(logging.Handler):
+    """Logs a record again at INFO, Trident's level, on ``trident.recompiles``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        config.logger("recompiles").info("%s (%s): %s", record.name, record.levelname,
+                                         record.getMessage(), exc_info=record.exc_info)
+
+
+@contextlib.contextmanager
+def _trace_logs_to_trident():
+    """While tracing, the records of ``_TRACE_LOGGERS`` go to Trident's ``recompiles`` log
+    instead of their handlers (torch's, on stderr)."""
+    loggers = [logging.getLogger(name) for name in _TRACE_LOGGERS]
+    saved = [(lg.handlers, lg.propagate) for lg in loggers]  # torch._logging gives each its own
+    for lg in loggers:
+        lg.handlers, lg.propagate = [_ToTridentLog()], False
+    try:
+        yield
+    finally:
+        for lg, (handlers, propagate) in zip(loggers, saved):
+            lg.handlers, lg.propagate = handlers, propagate
+
+
 def _global_state() -> dict:
     """Note [Global side effects]: process-wide torch state a function may set (the CPU random
     generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
@@ -471,7 +502,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     state = _global_state()
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions(), \
-                rng.hooks():
+                rng.hooks(), _trace_logs_to_trident():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",

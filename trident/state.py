@@ -60,6 +60,7 @@ import os
 import sys
 import sysconfig
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -416,22 +417,53 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     return None
 
 
+def terminal_output(code: types.CodeType, g: dict) -> str | None:
+    """A call in ``code`` that prints or warns (``print``, ``warnings.warn`` or
+    ``warn_explicit``, ``sys.stdout.write``, ``sys.stderr.write``, named by a global or a
+    builtin, through modules), or None. Only the trace runs the function's Python code: eager
+    prints and warns at every call (as Python's warning filters allow), a hit would not, so such
+    a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
+    not taken makes the function run eagerly too."""
+    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+    for j, i in enumerate(ins):
+        if i.opname != "LOAD_GLOBAL":
+            continue
+        name = i.argval
+        obj = g[name] if name in g else getattr(builtins, name, None)
+        for step in ins[j + 1:j + 3]:  # warnings.warn, sys.stdout.write (no other getattr)
+            if step.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not (
+                    obj is warnings or obj is sys or any(obj is s for s in streams)):
+                break
+            obj, name = getattr(obj, step.argval, None), f"{name}.{step.argval}"
+        if any(obj is f for f in (print, warnings.warn, warnings.warn_explicit)) or (
+                name.endswith(".write") and any(getattr(obj, "__self__", None) is s
+                                                for s in streams)):
+            return f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{i.positions.lineno}"
+    return None
+
+
 def check_write(code: types.CodeType, g: dict) -> None:
     """Raises:
-        TridentError: ``code`` writes outside its arguments (:func:`outside_write`)."""
+        TridentError: ``code`` writes outside its arguments (:func:`outside_write`) or prints
+            or warns (:func:`terminal_output`)."""
     written = outside_write(code, g)
     if written is not None:
         raise TridentError(f"the function writes to {written}: Python state outside its "
                            "arguments, which a hit would not write")
+    output = terminal_output(code, g)
+    if output is not None:
+        raise TridentError(f"the function prints or warns ({output}): eager does at every "
+                           "call, a hit would not")
 
 
 def check_writes_before_trace(fn) -> None:
     """:func:`check_write` of ``fn`` and of the user functions it names by global or closure
-    (four calls deep), before a trace runs them: a trace that wrote would leave the write done
-    twice once the call runs eagerly.
+    (four calls deep), before a trace runs them: a trace that wrote (or printed) would leave
+    the write done twice once the call runs eagerly.
 
     Raises:
-        TridentError: one of them writes outside its arguments."""
+        TridentError: one of them writes outside its arguments, prints or warns."""
     seen: set = set()
     todo = [(fn, 0)]
     while todo:
@@ -745,6 +777,9 @@ class _StateFlattener(_Flattener):
         return _words(value)
 
     def tensor(self, value, node: Node) -> None:
+        if value.is_inference():  # (torch.inference_mode): written there without a trace
+            raise TridentError(f"the global {node.path} is an inference tensor, which has no "
+                               "version counter to guard its values by; pass it as an argument")
         self.add(value, dataclasses.replace(node, check=TENSOR, expect=value,
                                             length=value._version), _tensor_words(value))
 
@@ -819,7 +854,7 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                 trie[key] = f.add(None, Node(parent, access, k, ABSENT, None, 0, path), "absent")
             return
         if last and read.whole:
-            _use(f, trie, key, value, parent, access, k, path)
+            _use(f, trie, key, value, parent, access, k, path, (parent_obj, f.nodes[parent].path))
             return
         if key not in trie:
             trie[key] = f.add(value, _through(value, parent, access, k, path),
@@ -853,8 +888,10 @@ def _through_words(value) -> str:
 
 
 def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access, k,
-         path: str) -> None:
-    """``value`` used whole: its contents guarded, as an argument tree guards an argument."""
+         path: str, owner: tuple = (None, "")) -> None:
+    """``value`` used whole: its contents guarded, as an argument tree guards an argument.
+    ``owner``: the object ``value`` was read from, and its path (a method's ``__self__`` that
+    is its owner is named by the owner's path: ``S``, not ``S.item.__self__``)."""
     whole = key + ("whole",)
     if whole in trie:
         return
@@ -862,7 +899,8 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
         me = f.add(value, Node(parent, access, k, TYPE, types.MethodType, 0, path), "method")
         trie[whole] = me
         _use(f, trie, whole + ("f",), value.__func__, me, GETATTR, "__func__", f"{path}.__func__")
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
         return
     if isinstance(value, functools.partial):
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "partial")
@@ -876,7 +914,8 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
         # a C method of an object (d.items, lst.copy): the object, whole
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
         trie[whole] = me
-        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__", f"{path}.__self__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
         return
     if _by_id(value):
         trie[whole] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))

@@ -7,8 +7,9 @@
 //     the current CUDA stream, Python callbacks for Triton's interpreter.
 //
 // Note [Hit path]: user call -> Dispatcher.tp_call -> scm_call (guards, launch sequence) -> wrap
-// outputs -> return. Python is entered only when the SCM reports TRT_MISS (`_slow_path`) or for
-// a kernel that the SCM runs through a registered callback (counted by the SCM's owner).
+// outputs -> return. Python is entered only when the SCM reports TRT_MISS (`_tree_miss`, or
+// `_slow_path` when no installed tree accepts the call) or for a kernel that the SCM runs
+// through a registered callback (counted by the SCM's owner).
 
 #include <Python.h>
 #include <structmember.h>
@@ -1438,19 +1439,31 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
   return -1;
 }
 
+// Note [Eager decisions] in jit.py: a call an installed tree accepted that no installed SCM
+// accepts (or none is installed) goes to Python with the leaves the tree read:
+// _tree_miss(args, kwargs, leaves).
+PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const CallValues& cv) {
+  PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
+  if (!leaves) return nullptr;
+  for (size_t i = 0; i < cv.leaves.size(); ++i)
+    PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), Py_NewRef(cv.leaves[i]));
+  return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_tree_miss", "OON", args,
+                             kwargs ? kwargs : Py_None, leaves);
+}
+
 PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
-  if (!t || !self->scms || !state_holds(self)) return slow_path(self, args, kwargs);
+  if (!t || !state_holds(self)) return slow_path(self, args, kwargs);
   CallValues cv;
   if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
-  if (n > TRT_MAX_ARGS) return slow_path(self, args, kwargs);
+  if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
   int rc = TRT_MISS;
   PyObject* out = run_scm(self, cv.leaves.data(), n, &rc);
   if (rc == TRT_CAPTURE)
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
-  if (rc == TRT_MISS) return slow_path(self, args, kwargs);
+  if (rc == TRT_MISS) return tree_miss(self, args, kwargs, cv);
   if (rc == TRT_EAGER) {  // Note [Errors inside try] in capture.py: eager takes its branch
     PyObject *type, *error, *tb;
     PyErr_Fetch(&type, &error, &tb);
