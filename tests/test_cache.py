@@ -191,15 +191,20 @@ def test_corrupt_spec_files_are_ignored(trident_cache):
     jf = trident.jit(f)
     jf(torch.ones(3))
     spec_dir = next((trident_cache / "functions").iterdir()) / "specs"
+    (stored_path,) = spec_dir.glob("*.json")
+    stored = json.loads(stored_path.read_text())  # with an operand of no kind
+    stored["plan"]["steps"][0]["args"][0]["k"] = "tensor_v0"
     (spec_dir / "0-garbage.json").write_text("{not json")
     (spec_dir / "1-partial.json").write_text(json.dumps({"signature": "x"}))
+    (spec_dir / "2-unknown-operand.json").write_text(json.dumps(stored))
     again = trident.jit(f)
     assert torch.equal(again(torch.ones(3)), torch.full((3,), -1.0))
     assert again.stats.compiles == 0 and again.stats.hits == 1
     assert len(again.specializations) == 1
     assert [p.name for p in spec_dir.glob("*.json")] == [p.name for p in spec_dir.glob("*-*.json")
                                                          if "garbage" not in p.name
-                                                         and "partial" not in p.name]  # dropped
+                                                         and "partial" not in p.name
+                                                         and "unknown" not in p.name]  # dropped
 
 
 def test_specialization_limit_counts_this_process_compiles(trident_cache):
