@@ -16,8 +16,10 @@ the controller made.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -48,9 +50,29 @@ def pytest_configure(config):
     # runtime here, never in the user's ~/.cache/trident.
     os.environ["TRIDENT_CACHE_DIR"] = str(root)
     os.environ.pop("TRIDENT_MAX_SPECIALIZATIONS", None)
+    if not hasattr(config, "workerinput") and not (root / "runtime").exists():
+        _SESSION["builder"] = _build_runtime_meanwhile(root)
+
+
+def _build_runtime_meanwhile(root: Path) -> subprocess.Popen:
+    """Start building the native runtime (15-30 s on one core) into the session folder while
+    the tests are collected (pytest-xdist's workers import torch, transformers and OpInfo's
+    database meanwhile); the first ``runtime.load()`` of a test waits for it on its file lock,
+    and builds it itself if this build failed."""
+    spec = importlib.util.find_spec("trident")  # the trident the tests import
+    path = [str(Path(spec.origin).parents[1])] if spec and spec.origin else []
+    env = dict(os.environ, TRIDENT_CACHE_DIR=str(root), PYTHONPATH=os.pathsep.join(
+        path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    return subprocess.Popen([sys.executable, "-c", "from trident import runtime; runtime.load()"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pytest_unconfigure(config):
+    builder = _SESSION.pop("builder", None)
+    if builder is not None:
+        if builder.poll() is None:  # the session ended before the build did (an interrupt)
+            builder.terminate()
+        builder.wait()
     if _SESSION["owned"] and _SESSION["root"] is not None:
         shutil.rmtree(_SESSION["root"], ignore_errors=True)
 
