@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import trident
+from _trident_helpers import fresh_imports
 
 MODULE = textwrap.dedent('''
     import torch
@@ -57,27 +58,18 @@ def run_script(d: Path, env: dict, n: int) -> dict:
     return parse_stats(p.stdout)
 
 
-def import_fresh(path: Path):
-    """A new module object of ``path`` (not kept in ``sys.modules``), as a new process would
-    import it: its functions' code and globals are new, so ``@trident.jit`` finds its cache
-    entries by key (Note [Function key]) and stored digest, as in another process."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def call_model(d: Path, n: int) -> dict:
     """``SCRIPT``'s calls in this process, on a fresh import of the module: its stats."""
-    model = import_fresh(d / "cached_mod.py").model
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
-    want = model.__wrapped__(x, w, 3)
-    for _ in range(n):
-        got = model(x, w, 3)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
-        assert got[1][1] is None and got[2] == 4
-    return dataclasses.asdict(model.stats)
+    with fresh_imports(d):
+        model = importlib.import_module("cached_mod").model
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
+        want = model.__wrapped__(x, w, 3)
+        for _ in range(n):
+            got = model(x, w, 3)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
+            assert got[1][1] is None and got[2] == 4
+        return dataclasses.asdict(model.stats)
 
 
 def parse_stats(stdout: str) -> dict:
@@ -276,9 +268,11 @@ def _run_config(d: Path, monkeypatch, k: str) -> tuple[str, int]:
     """``scaled`` of a fresh import of ``config_mod`` with ``TRIDENT_TEST_K=k`` (as in a new
     process started with that variable): its results and eager's, and how many compiles."""
     monkeypatch.setenv("TRIDENT_TEST_K", k)
-    scaled = import_fresh(d / "config_mod.py").scaled
-    x = torch.ones(2)
-    return f"RESULT {scaled(x).tolist()} {scaled.__wrapped__(x).tolist()}", scaled.stats.compiles
+    with fresh_imports(d):
+        scaled = importlib.import_module("config_mod").scaled
+        x = torch.ones(2)
+        return (f"RESULT {scaled(x).tolist()} {scaled.__wrapped__(x).tolist()}",
+                scaled.stats.compiles)
 
 
 def test_global_object_attributes_are_part_of_the_cache_key(tmp_path, monkeypatch):
