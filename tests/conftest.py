@@ -77,7 +77,14 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SESSION["root"], ignore_errors=True)
 
 
+# Files of the longest tests (25-95 s each on the 2-core machine: hypothesis examples, OpInfo,
+# two ranks), run first so that pytest-xdist's workers share out the short ones at the end and
+# finish together; each file stays in one piece (module-scoped fixtures run once per worker).
+_FIRST = ("test_property.py", "test_opinfo.py", "test_collectives.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in _FIRST)  # stable: the order otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
