@@ -3,7 +3,7 @@
 Cache layout during a test session:
 
 * one session cache folder holds the native runtime (``runtime/<key>``), which costs ~15 s to
-  build; it is built once, before the first test;
+  build; it is built once, in the background while the tests are collected;
 * every test gets a fresh ``TRIDENT_CACHE_DIR`` (``<tmp_path>/trident-cache``) whose ``runtime``
   entry is a symlink to the session's runtime folder, so functions (``functions/...``) never
   leak from one test into another, while the runtime is shared, also by the subprocesses that
