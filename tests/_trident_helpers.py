@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import os
 import subprocess
@@ -24,6 +25,30 @@ def run_python(env: dict, *argv: str) -> subprocess.CompletedProcess:
                          timeout=300)
     assert out.returncode == 0, f"child exited with {out.returncode}\n{out.stderr[-3000:]}"
     return out
+
+
+@contextlib.contextmanager
+def fresh_imports(folder: Path):
+    """While active, importing a module of ``folder`` loads it afresh from its source, as a new
+    process would: a new module object in ``sys.modules`` whose functions' code and globals are
+    new, so ``@trident.jit`` finds its stored specializations by key (Note [Function key] in
+    cache.py) and state digest only, as in another process. No bytecode is cached (a source
+    edited within the same second keeps its size and mtime); the modules are taken off
+    ``sys.modules`` when it ends."""
+    names = [p.stem for p in folder.glob("*.py")]
+    for name in names:
+        sys.modules.pop(name, None)
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        sys.dont_write_bytecode = saved
+        for name in names:
+            sys.modules.pop(name, None)
 
 
 def session_cache_root() -> Path:

@@ -3,7 +3,7 @@
 Cache layout during a test session:
 
 * one session cache folder holds the native runtime (``runtime/<key>``), which costs ~15 s to
-  build; it is built once, before the first test;
+  build; it is built once, in the background while the tests are collected;
 * every test gets a fresh ``TRIDENT_CACHE_DIR`` (``<tmp_path>/trident-cache``) whose ``runtime``
   entry is a symlink to the session's runtime folder, so functions (``functions/...``) never
   leak from one test into another, while the runtime is shared, also by the subprocesses that
@@ -16,8 +16,10 @@ the controller made.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -48,14 +50,41 @@ def pytest_configure(config):
     # runtime here, never in the user's ~/.cache/trident.
     os.environ["TRIDENT_CACHE_DIR"] = str(root)
     os.environ.pop("TRIDENT_MAX_SPECIALIZATIONS", None)
+    if not hasattr(config, "workerinput") and not (root / "runtime").exists():
+        _SESSION["builder"] = _build_runtime_meanwhile(root)
+
+
+def _build_runtime_meanwhile(root: Path) -> subprocess.Popen:
+    """Start building the native runtime (15-30 s on one core) into the session folder while
+    the tests are collected (pytest-xdist's workers import torch, transformers and OpInfo's
+    database meanwhile); the first ``runtime.load()`` of a test waits for it on its file lock,
+    and builds it itself if this build failed."""
+    spec = importlib.util.find_spec("trident")  # the trident the tests import
+    path = [str(Path(spec.origin).parents[1])] if spec and spec.origin else []
+    env = dict(os.environ, TRIDENT_CACHE_DIR=str(root), PYTHONPATH=os.pathsep.join(
+        path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    return subprocess.Popen([sys.executable, "-c", "from trident import runtime; runtime.load()"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pytest_unconfigure(config):
+    builder = _SESSION.pop("builder", None)
+    if builder is not None:
+        if builder.poll() is None:  # the session ended before the build did (an interrupt)
+            builder.terminate()
+        builder.wait()
     if _SESSION["owned"] and _SESSION["root"] is not None:
         shutil.rmtree(_SESSION["root"], ignore_errors=True)
 
 
+# Files of the longest tests (25-95 s each on the 2-core machine: hypothesis examples, OpInfo,
+# two ranks), run first so that pytest-xdist's workers share out the short ones at the end and
+# finish together; each file stays in one piece (module-scoped fixtures run once per worker).
+_FIRST = ("test_property.py", "test_opinfo.py", "test_collectives.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in _FIRST)  # stable: the order otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import subprocess
 import sys
@@ -11,7 +13,7 @@ from pathlib import Path
 import torch
 
 import trident
-from _trident_helpers import as_in_a_new_process
+from _trident_helpers import as_in_a_new_process, fresh_imports
 
 MODULE = textwrap.dedent('''
     import torch
@@ -56,6 +58,20 @@ def run_script(d: Path, env: dict, n: int) -> dict:
     return parse_stats(p.stdout)
 
 
+def call_model(d: Path, n: int) -> dict:
+    """``SCRIPT``'s calls in this process, on a fresh import of the module: its stats."""
+    with fresh_imports(d):
+        model = importlib.import_module("cached_mod").model
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
+        want = model.__wrapped__(x, w, 3)
+        for _ in range(n):
+            got = model(x, w, 3)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
+            assert got[1][1] is None and got[2] == 4
+        return dataclasses.asdict(model.stats)
+
+
 def parse_stats(stdout: str) -> dict:
     line = [l for l in stdout.splitlines() if l.startswith("STATS ")]
     assert line, stdout
@@ -80,11 +96,12 @@ def test_second_process_reuses_the_cache(tmp_path, subprocess_env, trident_cache
                                                                             ".sha256")]) == 1
 
 
-def test_changed_source_gets_a_new_cache_entry(tmp_path, subprocess_env, trident_cache):
+def test_changed_source_gets_a_new_cache_entry(tmp_path, trident_cache):
     d = write_module(tmp_path)
-    run_script(d, subprocess_env, 2)
+    assert call_model(d, 2)["compiles"] == 1
+    assert call_model(d, 2)["compiles"] == 0  # the same source: its entry
     (d / "cached_mod.py").write_text(MODULE.replace("* n", "* n * 1"))
-    stats = run_script(d, subprocess_env, 2)
+    stats = call_model(d, 2)
     assert stats["compiles"] == 1 and stats["misses"] == 1
     assert len(list((trident_cache / "functions").iterdir())) == 2
 
@@ -168,7 +185,7 @@ def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident
     from trident.__main__ import main  # `list` and `clear` run in this process
 
     d = write_module(tmp_path)
-    run_script(d, subprocess_env, 1)
+    call_model(d, 1)
     p = subprocess.run([sys.executable, "-m", "trident", "cache-dir"], env=subprocess_env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == str(trident_cache)
@@ -192,15 +209,20 @@ def test_corrupt_spec_files_are_ignored(trident_cache):
     jf = trident.jit(f)
     jf(torch.ones(3))
     spec_dir = next((trident_cache / "functions").iterdir()) / "specs"
+    (stored_path,) = spec_dir.glob("*.json")
+    stored = json.loads(stored_path.read_text())  # with an operand of no kind
+    stored["plan"]["steps"][0]["args"][0]["k"] = "tensor_v0"
     (spec_dir / "0-garbage.json").write_text("{not json")
     (spec_dir / "1-partial.json").write_text(json.dumps({"signature": "x"}))
+    (spec_dir / "2-unknown-operand.json").write_text(json.dumps(stored))
     again = trident.jit(f)
     assert torch.equal(again(torch.ones(3)), torch.full((3,), -1.0))
     assert again.stats.compiles == 0 and again.stats.hits == 1
     assert len(again.specializations) == 1
     assert [p.name for p in spec_dir.glob("*.json")] == [p.name for p in spec_dir.glob("*-*.json")
                                                          if "garbage" not in p.name
-                                                         and "partial" not in p.name]  # dropped
+                                                         and "partial" not in p.name
+                                                         and "unknown" not in p.name]  # dropped
 
 
 def test_specialization_limit_counts_this_process_compiles(trident_cache):
@@ -243,32 +265,24 @@ CONFIG_MODULE = textwrap.dedent('''
         return x * CFG.k
 ''')
 
-CONFIG_SCRIPT = textwrap.dedent('''
-    import sys
-    import torch
-    sys.path.insert(0, sys.argv[1])
-    from config_mod import scaled
-    x = torch.ones(2)
-    print("RESULT", scaled(x).tolist(), scaled.__wrapped__(x).tolist())
-''')
+def _run_config(d: Path, monkeypatch, k: str) -> tuple[str, int]:
+    """``scaled`` of a fresh import of ``config_mod`` with ``TRIDENT_TEST_K=k`` (as in a new
+    process started with that variable): its results and eager's, and how many compiles."""
+    monkeypatch.setenv("TRIDENT_TEST_K", k)
+    with fresh_imports(d):
+        scaled = importlib.import_module("config_mod").scaled
+        x = torch.ones(2)
+        return (f"RESULT {scaled(x).tolist()} {scaled.__wrapped__(x).tolist()}",
+                scaled.stats.compiles)
 
 
-def _run_config(d: Path, env: dict, k: str):
-    p = subprocess.run([sys.executable, str(d / "run_config.py"), str(d)],
-                       env=dict(env, TRIDENT_TEST_K=k), capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-4000:]
-    line = next(l for l in p.stdout.splitlines() if l.startswith("RESULT"))
-    return line
-
-
-def test_global_object_attributes_are_part_of_the_cache_key(tmp_path, subprocess_env):
+def test_global_object_attributes_are_part_of_the_cache_key(tmp_path, monkeypatch):
     d = tmp_path / "cfg"
     d.mkdir()
     (d / "config_mod.py").write_text(CONFIG_MODULE)
-    (d / "run_config.py").write_text(CONFIG_SCRIPT)
-    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
-    assert _run_config(d, subprocess_env, "3") == "RESULT [3.0, 3.0] [3.0, 3.0]"
+    assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 1)
+    assert _run_config(d, monkeypatch, "3") == ("RESULT [3.0, 3.0] [3.0, 3.0]", 1)
+    assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 0)
 
 
 GLOBAL_DICT_MODULE = CONFIG_MODULE.replace(
@@ -276,14 +290,13 @@ GLOBAL_DICT_MODULE = CONFIG_MODULE.replace(
     '{"k": float(os.environ["TRIDENT_TEST_K"])}').replace("CFG.k", 'CFG["k"]')
 
 
-def test_global_plain_values_are_part_of_the_cache_key(tmp_path, subprocess_env):
+def test_global_plain_values_are_part_of_the_cache_key(tmp_path, monkeypatch):
     d = tmp_path / "cfg"
     d.mkdir()
     (d / "config_mod.py").write_text(GLOBAL_DICT_MODULE)
-    (d / "run_config.py").write_text(CONFIG_SCRIPT)
-    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
-    assert _run_config(d, subprocess_env, "3") == "RESULT [3.0, 3.0] [3.0, 3.0]"
-    assert _run_config(d, subprocess_env, "2") == "RESULT [2.0, 2.0] [2.0, 2.0]"
+    assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 1)
+    assert _run_config(d, monkeypatch, "3") == ("RESULT [3.0, 3.0] [3.0, 3.0]", 1)
+    assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 0)
 
 
 def test_damaged_module_in_the_cache_is_built_again(tmp_path, subprocess_env, trident_cache):

@@ -543,3 +543,24 @@ int probe(uintptr_t api) {
     rt = runtime.load()
     assert module.lib.probe(rt.api_address()) == 1
     assert "doesn't have storage" in rt.last_error()
+
+
+def test_error_kinds_come_from_the_runtime_header(monkeypatch):
+    """The runtime raises a failed step's error as the class of its kind (TRT_ERR_* in
+    trident_rt.h, an index into the classes handed over at load): Python orders errors.py's
+    classes by the header's values, and refuses a header and a table that disagree."""
+    from trident import errors, runtime
+
+    kinds = {name: value for name, value in runtime.ABI.items()
+             if name.startswith("TRT_ERR_") and name != "TRT_ERR_KINDS"}
+    assert set(kinds) == set(errors.ERROR_TYPES) and len(kinds) == runtime.ABI["TRT_ERR_KINDS"]
+    types = runtime.error_types()
+    assert all(types[value] is errors.ERROR_TYPES[name] for name, value in kinds.items())
+    assert types[runtime.ABI["TRT_ERR_INDEX"]] is errors.TridentIndexError
+    monkeypatch.delitem(errors.ERROR_TYPES, "TRT_ERR_EAGER")
+    with pytest.raises(trident.TridentError, match="disagree"):
+        runtime.error_types()
+    monkeypatch.setitem(errors.ERROR_TYPES, "TRT_ERR_EAGER", errors.EagerCall)
+    monkeypatch.setitem(runtime.ABI, "TRT_ERR_EAGER", 7)  # not 0..TRT_ERR_KINDS - 1
+    with pytest.raises(trident.TridentError, match="disagree"):
+        runtime.error_types()

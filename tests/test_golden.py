@@ -23,7 +23,9 @@ import torch
 import triton
 
 import trident
-from trident import build, codegen, runtime
+from trident import build, codegen, operands, runtime
+from trident.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
+                              Item, List, NoneConst, OptTensors, Scalar, Str, Tensors, Val)
 from trident.specialization import Specialization
 
 from _triton_kernels import add_kernel
@@ -89,6 +91,38 @@ def test_stored_specializations_render_to_the_golden_c(case):
         golden = (GOLDEN / f"{case}-{i}.c").read_text()
         assert source == golden, (f"the C of {case}-{i} changed; if that is meant, run update() "
                                   "(see this module's docstring) and review the diff")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stored_specializations_read_back_as_written(case):
+    """The stored JSON is read into typed objects (operands, steps, guards) and written back
+    unchanged."""
+    data = json.loads((GOLDEN / f"{case}.json").read_text())
+    assert [Specialization.from_json(d).to_json() for d in data] == data
+
+
+# one operand of each kind (trident/operands.py), with edge values
+OPERANDS = [Arg(0), Val(3), List(4), Item(4, 1), Scalar(2), Drop(), Int(-2**63), Float(-0.0),
+            Float(float("inf")), Bool(False), Str('a "quoted" */ string'), NoneConst(),
+            Device(1, 0), Ints((2, -1)), Ints(()), Floats((0.1, 1e300)), Bools((True, False)),
+            IntList((Int(4), Scalar(0))), Tensors((Arg(1), Item(0, 2))),
+            OptTensors((NoneConst(), Val(1)))]
+
+
+def test_every_operand_kind_reads_back_as_written():
+    assert {type(o) for o in OPERANDS} == set(operands._KINDS.values())  # new kinds: add one
+    for o in OPERANDS:
+        text = json.dumps(o.to_json())
+        back = operands.from_json(json.loads(text))
+        assert type(back) is type(o) and back == o and json.dumps(back.to_json()) == text
+
+
+@pytest.mark.parametrize("data", [{"k": "tensor", "i": 0}, {"k": "arg"}, {"k": "arg", "i": 0,
+                                  "list": 1}, {"k": "tensors", "v": [{"k": "nothing"}]},
+                                  {"i": 0}, ["arg", 0]])
+def test_stored_operands_of_unknown_kinds_or_fields_raise_value_error(data):
+    with pytest.raises(ValueError, match="not a stored"):
+        operands.from_json(data)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -104,21 +104,43 @@ def other_layout(t: torch.Tensor) -> torch.Tensor:
     return u
 
 
+_SHARED: dict = {}  # fn -> its JitFunction, shared by the examples of its test
+
+
+def shared_jit(fn):
+    """One ``trident.jit(fn)`` (static sizes, in a cache folder of its own) for all the
+    examples of a test: an example whose signature an earlier one compiled is served by that
+    specialization, with its own values (the guards must pick it among all the others)."""
+    if fn not in _SHARED:
+        with fresh_cache():
+            _SHARED[fn] = trident.jit(fn, dynamic=False, max_specializations=256)
+    return _SHARED[fn]
+
+
+def counts(jf) -> tuple[int, int, int, int]:
+    s = jf.stats
+    return s.compiles, s.misses, s.hits, s.fallbacks
+
+
 def compare(fn, *args, **kw):
-    """Compile ``fn`` in a fresh cache folder; the miss and a hit both equal eager. Then the
-    same values in other layouts: a second specialization (or a hit, if the guards cannot
+    """Call ``fn`` compiled (``shared_jit``) twice: a miss that compiles, or a hit on the
+    specialization of an earlier example's signature, then a hit; both equal eager. Then the
+    same values in other layouts: another specialization (or a hit, if the guards cannot
     tell them apart) must equal eager too."""
-    with fresh_cache():
-        jf = trident.jit(fn)
-        want = fn(*clone_args(args))
-        for _ in range(2):
-            got = jf(*clone_args(args))
-            assert_same(got, want, **kw)
-        st_ = jf.stats
-        assert (st_.compiles, st_.fallbacks, st_.hits) == (1, 0, 1), st_
-        alt = [other_layout(a) for a in args]
-        assert_same(jf(*clone_args(alt)), fn(*clone_args(alt)), **kw)
-        assert jf.stats.fallbacks == 0
+    jf = shared_jit(fn)
+    want = fn(*clone_args(args))
+    before = counts(jf)
+    for _ in range(2):
+        got = jf(*clone_args(args))
+        assert_same(got, want, **kw)
+    compiles, misses, hits, fallbacks = (a - b for a, b in zip(counts(jf), before))
+    assert compiles in (0, 1) and (misses, hits, fallbacks) == (compiles, 2 - compiles, 0), \
+        jf.stats
+    alt = [other_layout(a) for a in args]
+    before = counts(jf)
+    assert_same(jf(*clone_args(alt)), fn(*clone_args(alt)), **kw)
+    compiles, misses, hits, fallbacks = (a - b for a, b in zip(counts(jf), before))
+    assert (misses, hits, fallbacks) == (compiles, 1 - compiles, 0), jf.stats
 
 
 def elementwise(x, y):
@@ -173,13 +195,15 @@ def test_views_and_inplace_writes_equal_eager(x):
     out_e = torch.zeros(x.shape, dtype=x.dtype)
     out_t = torch.zeros(x.shape, dtype=x.dtype)
     want = views_and_inplace(x, out_e)
-    with fresh_cache():
-        jf = trident.jit(views_and_inplace)
-        for _ in range(2):
-            out_t.zero_()
-            got = jf(x, out_t)
-            assert_same(got, want)
-            assert got[1] is out_t
-            assert got[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
-            assert_same(out_t, out_e)
-        assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 1)
+    jf = shared_jit(views_and_inplace)
+    before = counts(jf)
+    for _ in range(2):
+        out_t.zero_()
+        got = jf(x, out_t)
+        assert_same(got, want)
+        assert got[1] is out_t
+        assert got[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert_same(out_t, out_e)
+    compiles, misses, hits, fallbacks = (a - b for a, b in zip(counts(jf), before))
+    assert compiles in (0, 1) and (misses, hits, fallbacks) == (compiles, 2 - compiles, 0), \
+        jf.stats

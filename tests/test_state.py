@@ -9,13 +9,14 @@ recompile, and putting the state back must reinstall the first specialization wi
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
-import subprocess
-import sys
 import textwrap
+import sys
 import types
 import warnings
+from pathlib import Path
 from warnings import warn
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 import _state_helpers as cfg
 import trident
 from _state_helpers import act
+from _trident_helpers import fresh_imports
 
 
 class Knobs:
@@ -472,24 +474,6 @@ USER = textwrap.dedent('''
     }
 ''')
 
-RUN = textwrap.dedent('''
-    import json, sys, warnings
-    import torch
-    sys.path.insert(0, sys.argv[1])
-    import trident, user
-    out = {}
-    x = torch.ones(3)
-    for name, fn in user.CASES.items():
-        jf = trident.jit(fn)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = [jf(x).tolist() for _ in range(2)]
-        st = jf.stats
-        out[name] = {"got": got, "want": fn(x).tolist(), "compiles": st.compiles,
-                     "fallbacks": st.fallbacks}
-    print("RESULT " + json.dumps(out))
-''')
-
 EDITS = [("def act(x):\n    return x * 2", "def act(x):\n    return x * 3"),
          ("SCALE = 2.0", "SCALE = 3.0"),
          ("factor = 2.0", "factor = 3.0"),
@@ -501,30 +485,41 @@ EDITS = [("def act(x):\n    return x * 2", "def act(x):\n    return x * 3"),
          ("torch.tensor([1.0, 2.0, 3.0])", "torch.tensor([1.0, 5.0, 3.0])")]
 
 
-def _run(d, env) -> dict:
-    p = subprocess.run([sys.executable, str(d / "run.py"), str(d)], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads([l for l in p.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+def _run(d: Path) -> dict:
+    """Each case of a fresh import of ``user.py`` (and of ``helpers.py``, as a new process
+    imports them) through ``trident.jit``, twice."""
+    out = {}
+    x = torch.ones(3)
+    with fresh_imports(d):
+        for name, fn in importlib.import_module("user").CASES.items():
+            jf = trident.jit(fn)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = [jf(x).tolist() for _ in range(2)]
+            st = jf.stats
+            out[name] = {"got": got, "want": fn(x).tolist(), "compiles": st.compiles,
+                         "fallbacks": st.fallbacks}
+    return out
 
 
-def test_state_edited_between_processes(tmp_path, subprocess_env, trident_cache):
+def test_state_edited_between_processes(tmp_path, trident_cache):
     """A new process sharing the cache never loads a specialization compiled for other state:
     one process compiles every case, the sources are edited, a second process must compile
-    again (or run eagerly, as the first did) and equal eager."""
+    again (or run eagerly, as the first did) and equal eager. Each process is a fresh import of
+    the modules in this one (``fresh_imports``): the stored specializations are found by the
+    function's key and their state's digest, as in another process."""
     d = tmp_path / "proj"
     d.mkdir()
     (d / "helpers.py").write_text(HELPERS)
     (d / "user.py").write_text(USER)
-    (d / "run.py").write_text(RUN)
-    first = _run(d, subprocess_env)
+    first = _run(d)
     text = HELPERS
     for old, new in EDITS:
         assert old in text, old
         text = text.replace(old, new)
     (d / "helpers.py").write_text(text)
-    second = _run(d, subprocess_env)
-    unchanged = _run(d, subprocess_env)
+    second = _run(d)
+    unchanged = _run(d)
     for name, r in second.items():
         assert r["got"] == [r["want"]] * 2, name
         assert r["want"] != first[name]["want"], f"{name}: the edit must change eager's result"

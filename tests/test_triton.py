@@ -15,9 +15,8 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import importlib
 import re
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -30,6 +29,7 @@ from trident import sizes
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from _trident_helpers import fresh_imports  # noqa: E402
 from _triton_kernels import add_kernel  # noqa: E402
 
 
@@ -760,36 +760,33 @@ for _ in range(3):
 s = f.stats
 alpha = [p["value"] for st in f._specs[0].plan.steps if st.op == "triton"
          for p in st.launch["params"] if p["name"] == "ALPHA"]
-print(f"RESULT ok={ok} traces={s.traces} compiles={s.compiles} hits={s.hits} "
-      f"misses={s.misses} interpreted={s.interpreted_launches} alpha={alpha}")
+RESULT = (f"RESULT ok={ok} traces={s.traces} compiles={s.compiles} hits={s.hits} "
+          f"misses={s.misses} interpreted={s.interpreted_launches} alpha={alpha}")
 '''
 
 
-def _run_script(path, env) -> str:
-    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    return line
+def _run_script(folder) -> str:
+    """``SCRIPT``'s result, run as a new process would import it (``fresh_imports``)."""
+    with fresh_imports(folder):
+        return importlib.import_module("triton_script").RESULT
 
 
-def test_second_process_reuses_the_cached_specialization(tmp_path, subprocess_env):
-    script = tmp_path / "triton_script.py"
-    script.write_text(SCRIPT.replace("ALPHA_VALUE", "1"))
-    first = _run_script(script, subprocess_env)
+def test_second_process_reuses_the_cached_specialization(tmp_path):
+    (tmp_path / "triton_script.py").write_text(SCRIPT.replace("ALPHA_VALUE", "1"))
+    first = _run_script(tmp_path)
     assert first == ("RESULT ok=True traces=1 compiles=1 hits=2 misses=1 interpreted=3 "
                      "alpha=[1]")
-    second = _run_script(script, subprocess_env)
+    second = _run_script(tmp_path)
     assert second == ("RESULT ok=True traces=0 compiles=0 hits=3 misses=0 interpreted=3 "
                       "alpha=[1]")
 
 
-def test_editing_a_heuristic_invalidates_the_cache(tmp_path, subprocess_env):
+def test_editing_a_heuristic_invalidates_the_cache(tmp_path):
     script = tmp_path / "triton_script.py"
     script.write_text(SCRIPT.replace("ALPHA_VALUE", "1"))
-    assert _run_script(script, subprocess_env).startswith("RESULT ok=True traces=1 ")
+    assert _run_script(tmp_path).startswith("RESULT ok=True traces=1 ")
     script.write_text(SCRIPT.replace("ALPHA_VALUE", "3"))
-    second = _run_script(script, subprocess_env)
+    second = _run_script(tmp_path)
     assert second.startswith("RESULT ok=True traces=1 ") and second.endswith("alpha=[3]"), second
 
 

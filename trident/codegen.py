@@ -19,6 +19,8 @@ import sympy
 from torch.utils._sympy.printers import ExprPrinter
 
 from . import sizes, targets
+from .operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item, List,
+                       NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
 from .plan import rerun_eagerly
 from .specialization import Specialization
 
@@ -214,60 +216,65 @@ class _SpecRenderer:
         self.statics.append(f"static const {ctype} {name}[] = {{{', '.join(items)}}};")
         return name
 
-    def operand(self, o: dict) -> str:
-        k = o["k"]
-        if k == "arg":
-            return f"TRT_T(a[{o['i']}].tensor)"
-        if k == "val":
-            return f"TRT_T(v[{o['i']}])"
-        if k == "item":
-            return f"TRT_T(l[{o['list']}].u.items[{o['i']}].u.t)"
-        if k == "scalar":
-            return f"s[{o['i']}]"
-        if k == "int":
-            return f"TRT_I({c_int(o['v'])})"
-        if k == "float":
-            return f"TRT_F({c_float(o['v'])})"
-        if k == "bool":
-            return f"TRT_B({int(o['v'])})"
-        if k == "none":
-            return "TRT_NONE_V"
-        if k == "str":
-            return f"TRT_S({c_string(o['v'])})"
-        if k == "device":
-            return f"TRT_DEV({o['type']}, {o['index']})"
-        if k in ("ints", "bools"):
-            macro = "TRT_IL" if k == "ints" else "TRT_BL"
-            if not o["v"]:
-                return f"{macro}(NULL, 0)"
-            name = self.static_array("int64_t", [c_int(int(v)) for v in o["v"]])
-            return f"{macro}({name}, {len(o['v'])})"
-        if k == "floats":
-            name = self.static_array("double", [c_float(v) for v in o["v"]])
-            return f"TRT_FL({name}, {len(o['v'])})"
-        if k == "int_list":  # Note [Symbolic sizes] in plan.py: some items computed
-            name = f"il{len(self.locals)}"
-            items = ", ".join(self.int_expr(i) for i in o["v"])
-            self.locals.append(f"int64_t {name}[] = {{{items}}};")
-            return f"TRT_IL({name}, {len(o['v'])})"
-        if k in ("tensors", "opt_tensors"):
-            name = f"t{len(self.locals)}"
-            items = ", ".join(self.operand(item) for item in o["v"]) or "TRT_NONE_V"
-            self.locals.append(f"trt_value {name}[] = {{{items}}};")
-            macro = "TRT_TL" if k == "tensors" else "TRT_OTL"
-            return f"{macro}({name}, {len(o['v'])})"
-        raise ValueError(f"unknown operand {o}")
+    def operand(self, o: Operand) -> str:
+        """The C ``trt_value`` of an operand (lists and computed ints in ``self.locals``)."""
+        match o:
+            case Arg(i):
+                return f"TRT_T(a[{i}].tensor)"
+            case Val(i):
+                return f"TRT_T(v[{i}])"
+            case Item(lst, i):
+                return f"TRT_T(l[{lst}].u.items[{i}].u.t)"
+            case Scalar(i):
+                return f"s[{i}]"
+            case Int(v):
+                return f"TRT_I({c_int(v)})"
+            case Float(v):
+                return f"TRT_F({c_float(v)})"
+            case Bool(v):
+                return f"TRT_B({int(v)})"
+            case NoneConst():
+                return "TRT_NONE_V"
+            case Str(v):
+                return f"TRT_S({c_string(v)})"
+            case Device(device_type, index):
+                return f"TRT_DEV({device_type}, {index})"
+            case Ints(v) | Bools(v):
+                macro = "TRT_IL" if isinstance(o, Ints) else "TRT_BL"
+                if not v:
+                    return f"{macro}(NULL, 0)"
+                name = self.static_array("int64_t", [c_int(int(x)) for x in v])
+                return f"{macro}({name}, {len(v)})"
+            case Floats(v):
+                name = self.static_array("double", [c_float(x) for x in v])
+                return f"TRT_FL({name}, {len(v)})"
+            case IntList(v):  # Note [Symbolic sizes] in plan.py: some items computed
+                name = f"il{len(self.locals)}"
+                items = ", ".join(self.int_expr(i) for i in v)
+                self.locals.append(f"int64_t {name}[] = {{{items}}};")
+                return f"TRT_IL({name}, {len(v)})"
+            case Tensors(v) | OptTensors(v):
+                name = f"t{len(self.locals)}"
+                items = ", ".join(self.operand(item) for item in v) or "TRT_NONE_V"
+                self.locals.append(f"trt_value {name}[] = {{{items}}};")
+                macro = "TRT_TL" if isinstance(o, Tensors) else "TRT_OTL"
+                return f"{macro}({name}, {len(v)})"
+        raise ValueError(f"not an operand a step can pass: {o}")
 
-    def int_expr(self, o: dict) -> str:
+    def tensor(self, o: Arg | Val | Item) -> str:
+        """The C ``trt_tensor*`` of a tensor operand (borrowed)."""
+        return self.operand(o)[len("TRT_T("):-1]
+
+    def int_expr(self, o: Int | Scalar) -> str:
         """An int operand as a C int64 expression."""
-        return c_int(o["v"]) if o["k"] == "int" else f"s[{o['i']}].u.i"
+        return c_int(o.v) if isinstance(o, Int) else f"s[{o.i}].u.i"
 
     def int_step(self, s) -> CStep:
         """Note [Symbolic sizes] in plan.py: size arithmetic in C."""
-        r = s.results[0]["i"]
+        r = s.results[0].i
         if s.overload == "size":
             (tensor, dim) = s.args
-            expr = f"a[{tensor['i']}].sizes[{dim['v']}]"
+            expr = f"a[{tensor.i}].sizes[{dim.v}]"
         else:
             expr = _C_INT_OPS[s.overload].format(*(self.int_expr(a) for a in s.args))
         lines = [f"s[{r}] = TRT_I({expr});"]
@@ -280,14 +287,13 @@ class _SpecRenderer:
     def releases(self, s) -> list[str]:
         out = []
         for rel in s.release:
-            if rel["k"] == "val" and rel["i"] in self.views:  # a tensor only if one was made
-                self.free_slots.append(self.views.pop(rel["i"])[0])
-                out.append(f"if (v[{rel['i']}]) {{ rt->release(v[{rel['i']}]); "
-                           f"v[{rel['i']}] = NULL; }}")
-            elif rel["k"] == "val":
-                out.append(f"rt->release(v[{rel['i']}]); v[{rel['i']}] = NULL;")
+            if isinstance(rel, Val) and rel.i in self.views:  # a tensor only if one was made
+                self.free_slots.append(self.views.pop(rel.i)[0])
+                out.append(f"if (v[{rel.i}]) {{ rt->release(v[{rel.i}]); v[{rel.i}] = NULL; }}")
+            elif isinstance(rel, Val):
+                out.append(f"rt->release(v[{rel.i}]); v[{rel.i}] = NULL;")
             else:
-                out.append(f"rt->release_list(&l[{rel['i']}]);")
+                out.append(f"rt->release_list(&l[{rel.i}]);")
         return out
 
     def triton(self, index: int, s) -> CStep:
@@ -316,13 +322,13 @@ class _SpecRenderer:
         args = [self.operand(a) for a in s.args]
         takes = []
         for j, r in enumerate(s.results):
-            if r["k"] == "val":
-                takes.append(f"v[{r['i']}] = r[{j}].u.t;")
-            elif r["k"] == "scalar":
-                takes.append(f"s[{r['i']}] = r[{j}];")
-            elif r["k"] == "list":
-                takes.append(f"l[{r['i']}] = r[{j}];")
-            else:  # dropped (an undefined tensor): give back whatever came
+            if isinstance(r, Val):
+                takes.append(f"v[{r.i}] = r[{j}].u.t;")
+            elif isinstance(r, Scalar):
+                takes.append(f"s[{r.i}] = r[{j}];")
+            elif isinstance(r, List):
+                takes.append(f"l[{r.i}] = r[{j}];")
+            else:  # Drop (an undefined tensor): give back whatever came
                 takes.append(f"if (r[{j}].tag == TRT_TENSOR) rt->release(r[{j}].u.t);")
         op = f"{s.op}.{s.overload}" if s.overload else s.op
         step = CStep("aten", s.where, c_comment(s.text), op, self.locals, args,
@@ -336,17 +342,17 @@ class _SpecRenderer:
             self.statics.append(f"static trt_tensor* {step.buffer};  /* {op} result, reused */")
         return step
 
-    def make_views(self, o: dict, s) -> None:
+    def make_views(self, o: Operand, s) -> None:
         """Note [Views in C]: the tensor of each view that operand ``o`` reads, unless an earlier
         step made it."""
-        if o["k"] in ("tensors", "opt_tensors"):
-            for item in o["v"]:
+        if isinstance(o, (Tensors, OptTensors)):
+            for item in o.v:
                 self.make_views(item, s)
-        elif o["k"] == "val" and o["i"] in self.views:
-            slot, eager = self.views[o["i"]]
+        elif isinstance(o, Val) and o.i in self.views:
+            slot, eager = self.views[o.i]
             how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
             where = c_string(f"{s.where} (view)" if s else "output (view)")
-            self.locals.append(f"if (!v[{o['i']}] && !(v[{o['i']}] = rt->view_tensor(&w[{slot}], "
+            self.locals.append(f"if (!v[{o.i}] && !(v[{o.i}] = rt->view_tensor(&w[{slot}], "
                                f"{how}))) {{ rt->set_error({where}, NULL); "
                                f"goto {self.on_error}; }}")
 
@@ -356,27 +362,27 @@ class _SpecRenderer:
         does not compute (the step stays a dispatcher call)."""
         call = self.view_call(s)
         lines = self.locals
-        source, result = s.args[0], s.results[0]["i"]
+        source, result = s.args[0], s.results[0].i
         where = c_string(f"{s.where} ({s.qualified_name})")
         fail = f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"
-        if call is None and not (source["k"] == "val" and source["i"] in self.views):
+        if call is None and not (isinstance(source, Val) and source.i in self.views):
             return None  # an ordinary dispatcher call
         if call is None:  # the op itself, on its input made as eager makes it
             rest = [self.operand(a) for a in s.args[1:]]
             lines += [f"const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
                       f"if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], NULL, "
-                      f"&w[{self.views[source['i']][0]}], rest, {len(rest)}, &v[{result}], NULL"
+                      f"&w[{self.views[source.i][0]}], rest, {len(rest)}, &v[{result}], NULL"
                       f")) {fail}"]
             return CStep("view", s.where, c_comment(s.text), s.qualified_name, lines, [],
                          self.releases(s))
-        if source["k"] == "val" and source["i"] in self.views:
-            view_in, tensor = f"&w[{self.views[source['i']][0]}]", "NULL"
+        if isinstance(source, Val) and source.i in self.views:
+            view_in, tensor = f"&w[{self.views[source.i][0]}]", "NULL"
         else:
-            tensor = self.operand(source)[len("TRT_T("):-1]
+            tensor = self.tensor(source)
             lines.append("trt_view in;")
             view_in = "&in"
             call = f"rt->view_of({tensor}, &in) || {call}"  # not strided: the op itself
-        alias = s.view["alias"]
+        alias = s.view.alias
         if alias:  # _unsafe_view: a tensor of its own at once
             lines.append("trt_view out;")
             view_out = "&out"
@@ -384,7 +390,7 @@ class _SpecRenderer:
             slot = self.free_slots.pop() if self.free_slots else self.num_slots
             self.num_slots = max(self.num_slots, slot + 1)
             view_out = f"&w[{slot}]"
-            self.views[result] = (slot, s.view["eager"])
+            self.views[result] = (slot, s.view.eager)
         rest = [self.operand(a) for a in s.args[1:]]
         lines += [f"if ({call.format(view_in, view_out)}) {{  /* ATen raises here, or the "
                   f"view is not computed in C: the op itself */",
@@ -403,25 +409,25 @@ class _SpecRenderer:
     def view_call(self, s) -> str | None:
         """The trident_views.h call of a view step, with ``{0}``/``{1}`` for its input and
         output, or None."""
-        rank, op, args = s.view["rank"], s.qualified_name, s.args
+        rank, op, args = s.view.rank, s.qualified_name, s.args
 
         def dim(o, n=rank):  # maybe_wrap_dim: the rank is static
-            if o["k"] != "int" or not -max(n, 1) <= o["v"] < max(n, 1):
+            if not isinstance(o, Int) or not -max(n, 1) <= o.v < max(n, 1):
                 raise _NotComputed
-            return o["v"] % max(n, 1)
+            return o.v % max(n, 1)
 
         def int_arg(o, none):
-            if o["k"] == "none":
+            if isinstance(o, NoneConst):
                 return none
-            if o["k"] not in ("int", "scalar"):
+            if not isinstance(o, (Int, Scalar)):
                 raise _NotComputed
             return self.int_expr(o)
 
         def int_array(o):
-            if o["k"] == "ints":
-                items = [c_int(int(v)) for v in o["v"]]
-            elif o["k"] == "int_list" and all(i["k"] in ("int", "scalar") for i in o["v"]):
-                items = [self.int_expr(i) for i in o["v"]]
+            if isinstance(o, Ints):
+                items = [c_int(int(v)) for v in o.v]
+            elif isinstance(o, IntList) and all(isinstance(i, (Int, Scalar)) for i in o.v):
+                items = [self.int_expr(i) for i in o.v]
             else:
                 raise _NotComputed
             if len(items) > 16:
@@ -435,8 +441,8 @@ class _SpecRenderer:
                 return f"trt_view_transpose({{0}}, 0, {1 if rank == 2 else 0}, {{1}})"
             if op == "aten::transpose.int":
                 return f"trt_view_transpose({{0}}, {dim(args[1])}, {dim(args[2])}, {{1}})"
-            if op == "aten::permute" and args[1]["k"] == "ints":
-                dims = [dim({"k": "int", "v": d}) for d in args[1]["v"]]
+            if op == "aten::permute" and isinstance(args[1], Ints):
+                dims = [dim(Int(d)) for d in args[1].v]
                 if sorted(dims) != list(range(rank)):
                     return None
                 return f"trt_view_permute({{0}}, {self.static_array('int64_t', [str(d) for d in dims]) if dims else 'NULL'}, {{1}})"
@@ -447,8 +453,8 @@ class _SpecRenderer:
                     dims = range(rank)
                 elif op == "aten::squeeze.dim":
                     dims = [dim(args[1])]
-                elif args[1]["k"] == "ints":
-                    dims = [dim({"k": "int", "v": d}) for d in args[1]["v"]]
+                elif isinstance(args[1], Ints):
+                    dims = [dim(Int(d)) for d in args[1].v]
                 else:
                     return None
                 mask = sum(1 << d for d in set(dims)) if rank else 0
@@ -487,12 +493,11 @@ class _SpecRenderer:
         lines, moved = self.locals, {}
         kept = self.kept_for_outputs()
         for k, o in enumerate(self.spec.plan.outputs):
-            if o["k"] == "val" and o["i"] not in moved:  # hand the owned handle over
-                moved[o["i"]] = k
-                lines.append(f"out->outs[{k}] = TRT_T(v[{o['i']}]); v[{o['i']}] = NULL;")
-            elif o["k"] in ("val", "arg", "item"):  # a second handle to the same tensor
-                inner = f"out->outs[{moved[o['i']]}].u.t" if o["k"] == "val" else \
-                    self.operand(o)[len("TRT_T("):-1]
+            if isinstance(o, Val) and o.i not in moved:  # hand the owned handle over
+                moved[o.i] = k
+                lines.append(f"out->outs[{k}] = TRT_T(v[{o.i}]); v[{o.i}] = NULL;")
+            elif isinstance(o, (Val, Arg, Item)):  # a second handle to the same tensor
+                inner = f"out->outs[{moved[o.i]}].u.t" if isinstance(o, Val) else self.tensor(o)
                 lines += [f"out->outs[{k}] = TRT_T(rt->retain({inner}));",
                           f"if (!out->outs[{k}].u.t) {{ rt->set_error(\"output {k}\", NULL); "
                           f"goto fail; }}"]
@@ -507,9 +512,9 @@ class _SpecRenderer:
         """Values no step releases that are not outputs: the bases of returned views, kept
         until those are made (Note [Views in C] in plan.py)."""
         plan = self.spec.plan
-        made = {r["i"] for s in plan.steps for r in s.results if r["k"] == "val"}
-        released = {r["i"] for s in plan.steps for r in s.release if r["k"] == "val"}
-        returned = {o["i"] for o in plan.outputs if o["k"] == "val"}
+        made = {r.i for s in plan.steps for r in s.results if isinstance(r, Val)}
+        released = {r.i for s in plan.steps for r in s.release if isinstance(r, Val)}
+        returned = {o.i for o in plan.outputs if isinstance(o, Val)}
         return sorted(made - released - returned)
 
     def render(self) -> dict:
@@ -543,12 +548,6 @@ class _SpecRenderer:
 
 class _NotComputed(Exception):
     """A view step's form that trident_views.h does not compute (Note [Views in C])."""
-
-
-def scalar_operand(value) -> dict:
-    if value is None:
-        return {"k": "none"}
-    return {"k": {bool: "bool", int: "int", float: "float"}[type(value)], "v": value}
 
 
 def render(spec: Specialization, function: str) -> Rendered:

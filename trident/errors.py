@@ -35,6 +35,8 @@ class EagerCall(Exception):
     the user: the dispatcher and the miss path run the call eagerly instead."""
 
 
-# in the order of the runtime's error kinds (ERR_GENERIC, ERR_INDEX, ... in runtime.cpp)
-ERROR_TYPES = (TridentError, TridentIndexError, TridentValueError, TridentTypeError,
-               TridentNotImplementedError, EagerCall)
+# The class of each of the runtime's error kinds, by its name in trident_rt.h, whose values
+# order them (runtime.error_types)
+ERROR_TYPES = {"TRT_ERR_GENERIC": TridentError, "TRT_ERR_INDEX": TridentIndexError,
+               "TRT_ERR_VALUE": TridentValueError, "TRT_ERR_TYPE": TridentTypeError,
+               "TRT_ERR_NOT_IMPLEMENTED": TridentNotImplementedError, "TRT_ERR_EAGER": EagerCall}

@@ -1,18 +1,9 @@
 """Plan: walk the Torch-MLIR ``func.func`` into a host launch plan.
 
 A plan is a list of steps in program order. A step calls one operator through PyTorch's
-dispatcher with a boxed stack of operands. Operands are JSON-able dicts (the plan is stored with
-its specialization in the cache and rendered again when the module is rebuilt):
-
-    {"k": "arg", "i": 0}                 the call's positional argument 0 (a tensor, borrowed)
-    {"k": "val", "i": 3}                 tensor value 3, produced by an earlier step (owned)
-    {"k": "item", "list": 4, "i": 1}     element 1 of the tensor list value 4 (borrowed)
-    {"k": "scalar", "i": 2}              scalar value 2, an op's int/float/bool return
-    {"k": "int" | "float" | "bool" | "str", "v": ...}, {"k": "none"}
-    {"k": "device", "type": 1, "index": 0}
-    {"k": "ints" | "floats" | "bools", "v": [...]}
-    {"k": "int_list", "v": [operand, ...]}   ints some of which are computed (symbolic sizes)
-    {"k": "tensors" | "opt_tensors", "v": [operand, ...]}
+dispatcher with a boxed stack of operands: ``trident.operands``' dataclasses (``Arg``, ``Val``,
+``Int``, ``IntList``...), stored as JSON with the specialization in the cache and rendered again
+when the module is rebuilt.
 
 Note [Symbolic sizes]: a specialization with dynamic dims is traced with those dims as
 ``SymInt``s (capture.py). Torch-MLIR imports ``x.size(2)`` as ``torch.aten.size.int`` and the
@@ -77,41 +68,66 @@ from typing import Any
 import torch
 from torch_mlir import ir
 
-from . import collectives
+from . import collectives, operands
 from .errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
 from .guards import MAX_OUTS, dtype_codes
 from .importer import TRITON_LAUNCH, location
+from .operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints, Item,
+                       List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors, Val)
 
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
+@dataclasses.dataclass(frozen=True)
+class View:
+    """Note [Views in C]: a view step whose geometry the generated C computes."""
+
+    rank: int  # the input's rank
+    eager: bool  # its tensor, once needed, is made as eager makes it (aten::as_strided)
+    alias: bool  # an _unsafe_view, made at its step
+
+
 @dataclasses.dataclass
 class Step:
-    """One operator call: ``rets = op(*args)``."""
+    """One operator call: ``results = op(*args)``."""
 
     op: str  # "aten::mul"
     overload: str  # "Scalar"; "" for the default overload
-    args: list[dict]
-    results: list[dict]  # per return: {"k": "val"|"list"|"scalar", "i": id} or {"k": "drop"}
+    args: list[Operand]
+    results: list[Operand]  # per return: Val, List or Scalar, or Drop
     where: str  # "model.py:12"
     text: str  # the user's source line
-    release: list[dict] = dataclasses.field(default_factory=list)  # dead after this step
+    release: list[Operand] = dataclasses.field(default_factory=list)  # Val, List: dead after
     # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
     # for CUDA (kernels.compile_cuda). args are then the tensor arguments in parameter order.
     launch: dict | None = None
     # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
     # kept from the previous call, instead of allocating ("" when the step allocates).
     out_overload: str = ""
-    # Note [Views in C]: a view computed in C: {"rank": the input's rank, "eager": whether its
-    # tensor, once needed, is made as eager makes it (aten::as_strided), "alias": an
-    # _unsafe_view, made at its step}; None for other steps.
-    view: dict | None = None
+    view: View | None = None  # Note [Views in C]; None for other steps
 
     @property
     def qualified_name(self) -> str:
         return f"{self.op}.{self.overload}" if self.overload else self.op
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "overload": self.overload,
+                "args": [a.to_json() for a in self.args],
+                "results": [r.to_json() for r in self.results], "where": self.where,
+                "text": self.text, "release": [r.to_json() for r in self.release],
+                "launch": self.launch, "out_overload": self.out_overload,
+                "view": dataclasses.asdict(self.view) if self.view else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Step":
+        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
+        view = data["view"]
+        return cls(data["op"], data["overload"], [operands.from_json(a) for a in data["args"]],
+                   [operands.from_json(r) for r in data["results"]], data["where"],
+                   data["text"], [operands.from_json(r) for r in data["release"]],
+                   data["launch"], data["out_overload"], View(**view) if view else None)
 
 
 @dataclasses.dataclass
@@ -127,20 +143,24 @@ class Plan:
     """
 
     steps: list[Step]
-    outputs: list[dict]
+    outputs: list[Operand]
     out_spec: str
     num_values: int
     num_lists: int
     num_scalars: int = 0
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"steps": [s.to_json() for s in self.steps],
+                "outputs": [o.to_json() for o in self.outputs], "out_spec": self.out_spec,
+                "num_values": self.num_values, "num_lists": self.num_lists,
+                "num_scalars": self.num_scalars}
 
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
-        data = dict(data)
-        data["steps"] = [Step(**s) for s in data["steps"]]
-        return cls(**data)
+        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
+        return cls([Step.from_json(s) for s in data["steps"]],
+                   [operands.from_json(o) for o in data["outputs"]], data["out_spec"],
+                   data["num_values"], data["num_lists"], data["num_scalars"])
 
 
 def _schema(op: str, overload: str):
@@ -166,12 +186,12 @@ def _vtensor(type_str: str) -> tuple[int, torch.dtype] | None:
     return (len(m.group(1).split(",")) if m.group(1) else 0), _ELEMENT_DTYPES[m.group(2)]
 
 
-def _scalar_kind(value: dict) -> str:
+def _scalar_kind(value: Operand) -> str:
     """"bool", "int" or "float": a constant's kind; an op's scalar return is a size (an int)."""
-    return value["k"] if value["k"] in _FULL_PRECISION else "int"
+    return value.KIND if isinstance(value, (Bool, Int, Float)) else "int"
 
 
-def _scalar_dtype(value: dict, tensors: list[tuple[int, torch.dtype]],
+def _scalar_dtype(value: Operand, tensors: list[tuple[int, torch.dtype]],
                   result: tuple[int, torch.dtype] | None, where: str) -> torch.dtype:
     """Note [Scalar operands]: the dtype of a plain 0-dim tensor that an op given the other
     ``tensors`` (rank, dtype) treats as eager treats the wrapped number ``value``.
@@ -195,47 +215,63 @@ def _scalar_dtype(value: dict, tensors: list[tuple[int, torch.dtype]],
     for dtype in (full, eager):
         if promoted(torch.empty((), dtype=dtype, device="meta")) != eager:
             continue
-        exact = dtype is full or value["k"] != "float" or dtype not in (
-            torch.float16, torch.bfloat16) or torch.tensor(value["v"], dtype=dtype).item() \
-            == value["v"]
+        exact = dtype is full or not isinstance(value, Float) or dtype not in (
+            torch.float16, torch.bfloat16) or torch.tensor(value.v, dtype=dtype).item() \
+            == value.v
         if exact:
             return dtype
     raise TridentError(f"{where}: a Python {kind} whose wrapped-number semantics no plain "
                        f"tensor reproduces next to {[str(d) for _, d in tensors]}")
 
 
+@dataclasses.dataclass(frozen=True)
+class _NumToTensor:
+    """While walking: a Python scalar in a tensor slot (Note [Scalar operands]), made into a
+    tensor by the step that reads it (``_Walker.materialize``)."""
+
+    v: Operand
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unsupported:
+    """While walking: a value no step may read (``what`` says why)."""
+
+    what: str
+
+
 class _Walker:
     def __init__(self, func: ir.Operation):
         self.func = func
-        self.env: dict[Any, dict] = {}  # MLIR value (hashed by SSA identity) -> operand
+        # MLIR value (hashed by SSA identity) -> its operand
+        self.env: dict[Any, Operand | _NumToTensor | _Unsupported] = {}
         self.steps: list[Step] = []
         self.num_values = 0
         self.num_lists = 0
         self.num_scalars = 0
 
-    def operand(self, value: ir.Value, where: str) -> dict:
+    def operand(self, value: ir.Value, where: str) -> Operand | _NumToTensor:
         try:
             operand = self.env[value]
         except KeyError:
             raise TridentError(f"{where}: operand {value.get_name()} has no plan value") from None
-        if operand["k"] == "unsupported":
-            raise TridentError(f"{where}: {operand['what']}")
+        if isinstance(operand, _Unsupported):
+            raise TridentError(f"{where}: {operand.what}")
         return operand
 
-    def new_value(self, kind: str) -> dict:
-        if kind == "val":
+    def new_value(self, kind: type[Val | Scalar | List]) -> Val | Scalar | List:
+        if kind is Val:
             self.num_values += 1
-            return {"k": "val", "i": self.num_values - 1}
-        if kind == "scalar":
+            return Val(self.num_values - 1)
+        if kind is Scalar:
             self.num_scalars += 1
-            return {"k": "scalar", "i": self.num_scalars - 1}
+            return Scalar(self.num_scalars - 1)
         self.num_lists += 1
-        return {"k": "list", "i": self.num_lists - 1}
+        return List(self.num_lists - 1)
 
     def walk(self, out_leaves: list) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[arg] = {"k": "arg", "i": i}
+            self.env[arg] = Arg(i)
         outputs = None
         for op in block.operations:
             name = op.operation.name
@@ -247,25 +283,24 @@ class _Walker:
             elif name == "torch.prim.ListUnpack":
                 src = self.operand(op.operands[0], where)
                 for j, r in enumerate(op.results):
-                    self.env[r] = {"k": "item", "list": src["i"], "i": j}
+                    self.env[r] = Item(src.i, j)
             elif name == "torch.vtensor.literal":
                 self.env[op.result] = self.literal(op, where, text)
             elif name == "torch.symbolic_int":
-                self.env[op.result] = {"k": "unsupported", "what": "a shape symbol as a value"}
+                self.env[op.result] = _Unsupported("a shape symbol as a value")
             elif name == "torch.bind_symbolic_shape":
                 continue
-            elif name in _INT_OPS or (name == "torch.aten.size.int" and self.env.get(
-                    op.operands[0], {}).get("k") == "arg"):
+            elif name in _INT_OPS or (name == "torch.aten.size.int" and isinstance(
+                    self.env.get(op.operands[0]), Arg)):
                 self.int_step(op, name, where, text)
-            elif name == "torch.aten.Int.bool" and self.env.get(
-                    op.operands[0], {}).get("k") == "bool":
+            elif name == "torch.aten.Int.bool" and isinstance(self.env.get(op.operands[0]),
+                                                              Bool):
                 # Torch-MLIR passes a Python bool to a Scalar slot (fill(x, True), False + x)
                 # through TorchScript's Int.bool, which no dispatcher holds; eager's op gets
                 # the bool itself (bool + bool tensor stays bool)
                 self.env[op.result] = self.operand(op.operands[0], where)
             elif name == "torch.prim.NumToTensor.Scalar":
-                self.env[op.result] = {"k": "num_to_tensor",
-                                                 "v": self.operand(op.operands[0], where)}
+                self.env[op.result] = _NumToTensor(self.operand(op.operands[0], where))
             elif name == "func.return":
                 outputs = [self.operand(v, where) for v in op.operands]
             elif name == "torch.operator" and ir.StringAttr(
@@ -281,26 +316,26 @@ class _Walker:
         assert outputs is not None
         return self.finish(outputs, out_leaves)
 
-    def constant(self, op: ir.Operation, name: str) -> dict:
+    def constant(self, op: ir.Operation, name: str) -> Operand:
         kind = name[len("torch.constant."):]
         if kind == "none":
-            return {"k": "none"}
+            return NoneConst()
         attr = op.attributes["value"]
         if kind == "int":
-            return {"k": "int", "v": ir.IntegerAttr(attr).value}
+            return Int(ir.IntegerAttr(attr).value)
         if kind == "float":
-            return {"k": "float", "v": ir.FloatAttr(attr).value}
+            return Float(ir.FloatAttr(attr).value)
         if kind == "bool":
-            return {"k": "bool", "v": bool(ir.BoolAttr(attr).value)}
+            return Bool(bool(ir.BoolAttr(attr).value))
         if kind == "str":
-            return {"k": "str", "v": ir.StringAttr(attr).value}
+            return Str(ir.StringAttr(attr).value)
         if kind == "device":
             device = torch.device(ir.StringAttr(attr).value)
-            return {"k": "device", "type": 0 if device.type == "cpu" else 1,
-                    "index": -1 if device.index is None else device.index}
+            return Device(0 if device.type == "cpu" else 1,
+                          -1 if device.index is None else device.index)
         raise TridentError(f"unsupported constant {name}")
 
-    def literal(self, op, where: str, text: str) -> dict:
+    def literal(self, op, where: str, text: str) -> Val:
         """A one-element or empty tensor constant, made on the CPU as eager PyTorch made it:
         ``aten::scalar_tensor`` for 0-dim, ``aten::full`` otherwise, ``aten::empty`` for no
         elements."""
@@ -313,11 +348,10 @@ class _Walker:
         dtype = _LITERAL_DTYPES.get(element)
         shape = list(ir.RankedTensorType(attr.type).shape)
         if dtype is not None and 0 in shape:  # torch.tensor([])
-            result = self.new_value("val")
+            result = self.new_value(Val)
             self.steps.append(Step("aten::empty", "memory_format", [
-                {"k": "ints", "v": shape}, {"k": "int", "v": dtype_codes()[dtype]},
-                {"k": "none"}, {"k": "device", "type": 0, "index": -1}, {"k": "none"},
-                {"k": "none"}], [result], where, text))
+                Ints(tuple(shape)), Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst(),
+                NoneConst()], [result], where, text))
             return result
         if dense is None or dtype is None or not dense.is_splat:
             raise TridentError(f"{where}: unsupported tensor constant ({text})")
@@ -325,17 +359,15 @@ class _Walker:
         value = (bool(ir.IntegerAttr(item).value) if element == "i1" else
                  ir.IntegerAttr(item).value if element.startswith(("si", "i", "ui")) else
                  ir.FloatAttr(item).value)
-        kind = {bool: "bool", int: "int", float: "float"}[type(value)]
         shape = list(ir.RankedTensorType(attr.type).shape)
-        common = [{"k": "int", "v": dtype_codes()[dtype]}, {"k": "none"},
-                  {"k": "device", "type": 0, "index": -1}, {"k": "none"}]
-        result = self.new_value("val")
+        common = [Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()]
+        result = self.new_value(Val)
         if shape:
-            self.steps.append(Step("aten::full", "", [{"k": "ints", "v": shape},
-                                                      {"k": kind, "v": value}] + common,
+            self.steps.append(Step("aten::full", "", [Ints(tuple(shape)),
+                                                      operands.constant(value)] + common,
                                    [result], where, text))
         else:
-            self.steps.append(Step("aten::scalar_tensor", "", [{"k": kind, "v": value}] + common,
+            self.steps.append(Step("aten::scalar_tensor", "", [operands.constant(value)] + common,
                                    [result], where, text))
         return result
 
@@ -343,43 +375,44 @@ class _Walker:
         """Note [Symbolic sizes]: integer arithmetic, computed in C."""
         args = [self.operand(v, where) for v in op.operands]
         for a in args[1:] if name == "torch.aten.size.int" else args:
-            if a["k"] not in ("int", "scalar"):
-                raise TridentError(f"{where}: {name} of a {a['k']} ({text})")
-        if name == "torch.aten.size.int" and not (args[1]["k"] == "int" and args[1]["v"] >= 0):
+            if not isinstance(a, (Int, Scalar)):
+                raise TridentError(f"{where}: {name} of a {type(a).__name__} ({text})")
+        if name == "torch.aten.size.int" and not (isinstance(args[1], Int) and args[1].v >= 0):
             raise TridentError(f"{where}: size of a dim that is not a constant >= 0 ({text})")
-        result = self.new_value("scalar")
+        result = self.new_value(Scalar)
         self.env[op.result] = result
         self.steps.append(Step("int", name.split(".")[2], args, [result], where, text))
 
-    def list_construct(self, op, where: str) -> dict:
+    def list_construct(self, op, where: str) -> Operand:
         items = [self.operand(v, where) for v in op.operands]
         type_str = str(op.result.type)
-        scalar = {"!torch.list<int>": ("ints", "int"), "!torch.list<float>": ("floats", "float"),
-                  "!torch.list<bool>": ("bools", "bool")}.get(type_str)
-        if scalar == ("ints", "int") and all(item["k"] in ("int", "scalar") for item in items) \
-                and any(item["k"] == "scalar" for item in items):
-            return {"k": "int_list", "v": items}
+        scalar = {"!torch.list<int>": (Ints, Int), "!torch.list<float>": (Floats, Float),
+                  "!torch.list<bool>": (Bools, Bool)}.get(type_str)
+        if scalar == (Ints, Int) and all(isinstance(item, (Int, Scalar)) for item in items) \
+                and any(isinstance(item, Scalar) for item in items):
+            return IntList(tuple(items))
         if scalar:
-            if any(item["k"] != scalar[1] for item in items):
+            if any(type(item) is not scalar[1] for item in items):
                 raise TridentError(f"{where}: {type_str} with non-constant items")
-            return {"k": scalar[0], "v": [item["v"] for item in items]}
+            return scalar[0](tuple(item.v for item in items))
         if type_str == "!torch.list<vtensor>":
-            return {"k": "tensors", "v": [self.materialize(item) for item in items]}
+            return Tensors(tuple(self.materialize(item) for item in items))
         if type_str == "!torch.list<optional<vtensor>>":
-            return {"k": "opt_tensors", "v": [self.materialize(item) for item in items]}
+            return OptTensors(tuple(self.materialize(item) for item in items))
         raise TridentError(f"{where}: unsupported list type {type_str}")
 
-    def materialize(self, operand: dict, dtype: torch.dtype | None = None) -> dict:
+    def materialize(self, operand: Operand | _NumToTensor,
+                    dtype: torch.dtype | None = None) -> Operand:
         """A NumToTensor operand becomes an ``aten::scalar_tensor`` of ``dtype`` (default: the
         scalar's full precision); Note [Scalar operands]."""
-        if operand["k"] != "num_to_tensor":
+        if not isinstance(operand, _NumToTensor):
             return operand
-        value = operand["v"]
+        value = operand.v
         dtype = dtype or _FULL_PRECISION[_scalar_kind(value)]
-        result = self.new_value("val")
+        result = self.new_value(Val)
         self.steps.append(Step("aten::scalar_tensor", "", [
-            value, {"k": "int", "v": dtype_codes()[dtype]}, {"k": "none"},
-            {"k": "device", "type": 0, "index": -1}, {"k": "none"}], [result], "?", ""))
+            value, Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()], [result], "?",
+            ""))
         return result
 
     def call(self, op, name: str, where: str, text: str) -> None:
@@ -392,11 +425,11 @@ class _Walker:
         opname, _, overload = rest.partition(".")
         args = [self.operand(v, where) for v in op.operands]
         op_qual = f"{ns}::{opname}"
-        if any(a["k"] == "num_to_tensor" for a in args):
+        if any(isinstance(a, _NumToTensor) for a in args):
             tensors = [_vtensor(str(v.type)) for v in op.operands]
             results = [_vtensor(str(r.type)) for r in op.results]
-            args = [a if a["k"] != "num_to_tensor" else self.materialize(a, _scalar_dtype(
-                a["v"], [t for j, t in enumerate(tensors) if t and j != i],
+            args = [a if not isinstance(a, _NumToTensor) else self.materialize(a, _scalar_dtype(
+                a.v, [t for j, t in enumerate(tensors) if t and j != i],
                 results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
                 for i, a in enumerate(args)]
         schema = _schema(op_qual, overload)
@@ -409,53 +442,49 @@ class _Walker:
                                f"PyTorch's dispatcher ({text})")
         for i, arg in enumerate(schema.arguments[:len(args)]):
             if ns == "_c10d_functional" and arg.name == "group_name":
-                collectives.check_group(args[i].get("v"), f"{where}: {op_qual} ({text})")
+                collectives.check_group(getattr(args[i], "v", None),
+                                        f"{where}: {op_qual} ({text})")
             # ScalarType arguments are ints in the schema; ATen names them dtype/out_dtype
-            if arg.name in ("dtype", "out_dtype") and args[i]["k"] == "int":
-                args[i] = {"k": "int", "v": _torch_dtype_code(args[i]["v"])}
+            if arg.name in ("dtype", "out_dtype") and isinstance(args[i], Int):
+                args[i] = Int(_torch_dtype_code(args[i].v))
             # a factory (no tensor operand) with dtype=None made the dtype that was the default
             # while traced, which the function may have set itself (torch.set_default_dtype)
-            elif (arg.name == "dtype" and args[i]["k"] == "none" and len(op.results) == 1
+            elif (arg.name == "dtype" and isinstance(args[i], NoneConst) and len(op.results) == 1
                   and not any(_vtensor(str(v.type)) for v in op.operands)
                   and (made := _vtensor(str(op.results[0].type)))):
-                args[i] = {"k": "int", "v": dtype_codes()[made[1]]}
+                args[i] = Int(dtype_codes()[made[1]])
         results = []
         for r in op.results:
             type_str = str(r.type)
             if type_str.startswith("!torch.vtensor"):
-                value = self.new_value("val")
+                value = self.new_value(Val)
             elif type_str == "!torch.list<vtensor>":
-                value = self.new_value("list")
+                value = self.new_value(List)
             elif type_str in ("!torch.int", "!torch.float", "!torch.bool"):
-                value = self.new_value("scalar")
+                value = self.new_value(Scalar)
             else:  # e.g. !torch.none for an undefined tensor: dropped, an error if read
-                value = {"k": "drop"}
-                self.env[r] = {"k": "unsupported", "what": f"{op_qual} returns "
-                                         f"{type_str}, which Trident does not support ({text})"}
+                value = Drop()
+                self.env[r] = _Unsupported(f"{op_qual} returns {type_str}, which Trident does "
+                                           f"not support ({text})")
                 results.append(value)
                 continue
             self.env[r] = value
             results.append(value)
         step = Step(op_qual, overload, args, results, where, text)
-        if (op_qual, overload) in _C_VIEWS and args[0]["k"] in ("arg", "val", "item") and (
+        if (op_qual, overload) in _C_VIEWS and isinstance(args[0], (Arg, Val, Item)) and (
                 rank := _vtensor(str(op.operands[0].type))) and (
                 made := _vtensor(str(op.results[0].type))) and max(rank[0], made[0]) <= 16 \
-                and all(a["k"] in ("int", "ints", "int_list", "scalar", "none", "bool")
+                and all(isinstance(a, (Int, Ints, IntList, Scalar, NoneConst, Bool))
                         for a in args[1:]):
-            step.view = {"rank": rank[0], "eager": False,  # Note [Views in C]
-                         "alias": op_qual == "aten::_unsafe_view"}
+            step.view = View(rank[0], eager=False,  # Note [Views in C]
+                             alias=op_qual == "aten::_unsafe_view")
         self.steps.append(step)
 
-    def finish(self, outputs: list[dict], out_leaves: list) -> Plan:
-        flat: list[dict] = []
+    def finish(self, outputs: list[Operand], out_leaves: list) -> Plan:
+        flat: list[Operand] = []
         tensors = iter(outputs)
         for leaf in out_leaves:
-            if leaf is None:
-                flat.append(next(tensors))
-            else:
-                value = leaf[1]
-                flat.append({"k": "none"} if value is None else
-                            {"k": type(value).__name__, "v": value})
+            flat.append(next(tensors) if leaf is None else operands.constant(leaf[1]))
         if len(flat) > MAX_OUTS:
             raise TridentError(f"the function returns {len(flat)} values; the native path "
                                f"returns at most {MAX_OUTS}")
@@ -463,32 +492,32 @@ class _Walker:
         return Plan(self.steps, flat, "", self.num_values, self.num_lists, self.num_scalars)
 
 
-def _uses(operand: dict):
-    """The owned values an operand reads (``val`` and the lists that ``item`` borrows from)."""
-    if operand["k"] == "val":
-        yield ("val", operand["i"])
-    elif operand["k"] == "item":
-        yield ("list", operand["list"])
-    elif operand["k"] in ("tensors", "opt_tensors"):
-        for item in operand["v"]:
+def _uses(operand: Operand):
+    """The owned values an operand reads: ``Val``, and the ``List`` an ``Item`` borrows from."""
+    if isinstance(operand, Val):
+        yield operand
+    elif isinstance(operand, Item):
+        yield List(operand.list)
+    elif isinstance(operand, (Tensors, OptTensors)):
+        for item in operand.v:
             yield from _uses(item)
 
 
-def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
+def _assign_releases(steps: list[Step], outputs: list[Operand]) -> None:
     """Release each owned value right after its last use; outputs keep theirs to the end. A
     view computed in C (Note [Views in C]) keeps its input alive while the view is used."""
-    last: dict[tuple, int] = {}
+    last: dict[Val | List, int] = {}
     for index, step in enumerate(steps):
         for result in step.results:
-            if result["k"] in ("val", "list"):
-                last[(result["k"], result["i"])] = index  # unused results die at once
+            if isinstance(result, (Val, List)):
+                last[result] = index  # unused results die at once
         for a in step.args:
             for use in _uses(a):
                 last[use] = index
     at_end = {use for out in outputs for use in _uses(out)}
     for step in reversed(steps):  # a view's base lives as long as the view
-        if step.view is not None and not step.view["alias"]:
-            view = ("val", step.results[0]["i"])
+        if step.view is not None and not step.view.alias:
+            view = step.results[0]
             for use in _uses(step.args[0]):
                 last[use] = max(last[use], last[view])
                 if view in at_end:
@@ -496,7 +525,7 @@ def _assign_releases(steps: list[Step], outputs: list[dict]) -> None:
     _mark_eager_views(steps, outputs)
     for use, index in last.items():
         if use not in at_end:
-            steps[index].release.append({"k": use[0], "i": use[1]})
+            steps[index].release.append(use)
 
 
 # Note [Views in C]: the view ops whose geometry the generated C computes
@@ -515,13 +544,13 @@ _FRESH_COMPOSITES = {"aten::linear", "aten::matmul", "aten::scaled_dot_product_a
                      "aten::softmax.int", "aten::log_softmax.int"}
 
 
-def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
+def _mark_eager_views(steps: list[Step], outputs: list[Operand]) -> None:
     """Note [Views in C]: a view's tensor is made as eager makes it where the caller gets it or
     a step reads it that is not a functional ATen op with a kernel of its own or a composite op
     that always makes a new tensor (``type_as`` may return its argument itself), nor a CUDA
     Triton launch (which reads its pointer)."""
-    views = {step.results[0]["i"]: step for step in steps
-             if step.view is not None and not step.view["alias"]}
+    views = {step.results[0]: step for step in steps
+             if step.view is not None and not step.view.alias}
     readers = [(None, out) for out in outputs]
     readers += [(step, a) for step in steps if step.view is None for a in step.args]
     for step, operand in readers:
@@ -533,8 +562,8 @@ def _mark_eager_views(steps: list[Step], outputs: list[dict]) -> None:
                 or not _is_composite(step.op, step.overload)):
             continue
         for use in _uses(operand):
-            if use[0] == "val" and use[1] in views:
-                views[use[1]].view["eager"] = True
+            if use in views:
+                views[use].view = dataclasses.replace(views[use].view, eager=True)
 
 
 # Ops whose results share storage with an argument without saying so in their schema.
@@ -633,15 +662,15 @@ def reuse_buffers(plan: Plan, backend: str) -> None:
         # this specialization and overwrite the same buffers mid-call: only plans of ATen ops
         # and driver launches reuse.
         return
-    pinned = {("val", o["i"]) for o in plan.outputs if o["k"] == "val"}
+    pinned = {o for o in plan.outputs if isinstance(o, Val)}
     for step in plan.steps:
         schema = None if step.op == "triton" else _schema(step.op, step.overload)
         if schema is None or not _is_functional(schema):
             for a in step.args:
                 pinned.update(_uses(a))
     for step in plan.steps:
-        if (step.op != "triton" and len(step.results) == 1 and step.results[0]["k"] == "val"
-                and ("val", step.results[0]["i"]) not in pinned):
+        if (step.op != "triton" and len(step.results) == 1 and isinstance(step.results[0], Val)
+                and step.results[0] not in pinned):
             step.out_overload = _out_overload(step.op, step.overload, backend)
 
 
@@ -657,6 +686,7 @@ def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
     return plan
 
 
+_CPU = Device(0, -1)
 _LITERAL_DTYPES = {k: v for k, v in _ELEMENT_DTYPES.items() if not k.startswith("complex")}
 
 

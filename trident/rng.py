@@ -46,6 +46,7 @@ import threading
 import torch
 
 from .errors import TridentError
+from .operands import Device
 
 OPS = ("trident::manual_seed", "trident::get_rng_state", "trident::set_rng_state")
 _CPU_NAMES = ("manual_seed", "get_rng_state", "set_rng_state", "seed", "initial_seed")
@@ -77,7 +78,8 @@ def installable(plan) -> bool:
     """Whether a stored plan's random state steps can run in this process (Note [Random state
     steps]): those that seed, or act on a CUDA generator, only where ``why_eager`` is None."""
     return why_eager() is None or not any(
-        step.op == "trident::manual_seed" or (step.op in OPS and step.args[-1].get("type") == 1)
+        step.op == "trident::manual_seed" or (step.op in OPS and isinstance(
+            step.args[-1], Device) and step.args[-1].type == 1)
         for step in plan.steps)
 
 

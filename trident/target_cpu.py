@@ -6,7 +6,8 @@ in plan.py). The CUDA target is ``target_cuda.py``; codegen asks ``targets.of`` 
 
 from __future__ import annotations
 
-from .codegen import CStep, c_comment, scalar_operand, size_c
+from . import operands
+from .codegen import CStep, c_comment, size_c
 
 NAME = "cpu"
 HEADERS: tuple[str, ...] = ()
@@ -31,7 +32,7 @@ def launch(r, index: int, s) -> CStep:
         elif "size" in p:
             values.append(f"TRT_I({size_c(p['size'])})")
         elif p["kind"] == "scalar":
-            values.append(r.operand(scalar_operand(p["value"])))
+            values.append(r.operand(operands.constant(p["value"])))
     values += [f"TRT_I({g})" for g in r.grid(launch)]
     r.callbacks.append(index)
     return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}", r.locals,

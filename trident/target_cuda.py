@@ -12,6 +12,7 @@ import hashlib
 
 from . import sizes
 from .codegen import CStep, c_comment, c_float, c_string, size_c
+from .operands import Arg, Item, Val
 
 NAME = "cuda"
 HEADERS = ("trident_cuda.h",)
@@ -63,15 +64,15 @@ def prologue(r) -> list[str]:
             f"const int reuse = !env->inference_mode && stream == {stream};"]
 
 
-def _pointer(r, var: str, o: dict, where: str) -> list[str]:
+def _pointer(r, var: str, o: Arg | Val | Item, where: str) -> list[str]:
     """Statements that set ``CUdeviceptr var`` to a tensor operand's data pointer, for a
     kernel parameter."""
-    if o["k"] == "arg":
-        return [f"CUdeviceptr {var} = (CUdeviceptr)a[{o['i']}].data_ptr;"]
-    if o["k"] == "val" and o["i"] in r.views:  # Note [Views in C]: no tensor needed
-        w = f"w[{r.views[o['i']][0]}]"
+    if isinstance(o, Arg):
+        return [f"CUdeviceptr {var} = (CUdeviceptr)a[{o.i}].data_ptr;"]
+    if isinstance(o, Val) and o.i in r.views:  # Note [Views in C]: no tensor needed
+        w = f"w[{r.views[o.i][0]}]"
         return [f"CUdeviceptr {var} = (CUdeviceptr)({w}.data + {w}.offset * {w}.itemsize);"]
-    tensor = r.operand(o)[len("TRT_T("):-1]
+    tensor = r.tensor(o)
     return [f"void* {var}_data;",
             f"if (rt->data_ptr({tensor}, &{var}_data)) {{ rt->set_error({c_string(where)}, "
             f"NULL); goto {r.on_error}; }}",

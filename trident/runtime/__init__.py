@@ -43,6 +43,23 @@ def _abi_constants() -> dict[str, int]:
 ABI = _abi_constants()
 
 
+def error_types() -> tuple[type, ...]:
+    """``errors.ERROR_TYPES``' classes in the order of trident_rt.h's ``TRT_ERR_`` kinds, which
+    the runtime indexes by kind (``set_error_types``).
+
+    Raises:
+        TridentError: the header's kinds and ``ERROR_TYPES``' names differ, or the kinds are not
+            0 to ``TRT_ERR_KINDS - 1``.
+    """
+    kinds = {name: value for name, value in ABI.items()
+             if name.startswith("TRT_ERR_") and name != "TRT_ERR_KINDS"}
+    if set(kinds) != set(ERROR_TYPES) or sorted(kinds.values()) != list(
+            range(ABI["TRT_ERR_KINDS"])):
+        raise TridentError(f"the error kinds of {HEADER.name} ({kinds}) and trident/errors.py's "
+                           f"ERROR_TYPES ({sorted(ERROR_TYPES)}) disagree")
+    return tuple(ERROR_TYPES[name] for name in sorted(kinds, key=kinds.__getitem__))
+
+
 def build_key() -> str:
     """Everything the runtime's binary depends on."""
     h = hashlib.sha256()
@@ -73,7 +90,7 @@ def load():
     except (OSError, ImportError, RuntimeError) as e:  # cpp_extension: RuntimeError
         raise TridentError(f"the native runtime for torch {torch.__version__} cannot be built "
                            f"or loaded in {build_dir}: {type(e).__name__}: {e}") from e
-    module.set_error_types(ERROR_TYPES)
+    module.set_error_types(error_types())
     return module
 
 

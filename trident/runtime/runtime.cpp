@@ -73,13 +73,9 @@ struct trt_op {
 namespace {
 
 thread_local std::string g_error;
-// The Python exception class of the pending error, as an index into ErrorTypes (trident/
-// errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins),
-// so that ``except IndexError`` around a call catches what eager PyTorch would raise. ERR_EAGER
-// is no error kind of an op: the class that TRT_EAGER raises (errors.EagerCall).
-enum { ERR_GENERIC = 0, ERR_INDEX, ERR_VALUE, ERR_TYPE, ERR_NOT_IMPLEMENTED, ERR_EAGER,
-       ERR_KINDS };
-thread_local int g_error_kind = ERR_GENERIC;
+// The pending error's kind (TRT_ERR_* in trident_rt.h), an index into ErrorTypes (trident/
+// errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins).
+thread_local int g_error_kind = TRT_ERR_GENERIC;
 
 at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
 trt_tensor* new_handle(at::Tensor&& t) {
@@ -345,17 +341,17 @@ int fail_with_current_exception() noexcept {
     throw;
   } catch (const c10::Error& e) {
     g_error = e.what_without_backtrace();
-    g_error_kind = dynamic_cast<const c10::IndexError*>(&e)            ? ERR_INDEX
-                   : dynamic_cast<const c10::ValueError*>(&e)          ? ERR_VALUE
-                   : dynamic_cast<const c10::TypeError*>(&e)           ? ERR_TYPE
-                   : dynamic_cast<const c10::NotImplementedError*>(&e) ? ERR_NOT_IMPLEMENTED
-                                                                       : ERR_GENERIC;
+    g_error_kind = dynamic_cast<const c10::IndexError*>(&e)            ? TRT_ERR_INDEX
+                   : dynamic_cast<const c10::ValueError*>(&e)          ? TRT_ERR_VALUE
+                   : dynamic_cast<const c10::TypeError*>(&e)           ? TRT_ERR_TYPE
+                   : dynamic_cast<const c10::NotImplementedError*>(&e) ? TRT_ERR_NOT_IMPLEMENTED
+                                                                       : TRT_ERR_GENERIC;
   } catch (const std::exception& e) {
     g_error = e.what();
-    g_error_kind = ERR_GENERIC;
+    g_error_kind = TRT_ERR_GENERIC;
   } catch (...) {
     g_error = "trident: an unknown C++ exception";
-    g_error_kind = ERR_GENERIC;
+    g_error_kind = TRT_ERR_GENERIC;
   }
   return 1;
 }
@@ -519,11 +515,11 @@ fail:
     PyObject* s = value ? PyObject_Str(value) : nullptr;
     g_error = s ? PyUnicode_AsUTF8(s) : "python callback failed";
     auto is = [&](PyObject* cls) { return type && PyErr_GivenExceptionMatches(type, cls); };
-    g_error_kind = is(PyExc_IndexError)            ? ERR_INDEX
-                   : is(PyExc_ValueError)          ? ERR_VALUE
-                   : is(PyExc_TypeError)           ? ERR_TYPE
-                   : is(PyExc_NotImplementedError) ? ERR_NOT_IMPLEMENTED
-                                                   : ERR_GENERIC;
+    g_error_kind = is(PyExc_IndexError)            ? TRT_ERR_INDEX
+                   : is(PyExc_ValueError)          ? TRT_ERR_VALUE
+                   : is(PyExc_TypeError)           ? TRT_ERR_TYPE
+                   : is(PyExc_NotImplementedError) ? TRT_ERR_NOT_IMPLEMENTED
+                                                   : TRT_ERR_GENERIC;
     Py_XDECREF(s);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -536,7 +532,7 @@ fail:
 
 void api_set_error(const char* where, const char* message) noexcept {
   try {
-    if (message) g_error_kind = ERR_GENERIC;  // the SCM's own error, not a failed op's
+    if (message) g_error_kind = TRT_ERR_GENERIC;  // the SCM's own error, not a failed op's
     std::string msg = message ? std::string(message) : g_error;
     g_error = std::string(where) + ": " + msg;
   } catch (...) {  // std::bad_alloc: keep the pending message
@@ -565,7 +561,7 @@ int api_view_of(trt_tensor* handle, trt_view* out) noexcept try {
   if (dim > TRT_MAX_VIEW_DIM || !t.has_storage() || t.layout() != c10::kStrided) {
     g_error = "trident: a view computed in C of a tensor that is not strided, or of more than "
               "16 dims";
-    g_error_kind = ERR_GENERIC;
+    g_error_kind = TRT_ERR_GENERIC;
     return 1;
   }
   const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
@@ -597,7 +593,7 @@ trt_tensor* api_view_tensor(const trt_view* view, int32_t how) noexcept {
     return new_handle(std::move(t));
   } catch (...) {
     fail_with_current_exception();
-    g_error_kind = ERR_GENERIC;
+    g_error_kind = TRT_ERR_GENERIC;
     return nullptr;
   }
 }
@@ -1145,7 +1141,7 @@ PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject
 // ---- Dispatcher ----------------------------------------------------------------------------
 
 PyObject* TridentError = nullptr;
-PyObject* ErrorTypes[ERR_KINDS] = {nullptr};
+PyObject* ErrorTypes[TRT_ERR_KINDS] = {nullptr};
 
 struct ScmEntry {
   trt_scm_call_fn call;
@@ -1400,7 +1396,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       }
     }
     if (rc == TRT_ERROR || rc == TRT_EAGER) {
-      PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? ERR_EAGER : g_error_kind], g_error.c_str());
+      PyErr_SetString(ErrorTypes[rc == TRT_EAGER ? TRT_ERR_EAGER : g_error_kind], g_error.c_str());
       warnings.set_in_exception();
     }
   } catch (python_error& e) {  // a warning the filters turned into an exception
@@ -1817,13 +1813,13 @@ PyObject* dtype_code(PyObject*, PyObject* dtype) {
 }
 
 // The error classes are defined in Python (trident/errors.py, ERROR_TYPES) and handed over once
-// at load time: TridentError first, then its twins in the order of the ERR_ kinds.
+// at load time, in the order of the TRT_ERR_ kinds: TridentError first, then its twins.
 PyObject* set_error_types(PyObject*, PyObject* types) {
-  if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != ERR_KINDS) {
-    PyErr_Format(PyExc_TypeError, "set_error_types expects a tuple of %d classes", ERR_KINDS);
+  if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != TRT_ERR_KINDS) {
+    PyErr_Format(PyExc_TypeError, "set_error_types expects a tuple of %d classes", TRT_ERR_KINDS);
     return nullptr;
   }
-  for (int i = 0; i < ERR_KINDS; ++i) {
+  for (int i = 0; i < TRT_ERR_KINDS; ++i) {
     Py_INCREF(PyTuple_GET_ITEM(types, i));
     Py_XSETREF(ErrorTypes[i], PyTuple_GET_ITEM(types, i));
   }

@@ -244,6 +244,20 @@ typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env
    runs eagerly, which takes eager's branch (Note [Errors inside try] in capture.py) */
 #define TRT_EAGER (-4)
 
+/* The Python class a TRT_ERROR or TRT_EAGER raises, by the error's kind (runtime.cpp): the
+   class eager PyTorch's exception has (c10::IndexError, ... or a Python callback's), so that
+   `except IndexError` around a call catches it. trident/errors.py maps each name to its class;
+   Python reads the values from here. TRT_ERR_EAGER is no op's error: what TRT_EAGER raises. */
+enum {
+  TRT_ERR_GENERIC = 0,
+  TRT_ERR_INDEX = 1,
+  TRT_ERR_VALUE = 2,
+  TRT_ERR_TYPE = 3,
+  TRT_ERR_NOT_IMPLEMENTED = 4,
+  TRT_ERR_EAGER = 5,
+  TRT_ERR_KINDS = 6,
+};
+
 #ifdef __cplusplus
 }
 #endif
