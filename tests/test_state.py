@@ -705,3 +705,39 @@ def test_printing_or_warning_functions_run_eagerly(fn, capsys):
     assert [w for w in caught if not w.startswith("trident:")] == want_warnings
     assert len(ours) == 1 and "the function prints or warns (" in ours[0], ours
     assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.traces) == (3, 0, 1), jf.stats
+
+
+def test_two_unregistered_imports_of_one_source_keep_their_own_globals(tmp_path):
+    """Two imports of one file that ``sys.modules`` does not hold (``exec_module`` without
+    registering) have one function key but their own globals: the second must not be served
+    the first's specialization, whose state was read through the first's helper function (it
+    returned ``x * 2.0`` for ``x * 3.0``)."""
+    import importlib.util
+
+    path = tmp_path / "unregistered_scale.py"
+    path.write_text(textwrap.dedent('''
+        import trident
+        SCALE = 1.0
+
+        def scaled(x):
+            return x * SCALE
+
+        @trident.jit
+        def f(x):
+            return scaled(x)
+    '''))
+
+    def load():
+        spec = importlib.util.spec_from_file_location("unregistered_scale", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    first, second = load(), load()
+    first.SCALE, second.SCALE = 2.0, 3.0
+    x = torch.randn(8)
+    for _ in range(2):
+        assert torch.equal(first.f(x), x * 2.0)
+        assert torch.equal(second.f(x), x * 3.0)
+    assert (first.f.stats.compiles, second.f.stats.compiles) == (1, 1)
+    assert (first.f.stats.hits, second.f.stats.hits) == (1, 1)

@@ -804,9 +804,17 @@ def build(reads: list[Read], fn) -> StateTree:
     return StateTree(f.nodes, f.description)
 
 
-def _root_words(root: tuple) -> str:
-    return "|".join(map(str, root)) if root[0] != "object" else \
-        f"object {root[1]}:{__import__('trident.cache', fromlist=['_PROCESS'])._PROCESS}"
+def _root_words(root: tuple, fn) -> str:
+    """A root in the state tree's description, which its digest hashes. An object of this
+    process (``("object", token)``: a globals dict of a module that ``sys.modules`` does not
+    hold, an object no module path reaches) is named with the process and the jitted
+    function's identity: another import of the same source (same function key, its own
+    globals) must not accept the specializations whose state was read from this one's."""
+    if root[0] != "object":
+        return "|".join(map(str, root))
+    from .cache import _PROCESS
+
+    return f"object {root[1]}:{_PROCESS}:fn@{id(fn)}"
 
 
 def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
@@ -819,7 +827,7 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
             text = getattr(fn, "__qualname__", "fn") if read.root[0] == "fn" else "builtins"
         else:
             text = "" if read.root[1] == getattr(fn, "__module__", None) else read.root[1]
-        trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root))
+        trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root, fn))
     parent, parent_obj = trie[key], obj
     came = None  # how the parent was read: (its parent, access, key, trie key)
     for n, step in enumerate(read.steps):
