@@ -1,7 +1,8 @@
 """``python -m trident.bench cpu|gpu``: eager PyTorch vs torch.compile vs Trident, per call.
 
 ``gpu`` runs benchmarks/bench_gpu.py (Triton launches and LLM decode steps, with CUDA graphs and a
-raw driver launch among the contenders). ``cpu`` runs the cases below.
+raw driver launch among the contenders), then benchmarks/bench_hf.py (Hugging Face models through
+``generate`` and each of Trident's front doors, with their floors). ``cpu`` runs the cases below.
 
 Cases:
     chain30   30 small ATen ops (``a = a + b; a = a * b; a = a - b``, ten times) on 16-element
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="gpu: decode-step models to run, or none")
     parser.add_argument("--model-compile-modes", default="default,reduce-overhead",
                         help="gpu: torch.compile modes timed on the decode steps")
+    parser.add_argument("--hf-models", default="llama-3.2-1b-like,qwen2.5-0.5b-like",
+                        help="gpu: Hugging Face models through generate and every front door "
+                             "(benchmarks/bench_hf.py; its JSON beside --json's, .hf.json), "
+                             "or none")
     opts = parser.parse_args(argv)
 
     if opts.suite == "gpu":
@@ -152,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         models = [m for m in opts.models.split(",") if m and m != "none"]
         bench_gpu.main(opts.json, model_names=models,
                        model_compile_modes=tuple(opts.model_compile_modes.split(",")))
+        hf_models = [m for m in opts.hf_models.split(",") if m and m != "none"]
+        if hf_models:
+            from benchmarks import bench_hf
+
+            bench_hf.main(opts.json and os.path.splitext(opts.json)[0] + ".hf.json", hf_models)
         return 0
     device = torch.device("cpu")
     set_cpu_threads(opts.threads)
