@@ -33,7 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import collectives, config, rng, runtime
+from . import collectives, config, rng, runtime, state
 from .errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -372,12 +372,22 @@ def _cpp_composite(op, *args, **kwargs):
 
 @contextlib.contextmanager
 def _eager_decompositions():
-    """Note [Composite ops]: while tracing, composite ops decompose as eager's would."""
+    """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
+    the overrides up and taking them down is torch's own Python (thousands of calls), run
+    outside the state recording's profile hook (``state.unrecorded``): with it, it took about
+    half of a small function's trace."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch.export.exported_program import _override_composite_implicit_decomp
 
-    with _override_composite_implicit_decomp(_composite_ops()), enable_python_dispatcher():
+    stack = contextlib.ExitStack()
+    with state.unrecorded():
+        stack.enter_context(_override_composite_implicit_decomp(_composite_ops()))
+        stack.enter_context(enable_python_dispatcher())
+    try:
         yield
+    finally:
+        with state.unrecorded():
+            stack.close()
 
 
 # What torch logs while Trident traces is about the trace, not the user's call: fake tensor mode

@@ -222,6 +222,22 @@ def record(fn):
             suspended.enable()
 
 
+@contextlib.contextmanager
+def unrecorded():
+    """Torch's own set-up code while a call is recorded (not the user's): the recording's
+    profile hook is off meanwhile. A profile function that is not a Python callable (a C
+    profiler's object) is left alone."""
+    hook = sys.getprofile()
+    if not callable(hook):
+        yield
+        return
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(hook)
+
+
 # ---- chains ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
