@@ -48,6 +48,7 @@ import struct
 
 import torch
 
+from . import operands
 from .guards import Aliased, dtype_codes
 from .plan import Plan, _schema
 from .runtime import ABI
@@ -91,7 +92,7 @@ def _draws_random(step) -> bool:
     names = [a.name for a in op._schema.arguments]
     if "dropout_p" in names and names.index("dropout_p") < len(step.args):
         p = step.args[names.index("dropout_p")]
-        return not (p["k"] in ("float", "int") and p["v"] == 0)
+        return not (isinstance(p, (operands.Float, operands.Int)) and p.v == 0)
     return True
 
 
@@ -100,15 +101,16 @@ def written_args(plan: Plan) -> set[int]:
     (any pointer may be stored through) or to an ATen argument annotated ``Tensor(a!)``."""
     views: dict[tuple[str, int], set[int]] = {}  # ("val" | "list", id) -> arguments it views
 
-    def sources(o: dict) -> set[int]:
-        if o["k"] == "arg":
-            return {o["i"]}
-        if o["k"] == "val":
-            return views.get(("val", o["i"]), set())
-        if o["k"] == "item":
-            return views.get(("list", o["list"]), set())
-        if o["k"] in ("tensors", "opt_tensors"):
-            return set().union(*(sources(item) for item in o["v"]))
+    def sources(o: operands.Operand) -> set[int]:
+        match o:
+            case operands.Arg(i):
+                return {i}
+            case operands.Val(i):
+                return views.get(("val", i), set())
+            case operands.Item(list=i):
+                return views.get(("list", i), set())
+            case operands.Tensors(v) | operands.OptTensors(v):
+                return set().union(*(sources(item) for item in v))
         return set()
 
     written: set[int] = set()
@@ -125,10 +127,10 @@ def written_args(plan: Plan) -> set[int]:
             if a.alias_info is not None and a.alias_info.is_write:
                 written |= sources(o)
         for ret, r in zip(schema.returns, step.results):
-            if ret.alias_info is None or r["k"] not in ("val", "list"):
+            if ret.alias_info is None or not isinstance(r, (operands.Val, operands.List)):
                 continue
             alias = ret.alias_info.before_set
-            views[(r["k"], r["i"])] = set().union(*(
+            views[(r.KIND, r.i)] = set().union(*(
                 sources(o) for a, o in pairs
                 if a.alias_info is not None and a.alias_info.before_set & alias))
     return written
@@ -260,7 +262,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | 
     for k, (o, value) in enumerate(zip(spec.plan.outputs, outputs)):
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage().data_ptr()
-            if o["k"] != "val" or storage in storages:
+            if not isinstance(o, operands.Val) or storage in storages:
                 return f"output {k} is or shares memory with an argument or another output"
             if not _dense(value) or value.device != torch.device("cuda", device):
                 return f"output {k} is not a dense tensor on cuda:{device}"

@@ -37,11 +37,6 @@ class Operand:
         super().__init_subclass__(**kwargs)
         _KINDS[cls.KIND] = cls
 
-    def __getitem__(self, key: str):
-        # Transitional: graphs.py still reads operands as the dicts they were ({"k": ...});
-        # remove once it matches on the classes.
-        return self.KIND if key == "k" else getattr(self, key)
-
     def to_json(self) -> dict:
         out: dict = {"k": self.KIND}
         for field in dataclasses.fields(self):
