@@ -107,6 +107,11 @@ def add_relu(x, y):
     return torch.relu(out)
 
 
+def add_relu_into(x, y, out):
+    add_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, out, x.numel(), BLOCK=1024)
+    torch.relu_(out)
+
+
 def launch20(o, a0, a1, a2, a3, a4, a5, a6, a7, a8):
     args20_kernel[(1,)](o, a0, a1, a2, a3, a4, a5, a6, a7, a8, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                         o.numel(), BLOCK=1024)
@@ -210,6 +215,14 @@ def contenders(name, fn, args, results, n=2000, reps=7,
 def micro(results):
     x, y = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
     row = contenders("empty_like + triton add + relu (us)", add_relu, (x, y), results)
+    # where the graph path's time goes: the same kernels writing into an argument (no output
+    # to allocate and copy out), replayed by Trident, and the raw replay of that graph
+    out = torch.empty_like(x)
+    into = trident.jit(add_relu_into)
+    into(x, y, out)
+    into(x, y, out)
+    row["trident_no_output"] = statistics.median(per_call(lambda: into(x, y, out)))
+    row["trident_no_output_stats"] = str(into.stats)
     out = torch.empty_like(x)
     compiled = add_kernel[(1,)](x, y, out, x.numel(), BLOCK=1024)
     lib = raw_launcher()
@@ -369,9 +382,16 @@ def growing_kv(results, name="llama-3.2-1b-like", steps=512, save=lambda: None):
     try:
         want = run("eager", step)
         row["eager_repeats"] = torch.equal(run("eager_rerun", step), want)
-        jitted = trident.jit(step, fallback=False)
+        # Note [Graphs per size]: the first pass runs each length step by step, the second
+        # captures it, the third replays it (a graph per length: 512 of them)
+        jitted = trident.jit(step, fallback=False, cuda_graph_sizes=steps)
         row["trident_equal"] = torch.equal(run("trident", jitted), want)
+        row["trident_pass2_equal"] = torch.equal(run("trident_pass2", jitted), want)
+        row["trident_pass3_equal"] = torch.equal(run("trident_pass3", jitted), want)
         row["trident_stats"] = str(jitted.stats)
+        steps_only = trident.jit(step, fallback=False, cuda_graphs=False)
+        row["trident_steps_equal"] = torch.equal(run("trident_steps", steps_only), want)
+        row["trident_steps_stats"] = str(steps_only.stats)
         for label, kwargs in (("compile_dynamic", dict(dynamic=True)),
                               ("compile_reduce-overhead", dict(mode="reduce-overhead",
                                                                dynamic=True))):
@@ -408,7 +428,39 @@ def models(results, names, compile_modes=("default", "reduce-overhead"), save=la
             row["gpu_busy_us"] = sum(e.device_time for e in events)
         except Exception:
             row["profile_error"] = traceback.format_exc()[-400:]
+        try:
+            row["host_profile_steps"] = host_profile(
+                trident.jit(step, fallback=False, cuda_graphs=False), args)
+        except Exception:
+            row["host_profile_error"] = traceback.format_exc()[-400:]
         save()
+
+
+def host_profile(fn, args, calls=5) -> dict:
+    """Where the host's time goes in ``fn``'s step-by-step calls: the torch profiler's CPU
+    events over ``calls`` calls (after two), per event name: calls per step and self CPU µs
+    per event, the largest first; and the GPU kernels per step. The profiler adds its own cost
+    to every event (a few hundred ns), so the wall time per step is given beside it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(2):
+            fn(*args)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) / calls * 1e6
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*args)
+            torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    return {"wall_us_per_step": wall_us, "gpu_kernels_per_step": kernels / calls,
+            "events": [(e.key, e.count / calls, e.self_cpu_time_total / max(e.count, 1))
+                       for e in rows]}
 
 
 def table(results) -> str:

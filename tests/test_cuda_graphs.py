@@ -206,3 +206,59 @@ def test_cached_module_warms_up_then_captures():
     for _ in range(3):
         assert_equal(g(x, w1, w2), mlp(x, w1, w2))
     assert (g.stats.compiles, g.stats.graph_captures, g.stats.graph_replays) == (0, 1, 2)
+
+
+def test_symbolic_specialization_replays_a_graph_per_size():
+    # Note [Graphs per size]: a size is run step by step when first seen, captured when seen
+    # again, and replayed from then on, whatever sizes come in between
+    f = trident.jit(mlp, dynamic={"x": [0]})
+    w1, w2 = weights()
+    for rows in (8, 8, 16, 16, 8, 16, 24, 8, 24, 24):
+        x = torch.randn(rows, 64, device="cuda")
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    s = f.stats
+    assert (s.compiles, s.graph_captures, s.graph_replays) == (1, 3, 7), s
+    assert f._specs[0].symbolic
+
+
+def test_graph_sizes_are_bounded_and_the_rest_run_without_python():
+    f = trident.jit(mlp, dynamic={"x": [0]}, cuda_graph_sizes=2)
+    w1, w2 = weights()
+    for rows in (8, 8, 16, 16):
+        x = torch.randn(rows, 64, device="cuda")
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    assert (f.stats.graph_captures, f.stats.graph_replays) == (2, 2)
+    x = torch.randn(24, 64, device="cuda")
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame) if event == "call" else None)
+    try:
+        got = [f(x, w1, w2) for _ in range(3)]
+    finally:
+        sys.setprofile(None)
+    assert calls == []  # past the bound, a new size neither asks Python nor captures
+    for g in got:
+        assert_equal(g, mlp(x, w1, w2))
+    assert (f.stats.graph_captures, f.stats.graph_replays, f.stats.hits) == (2, 2, 6)
+    with pytest.raises(trident.TridentError, match="cuda_graph_sizes"):
+        trident.jit(mlp, cuda_graph_sizes=0)
+
+
+def append_attend(q, k_past, k):
+    kc = torch.cat([k_past, k], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(q, kc, kc), kc
+
+
+def test_growing_cache_replays_the_lengths_it_revisits():
+    # automatic dynamic: length 1 static, then one symbolic specialization; the first pass
+    # warms each length up, the second captures it, the third only replays
+    f = trident.jit(append_attend)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k = (torch.randn(1, 2, 1, 16, device="cuda", generator=g) for _ in range(2))
+    for _ in range(3):
+        cache = torch.randn(1, 2, 1, 16, device="cuda", generator=g)
+        for _ in range(6):
+            (got, got_cache), (want, want_cache) = f(q, cache, k), append_attend(q, cache, k)
+            assert torch.equal(got, want) and torch.equal(got_cache, want_cache)
+            cache = got_cache
+    s = f.stats
+    assert (s.compiles, s.graph_captures, s.graph_replays) == (2, 6, 12), s

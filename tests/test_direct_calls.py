@@ -76,13 +76,14 @@ def test_cuda_buffers_are_reused_on_the_stream_that_made_them_codegen(trident_ru
         step.out_overload = ""
     plan.reuse_buffers(spec.plan, "CPU")  # a CPU build of torch has no CUDA kernels to ask
     reused = [s.qualified_name for s in spec.plan.steps if s.out_overload]
-    # matmul: composite; relu and mul by a Python scalar: their .out overloads are torchgen's
-    # (the functional op, then a copy): no kernel of their own
-    assert reused == ["aten::sin", "aten::mul.Tensor", "aten::add.Tensor"]
+    # mm (matmul's C++ body): a CUDA .out kernel; relu and mul by a Python scalar: their .out
+    # overloads are torchgen's (the functional op, then a copy): no kernel of their own
+    assert reused == ["aten::mm", "aten::sin", "aten::mm", "aten::mul.Tensor",
+                      "aten::add.Tensor"]  # the last mm is the output: a new tensor
     source = codegen.render(spec, "chain").source
     assert "if (rt->cuda_stream(0, &stream))" in source
     assert "const int reuse = !env->inference_mode && stream == buffer_stream;" in source
-    assert source.count("&& reuse) {  /* write into an earlier call's result */") == 3
+    assert source.count("&& reuse) {  /* write into an earlier call's result */") == 5
     module = build.build(source, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import trident
 from _trident_helpers import assert_same, clone_args
@@ -51,13 +52,40 @@ def test_linalg_values_ops_decompose_as_eager(dtype):
 
 def test_composite_ops_are_called_whole():
     """The plan calls the composite op eager's Python binding calls (a sweep of the kind)."""
-    jf = trident.jit(lambda a, w: (torch.linalg.svdvals(a), torch.nn.functional.linear(a, w),
-                                   torch.linalg.eigvalsh(a @ a.mT), a.matmul(w)))
+    jf = trident.jit(lambda a, w: (torch.linalg.svdvals(a), torch.linalg.eigvalsh(a @ a.mT),
+                                   torch.linalg.matrix_norm(w)))
     jf(torch.randn(3, 3), torch.randn(3, 3))
     source = jf.source()
-    for op in ("aten::linalg_svdvals", "aten::linear", "aten::linalg_eigvalsh", "aten::matmul"):
+    for op in ("aten::linalg_svdvals", "aten::linalg_eigvalsh", "aten::linalg_matrix_norm"):
         assert f'"{op}"' in source, op
     assert "_linalg_svd" not in source and "_linalg_eigh" not in source
+
+
+def _products(x, w, v, b):
+    return (F.linear(x, w), F.linear(x[0], w), F.linear(x.transpose(0, 1), w),
+            F.linear(x, w, b), x @ w.t(), x.transpose(0, 1) @ w.t(), x @ v, v @ w.t(),
+            x[0] @ v, x @ x.transpose(1, 2), x.unsqueeze(0) @ x.transpose(1, 2),
+            torch.matmul(v, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_linear_and_matmul_run_their_cpp_bodies_bit_for_bit(dtype):
+    """Note [Composite ops]: ``linear`` and ``matmul`` decompose at trace time through their
+    C++ bodies (folds into ``mm``, ``bmm`` of expanded views, a copy where a reshape cannot be
+    a view, ``addmm``/``add_`` with a bias), as eager runs them: every rank, a transposed input,
+    bias or not (a sweep of the kind)."""
+    g = torch.Generator().manual_seed(0)
+    make = (lambda *s: torch.randint(-4, 4, s, generator=g)) if dtype == torch.int64 else (
+        lambda *s: torch.randn(*s, generator=g, dtype=dtype))
+    jf = trident.jit(_products)
+    for _ in range(3):
+        args = make(3, 4, 5), make(6, 5), make(5), make(6)
+        got, want = jf(*args), _products(*args)
+        for p, q in zip(got, want, strict=True):
+            assert torch.equal(p, q) and p.stride() == q.stride() and p.dtype == q.dtype
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 2, 0)
+    source = jf.source()
+    assert '"aten::linear"' not in source and '"aten::matmul"' not in source
 
 
 def test_dropout_decomposes_through_its_cpp_body():
@@ -429,8 +457,11 @@ def _returns_the_generator(x):
 
 def _seed_from_the_os(x):
     state = torch.get_rng_state()
-    torch.seed()  # nondeterministic: put back, so that eager's result can be compared
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    torch.seed()  # nondeterministic, and seeds CUDA too: put back for eager's comparison
     torch.set_rng_state(state)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
     return x * 2
 
 

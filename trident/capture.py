@@ -333,6 +333,13 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
+# Note [Composite ops]: composites whose C++ bodies the trace runs (rather than keeping them
+# whole) although torch.export keeps them: at inference their bodies branch only on sizes and
+# strides, which the guards fix, and they end in views and one ``mm``/``bmm``, which the plan
+# computes in C and calls typed (a Llama layer's seven ``linear``s were 8 dispatcher calls each)
+_UNFOLDED = ("linear", "matmul")
+
+
 @functools.cache
 def _composite_ops() -> dict:
     """Note [Composite ops]: {aten op overload: what runs in its place while tracing}.
@@ -344,7 +351,8 @@ def _composite_ops() -> dict:
     False and LAPACK returns other values. So the trace keeps each functional composite op whole
     (torch.export's own rule for which ones are safe to keep: no aliasing or mutation in the
     schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
-    plan calls it, so that ATen decomposes it at call time exactly as in eager mode. The
+    plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
+    ``_UNFOLDED``, whose C++ bodies run while tracing, on fake tensors as on real ones). The
     others (views, ``dropout``, which may return its input) decompose through their C++ body as
     before; those that Python decompositions would take over once the Python dispatcher is on
     (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
@@ -352,7 +360,8 @@ def _composite_ops() -> dict:
     from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
                                      _special_op_to_preserve_cia)
 
-    kept = _collect_all_valid_cia_ops_for_aten_namespace()
+    kept = _collect_all_valid_cia_ops_for_aten_namespace() - {
+        getattr(torch.ops.aten, name).default for name in _UNFOLDED}
     ops = {op: _special_op_to_preserve_cia for op in kept}
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     for name in dir(torch.ops.aten):

@@ -7,6 +7,8 @@ Environment variables:
     TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
     TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
                         graph of them (Note [CUDA graphs] in trident/graphs.py); default `1`.
+    TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
+                        a CUDA graph (Note [Graphs per size] in trident/graphs.py); default 64.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def max_specializations() -> int:
 
 def cuda_graphs() -> bool:
     return os.environ.get("TRIDENT_CUDA_GRAPHS", "1") != "0"
+
+
+def cuda_graph_sizes() -> int:
+    return max(1, int(os.environ.get("TRIDENT_CUDA_GRAPH_SIZES", "64")))
 
 
 def progress(desc: str, total: int):

@@ -36,6 +36,19 @@ repeat the numbers), an output that is an argument or shares storage with one or
 output, a non-dense output, or a capture that fails (an op that synchronizes, as ``.item()``).
 ``TRIDENT_CUDA_GRAPHS=0`` or ``trident.jit(cuda_graphs=False)`` turns graphs off.
 
+Note [Graphs per size]: a symbolic (dynamic) specialization serves many sizes with one launch
+sequence, but a graph bakes in the sizes it was captured at. So such a specialization keeps a
+graph per concrete size, as serving engines keep one per batch-size bucket: each descriptor
+starts with its size key (every tensor argument's sizes, strides and storage offset, where the
+symbols are read from), the SCM replays the graph whose key the call has (``trt_graph_fits``),
+and a call of a size no graph has asks Python (``TRT_GRAPH_CAPTURE``), which runs it step by
+step the first time that size is seen in the process and captures it the second time: a size
+seen once (a prompt length) costs no capture. A specialization keeps at most
+``cuda_graph_sizes`` graphs (``trident.jit``, ``TRIDENT_CUDA_GRAPH_SIZES``, default 64);
+past that, and after a capture of it failed, new sizes run step by step without asking Python.
+Its graphs share one memory pool: their replays are serial on one stream, and each graph's
+static outputs stay allocated, so a graph only ever reuses another's dead intermediates.
+
 Facts used: ``torch.cuda.CUDAGraph.raw_cuda_graph_exec()`` (torch >= 2.9) gives the
 ``cudaGraphExec_t``, the same handle as the driver's ``CUgraphExec``; ``CUDAGraph.replay`` in
 PyTorch 2.11 is the RNG prologue followed by ``cudaGraphLaunch`` on the current stream.
@@ -44,6 +57,7 @@ PyTorch 2.11 is the RNG prologue followed by ``cudaGraphLaunch`` on the current 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 
 import torch
@@ -66,8 +80,6 @@ def graph_device(spec) -> int | None:
     twice, an interpreted launch, an op that draws random numbers)."""
     if spec.cuda_device is None or any(isinstance(g, Aliased) and g.value
                                        for g in spec.guards):
-        return None
-    if spec.symbolic:  # one graph per shape
         return None
     for step in spec.plan.steps:
         if step.op == "triton":
@@ -138,14 +150,35 @@ def written_args(plan: Plan) -> set[int]:
 
 @dataclasses.dataclass
 class Captured:
-    """A specialization's graph and everything its replays read: the graph (and its memory
-    pool), the copy-in buffers, the static outputs, and the descriptor the SCM replays from."""
+    """A specialization's graph (of one size, for a symbolic specialization) and everything its
+    replays read: the graph (and its memory pool), the copy-in buffers, the static outputs, and
+    the descriptor the SCM replays from."""
 
     graph: torch.cuda.CUDAGraph
     statics: dict[int, torch.Tensor]
     outputs: list
     pointers: dict[int, int]  # by-pointer argument -> the address the graph reads
     desc: list[int]
+
+    @functools.cached_property
+    def packed(self) -> bytes:
+        return struct.pack(f"<{len(self.desc)}q", *self.desc)
+
+
+def size_key(spec, args: tuple) -> tuple:
+    """Which of a specialization's graphs a call needs: () for a static specialization (its
+    guards fix every size); for a symbolic one, each tensor argument's sizes, strides and
+    storage offset, the places its symbols are read from (Note [Size expressions] in
+    sizes.py), in the order the SCM compares them (``trt_graph_fits``)."""
+    if not spec.symbolic:
+        return ()
+    return tuple((i, tuple(a.shape), a.stride(), a.storage_offset())
+                 for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+
+
+def _key_words(key: tuple) -> list[int]:
+    return [w for i, sizes, strides, offset in key
+            for w in (i, len(sizes), *sizes, *strides, offset)]
 
 
 def pointers(args: tuple) -> dict[int, int]:
@@ -190,55 +223,103 @@ def _flat_outputs(result, spec_text: str) -> list:
 
 class GraphStates:
     """Note [CUDA graphs]: the graph state machine of one JitFunction's specializations, by
-    specialization key. A specialization that may have a graph runs step by step on its first
-    call in the process (the warm-up: ``next_call`` remembers where its arguments are), is
-    captured on the next (``next_call`` says which arguments to copy in; ``done`` keeps the
-    graph, or why there is none), and replays from then on; a moved by-pointer argument asks
-    for a new capture, at most ``RECAPTURES`` times. The dispatcher's graph slots
-    (``trt_graph``) are set from ``slot``."""
+    specialization key and size (``size_key``). A specialization that may have a graph runs step
+    by step on its first call of a size in the process (the warm-up: ``next_call`` remembers
+    where its arguments are), is captured on the next call of that size (``next_call`` says
+    which arguments to copy in; ``done`` keeps the graph, or why there is none), and replays
+    from then on; a moved by-pointer argument asks for a new capture, at most ``RECAPTURES``
+    times. A symbolic specialization keeps at most ``sizes`` graphs (Note [Graphs per size]);
+    the dispatcher's graph slots (``trt_graph``) are set from ``slot``."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, sizes: int):
         self.enabled = enabled
-        self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
-        self.graphs: dict[str, Captured | str] = {}  # the graph, or why it has none
+        self.sizes = sizes
+        self.seen: dict[tuple, dict[int, int]] = {}  # (spec key, size): warm-up's addresses
+        self.graphs: dict[str, dict[tuple, Captured | str]] = {}  # the graph, or why none
         self.recaptures: dict[str, int] = {}  # captures left after a moved argument
 
-    def slot(self, spec) -> tuple | None:
-        """The state (and replay descriptor) of ``spec``'s slot after an install, as the
-        dispatcher's ``_set_graph`` takes them; None: no graph (the slot stays off)."""
-        captured = self.graphs.get(spec.key)
-        if isinstance(captured, Captured):
-            return (READY, self.recaptures[spec.key],
-                    struct.pack(f"<{len(captured.desc)}q", *captured.desc))
-        if captured is None and self.enabled and spec.graph_device is not None:
+    def slot(self, spec) -> tuple:
+        """``spec``'s slot after an install or a call, as the dispatcher's ``_set_graph`` takes
+        it: (state, recaptures, descriptors, open)."""
+        if not self.enabled or spec.graph_device is None:
+            return (OFF,)
+        kept = self.graphs.get(spec.key, {})
+        captured = tuple(c.packed for c in kept.values() if isinstance(c, Captured))
+        if not kept:
             return (PENDING,)
-        return None
+        if not captured:
+            return (OFF,)
+        return (READY, self.recaptures[spec.key], captured, self.takes_sizes(spec))
+
+    def takes_sizes(self, spec) -> bool:
+        """Whether ``spec`` captures graphs of more sizes: symbolic, under the bound, and no
+        capture of it failed (Note [Graphs per size])."""
+        kept = self.graphs.get(spec.key, {})
+        return (spec.symbolic and len(kept) < self.sizes
+                and not any(isinstance(c, str) for c in kept.values()))
+
+    def pool(self, spec):
+        """The memory pool of ``spec``'s graphs of other sizes, which a new one shares."""
+        kept = [c for c in self.graphs.get(spec.key, {}).values() if isinstance(c, Captured)]
+        return kept[0].graph.pool() if kept else None
 
     def next_call(self, spec, args: tuple) -> set[int] | None:
-        """For a call ``spec`` accepts whose slot is not ready: None to run it step by step
-        (a warm-up, or no graph applies), else the arguments to copy in while capturing it
-        now (those whose address changed)."""
-        seen = self.seen.get(spec.key)
-        if seen is None or not self.enabled or spec.graph_device is None:
-            self.seen[spec.key] = pointers(args)
+        """For a call ``spec`` accepts that no graph replayed: None to run it step by step (a
+        warm-up of its size, or no graph applies), else the arguments to copy in while
+        capturing it now (those whose address changed)."""
+        size = size_key(spec, args)
+        seen = self.seen.get((spec.key, size))
+        kept = [c for k, c in self.graphs.get(spec.key, {}).items()
+                if k != size and isinstance(c, Captured)]
+        if seen is None and kept and self.takes_sizes(spec):
+            # Note [Graphs per size]: the SCM ran this size once (trt_graph_seen_before); the
+            # arguments another size's graph reads by pointer are read so again
+            return {i for i, p in pointers(args).items() if kept[-1].pointers.get(i) != p}
+        if seen is None or self.slot(spec)[0] == OFF:
+            if len(self.seen) >= 16 * self.sizes:  # sizes seen once, as prompt lengths: forget
+                self.seen.clear()
+            self.seen[(spec.key, size)] = pointers(args)
             return None
-        previous = self.graphs.pop(spec.key, None)
+        previous = self.graphs.get(spec.key, {}).pop(size, None)
         if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
+            self.recaptures[spec.key] -= 1
             return set(previous.statics) | {i for i, p in pointers(args).items()
                                             if previous.pointers.get(i, p) != p}
         return {i for i, p in pointers(args).items() if seen.get(i) != p}
 
-    def done(self, spec, captured: Captured | str) -> None:
-        """Keep what a capture gave: the graph, or why the specialization runs without one."""
-        self.graphs[spec.key] = captured
-        if isinstance(captured, Captured):
-            self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES + 1) - 1
+    def done(self, spec, args: tuple, captured: Captured | str) -> None:
+        """Keep what a capture of ``args``' size gave: the graph, or why there is none."""
+        self.graphs.setdefault(spec.key, {})[size_key(spec, args)] = captured
+        self.recaptures.setdefault(spec.key, RECAPTURES)
 
 
-def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | str:
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
+    """``fn()`` captured into ``graph`` on a side stream, as ``torch.cuda.graph`` captures it,
+    without its ``synchronize`` and ``empty_cache`` (torch 2.11): emptying the allocator's
+    cache at each of a symbolic specialization's captures made the calls after it allocate
+    from the driver again (Note [Graphs per size]). The side stream waits for the current one."""
+    device = torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)))
+        try:
+            return fn()
+        finally:
+            graph.capture_end()
+
+
+def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> Captured | str:
     """Capture ``run(*args)`` (the SCM's launch sequence for ``spec``) into a CUDA graph.
 
     ``moved``: tensor arguments whose address changed since the last call: copied in.
+    ``pool``: the memory pool of the specialization's graphs of other sizes (replays of one
+    slot are serial on one stream, and each graph's static outputs stay allocated).
     Returns the captured graph, or why the specialization runs without one.
     """
     written = written_args(spec.plan)
@@ -252,8 +333,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | 
     capture_args = tuple(statics.get(i, a) for i, a in enumerate(args))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device):
-        with torch.cuda.graph(graph):
-            result = run(*capture_args)
+        result = _captured(graph, pool, lambda: run(*capture_args))
     outputs = _flat_outputs(result, spec.plan.out_spec)
 
     storages = {a.untyped_storage().data_ptr() for a in capture_args
@@ -286,7 +366,8 @@ def capture(run, spec, args: tuple, moved: set[int], device: int) -> Captured | 
         a = capture_args[i]
         desc_in += [i, COPY_IN if i in statics else BY_POINTER, a.data_ptr(), _span(args[i]),
                     int(i in written)]
-    desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs)]
+    key = _key_words(size_key(spec, args))
+    desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs), len(key), *key]
     return Captured(graph, statics, outputs,
                     {i: args[i].data_ptr() for i in tensor_args if i not in statics},
                     desc + desc_in + desc_out)

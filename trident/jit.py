@@ -100,7 +100,7 @@ class JitFunctionMixin:
     _constant_self = False  # backend.py: a GraphModule's forward, keyed by its code
 
     def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
-               cuda_graphs: bool | None, dynamic) -> None:
+               cuda_graphs: bool | None, dynamic, cuda_graph_sizes: int | None = None) -> None:
         if isinstance(fn, torch.nn.Module):
             self._code_fn = type(fn).forward
             functools.update_wrapper(self, type(fn).forward, updated=())
@@ -118,7 +118,8 @@ class JitFunctionMixin:
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs
         self._dynamic = dynamic
-        self._graph_states = graphs.GraphStates(self._cuda_graphs)  # Note [CUDA graphs]
+        self._graph_states = graphs.GraphStates(  # Note [CUDA graphs]
+            self._cuda_graphs, cuda_graph_sizes or config.cuda_graph_sizes())
         self._counters = Stats()
         self._specs: list[Specialization] = []
         # Note [Eager decisions]: (tree key, guards, why) of signatures that failed to compile;
@@ -465,10 +466,11 @@ class JitFunctionMixin:
         moved = self._graph_states.next_call(spec, args)
         if moved is not None:
             try:
-                captured = graphs.capture(self._run, spec, args, moved, spec.graph_device)
+                captured = graphs.capture(self._run, spec, args, moved, spec.graph_device,
+                                          self._graph_states.pool(spec))
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
                 captured = f"capture failed: {type(e).__name__}: {e}"
-            self._graph_states.done(spec, captured)
+            self._graph_states.done(spec, args, captured)
             if isinstance(captured, str):
                 _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
                                  spec.signature, captured)
@@ -486,8 +488,7 @@ class JitFunctionMixin:
         except EagerCall as e:  # Note [Errors inside try] in capture.py
             return self._eager_path(call.args, call.kwargs, e)
         self.hits += hit
-        if moved is None and self._cuda_graphs and spec.graph_device is not None:
-            self._set_graph(index, graphs.PENDING)  # the warm-up: capture at the next call
+        self._install_graph(index, spec)  # after a warm-up: capture at this size's next call
         return out
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
@@ -499,10 +500,8 @@ class JitFunctionMixin:
                            "anything: eager raises or recovers as it does)")
 
     def _install_graph(self, index: int, spec: Specialization) -> None:
-        """Set ``spec``'s graph slot in the dispatcher (after a capture or a rebuild)."""
-        slot = self._graph_states.slot(spec)
-        if slot is not None:
-            self._set_graph(index, *slot)
+        """Set ``spec``'s graph slot in the dispatcher (after a call, a capture or a rebuild)."""
+        self._set_graph(index, *self._graph_states.slot(spec))
 
     # Note [Eager decisions]: a call runs eagerly, whatever is compiled, when a fact of its
     # leaves or of torch's state says so (a tensor that requires grad under grad mode, autocast
@@ -830,7 +829,7 @@ class _EagerDispatcher:
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
         fallback: bool = True, cuda_graphs: bool | None = None,
-        dynamic: bool | dict[str, list[int]] | None = None):
+        dynamic: bool | dict[str, list[int]] | None = None, cuda_graph_sizes: int | None = None):
     """Compile ``fn`` into a Specialization Cache Module on its first call.
 
     Usable as ``@trident.jit`` or ``@trident.jit(max_specializations=4)``.
@@ -854,6 +853,10 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
         cuda_graphs: replay a CUDA graph of each CUDA specialization from its second call on
             (Note [CUDA graphs] in trident/graphs.py: when it applies, what it costs). Default:
             ``TRIDENT_CUDA_GRAPHS``, on unless set to ``0``.
+        cuda_graph_sizes: how many sizes of a symbolic (dynamic) specialization get a CUDA
+            graph, each captured on the second call of its size (Note [Graphs per size] in
+            trident/graphs.py); calls of other sizes run step by step. Default:
+            ``TRIDENT_CUDA_GRAPH_SIZES``, else 64.
         dynamic: which tensor dims are symbolic sizes (Note [Automatic dynamic] in
             ``JitFunction._dynamic_dims``; docs/dynamic-shapes.md). ``None`` (default):
             automatic, a dim becomes dynamic when a call misses only because its size
@@ -870,7 +873,8 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
-                                 fallback=fallback, cuda_graphs=cuda_graphs, dynamic=dynamic)
+                                 fallback=fallback, cuda_graphs=cuda_graphs, dynamic=dynamic,
+                                 cuda_graph_sizes=cuda_graph_sizes)
     if not (isinstance(fn, torch.nn.Module) and isinstance(
             getattr(type(fn), "forward", None), types.FunctionType)) and not (
             isinstance(fn, (types.FunctionType, types.MethodType)) and
@@ -891,5 +895,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
                     all(type(d) is int and d >= 0 for d in dims)):
                 raise TridentError(f"trident.jit: dynamic[{name!r}] must be a list of dims "
                                    f"(ints >= 0), got {dims!r}")
-    obj._setup(fn, max_specializations, fallback, cuda_graphs, dynamic)
+    if cuda_graph_sizes is not None and not (type(cuda_graph_sizes) is int
+                                             and cuda_graph_sizes >= 1):
+        raise TridentError(f"trident.jit: cuda_graph_sizes must be an int >= 1, got "
+                           f"{cuda_graph_sizes!r}")
+    obj._setup(fn, max_specializations, fallback, cuda_graphs, dynamic, cuda_graph_sizes)
     return obj

@@ -1168,10 +1168,17 @@ struct Dispatcher {
   CallTrees* trees;
 };
 
+void clear_descs(trt_graph& g) {
+  for (int32_t i = 0; i < g.ndescs; ++i) std::free(g.descs[i]);
+  std::free(g.descs);
+  g.descs = nullptr;
+  g.ndescs = 0;
+}
+
 void free_graphs(Dispatcher* self) {
   for (Py_ssize_t i = 0; i < self->num_graphs; ++i) {
     self->replays_before += self->graphs[i].replays;
-    std::free(self->graphs[i].desc);
+    clear_descs(self->graphs[i]);
   }
   std::free(self->graphs);
   self->graphs = nullptr;
@@ -1674,29 +1681,41 @@ PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// _set_graph(index, state, recaptures=0, desc=None): desc is bytes of int64 words.
+// _set_graph(index, state, recaptures=0, descs=(), open=0): descs holds one bytes object of
+// int64 words per graph (trt_graph in trident_rt.h).
 PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args) {
   Py_ssize_t index;
-  int state, recaptures = 0;
-  PyObject* desc = Py_None;
-  if (!PyArg_ParseTuple(args, "ni|iO", &index, &state, &recaptures, &desc)) return nullptr;
+  int state, recaptures = 0, open = 0;
+  PyObject* descs = nullptr;
+  if (!PyArg_ParseTuple(args, "ni|iO!p", &index, &state, &recaptures, &PyTuple_Type, &descs,
+                        &open))
+    return nullptr;
   if (index < 0 || index >= self->num_graphs)
     return PyErr_Format(PyExc_IndexError, "no graph slot %zd", index);
-  int64_t* copy = nullptr;
-  if (desc != Py_None) {
+  Py_ssize_t n = descs ? PyTuple_GET_SIZE(descs) : 0;
+  if (state == TRT_GRAPH_READY && n == 0)
+    return PyErr_Format(PyExc_ValueError, "a ready graph slot needs a descriptor");
+  int64_t** copies = static_cast<int64_t**>(std::calloc(n ? n : 1, sizeof(int64_t*)));
+  if (!copies) return PyErr_NoMemory();
+  trt_graph staged{};
+  staged.descs = copies;
+  for (Py_ssize_t i = 0; i < n; ++i) {
     char* data;
     Py_ssize_t size;
-    if (PyBytes_AsStringAndSize(desc, &data, &size) < 0) return nullptr;
-    copy = static_cast<int64_t*>(std::malloc(size ? size : 1));
-    if (!copy) return PyErr_NoMemory();
-    std::memcpy(copy, data, size);
-  } else if (state == TRT_GRAPH_READY) {
-    return PyErr_Format(PyExc_ValueError, "a ready graph needs a descriptor");
+    if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(descs, i), &data, &size) < 0 ||
+        !(copies[i] = static_cast<int64_t*>(std::malloc(size ? size : 1)))) {
+      clear_descs(staged);
+      return PyErr_Occurred() ? nullptr : PyErr_NoMemory();
+    }
+    staged.ndescs = static_cast<int32_t>(i + 1);
+    std::memcpy(copies[i], data, size);
   }
   trt_graph& g = self->graphs[index];
-  std::free(g.desc);
-  g.desc = copy;
+  clear_descs(g);
+  g.descs = copies;
+  g.ndescs = static_cast<int32_t>(n);
   g.state = state;
+  g.open = open;
   g.recaptures_left = recaptures;
   g.bound = 0;
   Py_RETURN_NONE;
@@ -1747,7 +1766,7 @@ PyMethodDef Dispatcher_methods[] = {
     {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_O,
      "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
     {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
-     "_set_graph(index, state, recaptures=0, desc=None): a specialization's CUDA graph."},
+     "_set_graph(index, state, recaptures=0, descs=(), open=0): a specialization's CUDA graphs."},
     {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
      "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,

@@ -96,21 +96,34 @@ typedef struct trt_result {
   trt_value outs[TRT_MAX_OUTS];
 } trt_result;
 
-/* One specialization's CUDA graph (Note [CUDA graphs] in trident/graphs.py). Owned by the
- * function's Dispatcher, not by the SCM: two functions built from the same source share one SCM.
- * `desc` (int64 words, written by graphs.py):
- *   exec, device, ninputs, noutputs,
+/* One specialization's CUDA graphs (Note [CUDA graphs] in trident/graphs.py): one graph for a
+ * static specialization, one per concrete size for a symbolic one. Owned by the function's
+ * Dispatcher, not by the SCM: two functions built from the same source share one SCM.
+ * Each of `descs` (int64 words, written by graphs.py):
+ *   exec, device, ninputs, noutputs, nkey,
+ *   the size key (nkey words; none for a static specialization): per tensor input, arg, dim,
+ *                      sizes[dim], strides[dim], storage offset: the graph replays only a call
+ *                      whose arguments have exactly these,
  *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / TRT_GRAPH_COPY_IN), pointer the graph
  *                      reads, bytes, 1 if the function may write it (copied back),
  *   per output:        tag (trt_tag); a tensor: source pointer, bytes, dtype, dim, sizes[dim],
  *                      strides[dim]; an int/float/bool/None: its value (a float's bits). */
+#define TRT_GRAPH_SEEN 1024 /* slots of trt_graph.seen; cleared when 3/4 full */
+
 typedef struct trt_graph {
   int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
   int32_t recaptures_left; /* a by-pointer input at a new address asks for one more capture */
   int32_t bound;           /* replays stay on the stream of the first one */
+  int32_t open;            /* ready and symbolic: a call of a size no graph has asks Python,
+                            * which may capture one (graphs.GraphStates bounds how many) */
   void* stream;
   int64_t replays;
-  int64_t* desc;
+  int32_t ndescs;
+  int64_t** descs;
+  /* Note [Graphs per size]: hashes of the size keys of calls no graph had, each run step by
+   * step once before Python is asked to capture its size (open addressing, 0 empty) */
+  int32_t nseen;
+  uint64_t seen[TRT_GRAPH_SEEN];
 } trt_graph;
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
