@@ -97,7 +97,7 @@ def test_graph_code_builds_without_a_gpu(tmp_path):
     source = codegen.render(cuda, "reads_only").source
     assert 'rt->set_error("CUDA graph of reads_only(x: \\"a\\\\b\\")", ' in source
     assert source.count("trt_graph_replay(") == 1
-    assert "trt_graph_replay(env->graphs, a, rt, out)" in source
+    assert "trt_graph_replay(env->graphs, a, n, rt, out)" in source
     module = build.build(source, tmp_path / "graph-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 

@@ -333,15 +333,17 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-# Note [Composite ops]: composites whose C++ bodies the trace runs (rather than keeping them
-# whole) although torch.export keeps them: at inference their bodies branch only on sizes and
-# strides, which the guards fix, and they end in views and one ``mm``/``bmm``, which the plan
-# computes in C and calls typed (a Llama layer's seven ``linear``s were 8 dispatcher calls each)
+# Note [Composite ops]: composites whose C++ bodies a static trace runs (rather than keeping
+# them whole) although torch.export keeps them: at inference their bodies branch only on sizes
+# and strides, which the guards fix, and they end in views and one ``mm``/``bmm``, which the
+# plan computes in C and calls typed (a Llama layer's seven ``linear``s were 8 dispatcher calls
+# each). A trace with symbolic sizes keeps them whole: torch 2.11's bodies read ``numel()`` of
+# a symbolic 4-D ``matmul`` operand, which fails the trace (torch 2.13's do not).
 _UNFOLDED = ("linear", "matmul")
 
 
 @functools.cache
-def _composite_ops() -> dict:
+def _composite_ops(symbolic: bool) -> dict:
     """Note [Composite ops]: {aten op overload: what runs in its place while tracing}.
 
     A CompositeImplicitAutograd op (``linalg_svdvals``, ``linear``, ``dropout``) has no kernel
@@ -360,8 +362,8 @@ def _composite_ops() -> dict:
     from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
                                      _special_op_to_preserve_cia)
 
-    kept = _collect_all_valid_cia_ops_for_aten_namespace() - {
-        getattr(torch.ops.aten, name).default for name in _UNFOLDED}
+    kept = _collect_all_valid_cia_ops_for_aten_namespace() - (set() if symbolic else {
+        getattr(torch.ops.aten, name).default for name in _UNFOLDED})
     ops = {op: _special_op_to_preserve_cia for op in kept}
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     for name in dir(torch.ops.aten):
@@ -380,7 +382,7 @@ def _cpp_composite(op, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def _eager_decompositions():
+def _eager_decompositions(symbolic: bool):
     """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
     the overrides up and taking them down is torch's own Python (thousands of calls), run
     outside the state recording's profile hook (``state.unrecorded``): under it, they took
@@ -391,7 +393,7 @@ def _eager_decompositions():
 
     stack = contextlib.ExitStack()
     with state.unrecorded():
-        stack.enter_context(_override_composite_implicit_decomp(_composite_ops()))
+        stack.enter_context(_override_composite_implicit_decomp(_composite_ops(symbolic)))
         stack.enter_context(enable_python_dispatcher())
     try:
         yield
@@ -521,8 +523,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
     try:
-        with fx_traceback.preserve_node_meta(), mode, launches, _eager_decompositions(), \
-                rng.hooks(), _trace_logs_to_trident():
+        with fx_traceback.preserve_node_meta(), mode, launches, \
+                _eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",

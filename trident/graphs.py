@@ -67,7 +67,7 @@ from .guards import Aliased, dtype_codes
 from .plan import Plan, _schema
 from .runtime import ABI
 
-RECAPTURES = 2
+RECAPTURES = 2  # per specialization, all its sizes together
 # trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
 OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
 BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
@@ -223,19 +223,19 @@ def _flat_outputs(result, spec_text: str) -> list:
 
 class GraphStates:
     """Note [CUDA graphs]: the graph state machine of one JitFunction's specializations, by
-    specialization key and size (``size_key``). A specialization that may have a graph runs step
-    by step on its first call of a size in the process (the warm-up: ``next_call`` remembers
-    where its arguments are), is captured on the next call of that size (``next_call`` says
-    which arguments to copy in; ``done`` keeps the graph, or why there is none), and replays
-    from then on; a moved by-pointer argument asks for a new capture, at most ``RECAPTURES``
-    times. A symbolic specialization keeps at most ``sizes`` graphs (Note [Graphs per size]);
-    the dispatcher's graph slots (``trt_graph``) are set from ``slot``."""
+    specialization key. A specialization that may have a graph runs step by step on its first
+    call in the process (the warm-up: ``next_call`` remembers where its arguments are), is
+    captured on its next (``next_call`` says which arguments to copy in; ``done`` keeps the
+    graph, or why there is none), and replays from then on; a moved by-pointer argument asks
+    for a new capture, at most ``RECAPTURES`` times. A symbolic specialization keeps a graph
+    per size, at most ``sizes`` of them, each captured on its size's second call (Note [Graphs
+    per size]). The dispatcher's graph slots (``trt_graph``) are set from ``slot``."""
 
     def __init__(self, enabled: bool, sizes: int):
         self.enabled = enabled
         self.sizes = sizes
-        self.seen: dict[tuple, dict[int, int]] = {}  # (spec key, size): warm-up's addresses
-        self.graphs: dict[str, dict[tuple, Captured | str]] = {}  # the graph, or why none
+        self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
+        self.graphs: dict[str, dict[tuple, Captured | str]] = {}  # by size: graph, or why none
         self.recaptures: dict[str, int] = {}  # captures left after a moved argument
 
     def slot(self, spec) -> tuple:
@@ -245,18 +245,18 @@ class GraphStates:
             return (OFF,)
         kept = self.graphs.get(spec.key, {})
         captured = tuple(c.packed for c in kept.values() if isinstance(c, Captured))
-        if not kept:
+        recaptures = self.recaptures.get(spec.key, RECAPTURES)
+        if spec.symbolic and self.takes_sizes(spec):  # the SCM asks at a size's second call
+            return (READY, recaptures, captured, True)
+        if not kept and not spec.symbolic:
             return (PENDING,)
-        if not captured:
-            return (OFF,)
-        return (READY, self.recaptures[spec.key], captured, self.takes_sizes(spec))
+        return (READY, recaptures, captured, False) if captured else (OFF,)
 
     def takes_sizes(self, spec) -> bool:
-        """Whether ``spec`` captures graphs of more sizes: symbolic, under the bound, and no
+        """Whether symbolic ``spec`` captures graphs of more sizes: under the bound, and no
         capture of it failed (Note [Graphs per size])."""
         kept = self.graphs.get(spec.key, {})
-        return (spec.symbolic and len(kept) < self.sizes
-                and not any(isinstance(c, str) for c in kept.values()))
+        return len(kept) < self.sizes and not any(isinstance(c, str) for c in kept.values())
 
     def pool(self, spec):
         """The memory pool of ``spec``'s graphs of other sizes, which a new one shares."""
@@ -264,33 +264,25 @@ class GraphStates:
         return kept[0].graph.pool() if kept else None
 
     def next_call(self, spec, args: tuple) -> set[int] | None:
-        """For a call ``spec`` accepts that no graph replayed: None to run it step by step (a
-        warm-up of its size, or no graph applies), else the arguments to copy in while
-        capturing it now (those whose address changed)."""
-        size = size_key(spec, args)
-        seen = self.seen.get((spec.key, size))
-        kept = [c for k, c in self.graphs.get(spec.key, {}).items()
-                if k != size and isinstance(c, Captured)]
-        if seen is None and kept and self.takes_sizes(spec):
-            # Note [Graphs per size]: the SCM ran this size once (trt_graph_seen_before); the
-            # arguments another size's graph reads by pointer are read so again
-            return {i for i, p in pointers(args).items() if kept[-1].pointers.get(i) != p}
-        if seen is None or self.slot(spec)[0] == OFF:
-            if len(self.seen) >= 16 * self.sizes:  # sizes seen once, as prompt lengths: forget
-                self.seen.clear()
-            self.seen[(spec.key, size)] = pointers(args)
+        """For a call ``spec`` accepts that no graph replayed: None to run it step by step (the
+        warm-up, or no graph applies), else the arguments to copy in while capturing it now:
+        those whose address changed since the warm-up (any size's, for a symbolic one)."""
+        if self.slot(spec)[0] == OFF:
             return None
-        previous = self.graphs.get(spec.key, {}).pop(size, None)
+        previous = self.graphs.get(spec.key, {}).pop(size_key(spec, args), None)
         if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
-            self.recaptures[spec.key] -= 1
+            self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES) - 1
             return set(previous.statics) | {i for i, p in pointers(args).items()
                                             if previous.pointers.get(i, p) != p}
+        seen = self.seen.get(spec.key)
+        if seen is None:
+            self.seen[spec.key] = pointers(args)
+            return None
         return {i for i, p in pointers(args).items() if seen.get(i) != p}
 
     def done(self, spec, args: tuple, captured: Captured | str) -> None:
         """Keep what a capture of ``args``' size gave: the graph, or why there is none."""
         self.graphs.setdefault(spec.key, {})[size_key(spec, args)] = captured
-        self.recaptures.setdefault(spec.key, RECAPTURES)
 
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}

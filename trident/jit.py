@@ -465,6 +465,7 @@ class JitFunctionMixin:
         self._set_graph(index, graphs.OFF)  # the launch sequence, while this call decides
         moved = self._graph_states.next_call(spec, args)
         if moved is not None:
+            start = time.perf_counter()
             try:
                 captured = graphs.capture(self._run, spec, args, moved, spec.graph_device,
                                           self._graph_states.pool(spec))
@@ -476,8 +477,9 @@ class JitFunctionMixin:
                                  spec.signature, captured)
             else:
                 self._counters.graph_captures += 1
-                _recompiles.info("%s: captured a CUDA graph of %s (copied-in arguments: %s)",
-                                 self.__qualname__, spec.signature,
+                _recompiles.info("%s: captured a CUDA graph of %s in %.1f ms (copied-in "
+                                 "arguments: %s)", self.__qualname__, spec.signature,
+                                 (time.perf_counter() - start) * 1e3,
                                  [call.names[i] for i in sorted(captured.statics)] or "none")
                 self._install_graph(index, spec)
                 out = self._finish(call, index, self._run(*args))  # replays the graph
@@ -488,7 +490,9 @@ class JitFunctionMixin:
         except EagerCall as e:  # Note [Errors inside try] in capture.py
             return self._eager_path(call.args, call.kwargs, e)
         self.hits += hit
-        self._install_graph(index, spec)  # after a warm-up: capture at this size's next call
+        self._install_graph(index, spec)  # after a warm-up: capture at the next call
+        if spec.symbolic and self._cuda_graphs:
+            self._graph_seen(index, *args)  # Note [Graphs per size]: this size's first call
         return out
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
@@ -825,6 +829,9 @@ class _EagerDispatcher:
 
     def _graph_replays(self) -> int:
         return 0
+
+    def _graph_seen(self, *args) -> bool:
+        return False
 
 
 def jit(fn: Callable | None = None, *, max_specializations: int | None = None,

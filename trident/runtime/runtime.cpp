@@ -1171,7 +1171,9 @@ struct Dispatcher {
 void clear_descs(trt_graph& g) {
   for (int32_t i = 0; i < g.ndescs; ++i) std::free(g.descs[i]);
   std::free(g.descs);
+  std::free(g.hashes);
   g.descs = nullptr;
+  g.hashes = nullptr;
   g.ndescs = 0;
 }
 
@@ -1693,12 +1695,17 @@ PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args) {
   if (index < 0 || index >= self->num_graphs)
     return PyErr_Format(PyExc_IndexError, "no graph slot %zd", index);
   Py_ssize_t n = descs ? PyTuple_GET_SIZE(descs) : 0;
-  if (state == TRT_GRAPH_READY && n == 0)
-    return PyErr_Format(PyExc_ValueError, "a ready graph slot needs a descriptor");
+  if (state == TRT_GRAPH_READY && n == 0 && !open)
+    return PyErr_Format(PyExc_ValueError, "a ready graph slot needs a descriptor or sizes to take");
   int64_t** copies = static_cast<int64_t**>(std::calloc(n ? n : 1, sizeof(int64_t*)));
-  if (!copies) return PyErr_NoMemory();
+  uint64_t* hashes = static_cast<uint64_t*>(std::calloc(n ? n : 1, sizeof(uint64_t)));
   trt_graph staged{};
   staged.descs = copies;
+  staged.hashes = hashes;
+  if (!copies || !hashes) {
+    clear_descs(staged);
+    return PyErr_NoMemory();
+  }
   for (Py_ssize_t i = 0; i < n; ++i) {
     char* data;
     Py_ssize_t size;
@@ -1709,16 +1716,39 @@ PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args) {
     }
     staged.ndescs = static_cast<int32_t>(i + 1);
     std::memcpy(copies[i], data, size);
+    if (size < 5 * 8 || size < (5 + copies[i][4]) * 8) {
+      clear_descs(staged);
+      return PyErr_Format(PyExc_ValueError, "graph descriptor %zd is too short", i);
+    }
+    hashes[i] = trt_graph_key_hash(copies[i] + 5, copies[i][4]);
   }
   trt_graph& g = self->graphs[index];
   clear_descs(g);
   g.descs = copies;
+  g.hashes = hashes;
   g.ndescs = static_cast<int32_t>(n);
   g.state = state;
   g.open = open;
   g.recaptures_left = recaptures;
   g.bound = 0;
   Py_RETURN_NONE;
+}
+
+// _graph_seen(index, *args) -> bool: whether specialization `index`'s graph slot saw a call of
+// these arguments' sizes, remembering them if not (Note [Graphs per size]: a warm-up that ran
+// from Python counts as the size's first call).
+PyObject* Dispatcher_graph_seen(Dispatcher* self, PyObject* args) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args) - 1;
+  Py_ssize_t index = n >= 0 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 0)) : -1;
+  if (PyErr_Occurred()) return nullptr;
+  if (index < 0 || index >= self->num_graphs || n > TRT_MAX_ARGS)
+    return PyErr_Format(PyExc_IndexError, "no graph slot %zd for %zd arguments", index, n);
+  ArgBuffer buffer;
+  trt_arg* a = buffer.get(n);
+  trt_env env;
+  read_args(tuple_items(args) + 1, a, n, &env);
+  return PyBool_FromLong(trt_graph_seen_before(
+      &self->graphs[index], trt_graph_call_hash(a, static_cast<int32_t>(n))));
 }
 
 // _graph_replays() -> int: CUDA graph replays of this function, all SCMs it had included.
@@ -1767,6 +1797,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
     {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
      "_set_graph(index, state, recaptures=0, descs=(), open=0): a specialization's CUDA graphs."},
+    {"_graph_seen", reinterpret_cast<PyCFunction>(Dispatcher_graph_seen), METH_VARARGS,
+     "_graph_seen(index, *args) -> bool: the slot saw these sizes before (remembers them)."},
     {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
      "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,

@@ -16,7 +16,6 @@
 #include <cuda.h> /* from triton/backends/nvidia/include */
 #include <dlfcn.h>
 #include <stdio.h>
-#include <string.h>
 
 #define TRT_MAX_DEVICES 16
 
@@ -212,34 +211,6 @@ static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg
   return 1;
 }
 
-/* Note [Graphs per size]: whether a call of the size `a` has under `key`'s layout was seen
- * before by `g`, remembering it if not. A hash collision only captures a size one call early. */
-static inline int trt_graph_seen_before(trt_graph* g, const int64_t* key, int64_t nkey,
-                                        const trt_arg* a) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a over the call's sizes, strides and offsets */
-  for (int64_t p = 0; p < nkey;) {
-    const trt_arg* t = &a[key[p]];
-    int64_t dim = key[p + 1];
-    for (int64_t i = 0; i < 2 * dim + 1; ++i) {
-      uint64_t w = (uint64_t)(i < dim ? t->sizes[i] : i < 2 * dim ? t->strides[i - dim]
-                                                                : t->storage_offset);
-      h = (h ^ w) * 1099511628211ull;
-    }
-    p += 3 + 2 * dim;
-  }
-  h |= 1;
-  uint32_t i = (uint32_t)(h ^ (h >> 32)) % TRT_GRAPH_SEEN;
-  for (; g->seen[i]; i = (i + 1) % TRT_GRAPH_SEEN)
-    if (g->seen[i] == h) return 1;
-  if (++g->nseen > TRT_GRAPH_SEEN * 3 / 4) { /* sizes seen once, as prompt lengths: forget */
-    memset(g->seen, 0, sizeof(g->seen));
-    g->nseen = 1;
-    i = (uint32_t)(h ^ (h >> 32)) % TRT_GRAPH_SEEN;
-  }
-  g->seen[i] = h;
-  return 0;
-}
-
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: pick the graph of the call's sizes, copy in, launch, copy written inputs back,
  * copy the outputs into new tensors. Returns TRT_GRAPH_CAPTURE when Python should decide (no
@@ -247,16 +218,20 @@ static inline int trt_graph_seen_before(trt_graph* g, const int64_t* key, int64_
  * no graph applies to this call (none for its size, an input at a new address, another stream,
  * a copied input overlapping another where either may be written): the caller then runs the
  * launch sequence. */
-static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, const trt_api* rt,
+static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, const trt_api* rt,
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
   if (g->state == TRT_GRAPH_PENDING) return TRT_GRAPH_CAPTURE;
   const int64_t* d = NULL;
-  for (int32_t i = 0; i < g->ndescs && !d; ++i)
-    if (trt_graph_fits(g->descs[i] + 5, g->descs[i][4], a)) d = g->descs[i];
-  if (!d) /* a size no graph has: the second call of it asks Python for a capture */
-    return g->open && trt_graph_seen_before(g, g->descs[0] + 5, g->descs[0][4], a)
-               ? TRT_GRAPH_CAPTURE : TRT_GRAPH_NONE;
+  if (g->ndescs == 1 && g->descs[0][4] == 0) {
+    d = g->descs[0]; /* a static specialization's one graph */
+  } else {           /* Note [Graphs per size]: the graph of the call's sizes */
+    uint64_t h = trt_graph_call_hash(a, n);
+    for (int32_t i = 0; i < g->ndescs && !d; ++i)
+      if (g->hashes[i] == h && trt_graph_fits(g->descs[i] + 5, g->descs[i][4], a)) d = g->descs[i];
+    if (!d) /* a size no graph has: its second call asks Python for a capture */
+      return g->open && trt_graph_seen_before(g, h) ? TRT_GRAPH_CAPTURE : TRT_GRAPH_NONE;
+  }
   CUgraphExec exec = (CUgraphExec)(uintptr_t)d[0];
   int device = (int)d[1], ninputs = (int)d[2], noutputs = (int)d[3];
   const int64_t* in = d + 5 + d[4];

@@ -13,6 +13,7 @@
 #define TRIDENT_RT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -120,7 +121,8 @@ typedef struct trt_graph {
   int64_t replays;
   int32_t ndescs;
   int64_t** descs;
-  /* Note [Graphs per size]: hashes of the size keys of calls no graph had, each run step by
+  uint64_t* hashes; /* of each desc's size key (trt_graph_key_hash) */
+  /* Note [Graphs per size]: trt_graph_call_hash of calls no graph had, each run step by
    * step once before Python is asked to capture its size (open addressing, 0 empty) */
   int32_t nseen;
   uint64_t seen[TRT_GRAPH_SEEN];
@@ -128,6 +130,49 @@ typedef struct trt_graph {
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
 enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1 };
+
+/* Note [Graphs per size]: a hash of what picks a symbolic specialization's graph: every
+ * tensor argument's index, sizes, strides and storage offset, FNV-1a over those words in that
+ * order; from a call's arguments (trt_graph_call_hash) or from a graph's size key
+ * (trt_graph_key_hash), equal when the key fits the call. Never 0, which marks an empty slot. */
+#define TRT_FNV(h, w) ((h) = ((h) ^ (uint64_t)(w)) * 1099511628211ull)
+
+static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t k = 0; k < n; ++k) {
+    const trt_arg* t = &a[k];
+    if (t->kind != TRT_ARG_TENSOR) continue;
+    TRT_FNV(h, k);
+    for (int32_t i = 0; i < t->dim; ++i) TRT_FNV(h, t->sizes[i]);
+    for (int32_t i = 0; i < t->dim; ++i) TRT_FNV(h, t->strides[i]);
+    TRT_FNV(h, t->storage_offset);
+  }
+  return h | 1;
+}
+
+static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t p = 0; p < nkey; p += 3 + 2 * key[p + 1]) {
+    TRT_FNV(h, key[p]);
+    for (int64_t i = 0; i < 2 * key[p + 1] + 1; ++i) TRT_FNV(h, key[p + 2 + i]);
+  }
+  return h | 1;
+}
+
+/* Whether `g` saw a call whose trt_graph_call_hash is `h` before, remembering it if not. A
+ * collision only captures a size one call early. */
+static inline int trt_graph_seen_before(trt_graph* g, uint64_t h) {
+  uint32_t i = (uint32_t)(h ^ (h >> 32)) % TRT_GRAPH_SEEN;
+  for (; g->seen[i]; i = (i + 1) % TRT_GRAPH_SEEN)
+    if (g->seen[i] == h) return 1;
+  if (++g->nseen > TRT_GRAPH_SEEN * 3 / 4) { /* sizes seen once, as prompt lengths: forget */
+    memset(g->seen, 0, sizeof(g->seen));
+    g->nseen = 1;
+    i = (uint32_t)(h ^ (h >> 32)) % TRT_GRAPH_SEEN;
+  }
+  g->seen[i] = h;
+  return 0;
+}
 
 /* A view computed in C (Note [Views in C] in trident/plan.py): the size, stride and storage
  * offset arithmetic of a view op, with no tensor made until a kernel or the caller needs one.
