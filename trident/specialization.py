@@ -84,6 +84,14 @@ class Specialization:
         return graph_device(self)
 
     @functools.cached_property
+    def written_args(self) -> set[int]:
+        """The arguments the launch sequence may write (``graphs.written_args``), computed once:
+        each capture of a symbolic specialization's sizes reads them."""
+        from .graphs import written_args
+
+        return written_args(self.plan)
+
+    @functools.cached_property
     def key(self) -> str:  # computed once: a miss compares it for every stored specialization
         text = json.dumps(self.to_json(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
