@@ -119,3 +119,42 @@ def test_cpu_only_module_has_no_graph_code(tmp_path):
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     source = codegen.render(spec_of(reads_only, x, w), "reads_only").source
     assert "trt_graph" not in source and "trident_cuda.h" not in source
+
+
+def test_symbolic_specializations_get_graphs_per_size():
+    # Note [Graphs per size]: a symbolic specialization may have graphs; its slot is ready with
+    # no graph yet and takes sizes, so the SCM itself counts each size's first call
+    x, w = torch.randn(8, 4), torch.randn(4, 4)
+    f = trident.jit(reads_only, dynamic={"x": [0]})
+    f(x, w)
+    spec = on_cuda(f._specs[0])
+    assert spec.symbolic and graphs.graph_device(spec) == 0
+    states = graphs.GraphStates(True, sizes=2)
+    assert states.slot(spec) == (graphs.READY, graphs.RECAPTURES, (), True)
+    static = on_cuda(spec_of(writes_first, x.clone(), x))
+    assert not static.symbolic
+    assert states.slot(static) == (graphs.PENDING,)
+    assert graphs.size_key(static, (x, w)) == ()
+    assert graphs.size_key(spec, (x.t(), w)) == ((0, (4, 8), (1, 4), 0), (1, (4, 4), (4, 1), 0))
+    states.done(spec, (x, w), "capture failed: a test")  # a failure: no more sizes
+    assert states.slot(spec) == (graphs.OFF,)
+
+
+def test_graph_slots_count_each_sizes_first_call():
+    f = trident.jit(reads_only, dynamic={"x": [0]})
+    w = torch.randn(4, 4)
+    f(torch.randn(8, 4), w)
+    assert f._graph_seen(0, torch.randn(8, 4), w) is False  # remembered from now on
+    assert f._graph_seen(0, torch.randn(8, 4), w) is True
+    assert f._graph_seen(0, torch.randn(9, 4), w) is False  # another size
+    assert f._graph_seen(0, torch.randn(4, 8).t(), w) is False  # other strides
+    assert f._graph_seen(0, torch.randn(9, 4)[1:], w) is False  # another offset
+    assert f._graph_seen(0, torch.randn(10, 4)[1:-1], w) is True  # 8 rows at offset 4
+    with pytest.raises(IndexError):
+        f._graph_seen(1, torch.randn(8, 4), w)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
+def test_cuda_graph_sizes_must_be_a_positive_int(bad):
+    with pytest.raises(trident.TridentError, match="cuda_graph_sizes"):
+        trident.jit(reads_only, cuda_graph_sizes=bad)
