@@ -360,7 +360,6 @@ class JitFunctionMixin:
         reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
-        args = call.leaves
         # Note [Specialization limit]: the limit bounds compiles in this process (as
         # torch.compile's recompile limit does) and the size of the module: the newest stored
         # specializations are installed, a stored one that fits a miss replaces the oldest
@@ -388,7 +387,8 @@ class JitFunctionMixin:
                 except TridentError as e:
                     if not self._fallback:
                         raise
-                    self._eager_signatures.append((call.tree.key, guards_for(args), str(e)))
+                    self._eager_signatures.append(
+                        (call.tree.key, self._failed_guards(call, str(e)), str(e)))
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
                 if stored is None:
@@ -522,6 +522,21 @@ class JitFunctionMixin:
     # only of values Python flattens as leaves too (a tensor, or a value of the decided leaf's
     # own type): the native tree also accepts a call whose own tree differs (a tensor passed
     # twice, a list where a tensor was), which the whole miss path flattens as its own.
+
+    def _failed_guards(self, call: _Call, why: str) -> list:
+        """The guards of the signature whose compile failed for ``why`` (Note [Eager
+        decisions]): the call's own, or, when the same tree failed for the same reason at other
+        sizes before, all but its sizes and strides, so that no later size traces again (a
+        transformers ``DynamicCache`` grows every step and assigns its tensors to Python
+        attributes: one failed trace per generated token before)."""
+        guards = guards_for(call.leaves)
+        sizeless = [g for g in guards if not isinstance(g, (Size, SizeRelation))]
+        for key, failed, reason in self._eager_signatures:
+            if key == call.tree.key and reason == why and first_failure(
+                    [g for g in failed if not isinstance(g, (Size, SizeRelation))],
+                    call.leaves) is None:
+                return sizeless
+        return guards
 
     def _eager_reason(self, call: _Call) -> str | None:
         """Why ``call`` runs eagerly whatever is compiled (Note [Eager decisions]), or None."""
