@@ -71,9 +71,9 @@ def _products(x, w, v, b):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 def test_linear_and_matmul_run_their_cpp_bodies_bit_for_bit(dtype):
     """Note [Composite ops]: ``linear`` and ``matmul`` decompose at trace time through their
-    C++ bodies (folds into ``mm``, ``bmm`` of expanded views, a copy where a reshape cannot be
-    a view, ``addmm``/``add_`` with a bias), as eager runs them: every rank, a transposed input,
-    bias or not (a sweep of the kind)."""
+    C++ bodies where those branch only on sizes and strides (folds into ``mm``, ``bmm`` of
+    expanded views, a copy where a reshape cannot be a view), as eager runs them, and stay
+    whole elsewhere: every rank, a transposed input, bias or not (a sweep of the kind)."""
     g = torch.Generator().manual_seed(0)
     make = (lambda *s: torch.randint(-4, 4, s, generator=g)) if dtype == torch.int64 else (
         lambda *s: torch.randn(*s, generator=g, dtype=dtype))
@@ -84,8 +84,13 @@ def test_linear_and_matmul_run_their_cpp_bodies_bit_for_bit(dtype):
         for p, q in zip(got, want, strict=True):
             assert torch.equal(p, q) and p.stride() == q.stride() and p.dtype == q.dtype
     assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 2, 0)
-    source = jf.source()
+    # without a bias and by a matrix or a vector: views and mm; with a bias, or by a batch of
+    # matrices, whole (their bodies branch on fake tensors: tests/test_matmul_decompositions.py)
+    unfolded = trident.jit(lambda x, w, v: (F.linear(x, w), x @ w.t(), x @ v, v @ w.t()))
+    unfolded(*args[:3])
+    source = unfolded.source()
     assert '"aten::linear"' not in source and '"aten::matmul"' not in source
+    assert '"aten::linear"' in jf.source() and '"aten::matmul"' in jf.source()
 
 
 def test_dropout_decomposes_through_its_cpp_body():

@@ -333,13 +333,32 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-# Note [Composite ops]: composites whose C++ bodies a static trace runs (rather than keeping
-# them whole) although torch.export keeps them: at inference their bodies branch only on sizes
-# and strides, which the guards fix, and they end in views and one ``mm``/``bmm``, which the
-# plan computes in C and calls typed (a Llama layer's seven ``linear``s were 8 dispatcher calls
-# each). A trace with symbolic sizes keeps them whole: torch 2.11's bodies read ``numel()`` of
-# a symbolic 4-D ``matmul`` operand, which fails the trace (torch 2.13's do not).
-_UNFOLDED = ("linear", "matmul")
+def _unfold_linear(input, weight, bias=None):
+    """Note [Composite ops]: ``linear`` without a bias: its body is ``matmul(input, weight.t())``.
+    With a bias it stays whole: the body adds the bias out of place for a subclass-like tensor
+    (the trace's fake tensors) and in place for eager's, which promotes, broadcasts and raises
+    otherwise (torch 2.11-2.13)."""
+    if bias is not None:
+        return NotImplemented  # kept whole (``_special_op_to_preserve_cia``'s answer)
+    return _cpp_composite(torch.ops.aten.linear.default, input, weight)
+
+
+def _unfold_matmul(input, other):
+    """Note [Composite ops]: ``matmul`` by a matrix or a vector (``mm``, ``mv``, ``dot``, or a
+    fold of ``input``'s batch dims into one ``mm``, else ``bmm`` of expanded views). By a
+    batched ``other`` it stays whole: ``_matmul_impl`` squeezes a batch of 1 into ``mm`` for a
+    subclass-like tensor and runs ``bmm`` for eager's (other values in the last bit)."""
+    if other.dim() > 2:
+        return NotImplemented
+    return _cpp_composite(torch.ops.aten.matmul.default, input, other)
+
+
+# Note [Composite ops]: composites whose C++ bodies a static trace runs where they branch only
+# on sizes and strides (which the guards fix), although torch.export keeps them whole: they end
+# in views and one ``mm``/``bmm``, which the plan computes in C and calls typed (each of a
+# Llama layer's seven ``linear``s was 8 dispatcher calls). A trace with symbolic sizes keeps
+# them whole: torch 2.11's bodies read ``numel()`` of a symbolic 4-D operand, which fails it.
+_UNFOLDED = {"linear": _unfold_linear, "matmul": _unfold_matmul}
 
 
 @functools.cache
@@ -354,7 +373,7 @@ def _composite_ops(symbolic: bool) -> dict:
     (torch.export's own rule for which ones are safe to keep: no aliasing or mutation in the
     schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
     plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
-    ``_UNFOLDED``, whose C++ bodies run while tracing, on fake tensors as on real ones). The
+    ``_UNFOLDED``'s cases, whose C++ bodies run alike on fake and real tensors). The
     others (views, ``dropout``, which may return its input) decompose through their C++ body as
     before; those that Python decompositions would take over once the Python dispatcher is on
     (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
@@ -362,9 +381,11 @@ def _composite_ops(symbolic: bool) -> dict:
     from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
                                      _special_op_to_preserve_cia)
 
-    kept = _collect_all_valid_cia_ops_for_aten_namespace() - (set() if symbolic else {
-        getattr(torch.ops.aten, name).default for name in _UNFOLDED})
+    kept = _collect_all_valid_cia_ops_for_aten_namespace()
     ops = {op: _special_op_to_preserve_cia for op in kept}
+    if not symbolic:
+        ops.update((getattr(torch.ops.aten, name).default, unfold)
+                   for name, unfold in _UNFOLDED.items())
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name)
