@@ -41,9 +41,10 @@ sequence, but a graph bakes in the sizes it was captured at. So such a specializ
 graph per concrete size, as serving engines keep one per batch-size bucket: each descriptor
 starts with its size key (every tensor argument's sizes, strides and storage offset, where the
 symbols are read from), the SCM replays the graph whose key the call has (``trt_graph_fits``),
-and a call of a size no graph has asks Python (``TRT_GRAPH_CAPTURE``), which runs it step by
-step the first time that size is seen in the process and captures it the second time: a size
-seen once (a prompt length) costs no capture. A specialization keeps at most
+and a call of a size no graph has runs step by step the first time that size is seen in the
+process (the slot remembers it in a hash table, ``trt_graph_seen_before``; a first call that
+Python ran, as a compile's, is entered with ``_graph_seen``) and asks Python to capture it
+(``TRT_GRAPH_CAPTURE``) the second time: a size seen once (a prompt length) costs no capture. A specialization keeps at most
 ``cuda_graph_sizes`` graphs (``trident.jit``, ``TRIDENT_CUDA_GRAPH_SIZES``, default 64);
 past that, and after a capture of it failed, new sizes run step by step without asking Python.
 Its graphs share one memory pool: their replays are serial on one stream, and each graph's
@@ -297,9 +298,9 @@ _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
     """``fn()`` captured into ``graph`` on a side stream, as ``torch.cuda.graph`` captures it,
-    without its ``synchronize`` and ``empty_cache`` (torch 2.11): emptying the allocator's
-    cache at each of a symbolic specialization's captures made the calls after it allocate
-    from the driver again (Note [Graphs per size]). The side stream waits for the current one."""
+    without its ``synchronize`` and ``empty_cache`` (torch 2.11), which a capture of each of a
+    symbolic specialization's sizes need not pay (Note [Graphs per size]): the side stream
+    waits for the current one, and the allocator keeps its cached blocks."""
     device = torch.cuda.current_device()
     stream = _CAPTURE_STREAMS.get(device)
     if stream is None:
