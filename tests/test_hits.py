@@ -165,6 +165,10 @@ def test_explain_names_the_failing_guard():
             torch.ones(4, requires_grad=True), 2)
     with torch.no_grad():  # grad mode is guarded: the specialization was made with it on
         assert "torch.is_grad_enabled() is True expected, got False" in jf.explain(x, 2)
+    with torch.no_grad():  # every failing guard, the first of each argument's
+        assert jf.explain(x.double()[:2], 3) == (
+            f"specialization 0 ({sig}): torch.is_grad_enabled() is True expected, got False; "
+            "x.dtype == float32 expected, got 'float64'; n == 2 expected, got 3")
     # explain() does not count anything
     assert counts(jf) == dict(hits=0, misses=1, compiles=1, fallbacks=0, traces=1)
 

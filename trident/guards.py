@@ -561,6 +561,27 @@ def first_failure(guards: list[Guard], args: tuple) -> Guard | None:
     return None
 
 
+def failures(guards: list[Guard], args: tuple, most: int = 4) -> list[Guard]:
+    """The guards ``args`` fail, in guard order, at most ``most`` (for ``explain``). After an
+    argument's first failing guard its later ones are not read (they may not apply: the size of
+    what is no longer a tensor), nor is a guard that cannot be read of these facts."""
+    call, out, failed_args = _facts(args), [], set()
+    for g in guards:
+        arg = g.arg if isinstance(g, ArgGuard) else None
+        if arg is not None and arg in failed_args:
+            continue
+        try:
+            holds = not (arg is not None and arg >= len(args)) and g.holds(call)
+        except Exception:  # noqa: BLE001 - a fact this guard reads is missing
+            continue
+        if not holds:
+            out.append(g)
+            failed_args.add(arg)
+            if len(out) == most:
+                break
+    return out
+
+
 # ---- Note [Symbolic guards] ------------------------------------------------------------------
 #
 # A specialization traced with dynamic dims (capture.py) holds for every call whose sizes and

@@ -28,7 +28,7 @@ from .capture import trace
 from .errors import EagerCall, TridentError
 from .flatten import TENSOR, ArgTree, Binding, flatten_call, flatten_output, substituted
 from .guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
-                     first_failure, guards_for)
+                     failures, first_failure, guards_for)
 from .importer import import_graph
 from .specialization import Specialization
 
@@ -155,7 +155,7 @@ class JitFunctionMixin:
     def explain(self, *args, **kwargs) -> str:
         """Which specialization a call with ``args`` and ``kwargs`` would run, or why each one
         rejects it: the first argument path whose structure differs from the one it was
-        compiled for, or its first failing guard.
+        compiled for, or its failing guards (the first four, in guard order).
 
         Raises:
             TypeError: the arguments do not bind to the function's parameters.
@@ -164,7 +164,7 @@ class JitFunctionMixin:
         self._ensure_loaded()
         lines = []
         for i, spec in enumerate(self._specs):
-            why = self._why_not(spec, call)
+            why = self._why_not(spec, call, every=True)
             if why is None:
                 return f"specialization {i} ({spec.signature}) accepts these arguments"
             lines.append(f"specialization {i} ({spec.signature}): {why}")
@@ -173,14 +173,17 @@ class JitFunctionMixin:
             lines.append(f"runs eagerly: {eager[0]}")
         return "\n".join(lines) or "no specializations yet"
 
-    def _why_not(self, spec: Specialization, call: _Call) -> str | None:
+    def _why_not(self, spec: Specialization, call: _Call, every: bool = False) -> str | None:
         """Why ``spec`` rejects ``call``: the first argument path whose structure differs, or
-        its first failing guard (None: it accepts the call)."""
+        its first failing guard (``every``: up to four, ``guards.failures``; None: it accepts
+        the call)."""
         if spec.tree != call.tree.key:
             tree = self._trees.get(spec.tree)
             return tree.first_difference(call.tree) if tree else "another argument structure"
-        failed = first_failure(spec.guards, call.leaves)
-        return explain_failure(failed, call.leaves, spec.arg_names) if failed else None
+        failed = failures(spec.guards, call.leaves) if every else \
+            [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]
+        return "; ".join(explain_failure(g, call.leaves, spec.arg_names)
+                         for g in failed) or None
 
     def _select(self, *args, **kwargs) -> int:
         """The specialization the native dispatcher runs for this call, or -1 (for tests)."""
