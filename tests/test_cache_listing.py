@@ -41,6 +41,20 @@ def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
         f"  in {rows['listed_g']['path']}"]
 
 
+def listed_many(*xs):
+    return sum(xs)
+
+
+def test_list_cuts_long_signatures_unless_full(trident_cache, capsys):
+    trident.jit(listed_many)(*[torch.ones(2) for _ in range(20)])  # a long signature
+    assert cli.main(["list"]) == 0
+    row = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("  0: listed_many"))
+    assert len(row) <= 165 and row.endswith(" ...")
+    assert cli.main(["list", "--full"]) == 0
+    full = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("  0: listed_many"))
+    assert len(full) > 165 and full[5:] == trident.list_cache()[0]["signatures"][0]
+
+
 def test_clear_one_function_says_what_it_deleted(trident_cache, capsys):
     trident.jit(listed_f)(torch.ones(2))
     trident.jit(listed_g)(torch.ones(2), 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from . import cache, config
 
@@ -19,7 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cache-dir", help="print the cache folder")
-    sub.add_parser("list", help="list cached functions: origin, specializations, size, folder")
+    listing = sub.add_parser("list", help="list cached functions: origin, specializations, "
+                                          "size, folder")
+    listing.add_argument("--full", action="store_true", help="whole signatures (a module's "
+                         "forward names every parameter; cut at 160 characters otherwise)")
     clear = sub.add_parser("clear", help="delete one function's entries, or every cached "
                                          "module and runtime build")
     clear.add_argument("name", nargs="?", help="a function's module.qualname (as `list` shows "
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{_origin(row['about'])}: {n} specialization{'s' * (n != 1)}, "
                   f"{row['bytes'] / 1024:.1f} KiB")
             for i, signature in enumerate(row["signatures"]):
+                if not args.full:
+                    signature = textwrap.shorten(signature, 160, placeholder=" ...")
                 print(f"  {i}: {signature}")
             print(f"  in {row['path']}")
         if not rows:
