@@ -5,7 +5,8 @@ dtype, strides, views), raise eager's exception type, and miss on a new layout.
 The bodies branch on ``isTensorSubclassLike``, which is true for the trace's fake tensors and
 false for eager's (ATen's ``linear``: ``add`` instead of ``add_`` for the bias; ``_matmul_impl``:
 a 3-D @ 3-D product with a batch of 1 squeezes it and folds into ``mm`` where eager runs
-``bmm``). Those cases are the failing tests below; the sweep covers the kinds found fine.
+``bmm``). Those cases failed when every ``linear`` and ``matmul`` was unfolded; they stay whole
+now (a bias, a batched right operand). The sweep covers the kinds that were found fine.
 """
 
 from __future__ import annotations
