@@ -23,23 +23,25 @@ MODULE = textwrap.dedent('''
     def model(x, w, n):
         h = torch.relu(x @ w) * n
         return h.sum(-1), [h[:, :2], None], n + 1
+
+    def check(calls):
+        """``calls`` calls of ``model``, each against eager: its stats."""
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
+        want = model.__wrapped__(x, w, 3)
+        for _ in range(calls):
+            got = model(x, w, 3)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
+            assert got[1][1] is None and got[2] == 4
+        return model.stats
 ''')
 
 SCRIPT = textwrap.dedent('''
     import dataclasses, json, sys
-    import torch
     sys.path.insert(0, sys.argv[1])
-    from cached_mod import model
+    from cached_mod import check
 
-    N = int(sys.argv[2])
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
-    want = model.__wrapped__(x, w, 3)
-    for _ in range(N):
-        got = model(x, w, 3)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
-        assert got[1][1] is None and got[2] == 4
-    print("STATS " + json.dumps(dataclasses.asdict(model.stats)))
+    print("STATS " + json.dumps(dataclasses.asdict(check(int(sys.argv[2])))))
 ''')
 
 
@@ -61,15 +63,7 @@ def run_script(d: Path, env: dict, n: int) -> dict:
 def call_model(d: Path, n: int) -> dict:
     """``SCRIPT``'s calls in this process, on a fresh import of the module: its stats."""
     with fresh_imports(d):
-        model = importlib.import_module("cached_mod").model
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
-        want = model.__wrapped__(x, w, 3)
-        for _ in range(n):
-            got = model(x, w, 3)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1][0], want[1][0])
-            assert got[1][1] is None and got[2] == 4
-        return dataclasses.asdict(model.stats)
+        return dataclasses.asdict(importlib.import_module("cached_mod").check(n))
 
 
 def parse_stats(stdout: str) -> dict:
