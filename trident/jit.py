@@ -533,12 +533,10 @@ class JitFunctionMixin:
         transformers ``DynamicCache`` grows every step and assigns its tensors to Python
         attributes: one failed trace per generated token before)."""
         guards = guards_for(call.leaves)
-        sizeless = [g for g in guards if not isinstance(g, (Size, SizeRelation))]
         for key, failed, reason in self._eager_signatures:
-            if key == call.tree.key and reason == why and first_failure(
-                    [g for g in failed if not isinstance(g, (Size, SizeRelation))],
-                    call.leaves) is None:
-                return sizeless
+            if key == call.tree.key and reason == why and \
+                    first_failure(_sizeless(failed), call.leaves) is None:
+                return _sizeless(guards)
         return guards
 
     def _eager_reason(self, call: _Call) -> str | None:
@@ -602,7 +600,7 @@ class JitFunctionMixin:
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
-            alike = [g for g in spec.guards if not isinstance(g, (Size, SizeRelation))]
+            alike = _sizeless(spec.guards)
             if spec.shapes is None or spec.tree != call.tree.key or \
                     first_failure(alike, args) is not None:
                 continue
@@ -726,6 +724,13 @@ class JitFunctionMixin:
 
 
 _PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+
+
+def _sizeless(guards: list) -> list:
+    """``guards`` but those of sizes and strides (``Size``, ``Stride``, ``SizeRelation``): what a
+    call of other sizes must still hold to be alike (Note [Automatic dynamic], Note [Eager
+    decisions])."""
+    return [g for g in guards if not isinstance(g, (Size, SizeRelation))]
 
 
 def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
