@@ -211,6 +211,40 @@ def test_results_views_inputs_and_reused_buffers_like_eager():
         _like_eager(chain, (_t(3, 4), _t(4, 5), _t(5, 6)))
 
 
+_KERNELS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::mv", "aten::dot", "aten::baddbmm")
+
+
+def _kernels(fn, args):
+    """The matmul-family kernels one call of ``fn`` runs, in order (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return [e.name for e in prof.events() if e.name in _KERNELS]
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_views_of_a_tensor_that_requires_grad_fold_as_eager(mode):
+    """Under no_grad and inference_mode a view of a tensor that requires grad requires grad
+    (unless the tensor is an inference tensor), and ``matmul`` reads the flag (``should_fold``:
+    one ``mm`` instead of ``bmm``), so the views the plan computes in C carry it: the hits run
+    eager's kernels (the GPU machine's CPU found a ``b.mT @ a.mT`` whose ``bmm`` differed from
+    eager's ``mm`` in its last bits)."""
+    def products(a, b):
+        return a @ b, b.mT @ a.mT, b.mT[:2] @ a.mT, (a @ b.mT.mT).sum()
+    pairs = [(a, b) for a, b in _MATMULS if len(a) >= 2 and len(b) == 2 and 0 not in a]
+    with torch.inference_mode():
+        inference = _t(4, 5).requires_grad_()  # its views do not require grad
+    with mode():
+        for a, b in [*pairs, ((2, 3, 4), "inference")]:
+            b = inference if b == "inference" else _t(*b).requires_grad_()
+            args = (_t(*a, layout="reversed"), b)
+            jf = trident.jit(products, dynamic=False)
+            assert_same(jf(*args), products(*args))  # the compile (its trace runs kernels)
+            want, hits = _kernels(products, args), jf.stats.hits
+            for _ in range(2):
+                assert _kernels(jf, args) == want, (a, b)
+            assert (jf.stats.hits - hits, jf.stats.fallbacks) == (2, 0)
+
+
 def test_module_linear_on_3d_inputs_like_eager():
     """``torch.nn.Linear`` (Hugging Face style: 3-D hidden states), contiguous then a
     transposed and a sliced input of the same shape: a miss each, then hits."""

@@ -590,6 +590,12 @@ trt_tensor* api_view_tensor(const trt_view* view, int32_t how) noexcept {
     impl->set_sizes_and_strides(sizes, strides, view->offset);
     if (how == TRT_VIEW_KERNEL && !base.is_inference())
       impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
+    // Eager's view of a tensor that requires grad requires grad, under no_grad and
+    // inference_mode too, unless the base is an inference tensor (torch 2.11-2.13), and
+    // composite ops read the flag: ATen's matmul folds into one mm where the smaller operand
+    // requires grad (should_fold, LinearAlgebra.cpp), another kernel than bmm.
+    if (how == TRT_VIEW_KERNEL && base.requires_grad() && !base.is_inference())
+      t.set_requires_grad(true);
     return new_handle(std::move(t));
   } catch (...) {
     fail_with_current_exception();
