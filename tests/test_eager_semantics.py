@@ -63,7 +63,7 @@ def test_composite_ops_are_called_whole():
 
 def _products(x, w, v, b):
     return (F.linear(x, w), F.linear(x[0], w), F.linear(x.transpose(0, 1), w),
-            F.linear(x, w, b), x @ w.t(), x.transpose(0, 1) @ w.t(), x @ v, v @ w.t(),
+            F.linear(x, w, b), F.linear(x.transpose(0, 1), w, b), x @ w.t(), x.transpose(0, 1) @ w.t(), x @ v, v @ w.t(),
             x[0] @ v, x @ x.transpose(1, 2), x.unsqueeze(0) @ x.transpose(1, 2),
             torch.matmul(v, v))
 
@@ -84,12 +84,15 @@ def test_linear_and_matmul_run_their_cpp_bodies_bit_for_bit(dtype):
         for p, q in zip(got, want, strict=True):
             assert torch.equal(p, q) and p.stride() == q.stride() and p.dtype == q.dtype
     assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (1, 2, 0)
-    # without a bias and by a matrix or a vector: views and mm; with a bias, or by a batch of
-    # matrices, whole (their bodies branch on fake tensors: tests/test_matmul_decompositions.py)
-    unfolded = trident.jit(lambda x, w, v: (F.linear(x, w), x @ w.t(), x @ v, v @ w.t()))
-    unfolded(*args[:3])
+    # by a matrix or a vector, with a bias fused into addmm: views, mm and addmm; a bias added
+    # after a non-contiguous input's matmul, or by a batch of matrices, whole (their bodies
+    # branch on fake tensors: tests/test_matmul_decompositions.py)
+    unfolded = trident.jit(lambda x, w, v, b: (F.linear(x, w), x @ w.t(), x @ v, v @ w.t(),
+                                               F.linear(x, w, b), F.linear(x[0], w, b)))
+    unfolded(*args)
     source = unfolded.source()
     assert '"aten::linear"' not in source and '"aten::matmul"' not in source
+    assert '"aten::addmm"' in source
     assert '"aten::linear"' in jf.source() and '"aten::matmul"' in jf.source()
 
 

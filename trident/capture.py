@@ -334,13 +334,15 @@ class _TritonLaunches:
 
 
 def _unfold_linear(input, weight, bias=None):
-    """Note [Composite ops]: ``linear`` without a bias: its body is ``matmul(input, weight.t())``.
-    With a bias it stays whole: the body adds the bias out of place for a subclass-like tensor
-    (the trace's fake tensors) and in place for eager's, which promotes, broadcasts and raises
-    otherwise (torch 2.11-2.13)."""
-    if bias is not None:
+    """Note [Composite ops]: ``linear`` without a bias (its body: ``matmul(input,
+    weight.t())``), and with one where the body fuses it into ``addmm`` (a 2-D input, a
+    contiguous 3-D one: Qwen's q/k/v projections). Elsewhere a bias stays whole: the body adds
+    it out of place for a subclass-like tensor (the trace's fake tensors) and in place for
+    eager's, which promotes, broadcasts and raises otherwise (torch 2.11-2.13)."""
+    if bias is not None and not (input.dim() == 2 or (input.dim() == 3
+                                                      and input.is_contiguous())):
         return NotImplemented  # kept whole (``_special_op_to_preserve_cia``'s answer)
-    return _cpp_composite(torch.ops.aten.linear.default, input, weight)
+    return _cpp_composite(torch.ops.aten.linear.default, input, weight, bias)
 
 
 def _unfold_matmul(input, other):
