@@ -1,8 +1,10 @@
 """``python -m trident.bench cpu|gpu``: eager PyTorch vs torch.compile vs Trident, per call.
 
 ``gpu`` runs benchmarks/bench_gpu.py (Triton launches and LLM decode steps, with CUDA graphs and a
-raw driver launch among the contenders), then benchmarks/bench_hf.py (Hugging Face models through
-``generate`` and each of Trident's front doors, with their floors). ``cpu`` runs the cases below.
+raw driver launch among the contenders), benchmarks/bench_host.py (the host floor under a
+step-by-step decode step: what its cuBLAS, cuDNN, ATen and launch calls cost), then
+benchmarks/bench_hf.py (Hugging Face models through ``generate`` and each of Trident's front
+doors, with their floors). ``cpu`` runs the cases below.
 
 Cases:
     chain30   30 small ATen ops (``a = a + b; a = a * b; a = a - b``, ten times) on 16-element
@@ -157,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         models = [m for m in opts.models.split(",") if m and m != "none"]
         bench_gpu.main(opts.json, model_names=models,
                        model_compile_modes=tuple(opts.model_compile_modes.split(",")))
+        if models:  # the host floor under the step-by-step steps
+            from benchmarks import bench_host
+
+            bench_host.main(opts.json and os.path.splitext(opts.json)[0] + ".host.json", models)
         hf_models = [m for m in opts.hf_models.split(",") if m and m != "none"]
         if hf_models:
             from benchmarks import bench_hf
