@@ -5,7 +5,8 @@ issue some of them at a host cost of their own: cuBLAS picks its kernel for each
 looks its attention plan up, ATen checks and allocates. This measures, in one process and in C++
 (no Python in the timed loops), what each of those calls costs on this machine, counts the calls
 a Trident step-by-step step makes (torch profiler), and prints their sum, the floor under any
-executor that keeps each op's kernel, beside the step's own time:
+executor that keeps each op's kernel, beside the step's own time (per step over 20 steps in a
+row, and the host time of one step issued to an idle GPU):
 
     python3 -c "from benchmarks import bench_host; bench_host.main()"
 
@@ -155,7 +156,7 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
         step = trident.jit(bench_gpu.make_decode_step(cfg), fallback=False, cuda_graphs=False)
         with torch.no_grad():
             calls = step_calls(step, args)
-            times = []
+            times, alone = [], []
             for _ in range(5):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
@@ -163,6 +164,11 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
                     step(*args)
                 torch.cuda.synchronize()
                 times.append((time.perf_counter() - start) / 20 * 1e6)
+            for _ in range(15):  # one step issued to an idle GPU: the host's time alone
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                step(*args)
+                alone.append((time.perf_counter() - start) * 1e6)
         cost = library_costs(ext, cfg)
         L, n = cfg["L"], lambda name: calls.get(name, 0)
         gemms = n("aten::mm") + n("aten::bmm")
@@ -176,7 +182,9 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
             # cuBLAS launches its sm90 kernels with cuLaunchKernelEx too, counted in its calls
             "Triton launches": max(n("cuLaunchKernelEx") - gemms, 0) * cost["kernel launch"],
         }
-        results[name] = {"trident_steps_us": sorted(times)[2], "floor_us": sum(floor.values()),
+        results[name] = {"trident_steps_us": sorted(times)[2],
+                         "one_step_issued_to_an_idle_gpu_us": sorted(alone)[7],
+                         "floor_us": sum(floor.values()),
                          "floor_parts_us": floor, "costs_us": cost,
                          "calls_per_step": {k: calls[k] for k in sorted(calls) if k.startswith(
                              ("aten::mm", "aten::bmm", "aten::cat", "aten::add", "aten::empty",
