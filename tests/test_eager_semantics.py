@@ -63,9 +63,9 @@ def test_composite_ops_are_called_whole():
 
 def _products(x, w, v, b):
     return (F.linear(x, w), F.linear(x[0], w), F.linear(x.transpose(0, 1), w),
-            F.linear(x, w, b), F.linear(x.transpose(0, 1), w, b), x @ w.t(), x.transpose(0, 1) @ w.t(), x @ v, v @ w.t(),
-            x[0] @ v, x @ x.transpose(1, 2), x.unsqueeze(0) @ x.transpose(1, 2),
-            torch.matmul(v, v))
+            F.linear(x, w, b), F.linear(x.transpose(0, 1), w, b), x @ w.t(),
+            x.transpose(0, 1) @ w.t(), x @ v, v @ w.t(), x[0] @ v, x @ x.transpose(1, 2),
+            x.unsqueeze(0) @ x.transpose(1, 2), torch.matmul(v, v))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
