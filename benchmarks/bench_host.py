@@ -15,6 +15,7 @@ Needs nvcc and the CUDA headers (``torch.utils.cpp_extension.load_inline(with_cu
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -134,10 +135,7 @@ def step_calls(fn, args) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
         torch.cuda.synchronize()
-    counts: dict = {}
-    for e in prof.events():
-        counts[e.name] = counts.get(e.name, 0) + 1
-    return counts
+    return collections.Counter(e.name for e in prof.events())
 
 
 def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
@@ -170,7 +168,7 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
                 step(*args)
                 alone.append((time.perf_counter() - start) * 1e6)
         cost = library_costs(ext, cfg)
-        L, n = cfg["L"], lambda name: calls.get(name, 0)
+        L, n = cfg["L"], calls.__getitem__
         gemms = n("aten::mm") + n("aten::bmm")
         assert gemms == 7 * L, calls  # the seven projections of each layer, one GEMM each
         floor = {  # µs per step: each call at its cost measured above
@@ -179,7 +177,8 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
             "cat": n("aten::cat") * cost["aten::cat"],
             "add": n("aten::add") * cost["aten::add"],
             "allocation": (n("aten::empty") + n("aten::empty_strided")) * cost["aten::empty"],
-            # cuBLAS launches its sm90 kernels with cuLaunchKernelEx too, counted in its calls
+            # cuBLAS launches its sm90 kernels with cuLaunchKernelEx too, counted in its calls;
+            # a Triton launch is costed as a runtime launch of an empty kernel
             "Triton launches": max(n("cuLaunchKernelEx") - gemms, 0) * cost["kernel launch"],
         }
         results[name] = {"trident_steps_us": sorted(times)[2],
