@@ -68,6 +68,37 @@ def test_past_the_limit_costs_about_an_eager_call():
     assert served < 20 * eager + 0.05, (served, eager)
 
 
+def scale_all(xs, k):
+    return [x * k for x in xs]
+
+
+def test_past_the_limit_a_known_argument_tree_is_not_flattened_again(monkeypatch):
+    """Note [Specialization limit]: past the limit, a call whose argument tree C already read
+    runs eagerly on those leaves; it used to flatten the arguments again in Python (a Hugging
+    Face model's 945-node tree: 5.6 ms a call against 0.95 ms eager)."""
+    jit_module = sys.modules["trident.jit"]  # (``trident.jit`` the attribute is the decorator)
+    g = trident.jit(scale_all, max_specializations=2)
+    xs = [torch.arange(4.0) + i for i in range(16)]
+    g(xs, 0)
+    g(xs, 1)
+    with pytest.warns(UserWarning, match="limit of 2"):
+        g(xs, 2)
+    flattened = []
+    real = jit_module.flatten_call
+    monkeypatch.setattr(jit_module, "flatten_call",
+                        lambda *a: flattened.append(1) or real(*a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only
+        for k in range(3, 8):
+            assert all(torch.equal(y, x * k) for y, x in zip(g(xs, k), xs))
+        assert all(torch.equal(y, x) for y, x in zip(g(xs, 1), xs))  # still a hit
+    assert flattened == []
+    s = g.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 8, 2, 6)
+    assert s.miss_reasons[-1] == ("eager: reached its limit of 2 compiled specializations; "
+                                  "further new signatures run eagerly")
+
+
 def test_threads_respect_the_limit():
     g = trident.jit(scale, max_specializations=2)
     x = torch.arange(4.0)

@@ -229,12 +229,23 @@ class JitFunctionMixin:
         """Called from the native dispatcher when an installed argument tree accepts the call
         and no installed specialization's guards do (or none is installed), with the leaves
         the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
-        decided it holds (Note [Eager decisions]); any other call takes the whole miss path."""
+        decided it holds (Note [Eager decisions]), and so does one past the specialization
+        limit; any other call takes the whole miss path."""
         known = self._eager_trees.get(leaves[0])
-        if known is None or not self._defaults_unchanged() or not known[1](leaves):
+        if known is not None and self._defaults_unchanged() and known[1](leaves):
+            self._counters.misses += 1
+            return self._eager(args, kwargs, known[0])
+        # Note [Specialization limit]: past the limit, a call of an installed tree that no
+        # stored specialization fits runs eagerly on the leaves C read, without flattening its
+        # arguments again in Python (a Hugging Face model's tree: ~5 ms, five eager forwards)
+        tree = self._trees.get(leaves[0])
+        if (tree is None or self._cache is None or not self._at_limit()
+                or not self._defaults_unchanged() or self._state_failure() >= 0
+                or self._stored_fit(tree.key, leaves) is not None):
             return self._slow_path(args, kwargs)
         self._counters.misses += 1
-        return self._eager(args, kwargs, known[0])
+        why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
+        return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
         tree, leaves, values = flatten_call(self._binding, args, kwargs)
@@ -357,9 +368,9 @@ class JitFunctionMixin:
             return self._eager(call.args, call.kwargs, why)
         # a fitting specialization on disk that the module left out is installed again rather
         # than compiled again (Note [Specialization limit])
-        stored = self._stored_fit(call)
+        stored = self._stored_fit(call.tree.key, call.leaves)
         if stored is None and self._at_limit():
-            return self._past_limit(call)  # no reason text: about an eager call's cost
+            return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
         stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -376,9 +387,9 @@ class JitFunctionMixin:
             # (through this JitFunction or another one over the same function, which stored
             # it), or the limit reached by the threads before it
             if self._installed_match(call) < 0:
-                stored = stored or self._stored_fit(call)
+                stored = stored or self._stored_fit(call.tree.key, call.leaves)
                 if stored is None and self._at_limit():
-                    return self._past_limit(call)
+                    return self._past_limit(call.args, call.kwargs)
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
                     # The new specialization goes last, after those stored by other processes
@@ -405,18 +416,18 @@ class JitFunctionMixin:
 
     # ---- CUDA graphs (Note [CUDA graphs]) --------------------------------------------------
 
-    def _stored_fit(self, call: _Call) -> Specialization | None:
+    def _stored_fit(self, tree: str, leaves: tuple) -> Specialization | None:
         """Note [Specialization limit]: a stored specialization the installed module left out
-        whose tree and guards accept ``call``. Under the limit the cache is read again (another
-        process may have stored one); at the limit, once per installed module
-        (``self._left_out``)."""
+        whose tree (its key) and guards accept a call's ``leaves``. Under the limit the cache
+        is read again (another process may have stored one); at the limit, once per installed
+        module (``self._left_out``)."""
         left_out = self._left_out
         if left_out is None or left_out[0] is not self._cache or not self._at_limit():
             installed = {s.key for s in self._specs}
             left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
                                                        if s.key not in installed])
-        return next((s for s in left_out[1] if s.tree == call.tree.key
-                     and first_failure(s.guards, call.leaves) is None), None)
+        return next((s for s in left_out[1] if s.tree == tree
+                     and first_failure(s.guards, leaves) is None), None)
 
     def _at_limit(self) -> bool:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
@@ -448,8 +459,8 @@ class JitFunctionMixin:
         rendered = self._rendered.get(spec.key)
         return rendered if rendered is not None else codegen.render(spec, self.__qualname__)
 
-    def _past_limit(self, call: _Call):
-        return self._eager(call.args, call.kwargs, f"reached its limit of "
+    def _past_limit(self, args: tuple, kwargs: dict | None):
+        return self._eager(args, kwargs, f"reached its limit of "
                            f"{self._max_specializations} compiled specializations; further new "
                            "signatures run eagerly")
 
