@@ -13,6 +13,7 @@ setup(
         "torch>=2.11,<2.14",
         "triton>=3.6,<3.7",
         "torch-mlir",
+        "ml_dtypes",  # Torch-MLIR's importer writes a bfloat16 constant through it
         "cffi",
         "jinja2",
         "setuptools",

@@ -133,6 +133,19 @@ def test_softmax_log_softmax_layer_norm_gelu():
           torch.randn(10, generator=gen))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_constants_are_served(dtype):
+    """A 0-dim constant made from Python data in bfloat16 (``torch.finfo(dtype).min`` in
+    Hugging Face's attention masks) is a literal that Torch-MLIR's importer writes through
+    ``ml_dtypes``, a dependency since a fresh install ran every bf16 model eagerly."""
+    def masked(x):
+        return (torch.where(x > 0, x, torch.tensor(0.5, dtype=x.dtype))
+                + torch.tensor(torch.finfo(x.dtype).min, dtype=x.dtype))
+
+    _, want, got = run_both(masked, torch.randn(4, 8).to(dtype))
+    assert all(torch.equal(g, want) for g in got)
+
+
 def test_half_precision_softmax():
     def f(x):
         return torch.softmax(x, -1), x.float().sum(), x * 0.1
