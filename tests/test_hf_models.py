@@ -86,6 +86,24 @@ def test_generate_with_a_static_cache_through_jit_of_forward(arch):
     assert sum("runs eagerly" in str(w.message) for w in caught) == 1
 
 
+def test_generate_with_the_default_dynamic_cache_runs_eagerly_and_says_why():
+    """transformers' default DynamicCache assigns each grown key/value tensor to its layer (a
+    specialization cannot replay that): every step runs eagerly, as eager computes it, and the
+    warning names the static cache (the fresh user found no hint where it was needed)."""
+    model = tiny_model("llama")
+    ids = torch.randint(0, 96, (1, 6))
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, disable_compile=True)
+    ref = model.generate(ids, **kw)
+    model.forward = trident.jit(model.forward)
+    with pytest.warns(UserWarning, match=r"assigns to .*layers\[0\]\.keys.*"
+                                         r"cache_implementation=\"static\""):
+        out = model.generate(ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+    assert model.forward.stats.compiles == 0
+
+
 def test_generate_through_transformers_compile_config():
     model = tiny_model("llama")
     ids = torch.randint(0, 96, (1, 6))

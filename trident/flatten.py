@@ -509,6 +509,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     expected = {i: _snapshot(nodes[i], values[i]) for i in mutable}
     roots = [new[i] for i in children.get(-1, ()) if nodes[i].access == ARG]
     changed: list[str] = []
+    owners: list[object] = []
     try:
         yield roots
     finally:
@@ -516,15 +517,23 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
             now = _snapshot(nodes[i], values[i])
             if not _same(now, expected[i]):
                 changed.append(_changed_entry(nodes[i].path, now, expected[i]))
+                owners.append(values[i])
             _restore(nodes[i], values[i], saved[i])
         for i in sets:
             if values[i] != nodes[i].expect:
                 changed.append(nodes[i].path)
+                owners.append(values[i])
                 values[i].clear()
                 values[i].update(nodes[i].expect)
     if changed:
+        hint = ""
+        owner = type(owners[0])
+        if owner.__module__.startswith("transformers.") and "Dynamic" in owner.__name__:
+            # transformers' DynamicCache assigns each grown key/value tensor to its layer
+            hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
+                    "generate(..., cache_implementation=\"static\") (docs/huggingface.md)")
         raise TridentError(f"the function assigns to {changed[0]} (Python state of its "
-                           "arguments, which a specialization cannot replay)")
+                           f"arguments, which a specialization cannot replay){hint}")
 
 
 # ---- outputs ---------------------------------------------------------------------------------
