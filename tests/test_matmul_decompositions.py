@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import trident
-from _trident_helpers import assert_same, clone_strided
+from _trident_helpers import as_in_a_new_process, assert_same, clone_strided
 
 
 def _clone(args, memo=None):
@@ -260,7 +260,8 @@ def test_products_whose_fold_reads_requires_grad_run_eagers_kernels(mode):
     body makes them (``linear``'s ``weight.t()``) and under inference_mode where a composite
     view does (``w.T``, ``mT``, ``swapaxes``, ``movedim``, ``reshape``): the plan ran ``bmm``
     where eager runs ``mm`` (a Qwen2 ``generate`` with a batch of 2: its ``o_proj``, other
-    logits in the last bits). Such products stay whole; a module's weight too."""
+    logits in the last bits). Where a tensor the function reads requires grad such products
+    stay whole (a module's weight too); else the trace's ``bmm`` is eager's."""
     def products(x, w):
         return (F.linear(x, w), F.linear(x, w.t().t()), x @ w.T, x @ w.mT, x @ w.swapaxes(0, 1),
                 x @ w.movedim(0, 1), x @ w.reshape(4, 5), x @ w.t(), x @ w[0])
@@ -301,6 +302,7 @@ def test_linear_adds_a_bias_that_it_cannot_fuse_in_place_as_eager(mode):
               _t(2, 1, 3, 6), torch.tensor(1j)]
     with mode():
         for b in biases:
+            as_in_a_new_process()  # Note [Specialization limit]: three per bias
             _like_eager(_linear, (x, w, b), (_t(4, 5), w, b))
             try:
                 want = _kernels_and_adds(_linear, (x, w, b))
@@ -308,7 +310,9 @@ def test_linear_adds_a_bias_that_it_cannot_fuse_in_place_as_eager(mode):
                 continue  # _like_eager checked eager's exception
             jf = trident.jit(_linear, dynamic=False)
             jf(x, w, b)
+            hits = jf.stats.hits
             assert _kernels_and_adds(jf, (x, w, b)) == want, (b.shape, b.stride(), b.dtype)
+            assert (jf.stats.hits - hits, jf.stats.fallbacks) == (1, 0)
 
 
 def test_module_linear_on_3d_inputs_like_eager():
