@@ -104,6 +104,22 @@ def test_generate_with_the_default_dynamic_cache_runs_eagerly_and_says_why():
     assert model.forward.stats.compiles == 0
 
 
+def test_generate_a_batch_of_two_with_a_static_cache():
+    """A batch of 2 (Qwen2: biased q/k/v projections): a decode step's attention output has a
+    size-1 dim of another stride, so ``o_proj``'s ``matmul`` folds into ``mm`` only because its
+    weight requires grad, a flag the trace's view of it lost (it ran ``bmm``: other logits in
+    the last bits; tests/test_matmul_decompositions.py has the whole kind)."""
+    model = tiny_model("qwen2")
+    ids = torch.randint(0, 96, (2, 6))
+    ref = generate(model, ids, disable_compile=True)
+    jf = trident.jit(model.forward)
+    model.forward = jf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prefill's fallback
+        assert_same_generation(generate(model, ids, disable_compile=True), ref)
+    assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.hits) == (1, 1, NEW_TOKENS - 2)
+
+
 def test_generate_through_transformers_compile_config():
     model = tiny_model("llama")
     ids = torch.randint(0, 96, (1, 6))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import trident
-from _trident_helpers import assert_same, clone_strided
+from _trident_helpers import as_in_a_new_process, assert_same, clone_strided
 
 
 def _clone(args, memo=None):
@@ -243,6 +243,76 @@ def test_views_of_a_tensor_that_requires_grad_fold_as_eager(mode):
             for _ in range(2):
                 assert _kernels(jf, args) == want, (a, b)
             assert (jf.stats.hits - hits, jf.stats.fallbacks) == (2, 0)
+
+
+def _odd_unit_stride():
+    """A (2, 1, 4) tensor whose size-1 dim has another stride than its dims would give it (as
+    a Qwen2 decode step's attention output with a batch of 2): contiguous, but its batch dims
+    do not fold for ``should_fold``, which compares every stride."""
+    return _t(8).as_strided((2, 1, 4), (4, 8, 1))
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_products_whose_fold_reads_requires_grad_run_eagers_kernels(mode):
+    """``should_fold`` folds a 3-D input whose batch dims do not fold without a copy (a
+    transposed batch; a size-1 dim of another stride) into one ``mm`` only where the matrix
+    requires grad, else runs ``bmm``. The trace's fake views lose the flag where a composite's
+    body makes them (``linear``'s ``weight.t()``) and under inference_mode where a composite
+    view does (``w.T``, ``mT``, ``swapaxes``, ``movedim``, ``reshape``): the plan ran ``bmm``
+    where eager runs ``mm`` (a Qwen2 ``generate`` with a batch of 2: its ``o_proj``, other
+    logits in the last bits). Where a tensor the function reads requires grad such products
+    stay whole (a module's weight too); else the trace's ``bmm`` is eager's."""
+    def products(x, w):
+        return (F.linear(x, w), F.linear(x, w.t().t()), x @ w.T, x @ w.mT, x @ w.swapaxes(0, 1),
+                x @ w.movedim(0, 1), x @ w.reshape(4, 5), x @ w.t(), x @ w[0])
+    lin = torch.nn.Linear(4, 5, bias=False)  # made outside inference_mode: not an inference tensor
+    with mode():
+        for x in (_t(2, 3, 4, layout="reversed"), _odd_unit_stride()):
+            for requires_grad in (True, False):
+                w = _t(5, 4).requires_grad_(requires_grad)
+                jf = trident.jit(products, dynamic=False)
+                assert_same(jf(x, w), products(x, w))
+                want, hits = _kernels(products, (x, w)), jf.stats.hits
+                assert _kernels(jf, (x, w)) == want, (x.stride(), requires_grad)
+                assert (jf.stats.hits - hits, jf.stats.fallbacks) == (1, 0)
+            jm = trident.jit(lin)
+            assert_same(jm(x), lin(x))
+            assert _kernels(jm, (x,)) == _kernels(lin, (x,)) == ["aten::mm"]
+            assert (jm.stats.hits, jm.stats.fallbacks) == (1, 0)
+
+
+def _kernels_and_adds(fn, args):
+    """``_kernels`` and the bias additions (``add`` out of place, ``add_`` in place)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return [e.name for e in prof.events() if e.name in (*_KERNELS, "aten::add", "aten::add_")]
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_linear_adds_a_bias_that_it_cannot_fuse_in_place_as_eager(mode):
+    """A contiguous 3-D input's bias fuses into ``addmm`` only where it is contiguous and 1-D
+    (or squeezes to 1-D: torch 2.13); eager adds any other after ``matmul``, in place
+    (``add_``), which the trace's fake tensors add out of place: a 0-D, 2-D, 3-D, sliced or
+    expanded bias must not be unfolded (a float64 bias promoted the result, a 4-D one
+    broadcast it and a complex one was added where eager raises). Kernels as eager's."""
+    x, w = _t(2, 3, 5), _t(6, 5)
+    biases = [_t(3, 6, dtype=torch.float64), _t(6, layout="sliced", dtype=torch.float64),
+              _t(1, dtype=torch.float64).expand(6), _t(6), _t(1, 6), _t(3, 6), _t(2, 3, 6),
+              torch.tensor(1.5), torch.tensor(1.5, dtype=torch.float64), _t(6, layout="sliced"),
+              _t(2, 1, 3, 6), torch.tensor(1j)]
+    with mode():
+        for b in biases:
+            as_in_a_new_process()  # Note [Specialization limit]: three per bias
+            _like_eager(_linear, (x, w, b), (_t(4, 5), w, b))
+            try:
+                want = _kernels_and_adds(_linear, (x, w, b))
+            except RuntimeError:
+                continue  # _like_eager checked eager's exception
+            jf = trident.jit(_linear, dynamic=False)
+            jf(x, w, b)
+            hits = jf.stats.hits
+            assert _kernels_and_adds(jf, (x, w, b)) == want, (b.shape, b.stride(), b.dtype)
+            assert (jf.stats.hits - hits, jf.stats.fallbacks) == (1, 0)
 
 
 def test_module_linear_on_3d_inputs_like_eager():

@@ -14,6 +14,7 @@ importer turns it into the op's location.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import dis
 import functools
@@ -335,13 +336,18 @@ class _TritonLaunches:
 
 def _unfold_linear(input, weight, bias=None):
     """Note [Composite ops]: ``linear`` without a bias (its body: ``matmul(input,
-    weight.t())``), and with one where the body fuses it into ``addmm`` (a 2-D input, a
-    contiguous 3-D one: Qwen's q/k/v projections). Elsewhere a bias stays whole: the body adds
-    it out of place for a subclass-like tensor (the trace's fake tensors) and in place for
-    eager's, which promotes, broadcasts and raises otherwise (torch 2.11-2.13)."""
-    if bias is not None and not (input.dim() == 2 or (input.dim() == 3
-                                                      and input.is_contiguous())):
+    weight.t())``), and with one where the body fuses it into ``addmm`` (a 2-D input; a
+    contiguous 3-D one with a contiguous 1-D bias: Qwen's q/k/v projections). Elsewhere a bias
+    stays whole: the body adds it out of place for a subclass-like tensor (the trace's fake
+    tensors) and in place for eager's, which promotes, broadcasts and raises otherwise (torch
+    2.11-2.13; 2.13 fuses only a contiguous bias that is 1-D or squeezes to 1-D, and adds a
+    0-D, 2-D, strided or expanded one after ``matmul``)."""
+    if bias is None and _folds_by_requires_grad(input, weight.dim()):
         return NotImplemented  # kept whole (``_special_op_to_preserve_cia``'s answer)
+    if bias is not None and not (input.dim() == 2 or (input.dim() == 3 and input.is_contiguous()
+                                                      and bias.dim() == 1
+                                                      and bias.is_contiguous())):
+        return NotImplemented
     return _cpp_composite(torch.ops.aten.linear.default, input, weight, bias)
 
 
@@ -350,9 +356,33 @@ def _unfold_matmul(input, other):
     fold of ``input``'s batch dims into one ``mm``, else ``bmm`` of expanded views). By a
     batched ``other`` it stays whole: ``_matmul_impl`` squeezes a batch of 1 into ``mm`` for a
     subclass-like tensor and runs ``bmm`` for eager's (other values in the last bit)."""
-    if other.dim() > 2:
+    if other.dim() > 2 or _folds_by_requires_grad(input, other.dim()):
         return NotImplemented
     return _cpp_composite(torch.ops.aten.matmul.default, input, other)
+
+
+# Whether a tensor the traced function reads requires grad (not an inference tensor): only
+# then may a view of one require grad in eager under no_grad or inference_mode (the guards fix
+# both flags of every argument). Unknown outside ``trace``: assumed.
+_INPUTS_REQUIRE_GRAD = contextvars.ContextVar("_INPUTS_REQUIRE_GRAD", default=True)
+
+
+def _folds_by_requires_grad(input, other_dim: int) -> bool:
+    """Note [Composite ops]: whether ATen's ``matmul`` of ``input`` by a matrix or a vector
+    (``other_dim`` <= 2 dims) may pick its kernel by ``other.requires_grad``, which a trace
+    cannot read: a non-empty >= 3-D ``input`` whose batch dims do not fold into one without a
+    copy folds (a copy, one ``mm``) only where ``other`` requires grad, else runs ``bmm``
+    (``should_fold``, LinearAlgebra.cpp, torch 2.11-2.13). Eager's views of a tensor that
+    requires grad require grad under no_grad and inference_mode; the trace's fake views do not
+    where a composite's body makes them (``linear``'s ``weight.t()``) or under inference_mode
+    (``w.T``), so where a tensor the function reads requires grad such a product stays whole
+    (a Qwen2 decode step's ``o_proj`` with a batch of 2: its input's size-1 dim has another
+    stride)."""
+    if input.dim() < 3 or other_dim > 2 or input.numel() == 0:
+        return False
+    return _INPUTS_REQUIRE_GRAD.get() and any(
+        input.stride(i) != input.stride(i + 1) * input.size(i + 1)
+        for i in range(input.dim() - 2))
 
 
 # Note [Composite ops]: composites whose C++ bodies a static trace runs where they branch only
@@ -545,6 +575,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
+    grad = _INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
+                                        and not a.is_inference() for a in args))
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, \
                 _eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
@@ -558,6 +590,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         where = _innermost_user_line(e)
         raise TridentError(f"cannot trace {name}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    finally:
+        _INPUTS_REQUIRE_GRAD.reset(grad)
 
     changed = _changed(state, _global_state())
     if changed:  # Note [Global side effects]
