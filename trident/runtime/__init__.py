@@ -157,7 +157,7 @@ def _build(build_dir: Path):
                           "building it again", stacklevel=5)
         else:
             config.log.warning("trident: building the native runtime for torch %s into %s "
-                               "(once per torch version, about 15 s)", torch.__version__,
+                               "(once per torch version, 15 to 30 s on 2 cores)", torch.__version__,
                                build_dir)
         for name in (_LIBRARY, "runtime.o"):  # ninja would find a damaged output up to date
             (build_dir / name).unlink(missing_ok=True)
