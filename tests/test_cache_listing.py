@@ -85,7 +85,8 @@ def test_clear_takes_the_module_when_a_name_is_in_several(trident_cache, capsys,
     assert f"moda.f ({tmp_path / 'moda.py'}:1)" in listed and "modb.f (" in listed
     assert cli.main(["clear", "f"]) == 2
     out = capsys.readouterr().out
-    assert out.startswith("'f' names 2 functions; name one by module.qualname or by folder:")
+    assert out.startswith("'f' names 2 functions (2 cache entries: a function's earlier code "
+                          "has its own); name one by module.qualname or by folder:")
     assert all(Path(p).name in out for p in paths.values()) and len(trident.list_cache()) == 2
     assert cli.main(["clear", "moda.f"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"deleted {paths['moda']}"

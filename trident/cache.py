@@ -341,7 +341,8 @@ def clear(name: str | None = None) -> list[str]:
             r for r in rows if name in (r["about"].get("qualname"), full_name(r["about"]))]
         origins = {(r["about"].get("module"), r["about"].get("file")) for r in rows}
         if len(origins) > 1:
-            raise ValueError(f"{name!r} names {len(origins)} functions; name one by "
+            raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
+                             "entries: a function's earlier code has its own); name one by "
                              "module.qualname or by folder:\n" + "\n".join(
                                  f"  {full_name(r['about'])} ({r['about'].get('file')}): "
                                  f"{Path(r['path']).name}" for r in rows))
