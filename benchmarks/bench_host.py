@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -154,14 +155,8 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
         step = trident.jit(bench_gpu.make_decode_step(cfg), fallback=False, cuda_graphs=False)
         with torch.no_grad():
             calls = step_calls(step, args)
-            times, alone = [], []
-            for _ in range(5):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(20):
-                    step(*args)
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - start) / 20 * 1e6)
+            in_a_row = bench_gpu.per_call(lambda: step(*args), n=20, warm=2, reps=5)
+            alone = []
             for _ in range(15):  # one step issued to an idle GPU: the host's time alone
                 torch.cuda.synchronize()
                 start = time.perf_counter()
@@ -181,7 +176,7 @@ def main(json_path: str | None = None, names=tuple(bench_gpu.CONFIGS)) -> dict:
             # a Triton launch is costed as a runtime launch of an empty kernel
             "Triton launches": max(n("cuLaunchKernelEx") - gemms, 0) * cost["kernel launch"],
         }
-        results[name] = {"trident_steps_us": sorted(times)[2],
+        results[name] = {"trident_steps_us": statistics.median(in_a_row),
                          "one_step_issued_to_an_idle_gpu_us": sorted(alone)[7],
                          "floor_us": sum(floor.values()),
                          "floor_parts_us": floor, "costs_us": cost,

@@ -214,11 +214,12 @@ def test_results_views_inputs_and_reused_buffers_like_eager():
 _KERNELS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::mv", "aten::dot", "aten::baddbmm")
 
 
-def _kernels(fn, args):
-    """The matmul-family kernels one call of ``fn`` runs, in order (torch.profiler)."""
+def _kernels(fn, args, names=_KERNELS):
+    """The kernels of ``names`` (the matmul family) one call of ``fn`` runs, in order
+    (torch.profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn(*args)
-    return [e.name for e in prof.events() if e.name in _KERNELS]
+    return [e.name for e in prof.events() if e.name in names]
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
@@ -281,11 +282,8 @@ def test_products_whose_fold_reads_requires_grad_run_eagers_kernels(mode):
             assert (jm.stats.hits, jm.stats.fallbacks) == (1, 0)
 
 
-def _kernels_and_adds(fn, args):
-    """``_kernels`` and the bias additions (``add`` out of place, ``add_`` in place)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn(*args)
-    return [e.name for e in prof.events() if e.name in (*_KERNELS, "aten::add", "aten::add_")]
+# and the bias additions (``add`` out of place, ``add_`` in place)
+_KERNELS_AND_ADDS = (*_KERNELS, "aten::add", "aten::add_")
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
@@ -305,13 +303,14 @@ def test_linear_adds_a_bias_that_it_cannot_fuse_in_place_as_eager(mode):
             as_in_a_new_process()  # Note [Specialization limit]: three per bias
             _like_eager(_linear, (x, w, b), (_t(4, 5), w, b))
             try:
-                want = _kernels_and_adds(_linear, (x, w, b))
+                want = _kernels(_linear, (x, w, b), _KERNELS_AND_ADDS)
             except RuntimeError:
                 continue  # _like_eager checked eager's exception
             jf = trident.jit(_linear, dynamic=False)
             jf(x, w, b)
             hits = jf.stats.hits
-            assert _kernels_and_adds(jf, (x, w, b)) == want, (b.shape, b.stride(), b.dtype)
+            assert _kernels(jf, (x, w, b), _KERNELS_AND_ADDS) == want, \
+                (b.shape, b.stride(), b.dtype)
             assert (jf.stats.hits - hits, jf.stats.fallbacks) == (1, 0)
 
 

@@ -44,9 +44,10 @@ symbols are read from), the SCM replays the graph whose key the call has (``trt_
 and a call of a size no graph has runs step by step the first time that size is seen in the
 process (the slot remembers it in a hash table, ``trt_graph_seen_before``; a first call that
 Python ran, as a compile's, is entered with ``_graph_seen``) and asks Python to capture it
-(``TRT_GRAPH_CAPTURE``) the second time: a size seen once (a prompt length) costs no capture. A specialization keeps at most
-``cuda_graph_sizes`` graphs (``trident.jit``, ``TRIDENT_CUDA_GRAPH_SIZES``, default 64);
-past that, and after a capture of it failed, new sizes run step by step without asking Python.
+(``TRT_GRAPH_CAPTURE``) the second time: a size seen once (a prompt length) costs no capture.
+A specialization keeps at most ``cuda_graph_sizes`` graphs (``trident.jit``,
+``TRIDENT_CUDA_GRAPH_SIZES``, default 64); past that, and after a capture of it failed, new
+sizes run step by step without asking Python.
 Its graphs share one memory pool: their replays are serial on one stream, and each graph's
 static outputs stay allocated, so a graph only ever reuses another's dead intermediates.
 
