@@ -37,6 +37,7 @@
 #define TRT_HAVE_C10D 1
 #endif
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -613,15 +614,23 @@ const trt_api g_api = {
 
 // ---- reading arguments and building results ------------------------------------------------
 
-void read_tensor(PyObject* obj, trt_arg* a);
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad);
+
+// Whether a forward-AD level is open (torch.autograd.forward_ad.dual_level): only then can a
+// tensor carry a tangent. Levels close in the order they opened, and closing one clears its
+// tangents (torch/csrc/autograd/forward_grad.h), so level 0 is open if any is. Reading a tensor's
+// tangent takes two mutexes; this takes one per call.
+bool forward_ad_open() {
+  return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
+}
 
 // What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
 // Python runs eagerly): no C++ exception leaves this function.
-void read_arg(PyObject* obj, trt_arg* a) {
+void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
   std::memset(a, 0, sizeof(*a));
   if (THPVariable_CheckExact(obj)) {
     try {
-      read_tensor(obj, a);
+      read_tensor(obj, a, forward_ad);
     } catch (const std::exception&) {
       std::memset(a, 0, sizeof(*a));
       a->kind = TRT_ARG_OTHER;
@@ -643,7 +652,7 @@ void read_arg(PyObject* obj, trt_arg* a) {
   }
 }
 
-void read_tensor(PyObject* obj, trt_arg* a) {
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   const at::Tensor& t = THPVariable_Unpack(obj);
   auto* impl = t.unsafeGetTensorImpl();
   // Nested, non-strided layouts, symbolic shapes, conjugate/negative views and wrapper tensors
@@ -652,7 +661,7 @@ void read_tensor(PyObject* obj, trt_arg* a) {
       impl->has_symbolic_sizes_strides() ||
       (!t.is_cpu() && !t.is_cuda()) ||
       t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
-      t._fw_grad(0).defined() || t._fw_grad(1).defined()) {  // a forward-AD dual tensor
+      (forward_ad && (t._fw_grad(0).defined() || t._fw_grad(1).defined()))) {  // a dual tensor
     a->kind = TRT_ARG_OTHER;
     return;
   }
@@ -761,10 +770,24 @@ struct TreeNode {
   bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
 };
 
+// Note [Unchanged subtrees]: an argument tree's nodes as its last evaluation that held found them.
+struct TreeMemo {
+  bool valid = false;
+  std::vector<PyObject*> values;  // per node: its value (borrowed: see the Note)
+  std::vector<PyObject*> dicts;   // OBJECT: its instance dict
+  std::vector<uint64_t> tags;     // OBJECT: its instance dict's version tag; DICT: its own
+  std::vector<size_t> end;        // per node: one past the last node of its subtree
+  // per container node p: work[work_begin[p] .. work_begin[p + 1]) are its children that no tag
+  // covers (leaves, containers, SAME, sets): what an unchanged p still visits
+  std::vector<Py_ssize_t> work_begin;
+  std::vector<Py_ssize_t> work;
+};
+
 struct Tree {
   PyObject* key;  // leaf 0, a Python int
   std::vector<TreeNode> nodes;
   Py_ssize_t leaves;
+  std::unique_ptr<TreeMemo> memo;  // argument trees only
 };
 
 // Everything a Dispatcher needs to bind and flatten a call. The Python tuples it was read from
@@ -776,6 +799,7 @@ struct CallTrees {
   std::vector<Param> params;
   PyObject* self_obj = nullptr;
   bool has_self = false;
+  bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
   std::vector<Tree> trees;
 };
 
@@ -869,6 +893,10 @@ bool const_equal(const TreeNode& n, PyObject* v) {
     return trt_f64_bits(a.real) == trt_f64_bits(b.real) &&
            trt_f64_bits(a.imag) == trt_f64_bits(b.imag);
   }
+  if (PyAnySet_CheckExact(v)) {  // of str (flatten.py): equal sizes first, no call for empty sets
+    if (PySet_GET_SIZE(v) != PySet_GET_SIZE(n.expect)) return false;
+    if (PySet_GET_SIZE(v) == 0) return true;
+  }
   if (PySlice_Check(v)) {  // each bound by exact type too: 1.0 == 1, but x[1.0:] raises
     auto* a = reinterpret_cast<PySliceObject*>(v);
     auto* b = reinterpret_cast<PySliceObject*>(n.expect);
@@ -925,44 +953,75 @@ PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv
   return v;
 }
 
-// Evaluates one tree over the bound values: true and cv.leaves filled when every check holds.
-bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
-  size_t n = tree.nodes.size();
-  cv.values.resize(n);
-  cv.dicts.resize(n);
-  cv.leaves.clear();
-  cv.leaves.reserve(tree.leaves + 1);
-  cv.leaves.push_back(tree.key);
-  for (size_t i = 0; i < n; ++i) {
+// ---- Note [Unchanged subtrees] ---------------------------------------------------------------
+//
+// A hit must cost what its specialization reads, not what its arguments reach: a Hugging Face
+// model's tree has thousands of nodes (every module's __dict__, its hook dicts, its config), and
+// checking each one on every call cost more than the launches. CPython gives every dict a version
+// tag (PyDictObject.ma_version_tag, Python 3.11 and 3.12) that takes a new value from one
+// process-wide counter at every insertion, replacement, deletion or clear of that dict, and at
+// its creation, so equal tags on the same dict object mean the dict was not changed. Each
+// argument tree keeps, from its last evaluation that held, every node's value and every
+// OBJECT's instance dict and DICT's tag (TreeMemo). A container node whose value is that same
+// object with that same dict and tag has the same entries as then: its children are taken from
+// the memo without reading them, and the checks of its immutable children (CONST, ID) hold
+// without running. What no tag covers is still checked on every call: each object's exact type
+// (``__class__`` can be assigned), its instance dict's identity (``__dict__`` can be assigned), a
+// list's items (a list has no tag), a set's contents, the key order of an OrderedDict
+// (``move_to_end`` changes no tag), a SAME node's identity, and every leaf (the SCM's guards).
+// A value is taken from the memo only below a container that holds it and whose tag held, so it
+// is alive; a value read afresh is trusted only through a tag (a new object at a freed one's
+// address has a new dict, and so a new tag). Python 3.13 and later evaluate every node.
+#if PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_TAGS 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+#pragma GCC diagnostic pop
+#else
+inline uint64_t dict_tag(PyObject*) { return 0; }
+#endif
+
+// One tree's evaluation: where values go (the memo's arrays for argument trees, so that the next
+// call finds them; the call's own for state trees).
+struct TreeEval {
+  const CallTrees& t;
+  const Tree& tree;
+  CallValues& cv;
+  TreeMemo* memo;  // nullptr: every node is evaluated
+  PyObject** values;
+  PyObject** dicts;
+  Py_ssize_t* failed;
+
+  bool fail(size_t i) {
+    if (failed) *failed = static_cast<Py_ssize_t>(i);
+    return false;
+  }
+
+  // Reads node i's value from its parent (or the call); nullptr when there is none.
+  PyObject* read(size_t i) {
     const TreeNode& node = tree.nodes[i];
-    PyObject* v = nullptr;
-    PyObject* parent = node.parent >= 0 ? cv.values[node.parent] : nullptr;
+    PyObject* parent = node.parent >= 0 ? values[node.parent] : nullptr;
     switch (node.access) {
-      case ACC_ARG: v = cv.bound[node.index]; break;
-      case ACC_SELF: v = t.self_obj; break;
-      case ACC_ITEM: v = PyDict_GetItemWithError(parent, node.key); break;
+      case ACC_ARG: return cv.bound[node.index];
+      case ACC_SELF: return t.self_obj;
+      case ACC_ITEM: return PyDict_GetItemWithError(parent, node.key);
       case ACC_INDEX:  // the parent's type and length were checked
-        v = PyTuple_Check(parent) ? PyTuple_GET_ITEM(parent, node.index)
-                                  : PyList_GET_ITEM(parent, node.index);
-        break;
-      case ACC_ATTR: v = PyDict_GetItemWithError(cv.dicts[node.parent], node.key); break;
-      case ACC_ROOT: v = node.key; break;
+        return PyTuple_Check(parent) ? PyTuple_GET_ITEM(parent, node.index)
+                                     : PyList_GET_ITEM(parent, node.index);
+      case ACC_ATTR: return PyDict_GetItemWithError(dicts[node.parent], node.key);
+      case ACC_ROOT: return node.key;
       case ACC_GETATTR:
-      case ACC_GETITEM:
-        v = parent ? read_state(parent, node.access, node.key, cv) : nullptr;
-        break;
-      case ACC_CELL: v = parent && PyCell_Check(parent) ? PyCell_GET(parent) : nullptr; break;
+      case ACC_GETITEM: return parent ? read_state(parent, node.access, node.key, cv) : nullptr;
+      case ACC_CELL: return parent && PyCell_Check(parent) ? PyCell_GET(parent) : nullptr;
     }
-    if (!v || node.check == CHK_ABSENT) {
-      PyErr_Clear();
-      if (!v && node.check == CHK_ABSENT) {
-        cv.values[i] = nullptr;
-        continue;
-      }
-      if (failed) *failed = static_cast<Py_ssize_t>(i);
-      return false;
-    }
-    cv.values[i] = v;
+    return nullptr;
+  }
+
+  // Checks node i holding v, the node alone (its children are the caller's).
+  bool check(size_t i, PyObject* v) {
+    const TreeNode& node = tree.nodes[i];
+    values[i] = v;
     bool ok = true;
     switch (node.check) {
       case CHK_LEAF: cv.leaves.push_back(v); break;
@@ -972,31 +1031,122 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
       case CHK_DICT:
         ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
              PyDict_GET_SIZE(v) == node.length && (!node.keys || same_keys(v, node.keys));
+        if (ok && memo) memo->tags[i] = dict_tag(v);
         break;
       case CHK_OBJECT: {
         if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) {
           ok = false;
           break;
         }
-        PyObject* d = cv.dicts[i] = instance_dict(v);
+        PyObject* d = dicts[i] = instance_dict(v);
         ok = d && PyDict_GET_SIZE(d) == node.length && (!node.keys || same_keys(d, node.keys));
+        if (ok && memo) memo->tags[i] = dict_tag(d);
         break;
       }
       case CHK_CONST: ok = const_equal(node, v); break;
       case CHK_ID: ok = v == node.expect; break;
-      case CHK_SAME: ok = v == cv.values[node.same]; break;
+      case CHK_SAME: ok = v == values[node.same]; break;
       case CHK_TYPE: ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect); break;
       case CHK_TENSOR:  // the same tensor, not written since (its version counter)
         ok = v == node.expect && THPVariable_Check(v) &&
              static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length;
         break;
     }
-    if (!ok) {
-      if (failed) *failed = static_cast<Py_ssize_t>(i);
-      return false;
-    }
+    return ok;
   }
-  return true;
+
+  // Every node, in order (state trees, and argument trees without a memo that held).
+  bool all() {
+    size_t n = tree.nodes.size();
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = read(i);
+      const TreeNode& node = tree.nodes[i];
+      if (!v || node.check == CHK_ABSENT) {
+        PyErr_Clear();
+        if (!v && node.check == CHK_ABSENT) {
+          values[i] = nullptr;
+          continue;
+        }
+        return fail(i);
+      }
+      if (!check(i, v)) return fail(i);
+    }
+    return true;
+  }
+
+  // Note [Unchanged subtrees]: node i is the container the memo holds, unchanged since.
+  bool unchanged(size_t i, PyObject* v) {
+#ifdef TRT_DICT_TAGS
+    if (v != values[i]) return false;
+    const TreeNode& node = tree.nodes[i];
+    if (node.check == CHK_DICT)
+      return dict_tag(v) == memo->tags[i] &&
+             (node.length < 2 || !PyODict_CheckExact(v) || same_keys(v, node.keys));
+    if (node.check == CHK_OBJECT)
+      return Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
+             instance_dict(v) == dicts[i] && dict_tag(dicts[i]) == memo->tags[i];
+#endif
+    return false;
+  }
+
+  // Node i, and its subtree. `held`: its value is the memo's, held by an unchanged container (or
+  // an immutable tuple such a container holds); otherwise it is read afresh.
+  bool visit(size_t i, bool held) {
+    const TreeNode& node = tree.nodes[i];
+    PyObject* v = held ? values[i] : read(i);
+    if (!v) {
+      PyErr_Clear();
+      return fail(i);
+    }
+    int c = node.check;
+    if ((c == CHK_OBJECT || c == CHK_DICT) && unchanged(i, v)) return children(i, true);
+    if (c == CHK_SEQ && held && PyTuple_CheckExact(v)) return children(i, true);
+    if (held && (c == CHK_ID || (c == CHK_CONST && !PyAnySet_CheckExact(v) &&
+                                  !PyAnySet_Check(node.expect))))
+      return true;  // immutable, and the same object as when it was checked
+    if (!check(i, v)) return fail(i);
+    return children(i, false);
+  }
+
+  // The children of node p. `held`: p is unchanged, so only the children that a tag does not
+  // cover are visited (the memo's `work` list); otherwise all, afresh.
+  bool children(size_t p, bool held) {
+    if (held) {
+      for (Py_ssize_t k = memo->work_begin[p]; k < memo->work_begin[p + 1]; ++k)
+        if (!visit(static_cast<size_t>(memo->work[k]), true)) return false;
+      return true;
+    }
+    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c])
+      if (!visit(c, false)) return false;
+    return true;
+  }
+
+  bool memoized() {
+    size_t n = tree.nodes.size();
+    for (size_t i = 0; i < n; i = memo->end[i])
+      if (!visit(i, false)) return false;
+    return true;
+  }
+};
+
+// Evaluates one tree over the bound values: true and cv.leaves filled when every check holds
+// (an argument tree's values are then in its memo, a state tree's in cv.values).
+bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
+  size_t n = tree.nodes.size();
+  TreeMemo* memo = tree.memo.get();
+  if (!memo) {
+    cv.values.resize(n);
+    cv.dicts.resize(n);
+  }
+  cv.leaves.clear();
+  cv.leaves.reserve(tree.leaves + 1);
+  cv.leaves.push_back(tree.key);
+  TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
+             memo ? memo->dicts.data() : cv.dicts.data(), failed};
+  if (!memo) return e.all();
+  bool ok = memo->valid ? e.memoized() : e.all();
+  memo->valid = ok;
+  return ok;
 }
 
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
@@ -1253,8 +1403,8 @@ void Dispatcher_dealloc(Dispatcher* self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// One tensor object in two argument positions: pairwise for short argument lists (no
-// allocation on the hit path), sorted for long ones.
+// One tensor object in two argument positions: pairwise for short argument lists, an open-
+// addressing set on the stack for longer ones (no allocation on the hit path), sorted beyond.
 bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
   if (n <= 32) {
     for (Py_ssize_t i = 0; i < n; ++i)
@@ -1262,6 +1412,25 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
         if (a[i].kind == TRT_ARG_TENSOR && a[j].kind == TRT_ARG_TENSOR &&
             a[i].tensor == a[j].tensor)
           return true;
+    return false;
+  }
+  constexpr size_t kSlots = 4096;  // a power of two, at least twice the arguments it takes
+  if (static_cast<size_t>(n) <= kSlots / 2) {
+    size_t size = 64;
+    while (size < 2 * static_cast<size_t>(n)) size <<= 1;
+    const trt_tensor* slots[kSlots];
+    std::memset(slots, 0, size * sizeof(slots[0]));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (a[i].kind != TRT_ARG_TENSOR) continue;
+      uint64_t h = reinterpret_cast<uintptr_t>(a[i].tensor) * 0x9E3779B97F4A7C15ull;
+      for (size_t s = (h >> 40) & (size - 1);; s = (s + 1) & (size - 1)) {
+        if (!slots[s]) {
+          slots[s] = a[i].tensor;
+          break;
+        }
+        if (slots[s] == a[i].tensor) return true;
+      }
+    }
     return false;
   }
   std::vector<trt_tensor*> tensors;
@@ -1351,7 +1520,8 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   env->process_group = process_group_fact();
   env->num_threads = at::get_num_threads();
   env->flags = global_flags();
-  for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i]);
+  bool forward_ad = forward_ad_open();
+  for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i], forward_ad);
   env->aliased = tensor_passed_twice(out, n);
   env->graphs = nullptr;
 }
@@ -1466,7 +1636,11 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   CallTrees* t = self->trees;
   if (!t || !state_holds(self)) return slow_path(self, args, kwargs);
   CallValues cv;
-  if (flatten_args(*t, args, kwargs, cv) < 0) return slow_path(self, args, kwargs);
+  Py_ssize_t k = flatten_args(*t, args, kwargs, cv);
+  if (k < 0) return slow_path(self, args, kwargs);
+  // A result may return the call's own objects (R_INPUT): keep this call's node values, which
+  // another call may write into the memo while this one's launch sequence releases the GIL.
+  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) cv.values = memo->values;
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
   int rc = TRT_MISS;
@@ -1570,6 +1744,35 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
   return true;
 }
 
+// Note [Unchanged subtrees]: the memo of an argument tree, empty (valid at its first evaluation).
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
+  size_t n = tree.nodes.size();
+  auto memo = std::make_unique<TreeMemo>();
+  memo->values.assign(n, nullptr);
+  memo->dicts.assign(n, nullptr);
+  memo->tags.assign(n, 0);
+  memo->end.assign(n, 0);
+  for (size_t i = n; i-- > 0;) {  // a subtree ends where its last child's does
+    if (memo->end[i] == 0) memo->end[i] = i + 1;
+    Py_ssize_t p = tree.nodes[i].parent;
+    if (p >= 0 && memo->end[p] == 0) memo->end[p] = memo->end[i];
+  }
+  memo->work_begin.assign(n + 1, 0);
+  for (size_t p = 0; p < n; ++p) {
+    memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
+    int c = tree.nodes[p].check;
+    if (c != CHK_OBJECT && c != CHK_DICT && c != CHK_SEQ) continue;
+    for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
+      const TreeNode& child = tree.nodes[k];
+      bool immutable = child.check == CHK_ID ||
+                       (child.check == CHK_CONST && !PyAnySet_Check(child.expect));
+      if (!immutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
+    }
+  }
+  memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
+  return memo;
+}
+
 // _set_state(program or None): Note [State guards] in state.py; hits need its checks to hold.
 PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
   std::shared_ptr<Tree> tree;
@@ -1627,8 +1830,11 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
     Tree tree;
     if (!parse_tree(prog, static_cast<Py_ssize_t>(t->params.size()), tree))
       return fail("tree node");
+    tree.memo = make_memo(tree);
     t->trees.push_back(std::move(tree));
   }
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k)
+    t->any_recipe |= PyTuple_GET_ITEM(recipes, k) != Py_None;
   t->source = binding;
   t->programs = programs;
   t->recipes = recipes;

@@ -1,0 +1,297 @@
+"""Note [Unchanged subtrees] (trident/runtime/runtime.cpp): a hit skips the containers whose dict
+version tags say they are unchanged, and still sees every change the whole walk saw.
+
+Each case jits ``f(m, x) = m(x)`` over a module tree, hits it, changes the tree one way, and
+compares the next calls with eager (``torch.equal``): the change is seen (a recompile, or a
+hit of what the new state needs), and the call after it is a hit again (the memo is valid
+again). Cases run on the CPU, and on CUDA where there is a device.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import trident
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+class Cfg:
+    def __init__(self):
+        self.k, self.flag = 2.0, False
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.register_buffer("shift", torch.zeros(4))
+        self.scale = 1.5
+
+    def forward(self, x):
+        x = self.norm(self.lin(x)) * self.scale + self.shift
+        if self.training:
+            x = x * 2
+        return x + getattr(self, "bias_add", 0.0)
+
+
+class Block2(Block):
+    def forward(self, x):
+        return super().forward(x) - 1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.cfg = Cfg()
+        self.scales = [1.0, 70000]
+        self.tags = {"a"}
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        if self.cfg.flag:
+            x = x + 1
+        if "b" in self.tags:
+            x = x - 3
+        return x * self.cfg.k * self.scales[0] + self.scales[1]
+
+
+class Cache:
+    def __init__(self, device):
+        self.layers = [torch.ones(4, device=device)]
+
+
+def f(m, x):
+    return m(x)
+
+
+def g(m, cache, x):
+    return m(x) * cache.layers[0]
+
+
+def _hook_mul3(module, args, out):
+    return out * 3
+
+
+def _pre_hook_neg(module, args):
+    return (-args[0],)
+
+
+def _param(m):
+    m.blocks[1].lin.weight = nn.Parameter(torch.randn(4, 4, device=m.blocks[1].lin.weight.device))
+
+
+def _buffer(m):
+    m.blocks[0].shift = torch.ones(4, device=m.blocks[0].shift.device)
+
+
+def _load_state_dict(m):
+    state = {k: torch.randn_like(v) for k, v in m.state_dict().items()}
+    m.load_state_dict(state)
+
+
+def _in_place(m):
+    m.blocks[2].lin.weight.mul_(2)
+
+
+def _requires_grad(m):
+    m.blocks[0].lin.weight.requires_grad_(False)
+
+
+def _hook(m):
+    m.blocks[1].norm.register_forward_hook(_hook_mul3)
+
+
+def _pre_hook(m):
+    m.blocks[2].lin.register_forward_pre_hook(_pre_hook_neg)
+
+
+def _hook_removed(m):
+    handle = m.blocks[1].norm.register_forward_hook(_hook_mul3)
+    f(m, torch.ones(2, 4, device=m.blocks[1].norm.weight.device))
+    handle.remove()
+
+
+def _swap(m):
+    m.blocks[1].lin = nn.Linear(4, 4, device=m.blocks[1].lin.weight.device)
+
+
+def _delete(m):
+    del m.blocks[2]
+
+
+def _attribute(m):
+    m.blocks[0].bias_add = 5.0
+
+
+def _config(m):
+    m.cfg.k = 3.0
+
+
+def _config_flag(m):
+    m.cfg.flag = True
+
+
+def _config_replaced(m):
+    cfg = Cfg()
+    cfg.k = -1.0
+    m.cfg = cfg
+
+
+def _class(m):
+    m.blocks[1].__class__ = Block2
+
+
+def _train(m):
+    m.blocks[1].train()
+
+
+def _dict_replaced(m):
+    b = m.blocks[0]
+    d = dict(vars(b))
+    d["scale"] = 7.0
+    b.__dict__ = d
+
+
+def _list_item(m):
+    m.scales[1] = 70000 + int("1")  # a new int object, perhaps where the old one lived
+
+
+def _list_float(m):
+    m.scales[0] = float("2.5")
+
+
+def _set(m):
+    m.tags.add("b")
+
+
+def _hook_order(m):
+    norm = m.blocks[0].norm
+    first = norm.register_forward_hook(lambda mod, args, out: out * 2)
+    norm.register_forward_hook(lambda mod, args, out: out + 1)
+    f(m, torch.ones(2, 4, device=norm.weight.device))
+    norm._forward_hooks.move_to_end(first.id)  # no dict tag changes: the key order does
+
+
+def _specialized_store(m):
+    b = m.blocks[2]
+    for i in range(200):  # STORE_ATTR specializes: its fast paths must bump the dict's tag
+        b.scale = 1.0 + i / 1000
+
+
+CHANGES = [_param, _buffer, _load_state_dict, _in_place, _requires_grad, _hook, _pre_hook,
+           _hook_removed, _swap, _delete, _attribute, _config, _config_flag, _config_replaced,
+           _class, _train, _dict_replaced, _list_item, _list_float, _set, _hook_order,
+           _specialized_store]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.__name__.strip("_"))
+def test_a_change_to_the_module_tree_is_seen(change, device):
+    torch.manual_seed(0)
+    m = Net().to(device).eval()
+    x = torch.randn(2, 4, device=device)
+    jf = trident.jit(f)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(jf(m, x), f(m, x))
+        assert jf.stats.hits == 2 and jf.stats.fallbacks == 0, jf.stats
+        change(m)
+        for _ in range(3):
+            assert torch.equal(jf(m, x), f(m, x)), change.__name__
+    assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
+    hits = jf.stats.hits
+    with torch.no_grad():
+        jf(m, x)
+    assert jf.stats.hits == hits + 1, jf.stats  # unchanged again: a hit
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_cache_object_replaced_or_edited_is_seen(device):
+    torch.manual_seed(0)
+    m = Net().to(device).eval()
+    x = torch.randn(2, 4, device=device)
+    cache = Cache(device)
+    jf = trident.jit(g)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(jf(m, cache, x), g(m, cache, x))
+        cache = Cache(device)
+        cache.layers[0] = torch.full((4,), 2.0, device=device)  # a new object, a new list
+        assert torch.equal(jf(m, cache, x), g(m, cache, x))
+        cache.layers[0] = torch.full((4,), 3.0, device=device)  # the same list, a new item
+        assert torch.equal(jf(m, cache, x), g(m, cache, x))
+        cache.layers.append(torch.ones(4, device=device))
+        assert torch.equal(jf(m, cache, x), g(m, cache, x))
+        hits = jf.stats.hits
+        assert torch.equal(jf(m, cache, x), g(m, cache, x))
+    assert jf.stats.hits == hits + 1 and jf.stats.fallbacks == 0, jf.stats
+
+
+def test_an_object_held_in_two_arguments_is_checked_as_one():
+    """A SAME node below an unchanged container refers to a node of another argument: the
+    memo of the container holds, the identity across arguments must still be checked."""
+
+    class Holder:
+        def __init__(self, block):
+            self.block = block
+
+    def h(block, holder, x):
+        return block(x) + holder.block(x)
+
+    torch.manual_seed(0)
+    a, b = Block().eval(), Block().eval()
+    holder = Holder(a)
+    x = torch.randn(2, 4)
+    jf = trident.jit(h)
+    with torch.no_grad():
+        for block in (a, a, b, b, a):
+            assert torch.equal(jf(block, holder, x), h(block, holder, x))
+    assert jf.stats.fallbacks == 0
+
+
+def test_a_copied_module_is_a_new_tree_of_the_same_structure():
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 4)
+    jf = trident.jit(f)
+    with torch.no_grad():
+        jf(m, x)
+        m2 = copy.deepcopy(m)
+        m2.blocks[0].lin.weight.add_(1)
+        for model in (m2, m, m2):
+            assert torch.equal(jf(model, x), f(model, x))
+    assert jf.stats.compiles == 1 and jf.stats.fallbacks == 0, jf.stats
+
+
+def test_a_hugging_face_model_change_is_seen():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 5))
+
+    def logits(model, ids):
+        return model(input_ids=ids, use_cache=False).logits
+
+    jf = trident.jit(logits)
+    changes = [
+        lambda: model.model.layers[1].mlp.register_forward_hook(_hook_mul3),
+        lambda: model.model.layers[0].self_attn.q_proj.weight.mul_(0.5),
+        lambda: setattr(model.model.layers[0], "mlp", copy.deepcopy(model.model.layers[1].mlp)),
+        lambda: setattr(model.model.norm, "variance_epsilon", 0.5),
+    ]
+    with torch.no_grad():
+        for change in [lambda: None] + changes:
+            change()
+            for _ in range(2):
+                assert torch.equal(jf(model, ids), logits(model, ids))
+    assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
