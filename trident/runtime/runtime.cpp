@@ -44,6 +44,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -770,17 +771,31 @@ struct TreeNode {
   bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
 };
 
-// Note [Unchanged subtrees]: an argument tree's nodes as its last evaluation that held found them.
+// Note [Unchanged subtrees]: an argument tree's nodes as its evaluations last read them.
 struct TreeMemo {
-  bool valid = false;
   std::vector<PyObject*> values;  // per node: its value (borrowed: see the Note)
   std::vector<PyObject*> dicts;   // OBJECT: its instance dict
-  std::vector<uint64_t> tags;     // OBJECT: its instance dict's version tag; DICT: its own
+  // OBJECT: its instance dict's version tag, DICT: its own, when its whole subtree last held
+  std::vector<uint64_t> tags;
   std::vector<size_t> end;        // per node: one past the last node of its subtree
   // per container node p: work[work_begin[p] .. work_begin[p + 1]) are its children that no tag
   // covers (leaves, containers, SAME, sets): what an unchanged p still visits
   std::vector<Py_ssize_t> work_begin;
   std::vector<Py_ssize_t> work;
+  // per node: what its value needs when it is the memo's (TreeEval::visit)
+  enum Kind : uint8_t {
+    kOther,        // checked: a list, a namedtuple, a set, SAME
+    kDict,         // unchanged with its exact type and tag
+    kOrderedDict,  // an OrderedDict of two or more keys: also its key order
+    kObject,       // unchanged with its exact type, instance dict and that dict's tag
+    kTuple,        // a plain tuple: immutable, its children are the memo's where it is held
+    kImmutable,    // CONST (but a set) and ID: the same object holds where it is held
+    kLeaf,         // the SCM's argument: its guards are the SCM's
+  };
+  std::vector<uint8_t> kind;
+  std::vector<PyTypeObject*> types;  // kDict, kOrderedDict, kObject: the exact type
+  std::vector<uint8_t> watched;      // the node's dict is watched (TRT_DICT_WATCHERS)
+  uint64_t events = 0;               // dict_events when the tree last held
 };
 
 struct Tree {
@@ -961,11 +976,11 @@ PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv
 // tag (PyDictObject.ma_version_tag, Python 3.11 and 3.12) that takes a new value from one
 // process-wide counter at every insertion, replacement, deletion or clear of that dict, and at
 // its creation, so equal tags on the same dict object mean the dict was not changed. Each
-// argument tree keeps, from its last evaluation that held, every node's value and every
-// OBJECT's instance dict and DICT's tag (TreeMemo). A container node whose value is that same
-// object with that same dict and tag has the same entries as then: its children are taken from
-// the memo without reading them, and the checks of its immutable children (CONST, ID) hold
-// without running. What no tag covers is still checked on every call: each object's exact type
+// argument tree keeps every node's value as last read, and each OBJECT's instance dict and
+// DICT's tag as they were when its whole subtree last held (TreeMemo). A container node whose
+// value is that same object with that same dict and tag has the same entries as then: its
+// children are taken from the memo without reading them, and the checks of its immutable
+// children (CONST, ID) hold without running. What no tag covers is still checked on every call: each object's exact type
 // (``__class__`` can be assigned), its instance dict's identity (``__dict__`` can be assigned), a
 // list's items (a list has no tag), a set's contents, the key order of an OrderedDict
 // (``move_to_end`` changes no tag), a SAME node's identity, and every leaf (the SCM's guards).
@@ -980,6 +995,38 @@ inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d
 #pragma GCC diagnostic pop
 #else
 inline uint64_t dict_tag(PyObject*) { return 0; }
+#endif
+
+// Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost
+// nothing to check: a dict the memo found unchanged across two calls is watched, and every event
+// on any watched dict (a change, a copy into it, its deallocation) counts in dict_events. A memo
+// that last held at the current count knows that none of its watched dicts changed since, and
+// reads no tag of theirs. Not on 3.11 (no watchers) or where all watcher slots are taken.
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_WATCHERS 1
+uint64_t dict_events = 0;
+int dict_watcher = -1;  // -2: none could be had
+
+int on_dict_event(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
+  ++dict_events;
+  return 0;
+}
+
+// Watches `d` (its tag changes: read it again). false: not watched.
+bool watch_dict(PyObject* d) {
+  if (dict_watcher == -1) {
+    dict_watcher = PyDict_AddWatcher(on_dict_event);
+    if (dict_watcher < 0) {
+      PyErr_Clear();
+      dict_watcher = -2;
+    }
+  }
+  if (dict_watcher < 0 || PyDict_Watch(dict_watcher, d) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
 #endif
 
 // One tree's evaluation: where values go (the memo's arrays for argument trees, so that the next
@@ -1022,6 +1069,9 @@ struct TreeEval {
   bool check(size_t i, PyObject* v) {
     const TreeNode& node = tree.nodes[i];
     values[i] = v;
+#ifdef TRT_DICT_WATCHERS
+    if (memo) memo->watched[i] = 0;  // a value read afresh: perhaps another dict than the watched
+#endif
     bool ok = true;
     switch (node.check) {
       case CHK_LEAF: cv.leaves.push_back(v); break;
@@ -1031,7 +1081,6 @@ struct TreeEval {
       case CHK_DICT:
         ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
              PyDict_GET_SIZE(v) == node.length && (!node.keys || same_keys(v, node.keys));
-        if (ok && memo) memo->tags[i] = dict_tag(v);
         break;
       case CHK_OBJECT: {
         if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) {
@@ -1040,7 +1089,6 @@ struct TreeEval {
         }
         PyObject* d = dicts[i] = instance_dict(v);
         ok = d && PyDict_GET_SIZE(d) == node.length && (!node.keys || same_keys(d, node.keys));
-        if (ok && memo) memo->tags[i] = dict_tag(d);
         break;
       }
       case CHK_CONST: ok = const_equal(node, v); break;
@@ -1074,46 +1122,75 @@ struct TreeEval {
     return true;
   }
 
-  // Note [Unchanged subtrees]: node i is the container the memo holds, unchanged since.
-  bool unchanged(size_t i, PyObject* v) {
-#ifdef TRT_DICT_TAGS
-    if (v != values[i]) return false;
-    const TreeNode& node = tree.nodes[i];
-    if (node.check == CHK_DICT)
-      return dict_tag(v) == memo->tags[i] &&
-             (node.length < 2 || !PyODict_CheckExact(v) || same_keys(v, node.keys));
-    if (node.check == CHK_OBJECT)
-      return Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
-             instance_dict(v) == dicts[i] && dict_tag(dicts[i]) == memo->tags[i];
+  // Whether d, node i's dict (its own, or its object's) as the memo holds it, is unchanged.
+  bool same_dict(size_t i, PyObject* d) {
+#ifdef TRT_DICT_WATCHERS
+    if (memo->watched[i]) {
+      if (memo->events == dict_events) return true;
+    } else if (dict_tag(d) == memo->tags[i] && watch_dict(d)) {  // unchanged twice: watched
+      memo->watched[i] = 1;
+      memo->tags[i] = dict_tag(d);
+      return true;
+    }
 #endif
-    return false;
+    return dict_tag(d) == memo->tags[i];
   }
 
   // Node i, and its subtree. `held`: its value is the memo's, held by an unchanged container (or
-  // an immutable tuple such a container holds); otherwise it is read afresh.
+  // an immutable tuple such a container holds); otherwise it is read afresh. The memo's `kind`
+  // says what an unchanged value needs (it is read before the node: a node is 80 bytes).
   bool visit(size_t i, bool held) {
-    const TreeNode& node = tree.nodes[i];
     PyObject* v = held ? values[i] : read(i);
     if (!v) {
       PyErr_Clear();
       return fail(i);
     }
+    switch (memo->kind[i]) {
+#ifdef TRT_DICT_TAGS
+      case TreeMemo::kDict:
+      case TreeMemo::kOrderedDict:  // move_to_end reorders an OrderedDict without a new tag
+        if (v == values[i] && Py_TYPE(v) == memo->types[i] && same_dict(i, v) &&
+            (memo->kind[i] == TreeMemo::kDict || same_keys(v, tree.nodes[i].keys)))
+          return children(i, true);
+        break;
+      case TreeMemo::kObject:  // (the value may be one that failed its check: its type first)
+        if (v == values[i] && Py_TYPE(v) == memo->types[i]) {
+          PyObject** dict = _PyObject_GetDictPtr(v);
+          if (dict && *dict == dicts[i] && same_dict(i, *dict)) return children(i, true);
+        }
+        break;
+#endif
+      case TreeMemo::kTuple:
+        if (held) return children(i, true);
+        break;
+      case TreeMemo::kImmutable:
+        if (held) return true;  // the same object as when it was checked
+        break;
+      case TreeMemo::kLeaf:
+        cv.leaves.push_back(v);
+        values[i] = v;
+        return true;
+    }
+    const TreeNode& node = tree.nodes[i];
     int c = node.check;
-    if ((c == CHK_OBJECT || c == CHK_DICT) && unchanged(i, v)) return children(i, true);
-    if (c == CHK_SEQ && held && PyTuple_CheckExact(v)) return children(i, true);
-    if (held && (c == CHK_ID || (c == CHK_CONST && !PyAnySet_CheckExact(v) &&
-                                  !PyAnySet_Check(node.expect))))
-      return true;  // immutable, and the same object as when it was checked
     if (!check(i, v)) return fail(i);
-    return children(i, false);
+    if (!children(i, false)) return false;
+    // the tag once the whole subtree held: a subtree cut short by a failure keeps its older tag,
+    // which its dict no longer has, so the next call reads it afresh
+    if (c == CHK_DICT || c == CHK_OBJECT) memo->tags[i] = dict_tag(c == CHK_DICT ? v : dicts[i]);
+    return true;
   }
 
   // The children of node p. `held`: p is unchanged, so only the children that a tag does not
   // cover are visited (the memo's `work` list); otherwise all, afresh.
   bool children(size_t p, bool held) {
     if (held) {
-      for (Py_ssize_t k = memo->work_begin[p]; k < memo->work_begin[p + 1]; ++k)
-        if (!visit(static_cast<size_t>(memo->work[k]), true)) return false;
+      const Py_ssize_t *begin = memo->work.data() + memo->work_begin[p],
+                       *end = memo->work.data() + memo->work_begin[p + 1];
+      for (const Py_ssize_t* k = begin; k < end; ++k)  // the objects' headers, loaded together
+        __builtin_prefetch(values[*k]);
+      for (const Py_ssize_t* k = begin; k < end; ++k)
+        if (!visit(static_cast<size_t>(*k), true)) return false;
       return true;
     }
     for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c])
@@ -1144,9 +1221,11 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
              memo ? memo->dicts.data() : cv.dicts.data(), failed};
   if (!memo) return e.all();
-  bool ok = memo->valid ? e.memoized() : e.all();
-  memo->valid = ok;
-  return ok;
+  if (!e.memoized()) return false;
+#ifdef TRT_DICT_WATCHERS
+  memo->events = dict_events;
+#endif
+  return true;
 }
 
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
@@ -1547,11 +1626,26 @@ trt_graph* graph_slot(Dispatcher* self, size_t i) {
   return static_cast<Py_ssize_t>(i) < self->num_graphs ? &self->graphs[i] : nullptr;
 }
 
+// The parts of one hit, for `_hit_profile` (benchmarks/bench_hf.py): nanoseconds each part took,
+// summed over the calls it timed. The hit path passes none and reads no clock.
+struct HitClock {
+  enum Part { kState, kBind, kTree, kRead, kGuards, kRun, kOutput, kParts };
+  std::chrono::steady_clock::time_point last;
+  double ns[kParts] = {};
+  void start() { last = std::chrono::steady_clock::now(); }
+  void lap(Part part) {
+    auto now = std::chrono::steady_clock::now();
+    ns[part] += std::chrono::duration<double, std::nano>(now - last).count();
+    last = now;
+  }
+};
+
 // Runs the installed SCMs on the leaves `items[0..n)`, the first whose guards hold. Returns
 // nullptr with *rc_out set to TRT_MISS when no guard holds, or to TRT_CAPTURE when the matching
 // specialization wants its CUDA graph captured first; otherwise *rc_out is the specialization
 // that ran.
-PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out) {
+PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out,
+                  HitClock* clock = nullptr) {
   std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
   if (!scms) {  // uninstalled meanwhile (a state check ran Python code)
     *rc_out = TRT_MISS;
@@ -1561,6 +1655,14 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
   trt_arg* a = buffer.get(n);
   trt_env env;
   read_args(items, a, n, &env);
+  if (clock) {  // the guards alone, through each module's match entry (the call checks them again)
+    clock->lap(HitClock::kRead);
+    for (size_t i = 0; i < scms->size(); ++i) {
+      env.graphs = graph_slot(self, i);
+      if ((*scms)[i].match(a, static_cast<int32_t>(n), &env) >= 0) break;
+    }
+    clock->lap(HitClock::kGuards);
+  }
   trt_result result;
   result.nouts = 0;
   int rc = TRT_ERROR;
@@ -1591,6 +1693,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
     return nullptr;
   }
   *rc_out = rc;
+  if (clock) clock->lap(HitClock::kRun);
   if (rc == TRT_MISS || rc == TRT_CAPTURE || rc == TRT_ERROR || rc == TRT_EAGER) return nullptr;
   const char* p = result.spec;
   int32_t next = 0;
@@ -1610,14 +1713,17 @@ PyObject* slow_path(Dispatcher* self, PyObject* args, PyObject* kwargs) {
 // hold (cv holds its leaves and node values), or -1 (*failed: the last tree's failing node, -1
 // when the call does not bind). No Python error is left set.
 Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv,
-                        Py_ssize_t* failed = nullptr) {
+                        Py_ssize_t* failed = nullptr, HitClock* clock = nullptr) {
   if (!bind_call(t, args, kwargs, cv)) {
     PyErr_Clear();
     return -1;
   }
-  for (size_t k = 0; k < t.trees.size(); ++k)
-    if (eval_tree(t, t.trees[k], cv, failed)) return static_cast<Py_ssize_t>(k);
-  return -1;
+  if (clock) clock->lap(HitClock::kBind);
+  Py_ssize_t found = -1;
+  for (size_t k = 0; k < t.trees.size() && found < 0; ++k)
+    if (eval_tree(t, t.trees[k], cv, failed)) found = static_cast<Py_ssize_t>(k);
+  if (clock) clock->lap(HitClock::kTree);
+  return found;
 }
 
 // Note [Eager decisions] in jit.py: a call an installed tree accepted that no installed SCM
@@ -1632,11 +1738,14 @@ PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const Ca
                              kwargs ? kwargs : Py_None, leaves);
 }
 
-PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+// Note [Hit path]. `clock`: `_hit_profile`'s, which times each part.
+PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* clock) {
   CallTrees* t = self->trees;
+  if (clock) clock->start();
   if (!t || !state_holds(self)) return slow_path(self, args, kwargs);
+  if (clock) clock->lap(HitClock::kState);
   CallValues cv;
-  Py_ssize_t k = flatten_args(*t, args, kwargs, cv);
+  Py_ssize_t k = flatten_args(*t, args, kwargs, cv, nullptr, clock);
   if (k < 0) return slow_path(self, args, kwargs);
   // A result may return the call's own objects (R_INPUT): keep this call's node values, which
   // another call may write into the memo while this one's launch sequence releases the GIL.
@@ -1644,7 +1753,7 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
   int rc = TRT_MISS;
-  PyObject* out = run_scm(self, cv.leaves.data(), n, &rc);
+  PyObject* out = run_scm(self, cv.leaves.data(), n, &rc, clock);
   if (rc == TRT_CAPTURE)
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
@@ -1668,6 +1777,42 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   PyObject* built = apply_recipe(recipe, out, cv.values);
   Py_DECREF(out);
   return built;
+}
+
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
+  return hit(self, args, kwargs, nullptr);
+}
+
+// _hit_profile(args, kwargs, n) -> dict: n calls as the hit path makes them, each part's mean
+// time in microseconds (benchmarks/bench_hf.py; a call that is not a hit is timed as far as it
+// gets). The guards are timed alone, then again inside the module's call ("run").
+PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
+  PyObject *call_args, *kwargs;
+  Py_ssize_t n;
+  if (!PyArg_ParseTuple(args, "O!On", &PyTuple_Type, &call_args, &kwargs, &n)) return nullptr;
+  if (kwargs != Py_None && !PyDict_Check(kwargs))
+    return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
+  HitClock clock;
+  unsigned long long hits = self->hits;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* out = hit(self, call_args, kwargs == Py_None ? nullptr : kwargs, &clock);
+    if (!out) return nullptr;
+    clock.lap(HitClock::kOutput);
+    Py_DECREF(out);
+  }
+  static const char* const names[HitClock::kParts] = {
+      "state guards", "binding", "argument tree", "environment and leaves", "guards",
+      "run (guards, launches or graph replay)", "output rebuild"};
+  PyObject* d = PyDict_New();
+  for (int p = 0; d && p < HitClock::kParts; ++p) {
+    PyObject* v = PyFloat_FromDouble(n ? clock.ns[p] / 1e3 / static_cast<double>(n) : 0.0);
+    if (!v || PyDict_SetItemString(d, names[p], v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  PyObject* h = PyLong_FromUnsignedLongLong(self->hits - hits);
+  if (d && (!h || PyDict_SetItemString(d, "hits", h) < 0)) Py_CLEAR(d);
+  Py_XDECREF(h);
+  return d;
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
@@ -1744,7 +1889,7 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
   return true;
 }
 
-// Note [Unchanged subtrees]: the memo of an argument tree, empty (valid at its first evaluation).
+// Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   size_t n = tree.nodes.size();
   auto memo = std::make_unique<TreeMemo>();
@@ -1757,6 +1902,32 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
     Py_ssize_t p = tree.nodes[i].parent;
     if (p >= 0 && memo->end[p] == 0) memo->end[p] = memo->end[i];
   }
+  memo->kind.assign(n, TreeMemo::kOther);
+  memo->watched.assign(n, 0);
+  memo->types.assign(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const TreeNode& node = tree.nodes[i];
+    auto* type = reinterpret_cast<PyTypeObject*>(node.expect);
+    switch (node.check) {
+      case CHK_LEAF: memo->kind[i] = TreeMemo::kLeaf; break;
+      case CHK_ID: memo->kind[i] = TreeMemo::kImmutable; break;
+      case CHK_CONST:
+        if (!PyAnySet_Check(node.expect)) memo->kind[i] = TreeMemo::kImmutable;
+        break;
+      case CHK_DICT:
+        memo->kind[i] = type == &PyODict_Type && node.length >= 2 ? TreeMemo::kOrderedDict
+                                                                 : TreeMemo::kDict;
+        memo->types[i] = type;
+        break;
+      case CHK_OBJECT:
+        memo->kind[i] = TreeMemo::kObject;
+        memo->types[i] = type;
+        break;
+      case CHK_SEQ:
+        if (type == &PyTuple_Type) memo->kind[i] = TreeMemo::kTuple;
+        break;
+    }
+  }
   memo->work_begin.assign(n + 1, 0);
   for (size_t p = 0; p < n; ++p) {
     memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
@@ -1764,9 +1935,7 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
     if (c != CHK_OBJECT && c != CHK_DICT && c != CHK_SEQ) continue;
     for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
       const TreeNode& child = tree.nodes[k];
-      bool immutable = child.check == CHK_ID ||
-                       (child.check == CHK_CONST && !PyAnySet_Check(child.expect));
-      if (!immutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
+      if (memo->kind[k] != TreeMemo::kImmutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
     }
   }
   memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
@@ -2014,6 +2183,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_graph_seen(index, *args) -> bool: the slot saw these sizes before (remembers them)."},
     {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
      "_graph_replays() -> int: hits served by a CUDA graph."},
+    {"_hit_profile", reinterpret_cast<PyCFunction>(Dispatcher_hit_profile), METH_VARARGS,
+     "_hit_profile(args, kwargs, n) -> dict: mean microseconds per part of n hits."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},
