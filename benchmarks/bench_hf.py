@@ -15,6 +15,9 @@ tokens after a 16-token prompt, every contender in one process:
 - each decode step of one ``generate`` through ``trident.jit`` and eagerly, timed alone: host
   time until the call returns, and until its GPU work is done.
 
+Models: ``llama-3.2-1b-like``, ``qwen2.5-0.5b-like``, and either with ``+liger`` (its RoPE,
+RMSNorm and SwiGLU replaced by Liger-Kernel's Triton kernels: the workload Trident is for; one
+process per such model). ``TRIDENT_BENCH_BATCH=4`` generates for 4 prompts at once.
 ``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of
 one ``trident.jit`` generate and a torch profile (GPU kernel time per token);
 ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
@@ -45,12 +48,25 @@ MODELS = {
         tie_word_embeddings=True, rope_theta=1000000.0)),
 }
 PROMPT, NEW = 16, 64
+BATCH = int(os.environ.get("TRIDENT_BENCH_BATCH", "1"))
+# "<model>+liger": the hot ops replaced by Liger-Kernel's Triton kernels before the model is
+# built. The patch is global (transformers' modeling modules): run such a model in a process of
+# its own.
+LIGER = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+             fused_linear_cross_entropy=False)
 
 
 def _model(name: str):
     import transformers
 
+    name, _, liger = name.partition("+")
     config_name, model_name, kw = MODELS[name]
+    if liger:
+        from liger_kernel import transformers as lk
+
+        patch = {"LlamaConfig": lk.apply_liger_kernel_to_llama,
+                 "Qwen2Config": lk.apply_liger_kernel_to_qwen2}[config_name]
+        patch(**LIGER)
     config = getattr(transformers, config_name)(**kw)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -148,6 +164,7 @@ def _timed(forward):
     def timed(*args, **kwargs):
         if not timed.on:
             return forward(*args, **kwargs)
+        timed.last = (args, kwargs)
         start = time.perf_counter()
         result = forward(*args, **kwargs)
         returned = time.perf_counter()
@@ -176,6 +193,23 @@ def _step_times(model, ids) -> dict:
             "step_ms": round(statistics.median(d - s for s, _, d in decode) * 1e3, 3),
             "token_ms": round(statistics.median(
                 b[0] - a[0] for a, b in zip(decode, decode[1:])) * 1e3, 3)}
+
+
+def _hit_parts(jf, call) -> dict:
+    """A decode step's hit split into its parts (``Dispatcher._hit_profile``: the native hit
+    path with a clock between its parts), microseconds, the fastest of 5 rounds of 20 calls
+    (each round waits for the GPU first, so no launch waits for a full queue)."""
+    args, kwargs = call
+    best: dict = {}
+    for _ in range(5):
+        torch.cuda.synchronize()
+        parts = jf._hit_profile(args, kwargs, 20)
+        for k, v in parts.items():
+            best[k] = min(best.get(k, v), v)
+    torch.cuda.synchronize()
+    best = {k: round(v, 2) for k, v in best.items()}
+    best["total"] = round(sum(v for k, v in best.items() if k not in ("hits", "guards")), 2)
+    return best
 
 
 def _gpu_busy(model, ids) -> dict:
@@ -216,7 +250,7 @@ def run(name: str, reps: int = 3) -> dict:
     rows = _Rows()
     rows["Trident's native runtime, load or build (s)"] = round(time.perf_counter() - start, 2)
     model = _model(name)
-    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), device="cuda")
+    ids = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), device="cuda")
     forward = model.forward
     rows["eager"] = _contender(model, ids, None, reps, disable_compile=True)
     ref, _ = _generate(model, ids, disable_compile=True)
@@ -228,6 +262,7 @@ def run(name: str, reps: int = 3) -> dict:
         rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps,
                                                         disable_compile=True)
         rows["trident.jit, one decode step alone"] = _step_times(model, ids)
+        rows["trident.jit, a decode hit's parts (us)"] = _hit_parts(jf, model.forward.last)
     stats = jf.stats
     rows["trident.jit(model.forward) stats"] = {
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
@@ -304,6 +339,7 @@ def main(out: str | None = None, models: list[str] | None = None) -> dict:
     import transformers
 
     results["transformers"] = transformers.__version__
+    results["batch"] = BATCH
     for name in models or MODELS:
         try:
             results[name] = run(name)
