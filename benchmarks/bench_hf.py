@@ -164,7 +164,9 @@ def _timed(forward):
     def timed(*args, **kwargs):
         if not timed.on:
             return forward(*args, **kwargs)
-        timed.last = (args, kwargs)
+        if timed.keep == len(marks):  # a decode step's call, and its tensors' values then
+            timed.last = (args, kwargs, {k: v.clone() for k, v in kwargs.items()
+                                         if isinstance(v, torch.Tensor)})
         start = time.perf_counter()
         result = forward(*args, **kwargs)
         returned = time.perf_counter()
@@ -172,7 +174,7 @@ def _timed(forward):
         marks.append((start, returned, time.perf_counter()))
         return result
 
-    timed.on, timed.marks = False, marks
+    timed.on, timed.marks, timed.keep = False, marks, NEW // 2
     return timed
 
 
@@ -199,11 +201,14 @@ def _hit_parts(jf, call) -> dict:
     """A decode step's hit split into its parts (``Dispatcher._hit_profile``: the native hit
     path with a clock between its parts), microseconds, the fastest of 5 rounds of 20 calls
     (each round waits for the GPU first, so no launch waits for a full queue)."""
-    args, kwargs = call
+    args, kwargs, values = call
     best: dict = {}
     for _ in range(5):
+        for k, v in values.items():  # generate advances some of them in place
+            kwargs[k].copy_(v)
         torch.cuda.synchronize()
-        parts = jf._hit_profile(args, kwargs, 20)
+        with torch.no_grad():  # as generate calls it
+            parts = jf._hit_profile(args, kwargs, 20)
         for k, v in parts.items():
             best[k] = min(best.get(k, v), v)
     torch.cuda.synchronize()
@@ -262,10 +267,11 @@ def run(name: str, reps: int = 3) -> dict:
         rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps,
                                                         disable_compile=True)
         rows["trident.jit, one decode step alone"] = _step_times(model, ids)
-        rows["trident.jit, a decode hit's parts (us)"] = _hit_parts(jf, model.forward.last)
     stats = jf.stats
     rows["trident.jit(model.forward) stats"] = {
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
+    if _wanted("jit"):
+        rows["trident.jit, a decode hit's parts (us)"] = _hit_parts(jf, model.forward.last)
     if _wanted("jit") and os.environ.get("TRIDENT_BENCH_PROFILE"):
         import cProfile
         import io
