@@ -165,8 +165,11 @@ def _timed(forward):
         if not timed.on:
             return forward(*args, **kwargs)
         if timed.keep == len(marks):  # a decode step's call, and its tensors' values then
-            timed.last = (args, kwargs, {k: v.clone() for k, v in kwargs.items()
-                                         if isinstance(v, torch.Tensor)})
+            cache = kwargs.get("past_key_values")
+            tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)] + [
+                layer.cumulative_length for layer in getattr(cache, "layers", ())
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+            timed.last = (args, kwargs, [(t, t.clone()) for t in tensors])
         start = time.perf_counter()
         result = forward(*args, **kwargs)
         returned = time.perf_counter()
@@ -204,8 +207,8 @@ def _hit_parts(jf, call) -> dict:
     args, kwargs, values = call
     best: dict = {}
     for _ in range(5):
-        for k, v in values.items():  # generate advances some of them in place
-            kwargs[k].copy_(v)
+        for t, v in values:  # the step advances the cache's positions in place
+            t.copy_(v)
         torch.cuda.synchronize()
         with torch.no_grad():  # as generate calls it
             parts = jf._hit_profile(args, kwargs, 20)
