@@ -182,6 +182,97 @@ static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx,
   return failed;
 }
 
+/* ---- batched copies ---------------------------------------------------------------------
+ *
+ * A graph replay copies each copied-in argument into the graph's buffer and each written one
+ * back (Note [CUDA graphs] in trident/graphs.py). A Hugging Face generate makes a new static
+ * cache per call, so every layer's keys, values and position are copied in and back at every
+ * token: one cuMemcpyAsync each cost about as much host time as the rest of the hit together.
+ * trt_copy_buffers issues them as launches of one small kernel instead, TRT_COPY_BATCH copies
+ * per launch, the table passed by value in the kernel's parameters (no device memory, nothing
+ * shared between calls or streams): each block row copies one buffer, in 16-byte words where
+ * both addresses and the length allow, else bytewise. The kernel is PTX, compiled by the driver
+ * once per device; where that fails the copies are cuMemcpyAsync calls, as before. */
+#define TRT_COPY_BATCH 160 /* 160 * 24 bytes of table fit the 4 KiB of kernel parameters */
+
+static const char trt_copy_ptx[] =
+    ".version 7.8\n.target sm_70\n.address_size 64\n"
+    ".visible .entry trt_copy_batch(.param .align 8 .b8 table[3840], .param .u32 count)\n{\n"
+    ".reg .pred %p<6>;\n.reg .b32 %r<16>;\n.reg .b64 %rd<32>;\n"
+    "ld.param.u32 %r1, [count];\nmov.u32 %r2, %ctaid.y;\nsetp.ge.u32 %p1, %r2, %r1;\n"
+    "@%p1 bra DONE;\n"
+    /* entry r2 of the table: dst, src, bytes */
+    "mov.u64 %rd1, table;\nmul.wide.u32 %rd2, %r2, 24;\nadd.s64 %rd3, %rd1, %rd2;\n"
+    "ld.param.u64 %rd4, [%rd3];\nld.param.u64 %rd5, [%rd3+8];\nld.param.u64 %rd6, [%rd3+16];\n"
+    /* i: this thread's first word; rd9: the threads of the row */
+    "mov.u32 %r3, %ctaid.x;\nmov.u32 %r4, %ntid.x;\nmov.u32 %r5, %tid.x;\nmov.u32 %r6, %nctaid.x;\n"
+    "mul.wide.u32 %rd7, %r3, %r4;\ncvt.u64.u32 %rd8, %r5;\nadd.s64 %rd7, %rd7, %rd8;\n"
+    "mul.wide.u32 %rd9, %r6, %r4;\n"
+    "or.b64 %rd10, %rd4, %rd5;\nor.b64 %rd10, %rd10, %rd6;\nand.b64 %rd10, %rd10, 15;\n"
+    "setp.ne.s64 %p2, %rd10, 0;\n@%p2 bra BYTES;\nshr.u64 %rd11, %rd6, 4;\n"
+    "VEC:\nsetp.ge.u64 %p3, %rd7, %rd11;\n@%p3 bra DONE;\nshl.b64 %rd12, %rd7, 4;\n"
+    "add.s64 %rd13, %rd5, %rd12;\nadd.s64 %rd14, %rd4, %rd12;\n"
+    "ld.global.v4.u32 {%r7, %r8, %r9, %r10}, [%rd13];\n"
+    "st.global.v4.u32 [%rd14], {%r7, %r8, %r9, %r10};\nadd.s64 %rd7, %rd7, %rd9;\nbra VEC;\n"
+    "BYTES:\nsetp.ge.u64 %p4, %rd7, %rd6;\n@%p4 bra DONE;\nadd.s64 %rd13, %rd5, %rd7;\n"
+    "add.s64 %rd14, %rd4, %rd7;\nld.global.u8 %r11, [%rd13];\nst.global.u8 [%rd14], %r11;\n"
+    "add.s64 %rd7, %rd7, %rd9;\nbra BYTES;\nDONE:\nret;\n}\n";
+
+typedef struct trt_copy {
+  CUdeviceptr dst, src;
+  uint64_t bytes;
+} trt_copy;
+
+static CUfunction trt_copy_function[TRT_MAX_DEVICES];
+static int trt_copy_state[TRT_MAX_DEVICES]; /* 0: not tried, 1: loaded, -1: failed */
+
+/* Copies copies[0..n) on `stream` (device memory on `device`, its context current). */
+static int trt_copy_buffers(int device, CUstream stream, const trt_copy* copies, int n,
+                            const char* what) {
+  if (device >= 0 && device < TRT_MAX_DEVICES && trt_copy_state[device] == 0) {
+    CUmodule module;
+    trt_copy_state[device] =
+        trt_cu.module_load_data(&module, trt_copy_ptx) == CUDA_SUCCESS &&
+                trt_cu.module_get_function(&trt_copy_function[device], module,
+                                           "trt_copy_batch") == CUDA_SUCCESS
+            ? 1 : -1;
+  }
+  int batched = n >= 3 && device >= 0 && device < TRT_MAX_DEVICES && trt_copy_state[device] == 1;
+  for (int first = 0; first < n;) {
+    int count = n - first < TRT_COPY_BATCH ? n - first : TRT_COPY_BATCH;
+    CUresult rc;
+    if (!batched) {
+      count = 1;
+      rc = trt_cu.memcpy_async(copies[first].dst, copies[first].src, (size_t)copies[first].bytes,
+                               stream);
+    } else {
+      trt_copy table[TRT_COPY_BATCH];
+      uint64_t most = 0;
+      for (int i = 0; i < count; ++i) {
+        table[i] = copies[first + i];
+        if (table[i].bytes > most) most = table[i].bytes;
+      }
+      uint32_t blocks = (uint32_t)((most + 256 * 16 - 1) / (256 * 16));
+      if (blocks > 64) blocks = 64;
+      if (blocks < 1) blocks = 1;
+      uint32_t entries = (uint32_t)count;
+      void* params[] = {table, &entries};
+      CUlaunchConfig config = {0};
+      config.gridDimX = blocks;
+      config.gridDimY = entries;
+      config.gridDimZ = 1;
+      config.blockDimX = 256;
+      config.blockDimY = 1;
+      config.blockDimZ = 1;
+      config.hStream = stream;
+      rc = trt_cu.launch_kernel_ex(&config, trt_copy_function[device], params, NULL);
+    }
+    if (rc) return trt_cuda_fail(what, rc);
+    first += count;
+  }
+  return 0;
+}
+
 /* ---- CUDA graph replay (Note [CUDA graphs] in trident/graphs.py) ----------------------- */
 
 /* trt_graph_replay's answers */
@@ -262,21 +353,30 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
   int pushed, failed = TRT_GRAPH_REPLAYED;
   CUresult rc;
   if (trt_cuda_enter(device, &pushed)) return TRT_GRAPH_FAILED;
-  for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {
-    const int64_t* x = in + 5 * i;
-    if (x[1] == TRT_GRAPH_COPY_IN && x[3] > 0 &&
-        (rc = trt_cu.memcpy_async((CUdeviceptr)x[2], (CUdeviceptr)a[x[0]].data_ptr, (size_t)x[3],
-                                  (CUstream)stream)))
-      failed = trt_cuda_fail("cuMemcpyAsync (graph input)", rc) ? TRT_GRAPH_FAILED : failed;
-  }
-  if (failed == TRT_GRAPH_REPLAYED && (rc = trt_cu.graph_launch(exec, (CUstream)stream)))
-    failed = trt_cuda_fail("cuGraphLaunch", rc) ? TRT_GRAPH_FAILED : failed;
-  for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {  /* writes reach the caller */
-    const int64_t* x = in + 5 * i;
-    if (x[1] == TRT_GRAPH_COPY_IN && x[4] && x[3] > 0 &&
-        (rc = trt_cu.memcpy_async((CUdeviceptr)a[x[0]].data_ptr, (CUdeviceptr)x[2], (size_t)x[3],
-                                  (CUstream)stream)))
-      failed = trt_cuda_fail("cuMemcpyAsync (graph input, back)", rc) ? TRT_GRAPH_FAILED : failed;
+  trt_copy copies[TRT_COPY_BATCH];
+  int ncopies = 0;
+  for (int back = 0; back < 2 && failed == TRT_GRAPH_REPLAYED; ++back) {
+    /* back = 0: the copied-in arguments into the graph's buffers, then the replay; back = 1:
+     * the written ones back to the caller's tensors */
+    for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {
+      const int64_t* x = in + 5 * i;
+      if (x[1] != TRT_GRAPH_COPY_IN || x[3] <= 0 || (back && !x[4])) continue;
+      CUdeviceptr mine = (CUdeviceptr)x[2], theirs = (CUdeviceptr)(uintptr_t)a[x[0]].data_ptr;
+      copies[ncopies].dst = back ? theirs : mine;
+      copies[ncopies].src = back ? mine : theirs;
+      copies[ncopies].bytes = (uint64_t)x[3];
+      if (++ncopies == TRT_COPY_BATCH) {
+        if (trt_copy_buffers(device, (CUstream)stream, copies, ncopies, "graph input copy"))
+          failed = TRT_GRAPH_FAILED;
+        ncopies = 0;
+      }
+    }
+    if (failed == TRT_GRAPH_REPLAYED && ncopies &&
+        trt_copy_buffers(device, (CUstream)stream, copies, ncopies, "graph input copy"))
+      failed = TRT_GRAPH_FAILED;
+    ncopies = 0;
+    if (!back && failed == TRT_GRAPH_REPLAYED && (rc = trt_cu.graph_launch(exec, (CUstream)stream)))
+      failed = trt_cuda_fail("cuGraphLaunch", rc) ? TRT_GRAPH_FAILED : failed;
   }
   const int64_t* o = in + 5 * ninputs;
   int k = 0;
