@@ -14,6 +14,10 @@ Cases:
               (Note [Views in C] in trident/plan.py).
     block     the transformer block of ``python -m trident.demo`` (benchmarks/demo.py), batch 1,
               decode-sized.
+    head2, head24
+              ``F.linear(x, m.lm_head.weight)`` with a Hugging Face ``Qwen2ForCausalLM`` (hidden
+              64) of 2 and of 24 layers passed whole: what a hit costs beside what the argument
+              reaches (not run by default: ``--cases head2,head24``).
 
 For each case, in one process: Trident's result is checked against eager bit for bit
 (``torch.equal``) before anything is timed; then each contender's per-call time is the median of
@@ -72,9 +76,30 @@ def views40_inputs(device: torch.device) -> tuple:
             torch.randn(16, generator=gen).to(device))
 
 
+def head(m, x):
+    """The output projection of a Hugging Face model passed whole: a hit checks only what the
+    call reads of it (Note [Unchanged subtrees] in trident/runtime/runtime.cpp)."""
+    return torch.nn.functional.linear(x, m.lm_head.weight)
+
+
+def head_inputs(device: torch.device, layers: int) -> tuple:
+    import transformers
+
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).to(device).eval().requires_grad_(False)
+    return model, torch.randn(2, 64, device=device)
+
+
 def cases(device: torch.device) -> dict[str, tuple[str, Callable, tuple]]:
     cfg = default_config(device)
     return {
+        "head2": ("head(m, x) of a 2-layer Hugging Face Qwen2 (hidden 64)", head,
+                  head_inputs(device, 2)),
+        "head24": ("head(m, x) of a 24-layer Hugging Face Qwen2 (hidden 64)", head,
+                   head_inputs(device, 24)),
         "chain30": ("30 ATen ops (add, mul, sub) on float32[16]", chain30,
                     chain30_inputs(device)),
         "views40": ("40 view ops and one add on float32[16, 16]", views40,
