@@ -14,7 +14,8 @@ A graph bakes in the addresses it reads and writes, so the SCM checks them befor
 - a tensor argument at the same address in both calls is read *by pointer*: a replay needs the
   call's argument at that address (weights, KV caches, static input buffers);
 - one whose address changed is *copied in*: the graph reads a buffer of its own, and a replay
-  first copies the argument there (``cuMemcpyAsync``, same stream). A by-pointer argument later
+  first copies the argument there (same stream; all of a replay's copies in one launch of a
+  copy kernel, ``trt_copy_buffers`` in runtime/trident_cuda.h). A by-pointer argument later
   seen at a new address makes that call run the launch sequence and asks for a new capture, at
   most ``RECAPTURES`` times per specialization. (Capturing again with the moved argument read
   by pointer was tried for ``generate``, whose every call has a new KV cache: a capture of the
