@@ -16,6 +16,7 @@
 #include <cuda.h> /* from triton/backends/nvidia/include */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define TRT_MAX_DEVICES 16
 
@@ -283,8 +284,49 @@ static inline int trt_graph_error(const char* what) {
   return TRT_GRAPH_FAILED;
 }
 
-static inline int trt_ranges_overlap(uintptr_t a, int64_t an, uintptr_t b, int64_t bn) {
-  return an > 0 && bn > 0 && a < b + (uintptr_t)bn && b < a + (uintptr_t)an;
+typedef struct trt_span {
+  uintptr_t start, end; /* an argument's bytes, [start, end) */
+  int copied, written;
+} trt_span;
+
+static int trt_span_order(const void* a, const void* b) {
+  uintptr_t x = ((const trt_span*)a)->start, y = ((const trt_span*)b)->start;
+  return x < y ? -1 : x > y;
+}
+
+/* Whether a copied-in argument overlaps another argument where either may be written: the copy
+ * would hide the write. `in`: the graph's input descriptors (5 words each), `a` the call's
+ * arguments. One sort of the byte ranges, then a sweep that keeps, for each kind of range seen
+ * so far, the furthest end: a range overlaps an earlier one exactly when that end passes its
+ * start. 1 also when there is no memory to sort in (the caller then runs step by step). */
+static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a) {
+  trt_span local[256];
+  trt_span* spans = ninputs <= 256 ? local : (trt_span*)malloc(sizeof(trt_span) * (size_t)ninputs);
+  if (!spans) return 1;
+  int n = 0, copies = 0, hidden = 0;
+  for (int i = 0; i < ninputs; ++i) {
+    const int64_t* x = in + 5 * i;
+    if (x[3] <= 0) continue;
+    uintptr_t start = (uintptr_t)a[x[0]].data_ptr;
+    trt_span s = {start, start + (uintptr_t)x[3], x[1] == TRT_GRAPH_COPY_IN, x[4] != 0};
+    copies += s.copied;
+    spans[n++] = s;
+  }
+  if (copies) {
+    qsort(spans, (size_t)n, sizeof(trt_span), trt_span_order);
+    uintptr_t any = 0, copied = 0, written = 0, both = 0;
+    for (int k = 0; k < n && !hidden; ++k) {
+      const trt_span* q = &spans[k];
+      uintptr_t reach = q->copied ? (q->written ? any : written) : (q->written ? copied : both);
+      hidden = reach > q->start;
+      if (q->end > any) any = q->end;
+      if (q->copied && q->end > copied) copied = q->end;
+      if (q->written && q->end > written) written = q->end;
+      if (q->copied && q->written && q->end > both) both = q->end;
+    }
+  }
+  if (spans != local) free(spans);
+  return hidden;
 }
 
 /* Whether the call's arguments `a` have the sizes, strides and offsets of a graph's size key
@@ -339,16 +381,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
       return TRT_GRAPH_NONE;
     }
   }
-  for (int i = 0; i < ninputs; ++i) {  /* a copy must not hide a write through another input */
-    const int64_t* x = in + 5 * i;
-    if (x[1] != TRT_GRAPH_COPY_IN) continue;
-    for (int j = 0; j < ninputs; ++j) {
-      const int64_t* y = in + 5 * j;
-      if (j != i && (x[4] || y[4]) &&
-          trt_ranges_overlap((uintptr_t)a[x[0]].data_ptr, x[3], (uintptr_t)a[y[0]].data_ptr, y[3]))
-        return TRT_GRAPH_NONE;
-    }
-  }
+  if (trt_copy_hides_write(in, ninputs, a)) return TRT_GRAPH_NONE;
   if (trt_cuda_load()) return TRT_GRAPH_FAILED;
   int pushed, failed = TRT_GRAPH_REPLAYED;
   CUresult rc;
