@@ -9,7 +9,10 @@ again). Cases run on the CPU, and on CUDA where there is a device.
 
 from __future__ import annotations
 
+import collections
 import copy
+import gc
+import itertools
 
 import pytest
 import torch
@@ -295,3 +298,162 @@ def test_a_hugging_face_model_change_is_seen():
             for _ in range(2):
                 assert torch.equal(jf(model, ids), logits(model, ids))
     assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
+
+
+# ---- faults an adversarial pass found (each failed before its fix) ---------------------------
+
+def test_an_ordered_dicts_new_order_is_seen():
+    """move_to_end reorders an OrderedDict's linked list, not the dict under it (nor its tag)."""
+    def f(d, x):
+        out = x
+        for k, v in d.items():
+            out = out * v if k == "a" else out + v
+        return out
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    d = collections.OrderedDict(a=torch.full((3,), 2.0), b=torch.ones(3))
+    for _ in range(3):
+        assert torch.equal(jf(d, x), f(d, x))
+    d.move_to_end("a")
+    assert torch.equal(jf(d, x), f(d, x))
+
+    lin = nn.Linear(3, 3).eval()  # the same through a module's forward hooks
+    first = lin.register_forward_hook(lambda m, a, o: o * 2)
+    lin.register_forward_hook(lambda m, a, o: o + 1)
+    jg = trident.jit(f_module)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(jg(lin, x), f_module(lin, x))
+        lin._forward_hooks.move_to_end(first.id)
+        assert torch.equal(jg(lin, x), f_module(lin, x))
+
+
+def f_module(m, x):
+    return m(x)
+
+
+def test_a_sets_new_iteration_order_is_seen():
+    """An equal set of str can iterate in another order (cleared and filled again)."""
+    for a, b in itertools.combinations([f"k{i}" for i in range(200)], 2):
+        first, second = {a}, {b}
+        first.add(b)
+        second.add(a)
+        if list(first) != list(second):
+            break
+    cfg = Cfg()
+    cfg.tags = first
+
+    def f(cfg, x):
+        out = x
+        for t in cfg.tags:
+            out = out * 2 if t == a else out + 1
+        return out
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    for _ in range(3):
+        assert torch.equal(jf(cfg, x), f(cfg, x))
+    order = list(first)
+    cfg.tags.clear()
+    cfg.tags.add(b)
+    cfg.tags.add(a)  # the same object, equal, iterating in the other order
+    assert list(cfg.tags) != order
+    assert torch.equal(jf(cfg, x), f(cfg, x))
+
+
+def test_a_subclass_of_a_number_runs_eagerly():
+    """Its value is not in its __dict__, which is all an object's check reads."""
+    class Scale(float):
+        pass
+
+    def f(s, x):
+        return x * s
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    with pytest.warns(UserWarning, match="subclass of float"):
+        jf(Scale(2.0), x)
+    assert torch.equal(jf(Scale(5.0), x), f(Scale(5.0), x))
+    assert jf.stats.hits == 0 and jf.stats.fallbacks == 2
+
+
+@torch.library.custom_op("trident_tests::reenter", mutates_args=())
+def _reenter(x: torch.Tensor) -> torch.Tensor:
+    if _REENTER["on"]:
+        _REENTER["n"] += 1
+        _REENTER["jf"](x, [1] * _REENTER["n"])  # a new structure: a compile, a new table
+    return x + 1
+
+
+@_reenter.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_REENTER = {"on": False, "n": 0, "jf": None}
+
+
+def test_a_hit_that_installs_a_new_table_from_its_launch_sequence():
+    """A custom op's body calls the same function with a new argument structure: that call
+    installs new trees while the outer hit still reads its own."""
+    def f(x, a):
+        return torch.ops.trident_tests.reenter(x) if len(a) == 0 else x * 2
+
+    jf = trident.jit(f)
+    _REENTER.update(on=False, n=0, jf=jf)
+    x = torch.ones(3)
+    for _ in range(2):
+        jf(x, [])
+    _REENTER["on"] = True
+    try:
+        for _ in range(3):
+            assert torch.equal(jf(x, []), x + 1)
+    finally:
+        _REENTER["on"] = False
+    assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
+
+
+class _Holder:
+    def __init__(self, t):
+        self.t = t  # no __dict__ until it is first read: the walk makes it
+
+
+def test_a_collection_during_a_walk_does_not_run_the_function_again():
+    """A finalizer that calls the function, run by a collection that starts inside a walk (an
+    instance dict made on its first read allocates), must not write the walk's memo."""
+    def f(lst, x):
+        return x + lst[0].t + lst[1]
+
+    jf = trident.jit(f)
+    x = torch.ones(3)
+    for _ in range(3):
+        jf([_Holder(torch.ones(3)), torch.ones(3)], x)
+    armed, keep, inner = [False], [], []
+
+    class Bomb:
+        def __del__(self):
+            if armed[0]:
+                armed[0] = False
+                other = [_Holder(torch.zeros(3)), torch.full((3,), 100.0)]
+                keep.append(other)
+                inner.append(jf(other, x))
+
+    for k in range(12):  # a collection threshold that falls on the walk's allocation
+        lst = [_Holder(torch.ones(3)), torch.full((3,), 5.0)]
+        keep.append(lst)
+        gc.collect()
+        gc.disable()
+        bomb = Bomb()
+        bomb.me = bomb
+        del bomb
+        gc.enable()
+        armed[0] = True
+        gc.set_threshold(gc.get_count()[0] + k)
+        try:
+            assert torch.equal(jf(lst, x), f(lst, x)), k
+        finally:
+            gc.set_threshold(700)
+            armed[0] = False
+        gc.collect()
+    assert all(torch.equal(r, torch.full((3,), 101.0)) for r in inner)

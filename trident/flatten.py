@@ -310,8 +310,11 @@ class _Flattener:
             if not all(type(item) is str for item in value):
                 raise TridentError(f"{self.what} {path} is a {t.__name__} of other values than "
                                    "str, which Trident cannot guard")
-            self.add(value, node(CONST, set(value) if t is set else value),
-                     f"{t.__name__} {sorted(value)}")
+            # and in its iteration order, which a loop over it sees (an equal set can iterate
+            # otherwise); str hashes differ between processes, so that order is this one's
+            order = tuple(value) if len(value) > 1 else None
+            self.add(value, node(CONST, set(value) if t is set else value, len(value), order),
+                     f"{t.__name__} {list(value) if order else sorted(value)}")
             return
         if t in _CONSTS or (t is slice and all(type(b) in _SLICE_BOUNDS for b in (
                 value.start, value.stop, value.step))):
@@ -324,6 +327,10 @@ class _Flattener:
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return
+        if isinstance(value, (int, float, complex, str, bytes)):  # its value is not in __dict__
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, a subclass of "
+                               f"{next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
+                               ", whose value Trident cannot guard")
         if not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict) \
                 and not _is_namedtuple(t):
             # a numpy array, a deque, an object with __slots__: contents no check can see

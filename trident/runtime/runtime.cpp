@@ -796,6 +796,7 @@ struct TreeMemo {
   std::vector<PyTypeObject*> types;  // kDict, kOrderedDict, kObject: the exact type
   std::vector<uint8_t> watched;      // the node's dict is watched (TRT_DICT_WATCHERS)
   uint64_t events = 0;               // dict_events when the tree last held
+  bool busy = false;                 // a walk is writing it
 };
 
 struct Tree {
@@ -808,7 +809,7 @@ struct Tree {
 // Everything a Dispatcher needs to bind and flatten a call. The Python tuples it was read from
 // are kept in `source` and `programs`, so every borrowed pointer stays valid.
 struct CallTrees {
-  PyObject* source = nullptr;    // (params, self object, has self)
+  PyObject* source = nullptr;    // (params, self object, has self); owned, as are the next two
   PyObject* programs = nullptr;  // the trees, as flatten.ArgTree.program() made them
   PyObject* recipes = nullptr;   // per specialization: an OutputRecipe's ops, or None
   std::vector<Param> params;
@@ -816,6 +817,11 @@ struct CallTrees {
   bool has_self = false;
   bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
   std::vector<Tree> trees;
+  ~CallTrees() {  // the GIL is held wherever the last holder lets go
+    Py_XDECREF(source);
+    Py_XDECREF(programs);
+    Py_XDECREF(recipes);
+  }
 };
 
 // The values of one call: bound parameters, node values, leaves. `owned` holds the *args
@@ -881,20 +887,41 @@ bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues&
   return i == nargs && used == nkw;
 }
 
-// The dict's keys are `keys`, in that order (str and int keys: compared by exact type and value).
+bool same_key(PyObject* k, PyObject* want) {
+  if (k == want) return true;
+  if (Py_TYPE(k) != Py_TYPE(want)) return false;
+  int eq = PyObject_RichCompareBool(k, want, Py_EQ);
+  if (eq != 1) PyErr_Clear();
+  return eq == 1;
+}
+
+// The dict's keys are `keys`, in the order it iterates them (str and int keys: compared by exact
+// type and value). An OrderedDict iterates in the order of its own linked list, which
+// move_to_end changes without changing the dict it is built on (nor that dict's order).
 bool same_keys(PyObject* d, PyObject* keys) {
-  Py_ssize_t pos = 0, i = 0;
-  PyObject *k, *item;
-  while (PyDict_Next(d, &pos, &k, &item)) {
-    PyObject* want = PyTuple_GET_ITEM(keys, i++);
-    if (k == want) continue;
-    if (Py_TYPE(k) != Py_TYPE(want)) return false;
-    int eq = PyObject_RichCompareBool(k, want, Py_EQ);
-    if (eq != 1) {
+  if (PyODict_CheckExact(d)) {
+    PyObject* it = PyObject_GetIter(d);  // C's odict iterator: no Python code runs
+    if (!it) {
       PyErr_Clear();
       return false;
     }
+    bool same = true;
+    Py_ssize_t i = 0;
+    for (PyObject* k; same && (k = PyIter_Next(it));) {
+      same = i < PyTuple_GET_SIZE(keys) && same_key(k, PyTuple_GET_ITEM(keys, i++));
+      Py_DECREF(k);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return same && i == PyTuple_GET_SIZE(keys);
   }
+  Py_ssize_t pos = 0, i = 0;
+  PyObject *k, *item;
+  while (PyDict_Next(d, &pos, &k, &item))
+    if (!same_key(k, PyTuple_GET_ITEM(keys, i++))) return false;
   return true;
 }
 
@@ -911,6 +938,18 @@ bool const_equal(const TreeNode& n, PyObject* v) {
   if (PyAnySet_CheckExact(v)) {  // of str (flatten.py): equal sizes first, no call for empty sets
     if (PySet_GET_SIZE(v) != PySet_GET_SIZE(n.expect)) return false;
     if (PySet_GET_SIZE(v) == 0) return true;
+    if (n.keys) {  // two or more: also the order it iterates in, which a loop sees
+      PyObject* it = PyObject_GetIter(v);  // C's set iterator: no Python code runs
+      bool same = it != nullptr;
+      Py_ssize_t i = 0;
+      for (PyObject* item; same && (item = PyIter_Next(it));) {
+        same = i < PyTuple_GET_SIZE(n.keys) && same_key(item, PyTuple_GET_ITEM(n.keys, i++));
+        Py_DECREF(item);
+      }
+      Py_XDECREF(it);
+      if (PyErr_Occurred()) PyErr_Clear();
+      return same;  // the same strs in the same order, of a set of the same size
+    }
   }
   if (PySlice_Check(v)) {  // each bound by exact type too: 1.0 == 1, but x[1.0:] raises
     auto* a = reinterpret_cast<PySliceObject*>(v);
@@ -1211,6 +1250,7 @@ struct TreeEval {
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr) {
   size_t n = tree.nodes.size();
   TreeMemo* memo = tree.memo.get();
+  if (memo && memo->busy) memo = nullptr;  // re-entered during a walk: this one walks alone
   if (!memo) {
     cv.values.resize(n);
     cv.dicts.resize(n);
@@ -1221,11 +1261,18 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
              memo ? memo->dicts.data() : cv.dicts.data(), failed};
   if (!memo) return e.all();
-  if (!e.memoized()) return false;
+  // No Python runs in a walk, but an allocation in it (an object's instance dict, made when it
+  // is first read) may start a collection whose finalizers call this function again: the memo
+  // is written as the walk goes, so no collection runs during it.
+  int collecting = PyGC_Disable();
+  memo->busy = true;
+  bool ok = e.memoized();
+  memo->busy = false;
+  if (collecting) PyGC_Enable();
 #ifdef TRT_DICT_WATCHERS
-  memo->events = dict_events;
+  if (ok) memo->events = dict_events;
 #endif
-  return true;
+  return ok;
 }
 
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
@@ -1399,8 +1446,9 @@ struct Dispatcher {
   trt_graph* graphs;
   Py_ssize_t num_graphs;
   long long replays_before;  // replays counted by slots since reset
-  // How calls bind and flatten (Note [Argument trees]); nullptr until the first install.
-  CallTrees* trees;
+  // How calls bind and flatten (Note [Argument trees]); nullptr until the first install. Held
+  // by each call: the launch sequence may run Python that installs another table.
+  std::shared_ptr<CallTrees> trees;
 };
 
 void clear_descs(trt_graph& g) {
@@ -1427,6 +1475,7 @@ PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
   if (self) {
     new (&self->state) std::shared_ptr<Tree>();
     new (&self->scms) std::shared_ptr<const std::vector<ScmEntry>>();
+    new (&self->trees) std::shared_ptr<CallTrees>();
   }
   return reinterpret_cast<PyObject*>(self);
 }
@@ -1446,14 +1495,7 @@ int Dispatcher_clear(Dispatcher* self) {
   Py_CLEAR(self->dict);
   self->state.reset();
   Py_CLEAR(self->state_program);
-  if (self->trees) {
-    CallTrees* t = self->trees;
-    self->trees = nullptr;
-    Py_XDECREF(t->source);
-    Py_XDECREF(t->programs);
-    Py_XDECREF(t->recipes);
-    delete t;
-  }
+  self->trees.reset();
   return 0;
 }
 
@@ -1479,6 +1521,7 @@ void Dispatcher_dealloc(Dispatcher* self) {
   Dispatcher_clear(self);
   self->state.~shared_ptr();
   self->scms.~shared_ptr();
+  self->trees.~shared_ptr();
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -1740,7 +1783,8 @@ PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const Ca
 
 // Note [Hit path]. `clock`: `_hit_profile`'s, which times each part.
 PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* clock) {
-  CallTrees* t = self->trees;
+  std::shared_ptr<CallTrees> held = self->trees;
+  CallTrees* t = held.get();
   if (clock) clock->start();
   if (!t || !state_holds(self)) return slow_path(self, args, kwargs);
   if (clock) clock->lap(HitClock::kState);
@@ -1752,6 +1796,18 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) cv.values = memo->values;
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
+  // The leaves are the containers' own (borrowed); the launch sequence may run Python (a custom
+  // op's body, Triton's interpreter, another thread while a collective releases the GIL) that
+  // drops them from their containers: the call holds them until it returns.
+  struct Hold {
+    const std::vector<PyObject*>& objects;
+    explicit Hold(const std::vector<PyObject*>& o) : objects(o) {
+      for (PyObject* x : objects) Py_INCREF(x);
+    }
+    ~Hold() {
+      for (PyObject* x : objects) Py_DECREF(x);
+    }
+  } hold(cv.leaves);
   int rc = TRT_MISS;
   PyObject* out = run_scm(self, cv.leaves.data(), n, &rc, clock);
   if (rc == TRT_CAPTURE)
@@ -1973,9 +2029,8 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
   if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &binding, &PyTuple_Type, &programs,
                         &PyTuple_Type, &recipes))
     return nullptr;
-  auto* t = new CallTrees();
+  auto t = std::make_shared<CallTrees>();
   auto fail = [&](const char* what) {
-    delete t;
     if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "_set_call_trees: bad %s", what);
     return nullptr;
   };
@@ -2010,14 +2065,7 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
   Py_INCREF(binding);
   Py_INCREF(programs);
   Py_INCREF(recipes);
-  CallTrees* old = self->trees;
-  self->trees = t;
-  if (old) {
-    Py_XDECREF(old->source);
-    Py_XDECREF(old->programs);
-    Py_XDECREF(old->recipes);
-    delete old;
-  }
+  self->trees = std::move(t);  // a call in flight keeps the old table
   Py_RETURN_NONE;
 }
 
