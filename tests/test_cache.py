@@ -10,10 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 import trident
-from _trident_helpers import as_in_a_new_process, fresh_imports
+from _trident_helpers import as_in_a_new_process, fresh_imports, run_python
 
 MODULE = textwrap.dedent('''
     import torch
@@ -343,3 +344,166 @@ def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
     assert {"capture.py", "codegen.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
     # benchmarks/ (outside the package), the package's thin entries to it, the command line
     assert not names & {"bench.py", "bench_gpu.py", "bench_hf.py", "demo.py", "__main__.py"}
+
+
+# ---- reuse across processes: what the keys hold (issue #27) ------------------------------------
+
+HF_SCRIPT = textwrap.dedent('''
+    import dataclasses, json, warnings
+    import torch, transformers, trident
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 96, (1, 6))
+
+    def generate():
+        return model.generate(ids, max_new_tokens=4, do_sample=False,
+                              cache_implementation="static", disable_compile=True)
+
+    eager = generate()
+    model.forward = trident.jit(model.forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prefill runs eagerly (docs/huggingface.md)
+        out = generate()
+    print("EQUAL", torch.equal(out, eager))
+    print("STATS " + json.dumps(dataclasses.asdict(model.forward.stats)))
+''')
+
+
+def test_a_second_process_generates_from_the_cache_without_tracing(tmp_path, subprocess_env):
+    """A Hugging Face model's argument tree holds nothing of one process (the jitted forward in
+    the model's ``__dict__``, GenerationConfig's per-process hash), and the prefill's failed
+    trace is stored: the second process neither traces nor compiles."""
+    script = tmp_path / "hf_generate.py"
+    script.write_text(HF_SCRIPT)
+    runs = []
+    for _ in range(2):
+        out = run_python(subprocess_env, str(script)).stdout
+        assert "EQUAL True" in out.splitlines()
+        runs.append(parse_stats(out))
+    first, second = runs
+    assert (first["traces"], first["compiles"], first["fallbacks"]) == (2, 1, 1)
+    assert (second["traces"], second["compiles"], second["fallbacks"], second["misses"],
+            second["hits"]) == (0, 0, 1, 1, 3)
+    assert second["miss_reasons"][0].startswith("eager: the function assigns to ")
+    assert "as an earlier process found" in second["miss_reasons"][0]
+
+
+class _Net(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def _description(*args) -> list[str]:
+    from trident.flatten import Binding, flatten_call
+
+    return flatten_call(Binding.of(lambda m: None), args, {})[0].description
+
+
+def test_a_jitted_method_is_described_by_its_function_and_the_object_it_is_bound_to():
+    from trident.cache import _PROCESS
+
+    a, b, c = _Net(), _Net(), _Net()
+    a.forward = trident.jit(a.forward)
+    b.forward = trident.jit(b.forward)
+    c.forward = trident.jit(a.forward.__wrapped__)  # bound to another object than c
+    (words_a,) = [d for d in _description(a) if "|'forward'|" in d]
+    assert "trident.jit of function test_cache._Net.forward " in words_a
+    assert words_a.endswith(" bound to the object at m") and _PROCESS not in words_a
+    assert _description(a) == _description(b)
+    (words_c,) = [d for d in _description(c) if "|'forward'|" in d]
+    assert _PROCESS in words_c and _description(c) != _description(a)
+
+
+def test_the_per_process_hash_of_a_generation_config_is_not_in_the_tree():
+    import transformers
+
+    config = transformers.GenerationConfig(max_new_tokens=3)
+    config._original_object_hash = hash(config)  # as from_model_config sets it
+    before = _description(config)
+    config._original_object_hash += 1  # another process's value
+    assert _description(config) == before
+    assert not any("|'_original_object_hash'|" in d for d in before)
+    config.max_new_tokens = 4  # the fields it hashes are checked one by one
+    assert _description(config) != before
+
+
+def branchy(x):
+    if x.sum() > 0:  # data-dependent: cannot be traced
+        return x + 1
+    return x - 1
+
+
+def test_a_failed_trace_is_stored_and_not_traced_again(trident_cache):
+    """Note [Stored eager decisions]: a signature whose trace failed runs eagerly in a later
+    process without a trace, and says so; a damaged entry is dropped with a warning."""
+    x = torch.ones(3)
+    first = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert torch.equal(first(x), x + 1)
+    assert (first.stats.traces, first.stats.fallbacks) == (1, 1)
+    (stored,) = (trident_cache / "functions").glob("branchy-*/eager/*.json")
+    as_in_a_new_process()
+    later = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="as an earlier process found"):
+        assert torch.equal(later(x), x + 1)
+    y = torch.ones(4)  # another signature: traced (and failing) again
+    assert torch.equal(later(y), y + 1)
+    assert (later.stats.traces, later.stats.fallbacks, later.stats.compiles) == (1, 2, 0)
+    stored.write_text("{not json")
+    as_in_a_new_process()
+    again = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="dropped the damaged cache entry"):
+        assert torch.equal(again(x), x + 1)
+    assert torch.equal(again(y), y + 1)
+    assert (again.stats.traces, again.stats.fallbacks) == (1, 2)  # x's entry was the damaged one
+
+
+BACKEND_SCRIPT = textwrap.dedent('''
+    import torch
+
+    def block(x, y):
+        return torch.relu(x) * y
+
+    f = torch.compile(block, backend="trident")
+    x, y = torch.randn(8), torch.randn(8)
+    for _ in range(2):
+        assert torch.equal(f(x, y), block(x, y))
+''')
+
+
+def test_backend_graphs_are_reused_by_later_processes(tmp_path, subprocess_env, trident_cache):
+    """Note [Function key]: a torch.compile graph is keyed by its code, not by Dynamo's
+    per-process metadata: identical runs add no cache entries."""
+    script = tmp_path / "backend_block.py"
+    script.write_text(BACKEND_SCRIPT)
+    counts = []
+    for _ in range(3):
+        run_python(subprocess_env, str(script))
+        counts.append(sorted(p.relative_to(trident_cache) for p in
+                             (trident_cache / "functions").rglob("*") if p.is_file()))
+    assert counts[0] == counts[1] == counts[2]
+    assert len(list((trident_cache / "functions").iterdir())) == 1
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, k: float):
+        super().__init__()
+        self.register_buffer("k", torch.full((3,), k))
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_a_graph_module_is_keyed_by_the_constants_its_nodes_read():
+    from trident.cache import function_key
+
+    graph = torch.fx.symbolic_trace(_Scaled(1.0))
+    before = function_key(graph.forward)
+    graph.k.fill_(2.0)  # what the get_attr node reads
+    assert function_key(graph.forward) != before
+    graph.meta["backend_id"] = "another process"  # Dynamo's metadata: not in the key
+    graph.k.fill_(1.0)
+    assert function_key(graph.forward) == before

@@ -114,6 +114,8 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif isinstance(value, JitFunctionMixin):  # its code, not its counters and graphs
         h.update(b"trident.jit:")
         _hash_value(h, value._code_fn, seen, depth + 1)
+    elif isinstance(value, torch.fx.GraphModule):
+        _hash_graph_module(h, value, seen, depth + 1)
     elif isinstance(value, types.ModuleType):
         h.update(f"module:{value.__name__}".encode())
     elif isinstance(value, type):
@@ -145,14 +147,65 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         _hash_value(h, dict(vars(value)), seen, depth + 1)
     elif type(value).__repr__ is not object.__repr__:  # numpy scalars, enums, ...: their repr
         h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
-    else:  # no content to hash (__slots__ objects): this object, in this process only
+    elif _slots(type(value)):  # __slots__ objects: their slots' values
+        h.update(f"slots:{type(value).__module__}.{type(value).__qualname__}".encode())
+        for name in _slots(type(value)):
+            h.update(name.encode())
+            _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
+    else:  # no content to hash (a C object): this object, in this process only
         h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
+
+
+class _Unset:  # an empty __slots__ slot
+    pass
+
+
+def _slots(t: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``t`` and its bases (empty for a type without them)."""
+    names = []
+    for base in t.__mro__:
+        declared = base.__dict__.get("__slots__", ())
+        names += [declared] if isinstance(declared, str) else list(declared)
+    return tuple(n for n in names if n not in ("__dict__", "__weakref__"))
+
+
+def _hash_graph_module(h, gm: torch.fx.GraphModule, seen: set[int], depth: int) -> None:
+    """A GraphModule (``torch.compile``'s graph, backend.py) by what decides its code: its
+    generated ``forward`` (the function: its source, file name and globals), every attribute a
+    node reads (a constant tensor by its bytes, a subgraph by its own code), and the Triton
+    kernel and constant arguments of each launch, which Dynamo's graph names by their index in
+    a table of this process (``kernel_side_table``). Not Dynamo's metadata (``meta``, a
+    ``backend_id`` of a per-process uuid), which never reaches the code."""
+    from .backend import _launch
+
+    h.update(f"graph:{gm.code}".encode())
+    _hash_function(h, type(gm).forward, seen, depth)
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            h.update(node.target.encode())
+            if isinstance(value, torch.Tensor):
+                h.update(f"tensor:{value.dtype}{tuple(value.shape)}{value.stride()}".encode())
+                h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                         .numpy().tobytes())
+            else:
+                _hash_value(h, value, seen, depth + 1)
+        elif node.op == "call_function" and node.target is _launch:
+            from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+            kernel, constants = node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"]
+            _hash_value(h, kernel_side_table.get_kernel(kernel), seen, depth + 1)
+            _hash_value(h, kernel_side_table.get_constant_args(constants), seen, depth + 1)
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
     h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
     if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
         _hash_value(h, fn.__self__, seen, depth)
+        if isinstance(fn.__self__, torch.fx.GraphModule):  # its forward was hashed with it
+            return
     _hash_code(h, fn.__code__)
     for default in fn.__defaults__ or ():
         _hash_value(h, default, seen, depth)
@@ -205,6 +258,7 @@ class FunctionCache:
         name = "".join(c if c.isalnum() or c in "_-" else "_" for c in fn.__qualname__)[:40]
         self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
         self.spec_dir = self.directory / "specs"
+        self.eager_dir = self.directory / "eager"
         self.about = describe(fn)
         self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
 
@@ -269,6 +323,47 @@ class FunctionCache:
         except OSError as e:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
+
+
+    def load_eager(self) -> list[tuple[int, list, str]]:
+        """Note [Stored eager decisions]: (tree key, guards, why) of each signature whose
+        compile failed in an earlier process, oldest first; a damaged entry is dropped with a
+        warning (the next failure of that signature stores it again)."""
+        from .guards import Guard
+
+        decisions = []
+        for path in sorted(self.eager_dir.glob("*.json")) if self.eager_dir.is_dir() else []:
+            try:
+                data = json.loads(path.read_text())
+                decisions.append((int(data["tree"]), [Guard.from_json(g) for g in data["guards"]],
+                                  str(data["why"])))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                _discard(path, f"{type(e).__name__}: {e}")
+        return decisions
+
+    def save_eager(self, tree: int, guards: list, why: str, keep: int = 16) -> None:
+        """Store that the signature ``guards`` of the argument tree ``tree`` failed to compile
+        for ``why`` (Note [Stored eager decisions]), keeping the newest ``keep``; a cache that
+        cannot be written is warned about (the decision then holds in this process only)."""
+        text = json.dumps({"tree": tree, "guards": [g.to_json() for g in guards], "why": why},
+                          sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+        try:
+            self.eager_dir.mkdir(parents=True, exist_ok=True)
+            if any(self.eager_dir.glob(f"*-{digest}.json")):
+                return
+            fd, tmp = tempfile.mkstemp(dir=self.eager_dir, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(tmp, self.eager_dir / f"{time.time_ns()}-{digest}.json")
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            for old in sorted(self.eager_dir.glob("*.json"))[:-keep]:
+                old.unlink(missing_ok=True)
+        except OSError as e:
+            warnings.warn(f"trident: cannot store in {self.eager_dir} that a signature runs "
+                          f"eagerly ({e}); a later process traces it again", stacklevel=2)
 
 
 def _check_ops(spec: Specialization) -> None:

@@ -314,6 +314,13 @@ class JitFunctionMixin:
             self._eager_trees.clear()
         self._defaults_bound = _defaults_of(self._code_fn)
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
+        known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
+                 self._eager_signatures}
+        for key, guards, why in self._cache.load_eager():  # Note [Stored eager decisions]
+            if (key, json.dumps([g.to_json() for g in guards])) not in known:
+                self._eager_signatures.append(
+                    (key, guards, f"{why} (as an earlier process found: `python3 -m "
+                                  "trident clear NAME` forgets it)"))
         self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
             self._install_module(self._specs)
@@ -390,6 +397,7 @@ class JitFunctionMixin:
                 stored = stored or self._stored_fit(call.tree.key, call.leaves)
                 if stored is None and self._at_limit():
                     return self._past_limit(call.args, call.kwargs)
+                spec = None
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
                     # The new specialization goes last, after those stored by other processes
@@ -401,8 +409,10 @@ class JitFunctionMixin:
                 except TridentError as e:
                     if not self._fallback:
                         raise
-                    self._eager_signatures.append(
-                        (call.tree.key, self._failed_guards(call, str(e)), str(e)))
+                    failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
+                    self._eager_signatures.append(failed)
+                    if spec is None:  # the trace or compile failed, not the build
+                        self._cache.save_eager(*failed)
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
                 if stored is None:
@@ -536,6 +546,16 @@ class JitFunctionMixin:
     # only of values Python flattens as leaves too (a tensor, or a value of the decided leaf's
     # own type): the native tree also accepts a call whose own tree differs (a tensor passed
     # twice, a list where a tensor was), which the whole miss path flattens as its own.
+
+    # Note [Stored eager decisions]: a signature whose trace or compile failed (a
+    # data-dependent branch, Python state the function assigns, an op the plan cannot call)
+    # fails again for the same code, argument tree and guards: the function key covers the
+    # code and the globals it names, the tree key the structure, the guards the leaves. So the
+    # decision is stored in the function's folder (``eager/``) and a later process runs that
+    # signature eagerly without tracing it (a Hugging Face prefill, whose static cache assigns
+    # its tensors lazily, would otherwise trace in every process). A stored decision can only
+    # make a call eager, never serve a result, and its warning says it came from the cache. A
+    # build that failed (the compiler, a full disk) is not stored: it depends on the machine.
 
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
