@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -186,10 +187,15 @@ def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident
     assert p.returncode == 0 and p.stdout.strip() == str(trident_cache)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert lines[0].startswith(f"cached_mod.model ({d / 'cached_mod.py'}:5): 1 specialization, ")
-    assert lines[0].endswith(" KiB") and lines[1].startswith("  0: model(x: float32[4, 8] cpu")
+    (row,) = trident.list_cache()
+    used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_use"]))
+    assert lines[0].endswith(f" KiB, last used {used}")
+    assert lines[1].startswith("  0: model(x: float32[4, 8] cpu")
     assert lines[2].startswith(f"  in {trident_cache / 'functions'}/model-")
+    assert lines[3] == (f"1 entry, {row['bytes'] / 2**20:.1f} MiB of the bound of 2048.0 MiB "
+                        "(TRIDENT_CACHE_SIZE)")
     assert main(["clear"]) == 0
     out = capsys.readouterr().out
     assert str(trident_cache) in out and f"deleted {lines[2][len('  in '):]}" in out.splitlines()
@@ -507,3 +513,129 @@ def test_a_graph_module_is_keyed_by_the_constants_its_nodes_read():
     graph.meta["backend_id"] = "another process"  # Dynamo's metadata: not in the key
     graph.k.fill_(1.0)
     assert function_key(graph.forward) == before
+
+
+# ---- a bounded cache (Note [Cache size]) -------------------------------------------------------
+
+SIZED_SCRIPT = textwrap.dedent('''
+    import json, pathlib, shutil, sys, time, warnings
+    import torch, trident
+    from trident import build
+
+    folder, i, mode = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    sys.path.insert(0, str(folder))
+    f = trident.jit(__import__(f"fn_{i}").f)
+    real_build = build.build
+
+    def hold(source, directory):  # "hold": load while the test says so (its lock held)
+        (folder / f"loading_{i}").write_text("")
+        while not (folder / f"go_{i}").exists():
+            time.sleep(0.05)
+        return real_build(source, directory)
+
+    def delete(source, directory):  # "delete": another hand deletes the entry meanwhile
+        shutil.rmtree(directory)
+        build.build = real_build
+        return real_build(source, directory)
+
+    build.build = {"hold": hold, "delete": delete}.get(mode, real_build)
+    x = torch.arange(-3.0, 3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = all(torch.equal(f(x), torch.relu(x) + i) for _ in range(3))
+    print("RESULT " + json.dumps({
+        "same": same, "traces": f.stats.traces, "compiles": f.stats.compiles,
+        "hits": f.stats.hits, "fallbacks": f.stats.fallbacks,
+        "warnings": [str(w.message) for w in caught if "trident" in str(w.message)]}))
+''')
+
+
+def _sized(tmp_path: Path, env: dict, *runs: tuple[int, str], size: int | None = None,
+           wait: bool = True):
+    """Start ``SIZED_SCRIPT`` once per ``(i, mode)`` at once (its function ``fn_i.f`` returns
+    ``relu(x) + i``), under ``TRIDENT_CACHE_SIZE=size``: their results, or the processes."""
+    folder = tmp_path / "sized"
+    folder.mkdir(exist_ok=True)
+    (folder / "sized.py").write_text(SIZED_SCRIPT)
+    env = dict(env, **({"TRIDENT_CACHE_SIZE": str(size)} if size is not None else {}))
+    procs = []
+    for i, mode in runs:
+        (folder / f"fn_{i}.py").write_text(
+            f"import torch\n\ndef f(x):\n    return torch.relu(x) + {i}\n")
+        procs.append(subprocess.Popen([sys.executable, str(folder / "sized.py"), str(folder),
+                                       str(i), mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    if not wait:
+        return procs
+    return [_result(p) for p in procs]
+
+
+def _result(p: subprocess.Popen) -> dict:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+def _entries(cache: Path) -> dict[str, int]:
+    """Function folder name -> bytes."""
+    return {r["path"].rsplit("/", 1)[1]: r["bytes"] for r in trident.list_cache()}
+
+
+def test_twenty_processes_keep_the_cache_under_its_bound(tmp_path, subprocess_env,
+                                                          trident_cache):
+    (first,) = _sized(tmp_path, subprocess_env, (0, "plain"))
+    assert first["same"] and first["compiles"] == 1 and first["warnings"] == []
+    entry = sum(_entries(trident_cache).values())
+    bound = int(3.5 * entry)  # three entries fit
+    for wave in range(1, 20, 4):  # four processes at a time: they evict concurrently
+        for result in _sized(tmp_path, subprocess_env, *[(i, "plain") for i in range(
+                wave, min(wave + 4, 20))], size=bound):
+            assert result["same"] and result["compiles"] == 1 and result["warnings"] == []
+        sizes = _entries(trident_cache)
+        assert sum(sizes.values()) <= bound and len(sizes) == 3, sizes
+    # the least recently used went first: the last wave's three stay
+    names = {r["about"]["module"] for r in trident.list_cache()}
+    assert names == {"fn_17", "fn_18", "fn_19"}
+
+
+def test_eviction_skips_an_entry_another_process_is_loading(tmp_path, subprocess_env,
+                                                            trident_cache):
+    _sized(tmp_path, subprocess_env, (0, "plain"))
+    (held,) = _entries(trident_cache)
+    (loader,) = _sized(tmp_path, subprocess_env, (0, "hold"), wait=False)
+    folder = tmp_path / "sized"
+    while not (folder / "loading_0").exists():
+        assert loader.poll() is None, loader.communicate()
+        time.sleep(0.05)
+    # a bound smaller than two entries: evicting fn_0's entry would make it fit
+    bound = int(1.5 * _entries(trident_cache)[held])
+    (other,) = _sized(tmp_path, subprocess_env, (1, "plain"), size=bound)
+    assert other["same"] and other["warnings"] == [] and held in _entries(trident_cache)
+    (folder / "go_0").write_text("")
+    loaded = _result(loader)
+    assert loaded["same"] and (loaded["traces"], loaded["compiles"], loaded["hits"]) == (0, 0, 3)
+    assert loaded["warnings"] == []
+    # no longer in use: the next compile evicts it (and fn_1's, older than its own)
+    (third,) = _sized(tmp_path, subprocess_env, (2, "plain"), size=bound)
+    assert third["same"] and third["warnings"] == []
+    assert [r["about"]["module"] for r in trident.list_cache()] == ["fn_2"]
+
+
+def test_an_entry_deleted_while_a_process_loads_it(tmp_path, subprocess_env, trident_cache):
+    _sized(tmp_path, subprocess_env, (0, "plain"))
+    (result,) = _sized(tmp_path, subprocess_env, (0, "delete"))
+    assert result["same"] and (result["traces"], result["compiles"], result["hits"]) == (0, 0, 3)
+    assert len(result["warnings"]) == 1 and "was deleted while this process loaded it" in \
+        result["warnings"][0]
+
+
+def test_a_bound_smaller_than_one_entry(tmp_path, subprocess_env, trident_cache):
+    """The entry just stored stays (with a warning) until another compile evicts it."""
+    for i in range(2):
+        (result,) = _sized(tmp_path, subprocess_env, (i, "plain"), size=1)
+        assert result["same"] and result["compiles"] == 1
+        assert len(result["warnings"]) == 1 and "bound of 1 bytes" in result["warnings"][0]
+        assert [r["about"]["module"] for r in trident.list_cache()] == [f"fn_{i}"]
+    (again,) = _sized(tmp_path, subprocess_env, (1, "plain"), size=1)
+    assert again["same"] and (again["traces"], again["compiles"], again["warnings"]) == (0, 0, [])

@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime, state
+from . import (build, cache, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime,
+               state)
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
@@ -321,11 +322,19 @@ class JitFunctionMixin:
                 self._eager_signatures.append(
                     (key, guards, f"{why} (as an earlier process found: `python3 -m "
                                   "trident clear NAME` forgets it)"))
-        self._specs = self._stored_specs()[-self._max_specializations:]
-        if self._specs:
-            self._install_module(self._specs)
-        else:
-            self._set_trees()  # none: no tree holds a binding made with the old defaults
+        with cache.in_use(self._cache.directory):  # Note [Cache size]: not evicted meanwhile
+            self._specs = self._stored_specs()[-self._max_specializations:]
+            if self._specs:
+                self._install_module(self._specs)
+                cache.touch(self._cache.directory)
+                if self._cache.vanished or not self._cache.spec_dir.is_dir():
+                    warnings.warn(f"trident: {self.__qualname__}: its cache entry "
+                                  f"{self._cache.directory} was deleted while this process "
+                                  "loaded it; the specializations read serve this process "
+                                  "(their modules built again where deleted)",
+                                  stacklevel=_user_stacklevel())
+            else:
+                self._set_trees()  # none: no tree holds a binding made with the old defaults
 
     def _stored_specs(self) -> list[Specialization]:
         """The cache's specializations of this function that the current state allows
@@ -400,12 +409,17 @@ class JitFunctionMixin:
                 spec = None
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
-                    # The new specialization goes last, after those stored by other processes
-                    # (read again: they may have stored some meanwhile).
-                    specs = [s for s in self._stored_specs() if s.key != spec.key]
-                    keep = self._max_specializations - 1
-                    specs = specs[max(0, len(specs) - keep):] + [spec]
-                    self._install_module(specs)
+                    with cache.in_use(self._cache.directory):  # Note [Cache size]
+                        # The new specialization goes last, after those stored by other
+                        # processes (read again: they may have stored some meanwhile).
+                        specs = [s for s in self._stored_specs() if s.key != spec.key]
+                        keep = self._max_specializations - 1
+                        specs = specs[max(0, len(specs) - keep):] + [spec]
+                        self._install_module(specs)
+                        if stored is None:
+                            # only a specialization that built and installed
+                            self._cache.save_spec(spec, keep=2 * self._max_specializations)
+                            self._prune(spec)
                 except TridentError as e:
                     if not self._fallback:
                         raise
@@ -416,9 +430,7 @@ class JitFunctionMixin:
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
                 if stored is None:
-                    # only a specialization that built and installed
-                    self._cache.save_spec(spec, keep=2 * self._max_specializations)
-                    self._prune(spec)
+                    cache.evict(self._cache.directory)
         if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
