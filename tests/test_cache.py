@@ -477,6 +477,8 @@ BACKEND_SCRIPT = textwrap.dedent('''
     x, y = torch.randn(8), torch.randn(8)
     for _ in range(2):
         assert torch.equal(f(x, y), block(x, y))
+    import dataclasses, json, trident
+    print("STATS " + json.dumps(dataclasses.asdict(trident.backend_stats(f))))
 ''')
 
 
@@ -485,12 +487,14 @@ def test_backend_graphs_are_reused_by_later_processes(tmp_path, subprocess_env, 
     per-process metadata: identical runs add no cache entries."""
     script = tmp_path / "backend_block.py"
     script.write_text(BACKEND_SCRIPT)
-    counts = []
+    counts, stats = [], []
     for _ in range(3):
-        run_python(subprocess_env, str(script))
+        stats.append(parse_stats(run_python(subprocess_env, str(script)).stdout))
         counts.append(sorted(p.relative_to(trident_cache) for p in
                              (trident_cache / "functions").rglob("*") if p.is_file()))
     assert counts[0] == counts[1] == counts[2]
+    assert [(s["traces"], s["compiles"], s["misses"], s["hits"]) for s in stats] == \
+        [(1, 1, 1, 1), (0, 0, 0, 2), (0, 0, 0, 2)]
     assert len(list((trident_cache / "functions").iterdir())) == 1
 
 

@@ -10,15 +10,34 @@ are rewritten to ordinary launches of the same kernel, which Trident's capture t
 a launch written in the user's function.
 
 Calls that need autograd (an input that requires grad, with grad mode on) run Dynamo's graph
-eagerly, so gradients are PyTorch's own; ``fn.stats.fallbacks`` counts them.
+eagerly, so gradients are PyTorch's own; ``stats(fn).fallbacks`` counts them.
+
+Note [Backend graphs]: the user holds what ``torch.compile`` returned, never the JitFunction of
+each graph, which Dynamo calls from its own bytecode. So the backend keeps a weak reference to
+each one, with the code object of the frame Dynamo compiled it from and the source of each
+graph input (Dynamo's ``GraphArg.source``: ``L['x']``, ``L['self']._modules['lin']...``).
+``graphs(fn)`` finds the graphs of ``fn``'s frames (its code, and the resume functions Dynamo
+makes after a graph break, named after it); ``stats(fn)`` sums their counters; ``explain(fn,
+*args)`` reads each graph's inputs from the call's arguments by those sources, as Dynamo's
+guards read them, and asks the graph's ``explain``. The references are weak: a graph counts
+while its JitFunction lives (Dynamo's cache holds it; ``torch._dynamo.reset()`` drops it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import types
+import weakref
+
+import torch
 import torch.fx as fx
 
 from .errors import TridentError
-from .jit import jit_function_class
+from .jit import Stats, jit_function_class
+
+# Note [Backend graphs]: every graph compiled in this process, oldest first
+_GRAPHS: list[weakref.ref] = []
 
 
 def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs):
@@ -72,4 +91,111 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn = jit_function_class()()
     fn._constant_self = True
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    from .cache import describe
+
+    try:
+        fn._frame_code = InstructionTranslator.current_tx().f_code
+    except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
+        fn._frame_code = None
+    fn._input_sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
+                         for n in gm.graph.nodes if n.op == "placeholder"]
+    fn._graph_of = describe(gm.forward).get("graph_of", "?")
+    _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
+
+
+def _frame_code(fn) -> types.CodeType:
+    """The code object Dynamo compiles for ``fn``: a function, a method, an ``nn.Module`` (its
+    ``forward``) or what ``torch.compile`` returned for one of them.
+
+    Raises:
+        TypeError: ``fn`` is none of these."""
+    if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
+        fn = fn._orig_mod
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    fn = inspect.unwrap(fn)  # torch.compile's wrapper of a function
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"expected a function, a method or an nn.Module (or what torch.compile "
+                        f"returned for one), got {type(fn).__name__}")
+    return code
+
+
+def graphs(fn=None) -> list:
+    """The JitFunction of each graph that ``torch.compile(..., backend="trident")`` handed to
+    Trident in this process and that still lives, oldest first (Note [Backend graphs]): of
+    every compiled function, or of ``fn``'s frames (``fn``: a function, a method, an
+    ``nn.Module`` or what ``torch.compile`` returned for one; the graphs after a graph break
+    included). Each has ``.stats``, ``.explain(*graph_inputs)``, ``.specializations`` and
+    ``.source()``, as ``trident.jit``'s functions have.
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module."""
+    found = [g for g in (r() for r in _GRAPHS) if g is not None]
+    if fn is None:
+        return found
+    code = _frame_code(fn)
+    return [g for g in found if g._frame_code is code or (
+        g._frame_code is not None and g._frame_code.co_filename == code.co_filename and
+        f"_resume_in_{code.co_name}_at_" in g._frame_code.co_name)]
+
+
+def stats(fn=None) -> Stats:
+    """The counters of ``graphs(fn)`` summed (``trident.jit``'s ``Stats``); ``miss_reasons``
+    the last 32 of every graph's, each prefixed with its graph's index (``"graph 1: ..."``).
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module."""
+    total, reasons = Stats(), []
+    for i, g in enumerate(graphs(fn)):
+        s = g.stats
+        for field in dataclasses.fields(Stats):
+            if field.name != "miss_reasons":
+                setattr(total, field.name, getattr(total, field.name) + getattr(s, field.name))
+        reasons += [f"graph {i}: {r}" for r in s.miss_reasons]
+    total.miss_reasons = reasons[-32:]
+    return total
+
+
+def explain(fn, *args, **kwargs) -> str:
+    """What each graph of ``fn`` (``graphs(fn)``) would do with a call of ``fn(*args,
+    **kwargs)``: which specialization accepts the inputs Dynamo would pass it, or each one's
+    failing guards (``trident.jit``'s ``explain``), one block per graph. A graph after a graph
+    break, whose inputs are values of the frame at the break, is named without them. Dynamo's
+    own guards decide first which graph runs (``TORCH_LOGS=recompiles`` shows them).
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module, or the arguments do not bind
+            to its parameters."""
+    code = _frame_code(fn)
+    target = fn._orig_mod if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule) else fn
+    if isinstance(target, torch.nn.Module):
+        function, bound = type(target).forward, (target, *args)
+    else:
+        function = inspect.unwrap(target)
+        bound = ((function.__self__, *args) if isinstance(function, types.MethodType)
+                 else args)
+        function = getattr(function, "__func__", function)
+    binding = inspect.signature(function).bind(*bound, **kwargs)
+    binding.apply_defaults()
+    from torch._dynamo.guards import _get_closure_vars
+
+    scope = {**_get_closure_vars(), "L": dict(binding.arguments), "G": function.__globals__}
+    blocks = []
+    for i, g in enumerate(graphs(fn)):
+        head = f"graph {i} (of {g._graph_of})"
+        if g._frame_code is not code:
+            blocks.append(f"{head}: after a graph break; its inputs are values of the frame "
+                          "at the break, which explain() does not compute")
+            continue
+        try:
+            inputs = [eval(source, scope) for source in g._input_sources]  # Dynamo's text
+        except Exception as e:  # a source this call's arguments do not have
+            blocks.append(f"{head}: its inputs cannot be read from these arguments "
+                          f"({type(e).__name__}: {e})")
+            continue
+        blocks.append(f"{head}:\n  " + g.explain(*inputs).replace("\n", "\n  "))
+    return "\n".join(blocks) or "no graphs compiled by the trident backend for this function"
