@@ -96,9 +96,15 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     from .cache import describe
 
     try:
-        fn._frame_code = InstructionTranslator.current_tx().f_code
+        tx = InstructionTranslator.current_tx()
+        fn._frame_code = tx.f_code
+        owner = tx.f_locals.get("self") if isinstance(tx.f_locals, dict) else None
     except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
-        fn._frame_code = None
+        fn._frame_code, owner = None, None
+    try:
+        fn._frame_self = weakref.ref(owner) if owner is not None else None
+    except TypeError:  # a self without weak references
+        fn._frame_self = None
     fn._input_sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
                          for n in gm.graph.nodes if n.op == "placeholder"]
     fn._graph_of = describe(gm.forward).get("graph_of", "?")
@@ -106,22 +112,44 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     return fn
 
 
-def _frame_code(fn) -> types.CodeType:
-    """The code object Dynamo compiles for ``fn``: a function, a method, an ``nn.Module`` (its
-    ``forward``) or what ``torch.compile`` returned for one of them.
+def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
+    """The frames Dynamo may compile for ``fn`` (a function, a method, an ``nn.Module``'s
+    ``forward``, or what ``torch.compile`` returned for one of them), as (code, function): each
+    function along its ``__wrapped__`` chain, as a decorator's wrapper is the frame Dynamo sees
+    (transformers decorates ``forward``); and the object a method or module binds as ``self``
+    (None for a function).
 
     Raises:
         TypeError: ``fn`` is none of these."""
     if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
         fn = fn._orig_mod
+    owner = getattr(fn, "__self__", None)
     if isinstance(fn, torch.nn.Module):
-        fn = type(fn).forward
-    fn = inspect.unwrap(fn)  # torch.compile's wrapper of a function
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    if not isinstance(code, types.CodeType):
+        fn, owner = type(fn).forward, fn
+    frames = []
+    while fn is not None:
+        if owner is None and isinstance(fn, types.MethodType):
+            owner = fn.__self__
+        function = getattr(fn, "__func__", fn)
+        if isinstance(getattr(function, "__code__", None), types.CodeType):
+            frames.append((function.__code__, function))
+        fn = getattr(fn, "__wrapped__", None)
+    if not frames:
         raise TypeError(f"expected a function, a method or an nn.Module (or what torch.compile "
                         f"returned for one), got {type(fn).__name__}")
-    return code
+    return frames, owner
+
+
+def _of(graph, frames: list, owner) -> bool:
+    """``graph`` was compiled from one of ``frames`` (or a resume function Dynamo made of one
+    after a graph break), bound to ``owner`` where both have a ``self``."""
+    frame = graph._frame_code
+    if frame is None or not any(frame is c or (
+            frame.co_filename == c.co_filename and f"_resume_in_{c.co_name}_at_" in
+            frame.co_name) for c, _ in frames):
+        return False
+    bound = graph._frame_self() if graph._frame_self is not None else None
+    return owner is None or bound is None or bound is owner
 
 
 def graphs(fn=None) -> list:
@@ -137,10 +165,8 @@ def graphs(fn=None) -> list:
     found = [g for g in (r() for r in _GRAPHS) if g is not None]
     if fn is None:
         return found
-    code = _frame_code(fn)
-    return [g for g in found if g._frame_code is code or (
-        g._frame_code is not None and g._frame_code.co_filename == code.co_filename and
-        f"_resume_in_{code.co_name}_at_" in g._frame_code.co_name)]
+    frames, owner = _frames(fn)
+    return [g for g in found if _of(g, frames, owner)]
 
 
 def stats(fn=None) -> Stats:
@@ -170,27 +196,21 @@ def explain(fn, *args, **kwargs) -> str:
     Raises:
         TypeError: ``fn`` is not a function, method or module, or the arguments do not bind
             to its parameters."""
-    code = _frame_code(fn)
-    target = fn._orig_mod if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule) else fn
-    if isinstance(target, torch.nn.Module):
-        function, bound = type(target).forward, (target, *args)
-    else:
-        function = inspect.unwrap(target)
-        bound = ((function.__self__, *args) if isinstance(function, types.MethodType)
-                 else args)
-        function = getattr(function, "__func__", function)
-    binding = inspect.signature(function).bind(*bound, **kwargs)
-    binding.apply_defaults()
+    frames, owner = _frames(fn)
     from torch._dynamo.guards import _get_closure_vars
 
-    scope = {**_get_closure_vars(), "L": dict(binding.arguments), "G": function.__globals__}
     blocks = []
     for i, g in enumerate(graphs(fn)):
         head = f"graph {i} (of {g._graph_of})"
-        if g._frame_code is not code:
+        function = next((f for c, f in frames if c is g._frame_code), None)
+        if function is None:
             blocks.append(f"{head}: after a graph break; its inputs are values of the frame "
                           "at the break, which explain() does not compute")
             continue
+        bound = inspect.signature(function, follow_wrapped=False).bind(
+            *((owner,) if owner is not None else ()), *args, **kwargs)
+        bound.apply_defaults()
+        scope = {**_get_closure_vars(), "L": dict(bound.arguments), "G": function.__globals__}
         try:
             inputs = [eval(source, scope) for source in g._input_sources]  # Dynamo's text
         except Exception as e:  # a source this call's arguments do not have
