@@ -323,11 +323,11 @@ class FunctionCache:
                 specs.append(spec)
         return specs
 
-    def save_spec(self, spec: Specialization, keep: int = 64) -> None:
+    def save_spec(self, spec: Specialization, keep: int = 64) -> bool:
         """Store ``spec``, and delete the oldest stored ones past the newest ``keep`` (calls
         whose argument trees hold per-process values never match across processes, and would
-        pile up); a cache that cannot be written (read-only, full) is warned about: the
-        specialization still serves this process."""
+        pile up); False where a cache that cannot be written (read-only, full) is warned
+        about: the specialization still serves this process."""
         try:
             if self.spec_dir.exists() and not self.spec_dir.is_dir():
                 _discard(self.spec_dir, "not a folder")
@@ -339,7 +339,7 @@ class FunctionCache:
                     json.dump(self.about, f)
                 os.replace(tmp, about)
             if any(self.spec_dir.glob(f"*-{spec.key}.json")):
-                return
+                return True
             fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
             try:
                 with os.fdopen(fd, "w") as f:
@@ -350,9 +350,11 @@ class FunctionCache:
             for old in sorted(self.spec_dir.glob("*.json"))[:-keep]:
                 old.unlink(missing_ok=True)
             touch(self.directory)
+            return True
         except OSError as e:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
+            return False
 
 
     def load_eager(self) -> list[tuple[int, list, str]]:

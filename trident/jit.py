@@ -416,9 +416,10 @@ class JitFunctionMixin:
                         keep = self._max_specializations - 1
                         specs = specs[max(0, len(specs) - keep):] + [spec]
                         self._install_module(specs)
-                        if stored is None:
-                            # only a specialization that built and installed
-                            self._cache.save_spec(spec, keep=2 * self._max_specializations)
+                        # only a specialization that built and installed is stored
+                        saved = stored is None and self._cache.save_spec(
+                            spec, keep=2 * self._max_specializations)
+                        if saved:
                             self._prune(spec)
                 except TridentError as e:
                     if not self._fallback:
@@ -429,8 +430,8 @@ class JitFunctionMixin:
                         self._cache.save_eager(*failed)
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
-                if stored is None:
-                    cache.evict(self._cache.directory)
+                if saved:
+                    cache.evict(self._cache.directory)  # Note [Cache size]
         if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
