@@ -121,9 +121,10 @@ def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
 
     Raises:
         TypeError: ``fn`` is none of these."""
+    given = fn
     if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
         fn = fn._orig_mod
-    owner = getattr(fn, "__self__", None)
+    owner = None
     if isinstance(fn, torch.nn.Module):
         fn, owner = type(fn).forward, fn
     frames = []
@@ -136,7 +137,7 @@ def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
         fn = getattr(fn, "__wrapped__", None)
     if not frames:
         raise TypeError(f"expected a function, a method or an nn.Module (or what torch.compile "
-                        f"returned for one), got {type(fn).__name__}")
+                        f"returned for one), got {type(given).__name__}")
     return frames, owner
 
 

@@ -561,14 +561,16 @@ class JitFunctionMixin:
     # twice, a list where a tensor was), which the whole miss path flattens as its own.
 
     # Note [Stored eager decisions]: a signature whose trace or compile failed (a
-    # data-dependent branch, Python state the function assigns, an op the plan cannot call)
-    # fails again for the same code, argument tree and guards: the function key covers the
-    # code and the globals it names, the tree key the structure, the guards the leaves. So the
-    # decision is stored in the function's folder (``eager/``) and a later process runs that
-    # signature eagerly without tracing it (a Hugging Face prefill, whose static cache assigns
-    # its tensors lazily, would otherwise trace in every process). A stored decision can only
-    # make a call eager, never serve a result, and its warning says it came from the cache. A
-    # build that failed (the compiler, a full disk) is not stored: it depends on the machine.
+    # data-dependent branch, Python state the function assigns, an op the plan cannot call) is
+    # decided by what the keys cover: the function key the code, the globals it names and the
+    # versions, the tree key the arguments' structure, the guards the leaves. So the decision
+    # is stored in the function's folder (``eager/``) and a later process runs that signature
+    # eagerly without tracing it (a Hugging Face prefill, whose static cache assigns its
+    # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
+    # global that a helper in another module reads) may have changed since; then the call runs
+    # eagerly where it could compile: a stored decision only ever makes a call eager, never
+    # serves a result, and its warning says it came from the cache. A build that failed (the
+    # compiler, a full disk) is not stored: it depends on the machine.
 
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
