@@ -436,6 +436,24 @@ def test_the_per_process_hash_of_a_generation_config_is_not_in_the_tree():
     assert _description(config) != before
 
 
+def test_an_enum_member_is_described_by_its_class_and_name():
+    import enum
+
+    from trident.cache import _PROCESS
+
+    class Mode(enum.Enum):
+        FAST = 1
+        SLOW = 2
+
+    class Holder:
+        def __init__(self, mode):
+            self.mode = mode
+
+    (fast,) = [d for d in _description(Holder(Mode.FAST)) if "|'mode'|" in d]
+    assert fast.endswith(f"enum {__name__}.{Mode.__qualname__}.FAST") and _PROCESS not in fast
+    assert _description(Holder(Mode.SLOW)) != _description(Holder(Mode.FAST))
+
+
 def branchy(x):
     if x.sum() > 0:  # data-dependent: cannot be traced
         return x + 1

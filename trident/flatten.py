@@ -237,8 +237,8 @@ def _stable(obj: Any) -> str:
 
 
 def identity_words(obj: Any) -> str:
-    """Words for a class, a module, a builtin (the same in every process) or any other object
-    checked by identity (this process only)."""
+    """Words for a class, a module, a builtin, an enum member (the same in every process) or
+    any other object checked by identity (this process only)."""
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
@@ -247,6 +247,8 @@ def identity_words(obj: Any) -> str:
         return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch operator {obj}"  # one object per operator, in every process
+    if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
+        return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
     from .cache import _PROCESS
 
     return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
