@@ -473,6 +473,8 @@ def test_a_failed_trace_is_stored_and_not_traced_again(trident_cache):
     later = trident.jit(branchy)
     with pytest.warns(UserWarning, match="as an earlier process found"):
         assert torch.equal(later(x), x + 1)
+    with pytest.raises(trident.TridentError, match="cannot trace branchy"):
+        trident.jit(branchy, fallback=False)(x)  # reads no stored decision: raises
     y = torch.ones(4)  # another signature: traced (and failing) again
     assert torch.equal(later(y), y + 1)
     assert (later.stats.traces, later.stats.fallbacks, later.stats.compiles) == (1, 2, 0)

@@ -317,7 +317,8 @@ class JitFunctionMixin:
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
                  self._eager_signatures}
-        for key, guards, why in self._cache.load_eager():  # Note [Stored eager decisions]
+        stored = self._cache.load_eager() if self._fallback else []  # fallback=False raises
+        for key, guards, why in stored:  # Note [Stored eager decisions]
             if (key, json.dumps([g.to_json() for g in guards])) not in known:
                 self._eager_signatures.append(
                     (key, guards, f"{why} (as an earlier process found: `python3 -m "
@@ -426,8 +427,8 @@ class JitFunctionMixin:
                         raise
                     failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
                     self._eager_signatures.append(failed)
-                    if spec is None:  # the trace or compile failed, not the build
-                        self._cache.save_eager(*failed)
+                    if spec is None and getattr(e, "static_trace", False):
+                        self._cache.save_eager(*failed)  # Note [Stored eager decisions]
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
                 if saved:
@@ -569,8 +570,10 @@ class JitFunctionMixin:
     # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
     # global that a helper in another module reads) may have changed since; then the call runs
     # eagerly where it could compile: a stored decision only ever makes a call eager, never
-    # serves a result, and its warning says it came from the cache. A build that failed (the
-    # compiler, a full disk) is not stored: it depends on the machine.
+    # serves a result, and its warning says it came from the cache. Only a static trace's
+    # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
+    # nor dims that ``dynamic=`` asked for (that JitFunction's options). A JitFunction with
+    # ``fallback=False`` reads no stored decision: it traces, and raises the error.
 
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
@@ -669,7 +672,11 @@ class JitFunctionMixin:
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
-        return self._compile(call, {})
+        try:
+            return self._compile(call, {})
+        except TridentError as e:  # decided by the call and the code, not by jit's options
+            e.static_trace = True
+            raise
 
     def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
