@@ -1,5 +1,7 @@
 """torch.compile(fn, backend="trident") on CPU graphs of ATen ops."""
 
+import dataclasses
+
 import torch
 
 import trident
@@ -79,3 +81,66 @@ def test_autograd_graphs_run_eagerly_with_correct_gradients():
     x.grad = w.grad = None
     (torch.relu(x @ w) * 2).sum().backward()
     assert torch.equal(got[0], x.grad) and torch.equal(got[1], w.grad)
+
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, k=2):
+        y = self.lin(x) * k
+        torch._dynamo.graph_break()
+        return y + 1
+
+
+def test_stats_and_explain_of_every_graph_of_a_compiled_function():
+    """Note [Backend graphs]: the graphs of one compiled function, after a graph break too,
+    counted together; explain reads each graph's inputs from the call's arguments."""
+    torch._dynamo.reset()
+    earlier = trident.backend_stats().compiles  # graphs of earlier tests that still live
+    f = torch.compile(mlp, backend="trident")
+    x, w, b = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16)
+    for _ in range(3):
+        assert_same(f(x, w, b), mlp(x, w, b))
+    s = trident.backend_stats(f)
+    assert (s.hits, s.misses, s.compiles, s.traces, s.fallbacks) == (2, 1, 1, 1, 0)
+    assert s.miss_reasons == ["graph 0: first call"]
+    assert trident.backend_stats(mlp) == s  # the compiled function, or what it compiled
+    (graph,) = trident.backend_graphs(f)
+    assert graph.stats == dataclasses.replace(s, miss_reasons=["first call"])
+    lines = trident.backend_explain(f, x[:2], w, b).splitlines()
+    assert lines[0].startswith("graph 0 (of mlp (") and lines[1].endswith(
+        "L_x_.size(0) == 4 expected, got 2")
+    assert trident.backend_explain(f, x, w, b).endswith("accepts these arguments")
+
+    m = Broken()
+    g = torch.compile(m, backend="trident")
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(g(x[:, :4]), m(x[:, :4]))
+    s = trident.backend_stats(g)
+    assert (s.hits, s.misses, s.compiles, len(trident.backend_graphs(m))) == (2, 2, 2, 2)
+    assert trident.backend_stats().compiles == earlier + 3  # every graph of the process
+    with torch.no_grad():
+        text = trident.backend_explain(g, x[:, :4]).splitlines()
+    assert text[1].endswith("accepts these arguments")
+    assert text[2].startswith("graph 1 (of torch_dynamo_resume_in_forward_at_") and \
+        text[2].endswith("after a graph break; its inputs are values of the frame at the "
+                         "break, which explain() does not compute")
+
+
+def test_a_new_number_of_threads_compiles_again():
+    torch._dynamo.reset()
+    f = torch.compile(mlp, backend="trident")
+    x, w, b = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16)
+    threads = torch.get_num_threads()
+    try:
+        assert_same(f(x, w, b), mlp(x, w, b))
+        torch.set_num_threads(threads + 1)
+        assert_same(f(x, w, b), mlp(x, w, b))
+    finally:
+        torch.set_num_threads(threads)
+    # Dynamo guards the number of threads: a second graph, compiled by Trident
+    assert [g.stats.compiles for g in trident.backend_graphs(f)] == [1, 1]
+    assert trident.backend_stats(f).hits == 0

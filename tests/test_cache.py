@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import trident
-from _trident_helpers import as_in_a_new_process, fresh_imports
+from _trident_helpers import as_in_a_new_process, fresh_imports, run_python
 
 MODULE = textwrap.dedent('''
     import torch
@@ -185,10 +187,15 @@ def test_command_line_list_clear_and_cache_dir(tmp_path, subprocess_env, trident
     assert p.returncode == 0 and p.stdout.strip() == str(trident_cache)
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert lines[0].startswith(f"cached_mod.model ({d / 'cached_mod.py'}:5): 1 specialization, ")
-    assert lines[0].endswith(" KiB") and lines[1].startswith("  0: model(x: float32[4, 8] cpu")
+    (row,) = trident.list_cache()
+    used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_use"]))
+    assert lines[0].endswith(f" KiB, last used {used}")
+    assert lines[1].startswith("  0: model(x: float32[4, 8] cpu")
     assert lines[2].startswith(f"  in {trident_cache / 'functions'}/model-")
+    assert lines[3] == (f"1 entry, {row['bytes'] / 2**20:.1f} MiB of the bound of 2048.0 MiB "
+                        "(TRIDENT_CACHE_SIZE)")
     assert main(["clear"]) == 0
     out = capsys.readouterr().out
     assert str(trident_cache) in out and f"deleted {lines[2][len('  in '):]}" in out.splitlines()
@@ -343,3 +350,316 @@ def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
     assert {"capture.py", "codegen.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
     # benchmarks/ (outside the package), the package's thin entries to it, the command line
     assert not names & {"bench.py", "bench_gpu.py", "bench_hf.py", "demo.py", "__main__.py"}
+
+
+# ---- reuse across processes: what the keys hold (issue #27) ------------------------------------
+
+HF_SCRIPT = textwrap.dedent('''
+    import dataclasses, json, warnings
+    import torch, transformers, trident
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 96, (1, 6))
+
+    def generate():
+        return model.generate(ids, max_new_tokens=4, do_sample=False,
+                              cache_implementation="static", disable_compile=True)
+
+    eager = generate()
+    model.forward = trident.jit(model.forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prefill runs eagerly (docs/huggingface.md)
+        out = generate()
+    print("EQUAL", torch.equal(out, eager))
+    print("STATS " + json.dumps(dataclasses.asdict(model.forward.stats)))
+''')
+
+
+def test_a_second_process_generates_from_the_cache_without_tracing(tmp_path, subprocess_env):
+    """A Hugging Face model's argument tree holds nothing of one process (the jitted forward in
+    the model's ``__dict__``, GenerationConfig's per-process hash), and the prefill's failed
+    trace is stored: the second process neither traces nor compiles."""
+    script = tmp_path / "hf_generate.py"
+    script.write_text(HF_SCRIPT)
+    runs = []
+    for _ in range(2):
+        out = run_python(subprocess_env, str(script)).stdout
+        assert "EQUAL True" in out.splitlines()
+        runs.append(parse_stats(out))
+    first, second = runs
+    assert (first["traces"], first["compiles"], first["fallbacks"]) == (2, 1, 1)
+    assert (second["traces"], second["compiles"], second["fallbacks"], second["misses"],
+            second["hits"]) == (0, 0, 1, 1, 3)
+    assert second["miss_reasons"][0].startswith("eager: the function assigns to ")
+    assert "as an earlier process found" in second["miss_reasons"][0]
+
+
+class _Net(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def _description(*args) -> list[str]:
+    from trident.flatten import Binding, flatten_call
+
+    return flatten_call(Binding.of(lambda m: None), args, {})[0].description
+
+
+def test_a_jitted_method_is_described_by_its_function_and_the_object_it_is_bound_to():
+    from trident.cache import _PROCESS
+
+    a, b, c = _Net(), _Net(), _Net()
+    a.forward = trident.jit(a.forward)
+    b.forward = trident.jit(b.forward)
+    c.forward = trident.jit(a.forward.__wrapped__)  # bound to another object than c
+    (words_a,) = [d for d in _description(a) if "|'forward'|" in d]
+    assert "trident.jit of function test_cache._Net.forward " in words_a
+    assert words_a.endswith(" bound to the object at m") and _PROCESS not in words_a
+    assert _description(a) == _description(b)
+    (words_c,) = [d for d in _description(c) if "|'forward'|" in d]
+    assert _PROCESS in words_c and _description(c) != _description(a)
+
+
+def test_the_per_process_hash_of_a_generation_config_is_not_in_the_tree():
+    import transformers
+
+    config = transformers.GenerationConfig(max_new_tokens=3)
+    config._original_object_hash = hash(config)  # as from_model_config sets it
+    before = _description(config)
+    config._original_object_hash += 1  # another process's value
+    assert _description(config) == before
+    assert not any("|'_original_object_hash'|" in d for d in before)
+    config.max_new_tokens = 4  # the fields it hashes are checked one by one
+    assert _description(config) != before
+
+
+def test_an_enum_member_is_described_by_its_class_and_name():
+    import enum
+
+    from trident.cache import _PROCESS
+
+    class Mode(enum.Enum):
+        FAST = 1
+        SLOW = 2
+
+    class Holder:
+        def __init__(self, mode):
+            self.mode = mode
+
+    (fast,) = [d for d in _description(Holder(Mode.FAST)) if "|'mode'|" in d]
+    assert fast.endswith(f"enum {__name__}.{Mode.__qualname__}.FAST") and _PROCESS not in fast
+    assert _description(Holder(Mode.SLOW)) != _description(Holder(Mode.FAST))
+
+
+def branchy(x):
+    if x.sum() > 0:  # data-dependent: cannot be traced
+        return x + 1
+    return x - 1
+
+
+def test_a_failed_trace_is_stored_and_not_traced_again(trident_cache):
+    """Note [Stored eager decisions]: a signature whose trace failed runs eagerly in a later
+    process without a trace, and says so; a damaged entry is dropped with a warning."""
+    x = torch.ones(3)
+    first = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert torch.equal(first(x), x + 1)
+    assert (first.stats.traces, first.stats.fallbacks) == (1, 1)
+    (stored,) = (trident_cache / "functions").glob("branchy-*/eager/*.json")
+    as_in_a_new_process()
+    later = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="as an earlier process found"):
+        assert torch.equal(later(x), x + 1)
+    with pytest.raises(trident.TridentError, match="cannot trace branchy"):
+        trident.jit(branchy, fallback=False)(x)  # reads no stored decision: raises
+    y = torch.ones(4)  # another signature: traced (and failing) again
+    assert torch.equal(later(y), y + 1)
+    assert (later.stats.traces, later.stats.fallbacks, later.stats.compiles) == (1, 2, 0)
+    stored.write_text("{not json")
+    as_in_a_new_process()
+    again = trident.jit(branchy)
+    with pytest.warns(UserWarning, match="dropped the damaged cache entry"):
+        assert torch.equal(again(x), x + 1)
+    assert torch.equal(again(y), y + 1)
+    assert (again.stats.traces, again.stats.fallbacks) == (1, 2)  # x's entry was the damaged one
+
+
+BACKEND_SCRIPT = textwrap.dedent('''
+    import torch
+
+    def block(x, y):
+        return torch.relu(x) * y
+
+    f = torch.compile(block, backend="trident")
+    x, y = torch.randn(8), torch.randn(8)
+    for _ in range(2):
+        assert torch.equal(f(x, y), block(x, y))
+    import dataclasses, json, trident
+    print("STATS " + json.dumps(dataclasses.asdict(trident.backend_stats(f))))
+''')
+
+
+def test_backend_graphs_are_reused_by_later_processes(tmp_path, subprocess_env, trident_cache):
+    """Note [Function key]: a torch.compile graph is keyed by its code, not by Dynamo's
+    per-process metadata: identical runs add no cache entries."""
+    script = tmp_path / "backend_block.py"
+    script.write_text(BACKEND_SCRIPT)
+    counts, stats = [], []
+    for _ in range(3):
+        stats.append(parse_stats(run_python(subprocess_env, str(script)).stdout))
+        counts.append(sorted(p.relative_to(trident_cache) for p in
+                             (trident_cache / "functions").rglob("*") if p.is_file()))
+    assert counts[0] == counts[1] == counts[2]
+    assert [(s["traces"], s["compiles"], s["misses"], s["hits"]) for s in stats] == \
+        [(1, 1, 1, 1), (0, 0, 0, 2), (0, 0, 0, 2)]
+    assert len(list((trident_cache / "functions").iterdir())) == 1
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, k: float):
+        super().__init__()
+        self.register_buffer("k", torch.full((3,), k))
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_a_graph_module_is_keyed_by_the_constants_its_nodes_read():
+    from trident.cache import function_key
+
+    graph = torch.fx.symbolic_trace(_Scaled(1.0))
+    before = function_key(graph.forward)
+    graph.k.fill_(2.0)  # what the get_attr node reads
+    assert function_key(graph.forward) != before
+    graph.meta["backend_id"] = "another process"  # Dynamo's metadata: not in the key
+    graph.k.fill_(1.0)
+    assert function_key(graph.forward) == before
+
+
+# ---- a bounded cache (Note [Cache size]) -------------------------------------------------------
+
+SIZED_SCRIPT = textwrap.dedent('''
+    import json, pathlib, shutil, sys, time, warnings
+    import torch, trident
+    from trident import build
+
+    folder, i, mode = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    sys.path.insert(0, str(folder))
+    f = trident.jit(__import__(f"fn_{i}").f)
+    real_build = build.build
+
+    def hold(source, directory):  # "hold": load while the test says so (its lock held)
+        (folder / f"loading_{i}").write_text("")
+        while not (folder / f"go_{i}").exists():
+            time.sleep(0.05)
+        return real_build(source, directory)
+
+    def delete(source, directory):  # "delete": another hand deletes the entry meanwhile
+        shutil.rmtree(directory)
+        build.build = real_build
+        return real_build(source, directory)
+
+    build.build = {"hold": hold, "delete": delete}.get(mode, real_build)
+    x = torch.arange(-3.0, 3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = all(torch.equal(f(x), torch.relu(x) + i) for _ in range(3))
+    print("RESULT " + json.dumps({
+        "same": same, "traces": f.stats.traces, "compiles": f.stats.compiles,
+        "hits": f.stats.hits, "fallbacks": f.stats.fallbacks,
+        "warnings": [str(w.message) for w in caught if "trident" in str(w.message)]}))
+''')
+
+
+def _sized(tmp_path: Path, env: dict, *runs: tuple[int, str], size: int | None = None,
+           wait: bool = True):
+    """Start ``SIZED_SCRIPT`` once per ``(i, mode)`` at once (its function ``fn_i.f`` returns
+    ``relu(x) + i``), under ``TRIDENT_CACHE_SIZE=size``: their results, or the processes."""
+    folder = tmp_path / "sized"
+    folder.mkdir(exist_ok=True)
+    (folder / "sized.py").write_text(SIZED_SCRIPT)
+    env = dict(env, **({"TRIDENT_CACHE_SIZE": str(size)} if size is not None else {}))
+    procs = []
+    for i, mode in runs:
+        (folder / f"fn_{i}.py").write_text(
+            f"import torch\n\ndef f(x):\n    return torch.relu(x) + {i}\n")
+        procs.append(subprocess.Popen([sys.executable, str(folder / "sized.py"), str(folder),
+                                       str(i), mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    if not wait:
+        return procs
+    return [_result(p) for p in procs]
+
+
+def _result(p: subprocess.Popen) -> dict:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+def _entries(cache: Path) -> dict[str, int]:
+    """Function folder name -> bytes."""
+    return {r["path"].rsplit("/", 1)[1]: r["bytes"] for r in trident.list_cache()}
+
+
+def test_twenty_processes_keep_the_cache_under_its_bound(tmp_path, subprocess_env,
+                                                          trident_cache):
+    (first,) = _sized(tmp_path, subprocess_env, (0, "plain"))
+    assert first["same"] and first["compiles"] == 1 and first["warnings"] == []
+    entry = sum(_entries(trident_cache).values())
+    bound = int(3.5 * entry)  # three entries fit
+    for wave in range(1, 20, 4):  # four processes at a time: they evict concurrently
+        for result in _sized(tmp_path, subprocess_env, *[(i, "plain") for i in range(
+                wave, min(wave + 4, 20))], size=bound):
+            assert result["same"] and result["compiles"] == 1 and result["warnings"] == []
+        sizes = _entries(trident_cache)
+        assert sum(sizes.values()) <= bound and len(sizes) == 3, sizes
+    # the least recently used went first: the last wave's three stay
+    names = {r["about"]["module"] for r in trident.list_cache()}
+    assert names == {"fn_17", "fn_18", "fn_19"}
+
+
+def test_eviction_skips_an_entry_another_process_is_loading(tmp_path, subprocess_env,
+                                                            trident_cache):
+    _sized(tmp_path, subprocess_env, (0, "plain"))
+    (held,) = _entries(trident_cache)
+    (loader,) = _sized(tmp_path, subprocess_env, (0, "hold"), wait=False)
+    folder = tmp_path / "sized"
+    while not (folder / "loading_0").exists():
+        assert loader.poll() is None, loader.communicate()
+        time.sleep(0.05)
+    # a bound smaller than two entries: evicting fn_0's entry would make it fit
+    bound = int(1.5 * _entries(trident_cache)[held])
+    (other,) = _sized(tmp_path, subprocess_env, (1, "plain"), size=bound)
+    assert other["same"] and other["warnings"] == [] and held in _entries(trident_cache)
+    (folder / "go_0").write_text("")
+    loaded = _result(loader)
+    assert loaded["same"] and (loaded["traces"], loaded["compiles"], loaded["hits"]) == (0, 0, 3)
+    assert loaded["warnings"] == []
+    # no longer in use: the next compile evicts it (and fn_1's, older than its own)
+    (third,) = _sized(tmp_path, subprocess_env, (2, "plain"), size=bound)
+    assert third["same"] and third["warnings"] == []
+    assert [r["about"]["module"] for r in trident.list_cache()] == ["fn_2"]
+
+
+def test_an_entry_deleted_while_a_process_loads_it(tmp_path, subprocess_env, trident_cache):
+    _sized(tmp_path, subprocess_env, (0, "plain"))
+    (result,) = _sized(tmp_path, subprocess_env, (0, "delete"))
+    assert result["same"] and (result["traces"], result["compiles"], result["hits"]) == (0, 0, 3)
+    assert len(result["warnings"]) == 1 and "was deleted while this process loaded it" in \
+        result["warnings"][0]
+
+
+def test_a_bound_smaller_than_one_entry(tmp_path, subprocess_env, trident_cache):
+    """The entry just stored stays (with a warning) until another compile evicts it."""
+    for i in range(2):
+        (result,) = _sized(tmp_path, subprocess_env, (i, "plain"), size=1)
+        assert result["same"] and result["compiles"] == 1
+        assert len(result["warnings"]) == 1 and "bound of 1 bytes" in result["warnings"][0]
+        assert [r["about"]["module"] for r in trident.list_cache()] == [f"fn_{i}"]
+    (again,) = _sized(tmp_path, subprocess_env, (1, "plain"), size=1)
+    assert again["same"] and (again["traces"], again["compiles"], again["warnings"]) == (0, 0, [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 from pathlib import Path
 
 import torch
@@ -107,8 +108,43 @@ def test_clear_everything_lists_each_entry(trident_cache, capsys):
 def test_folders_without_metadata_are_listed(trident_cache, capsys):
     (trident_cache / "functions" / "old-0123" / "specs").mkdir(parents=True)
     assert cli.main(["list"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == (
-        "(made by an older Trident: origin not recorded): 0 specializations, 0.0 KiB")
+    assert capsys.readouterr().out.splitlines()[0].startswith(
+        "(made by an older Trident: origin not recorded): 0 specializations, 0.0 KiB, "
+        "last used ")
+
+
+def listed_h(x):
+    return torch.relu(x) + 1
+
+
+def test_list_names_the_guards_that_tell_alike_signatures_apart(trident_cache, capsys,
+                                                                 monkeypatch):
+    """``torch.set_num_threads`` is guarded: a new number of threads compiles again, and the
+    two specializations' signatures alike, the listing names the guard that differs; the
+    bound and each entry's last use are shown (Note [Cache size])."""
+    h = trident.jit(listed_h)
+    x = torch.randn(4)
+    threads = torch.get_num_threads()
+    try:
+        assert torch.equal(h(x), torch.relu(x) + 1)
+        torch.set_num_threads(threads + 1)
+        assert torch.equal(h(x), torch.relu(x) + 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert (h.stats.compiles, h.stats.misses) == (2, 2)
+    assert h.stats.miss_reasons[1] == (f"torch.get_num_threads() == {threads} expected, got "
+                                       f"{threads + 1} (specialization 0)")
+    (row,) = trident.list_cache()
+    assert row["apart"] == [[f"torch.get_num_threads() == {threads}"],
+                            [f"torch.get_num_threads() == {threads + 1}"]]
+    assert abs(row["last_use"] - time.time()) < 60
+    monkeypatch.setenv("TRIDENT_CACHE_SIZE", "1.5G")
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:3] == [
+        f"  0: listed_h(x: float32[4] cpu) [torch.get_num_threads() == {threads}]",
+        f"  1: listed_h(x: float32[4] cpu) [torch.get_num_threads() == {threads + 1}]"]
+    assert out[-1].endswith(" MiB of the bound of 1536.0 MiB (TRIDENT_CACHE_SIZE)")
 
 
 def test_backend_graph_names_the_compiled_function(trident_cache):

@@ -243,7 +243,8 @@ FAILING_WRITES = textwrap.dedent('''
     if ERR is not None:
         os.open = guard(os.open, lambda flags, *a, **k: flags & WRITE_FLAGS)
         builtins.open = io.open = guard(io.open, lambda mode="r", *a, **k: set(mode) & set("wax+"))
-        for name in ("mkdir", "rmdir", "unlink", "remove", "replace", "rename"):
+        for name in ("mkdir", "rmdir", "unlink", "remove", "replace", "rename") + \
+                (("utime",) if ERR == errno.EROFS else ()):  # a full disk sets times
             setattr(os, name, guard(getattr(os, name), lambda *a, **k: True))
 
     import warnings
@@ -276,9 +277,16 @@ def _run_faulty(tmp_path, env, mode: str) -> str:
 
 def test_a_read_only_cache_serves_what_it_holds(tmp_path, subprocess_env):
     assert _run_faulty(tmp_path, subprocess_env, "populate") == "True 1 1 0 []"
-    # hits from the cache (it used to raise at decoration); a new signature cannot be built
-    # there: it runs eagerly, with one warning
-    assert _run_faulty(tmp_path, subprocess_env, "readonly") == "True 2 1 2 ['trident']"
+    # hits from the cache (it used to raise at decoration), with one warning that its uses
+    # cannot be recorded (Note [Cache size]); a new signature cannot be built there: it runs
+    # eagerly, with one warning
+    assert _run_faulty(tmp_path, subprocess_env, "readonly") == \
+        "True 2 1 2 ['trident', 'trident']"
+
+
+def test_a_full_disk_serves_what_it_holds(tmp_path, subprocess_env):
+    assert _run_faulty(tmp_path, subprocess_env, "populate") == "True 1 1 0 []"
+    assert _run_faulty(tmp_path, subprocess_env, "full") == "True 2 1 2 ['trident']"
 
 
 def test_a_damaged_runtime_on_a_full_disk_runs_eagerly(tmp_path, subprocess_env, trident_cache):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import time
 
 from . import cache, config
 
@@ -37,14 +38,20 @@ def main(argv: list[str] | None = None) -> int:
         rows = cache.list_entries()
         for row in rows:
             n = len(row["signatures"])
+            used = "unknown" if row["last_use"] is None else \
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_use"]))
             print(f"{_origin(row['about'])}: {n} specialization{'s' * (n != 1)}, "
-                  f"{row['bytes'] / 1024:.1f} KiB")
-            for i, signature in enumerate(row["signatures"]):
+                  f"{row['bytes'] / 1024:.1f} KiB, last used {used}")
+            for i, (signature, apart) in enumerate(zip(row["signatures"], row["apart"])):
                 if not args.full:
                     signature = textwrap.shorten(signature, 160, placeholder=" ...")
-                print(f"  {i}: {signature}")
+                print(f"  {i}: {signature}" + (f" [{'; '.join(apart)}]" if apart else ""))
             print(f"  in {row['path']}")
-        if not rows:
+        if rows:
+            total = sum(row["bytes"] for row in rows)
+            print(f"{len(rows)} entr{'ies' if len(rows) != 1 else 'y'}, {total / 2**20:.1f} MiB "
+                  f"of the bound of {config.cache_size() / 2**20:.1f} MiB (TRIDENT_CACHE_SIZE)")
+        else:
             print(f"no cached functions in {config.cache_dir()}")
     elif args.command == "clear":
         try:

@@ -10,15 +10,34 @@ are rewritten to ordinary launches of the same kernel, which Trident's capture t
 a launch written in the user's function.
 
 Calls that need autograd (an input that requires grad, with grad mode on) run Dynamo's graph
-eagerly, so gradients are PyTorch's own; ``fn.stats.fallbacks`` counts them.
+eagerly, so gradients are PyTorch's own; ``stats(fn).fallbacks`` counts them.
+
+Note [Backend graphs]: the user holds what ``torch.compile`` returned, never the JitFunction of
+each graph, which Dynamo calls from its own bytecode. So the backend keeps a weak reference to
+each one, with the code object of the frame Dynamo compiled it from and the source of each
+graph input (Dynamo's ``GraphArg.source``: ``L['x']``, ``L['self']._modules['lin']...``).
+``graphs(fn)`` finds the graphs of ``fn``'s frames (its code, and the resume functions Dynamo
+makes after a graph break, named after it); ``stats(fn)`` sums their counters; ``explain(fn,
+*args)`` reads each graph's inputs from the call's arguments by those sources, as Dynamo's
+guards read them, and asks the graph's ``explain``. The references are weak: a graph counts
+while its JitFunction lives (Dynamo's cache holds it; ``torch._dynamo.reset()`` drops it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import types
+import weakref
+
+import torch
 import torch.fx as fx
 
 from .errors import TridentError
-from .jit import jit_function_class
+from .jit import Stats, jit_function_class
+
+# Note [Backend graphs]: every graph compiled in this process, oldest first
+_GRAPHS: list[weakref.ref] = []
 
 
 def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs):
@@ -72,4 +91,132 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn = jit_function_class()()
     fn._constant_self = True
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    from .cache import describe
+
+    try:
+        tx = InstructionTranslator.current_tx()
+        fn._frame_code = tx.f_code
+        owner = tx.f_locals.get("self") if isinstance(tx.f_locals, dict) else None
+    except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
+        fn._frame_code, owner = None, None
+    try:
+        fn._frame_self = weakref.ref(owner) if owner is not None else None
+    except TypeError:  # a self without weak references
+        fn._frame_self = None
+    fn._input_sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
+                         for n in gm.graph.nodes if n.op == "placeholder"]
+    fn._graph_of = describe(gm.forward).get("graph_of", "?")
+    _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
+
+
+def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
+    """The frames Dynamo may compile for ``fn`` (a function, a method, an ``nn.Module``'s
+    ``forward``, or what ``torch.compile`` returned for one of them), as (code, function): each
+    function along its ``__wrapped__`` chain, as a decorator's wrapper is the frame Dynamo sees
+    (transformers decorates ``forward``); and the object a method or module binds as ``self``
+    (None for a function).
+
+    Raises:
+        TypeError: ``fn`` is none of these."""
+    given = fn
+    if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
+        fn = fn._orig_mod
+    owner = None
+    if isinstance(fn, torch.nn.Module):
+        fn, owner = type(fn).forward, fn
+    frames = []
+    while fn is not None:
+        if owner is None and isinstance(fn, types.MethodType):
+            owner = fn.__self__
+        function = getattr(fn, "__func__", fn)
+        if isinstance(getattr(function, "__code__", None), types.CodeType):
+            frames.append((function.__code__, function))
+        fn = getattr(fn, "__wrapped__", None)
+    if not frames:
+        raise TypeError(f"expected a function, a method or an nn.Module (or what torch.compile "
+                        f"returned for one), got {type(given).__name__}")
+    return frames, owner
+
+
+def _of(graph, frames: list, owner) -> bool:
+    """``graph`` was compiled from one of ``frames`` (or a resume function Dynamo made of one
+    after a graph break), bound to ``owner`` where both have a ``self``."""
+    frame = graph._frame_code
+    if frame is None or not any(frame is c or (
+            frame.co_filename == c.co_filename and f"_resume_in_{c.co_name}_at_" in
+            frame.co_name) for c, _ in frames):
+        return False
+    bound = graph._frame_self() if graph._frame_self is not None else None
+    return owner is None or bound is None or bound is owner
+
+
+def graphs(fn=None) -> list:
+    """The JitFunction of each graph that ``torch.compile(..., backend="trident")`` handed to
+    Trident in this process and that still lives, oldest first (Note [Backend graphs]): of
+    every compiled function, or of ``fn``'s frames (``fn``: a function, a method, an
+    ``nn.Module`` or what ``torch.compile`` returned for one; the graphs after a graph break
+    included). Each has ``.stats``, ``.explain(*graph_inputs)``, ``.specializations`` and
+    ``.source()``, as ``trident.jit``'s functions have.
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module."""
+    found = [g for g in (r() for r in _GRAPHS) if g is not None]
+    if fn is None:
+        return found
+    frames, owner = _frames(fn)
+    return [g for g in found if _of(g, frames, owner)]
+
+
+def stats(fn=None) -> Stats:
+    """The counters of ``graphs(fn)`` summed (``trident.jit``'s ``Stats``); ``miss_reasons``
+    the last 32 of every graph's, each prefixed with its graph's index (``"graph 1: ..."``).
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module."""
+    total, reasons = Stats(), []
+    for i, g in enumerate(graphs(fn)):
+        s = g.stats
+        for field in dataclasses.fields(Stats):
+            if field.name != "miss_reasons":
+                setattr(total, field.name, getattr(total, field.name) + getattr(s, field.name))
+        reasons += [f"graph {i}: {r}" for r in s.miss_reasons]
+    total.miss_reasons = reasons[-32:]
+    return total
+
+
+def explain(fn, *args, **kwargs) -> str:
+    """What each graph of ``fn`` (``graphs(fn)``) would do with a call of ``fn(*args,
+    **kwargs)``: which specialization accepts the inputs Dynamo would pass it, or each one's
+    failing guards (``trident.jit``'s ``explain``), one block per graph. A graph after a graph
+    break, whose inputs are values of the frame at the break, is named without them. Dynamo's
+    own guards decide first which graph runs (``TORCH_LOGS=recompiles`` shows them).
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module, or the arguments do not bind
+            to its parameters."""
+    frames, owner = _frames(fn)
+    from torch._dynamo.guards import _get_closure_vars
+
+    blocks = []
+    for i, g in enumerate(graphs(fn)):
+        head = f"graph {i} (of {g._graph_of})"
+        function = next((f for c, f in frames if c is g._frame_code), None)
+        if function is None:
+            blocks.append(f"{head}: after a graph break; its inputs are values of the frame "
+                          "at the break, which explain() does not compute")
+            continue
+        bound = inspect.signature(function, follow_wrapped=False).bind(
+            *((owner,) if owner is not None else ()), *args, **kwargs)
+        bound.apply_defaults()
+        scope = {**_get_closure_vars(), "L": dict(bound.arguments), "G": function.__globals__}
+        try:
+            inputs = [eval(source, scope) for source in g._input_sources]  # Dynamo's text
+        except Exception as e:  # a source this call's arguments do not have
+            blocks.append(f"{head}: its inputs cannot be read from these arguments "
+                          f"({type(e).__name__}: {e})")
+            continue
+        blocks.append(f"{head}:\n  " + g.explain(*inputs).replace("\n", "\n  "))
+    return "\n".join(blocks) or "no graphs compiled by the trident backend for this function"

@@ -8,15 +8,35 @@ Layout under ``config.cache_dir()``:
         specs/<ns>-<hash>.json         one specialization each (guards + plan), in creation order
         trident_scm_<hash>.<ext>       built SCMs; <hash> covers the rendered C (build.py)
         trident_scm_<hash>.c           the C source, for reading
+        eager/<ns>-<hash>.json         signatures whose compile failed (Note [Stored eager
+                                       decisions] in jit.py)
+    locks/<name>-<key>.lock            held while a process loads or stores a function's entries
+    locks/evict.lock                   held while a process evicts (Note [Cache size])
 
 A new process renders the stored specializations again (no tracing, no MLIR) and loads the
 module whose name that source hashes to.
 
+Note [Cache size]: the cached functions (``functions/``; not the runtime build) are kept
+under ``config.cache_size()`` bytes (default 2 GiB, ``TRIDENT_CACHE_SIZE``). A folder's
+modification time is its last use: a process sets it when it loads the folder's entries and
+when it stores one. After a process stores a specialization it evicts whole folders, least
+recently used first, under ``locks/evict.lock``, until the cache fits; it skips the folder it
+just stored into and every folder whose ``locks/`` lock another process holds, which a process
+holds while it reads a folder's specializations and loads their modules, and while it builds
+and stores a new one (``in_use``). A process that loaded a module keeps it mapped when its file
+is deleted; one that finds a stored specialization's module gone builds it again, with a
+warning. A cache that cannot fit stays over the bound until a later eviction: where the entry
+just stored is larger than the bound, with a warning (once per process); where other entries
+are in use, in the ``cache`` log (the next compile's eviction takes them).
+
 Note [Function key]: the function's bytecode and constants, nested code objects, default
 arguments, closure cells, the globals its code names (functions by their own key, modules by
-name, plain values by repr, other objects by their attributes, or by repr, or, having neither,
-by identity in this process only), a bound method's ``self`` likewise, and the versions of
-Python, torch, triton, torch-mlir and Trident's own source.
+name, plain values by repr, other objects by their attributes, their ``__slots__``, or by
+repr, or, having none of these, by identity in this process only), a bound method's ``self``
+likewise, and the versions of Python, torch, triton, torch-mlir and Trident's own source. A
+``torch.compile`` graph (a ``GraphModule``'s ``forward``, backend.py) is keyed by what decides
+its code (``_hash_graph_module``), not by Dynamo's metadata, which holds a per-process uuid:
+so identical runs find the graph's entry again.
 """
 
 from __future__ import annotations
@@ -31,6 +51,7 @@ import shutil
 import sys
 import tempfile
 import time
+import contextlib
 import types
 import uuid
 import warnings
@@ -38,9 +59,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from . import config
 from .specialization import Specialization
+
+_log = config.logger("cache")
 
 __version__ = "0.1.0"
 _PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
@@ -114,6 +138,8 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif isinstance(value, JitFunctionMixin):  # its code, not its counters and graphs
         h.update(b"trident.jit:")
         _hash_value(h, value._code_fn, seen, depth + 1)
+    elif isinstance(value, torch.fx.GraphModule):
+        _hash_graph_module(h, value, seen, depth + 1)
     elif isinstance(value, types.ModuleType):
         h.update(f"module:{value.__name__}".encode())
     elif isinstance(value, type):
@@ -145,14 +171,65 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         _hash_value(h, dict(vars(value)), seen, depth + 1)
     elif type(value).__repr__ is not object.__repr__:  # numpy scalars, enums, ...: their repr
         h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
-    else:  # no content to hash (__slots__ objects): this object, in this process only
+    elif _slots(type(value)):  # __slots__ objects: their slots' values
+        h.update(f"slots:{type(value).__module__}.{type(value).__qualname__}".encode())
+        for name in _slots(type(value)):
+            h.update(name.encode())
+            _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
+    else:  # no content to hash (a C object): this object, in this process only
         h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
+
+
+class _Unset:  # an empty __slots__ slot
+    pass
+
+
+def _slots(t: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``t`` and its bases (empty for a type without them)."""
+    names = []
+    for base in t.__mro__:
+        declared = base.__dict__.get("__slots__", ())
+        names += [declared] if isinstance(declared, str) else list(declared)
+    return tuple(n for n in names if n not in ("__dict__", "__weakref__"))
+
+
+def _hash_graph_module(h, gm: torch.fx.GraphModule, seen: set[int], depth: int) -> None:
+    """A GraphModule (``torch.compile``'s graph, backend.py) by what decides its code: its
+    generated ``forward`` (the function: its source, file name and globals), every attribute a
+    node reads (a constant tensor by its bytes, a subgraph by its own code), and the Triton
+    kernel and constant arguments of each launch, which Dynamo's graph names by their index in
+    a table of this process (``kernel_side_table``). Not Dynamo's metadata (``meta``, a
+    ``backend_id`` of a per-process uuid), which never reaches the code."""
+    from .backend import _launch
+
+    h.update(f"graph:{gm.code}".encode())
+    _hash_function(h, type(gm).forward, seen, depth)
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            h.update(node.target.encode())
+            if isinstance(value, torch.Tensor):
+                h.update(f"tensor:{value.dtype}{tuple(value.shape)}{value.stride()}".encode())
+                h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                         .numpy().tobytes())
+            else:
+                _hash_value(h, value, seen, depth + 1)
+        elif node.op == "call_function" and node.target is _launch:
+            from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+            kernel, constants = node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"]
+            _hash_value(h, kernel_side_table.get_kernel(kernel), seen, depth + 1)
+            _hash_value(h, kernel_side_table.get_constant_args(constants), seen, depth + 1)
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
     h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
     if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
         _hash_value(h, fn.__self__, seen, depth)
+        if isinstance(fn.__self__, torch.fx.GraphModule):  # its forward was hashed with it
+            return
     _hash_code(h, fn.__code__)
     for default in fn.__defaults__ or ():
         _hash_value(h, default, seen, depth)
@@ -205,8 +282,10 @@ class FunctionCache:
         name = "".join(c if c.isalnum() or c in "_-" else "_" for c in fn.__qualname__)[:40]
         self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
         self.spec_dir = self.directory / "specs"
+        self.eager_dir = self.directory / "eager"
         self.about = describe(fn)
         self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
+        self.vanished = False  # a spec file was deleted while load_specs read it
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
@@ -231,6 +310,10 @@ class FunctionCache:
                         raise ValueError(f"its contents hash to {spec.key}, not to the hash in "
                                          "its name")
                     self._parsed[path] = (seen, spec)
+            except FileNotFoundError:  # deleted by another process meanwhile
+                self._parsed.pop(path, None)
+                self.vanished = True
+                continue
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 self._parsed.pop(path, None)
                 _discard(path, f"{type(e).__name__}: {e}")  # written atomically: damaged
@@ -240,11 +323,11 @@ class FunctionCache:
                 specs.append(spec)
         return specs
 
-    def save_spec(self, spec: Specialization, keep: int = 64) -> None:
+    def save_spec(self, spec: Specialization, keep: int = 64) -> bool:
         """Store ``spec``, and delete the oldest stored ones past the newest ``keep`` (calls
         whose argument trees hold per-process values never match across processes, and would
-        pile up); a cache that cannot be written (read-only, full) is warned about: the
-        specialization still serves this process."""
+        pile up); False where a cache that cannot be written (read-only, full) is warned
+        about: the specialization still serves this process."""
         try:
             if self.spec_dir.exists() and not self.spec_dir.is_dir():
                 _discard(self.spec_dir, "not a folder")
@@ -256,7 +339,7 @@ class FunctionCache:
                     json.dump(self.about, f)
                 os.replace(tmp, about)
             if any(self.spec_dir.glob(f"*-{spec.key}.json")):
-                return
+                return True
             fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
             try:
                 with os.fdopen(fd, "w") as f:
@@ -266,9 +349,167 @@ class FunctionCache:
                 Path(tmp).unlink(missing_ok=True)
             for old in sorted(self.spec_dir.glob("*.json"))[:-keep]:
                 old.unlink(missing_ok=True)
+            touch(self.directory)
+            return True
         except OSError as e:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
+            return False
+
+
+    def load_eager(self) -> list[tuple[int, list, str]]:
+        """Note [Stored eager decisions]: (tree key, guards, why) of each signature whose
+        compile failed in an earlier process, oldest first; a damaged entry is dropped with a
+        warning (the next failure of that signature stores it again)."""
+        from .guards import Guard
+
+        decisions = []
+        for path in sorted(self.eager_dir.glob("*.json")) if self.eager_dir.is_dir() else []:
+            try:
+                data = json.loads(path.read_text())
+                decisions.append((int(data["tree"]), [Guard.from_json(g) for g in data["guards"]],
+                                  str(data["why"])))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                _discard(path, f"{type(e).__name__}: {e}")
+        return decisions
+
+    def save_eager(self, tree: int, guards: list, why: str, keep: int = 16) -> None:
+        """Store that the signature ``guards`` of the argument tree ``tree`` failed to compile
+        for ``why`` (Note [Stored eager decisions]), keeping the newest ``keep``; a cache that
+        cannot be written is warned about (the decision then holds in this process only)."""
+        text = json.dumps({"tree": tree, "guards": [g.to_json() for g in guards], "why": why},
+                          sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+        try:
+            self.eager_dir.mkdir(parents=True, exist_ok=True)
+            if any(self.eager_dir.glob(f"*-{digest}.json")):
+                return
+            fd, tmp = tempfile.mkstemp(dir=self.eager_dir, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(tmp, self.eager_dir / f"{time.time_ns()}-{digest}.json")
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            for old in sorted(self.eager_dir.glob("*.json"))[:-keep]:
+                old.unlink(missing_ok=True)
+        except OSError as e:
+            warnings.warn(f"trident: cannot store in {self.eager_dir} that a signature runs "
+                          f"eagerly ({e}); a later process traces it again", stacklevel=2)
+
+
+# Warnings about the cache folder itself, given once per process (each names the folder).
+_WARNED: set[str] = set()
+
+
+def _warn_once(what: str, message: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(message, stacklevel=3)
+
+
+@contextlib.contextmanager
+def in_use(directory: Path):
+    """Hold the lock of a function's folder (Note [Cache size]): eviction by another process
+    skips the folder meanwhile. Reentrant in a thread; a cache where the lock cannot be made (a
+    read-only disk, from which nothing is evicted either) holds none."""
+    try:
+        locks = directory.parents[1] / "locks"
+        locks.mkdir(exist_ok=True)
+        lock = FileLock(str(locks / f"{directory.name}.lock"), is_singleton=True)
+        lock.acquire()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def touch(directory: Path) -> None:
+    """Record a use of a function's folder now (its modification time, Note [Cache size]); a
+    folder that cannot be written keeps its time, with one warning per process."""
+    try:
+        os.utime(directory)
+    except FileNotFoundError:  # nothing stored yet, or evicted by another process
+        pass
+    except OSError as e:
+        _warn_once(f"touch:{directory.parents[1]}",
+                   f"trident: cannot record uses in the cache {directory.parents[1]} ({e}): "
+                   "it serves what it holds, and evicts by the times it has")
+
+
+def entry_size(directory: Path) -> int:
+    """The bytes of a function folder's entries: its files and those of ``specs/`` and
+    ``eager/``; not a build in progress (cffi's temporary folder beside them), whose module
+    counts once it is in place. Files that vanish meanwhile count 0."""
+    size = 0
+    for folder in (directory, directory / "specs", directory / "eager"):
+        try:
+            for entry in os.scandir(folder):
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        size += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return size
+
+
+def evict(keep: Path) -> list[Path]:
+    """Note [Cache size]: delete the least recently used function folders until the cache fits
+    ``config.cache_size()``, never ``keep`` (the folder just stored into) nor a folder in use by
+    another process; returns the deleted folders. A cache that cannot fit is warned about once
+    per process when the entry just stored is larger than the bound; a folder that cannot be
+    deleted (a read-only disk) is left as it is."""
+    root = keep.parent
+    limit = config.cache_size()
+    deleted = []
+    try:
+        locks = root.parent / "locks"
+        locks.mkdir(exist_ok=True)
+        with FileLock(str(locks / "evict.lock"), timeout=60):
+            entries = []
+            for d in root.iterdir():
+                try:
+                    entries.append((d.stat().st_mtime_ns, entry_size(d), d))
+                except OSError:  # deleted meanwhile
+                    continue
+            total = sum(size for _, size, _ in entries)
+            for _, size, d in sorted(entries):
+                if total <= limit:
+                    break
+                if d == keep or not d.is_dir():
+                    continue
+                lock = FileLock(str(locks / f"{d.name}.lock"), is_singleton=True)
+                try:
+                    lock.acquire(timeout=0)
+                except Timeout:  # another process loads or stores it
+                    continue
+                try:
+                    shutil.rmtree(d)
+                finally:
+                    lock.release()
+                deleted.append(d)
+                total -= size
+    except (OSError, Timeout) as e:
+        _warn_once(f"evict:{root}", f"trident: cannot evict from the cache {root} ({e}); it "
+                   f"may grow past its bound of {limit} bytes")
+        return deleted
+    if deleted:
+        _log.info("evicted %d least recently used functions from %s", len(deleted), root)
+    kept = entry_size(keep)
+    if kept > limit:  # a setting to change: warned
+        _warn_once(f"full:{root}",
+                   f"trident: the cache's bound of {limit} bytes (TRIDENT_CACHE_SIZE or "
+                   f"trident.config.CACHE_SIZE) is smaller than the entry just stored in {keep} "
+                   f"({kept} bytes); it stays until a later eviction")
+    elif total > limit:  # entries in use by other processes: the next eviction takes them
+        _log.info("%s holds %d bytes, over its bound of %d: entries in use stay", root, total,
+                  limit)
+    return deleted
 
 
 def _check_ops(spec: Specialization) -> None:
@@ -297,7 +538,12 @@ def _discard(path: Path, why: str) -> None:
 def list_entries() -> list[dict]:
     """One row per cached function folder: ``path``, ``about`` (describe(); empty for folders
     made before Trident wrote it), ``signatures`` of its stored specializations in creation
-    order, their number ``specializations``, and ``bytes`` on disk."""
+    order, their number ``specializations``, ``bytes`` on disk, ``last_use`` (seconds since
+    the epoch: Note [Cache size]) and ``apart``: per signature, the words of the guards that
+    tell it from the others of the same signature (the number of threads, grad mode; empty
+    where its signature is its own)."""
+    from .guards import Guard
+
     root = config.cache_dir() / "functions"
     rows = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
@@ -305,15 +551,30 @@ def list_entries() -> list[dict]:
             about = json.loads((d / "function.json").read_text())
         except (OSError, ValueError):
             about = {}
-        signatures = []
+        signatures, words = [], []
         for path in sorted(d.glob("specs/*.json")):
             try:
-                signatures.append(json.loads(path.read_text())["signature"])
+                data = json.loads(path.read_text())
+                signatures.append(data["signature"])
+                try:
+                    words.append([Guard.from_json(g).words(data["arg_names"])
+                                  for g in data["guards"]])
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    words.append([])
             except (OSError, ValueError, KeyError, TypeError):
                 signatures.append("(unreadable: dropped at the next load)")
-        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                words.append([])
+        apart = []
+        for i, signature in enumerate(signatures):
+            alike = [w for j, w in enumerate(words) if j != i and signatures[j] == signature]
+            apart.append([w for w in words[i] if alike and any(w not in o for o in alike)])
+        try:
+            last_use = d.stat().st_mtime
+        except OSError:
+            last_use = None
         rows.append({"path": str(d), "about": about, "signatures": signatures,
-                     "specializations": len(signatures), "bytes": size})
+                     "specializations": len(signatures), "bytes": entry_size(d),
+                     "last_use": last_use, "apart": apart})
     return rows
 
 
@@ -360,6 +621,6 @@ def clear(name: str | None = None) -> list[str]:
         else:
             shutil.rmtree(d, ignore_errors=True)
     if name is None:
-        for sub in ("functions", "runtime"):
+        for sub in ("functions", "runtime", "locks"):
             shutil.rmtree(root / sub, ignore_errors=True)
     return [str(d) for d in doomed]

@@ -9,6 +9,9 @@ Environment variables:
                         graph of them (Note [CUDA graphs] in trident/graphs.py); default `1`.
     TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
                         a CUDA graph (Note [Graphs per size] in trident/graphs.py); default 64.
+    TRIDENT_CACHE_SIZE  bound of the cached functions' size on disk, in bytes, or with a
+                        binary suffix (``512M``, ``2G``); default 2G. ``CACHE_SIZE`` below, when
+                        set, takes precedence (Note [Cache size] in trident/cache.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,35 @@ def cache_dir() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# The bound of the cache's size in bytes, for this process (Note [Cache size] in cache.py):
+# ``trident.config.CACHE_SIZE = 512 * 2**20``; None reads TRIDENT_CACHE_SIZE.
+CACHE_SIZE: int | None = None
+DEFAULT_CACHE_SIZE = 2 * 2**30
+_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def cache_size() -> int:
+    """The bound of the cached functions' size on disk, in bytes: ``CACHE_SIZE`` when set, else
+    ``TRIDENT_CACHE_SIZE`` (bytes, or a number with a binary suffix K, M, G or T, an optional
+    ``iB`` or ``B`` after it: ``512M``, ``1.5GiB``), else 2 GiB. A value that is none of these
+    is warned about and the default used."""
+    if CACHE_SIZE is not None:
+        return int(CACHE_SIZE)
+    text = os.environ.get("TRIDENT_CACHE_SIZE", "").strip()
+    if not text:
+        return DEFAULT_CACHE_SIZE
+    import re
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", text, re.IGNORECASE)
+    if m is None:
+        import warnings
+
+        warnings.warn(f"TRIDENT_CACHE_SIZE={text!r} is not a size (bytes, or a number with K, M, "
+                      f"G or T); the cache keeps its default bound of 2 GiB", stacklevel=2)
+        return DEFAULT_CACHE_SIZE
+    return int(float(m[1]) * _SUFFIXES[m[2].upper()])
 
 
 def max_specializations() -> int:

@@ -237,8 +237,8 @@ def _stable(obj: Any) -> str:
 
 
 def identity_words(obj: Any) -> str:
-    """Words for a class, a module, a builtin (the same in every process) or any other object
-    checked by identity (this process only)."""
+    """Words for a class, a module, a builtin, an enum member (the same in every process) or
+    any other object checked by identity (this process only)."""
     if isinstance(obj, type):
         return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
@@ -247,6 +247,8 @@ def identity_words(obj: Any) -> str:
         return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch operator {obj}"  # one object per operator, in every process
+    if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
+        return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
     from .cache import _PROCESS
 
     return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
@@ -282,7 +284,20 @@ class _Flattener:
         return index
 
     def words(self, value) -> str:
-        """Words for an object checked by identity (the tree's description)."""
+        """Words for an object checked by identity (the tree's description). A bound method,
+        or a ``trident.jit`` of one (``model.forward = trident.jit(model.forward)`` puts it in
+        the model's ``__dict__``), is its function's words and the object it is bound to: the
+        path of that object where the tree reached it already (the same in every process),
+        else that object's identity (this process only)."""
+        jitted = isinstance(value, _opaque_types()[1])
+        fn = getattr(value, "_fn", None) if jitted else value
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            owner = self.seen.get(id(fn.__self__))
+            bound = (f"bound to the object at {self.nodes[owner].path or 'the call'}"
+                     if owner is not None else f"bound to {identity_words(fn.__self__)}")
+            return f"{'trident.jit of ' * jitted}{_stable(fn.__func__)} {bound}"
+        if jitted and isinstance(fn, types.FunctionType):
+            return f"trident.jit of {_stable(fn)}"
         return _stable(value)
 
     def tensor(self, value: torch.Tensor, node: Node) -> None:
@@ -364,10 +379,24 @@ class _Flattener:
         entries = vars(value)
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
                       f"{_type_name(t)} with {list(entries)}")
+        unread = _PER_PROCESS_ATTRIBUTES.get(_type_name(t), ())
         for k, item in list(entries.items()):
             if type(k) is not str:
                 raise TridentError(f"{self.what} {path} has a non-str attribute name {k!r}")
+            if k in unread:
+                continue
             self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True)
+
+
+# Attributes whose value differs in every process by construction and that only their
+# library's own code reads, outside any model's forward: they are neither checked nor part of
+# the tree's key, so that a new process finds the specializations stored by an earlier one.
+# transformers' GenerationConfig keeps hash(self), a hash of its other fields under Python's
+# per-process str hash seed, so that generate() can tell whether the user changed it since
+# (GenerationConfig.METADATA_FIELDS); the fields it hashes are checked one by one.
+_PER_PROCESS_ATTRIBUTES = {
+    "transformers.generation.configuration_utils.GenerationConfig": ("_original_object_hash",),
+}
 
 
 @functools.cache

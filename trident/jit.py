@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from . import build, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime, state
+from . import (build, cache, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime,
+               state)
 from .cache import FunctionCache, function_key
 from .capture import trace
 from .errors import EagerCall, TridentError
@@ -314,11 +315,27 @@ class JitFunctionMixin:
             self._eager_trees.clear()
         self._defaults_bound = _defaults_of(self._code_fn)
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
-        self._specs = self._stored_specs()[-self._max_specializations:]
-        if self._specs:
-            self._install_module(self._specs)
-        else:
-            self._set_trees()  # none: no tree holds a binding made with the old defaults
+        known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
+                 self._eager_signatures}
+        stored = self._cache.load_eager() if self._fallback else []  # fallback=False raises
+        for key, guards, why in stored:  # Note [Stored eager decisions]
+            if (key, json.dumps([g.to_json() for g in guards])) not in known:
+                self._eager_signatures.append(
+                    (key, guards, f"{why} (as an earlier process found: `python3 -m "
+                                  "trident clear NAME` forgets it)"))
+        with cache.in_use(self._cache.directory):  # Note [Cache size]: not evicted meanwhile
+            self._specs = self._stored_specs()[-self._max_specializations:]
+            if self._specs:
+                self._install_module(self._specs)
+                cache.touch(self._cache.directory)
+                if self._cache.vanished or not self._cache.spec_dir.is_dir():
+                    warnings.warn(f"trident: {self.__qualname__}: its cache entry "
+                                  f"{self._cache.directory} was deleted while this process "
+                                  "loaded it; the specializations read serve this process "
+                                  "(their modules built again where deleted)",
+                                  stacklevel=_user_stacklevel())
+            else:
+                self._set_trees()  # none: no tree holds a binding made with the old defaults
 
     def _stored_specs(self) -> list[Specialization]:
         """The cache's specializations of this function that the current state allows
@@ -390,25 +407,32 @@ class JitFunctionMixin:
                 stored = stored or self._stored_fit(call.tree.key, call.leaves)
                 if stored is None and self._at_limit():
                     return self._past_limit(call.args, call.kwargs)
+                spec = None
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
-                    # The new specialization goes last, after those stored by other processes
-                    # (read again: they may have stored some meanwhile).
-                    specs = [s for s in self._stored_specs() if s.key != spec.key]
-                    keep = self._max_specializations - 1
-                    specs = specs[max(0, len(specs) - keep):] + [spec]
-                    self._install_module(specs)
+                    with cache.in_use(self._cache.directory):  # Note [Cache size]
+                        # The new specialization goes last, after those stored by other
+                        # processes (read again: they may have stored some meanwhile).
+                        specs = [s for s in self._stored_specs() if s.key != spec.key]
+                        keep = self._max_specializations - 1
+                        specs = specs[max(0, len(specs) - keep):] + [spec]
+                        self._install_module(specs)
+                        # only a specialization that built and installed is stored
+                        saved = stored is None and self._cache.save_spec(
+                            spec, keep=2 * self._max_specializations)
+                        if saved:
+                            self._prune(spec)
                 except TridentError as e:
                     if not self._fallback:
                         raise
-                    self._eager_signatures.append(
-                        (call.tree.key, self._failed_guards(call, str(e)), str(e)))
+                    failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
+                    self._eager_signatures.append(failed)
+                    if spec is None and getattr(e, "static_trace", False):
+                        self._cache.save_eager(*failed)  # Note [Stored eager decisions]
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
-                if stored is None:
-                    # only a specialization that built and installed
-                    self._cache.save_spec(spec, keep=2 * self._max_specializations)
-                    self._prune(spec)
+                if saved:
+                    cache.evict(self._cache.directory)  # Note [Cache size]
         if self._installed_match(call) < 0:
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
@@ -537,6 +561,20 @@ class JitFunctionMixin:
     # own type): the native tree also accepts a call whose own tree differs (a tensor passed
     # twice, a list where a tensor was), which the whole miss path flattens as its own.
 
+    # Note [Stored eager decisions]: a signature whose trace or compile failed (a
+    # data-dependent branch, Python state the function assigns, an op the plan cannot call) is
+    # decided by what the keys cover: the function key the code, the globals it names and the
+    # versions, the tree key the arguments' structure, the guards the leaves. So the decision
+    # is stored in the function's folder (``eager/``) and a later process runs that signature
+    # eagerly without tracing it (a Hugging Face prefill, whose static cache assigns its
+    # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
+    # global that a helper in another module reads) may have changed since; then the call runs
+    # eagerly where it could compile: a stored decision only ever makes a call eager, never
+    # serves a result, and its warning says it came from the cache. Only a static trace's
+    # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
+    # nor dims that ``dynamic=`` asked for (that JitFunction's options). A JitFunction with
+    # ``fallback=False`` reads no stored decision: it traces, and raises the error.
+
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
         decisions]): the call's own, or, when the same tree failed for the same reason at other
@@ -634,7 +672,11 @@ class JitFunctionMixin:
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
-        return self._compile(call, {})
+        try:
+            return self._compile(call, {})
+        except TridentError as e:  # decided by the call and the code, not by jit's options
+            e.static_trace = True
+            raise
 
     def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
