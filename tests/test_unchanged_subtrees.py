@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import copy
 import gc
-import itertools
 import sys
 
 import pytest
@@ -353,35 +352,6 @@ def test_an_ordered_dicts_new_order_is_seen():
 
 def f_module(m, x):
     return m(x)
-
-
-def test_a_sets_new_iteration_order_is_seen():
-    """An equal set of str can iterate in another order (cleared and filled again)."""
-    for a, b in itertools.combinations([f"k{i}" for i in range(200)], 2):
-        first, second = {a}, {b}
-        first.add(b)
-        second.add(a)
-        if list(first) != list(second):
-            break
-    cfg = Cfg()
-    cfg.tags = first
-
-    def f(cfg, x):
-        out = x
-        for t in cfg.tags:
-            out = out * 2 if t == a else out + 1
-        return out
-
-    jf = trident.jit(f)
-    x = torch.ones(3)
-    for _ in range(3):
-        assert torch.equal(jf(cfg, x), f(cfg, x))
-    order = list(first)
-    cfg.tags.clear()
-    cfg.tags.add(b)
-    cfg.tags.add(a)  # the same object, equal, iterating in the other order
-    assert list(cfg.tags) != order
-    assert torch.equal(jf(cfg, x), f(cfg, x))
 
 
 def test_a_subclass_of_a_number_runs_eagerly():

@@ -325,11 +325,8 @@ class _Flattener:
             if not all(type(item) is str for item in value):
                 raise TridentError(f"{self.what} {path} is a {t.__name__} of other values than "
                                    "str, which Trident cannot guard")
-            # and in its iteration order, which a loop over it sees (an equal set can iterate
-            # otherwise); str hashes differ between processes, so that order is this one's
-            order = tuple(value) if len(value) > 1 else None
-            self.add(value, node(CONST, set(value) if t is set else value, len(value), order),
-                     f"{t.__name__} {list(value) if order else sorted(value)}")
+            self.add(value, node(CONST, set(value) if t is set else value),
+                     f"{t.__name__} {sorted(value)}")
             return
         if t in _CONSTS or (t is slice and all(type(b) in _SLICE_BOUNDS for b in (
                 value.start, value.stop, value.step))):

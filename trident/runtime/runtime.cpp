@@ -938,18 +938,6 @@ bool const_equal(const TreeNode& n, PyObject* v) {
   if (PyAnySet_CheckExact(v)) {  // of str (flatten.py): equal sizes first, no call for empty sets
     if (PySet_GET_SIZE(v) != PySet_GET_SIZE(n.expect)) return false;
     if (PySet_GET_SIZE(v) == 0) return true;
-    if (n.keys) {  // two or more: also the order it iterates in, which a loop sees
-      PyObject* it = PyObject_GetIter(v);  // C's set iterator: no Python code runs
-      bool same = it != nullptr;
-      Py_ssize_t i = 0;
-      for (PyObject* item; same && (item = PyIter_Next(it));) {
-        same = i < PyTuple_GET_SIZE(n.keys) && same_key(item, PyTuple_GET_ITEM(n.keys, i++));
-        Py_DECREF(item);
-      }
-      Py_XDECREF(it);
-      if (PyErr_Occurred()) PyErr_Clear();
-      return same;  // the same strs in the same order, of a set of the same size
-    }
   }
   if (PySlice_Check(v)) {  // each bound by exact type too: 1.0 == 1, but x[1.0:] raises
     auto* a = reinterpret_cast<PySliceObject*>(v);
