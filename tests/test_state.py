@@ -177,7 +177,27 @@ def _tensor_inplace():
 RUNTIME_MODULE = types.ModuleType("trident_test_runtime_module")
 RUNTIME_MODULE.S = 0.5
 
+def _imports_inside(x):
+    import _state_helpers
+    return x * _state_helpers.SCALE
+
+
+def _imports_from_inside(x):
+    from _state_helpers import SCALE as scale
+    return x * scale
+
+
+def _imports_a_package_inside(x):
+    import email.mime  # noqa: F401  (binds the top package; not a library of user state)
+    import _state_helpers as h
+    return x * h.CFG.model.attn.scale
+
+
 CASES = {
+    "import inside the function": (_imports_inside, lambda: _set(cfg, "SCALE", 3.0)),
+    "from-import inside the function": (_imports_from_inside, lambda: _set(cfg, "SCALE", 3.0)),
+    "import as inside the function": (
+        _imports_a_package_inside, lambda: _set(cfg.CFG.model.attn, "scale", 0.25)),
     "class attribute": (lambda x: x * Knobs.factor, lambda: _set(Knobs, "factor", 10.0)),
     "list item through a global": (lambda x: x * GAIN[0], lambda: _list_set(GAIN, 0, -1.0)),
     "module attribute (cfg.SCALE)": (lambda x: x * cfg.SCALE, lambda: _set(cfg, "SCALE", 3.0)),
@@ -462,7 +482,17 @@ USER = textwrap.dedent('''
     import helpers
     from helpers import act
 
+    def imported(x):
+        import helpers as h
+        return x * h.SCALE
+
+    def imported_from(x):
+        from helpers import Knobs
+        return x * Knobs.factor
+
     CASES = {
+        "import inside the function": imported,
+        "from-import inside the function": imported_from,
         "helper in another module": lambda x: act(x),
         "config constant": lambda x: x * helpers.SCALE,
         "class attribute": lambda x: x * helpers.Knobs.factor,
@@ -569,6 +599,18 @@ def _appends(x):
     return x * len(WRITE_LOG)
 
 
+def _appends_through_an_alias(x):
+    log = WRITE_LOG
+    log.append(1)
+    return x * len(WRITE_LOG)
+
+
+def _writes_a_module_attribute(x):
+    import _state_helpers as h
+    h.WRITTEN = getattr(h, "WRITTEN", 0) + 1
+    return x * 2
+
+
 def _writes_in_a_helper(x):
     return _writes_item(x) + 1
 
@@ -585,19 +627,23 @@ def _writes_nonlocal():
 
 
 def _state_now():
-    return (dict(WRITES), list(WRITE_LOG), WRITE_COUNT, WRITE_OBJ.n)
+    return (dict(WRITES), list(WRITE_LOG), WRITE_COUNT, WRITE_OBJ.n,
+            getattr(cfg, "WRITTEN", 0))
 
 
 def _reset_writes():
     global WRITE_COUNT
     WRITES["n"], WRITE_COUNT, WRITE_OBJ.n = 0, 0, 0
     WRITE_LOG.clear()
+    cfg.__dict__.pop("WRITTEN", None)
 
 
 @pytest.mark.parametrize("make", [
     lambda: _writes_item, lambda: _assigns_item, lambda: _writes_global,
     lambda: _writes_attribute, lambda: _appends, lambda: _writes_in_a_helper, _writes_nonlocal,
-], ids=["item", "item-assign", "global", "attribute", "append", "helper", "nonlocal"])
+    lambda: _appends_through_an_alias, lambda: _writes_a_module_attribute,
+], ids=["item", "item-assign", "global", "attribute", "append", "helper", "nonlocal",
+        "append-through-a-local-alias", "imported-module-attribute"])
 def test_writes_outside_the_arguments_run_eagerly(make):
     """Only a trace runs the function's Python code: a hit would skip a write to a global, a
     closure variable, a global container's item or attribute, a mutating method's. Such a

@@ -322,50 +322,148 @@ def _resolve_root(root: tuple, fn) -> Any:
 _MISSING = object()
 
 
-def _chains(code: types.CodeType) -> list[tuple[str, str, tuple]]:
+_LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
+
+
+def _single_stores(code: types.CodeType, ins: list) -> set:
+    """The locals (not parameters) that ``code`` binds exactly once: a local bound to a chain
+    there is an alias of that chain wherever it is loaded (``log = LOG``, ``import mod``)."""
+    nparams = code.co_argcount + code.co_kwonlyargcount + \
+        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    counts: dict = {}
+    for i in ins:
+        if i.opname in ("STORE_FAST", "DELETE_FAST"):
+            counts[i.argval] = counts.get(i.argval, 0) + 1
+    return {n for n, c in counts.items() if c == 1 and n not in code.co_varnames[:nparams]}
+
+
+def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
     """(start kind, name, steps) per chain of ``code``'s bytecode: start ``global``, ``free``
-    (a closure cell) or ``param``; steps as in :class:`Read`, plus ``("call0",)`` and
-    ``("call1", constant)`` for a call with no argument or one constant argument (``globals()``,
-    ``.get("k")``, ``os.getenv("k")``), resolved by :func:`reads_of`."""
+    (a closure cell), ``param`` or ``import`` (``import m`` / ``from m import n`` inside the
+    function: name is ``(module name, level, whether the top package is bound)``); steps as in
+    :class:`Read`, plus ``("call0",)`` and ``("call1", constant)`` / ``("call2", constant,
+    constant)`` for a call with no argument or constant arguments (``globals()``,
+    ``.get("k")``, ``os.getenv("k", "2")``), ``("gattr", global name)`` for ``getattr(obj,
+    NAME)`` and ``("eager", why)`` for a read this scan cannot follow, resolved by
+    :func:`reads_of`. ``type(v)`` is the step ``("attr", "__class__")``; a local bound once to
+    a chain (``log = LOG``, ``import mod``) continues that chain where it is loaded."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
     nparams = code.co_argcount + code.co_kwonlyargcount
     params = set(code.co_varnames[:nparams])
-    out, i = [], 0
-    while i < len(ins):
+    single = _single_stores(code, ins)
+    aliases: dict = {}  # local -> (start kind, name, steps)
+    out: list = []
+
+    def const_at(j):
+        return j < len(ins) and ins[j].opname == "LOAD_CONST" and \
+            type(ins[j].argval) in (str, int, bytes)
+
+    def call_at(j, n):
+        return j < len(ins) and ins[j].opname == "CALL" and ins[j].argval == n
+
+    def chain_at(i, depth=0):
+        """(start, name, steps, next index) of the chain that starts at ``ins[i]``, or None."""
         op = ins[i]
+        steps: list = []
+        if op.opname == "LOAD_GLOBAL" and op.argval in ("type", "getattr", "hasattr") and \
+                depth < 8 and i + 1 < len(ins):
+            inner = chain_at(i + 1, depth + 1)
+            if inner is not None:
+                kind, name, isteps, j = inner
+                if op.argval == "type" and call_at(j, 1):
+                    return _more(kind, name, list(isteps) + [("attr", "__class__")], j + 1)
+                if op.argval != "type":
+                    nargs = 2 if op.argval == "hasattr" else None
+                    if const_at(j) and isinstance(ins[j].argval, str):
+                        step, k = ("attr", ins[j].argval), j + 1
+                    elif j < len(ins) and ins[j].opname == "LOAD_GLOBAL" and not (
+                            j + 1 < len(ins) and ins[j + 1].opname in ("LOAD_ATTR",
+                                                                          "LOAD_METHOD")):
+                        out.append(("global", ins[j].argval, ()))  # the name's own read
+                        step, k = ("gattr", ins[j].argval), j + 1
+                    else:
+                        out.append((kind, name, tuple(isteps) + (
+                            ("eager", f"{op.argval}() with a name computed at run time"),)))
+                        return None
+                    if nargs is None and const_at(k) and call_at(k + 1, 3):  # a default
+                        return _more(kind, name, list(isteps) + [step], k + 2)
+                    if call_at(k, 2):
+                        return _more(kind, name, list(isteps) + [step], k + 1)
+                    out.append((kind, name, tuple(isteps) + (
+                        ("eager", f"{op.argval}() called in a way Trident does not follow"),)))
+                    return None
+                out.append((kind, name, tuple(isteps)))  # type(v) called otherwise
+                return None
         if op.opname == "LOAD_GLOBAL":
             start = ("global", op.argval)
         elif op.opname == "LOAD_DEREF" and op.argval in code.co_freevars:
             start = ("free", op.argval)
-        elif op.opname == "LOAD_FAST" and op.argval in params:
+        elif op.opname in _LOAD_FAST and op.argval in aliases:
+            kind, name, asteps = aliases[op.argval]
+            start, steps = (kind, name), list(asteps)
+        elif op.opname in _LOAD_FAST and op.argval in params:
             start = ("param", op.argval)
+        elif op.opname == "IMPORT_NAME":
+            level = ins[i - 2].argval if i >= 2 and ins[i - 2].opname == "LOAD_CONST" else 0
+            fromlist = ins[i - 1].argval if i >= 1 and ins[i - 1].opname == "LOAD_CONST" \
+                else None
+            start = ("import", (op.argval, level or 0, not fromlist))
+            j = i + 1
+            while j < len(ins) and ins[j].opname == "IMPORT_FROM":  # from m import a, b
+                step = ("attr", ins[j].argval)
+                if j + 1 < len(ins) and ins[j + 1].opname == "STORE_FAST" and \
+                        ins[j + 1].argval in single:
+                    aliases[ins[j + 1].argval] = (*start, (step,))
+                out.append((*start, (step,)))
+                j += 2
+                if j < len(ins) and ins[j].opname == "POP_TOP":
+                    j += 1
+            if j == i + 1:
+                out.append((*start, ()))
+                if j < len(ins) and ins[j].opname == "STORE_FAST" and ins[j].argval in single:
+                    aliases[ins[j].argval] = (*start, ())
+            return None if j > i + 1 else (*start, (), j)
         else:
-            i += 1
-            continue
-        steps, j = [], i + 1
+            return None
+        return _more(*start, steps, i + 1)
+
+    def _more(kind, name, steps, j):
         while j < len(ins):
             nxt = ins[j]
             if nxt.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 steps.append(("attr", nxt.argval))
                 j += 1
-            elif nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and \
-                    ins[j + 1].opname == "BINARY_SUBSCR" and type(nxt.argval) in (str, int, bytes):
+            elif const_at(j) and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR":
                 steps.append(("item", nxt.argval))
                 j += 2
-            elif nxt.opname == "CALL" and nxt.argval == 0:
+            elif call_at(j, 0):
                 steps.append(("call0",))
                 j += 1
-            elif nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "CALL" \
-                    and ins[j + 1].argval == 1 and type(nxt.argval) in (str, int, bytes):
+            elif const_at(j) and call_at(j + 1, 1):
                 steps.append(("call1", nxt.argval))
                 j += 2
+            elif const_at(j) and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_CONST" and \
+                    call_at(j + 2, 2):
+                steps.append(("call2", nxt.argval, ins[j + 1].argval))
+                j += 3
             else:
                 break
-        if start[0] == "param" and not steps:
+        return kind, name, tuple(steps), j
+
+    i = 0
+    while i < len(ins):
+        found = chain_at(i)
+        if found is None:
+            i += 1
+            continue
+        kind, name, steps, j = found
+        if kind == "param" and not steps:
             i = j
             continue
-        out.append((start[0], start[1], tuple(steps)))
-        i = j
+        out.append((kind, name, steps))
+        if j < len(ins) and ins[j].opname == "STORE_FAST" and ins[j].argval in single:
+            aliases[ins[j].argval] = (kind, name, steps)
+        i = max(j, i + 1)
     return out
 
 
@@ -398,28 +496,43 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     ``global`` or ``nonlocal`` assignment, an item or attribute of an object read from a global
     or a closure cell, a mutating method of such a container), or None. Only the trace runs the
     function's Python code: a hit would skip the write (issue 11's never-stale rule), so such a
-    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a write this does not
-    recognise (through a local alias of the object) is not seen."""
+    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a local bound once to
+    such an object (``log = LOG``, ``import mod``) writes outside as the object does."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+    single = _single_stores(code, ins)
+    aliases: dict = {}  # a local bound once to a global or a closure variable: log = LOG
 
-    def outside(i) -> str | None:
-        if i.opname == "LOAD_GLOBAL" and not isinstance(g.get(i.argval), types.ModuleType):
+    def outside(i, modules: bool = False) -> str | None:
+        if i.opname == "LOAD_GLOBAL" and (
+                modules or not isinstance(g.get(i.argval), types.ModuleType)):
             return f"global {i.argval}"
         if i.opname == "LOAD_DEREF" and i.argval in code.co_freevars:
             return f"closure variable {i.argval}"
+        if i.opname in _LOAD_FAST and i.argval in aliases:
+            what, module = aliases[i.argval]
+            return what if modules or not module else None
         return None
 
     line = 0
     for j, i in enumerate(ins):
         if i.starts_line not in (None, False):
             line = j
+        if i.opname == "STORE_FAST" and i.argval in single and j >= 1:
+            prev = ins[j - 1]
+            what = outside(prev, True)
+            if what is not None:
+                module = prev.opname == "LOAD_GLOBAL" and isinstance(g.get(prev.argval),
+                                                                      types.ModuleType)
+                aliases[i.argval] = (f"{what} (as {i.argval})", module)
+            elif prev.opname in ("IMPORT_NAME", "IMPORT_FROM"):  # import m: m.N = v
+                aliases[i.argval] = (f"{prev.argval} (imported as {i.argval})", True)
         if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             return f"global {i.argval}"
         if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval in code.co_freevars:
             return f"closure variable {i.argval}"
         target = None
         if i.opname in ("STORE_ATTR", "DELETE_ATTR") and j >= 1:
-            target = outside(ins[j - 1])  # obj.n = v
+            target = outside(ins[j - 1], True)  # obj.n = v, mod.N = v
         elif i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and j >= 2 and \
                 ins[j - 1].opname in ("LOAD_CONST", "LOAD_FAST"):
             target = outside(ins[j - 2])  # d[k] = v
@@ -570,6 +683,13 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
                         name not in g and len(steps) > 1 and steps[1][0] == "item":
                     start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+                steps = _resolve_names(steps, g)
+                if start == "import":
+                    root, path = _import_root(name, g)
+                    read = _resolve_calls(root, path + steps, fn)
+                    if read is not None:
+                        add(read)
+                    continue
                 if start == "global":
                     root, kind = _globals_root(g)
                     if kind == "attr" and name not in g:
@@ -650,6 +770,37 @@ def _param_read(value, steps: tuple, fn) -> Read | None:
     return _resolve_calls(root, path + (("attr", name),) + steps[1:], fn)
 
 
+def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
+    """(root, steps) of what ``import`` binds inside a function (:func:`_chains`): the top
+    package (``import a.b``) or the module itself (``from a.b import c``, ``import a.b as
+    c``'s ``a``, then ``.b``)."""
+    module, level, top = name
+    if level:
+        import importlib.util
+
+        package = g.get("__package__") or g.get("__name__", "").rpartition(".")[0]
+        module = importlib.util.resolve_name("." * level + module, package)
+    if top:
+        first, *rest = module.split(".")
+        return ("module", first), ()
+    return ("module", module), ()
+
+
+def _resolve_names(steps: tuple, g: dict) -> tuple:
+    """``("gattr", NAME)`` (``getattr(obj, NAME)``) as the attribute that the global ``NAME``
+    names now (its own chain guards it); one that names no str is Trident's not to follow."""
+    out = []
+    for step in steps:
+        if step[0] == "gattr":
+            name = g.get(step[1], _MISSING)
+            if not isinstance(name, str) or type(name) is not str:
+                out.append(("eager", f"getattr() with the global {step[1]} as its name"))
+                break
+            step = ("attr", name)
+        out.append(step)
+    return tuple(out)
+
+
 def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
     """Resolve ``call0`` / ``call1`` steps: ``globals()`` becomes its module's root,
     ``d.get("k")`` and ``os.getenv("k")`` an item that may be absent; any other call ends the
@@ -657,14 +808,18 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
     obj = _resolve_root(root, fn)
     done: list = []
     for step in steps:
-        if step[0] in ("call0", "call1"):
+        if step[0] == "eager":
+            path = ".".join(str(s[-1]) for s in done if s[0] != "cell")
+            raise TridentError(f"the function reads {path or 'a global'} through {step[1]}: "
+                               "state that no guard can follow")
+        if step[0] in ("call0", "call1", "call2"):
             if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
                 return None  # globals() alone: its items are read by the chains after it
-            if step[0] == "call1" and done and done[-1] == ("attr", "get") and len(done) > 1:
+            if step[0] != "call0" and done and done[-1] == ("attr", "get") and len(done) > 1:
                 done[-1] = ("get", step[1])
                 obj = _MISSING
                 continue
-            if step[0] == "call1" and obj is os.getenv:
+            if step[0] != "call0" and obj is os.getenv:
                 return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
             break
         done.append(step)
