@@ -177,6 +177,60 @@ def _tensor_inplace():
 RUNTIME_MODULE = types.ModuleType("trident_test_runtime_module")
 RUNTIME_MODULE.S = 0.5
 
+class Typed:
+    K = 2.0
+    s = 2.0
+
+    def by_type(self, x):
+        return x * type(self).K
+
+    def by_dunder_class(self, x):
+        return x * self.__class__.K
+
+    @classmethod
+    def by_cls(cls, x):
+        return x * cls.s
+
+    @property
+    def k(self):
+        return 2.0
+
+    def by_property(self, x):
+        return x * self.k
+
+
+class Base:
+    K = 2.0
+
+    def scaled(self, x):
+        return x * self.K
+
+
+class Sub(Base):
+    pass
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class Net2(Net):
+    pass
+
+
+TYPED, SUB, NET2 = Typed(), Sub(), Net2()
+
+
+def _shadow(cls, name, value):
+    """Set ``cls.name`` where a base class holds it; the undo deletes it again."""
+    def change():
+        assert name not in vars(cls)
+        setattr(cls, name, value)
+        return lambda: delattr(cls, name)
+    return change
+
+
 def _imports_inside(x):
     import _state_helpers
     return x * _state_helpers.SCALE
@@ -194,6 +248,17 @@ def _imports_a_package_inside(x):
 
 
 CASES = {
+    "type(self).K": (lambda x: TYPED.by_type(x), lambda: _set(Typed, "K", 3.0)),
+    "self.__class__.K": (lambda x: TYPED.by_dunder_class(x), lambda: _set(Typed, "K", 3.0)),
+    "a classmethod's cls.s": (lambda x: Typed.by_cls(x), lambda: _set(Typed, "s", 3.0)),
+    "a classmethod called on an instance": (lambda x: TYPED.by_cls(x),
+                                            lambda: _set(Typed, "s", 3.0)),
+    "a property replaced on the class": (
+        lambda x: TYPED.by_property(x), lambda: _set(Typed, "k", property(lambda self: 3.0))),
+    "a subclass shadows its base's attribute": (lambda x: SUB.scaled(x),
+                                                _shadow(Sub, "K", 4.0)),
+    "forward replaced on an nn.Module subclass": (
+        lambda x: NET2(x), _shadow(Net2, "forward", lambda self, x: x * 3)),
     "import inside the function": (_imports_inside, lambda: _set(cfg, "SCALE", 3.0)),
     "from-import inside the function": (_imports_from_inside, lambda: _set(cfg, "SCALE", 3.0)),
     "import as inside the function": (

@@ -722,13 +722,16 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     for code, (_, params) in rec.codes.items():  # methods reached through an argument
         if code not in functions and code.co_argcount and code.co_varnames[0] in params:
             owner = params[code.co_varnames[0]]
-            for c in type(owner).__mro__:
-                f = c.__dict__.get(code.co_name)
-                if getattr(f, "__code__", None) is code:
-                    functions[code] = f
-                    root, steps = _root_of(c)
-                    reads.append(Read(root, steps + (("attr", code.co_name),)))
-                    break
+            cls = owner if isinstance(owner, type) else type(owner)  # a classmethod's cls
+            found = next(((name, f) for c in cls.__mro__ for name, v in (
+                [(code.co_name, c.__dict__.get(code.co_name))] + list(vars(c).items()))
+                for f in _functions_in(v) if f.__code__ is code), None)  # (a lambda's name)
+            if found is not None:
+                name, functions[code] = found
+                # read through the value's own class, as Python finds the method: one a
+                # subclass defines later (Net2.forward = ...) is seen
+                root, steps = _root_of(cls)
+                reads.append(Read(root, steps + (("attr", name),)))
     for f in [f for f in functions.values() if f.__code__ in rec.codes]:  # their defaults
         root, steps = (("fn",), ()) if f is fn else _root_of(f)
         for attr in ("__code__", "__defaults__", "__kwdefaults__"):
@@ -745,6 +748,9 @@ def _functions_in(value) -> list:
         return _functions_in(value.func)
     if isinstance(value, (staticmethod, classmethod)):
         return _functions_in(value.__func__)
+    if isinstance(value, property):  # its getter's cells (it is read by identity)
+        return [f for f in (value.fget, value.fset, value.fdel)
+                if isinstance(f, types.FunctionType)]
     if isinstance(value, type) and is_user_file(
             getattr(sys.modules.get(value.__module__), "__file__", "") or ""):
         # a user class's methods (an autograd.Function's decorated forward): their cells
@@ -753,21 +759,44 @@ def _functions_in(value) -> list:
     return []
 
 
+def _is_user_class(c: type) -> bool:
+    return c.__module__ != "builtins" and is_user_file(
+        getattr(sys.modules.get(c.__module__), "__file__", "") or "")
+
+
 def _param_read(value, steps: tuple, fn) -> Read | None:
-    """``self.factor`` where the parameter's class holds ``factor``: a chain from the class."""
-    if value is _MISSING or steps[0][0] != "attr" or isinstance(
-            value, (type, types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
+    """``self.factor`` where the parameter's class holds ``factor``, ``type(self).K``,
+    ``self.__class__.K`` and a classmethod's ``cls.s``: a chain from the class the value has
+    (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
+    base's attribute later is seen), wherever a user class of that MRO up to the one that holds
+    the attribute may hold it."""
+    if value is _MISSING or steps[0][0] != "attr":
         return None
-    name = steps[0][1]
-    d = getattr(value, "__dict__", None)
-    if isinstance(d, dict) and name in d:
-        return None  # an instance attribute: the argument tree or the chain to it has it
-    owner = next((c for c in type(value).__mro__ if name in c.__dict__), None)
-    if owner is None or owner.__module__ == "builtins" or not is_user_file(
-            getattr(sys.modules.get(owner.__module__), "__file__", "") or ""):
+    if steps[0] == ("attr", "__class__") and not isinstance(value, types.ModuleType):
+        value, steps = type(value), steps[1:]
+        if not steps:
+            return None  # type(self) alone: the argument tree checks the exact class
+        if steps[0][0] != "attr":
+            return None
+    if steps[0][0] == "eager":
+        if isinstance(value, (type, types.ModuleType)):
+            _resolve_calls(*_root_of(value), steps, fn)  # raises
+        return None  # an instance's own attributes: its argument tree (not its class's)
+    if isinstance(value, type):
+        cls, name = value, steps[0][1]
+    else:
+        if isinstance(value, (types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
+            return None
+        cls, name = type(value), steps[0][1]
+        d = getattr(value, "__dict__", None)
+        if isinstance(d, dict) and name in d:
+            return None  # an instance attribute: the argument tree or the chain to it has it
+    mro = cls.__mro__
+    at = next((k for k, c in enumerate(mro) if name in c.__dict__), None)
+    if at is None or not any(_is_user_class(c) for c in mro[:at + 1]):
         return None
-    root, path = _root_of(owner)
-    return _resolve_calls(root, path + (("attr", name),) + steps[1:], fn)
+    root, path = _root_of(cls)
+    return _resolve_calls(root, path + steps, fn)
 
 
 def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
@@ -866,6 +895,24 @@ def _step(obj, step):
     if isinstance(obj, types.ModuleType):
         value = obj.__dict__.get(name, _MISSING)
         return _STOP if value is _MISSING and "__getattr__" in obj.__dict__ else value
+    if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \
+            not any(name in m.__dict__ for m in type(obj).__mro__[:-2]):
+        # a class's own attribute (its metaclass adds none): what getattr makes of each
+        # kind is fixed by the kind (a property or function itself, a classmethod bound)
+        static = next((c.__dict__[name] for c in obj.__mro__ if name in c.__dict__), _MISSING)
+        if static is _MISSING:
+            return _STOP if any("__getattr__" in m.__dict__ for m in type(obj).__mro__[:-2]) \
+                else (getattr(obj, name) if hasattr(type, name) else _MISSING)
+        if not hasattr(type(static), "__get__") or isinstance(static, (
+                types.FunctionType, staticmethod, classmethod, property, type,
+                types.MemberDescriptorType, types.GetSetDescriptorType,
+                types.MethodDescriptorType, types.WrapperDescriptorType,
+                types.BuiltinFunctionType, types.ClassMethodDescriptorType)):
+            try:
+                return getattr(obj, name)
+            except AttributeError:
+                return _MISSING
+        return _STOP
     try:
         static = inspect.getattr_static(obj, name)
     except AttributeError:
@@ -911,6 +958,11 @@ def _words(obj) -> str:
         h = hashlib.sha256()
         _hash_code(h, getattr(obj, "__code__", obj))
         return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
+    if isinstance(obj, property):
+        return "property " + " ".join(_words(f) if f is not None else "-"
+                                      for f in (obj.fget, obj.fset, obj.fdel))
+    if isinstance(obj, (staticmethod, classmethod)):
+        return f"{type(obj).__name__} {_words(obj.__func__)}"
     if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
         return f"triton {type(obj).__name__} of {_words(obj.fn)}"
     if isinstance(obj, logging.Logger):
