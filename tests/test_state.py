@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import os
 import textwrap
 import sys
 import types
 import warnings
 from pathlib import Path
+from unittest import mock
 from warnings import warn
 
 import numpy as np
@@ -231,6 +233,42 @@ def _shadow(cls, name, value):
     return change
 
 
+class Plus(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+PLUS = Plus()
+
+
+def _global_hook(register, hook):
+    def change():
+        handle = register(hook)
+        return handle.remove
+    return change
+
+
+def _flag(obj, name, value):
+    return lambda: _set(obj, name, value)
+
+
+def _recursion_limit():
+    n = sys.getrecursionlimit()
+    sys.setrecursionlimit(n + 1000)
+    return lambda: sys.setrecursionlimit(n)
+
+
+def _patch(target, new):
+    def change():
+        p = mock.patch(target, new)
+        p.start()
+        return p.stop
+    return change
+
+
+KNOB_NAME = "factor"
+
+
 def _imports_inside(x):
     import _state_helpers
     return x * _state_helpers.SCALE
@@ -248,6 +286,31 @@ def _imports_a_package_inside(x):
 
 
 CASES = {
+    "a global forward hook registered later": (
+        lambda x: PLUS(x), _global_hook(torch.nn.modules.module.register_module_forward_hook,
+                                        lambda m, i, o: o * 10)),
+    "a global forward pre-hook registered later": (
+        lambda x: PLUS(x), _global_hook(
+            torch.nn.modules.module.register_module_forward_pre_hook, lambda m, i: (i[0] * 3,))),
+    "a torch function patched (F.gelu = torch.tanh)": (
+        lambda x: torch.nn.functional.gelu(x), _flag(torch.nn.functional, "gelu", torch.tanh)),
+    "mock.patch of torch.relu": (lambda x: torch.relu(x), _patch("torch.relu", torch.neg)),
+    "math.pi patched": (lambda x: x * math.pi, _flag(math, "pi", 3.0)),
+    "a torch.backends flag read in Python": (
+        lambda x: x * (1.0 if torch.backends.mkldnn.enabled else 2.0),
+        _flag(torch.backends.mkldnn, "enabled", not torch.backends.mkldnn.enabled)),
+    "sys.getrecursionlimit() in a branch": (
+        lambda x: x * (2.0 if sys.getrecursionlimit() % 2000 < 1000 else 3.0),
+        _recursion_limit),
+    "os.getenv with a default, the variable unset": (
+        lambda x: x * float(os.getenv("TRIDENT_T_K", "2")), lambda: _env("TRIDENT_T_K", "5")),
+    "os.environ.get with a default": (
+        lambda x: x * float(os.environ.get("TRIDENT_T_K", "2")),
+        lambda: _env("TRIDENT_T_K", "5")),
+    "getattr(Knobs, NAME), the attribute changed": (
+        lambda x: x * getattr(Knobs, KNOB_NAME), lambda: _set(Knobs, "factor", 10.0)),
+    "getattr(Knobs, NAME), NAME rebound": (
+        lambda x: x * getattr(Knobs, KNOB_NAME, 7.0), _rebind("KNOB_NAME", "unset")),
     "type(self).K": (lambda x: TYPED.by_type(x), lambda: _set(Typed, "K", 3.0)),
     "self.__class__.K": (lambda x: TYPED.by_dunder_class(x), lambda: _set(Typed, "K", 3.0)),
     "a classmethod's cls.s": (lambda x: Typed.by_cls(x), lambda: _set(Typed, "s", 3.0)),
@@ -460,8 +523,14 @@ with torch.inference_mode():
     INFERENCE_T = torch.tensor([1.0, 2.0])  # no version counter
 
 
+def _computed_name(x):
+    name = "fac" + "tor"
+    return x * getattr(Knobs, name)
+
+
 @pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
-                                  "inference tensor"])
+                                  "inference tensor", "getattr with a computed name",
+                                  "a torch.backends flag that Python serves"])
 def test_unguardable_reads_run_eagerly(case):
     import random
     import time
@@ -470,7 +539,10 @@ def test_unguardable_reads_run_eagerly(case):
            "random.randint": lambda x: x * random.randint(1, 10),
            "time.time": lambda x: x * (time.time() > 0),
            "numpy array": lambda x: x * float(ARRAY[1]),
-           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1]}
+           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1],
+           "getattr with a computed name": _computed_name,
+           "a torch.backends flag that Python serves": lambda x: x * (
+               2.0 if torch.backends.mkldnn.fp32_precision == "none" else 3.0)}
     fn = fns[case]
     jf = trident.jit(fn)
     x = torch.ones(4)

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 
 from .errors import TridentError
-from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, Node, _Flattener,
+from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node, _Flattener,
                       identity_words)
 
 # Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
@@ -138,6 +138,14 @@ class Recording:
 
     codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
     impure: list = dataclasses.field(default_factory=list)
+    module_call: bool = False  # an nn.Module was called: torch's global hooks were read
+
+
+@functools.cache
+def _module_call_codes() -> frozenset:
+    m = torch.nn.Module
+    return frozenset(getattr(m, n).__code__ for n in ("_call_impl", "_wrapped_call_impl")
+                     if hasattr(getattr(m, n, None), "__code__"))
 
 
 def _impure_name(fn) -> str | None:
@@ -172,6 +180,7 @@ def record(fn):
         raise TridentError("a profiler that Trident cannot chain to is active "
                            f"({type(previous).__name__}): its calls run eagerly")
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
+    module_codes = _module_call_codes()
 
     def under_fn(frame) -> bool:
         """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
@@ -196,7 +205,9 @@ def record(fn):
     def hook(frame, event, arg):
         code = frame.f_code
         if event == "call":
-            if _is_user_frame(frame) and under_fn(frame):
+            if code in module_codes and not rec.module_call and under_fn(frame):
+                rec.module_call = True
+            elif _is_user_frame(frame) and under_fn(frame):
                 if code not in rec.codes:
                     nparams = code.co_argcount + code.co_kwonlyargcount
                     local = frame.f_locals
@@ -385,7 +396,8 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                         out.append((kind, name, tuple(isteps) + (
                             ("eager", f"{op.argval}() with a name computed at run time"),)))
                         return None
-                    if nargs is None and const_at(k) and call_at(k + 1, 3):  # a default
+                    if nargs is None and k < len(ins) and ins[k].opname == "LOAD_CONST" and \
+                            call_at(k + 1, 3):  # a default
                         return _more(kind, name, list(isteps) + [step], k + 2)
                     if call_at(k, 2):
                         return _more(kind, name, list(isteps) + [step], k + 1)
@@ -732,6 +744,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 # subclass defines later (Net2.forward = ...) is seen
                 root, steps = _root_of(cls)
                 reads.append(Read(root, steps + (("attr", name),)))
+    if rec.module_call:  # Module.__call__ reads torch's global hooks (Note [Library state])
+        reads += [Read(("module", "torch.nn.modules.module"), (("attr", name),))
+                  for name in _WHOLE_LIBRARY_STATE["torch.nn.modules.module"]]
     for f in [f for f in functions.values() if f.__code__ in rec.codes]:  # their defaults
         root, steps = (("fn",), ()) if f is fn else _root_of(f)
         for attr in ("__code__", "__defaults__", "__kwdefaults__"):
@@ -850,6 +865,10 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
                 continue
             if step[0] != "call0" and obj is os.getenv:
                 return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
+            if step[0] == "call0" and _is_getter(obj):  # sys.getrecursionlimit()
+                done.append(("call",))
+                obj = obj()
+                continue
             break
         done.append(step)
         obj = _step(obj, step) if obj is not _MISSING else _MISSING
@@ -874,6 +893,8 @@ def _step(obj, step):
     kind = step[0]
     if obj is _MISSING or obj is _STOP:
         return obj
+    if kind == "call":
+        return obj() if _is_getter(obj) else _STOP
     if kind == "cell":
         try:
             return obj.cell_contents
@@ -893,6 +914,9 @@ def _step(obj, step):
             return _MISSING
     name = step[1]
     if isinstance(obj, types.ModuleType):
+        if type(obj) is not types.ModuleType and any(  # a module's class serves it
+                name in c.__dict__ for c in type(obj).__mro__[:-2]):
+            return _STOP
         value = obj.__dict__.get(name, _MISSING)
         return _STOP if value is _MISSING and "__getattr__" in obj.__dict__ else value
     if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \
@@ -1053,12 +1077,21 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root, fn))
     parent, parent_obj = trie[key], obj
     came = None  # how the parent was read: (its parent, access, key, trie key)
+    library = False  # reading a library's module state (Note [Library state])
     for n, step in enumerate(read.steps):
         last = n == len(read.steps) - 1
         value = _step(parent_obj, step)
-        if isinstance(parent_obj, types.ModuleType) and _is_library_module(parent_obj) and \
-                value is not os.environ:
-            return  # a library's module state is taken as fixed (Note [State guards])
+        if not library and isinstance(parent_obj, types.ModuleType) and \
+                _is_library_module(parent_obj) and value is not os.environ:
+            if parent_obj is builtins:
+                return  # builtins: fixed (a global that would shadow one is ABSENT)
+            library = True
+        if library:
+            if _library_step(f, trie, key, parent, parent_obj, step, value, last):
+                key = key + (step,)
+                parent, parent_obj = trie[key], value
+                continue
+            return
         if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
             if came is not None:  # object it is read from, whole
                 grand, access, k, pkey = came
@@ -1094,7 +1127,108 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         parent, parent_obj = trie[key], value
 
 
+# Note [Library state]: a library's code and its module state are taken as fixed (its reads
+# are not chains), but what user code reads from a library module is guarded, since users
+# patch it: `F.gelu = torch.tanh`, `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
+# Modules and classes are read through by identity, functions and other objects are checked by
+# identity (not read into: their contents are the library's), numbers and strings by value.
+# torch's global module hooks are checked whole (a hook registered later is seen), and a flag
+# that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
+# `ContextProp`) is read by calling its getter in C; any other value a library serves through
+# Python code is not followed: the function runs eagerly.
+_WHOLE_LIBRARY_STATE = {
+    "torch.nn.modules.module": ("_global_backward_pre_hooks", "_global_backward_hooks",
+                                "_global_forward_hooks", "_global_forward_hooks_always_called",
+                                "_global_forward_hooks_with_kwargs", "_global_forward_pre_hooks",
+                                "_global_is_full_backward_hook"),
+}
+
+
+def _is_getter(obj) -> bool:
+    """A C function of no arguments that reads an interpreter or torch setting without side
+    effects: a chain may call it (in C, on every call) and check its result by value."""
+    if not isinstance(obj, types.BuiltinFunctionType):
+        return False
+    if obj.__self__ is sys:
+        return obj.__name__ in ("getrecursionlimit", "getswitchinterval",
+                                "get_int_max_str_digits", "getdefaultencoding",
+                                "getfilesystemencoding")
+    return getattr(obj.__self__, "__name__", None) == "torch._C" and \
+        obj.__name__.startswith("_get_") and any(
+            getattr(p, "getter", None) is obj for m in _backends_modules()
+            for p in vars(type(m)).values())
+
+
+def _backends_modules() -> list:
+    return [m for n, m in list(sys.modules.items()) if n.startswith("torch.backends.")
+            and type(m) is not types.ModuleType]
+
+
+def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, parent_obj, step,
+                  value, last: bool) -> bool:
+    """One step of a chain in a library's state (Note [Library state]): the node it makes;
+    True where the chain reads on through ``value`` (a module, a class, a getter's call).
+
+    Raises:
+        TridentError: a torch.backends value that Python code serves."""
+    name = step[1] if len(step) > 1 else ""
+    path = _path_text(f.nodes[parent].path, step)
+    if value is _STOP and step[0] == "attr":
+        prop = inspect.getattr_static(type(parent_obj), name, None)
+        getter = getattr(prop, "getter", None)
+        if type(prop).__name__ == "ContextProp" and _is_getter(getter):
+            root = (("getter", id(getter)),)
+            if root not in trie:
+                trie[root] = f.add(getter, Node(-1, ROOT, getter, ID, getter, 0,
+                                                getter.__name__), identity_words(getter))
+            call = root + (("call",),)
+            if call not in trie:
+                f.visit(getter(), trie[root], GETATTR, (), path, True)
+                trie[call] = len(f.nodes) - 1
+            return False
+        if getattr(parent_obj, "__name__", "").startswith("torch.backends") or \
+                type(parent_obj).__module__.startswith("torch.backends"):
+            raise TridentError(f"the function reads {path}, which torch serves through Python "
+                               "code that no guard follows")
+        return False
+    if value is _STOP or value is _MISSING:
+        return False
+    access, k = (GETATTR, ()) if step[0] == "call" else (
+        (GETATTR, name) if step[0] == "attr" else (GETITEM, name))
+    key = key + (step,)
+    if key in trie:
+        return not last and isinstance(value, (types.ModuleType, type))
+    if name in _WHOLE_LIBRARY_STATE.get(getattr(parent_obj, "__name__", None), ()):
+        before = len(f.nodes)
+        f.visit(value, parent, access, k, path, True)
+        trie[key] = before
+        return False
+    if isinstance(value, (types.ModuleType, type)) and not last:
+        trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        return True
+    if isinstance(value, types.MethodType) or (isinstance(
+            value, types.BuiltinMethodType) and not isinstance(
+                value.__self__, types.ModuleType) and value.__self__ is not None):
+        # made anew at each read (a classmethod, a method of a library object): what it binds
+        me = trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
+                               "method")
+        for attr in ("__func__", "__self__"):
+            if hasattr(value, attr):
+                part = getattr(value, attr)
+                f.add(part, Node(me, GETATTR, attr, ID, part, 0, f"{path}.{attr}"),
+                      _words(part))
+        return False
+    if type(value) in _CONSTS and (step[0] == "call" or not callable(value)):
+        f.visit(value, parent, access, k, path, True)
+        trie[key] = len(f.nodes) - 1
+        return False
+    trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+    return not last and _is_getter(value)  # sys.getrecursionlimit, then its call
+
+
 def _path_text(parent: str, step: tuple) -> str:
+    if step[0] == "call":
+        return f"{parent}()"
     if step[0] == "attr":
         return f"{parent}.{step[1]}" if parent else step[1]
     if step[0] == "cell":
