@@ -275,6 +275,33 @@ def test_reading_unguarded_tensor_facts_runs_eagerly(read):
     assert f.stats.compiles == 0 and f.stats.fallbacks == 4
 
 
+def _assigns_data(x):
+    x.data = torch.zeros(3)
+    return x + 1
+
+
+def _assigns_grad(x):
+    x.grad = torch.ones_like(x)
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_assigns_data, _assigns_grad], ids=["data", "grad"])
+def test_rebinding_a_tensor_inside_the_function_runs_eagerly(fn):
+    """``x.data = y`` (another shape) rebinds ``x`` and eager returns the new shape; a hit would
+    neither rebind it nor see the shape: the call runs eagerly, with one warning."""
+    f = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            a, b = torch.ones(2), torch.ones(2)
+            want, got = fn(a), f(b)
+            assert torch.equal(got, want) and torch.equal(a, b)
+            assert (a.grad is None) == (b.grad is None)
+    ours = [w for w in caught if "trident" in str(w.message)]
+    assert len(ours) == 1 and "assigns a tensor's" in str(ours[0].message), ours
+    assert (f.stats.compiles, f.stats.fallbacks, f.stats.hits) == (0, 3, 0), f.stats
+
+
 def test_inference_mode_is_guarded():
     f = trident.jit(lambda x: x + 1 if torch.is_inference_mode_enabled() else x - 1)
     x = torch.ones(2)

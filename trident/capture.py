@@ -117,6 +117,9 @@ _UNGUARDED_READS = {
     "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
     "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
 }
+# Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
+# ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
+_UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
 
 
 class _SourceLines(TorchFunctionMode):
@@ -148,6 +151,12 @@ class _SourceLines(TorchFunctionMode):
                     where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                     raise TridentError(f"the function reads a tensor's {name}{where}, which "
                                        "Trident does not guard")
+            for name, write in _UNGUARDED_WRITES.items():
+                if func == write:
+                    frame = _user_frame()
+                    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                    raise TridentError(f"the function assigns a tensor's {name}{where}, which a "
+                                       "compiled call would not")
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
