@@ -73,6 +73,11 @@ def _set(obj, name, value):
     return lambda: setattr(obj, name, old)
 
 
+def _set_new(d, key, value):
+    d[key] = value
+    return lambda: d.pop(key)
+
+
 def _env(name, value):
     old = os.environ.get(name)
     os.environ[name] = value
@@ -269,6 +274,11 @@ def _patch(target, new):
 KNOB_NAME = "factor"
 
 
+def _environ_alias(x):
+    env = os.environ
+    return x * (2.0 if env.get("TRIDENT_T_MODE") == "a" else 3.0)
+
+
 def _imports_inside(x):
     import _state_helpers
     return x * _state_helpers.SCALE
@@ -302,6 +312,11 @@ CASES = {
     "sys.getrecursionlimit() in a branch": (
         lambda x: x * (2.0 if sys.getrecursionlimit() % 2000 < 1000 else 3.0),
         _recursion_limit),
+    "os.environ through a local": (_environ_alias, lambda: _env("TRIDENT_T_MODE", "a")),
+    "a name in os.environ": (lambda x: x * (2.0 if "TRIDENT_T_MODE" in os.environ else 3.0),
+                             lambda: _env("TRIDENT_T_MODE", "a")),
+    "a key in a global dict": (lambda x: x * (2.0 if "other" in CONFIG else 3.0),
+                               lambda: _set_new(CONFIG, "other", 1)),
     "os.getenv with a default, the variable unset": (
         lambda x: x * float(os.getenv("TRIDENT_T_K", "2")), lambda: _env("TRIDENT_T_K", "5")),
     "os.environ.get with a default": (

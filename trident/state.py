@@ -472,9 +472,12 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
         if kind == "param" and not steps:
             i = j
             continue
-        out.append((kind, name, steps))
         if j < len(ins) and ins[j].opname == "STORE_FAST" and ins[j].argval in single:
-            aliases[ins[j].argval] = (kind, name, steps)
+            aliases[ins[j].argval] = (kind, name, steps)  # each load of it is a chain
+        elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
+            out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
+        else:
+            out.append((kind, name, steps))
         i = max(j, i + 1)
     return out
 
@@ -856,6 +859,10 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
             path = ".".join(str(s[-1]) for s in done if s[0] != "cell")
             raise TridentError(f"the function reads {path or 'a global'} through {step[1]}: "
                                "state that no guard can follow")
+        if step[0] == "contains":  # "k" in d: d's item k or its absence; in another
+            if obj is os.environ or type(obj) is dict:  # container: the container, whole
+                done.append(("get", step[1]))
+            break
         if step[0] in ("call0", "call1", "call2"):
             if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
                 return None  # globals() alone: its items are read by the chains after it
