@@ -272,6 +272,26 @@ def _patch(target, new):
 
 
 KNOB_NAME = "factor"
+T0 = torch.tensor(2.0)  # 0-dim
+
+
+class Strict:
+    """Raises KeyError for names it lacks (hasattr probes do not get an AttributeError)."""
+
+    def __getattr__(self, name):
+        raise KeyError(name)
+
+
+STRICT = Strict()
+STRICT.k = 2.0
+
+
+def _fill(t, value):
+    def change():
+        old = t.clone()
+        t.fill_(value)
+        return lambda: t.copy_(old)
+    return change
 
 
 def _environ_alias(x):
@@ -312,6 +332,9 @@ CASES = {
     "sys.getrecursionlimit() in a branch": (
         lambda x: x * (2.0 if sys.getrecursionlimit() % 2000 < 1000 else 3.0),
         _recursion_limit),
+    "a 0-dim global tensor read with .item()": (lambda x: x * T0.item(), _fill(T0, 3.0)),
+    "an object whose __getattr__ raises KeyError": (lambda x: x * STRICT.k,
+                                                    lambda: _set(STRICT, "k", 3.0)),
     "os.environ through a local": (_environ_alias, lambda: _env("TRIDENT_T_MODE", "a")),
     "a name in os.environ": (lambda x: x * (2.0 if "TRIDENT_T_MODE" in os.environ else 3.0),
                              lambda: _env("TRIDENT_T_MODE", "a")),

@@ -127,9 +127,9 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         for k in sorted(value, key=repr):
             h.update(repr(k).encode())
             _hash_value(h, value[k], seen, depth + 1)
-    elif hasattr(value, "fn") and hasattr(value, "src"):  # a Triton JITFunction
+    elif _has(value, "fn") and _has(value, "src"):  # a Triton JITFunction
         h.update(f"triton:{value.src}".encode())
-    elif hasattr(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
+    elif _has(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
         for tuned in getattr(value, "configs", None) or ():
             h.update(repr(tuned).encode())
         for name, heuristic in (getattr(value, "values", None) or {}).items():
@@ -147,6 +147,15 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
     else:  # no content to hash (__slots__ objects): this object, in this process only
         h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
+
+
+def _has(value, name: str) -> bool:
+    """``hasattr``, for objects whose ``__getattr__`` raises something else than
+    AttributeError for names they lack (a KeyError: issue 28)."""
+    try:
+        return hasattr(value, name)
+    except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)
+        return False
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:

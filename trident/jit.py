@@ -316,7 +316,14 @@ class JitFunctionMixin:
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         self._specs = self._stored_specs()[-self._max_specializations:]
         if self._specs:
-            self._install_module(self._specs)
+            try:
+                self._install_module(self._specs)
+            except TridentError as e:  # their modules cannot be built now (a build lock
+                _recompiles.info("%s: stored specializations not installed: %s",  # held on)
+                                 self.__qualname__, e)
+                self._install(())
+                self._specs = []
+                self._set_trees()
         else:
             self._set_trees()  # none: no tree holds a binding made with the old defaults
 

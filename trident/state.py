@@ -612,9 +612,10 @@ def check_writes_before_trace(fn) -> None:
     todo = [(fn, 0)]
     while todo:
         f, depth = todo.pop()
-        code = getattr(f, "__code__", None)
-        if not isinstance(f, types.FunctionType) or code in seen or \
-                not is_user_file(code.co_filename):
+        if not isinstance(f, types.FunctionType):
+            continue
+        code = f.__code__
+        if code in seen or not is_user_file(code.co_filename):
             continue
         seen.add(code)
         check_write(code, f.__globals__)
@@ -1013,7 +1014,7 @@ def _hash_code(h, code: types.CodeType) -> None:
 
 
 def _tensor_words(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous()
+    data = t.detach().cpu().contiguous().reshape(-1)  # (a 0-dim tensor has no byte view)
     digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return f"tensor {t.dtype} {tuple(t.shape)} {t.device} {digest.hexdigest()[:16]}"
 
