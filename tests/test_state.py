@@ -962,3 +962,45 @@ def test_two_unregistered_imports_of_one_source_keep_their_own_globals(tmp_path)
         assert torch.equal(second.f(x), x * 3.0)
     assert (first.f.stats.compiles, second.f.stats.compiles) == (1, 1)
     assert (first.f.stats.hits, second.f.stats.hits) == (1, 1)
+
+
+OP_FACTOR = 2.0
+
+
+@torch.library.custom_op("trident_test_state::scale", mutates_args=())
+def _custom_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * OP_FACTOR
+
+
+@_custom_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.triton_op("trident_test_state::plus", mutates_args={})
+def _triton_plus(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_custom_and_triton_ops_are_served_natively():
+    """A ``torch.library.custom_op`` and a ``triton_op`` named by globals are operators, checked
+    by identity (they ran eagerly: ``_backend_fns`` is a dict with a None key): a hit calls
+    them through the dispatcher, so what the custom op's body reads is read at every call."""
+    global OP_FACTOR
+
+    def f(x):
+        return _custom_scale(x) + _triton_plus(x)
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert torch.equal(jf(x), f(x))
+        OP_FACTOR = 5.0
+        try:
+            assert torch.equal(jf(x), f(x)) and torch.equal(f(x), x * 5 + x + 1)
+        finally:
+            OP_FACTOR = 2.0
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (1, 2, 0), st

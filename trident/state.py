@@ -999,6 +999,8 @@ def _words(obj) -> str:
         return f"triton {type(obj).__name__} of {_words(obj.fn)}"
     if isinstance(obj, logging.Logger):
         return f"logger {obj.name}"
+    if isinstance(obj, _op_types()[0]):  # a custom op: one per name, in every process
+        return f"custom op {obj._namespace}::{obj._name}"
     return identity_words(obj)
 
 
@@ -1039,8 +1041,18 @@ class _StateFlattener(_Flattener):
                                             length=value._version), _tensor_words(value))
 
 
+@functools.cache
+def _op_types() -> tuple:
+    """Operators (a ``torch.library.custom_op``, ``triton_op``, ``torch.ops`` packets): their
+    calls are steps of the plan, which the dispatcher serves on every call; checked by
+    identity."""
+    from torch._library.custom_ops import CustomOpDef
+
+    return (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+
+
 def _by_id(value) -> bool:
-    return isinstance(value, (_BY_ID, logging.Logger)) or bool(_kernel_fns(value)) or \
+    return isinstance(value, (_BY_ID, logging.Logger, *_op_types())) or bool(_kernel_fns(value)) or \
         type(value).__name__ == "JitFunction"
 
 
