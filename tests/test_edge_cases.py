@@ -324,3 +324,51 @@ def test_default_device_mode_runs_eagerly():
         torch.set_default_device(None)
     assert f(3).device.type == "cpu"
     assert (f.stats.compiles, f.stats.fallbacks, f.stats.hits) == (1, 1, 1)
+
+
+def test_another_threads_draws_during_a_trace_are_not_the_functions():
+    """8 threads, each calling its own function, while another thread draws from the default
+    generator: the generator's state moves during the traces, but not by the functions (their
+    own thread set nothing), so every call is served natively (480 of 480 ran eagerly: 'changes
+    global torch state (rng)'). A function that sets the generator itself still runs eagerly."""
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            torch.randn(64)
+
+    fns = [trident.jit(lambda x, k=k: x * k + 1) for k in range(8)]
+    failures = []
+
+    def work(i):
+        x = torch.ones(3)
+        for _ in range(60):
+            if not torch.equal(fns[i](x), x * i + 1):
+                failures.append(i)
+
+    drawer = threading.Thread(target=draw)
+    drawer.start()
+    try:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        stop.set()
+        drawer.join()
+    assert not failures
+    assert [(f.stats.compiles, f.stats.hits, f.stats.fallbacks) for f in fns] == [(1, 59, 0)] * 8
+
+    def seeds(x):
+        g = torch.default_generator
+        saved = g.get_state()
+        g.manual_seed(0)
+        y = x + torch.rand(3)
+        g.set_state(saved)
+        return y
+
+    js = trident.jit(seeds)
+    with pytest.warns(UserWarning, match="random generator in another state"):
+        assert torch.equal(js(torch.ones(3)), seeds(torch.ones(3)))
+    assert js.stats.fallbacks == 1

@@ -543,13 +543,16 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
-          outputs: Callable | None = None, name: str | None = None) -> Capture:
+          outputs: Callable | None = None, name: str | None = None,
+          changed_rng: Callable[[], bool] | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``flatten.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages.
+    name in messages. ``changed_rng``: whether the trace's own thread set a generator's state
+    (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
+    generators' states before and after decide, which another thread's draws change too.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
@@ -562,7 +565,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
-        mode.rng = _rng_state()
+        mode.rng = _rng_state() if changed_rng is None else None
         mode.in_user_code = True
         try:
             result = fn(*flat_args)
@@ -603,6 +606,13 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         _INPUTS_REQUIRE_GRAD.reset(grad)
 
     changed = _changed(state, _global_state())
+    if changed_rng is not None:  # this thread's calls decide the generators' (other threads
+        moved = any(k in changed for k in ("rng", "cuda"))  # draw meanwhile)
+        changed = [k for k in changed if k not in ("rng", "cuda")]
+        if changed_rng() and moved:
+            changed.append("rng")
+        elif changed_rng():  # set and put back
+            mode.rng_set = True
     if changed:  # Note [Global side effects]
         _restore_global_state(state)
         raise TridentError(f"{name} changes global torch state "

@@ -643,9 +643,11 @@ class JitFunctionMixin:
                 self._dynamic_failed = True
         return self._compile(call, {})
 
-    def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
-        trees]); the result's structure becomes the capture's output recipe."""
+        trees]); the result's structure becomes the capture's output recipe. ``recording``
+        (state.record's, active): this thread's generator calls decide whether the function
+        set the random state, not another thread's draws meanwhile."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
         state.check_writes_before_trace(self._code_fn)  # so that eager writes once
 
@@ -655,7 +657,9 @@ class JitFunctionMixin:
 
         return trace(run, call.leaves, dynamic, name=self.__qualname__,
                      outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                           rebuilt))
+                                                           rebuilt),
+                     changed_rng=recording.changed_rng if recording is not None and
+                     recording.active else None)
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         self._counters.traces += 1
@@ -667,7 +671,7 @@ class JitFunctionMixin:
             # under the call's grad mode, which is guarded; what it reads outside the
             # arguments becomes the specialization's state (Note [State guards])
             with state.record(None if self._constant_self else self._code_fn) as recording:
-                captured = self._trace(call, dynamic)
+                captured = self._trace(call, dynamic, recording)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]
             spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}

@@ -139,6 +139,19 @@ class Recording:
     codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
     impure: list = dataclasses.field(default_factory=list)
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
+    generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
+    active: bool = False  # the profile hook ran (the function has code to record)
+
+    def changed_rng(self) -> bool:
+        """Whether this thread's trace set a random generator's state (Note [Global side
+        effects] in capture.py): another thread's draws meanwhile are not the function's."""
+        return bool(self.generator_calls)
+
+
+# A torch.Generator's methods that set its state (its draws are ops, which a trace makes on
+# fake tensors without drawing).
+_GENERATOR_SETTERS = frozenset({"manual_seed", "seed", "set_state", "set_offset",
+                                "graphsafe_set_state"})
 
 
 @functools.cache
@@ -217,14 +230,19 @@ def record(fn):
                     frame.f_globals.get("__name__") in _IMPURE_MODULES and \
                     under_fn(frame.f_back):
                 rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
-        elif event == "c_call" and _is_user_frame(frame) and under_fn(frame):
-            name = _impure_name(arg)
-            if name:
-                rec.impure.append(name)
+        elif event == "c_call":
+            if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
+                    getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
+                rec.generator_calls.append(arg.__name__)  # from any code the function runs
+            if _is_user_frame(frame) and under_fn(frame):
+                name = _impure_name(arg)
+                if name:
+                    rec.impure.append(name)
         if previous is not None:
             previous(frame, event, arg)
 
     sys.setprofile(hook)
+    rec.active = True
     try:
         yield rec
     finally:
