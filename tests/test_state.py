@@ -272,6 +272,19 @@ def _patch(target, new):
 
 
 KNOB_NAME = "factor"
+
+
+def _chosen_class(x):
+    chosen = Knobs if x.dim() == 1 else Scaled
+    return x * chosen.factor
+
+
+class Override(Base):
+    def scaled(self, x):
+        return super().scaled(x) + 1
+
+
+OVERRIDE = Override()
 T0 = torch.tensor(2.0)  # 0-dim
 
 
@@ -335,6 +348,10 @@ CASES = {
     "a 0-dim global tensor read with .item()": (lambda x: x * T0.item(), _fill(T0, 3.0)),
     "an object whose __getattr__ raises KeyError": (lambda x: x * STRICT.k,
                                                     lambda: _set(STRICT, "k", 3.0)),
+    "a class chosen in a conditional expression": (_chosen_class,
+                                                   lambda: _set(Knobs, "factor", 10.0)),
+    "a base method called through super()": (
+        lambda x: OVERRIDE.scaled(x), lambda: _set(Base, "scaled", lambda self, x: x * 5)),
     "os.environ through a local": (_environ_alias, lambda: _env("TRIDENT_T_MODE", "a")),
     "a name in os.environ": (lambda x: x * (2.0 if "TRIDENT_T_MODE" in os.environ else 3.0),
                              lambda: _env("TRIDENT_T_MODE", "a")),
@@ -566,8 +583,14 @@ def _computed_name(x):
     return x * getattr(Knobs, name)
 
 
+def _computed_global(x):
+    name = "GLOBAL" + "_K"
+    return x * globals()[name]
+
+
 @pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
                                   "inference tensor", "getattr with a computed name",
+                                  "globals() with a computed key",
                                   "a torch.backends flag that Python serves"])
 def test_unguardable_reads_run_eagerly(case):
     import random
@@ -579,6 +602,7 @@ def test_unguardable_reads_run_eagerly(case):
            "numpy array": lambda x: x * float(ARRAY[1]),
            "inference tensor": lambda x: x * INFERENCE_T.tolist()[1],
            "getattr with a computed name": _computed_name,
+           "globals() with a computed key": _computed_global,
            "a torch.backends flag that Python serves": lambda x: x * (
                2.0 if torch.backends.mkldnn.fp32_precision == "none" else 3.0)}
     fn = fns[case]

@@ -429,8 +429,12 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
         elif op.opname == "LOAD_DEREF" and op.argval in code.co_freevars:
             start = ("free", op.argval)
         elif op.opname in _LOAD_FAST and op.argval in aliases:
-            kind, name, asteps = aliases[op.argval]
-            start, steps = (kind, name), list(asteps)
+            (kind, name, asteps), *others = aliases[op.argval]
+            found = _more(kind, name, list(asteps), i + 1)
+            more = found[2][len(asteps):]
+            for okind, oname, osteps in others:  # bound elsewhere to another chain
+                out.append((okind, oname, tuple(osteps) + more))
+            return found
         elif op.opname in _LOAD_FAST and op.argval in params:
             start = ("param", op.argval)
         elif op.opname == "IMPORT_NAME":
@@ -441,17 +445,16 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
             j = i + 1
             while j < len(ins) and ins[j].opname == "IMPORT_FROM":  # from m import a, b
                 step = ("attr", ins[j].argval)
-                if j + 1 < len(ins) and ins[j + 1].opname == "STORE_FAST" and \
-                        ins[j + 1].argval in single:
-                    aliases[ins[j + 1].argval] = (*start, (step,))
+                if j + 1 < len(ins) and ins[j + 1].opname == "STORE_FAST":
+                    bind(ins[j + 1].argval, (*start, (step,)))
                 out.append((*start, (step,)))
                 j += 2
                 if j < len(ins) and ins[j].opname == "POP_TOP":
                     j += 1
             if j == i + 1:
                 out.append((*start, ()))
-                if j < len(ins) and ins[j].opname == "STORE_FAST" and ins[j].argval in single:
-                    aliases[ins[j].argval] = (*start, ())
+                if j < len(ins) and ins[j].opname == "STORE_FAST":
+                    bind(ins[j].argval, (*start, ()))
             return None if j > i + 1 else (*start, (), j)
         else:
             return None
@@ -480,24 +483,42 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                 break
         return kind, name, tuple(steps), j
 
-    i = 0
-    while i < len(ins):
-        found = chain_at(i)
-        if found is None:
-            i += 1
-            continue
-        kind, name, steps, j = found
-        if kind == "param" and not steps:
-            i = j
-            continue
-        if j < len(ins) and ins[j].opname == "STORE_FAST" and ins[j].argval in single:
-            aliases[ins[j].argval] = (kind, name, steps)  # each load of it is a chain
-        elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
-            out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
-        else:
-            out.append((kind, name, steps))
-        i = max(j, i + 1)
-    return out
+    def bind(local, chain):
+        """``local`` is bound to ``chain`` (each of its loads continues it)."""
+        if local in params:
+            return
+        chains = aliases.setdefault(local, [])
+        if chain not in chains:
+            chains.append(chain)
+
+    at = {i.offset: (i.opname, i.argval) for i in ins}  # jump targets
+    for scan in range(2):  # the first finds what locals are bound to (a loop may load first)
+        out.clear()
+        i = 0
+        while i < len(ins):
+            found = chain_at(i)
+            if found is None:
+                i += 1
+                continue
+            kind, name, steps, j = found
+            if kind == "param" and not steps:
+                i = j
+                continue
+            stored = j < len(ins) and ins[j].opname == "STORE_FAST"
+            if stored:
+                bind(ins[j].argval, (kind, name, steps))
+            elif j < len(ins) and ins[j].opname in ("JUMP_FORWARD", "JUMP") and \
+                    at.get(ins[j].argval, (None,))[0] == "STORE_FAST":  # c = A if f else B
+                bind(at[ins[j].argval][1], (kind, name, steps))
+                stored = True
+            if stored and ins[j].argval in single:
+                pass  # each load of it is a chain
+            elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
+                out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
+            else:
+                out.append((kind, name, steps))
+            i = max(j, i + 1)
+    return list(dict.fromkeys(out))
 
 
 @functools.cache
@@ -529,11 +550,10 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     ``global`` or ``nonlocal`` assignment, an item or attribute of an object read from a global
     or a closure cell, a mutating method of such a container), or None. Only the trace runs the
     function's Python code: a hit would skip the write (issue 11's never-stale rule), so such a
-    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a local bound once to
-    such an object (``log = LOG``, ``import mod``) writes outside as the object does."""
+    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a local bound to such an
+    object (``log = LOG``, ``import mod``) writes outside as the object does."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
-    single = _single_stores(code, ins)
-    aliases: dict = {}  # a local bound once to a global or a closure variable: log = LOG
+    aliases: dict = {}  # a local bound to a global or a closure variable: log = LOG
 
     def outside(i, modules: bool = False) -> str | None:
         if i.opname == "LOAD_GLOBAL" and (
@@ -550,7 +570,7 @@ def outside_write(code: types.CodeType, g: dict) -> str | None:
     for j, i in enumerate(ins):
         if i.starts_line not in (None, False):
             line = j
-        if i.opname == "STORE_FAST" and i.argval in single and j >= 1:
+        if i.opname == "STORE_FAST" and j >= 1:  # (bound once or more: a write may go there)
             prev = ins[j - 1]
             what = outside(prev, True)
             if what is not None:
@@ -715,8 +735,15 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             k += 1
             for start, name, steps in _chains(code):
                 if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
-                        name not in g and len(steps) > 1 and steps[1][0] == "item":
-                    start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+                        name not in g:
+                    if len(steps) > 1 and steps[1][0] in ("item", "contains"):
+                        start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+                    elif len(steps) > 2 and steps[1] == ("attr", "get") and \
+                            steps[2][0] in ("call1", "call2"):  # globals().get("X")
+                        start, name, steps = "global", steps[2][1], steps[3:]
+                    else:  # globals()[name], globals().get(name), exec(..., globals()), ...
+                        raise TridentError(f"{code.co_name} reads globals() otherwise than "
+                                           "by a constant key: state no guard follows")
                 steps = _resolve_names(steps, g)
                 if start == "import":
                     root, path = _import_root(name, g)
@@ -763,8 +790,14 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             if found is not None:
                 name, functions[code] = found
                 # read through the value's own class, as Python finds the method: one a
-                # subclass defines later (Net2.forward = ...) is seen
-                root, steps = _root_of(cls)
+                # subclass defines later (Net2.forward = ...) is seen; a method that the class
+                # finds elsewhere (an override, which called this one through super()) from
+                # the class that holds it
+                owner = next(c for c in cls.__mro__ if any(
+                    f is functions[code] for f in _functions_in(vars(c).get(name))))
+                where = cls if next((c for c in cls.__mro__ if name in vars(c)), None) is \
+                    owner else owner
+                root, steps = _root_of(where)
                 reads.append(Read(root, steps + (("attr", name),)))
     if rec.module_call:  # Module.__call__ reads torch's global hooks (Note [Library state])
         reads += [Read(("module", "torch.nn.modules.module"), (("attr", name),))
