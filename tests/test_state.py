@@ -272,6 +272,8 @@ def _patch(target, new):
 
 
 KNOB_NAME = "factor"
+ENV_NAME = "TRIDENT_T_MODE"
+CONFIG_KEY = "scale"
 
 
 def _chosen_class(x):
@@ -352,6 +354,14 @@ CASES = {
                                                    lambda: _set(Knobs, "factor", 10.0)),
     "a base method called through super()": (
         lambda x: OVERRIDE.scaled(x), lambda: _set(Base, "scaled", lambda self, x: x * 5)),
+    "os.environ.get(NAME), NAME a global": (
+        lambda x: x * (2.0 if os.environ.get(ENV_NAME) == "a" else 3.0),
+        lambda: _env("TRIDENT_T_MODE", "a")),
+    "os.getenv(NAME, default)": (
+        lambda x: x * (2.0 if os.getenv(ENV_NAME, "b") == "a" else 3.0),
+        lambda: _env("TRIDENT_T_MODE", "a")),
+    "CONFIG[KEY], KEY a global": (lambda x: x * CONFIG[CONFIG_KEY],
+                                  lambda: _set(CONFIG, "scale", 3.0)),
     "os.environ through a local": (_environ_alias, lambda: _env("TRIDENT_T_MODE", "a")),
     "a name in os.environ": (lambda x: x * (2.0 if "TRIDENT_T_MODE" in os.environ else 3.0),
                              lambda: _env("TRIDENT_T_MODE", "a")),
@@ -1028,3 +1038,46 @@ def test_custom_and_triton_ops_are_served_natively():
             OP_FACTOR = 2.0
     st = jf.stats
     assert (st.compiles, st.hits, st.fallbacks) == (1, 2, 0), st
+
+
+_HOOKS = {
+    "forward": (torch.nn.modules.module.register_module_forward_hook, lambda m, i, o: o * 10),
+    "forward pre": (torch.nn.modules.module.register_module_forward_pre_hook,
+                    lambda m, i: (i[0] * 3,)),
+    "forward, always called": (
+        lambda h: torch.nn.modules.module.register_module_forward_hook(h, always_call=True),
+        lambda m, i, o: o - 5),
+    "forward, with kwargs": (
+        lambda h: torch.nn.modules.module.register_module_forward_hook(h, with_kwargs=True),
+        lambda m, i, kw, o: o * 7),
+}
+
+
+@pytest.mark.parametrize("kind", list(_HOOKS))
+def test_a_global_module_hook_registered_after_the_first_call(kind):
+    """``def f(m, x): return m(x)`` with the module an argument: torch's global hooks, which
+    Module.__call__ reads, are guarded whole (Note [Library state]); a hook registered later
+    recompiles, removing it reinstalls the first specialization."""
+    register, hook = _HOOKS[kind]
+
+    def f(m, x):
+        return m(x)
+
+    jf, m, x = trident.jit(f), Plus(), torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before = f(m, x)
+        assert all(torch.equal(jf(m, x), before) for _ in range(2))
+        handle = register(hook)
+        try:
+            after = f(m, x)
+            assert not torch.equal(after, before)
+            assert all(torch.equal(jf(m, x), after) for _ in range(2))
+        finally:
+            handle.remove()
+        assert torch.equal(jf(m, x), before)
+    st = jf.stats
+    # torch 2.13 leaves the hook's id in _global_forward_hooks_with_kwargs after remove():
+    # that is another state, compiled again (seen, not stale)
+    leftover = kind == "forward, with kwargs"
+    assert (st.compiles, st.fallbacks, st.hits) == ((3, 0, 2) if leftover else (2, 0, 3)), st

@@ -475,6 +475,17 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
             elif const_at(j) and call_at(j + 1, 1):
                 steps.append(("call1", nxt.argval))
                 j += 2
+            elif nxt.opname == "LOAD_GLOBAL" and steps and steps[-1][0] == "attr" and (
+                    call_at(j + 1, 1) or (j + 2 < len(ins) and ins[j + 1].opname ==
+                                          "LOAD_CONST" and call_at(j + 2, 2))):
+                out.append(("global", nxt.argval, ()))  # d.get(NAME), os.getenv(NAME): the
+                steps.append(("gcall", nxt.argval))  # name's own read, then the call
+                j += 2 if call_at(j + 1, 1) else 3
+            elif nxt.opname == "LOAD_GLOBAL" and j + 1 < len(ins) and \
+                    ins[j + 1].opname == "BINARY_SUBSCR":  # d[NAME]
+                out.append(("global", nxt.argval, ()))
+                steps.append(("gitem", nxt.argval))
+                j += 2
             elif const_at(j) and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_CONST" and \
                     call_at(j + 2, 2):
                 steps.append(("call2", nxt.argval, ins[j + 1].argval))
@@ -886,16 +897,21 @@ def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
 
 
 def _resolve_names(steps: tuple, g: dict) -> tuple:
-    """``("gattr", NAME)`` (``getattr(obj, NAME)``) as the attribute that the global ``NAME``
-    names now (its own chain guards it); one that names no str is Trident's not to follow."""
+    """``("gattr", NAME)`` (``getattr(obj, NAME)``), ``("gcall", NAME)`` (``d.get(NAME)``,
+    ``os.getenv(NAME)``) and ``("gitem", NAME)`` (``d[NAME]``) as the attribute, call or item
+    that the global ``NAME`` names now (its own chain guards it). A getattr name that is no str
+    is Trident's not to follow; another key ends the chain at the container, read whole."""
     out = []
     for step in steps:
-        if step[0] == "gattr":
+        if step[0] in ("gattr", "gcall", "gitem"):
             name = g.get(step[1], _MISSING)
-            if not isinstance(name, str) or type(name) is not str:
+            if step[0] != "gattr" and type(name) not in (str, int, bytes):
+                break  # another key: the chain ends at the container (or method), whole
+            if step[0] == "gattr" and type(name) is not str:
                 out.append(("eager", f"getattr() with the global {step[1]} as its name"))
                 break
-            step = ("attr", name)
+            step = {"gattr": ("attr", name), "gcall": ("call1", name),
+                    "gitem": ("item", name)}[step[0]]
         out.append(step)
     return tuple(out)
 
