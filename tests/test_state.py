@@ -276,6 +276,15 @@ ENV_NAME = "TRIDENT_T_MODE"
 CONFIG_KEY = "scale"
 
 
+def _pick_knobs():
+    return Knobs
+
+
+def _picked_class(x):
+    chosen = _pick_knobs()
+    return x * chosen.factor
+
+
 def _chosen_class(x):
     chosen = Knobs if x.dim() == 1 else Scaled
     return x * chosen.factor
@@ -350,6 +359,14 @@ CASES = {
     "a 0-dim global tensor read with .item()": (lambda x: x * T0.item(), _fill(T0, 3.0)),
     "an object whose __getattr__ raises KeyError": (lambda x: x * STRICT.k,
                                                     lambda: _set(STRICT, "k", 3.0)),
+    "a class returned by a helper": (_picked_class, lambda: _set(Knobs, "factor", 10.0)),
+    "importlib.import_module(name)": (
+        lambda x: x * importlib.import_module("_state_helpers").SCALE,
+        lambda: _set(cfg, "SCALE", 3.0)),
+    "sys.modules[name]": (lambda x: x * sys.modules["_state_helpers"].SCALE,
+                          lambda: _set(cfg, "SCALE", 3.0)),
+    "__import__(name)": (lambda x: x * __import__("_state_helpers").SCALE,
+                         lambda: _set(cfg, "SCALE", 3.0)),
     "a class chosen in a conditional expression": (_chosen_class,
                                                    lambda: _set(Knobs, "factor", 10.0)),
     "a base method called through super()": (

@@ -54,6 +54,7 @@ import dataclasses
 import dis
 import functools
 import hashlib
+import importlib
 import inspect
 import logging
 import os
@@ -931,6 +932,16 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
             if obj is os.environ or type(obj) is dict:  # container: the container, whole
                 done.append(("get", step[1]))
             break
+        if step[0] == "item" and obj is sys.modules and type(step[1]) is str and \
+                step[1] in sys.modules:  # sys.modules["m"]: the module m
+            root, done, obj = ("module", step[1]), [], sys.modules[step[1]]
+            continue
+        if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
+                obj is builtins.__import__ or obj is importlib.import_module):
+            # importlib.import_module("a.b") is a.b, __import__("a.b") is a
+            name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
+            root, done, obj = ("module", name), [], sys.modules[name]
+            continue
         if step[0] in ("call0", "call1", "call2"):
             if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
                 return None  # globals() alone: its items are read by the chains after it
@@ -1370,7 +1381,18 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
              owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
         return
     if _by_id(value):
-        trie[whole] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
+                                 _words(value))
+        if isinstance(value, type) and _is_user_class(value):
+            # a user class used whole may reach a local the scan does not follow (returned
+            # by a call: c = pick(); c.k): its numbers and strings, through its MRO
+            names = {n for c in value.__mro__ if _is_user_class(c) for n in vars(c)
+                     if not (n.startswith("__") and n.endswith("__"))}
+            for name in sorted(names):
+                data = _step(value, ("attr", name))
+                if type(data) in _CONSTS and (whole + ("attr", name)) not in trie:
+                    trie[whole + ("attr", name)] = len(f.nodes)
+                    f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
         return
     before = len(f.nodes)
     try:
