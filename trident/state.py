@@ -13,11 +13,15 @@ closure-cell accessors), found in two steps:
    ``torch.default_generator.initial_seed()``: Python's random state, a ``torch.Generator``'s,
    the clock, the OS), which make the call run eagerly.
 2. :func:`reads_of` reads the bytecode of each function that ran (and of each user Triton kernel
-   it launches) for chains: ``LOAD_GLOBAL`` / ``LOAD_DEREF`` of a closure cell, then
-   ``LOAD_ATTR`` / ``LOAD_METHOD`` / a constant subscript / ``.get(constant)``; ``globals()[...]``
-   and ``os.getenv(constant)`` too; a parameter's attribute that its class holds
-   (``self.factor`` of a class attribute). Every instruction of a function that ran counts,
-   taken or not, so a branch the next call takes is guarded too.
+   it launches) for chains (:func:`_chains`): ``LOAD_GLOBAL`` / ``LOAD_DEREF`` of a closure
+   cell / an ``import`` inside the function, then ``LOAD_ATTR`` / ``LOAD_METHOD`` / a constant
+   subscript / ``.get(constant)`` / ``"k" in d`` / ``type(v)`` / ``getattr(v, constant)``;
+   ``globals()[...]`` and ``os.getenv(constant)`` too; a local bound to a chain continues it
+   where it is loaded; a parameter's attribute that its class holds (``self.factor``,
+   ``type(self).K``, ``cls.s``) is read through the value's own class (its MRO, in C). Every
+   instruction of a function that ran counts, taken or not, so a branch the next call takes
+   is guarded too. A read the scan sees but cannot follow (``getattr`` with a computed name,
+   ``globals()[name]``) makes the call eager: no read is assumed constant (issue 28).
 
 :func:`build` evaluates the chains now and makes a **state tree**: the argument tree's nodes
 (flatten.py) under roots (a module, the function, ``builtins``), read in C by ``getattr`` /
@@ -34,9 +38,10 @@ closure-cell accessors), found in two steps:
   tree checks an argument (SEQ, DICT, OBJECT, CONST ...). Values whose contents no check sees
   (numpy arrays, locks, an object with ``__slots__``) make the call run eagerly, with a warning.
 
-Reads by the standard library and installed packages are not chains (their code and module
-state are taken as fixed); torch's global flags that ops obey are call-wide guards instead
-(``trt_env.flags`` in guards.py).
+Reads by the standard library's and installed packages' own code are not chains (their code
+and module state are taken as fixed); what user code reads from them is (Note [Library state]);
+torch's global flags that ops obey are call-wide guards instead (``trt_env.flags`` in
+guards.py).
 
 The dispatcher evaluates the union of its specializations' state trees before every call
 (``state_holds`` in runtime.cpp). When a check fails the call goes to Python, which evaluates
