@@ -339,7 +339,23 @@ def _imports_a_package_inside(x):
     return x * h.CFG.model.attn.scale
 
 
+LAZY_MODULE = types.ModuleType("trident_test_lazy_module")  # PEP 562: a module __getattr__
+LAZY_MODULE._VALUES = {"LAZY": 2.0}
+LAZY_MODULE.__getattr__ = lambda name: LAZY_MODULE._VALUES[name]
+
+
+def _bind_in_module(module, name, value):
+    def change():
+        setattr(module, name, value)
+        return lambda: delattr(module, name)
+    return change
+
+
 CASES = {
+    "what a module's __getattr__ serves": (
+        lambda x: x * LAZY_MODULE.LAZY, lambda: _set(LAZY_MODULE._VALUES, "LAZY", 3.0)),
+    "a name bound where a module's __getattr__ served it": (
+        lambda x: x * LAZY_MODULE.LAZY, _bind_in_module(LAZY_MODULE, "LAZY", 5.0)),
     "a global forward hook registered later": (
         lambda x: PLUS(x), _global_hook(torch.nn.modules.module.register_module_forward_hook,
                                         lambda m, i, o: o * 10)),

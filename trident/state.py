@@ -127,9 +127,9 @@ def _is_library_module(m: types.ModuleType) -> bool:
     """A module whose state is taken as fixed: one from a library's file, or built into the
     interpreter (``sys``, ``math``). A module without a file that is neither (one made at run
     time with ``types.ModuleType``, a config namespace) is user state."""
-    f = getattr(m, "__file__", None)
+    f = vars(m).get("__file__")  # (not getattr: a module __getattr__ may raise anything)
     if f is None:
-        spec = getattr(m, "__spec__", None)
+        spec = vars(m).get("__spec__")
         return m.__name__ in sys.builtin_module_names or \
             getattr(spec, "origin", None) in ("built-in", "frozen")
     return not is_user_file(f)
@@ -1194,6 +1194,15 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                 key = key + (step,)
                 parent, parent_obj = trie[key], value
                 continue
+            return
+        if value is _STOP and isinstance(parent_obj, types.ModuleType) and \
+                type(parent_obj) is types.ModuleType and step[0] == "attr":
+            # a module's __getattr__ (PEP 562) serves it: it runs in the trace (its reads are
+            # chains) while the name stays unbound in the module
+            kid = key + (step,)
+            if kid not in trie:
+                trie[kid] = f.add(None, Node(parent, GETATTR, step[1], ABSENT, None, 0,
+                                             _path_text(f.nodes[parent].path, step)), "absent")
             return
         if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
             if came is not None:  # object it is read from, whole
