@@ -517,6 +517,36 @@ def test_global_tensor_is_named_and_what_changed_said():
     assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats
 
 
+def test_a_module_or_class_passed_as_an_argument_is_read_through():
+    """``f(cfg, x)`` with a module (or a class) as the argument: its tree checks its identity,
+    what the function reads from it is a chain of it (a module's was baked in)."""
+    def f(m, x):
+        return x * m.SCALE
+
+    jf, x = trident.jit(f), torch.ones(3)
+    assert torch.equal(jf(cfg, x), x * 2.0) and torch.equal(jf(cfg, x), x * 2.0)
+    undo = _set(cfg, "SCALE", 3.0)
+    try:
+        assert torch.equal(jf(cfg, x), x * 3.0)
+    finally:
+        undo()
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
+
+    def g(k, x):  # a class passed in
+        return x * k.factor
+
+    jg = trident.jit(g)
+    assert torch.equal(jg(Knobs, x), g(Knobs, x)) and torch.equal(jg(Knobs, x), g(Knobs, x))
+    undo = _set(Knobs, "factor", 3.0)
+    try:
+        assert torch.equal(jg(Knobs, x), x * 3.0)
+    finally:
+        undo()
+    st = jg.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
+
+
 def test_method_of_a_jitted_object_sees_its_attribute():
     """``self.scale`` of a jitted bound method (the argument tree)."""
     obj = Scaled()

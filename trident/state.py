@@ -869,6 +869,9 @@ def _param_read(value, steps: tuple, fn) -> Read | None:
         if isinstance(value, (type, types.ModuleType)):
             _resolve_calls(*_root_of(value), steps, fn)  # raises
         return None  # an instance's own attributes: its argument tree (not its class's)
+    if isinstance(value, types.ModuleType):  # a module passed in (its tree checks identity)
+        root, path = _root_of(value)
+        return _resolve_calls(root, path + steps, fn)
     if isinstance(value, type):
         cls, name = value, steps[0][1]
     else:
