@@ -257,6 +257,14 @@ def _flag(obj, name, value):
     return lambda: _set(obj, name, value)
 
 
+def _mkldnn_flipped():
+    """Flip torch.backends.mkldnn.enabled through its C setter (the property refuses once a
+    test module called torch.backends.disable_global_flags(), as OpInfo's harness does)."""
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(not was)
+    return lambda: torch._C._set_mkldnn_enabled(was)
+
+
 def _recursion_limit():
     n = sys.getrecursionlimit()
     sys.setrecursionlimit(n + 1000)
@@ -368,7 +376,7 @@ CASES = {
     "math.pi patched": (lambda x: x * math.pi, _flag(math, "pi", 3.0)),
     "a torch.backends flag read in Python": (
         lambda x: x * (1.0 if torch.backends.mkldnn.enabled else 2.0),
-        _flag(torch.backends.mkldnn, "enabled", not torch.backends.mkldnn.enabled)),
+        _mkldnn_flipped),
     "sys.getrecursionlimit() in a branch": (
         lambda x: x * (2.0 if sys.getrecursionlimit() % 2000 < 1000 else 3.0),
         _recursion_limit),
