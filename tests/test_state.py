@@ -672,10 +672,13 @@ def _computed_global(x):
 @pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
                                   "inference tensor", "getattr with a computed name",
                                   "globals() with a computed key",
+                                  "a library config module's value",
                                   "a torch.backends flag that Python serves"])
 def test_unguardable_reads_run_eagerly(case):
     import random
     import time
+
+    import torch._dynamo.config  # noqa: F401  (a ConfigModule: its values are served by Python)
 
     fns = {"random.random": lambda x: x * random.random(),
            "random.randint": lambda x: x * random.randint(1, 10),
@@ -684,6 +687,8 @@ def test_unguardable_reads_run_eagerly(case):
            "inference tensor": lambda x: x * INFERENCE_T.tolist()[1],
            "getattr with a computed name": _computed_name,
            "globals() with a computed key": _computed_global,
+           "a library config module's value": lambda x: x * (
+               2.0 if torch._dynamo.config.cache_size_limit > 4 else 3.0),
            "a torch.backends flag that Python serves": lambda x: x * (
                2.0 if torch.backends.mkldnn.fp32_precision == "none" else 3.0)}
     fn = fns[case]

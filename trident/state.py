@@ -1012,7 +1012,8 @@ def _step(obj, step):
                 name in c.__dict__ for c in type(obj).__mro__[:-2]):
             return _STOP
         value = obj.__dict__.get(name, _MISSING)
-        return _STOP if value is _MISSING and "__getattr__" in obj.__dict__ else value
+        return _STOP if value is _MISSING and ("__getattr__" in obj.__dict__ or any(
+            "__getattr__" in c.__dict__ for c in type(obj).__mro__[:-2])) else value
     if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \
             not any(name in m.__dict__ for m in type(obj).__mro__[:-2]):
         # a class's own attribute (its metaclass adds none): what getattr makes of each
@@ -1249,8 +1250,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 # identity (not read into: their contents are the library's), numbers and strings by value.
 # torch's global module hooks are checked whole (a hook registered later is seen), and a flag
 # that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
-# `ContextProp`) is read by calling its getter in C; any other value a library serves through
-# Python code is not followed: the function runs eagerly.
+# `ContextProp`) is read by calling its getter in C; any other value a library module serves
+# through Python code (a config module's `__getattr__`, a module-level `__getattr__`) is not
+# followed: the function runs eagerly.
 _WHOLE_LIBRARY_STATE = {
     "torch.nn.modules.module": ("_global_backward_pre_hooks", "_global_backward_hooks",
                                 "_global_forward_hooks", "_global_forward_hooks_always_called",
@@ -1301,10 +1303,9 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
                 f.visit(getter(), trie[root], GETATTR, (), path, True)
                 trie[call] = len(f.nodes) - 1
             return False
-        if getattr(parent_obj, "__name__", "").startswith("torch.backends") or \
-                type(parent_obj).__module__.startswith("torch.backends"):
-            raise TridentError(f"the function reads {path}, which torch serves through Python "
-                               "code that no guard follows")
+        if isinstance(parent_obj, types.ModuleType):  # a config module, a module __getattr__
+            raise TridentError(f"the function reads {path}, which the library serves through "
+                               "Python code that no guard follows")
         return False
     if value is _STOP or value is _MISSING:
         return False
