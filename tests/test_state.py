@@ -555,6 +555,51 @@ def test_a_module_or_class_passed_as_an_argument_is_read_through():
     assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
 
 
+class _Holder:
+    def __init__(self):
+        self.cfg = Knobs  # a class held by an instance attribute
+
+    def run(self, x):
+        return x * self.cfg.factor
+
+
+class _Attn(torch.nn.Module):
+    scale = 2.0  # a class attribute of a submodule's class
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attn()
+
+    def forward(self, x):
+        return x * self.attn.scale
+
+
+@pytest.mark.parametrize("case", ["instance attribute holding a class", "submodule's class"])
+def test_class_attributes_read_through_an_arguments_attributes(case):
+    """``self.cfg.factor`` (``cfg`` a class) and ``self.attn.scale`` (a class attribute of a
+    submodule's class): the argument tree checks the class by identity and the submodule's
+    own state, not the class's attributes; the chain goes on through the instance's attribute
+    (they were baked in)."""
+    if case == "instance attribute holding a class":
+        fn, arg, owner, name = (lambda h, x: h.run(x)), _Holder(), Knobs, "factor"
+    else:
+        fn, arg, owner, name = (lambda b, x: b(x)), _Block(), _Attn, "scale"
+    jf, x = trident.jit(fn), torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(jf(arg, x), fn(arg, x)) and torch.equal(jf(arg, x), fn(arg, x))
+        undo = _set(owner, name, 7.0)
+        try:
+            assert torch.equal(jf(arg, x), x * 7.0) and torch.equal(jf(arg, x), x * 7.0)
+        finally:
+            undo()
+        assert torch.equal(jf(arg, x), fn(arg, x))
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 3, 0), st
+
+
 def test_method_of_a_jitted_object_sees_its_attribute():
     """``self.scale`` of a jitted bound method (the argument tree)."""
     obj = Scaled()

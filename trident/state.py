@@ -851,7 +851,22 @@ def _is_user_class(c: type) -> bool:
         getattr(sys.modules.get(c.__module__), "__file__", "") or "")
 
 
-def _param_read(value, steps: tuple, fn) -> Read | None:
+def _instance_value(value, d, name: str):
+    """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
+    parameter or buffer, which its argument tree reads), or ``_MISSING``."""
+    if not isinstance(d, dict):
+        return _MISSING
+    if name in d:
+        return d[name]
+    if isinstance(value, torch.nn.Module):
+        for kind in ("_modules", "_parameters", "_buffers"):
+            held = d.get(kind)
+            if isinstance(held, dict) and name in held:
+                return held[name]
+    return _MISSING
+
+
+def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     """``self.factor`` where the parameter's class holds ``factor``, ``type(self).K``,
     ``self.__class__.K`` and a classmethod's ``cls.s``: a chain from the class the value has
     (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
@@ -879,8 +894,11 @@ def _param_read(value, steps: tuple, fn) -> Read | None:
             return None
         cls, name = type(value), steps[0][1]
         d = getattr(value, "__dict__", None)
-        if isinstance(d, dict) and name in d:
-            return None  # an instance attribute: the argument tree or the chain to it has it
+        held = _instance_value(value, d, name)
+        if held is not _MISSING:  # an instance attribute: the argument tree or the chain to it
+            if len(steps) > 1 and _depth < 16:  # has it; what is read through it may not be
+                return _param_read(held, steps[1:], fn, _depth + 1)  # (a class's attribute)
+            return None
     mro = cls.__mro__
     at = next((k for k, c in enumerate(mro) if name in c.__dict__), None)
     if at is None or not any(_is_user_class(c) for c in mro[:at + 1]):
