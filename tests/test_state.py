@@ -8,6 +8,7 @@ recompile, and putting the state back must reinstall the first specialization wi
 
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib
 import json
@@ -717,7 +718,8 @@ def _computed_global(x):
 @pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
                                   "inference tensor", "getattr with a computed name",
                                   "globals() with a computed key",
-                                  "a library config module's value",
+                                  "a library config module's value", "datetime.now",
+                                  "os.path.exists", "pathlib.Path.exists",
                                   "a torch.backends flag that Python serves"])
 def test_unguardable_reads_run_eagerly(case):
     import random
@@ -732,6 +734,9 @@ def test_unguardable_reads_run_eagerly(case):
            "inference tensor": lambda x: x * INFERENCE_T.tolist()[1],
            "getattr with a computed name": _computed_name,
            "globals() with a computed key": _computed_global,
+           "datetime.now": lambda x: x * datetime.datetime.now().microsecond,
+           "os.path.exists": lambda x: x * os.path.exists("/tmp/trident-test-no-such-file"),
+           "pathlib.Path.exists": lambda x: x * Path("/tmp/trident-test-no-such").exists(),
            "a library config module's value": lambda x: x * (
                2.0 if torch._dynamo.config.cache_size_limit > 4 else 3.0),
            "a torch.backends flag that Python serves": lambda x: x * (

@@ -175,7 +175,19 @@ def _impure_name(fn) -> str | None:
     if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):
         return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
+    if isinstance(owner, type) and owner.__module__ == "datetime" and \
+            getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
+        return f"datetime.{owner.__name__}.{fn.__name__}"
     return None
+
+
+# Standard-library modules whose functions read the file system for their caller
+# (os.path.exists, os.path.abspath's getcwd, pathlib): a C call of posix they make for user
+# code is the user's read of OS state.
+_OS_WRAPPERS = frozenset({"os", "genericpath", "posixpath", "ntpath", "pathlib", "shutil",
+                          "glob", "fnmatch"})
+_OS_READS = frozenset({"stat", "lstat", "fstat", "listdir", "scandir", "getcwd", "getcwdb",
+                       "access", "readlink", "statvfs", "getpid", "cpu_count", "urandom"})
 
 
 @contextlib.contextmanager
@@ -244,6 +256,17 @@ def record(fn):
                 name = _impure_name(arg)
                 if name:
                     rec.impure.append(name)
+            elif frame.f_globals.get("__name__") in _OS_WRAPPERS:
+                caller, depth = frame, 0  # the wrappers' own calls, up to the user's code
+                while caller is not None and depth < 8 and \
+                        caller.f_globals.get("__name__") in _OS_WRAPPERS:
+                    outer, caller, depth = caller, caller.f_back, depth + 1
+                if getattr(arg, "__name__", None) in _OS_READS and caller is not None and \
+                        _is_user_frame(caller) and under_fn(caller):
+                    name = _impure_name(arg)
+                    if name:
+                        rec.impure.append(f"{outer.f_globals['__name__']}."
+                                          f"{outer.f_code.co_name}, which calls {name}")
         if previous is not None:
             previous(frame, event, arg)
 
