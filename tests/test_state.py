@@ -374,6 +374,14 @@ CASES = {
     "a torch function patched (F.gelu = torch.tanh)": (
         lambda x: torch.nn.functional.gelu(x), _flag(torch.nn.functional, "gelu", torch.tanh)),
     "mock.patch of torch.relu": (lambda x: torch.relu(x), _patch("torch.relu", torch.neg)),
+    "a tensor method patched (torch.Tensor.relu = ...)": (
+        lambda x: x.relu().mul(2), _patch("torch.Tensor.relu", lambda self: self * 10)),
+    "a method of an intermediate tensor patched": (
+        lambda x: x.relu().mul(2),
+        _patch("torch.Tensor.mul", lambda self, k: torch.add(self, k))),
+    "an item of a library's list (sys.argv[1])": (
+        lambda x: x * (2.0 if sys.argv[-1] != "trident-test-arg" else 3.0),
+        lambda: _list_set(sys.argv, -1, "trident-test-arg")),
     "math.pi patched": (lambda x: x * math.pi, _flag(math, "pi", 3.0)),
     "a torch.backends flag read in Python": (
         lambda x: x * (1.0 if torch.backends.mkldnn.enabled else 2.0),

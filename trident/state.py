@@ -820,6 +820,12 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         code, name, _ = pending[0]
         raise TridentError(f"{code.co_name} reads the closure variable {name!r}, whose cell "
                            "Trident cannot find again")
+    methods = {i.argval for code in rec.codes for i in dis.get_instructions(code)
+               if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(i.argval, str)}
+    for name in sorted(methods - _TENSOR_STATE):  # on any tensor (an intermediate's too): a
+        if isinstance(vars(torch._C.TensorBase).get(name, vars(torch.Tensor).get(name)), (
+                types.MethodDescriptorType, types.FunctionType)):  # method a user may patch
+            reads.append(Read(("module", "torch"), (("attr", "Tensor"), ("attr", name))))
     for code, (_, params) in rec.codes.items():  # methods reached through an argument
         if code not in functions and code.co_argcount and code.co_varnames[0] in params:
             owner = params[code.co_varnames[0]]
@@ -874,6 +880,12 @@ def _is_user_class(c: type) -> bool:
         getattr(sys.modules.get(c.__module__), "__file__", "") or "")
 
 
+# A tensor's attributes that are its own state (its argument guards' or the trace's), not
+# methods a user may patch on torch.Tensor.
+_TENSOR_STATE = frozenset({"data", "grad", "requires_grad", "is_leaf", "grad_fn", "_version",
+                           "_base", "names", "shape", "dtype", "device", "layout", "ndim"})
+
+
 def _instance_value(value, d, name: str):
     """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
     parameter or buffer, which its argument tree reads), or ``_MISSING``."""
@@ -912,6 +924,11 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
         return _resolve_calls(root, path + steps, fn)
     if isinstance(value, type):
         cls, name = value, steps[0][1]
+    elif isinstance(value, torch.Tensor):  # (a fake tensor in the trace) its methods, which
+        name = steps[0][1]  # a user may patch (torch.Tensor.add = ...)
+        if name in _TENSOR_STATE or not hasattr(torch.Tensor, name):
+            return None
+        return _resolve_calls(("module", "torch"), (("attr", "Tensor"), steps[0]), fn)
     else:
         if isinstance(value, (types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
             return None
@@ -1362,6 +1379,11 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         return False
     if isinstance(value, (types.ModuleType, type)) and not last:
         trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        return True
+    if type(value) in (list, dict, tuple) and not last and step[0] != "call":
+        # a library's container read into (sys.argv[1]): its items, by their own kind
+        trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
+                          f"type {type(value).__name__}")
         return True
     if isinstance(value, types.MethodType) or (isinstance(
             value, types.BuiltinMethodType) and not isinstance(
