@@ -1197,7 +1197,8 @@ def _op_types() -> tuple:
 
 
 def _by_id(value) -> bool:
-    return isinstance(value, (_BY_ID, logging.Logger, *_op_types())) or bool(_kernel_fns(value)) or \
+    return isinstance(value, (_BY_ID, logging.Logger, *_op_types())) or \
+        bool(_kernel_fns(value)) or \
         type(value).__name__ == "JitFunction"
 
 
