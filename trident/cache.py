@@ -102,6 +102,15 @@ def _hash_code(h, code: types.CodeType) -> None:
             h.update(repr(const).encode())
 
 
+def _has(value, name: str) -> bool:
+    """``hasattr``, for objects whose ``__getattr__`` raises something else than
+    AttributeError for names they lack (a KeyError: issue 28)."""
+    try:
+        return hasattr(value, name)
+    except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)
+        return False
+
+
 def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     if id(value) in seen or depth > 4:
         h.update(b"<seen>")
@@ -147,15 +156,6 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
     else:  # no content to hash (__slots__ objects): this object, in this process only
         h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
-
-
-def _has(value, name: str) -> bool:
-    """``hasattr``, for objects whose ``__getattr__`` raises something else than
-    AttributeError for names they lack (a KeyError: issue 28)."""
-    try:
-        return hasattr(value, name)
-    except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)
-        return False
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:

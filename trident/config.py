@@ -33,13 +33,6 @@ def cache_dir() -> Path:
     return path
 
 
-def lock_timeout() -> float:
-    """Seconds a process waits for a build lock (a module's, the runtime's) that another live
-    process holds: past that the call runs eagerly with a warning (``TRIDENT_LOCK_TIMEOUT``,
-    default 600; a build the holder is still making is found by a later call)."""
-    return float(os.environ.get("TRIDENT_LOCK_TIMEOUT", "600"))
-
-
 def max_specializations() -> int:
     return int(os.environ.get("TRIDENT_MAX_SPECIALIZATIONS", "8"))
 
@@ -91,3 +84,10 @@ def _configure_from_env() -> None:
 
 
 _configure_from_env()
+
+
+def lock_timeout() -> float:
+    """Seconds a process waits for a build lock (a module's, the runtime's) that another live
+    process holds: past that the call runs eagerly with a warning (``TRIDENT_LOCK_TIMEOUT``,
+    default 600; a build the holder is still making is found by a later call)."""
+    return float(os.environ.get("TRIDENT_LOCK_TIMEOUT", "600"))
