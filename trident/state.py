@@ -1138,6 +1138,11 @@ def _words(obj) -> str:
     if isinstance(obj, property):
         return "property " + " ".join(_words(f) if f is not None else "-"
                                       for f in (obj.fget, obj.fset, obj.fdel))
+    if isinstance(obj, (types.MethodDescriptorType, types.GetSetDescriptorType,
+                        types.WrapperDescriptorType, types.MemberDescriptorType,
+                        types.ClassMethodDescriptorType)):  # a C type's method: by its name
+        owner = obj.__objclass__
+        return f"{type(obj).__name__} {owner.__module__}.{owner.__qualname__}.{obj.__name__}"
     if isinstance(obj, (staticmethod, classmethod)):
         return f"{type(obj).__name__} {_words(obj.__func__)}"
     if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
