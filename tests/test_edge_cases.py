@@ -275,6 +275,33 @@ def test_reading_unguarded_tensor_facts_runs_eagerly(read):
     assert f.stats.compiles == 0 and f.stats.fallbacks == 4
 
 
+def _assigns_data(x):
+    x.data = torch.zeros(3)
+    return x + 1
+
+
+def _assigns_grad(x):
+    x.grad = torch.ones_like(x)
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_assigns_data, _assigns_grad], ids=["data", "grad"])
+def test_rebinding_a_tensor_inside_the_function_runs_eagerly(fn):
+    """``x.data = y`` (another shape) rebinds ``x`` and eager returns the new shape; a hit would
+    neither rebind it nor see the shape: the call runs eagerly, with one warning."""
+    f = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            a, b = torch.ones(2), torch.ones(2)
+            want, got = fn(a), f(b)
+            assert torch.equal(got, want) and torch.equal(a, b)
+            assert (a.grad is None) == (b.grad is None)
+    ours = [w for w in caught if "trident" in str(w.message)]
+    assert len(ours) == 1 and "assigns a tensor's" in str(ours[0].message), ours
+    assert (f.stats.compiles, f.stats.fallbacks, f.stats.hits) == (0, 3, 0), f.stats
+
+
 def test_inference_mode_is_guarded():
     f = trident.jit(lambda x: x + 1 if torch.is_inference_mode_enabled() else x - 1)
     x = torch.ones(2)
@@ -297,3 +324,51 @@ def test_default_device_mode_runs_eagerly():
         torch.set_default_device(None)
     assert f(3).device.type == "cpu"
     assert (f.stats.compiles, f.stats.fallbacks, f.stats.hits) == (1, 1, 1)
+
+
+def test_another_threads_draws_during_a_trace_are_not_the_functions():
+    """8 threads, each calling its own function, while another thread draws from the default
+    generator: the generator's state moves during the traces, but not by the functions (their
+    own thread set nothing), so every call is served natively (480 of 480 ran eagerly: 'changes
+    global torch state (rng)'). A function that sets the generator itself still runs eagerly."""
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            torch.randn(64)
+
+    fns = [trident.jit(lambda x, k=k: x * k + 1) for k in range(8)]
+    failures = []
+
+    def work(i):
+        x = torch.ones(3)
+        for _ in range(60):
+            if not torch.equal(fns[i](x), x * i + 1):
+                failures.append(i)
+
+    drawer = threading.Thread(target=draw)
+    drawer.start()
+    try:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        stop.set()
+        drawer.join()
+    assert not failures
+    assert [(f.stats.compiles, f.stats.hits, f.stats.fallbacks) for f in fns] == [(1, 59, 0)] * 8
+
+    def seeds(x):
+        g = torch.default_generator
+        saved = g.get_state()
+        g.manual_seed(0)
+        y = x + torch.rand(3)
+        g.set_state(saved)
+        return y
+
+    js = trident.jit(seeds)
+    with pytest.warns(UserWarning, match="random generator in another state"):
+        assert torch.equal(js(torch.ones(3)), seeds(torch.ones(3)))
+    assert js.stats.fallbacks == 1

@@ -302,6 +302,101 @@ def test_a_damaged_runtime_on_a_full_disk_runs_eagerly(tmp_path, subprocess_env,
     assert _run_faulty(tmp_path, env, "full") == "True 0 0 4 ['trident']"
 
 
+_EAGER_CHILD = textwrap.dedent('''
+    import warnings
+    import torch, trident
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        @trident.jit
+        def f(x):
+            return torch.relu(x) * 2
+
+        x = torch.arange(-3.0, 3.0)
+        same = all(torch.equal(f(x), torch.relu(x) * 2) for _ in range(3))
+    s = f.stats
+    print(same, s.hits, s.compiles, s.fallbacks,
+          [str(w.message).split(":")[0] for w in caught if "trident" in str(w.message)])
+''')
+
+
+def test_a_file_where_the_cache_folder_belongs_runs_eagerly(tmp_path, subprocess_env):
+    """``TRIDENT_CACHE_DIR`` naming a file: every function runs eagerly, with one warning at
+    decoration (FileExistsError at ``@trident.jit`` before)."""
+    (tmp_path / "a-file").write_text("")
+    env = dict(subprocess_env, TRIDENT_CACHE_DIR=str(tmp_path / "a-file"))
+    out = run_python(env, "-c", _EAGER_CHILD)
+    assert out.stdout.strip() == "True 0 0 3 ['trident']", out.stderr[-2000:]
+
+
+_HOLD_LOCK = textwrap.dedent('''
+    import sys, time
+    from filelock import FileLock
+    with FileLock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(120)
+''')
+
+
+def _holding(lock: Path):
+    """A live process that holds ``lock`` (until it is killed)."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lock)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_build_lock_held_by_another_process_is_waited_for_a_bounded_time(
+        trident_cache, monkeypatch):
+    """Another live process holds a module's build lock while the module is missing (a hung
+    compiler): the wait ends after ``TRIDENT_LOCK_TIMEOUT`` seconds, and the call runs eagerly
+    with one warning (it waited forever before)."""
+    x = torch.arange(-3.0, 3.0)
+    assert torch.equal(trident.jit(relu2)(x), relu2(x))
+    (folder,) = (trident_cache / "functions").iterdir()
+    for p in folder.glob("trident_scm_*"):
+        if not p.name.endswith(".lock"):
+            p.unlink()
+    (lock,) = folder.glob("trident_scm_*.lock")
+    child = _holding(lock)
+    try:
+        monkeypatch.setenv("TRIDENT_LOCK_TIMEOUT", "1")
+        as_in_a_new_process()
+        g = trident.jit(relu2)
+        with pytest.warns(UserWarning, match="TRIDENT_LOCK_TIMEOUT"):
+            assert torch.equal(g(x), relu2(x))
+        assert torch.equal(g(x), relu2(x))
+        assert g.stats.fallbacks == 2 and g.stats.hits == 0, g.stats
+    finally:
+        child.kill()
+        child.wait()
+    as_in_a_new_process()
+    monkeypatch.delenv("TRIDENT_LOCK_TIMEOUT")
+    again = trident.jit(relu2)  # the lock is free: the stored specialization built, served
+    assert torch.equal(again(x), relu2(x)) and torch.equal(again(x), relu2(x))
+    st = again.stats
+    assert (st.hits, st.compiles, st.fallbacks) == (2, 0, 0), st
+
+
+def test_the_runtime_lock_held_by_another_process_is_waited_for_a_bounded_time(
+        tmp_path, subprocess_env):
+    """The same for the runtime's build lock (``runtime/<key>/.lock``) with no runtime built:
+    every function runs eagerly with one warning, after ``TRIDENT_LOCK_TIMEOUT`` seconds."""
+    from trident.runtime import build_key
+
+    cache = tmp_path / "no-runtime"
+    (cache / "runtime" / build_key()).mkdir(parents=True)
+    child = _holding(cache / "runtime" / build_key() / ".lock")
+    try:
+        env = dict(subprocess_env, TRIDENT_CACHE_DIR=str(cache), TRIDENT_LOCK_TIMEOUT="1")
+        out = run_python(env, "-c", _EAGER_CHILD)
+    finally:
+        child.kill()
+        child.wait()
+    assert out.stdout.strip() == "True 0 0 3 ['trident']", out.stderr[-2000:]
+
+
 def relu2(x):
     return torch.relu(x) * 2
 

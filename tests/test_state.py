@@ -8,15 +8,18 @@ recompile, and putting the state back must reinstall the first specialization wi
 
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib
 import json
+import math
 import os
 import textwrap
 import sys
 import types
 import warnings
 from pathlib import Path
+from unittest import mock
 from warnings import warn
 
 import numpy as np
@@ -69,6 +72,11 @@ def _set(obj, name, value):
     old = getattr(obj, name)
     setattr(obj, name, value)
     return lambda: setattr(obj, name, old)
+
+
+def _set_new(d, key, value):
+    d[key] = value
+    return lambda: d.pop(key)
 
 
 def _env(name, value):
@@ -177,7 +185,262 @@ def _tensor_inplace():
 RUNTIME_MODULE = types.ModuleType("trident_test_runtime_module")
 RUNTIME_MODULE.S = 0.5
 
+class Typed:
+    K = 2.0
+    s = 2.0
+
+    def by_type(self, x):
+        return x * type(self).K
+
+    def by_dunder_class(self, x):
+        return x * self.__class__.K
+
+    @classmethod
+    def by_cls(cls, x):
+        return x * cls.s
+
+    @property
+    def k(self):
+        return 2.0
+
+    def by_property(self, x):
+        return x * self.k
+
+
+class Base:
+    K = 2.0
+
+    def scaled(self, x):
+        return x * self.K
+
+
+class Sub(Base):
+    pass
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class Net2(Net):
+    pass
+
+
+TYPED, SUB, NET2 = Typed(), Sub(), Net2()
+
+
+def _shadow(cls, name, value):
+    """Set ``cls.name`` where a base class holds it; the undo deletes it again."""
+    def change():
+        assert name not in vars(cls)
+        setattr(cls, name, value)
+        return lambda: delattr(cls, name)
+    return change
+
+
+class Plus(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+PLUS = Plus()
+
+
+def _global_hook(register, hook):
+    def change():
+        handle = register(hook)
+        return handle.remove
+    return change
+
+
+def _flag(obj, name, value):
+    return lambda: _set(obj, name, value)
+
+
+def _mkldnn_flipped():
+    """Flip torch.backends.mkldnn.enabled through its C setter (the property refuses once a
+    test module called torch.backends.disable_global_flags(), as OpInfo's harness does)."""
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(not was)
+    return lambda: torch._C._set_mkldnn_enabled(was)
+
+
+def _recursion_limit():
+    n = sys.getrecursionlimit()
+    sys.setrecursionlimit(n + 1000)
+    return lambda: sys.setrecursionlimit(n)
+
+
+def _patch(target, new):
+    def change():
+        p = mock.patch(target, new)
+        p.start()
+        return p.stop
+    return change
+
+
+KNOB_NAME = "factor"
+ENV_NAME = "TRIDENT_T_MODE"
+CONFIG_KEY = "scale"
+
+
+def _pick_knobs():
+    return Knobs
+
+
+def _picked_class(x):
+    chosen = _pick_knobs()
+    return x * chosen.factor
+
+
+def _chosen_class(x):
+    chosen = Knobs if x.dim() == 1 else Scaled
+    return x * chosen.factor
+
+
+class Override(Base):
+    def scaled(self, x):
+        return super().scaled(x) + 1
+
+
+OVERRIDE = Override()
+T0 = torch.tensor(2.0)  # 0-dim
+
+
+class Strict:
+    """Raises KeyError for names it lacks (hasattr probes do not get an AttributeError)."""
+
+    def __getattr__(self, name):
+        raise KeyError(name)
+
+
+STRICT = Strict()
+STRICT.k = 2.0
+
+
+def _fill(t, value):
+    def change():
+        old = t.clone()
+        t.fill_(value)
+        return lambda: t.copy_(old)
+    return change
+
+
+def _environ_alias(x):
+    env = os.environ
+    return x * (2.0 if env.get("TRIDENT_T_MODE") == "a" else 3.0)
+
+
+def _imports_inside(x):
+    import _state_helpers
+    return x * _state_helpers.SCALE
+
+
+def _imports_from_inside(x):
+    from _state_helpers import SCALE as scale
+    return x * scale
+
+
+def _imports_a_package_inside(x):
+    import email.mime  # noqa: F401  (binds the top package; not a library of user state)
+    import _state_helpers as h
+    return x * h.CFG.model.attn.scale
+
+
+LAZY_MODULE = types.ModuleType("trident_test_lazy_module")  # PEP 562: a module __getattr__
+LAZY_MODULE._VALUES = {"LAZY": 2.0}
+LAZY_MODULE.__getattr__ = lambda name: LAZY_MODULE._VALUES[name]
+
+
+def _bind_in_module(module, name, value):
+    def change():
+        setattr(module, name, value)
+        return lambda: delattr(module, name)
+    return change
+
+
 CASES = {
+    "what a module's __getattr__ serves": (
+        lambda x: x * LAZY_MODULE.LAZY, lambda: _set(LAZY_MODULE._VALUES, "LAZY", 3.0)),
+    "a name bound where a module's __getattr__ served it": (
+        lambda x: x * LAZY_MODULE.LAZY, _bind_in_module(LAZY_MODULE, "LAZY", 5.0)),
+    "a global forward hook registered later": (
+        lambda x: PLUS(x), _global_hook(torch.nn.modules.module.register_module_forward_hook,
+                                        lambda m, i, o: o * 10)),
+    "a global forward pre-hook registered later": (
+        lambda x: PLUS(x), _global_hook(
+            torch.nn.modules.module.register_module_forward_pre_hook, lambda m, i: (i[0] * 3,))),
+    "a torch function patched (F.gelu = torch.tanh)": (
+        lambda x: torch.nn.functional.gelu(x), _flag(torch.nn.functional, "gelu", torch.tanh)),
+    "mock.patch of torch.relu": (lambda x: torch.relu(x), _patch("torch.relu", torch.neg)),
+    "a tensor method patched (torch.Tensor.relu = ...)": (
+        lambda x: x.relu().mul(2), _patch("torch.Tensor.relu", lambda self: self * 10)),
+    "a method of an intermediate tensor patched": (
+        lambda x: x.relu().mul(2),
+        _patch("torch.Tensor.mul", lambda self, k: torch.add(self, k))),
+    "an item of a library's list (sys.argv[1])": (
+        lambda x: x * (2.0 if sys.argv[-1] != "trident-test-arg" else 3.0),
+        lambda: _list_set(sys.argv, -1, "trident-test-arg")),
+    "math.pi patched": (lambda x: x * math.pi, _flag(math, "pi", 3.0)),
+    "a torch.backends flag read in Python": (
+        lambda x: x * (1.0 if torch.backends.mkldnn.enabled else 2.0),
+        _mkldnn_flipped),
+    "sys.getrecursionlimit() in a branch": (
+        lambda x: x * (2.0 if sys.getrecursionlimit() % 2000 < 1000 else 3.0),
+        _recursion_limit),
+    "a 0-dim global tensor read with .item()": (lambda x: x * T0.item(), _fill(T0, 3.0)),
+    "an object whose __getattr__ raises KeyError": (lambda x: x * STRICT.k,
+                                                    lambda: _set(STRICT, "k", 3.0)),
+    "a class returned by a helper": (_picked_class, lambda: _set(Knobs, "factor", 10.0)),
+    "importlib.import_module(name)": (
+        lambda x: x * importlib.import_module("_state_helpers").SCALE,
+        lambda: _set(cfg, "SCALE", 3.0)),
+    "sys.modules[name]": (lambda x: x * sys.modules["_state_helpers"].SCALE,
+                          lambda: _set(cfg, "SCALE", 3.0)),
+    "__import__(name)": (lambda x: x * __import__("_state_helpers").SCALE,
+                         lambda: _set(cfg, "SCALE", 3.0)),
+    "a class chosen in a conditional expression": (_chosen_class,
+                                                   lambda: _set(Knobs, "factor", 10.0)),
+    "a base method called through super()": (
+        lambda x: OVERRIDE.scaled(x), lambda: _set(Base, "scaled", lambda self, x: x * 5)),
+    "os.environ.get(NAME), NAME a global": (
+        lambda x: x * (2.0 if os.environ.get(ENV_NAME) == "a" else 3.0),
+        lambda: _env("TRIDENT_T_MODE", "a")),
+    "os.getenv(NAME, default)": (
+        lambda x: x * (2.0 if os.getenv(ENV_NAME, "b") == "a" else 3.0),
+        lambda: _env("TRIDENT_T_MODE", "a")),
+    "CONFIG[KEY], KEY a global": (lambda x: x * CONFIG[CONFIG_KEY],
+                                  lambda: _set(CONFIG, "scale", 3.0)),
+    "os.environ through a local": (_environ_alias, lambda: _env("TRIDENT_T_MODE", "a")),
+    "a name in os.environ": (lambda x: x * (2.0 if "TRIDENT_T_MODE" in os.environ else 3.0),
+                             lambda: _env("TRIDENT_T_MODE", "a")),
+    "a key in a global dict": (lambda x: x * (2.0 if "other" in CONFIG else 3.0),
+                               lambda: _set_new(CONFIG, "other", 1)),
+    "os.getenv with a default, the variable unset": (
+        lambda x: x * float(os.getenv("TRIDENT_T_K", "2")), lambda: _env("TRIDENT_T_K", "5")),
+    "os.environ.get with a default": (
+        lambda x: x * float(os.environ.get("TRIDENT_T_K", "2")),
+        lambda: _env("TRIDENT_T_K", "5")),
+    "getattr(Knobs, NAME), the attribute changed": (
+        lambda x: x * getattr(Knobs, KNOB_NAME), lambda: _set(Knobs, "factor", 10.0)),
+    "getattr(Knobs, NAME), NAME rebound": (
+        lambda x: x * getattr(Knobs, KNOB_NAME, 7.0), _rebind("KNOB_NAME", "unset")),
+    "type(self).K": (lambda x: TYPED.by_type(x), lambda: _set(Typed, "K", 3.0)),
+    "self.__class__.K": (lambda x: TYPED.by_dunder_class(x), lambda: _set(Typed, "K", 3.0)),
+    "a classmethod's cls.s": (lambda x: Typed.by_cls(x), lambda: _set(Typed, "s", 3.0)),
+    "a classmethod called on an instance": (lambda x: TYPED.by_cls(x),
+                                            lambda: _set(Typed, "s", 3.0)),
+    "a property replaced on the class": (
+        lambda x: TYPED.by_property(x), lambda: _set(Typed, "k", property(lambda self: 3.0))),
+    "a subclass shadows its base's attribute": (lambda x: SUB.scaled(x),
+                                                _shadow(Sub, "K", 4.0)),
+    "forward replaced on an nn.Module subclass": (
+        lambda x: NET2(x), _shadow(Net2, "forward", lambda self, x: x * 3)),
+    "import inside the function": (_imports_inside, lambda: _set(cfg, "SCALE", 3.0)),
+    "from-import inside the function": (_imports_from_inside, lambda: _set(cfg, "SCALE", 3.0)),
+    "import as inside the function": (
+        _imports_a_package_inside, lambda: _set(cfg.CFG.model.attn, "scale", 0.25)),
     "class attribute": (lambda x: x * Knobs.factor, lambda: _set(Knobs, "factor", 10.0)),
     "list item through a global": (lambda x: x * GAIN[0], lambda: _list_set(GAIN, 0, -1.0)),
     "module attribute (cfg.SCALE)": (lambda x: x * cfg.SCALE, lambda: _set(cfg, "SCALE", 3.0)),
@@ -269,6 +532,81 @@ def test_global_tensor_is_named_and_what_changed_said():
         S_ITEM = saved
         S_ITEM.fill_(2.0)
     assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats
+
+
+def test_a_module_or_class_passed_as_an_argument_is_read_through():
+    """``f(cfg, x)`` with a module (or a class) as the argument: its tree checks its identity,
+    what the function reads from it is a chain of it (a module's was baked in)."""
+    def f(m, x):
+        return x * m.SCALE
+
+    jf, x = trident.jit(f), torch.ones(3)
+    assert torch.equal(jf(cfg, x), x * 2.0) and torch.equal(jf(cfg, x), x * 2.0)
+    undo = _set(cfg, "SCALE", 3.0)
+    try:
+        assert torch.equal(jf(cfg, x), x * 3.0)
+    finally:
+        undo()
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
+
+    def g(k, x):  # a class passed in
+        return x * k.factor
+
+    jg = trident.jit(g)
+    assert torch.equal(jg(Knobs, x), g(Knobs, x)) and torch.equal(jg(Knobs, x), g(Knobs, x))
+    undo = _set(Knobs, "factor", 3.0)
+    try:
+        assert torch.equal(jg(Knobs, x), x * 3.0)
+    finally:
+        undo()
+    st = jg.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
+
+
+class _Holder:
+    def __init__(self):
+        self.cfg = Knobs  # a class held by an instance attribute
+
+    def run(self, x):
+        return x * self.cfg.factor
+
+
+class _Attn(torch.nn.Module):
+    scale = 2.0  # a class attribute of a submodule's class
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attn()
+
+    def forward(self, x):
+        return x * self.attn.scale
+
+
+@pytest.mark.parametrize("case", ["instance attribute holding a class", "submodule's class"])
+def test_class_attributes_read_through_an_arguments_attributes(case):
+    """``self.cfg.factor`` (``cfg`` a class) and ``self.attn.scale`` (a class attribute of a
+    submodule's class): the argument tree checks the class by identity and the submodule's
+    own state, not the class's attributes; the chain goes on through the instance's attribute
+    (they were baked in)."""
+    if case == "instance attribute holding a class":
+        fn, arg, owner, name = (lambda h, x: h.run(x)), _Holder(), Knobs, "factor"
+    else:
+        fn, arg, owner, name = (lambda b, x: b(x)), _Block(), _Attn, "scale"
+    jf, x = trident.jit(fn), torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(jf(arg, x), fn(arg, x)) and torch.equal(jf(arg, x), fn(arg, x))
+        undo = _set(owner, name, 7.0)
+        try:
+            assert torch.equal(jf(arg, x), x * 7.0) and torch.equal(jf(arg, x), x * 7.0)
+        finally:
+            undo()
+        assert torch.equal(jf(arg, x), fn(arg, x))
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (2, 3, 0), st
 
 
 def test_method_of_a_jitted_object_sees_its_attribute():
@@ -375,17 +713,42 @@ with torch.inference_mode():
     INFERENCE_T = torch.tensor([1.0, 2.0])  # no version counter
 
 
+def _computed_name(x):
+    name = "fac" + "tor"
+    return x * getattr(Knobs, name)
+
+
+def _computed_global(x):
+    name = "GLOBAL" + "_K"
+    return x * globals()[name]
+
+
 @pytest.mark.parametrize("case", ["random.random", "random.randint", "time.time", "numpy array",
-                                  "inference tensor"])
+                                  "inference tensor", "getattr with a computed name",
+                                  "globals() with a computed key",
+                                  "a library config module's value", "datetime.now",
+                                  "os.path.exists", "pathlib.Path.exists",
+                                  "a torch.backends flag that Python serves"])
 def test_unguardable_reads_run_eagerly(case):
     import random
     import time
+
+    import torch._dynamo.config  # noqa: F401  (a ConfigModule: its values are served by Python)
 
     fns = {"random.random": lambda x: x * random.random(),
            "random.randint": lambda x: x * random.randint(1, 10),
            "time.time": lambda x: x * (time.time() > 0),
            "numpy array": lambda x: x * float(ARRAY[1]),
-           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1]}
+           "inference tensor": lambda x: x * INFERENCE_T.tolist()[1],
+           "getattr with a computed name": _computed_name,
+           "globals() with a computed key": _computed_global,
+           "datetime.now": lambda x: x * datetime.datetime.now().microsecond,
+           "os.path.exists": lambda x: x * os.path.exists("/tmp/trident-test-no-such-file"),
+           "pathlib.Path.exists": lambda x: x * Path("/tmp/trident-test-no-such").exists(),
+           "a library config module's value": lambda x: x * (
+               2.0 if torch._dynamo.config.cache_size_limit > 4 else 3.0),
+           "a torch.backends flag that Python serves": lambda x: x * (
+               2.0 if torch.backends.mkldnn.fp32_precision == "none" else 3.0)}
     fn = fns[case]
     jf = trident.jit(fn)
     x = torch.ones(4)
@@ -462,7 +825,17 @@ USER = textwrap.dedent('''
     import helpers
     from helpers import act
 
+    def imported(x):
+        import helpers as h
+        return x * h.SCALE
+
+    def imported_from(x):
+        from helpers import Knobs
+        return x * Knobs.factor
+
     CASES = {
+        "import inside the function": imported,
+        "from-import inside the function": imported_from,
         "helper in another module": lambda x: act(x),
         "config constant": lambda x: x * helpers.SCALE,
         "class attribute": lambda x: x * helpers.Knobs.factor,
@@ -569,6 +942,18 @@ def _appends(x):
     return x * len(WRITE_LOG)
 
 
+def _appends_through_an_alias(x):
+    log = WRITE_LOG
+    log.append(1)
+    return x * len(WRITE_LOG)
+
+
+def _writes_a_module_attribute(x):
+    import _state_helpers as h
+    h.WRITTEN = getattr(h, "WRITTEN", 0) + 1
+    return x * 2
+
+
 def _writes_in_a_helper(x):
     return _writes_item(x) + 1
 
@@ -585,19 +970,23 @@ def _writes_nonlocal():
 
 
 def _state_now():
-    return (dict(WRITES), list(WRITE_LOG), WRITE_COUNT, WRITE_OBJ.n)
+    return (dict(WRITES), list(WRITE_LOG), WRITE_COUNT, WRITE_OBJ.n,
+            getattr(cfg, "WRITTEN", 0))
 
 
 def _reset_writes():
     global WRITE_COUNT
     WRITES["n"], WRITE_COUNT, WRITE_OBJ.n = 0, 0, 0
     WRITE_LOG.clear()
+    cfg.__dict__.pop("WRITTEN", None)
 
 
 @pytest.mark.parametrize("make", [
     lambda: _writes_item, lambda: _assigns_item, lambda: _writes_global,
     lambda: _writes_attribute, lambda: _appends, lambda: _writes_in_a_helper, _writes_nonlocal,
-], ids=["item", "item-assign", "global", "attribute", "append", "helper", "nonlocal"])
+    lambda: _appends_through_an_alias, lambda: _writes_a_module_attribute,
+], ids=["item", "item-assign", "global", "attribute", "append", "helper", "nonlocal",
+        "append-through-a-local-alias", "imported-module-attribute"])
 def test_writes_outside_the_arguments_run_eagerly(make):
     """Only a trace runs the function's Python code: a hit would skip a write to a global, a
     closure variable, a global container's item or attribute, a mutating method's. Such a
@@ -741,3 +1130,88 @@ def test_two_unregistered_imports_of_one_source_keep_their_own_globals(tmp_path)
         assert torch.equal(second.f(x), x * 3.0)
     assert (first.f.stats.compiles, second.f.stats.compiles) == (1, 1)
     assert (first.f.stats.hits, second.f.stats.hits) == (1, 1)
+
+
+OP_FACTOR = 2.0
+
+
+@torch.library.custom_op("trident_test_state::scale", mutates_args=())
+def _custom_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * OP_FACTOR
+
+
+@_custom_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.triton_op("trident_test_state::plus", mutates_args={})
+def _triton_plus(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_custom_and_triton_ops_are_served_natively():
+    """A ``torch.library.custom_op`` and a ``triton_op`` named by globals are operators, checked
+    by identity (they ran eagerly: ``_backend_fns`` is a dict with a None key): a hit calls
+    them through the dispatcher, so what the custom op's body reads is read at every call."""
+    global OP_FACTOR
+
+    def f(x):
+        return _custom_scale(x) + _triton_plus(x)
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert torch.equal(jf(x), f(x))
+        OP_FACTOR = 5.0
+        try:
+            assert torch.equal(jf(x), f(x)) and torch.equal(f(x), x * 5 + x + 1)
+        finally:
+            OP_FACTOR = 2.0
+    st = jf.stats
+    assert (st.compiles, st.hits, st.fallbacks) == (1, 2, 0), st
+
+
+_HOOKS = {
+    "forward": (torch.nn.modules.module.register_module_forward_hook, lambda m, i, o: o * 10),
+    "forward pre": (torch.nn.modules.module.register_module_forward_pre_hook,
+                    lambda m, i: (i[0] * 3,)),
+    "forward, always called": (
+        lambda h: torch.nn.modules.module.register_module_forward_hook(h, always_call=True),
+        lambda m, i, o: o - 5),
+    "forward, with kwargs": (
+        lambda h: torch.nn.modules.module.register_module_forward_hook(h, with_kwargs=True),
+        lambda m, i, kw, o: o * 7),
+}
+
+
+@pytest.mark.parametrize("kind", list(_HOOKS))
+def test_a_global_module_hook_registered_after_the_first_call(kind):
+    """``def f(m, x): return m(x)`` with the module an argument: torch's global hooks, which
+    Module.__call__ reads, are guarded whole (Note [Library state]); a hook registered later
+    recompiles, removing it reinstalls the first specialization."""
+    register, hook = _HOOKS[kind]
+
+    def f(m, x):
+        return m(x)
+
+    jf, m, x = trident.jit(f), Plus(), torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before = f(m, x)
+        assert all(torch.equal(jf(m, x), before) for _ in range(2))
+        handle = register(hook)
+        try:
+            after = f(m, x)
+            assert not torch.equal(after, before)
+            assert all(torch.equal(jf(m, x), after) for _ in range(2))
+        finally:
+            handle.remove()
+        assert torch.equal(jf(m, x), before)
+    st = jf.stats
+    # torch 2.13 leaves the hook's id in _global_forward_hooks_with_kwargs after remove():
+    # that is another state, compiled again (seen, not stale)
+    leftover = kind == "forward, with kwargs"
+    assert (st.compiles, st.fallbacks, st.hits) == ((3, 0, 2) if leftover else (2, 0, 3)), st

@@ -77,10 +77,11 @@ def build(source: str, directory: Path) -> ModuleType:
     name = module_name(source)
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     digest = directory / f"{name}.sha256"
+    lock = FileLock(str(directory / f"{name}.lock"), timeout=config.lock_timeout())
     try:
         if not _intact(target, digest):
             directory.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(directory / f"{name}.lock")):
+            with lock:
                 if not _intact(target, digest):
                     _compile(name, source, directory, target, digest)
         elif name not in sys.modules:
@@ -88,10 +89,14 @@ def build(source: str, directory: Path) -> ModuleType:
         try:
             module = _load(name, target)
         except ImportError:  # pruned by another process after _intact: build it again
-            with FileLock(str(directory / f"{name}.lock")):
+            with lock:
                 _compile(name, source, directory, target, digest)
             module = _load(name, target)
         return module
+    except Timeout as e:
+        raise TridentError(f"another process has held {lock.lock_file} for over "
+                           f"{lock.timeout:g} s (TRIDENT_LOCK_TIMEOUT) while {name} is not "
+                           "built") from e
     except (OSError, ImportError, cffi.VerificationError) as e:
         raise TridentError(f"building {name} in {directory} failed: {e}") from e
 

@@ -126,6 +126,15 @@ def _hash_code(h, code: types.CodeType) -> None:
             h.update(repr(const).encode())
 
 
+def _has(value, name: str) -> bool:
+    """``hasattr``, for objects whose ``__getattr__`` raises something else than
+    AttributeError for names they lack (a KeyError: issue 28)."""
+    try:
+        return hasattr(value, name)
+    except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)
+        return False
+
+
 def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     if id(value) in seen or depth > 4:
         h.update(b"<seen>")
@@ -153,9 +162,9 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
         for k in sorted(value, key=repr):
             h.update(repr(k).encode())
             _hash_value(h, value[k], seen, depth + 1)
-    elif hasattr(value, "fn") and hasattr(value, "src"):  # a Triton JITFunction
+    elif _has(value, "fn") and _has(value, "src"):  # a Triton JITFunction
         h.update(f"triton:{value.src}".encode())
-    elif hasattr(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
+    elif _has(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
         for tuned in getattr(value, "configs", None) or ():
             h.update(repr(tuned).encode())
         for name, heuristic in (getattr(value, "values", None) or {}).items():
@@ -417,8 +426,8 @@ def in_use(directory: Path):
         locks = directory.parents[1] / "locks"
         locks.mkdir(exist_ok=True)
         lock = FileLock(str(locks / f"{directory.name}.lock"), is_singleton=True)
-        lock.acquire()
-    except OSError:
+        lock.acquire(timeout=config.lock_timeout())
+    except OSError:  # (filelock's Timeout too: a process that holds it for good)
         yield
         return
     try:

@@ -117,6 +117,9 @@ _UNGUARDED_READS = {
     "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
     "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
 }
+# Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
+# ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
+_UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
 
 
 class _SourceLines(TorchFunctionMode):
@@ -148,6 +151,12 @@ class _SourceLines(TorchFunctionMode):
                     where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                     raise TridentError(f"the function reads a tensor's {name}{where}, which "
                                        "Trident does not guard")
+            for name, write in _UNGUARDED_WRITES.items():
+                if func == write:
+                    frame = _user_frame()
+                    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                    raise TridentError(f"the function assigns a tensor's {name}{where}, which a "
+                                       "compiled call would not")
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
@@ -496,7 +505,10 @@ def _global_state() -> dict:
     it returns (``_SourceLines`` compares). ``torch.manual_seed``, ``torch.get_rng_state``,
     ``torch.set_rng_state`` and their CUDA twins are steps of the plan instead and leave the
     generators alone while tracing (Note [Random state steps] in rng.py); what remains here is
-    a generator's own methods (``torch.default_generator.manual_seed(0)``)."""
+    a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
+    recording (``state.record``, per thread) says whether the function's own thread called such
+    a method: another thread's draws move the generators during a trace too, and are not the
+    function's (issue 28: 480 of 480 calls of 8 threads ran eagerly)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -534,13 +546,16 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
-          outputs: Callable | None = None, name: str | None = None) -> Capture:
+          outputs: Callable | None = None, name: str | None = None,
+          changed_rng: Callable[[], bool] | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``flatten.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages.
+    name in messages. ``changed_rng``: whether the trace's own thread set a generator's state
+    (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
+    generators' states before and after decide, which another thread's draws change too.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
@@ -553,7 +568,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
-        mode.rng = _rng_state()
+        mode.rng = _rng_state() if changed_rng is None else None
         mode.in_user_code = True
         try:
             result = fn(*flat_args)
@@ -594,6 +609,13 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         _INPUTS_REQUIRE_GRAD.reset(grad)
 
     changed = _changed(state, _global_state())
+    if changed_rng is not None:  # this thread's calls decide the generators' (other threads
+        moved = any(k in changed for k in ("rng", "cuda"))  # draw meanwhile)
+        changed = [k for k in changed if k not in ("rng", "cuda")]
+        if changed_rng() and moved:
+            changed.append("rng")
+        elif changed_rng():  # set and put back
+            mode.rng_set = True
     if changed:  # Note [Global side effects]
         _restore_global_state(state)
         raise TridentError(f"{name} changes global torch state "

@@ -5,6 +5,7 @@ Environment variables:
     TRIDENT_LOGS        comma-separated log switches: ``recompiles``, ``guards``, ``mlir``,
                         ``code`` (generated C), ``cache``; ``all`` turns on every one.
     TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
+    TRIDENT_LOCK_TIMEOUT  seconds to wait for a build lock another process holds (600).
     TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
                         graph of them (Note [CUDA graphs] in trident/graphs.py); default `1`.
     TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
@@ -115,3 +116,10 @@ def _configure_from_env() -> None:
 
 
 _configure_from_env()
+
+
+def lock_timeout() -> float:
+    """Seconds a process waits for a build lock (a module's, the runtime's) that another live
+    process holds: past that the call runs eagerly with a warning (``TRIDENT_LOCK_TIMEOUT``,
+    default 600; a build the holder is still making is found by a later call)."""
+    return float(os.environ.get("TRIDENT_LOCK_TIMEOUT", "600"))

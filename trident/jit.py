@@ -326,7 +326,15 @@ class JitFunctionMixin:
         with cache.in_use(self._cache.directory):  # Note [Cache size]: not evicted meanwhile
             self._specs = self._stored_specs()[-self._max_specializations:]
             if self._specs:
-                self._install_module(self._specs)
+                try:
+                    self._install_module(self._specs)
+                except TridentError as e:  # their modules cannot be built now (a build lock
+                    _recompiles.info("%s: stored specializations not installed: %s",  # held on)
+                                     self.__qualname__, e)
+                    self._install(())
+                    self._specs = []
+                    self._set_trees()
+                    return
                 cache.touch(self._cache.directory)
                 if self._cache.vanished or not self._cache.spec_dir.is_dir():
                     warnings.warn(f"trident: {self.__qualname__}: its cache entry "
@@ -678,9 +686,11 @@ class JitFunctionMixin:
             e.static_trace = True
             raise
 
-    def _trace(self, call: _Call, dynamic: dict[int, set[int]]):
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
-        trees]); the result's structure becomes the capture's output recipe."""
+        trees]); the result's structure becomes the capture's output recipe. ``recording``
+        (state.record's, active): this thread's generator calls decide whether the function
+        set the random state, not another thread's draws meanwhile."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
         state.check_writes_before_trace(self._code_fn)  # so that eager writes once
 
@@ -690,7 +700,9 @@ class JitFunctionMixin:
 
         return trace(run, call.leaves, dynamic, name=self.__qualname__,
                      outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                           rebuilt))
+                                                           rebuilt),
+                     changed_rng=recording.changed_rng if recording is not None and
+                     recording.active else None)
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         self._counters.traces += 1
@@ -702,7 +714,7 @@ class JitFunctionMixin:
             # under the call's grad mode, which is guarded; what it reads outside the
             # arguments becomes the specialization's state (Note [State guards])
             with state.record(None if self._constant_self else self._code_fn) as recording:
-                captured = self._trace(call, dynamic)
+                captured = self._trace(call, dynamic, recording)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]
             spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}

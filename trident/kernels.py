@@ -351,13 +351,22 @@ def find_kernel(ref: dict, scope: Callable | None = None):
     for obj in candidates():
         for _ in range(8):  # Autotuner(Heuristics(JITFunction)) and the like
             obj = _as_jit_function(obj)
-            if obj is None or isinstance(obj, JITFunction) or not hasattr(obj, "fn"):
+            if obj is None or isinstance(obj, JITFunction) or not _has_fn(obj):
                 break
             obj = obj.fn
         if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref["qualname"] \
                 and obj.fn.__module__ == ref["module"]:
             return obj
     raise TridentError(f"cannot find Triton kernel {ref['module']}.{ref['qualname']}")
+
+
+def _has_fn(obj) -> bool:
+    """``hasattr(obj, "fn")`` (a kernel wrapper), for any global: an object whose
+    ``__getattr__`` raises another error than AttributeError has none."""
+    try:
+        return hasattr(obj, "fn")
+    except Exception:  # noqa: BLE001 (the object's own error for a name it lacks)
+        return False
 
 
 class _Pointer:
@@ -517,7 +526,7 @@ def cpu_launches_interpreted():
 
         launch = original(kernel, grid)
         inner = kernel
-        while not isinstance(inner, InterpretedFunction) and hasattr(inner, "fn"):
+        while not isinstance(inner, InterpretedFunction) and _has_fn(inner):
             inner = inner.fn
         if isinstance(inner, InterpretedFunction):  # Note [Interpreted kernels]: as eager
             return launch

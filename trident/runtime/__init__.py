@@ -84,9 +84,14 @@ def load():
         TridentError: the runtime cannot be built (no compiler, a read-only or full cache
             folder) or loaded.
     """
-    build_dir = config.cache_dir() / "runtime" / build_key()
-    try:
+    build_dir = Path(os.environ.get("TRIDENT_CACHE_DIR") or "<the cache folder>") / "runtime"
+    try:  # (a cache folder that cannot be made, a file where it belongs: OSError)
+        build_dir = config.cache_dir() / "runtime" / build_key()
         module = _load_intact(build_dir) or _build(build_dir)
+    except TimeoutError as e:  # filelock's Timeout: another process holds the build lock
+        raise TridentError(f"the native runtime for torch {torch.__version__} is not built in "
+                           f"{build_dir}, and another process has held its lock for over "
+                           f"{config.lock_timeout():g} s (TRIDENT_LOCK_TIMEOUT)") from e
     except (OSError, ImportError, RuntimeError) as e:  # cpp_extension: RuntimeError
         raise TridentError(f"the native runtime for torch {torch.__version__} cannot be built "
                            f"or loaded in {build_dir}: {type(e).__name__}: {e}") from e
@@ -149,7 +154,7 @@ def _build(build_dir: Path):
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(build_dir / ".lock")):
+    with FileLock(str(build_dir / ".lock"), timeout=config.lock_timeout()):
         if _intact(build_dir):  # another process built it meanwhile
             return _load_intact(build_dir)
         if (build_dir / _LIBRARY).exists():

@@ -972,6 +972,14 @@ PyObject* instance_dict(PyObject* obj) {
 // without a call, anything else through Python's getattr / getitem (a new reference, which `cv`
 // keeps). nullptr, with a Python error set or not, when there is none.
 PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
+  if (access == ACC_GETATTR && PyTuple_CheckExact(key)) {
+    // a getter's result (Note [Library state] in state.py): the key () calls the parent, a C
+    // function of no arguments (sys.getrecursionlimit, a torch.backends flag's getter)
+    if (!PyCFunction_Check(parent)) return nullptr;
+    PyObject* v = PyObject_CallNoArgs(parent);
+    if (v) cv.owned.push_back(v);
+    return v;
+  }
   if (access == ACC_GETATTR && PyModule_CheckExact(parent)) {
     PyObject* d = PyModule_GetDict(parent);
     if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
