@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import itertools
 import os
@@ -149,3 +150,27 @@ def assert_same(got, want, *, strides: bool = True, path: str = "out"):
         assert got != got, f"{path}: {got!r} != nan"
         return
     assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+def python_calls(fn, args: tuple, n: int) -> list[str]:
+    """The Python functions that ``n`` calls of ``fn(*args)`` run, as ``file:line name``: none
+    on a native hit (``stats.hits`` also counts calls that Python's slow path served)."""
+    events = []
+
+    def profiler(frame, event, arg):
+        if event == "call":
+            events.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+
+    # gc callbacks (hypothesis installs one) are Python that a collection can run at any time;
+    # keep the collector out of the measured loop
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    sys.setprofile(profiler)
+    try:
+        for _ in range(n):
+            fn(*args)
+    finally:
+        sys.setprofile(None)
+        if gc_was_enabled:
+            gc.enable()
+    return events

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import trident
+from _trident_helpers import python_calls
 
 
 def block(x, w1, b1, w2, eps, flag, none):
@@ -26,28 +27,6 @@ def block_args():
     gen = torch.Generator().manual_seed(0)
     return (torch.randn(4, 16, generator=gen), torch.randn(16, 32, generator=gen),
             torch.randn(32, generator=gen), torch.randn(16, 32, generator=gen), 1e-6, True, None)
-
-
-def _python_calls(fn, args, n):
-    events = []
-
-    def profiler(frame, event, arg):
-        if event == "call":
-            events.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
-
-    # gc callbacks (hypothesis installs one) are Python that a collection can run at any time;
-    # keep the collector out of the measured loop
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    sys.setprofile(profiler)
-    try:
-        for _ in range(n):
-            fn(*args)
-    finally:
-        sys.setprofile(None)
-        if gc_was_enabled:
-            gc.enable()
-    return events
 
 
 @pytest.mark.parametrize("case", ["block", "identity", "views", "inplace", "scalars"])
@@ -75,7 +54,7 @@ def test_hits_run_no_python_frames(case):
     jf = trident.jit(fn)
     jf(*args)  # miss: compile
     hits0 = jf.stats.hits
-    assert _python_calls(jf, args, 1000) == []
+    assert python_calls(jf, args, 1000) == []
     assert jf.stats.hits - hits0 == 1000
     assert jf.stats.compiles == 1 and jf.stats.fallbacks == 0
 
@@ -83,7 +62,7 @@ def test_hits_run_no_python_frames(case):
 def test_profiler_does_see_python_on_a_miss():
     """The probe itself works: a miss does enter Python (trident's slow path)."""
     jf = trident.jit(lambda x: x + 1)
-    events = _python_calls(jf, (torch.ones(2),), 1)
+    events = python_calls(jf, (torch.ones(2),), 1)
     assert any("jit.py" in e for e in events)
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import collections
 import copy
 import gc
-import sys
 
 import pytest
 import torch
 from torch import nn
 
 import trident
+from _trident_helpers import python_calls
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -211,29 +211,7 @@ def test_a_change_to_the_module_tree_is_seen(change, device):
             assert torch.equal(jf(m, x), f(m, x)), change.__name__
     assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
     with torch.no_grad():
-        assert _python_frames(jf, (m, x)) == []  # unchanged again: a native hit
-
-
-def _python_frames(fn, args, n=3):
-    """The Python functions that ``n`` calls run (none on a native hit; ``stats.hits`` also
-    counts calls that Python's slow path served)."""
-    frames = []
-
-    def profiler(frame, event, arg):
-        if event == "call":
-            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
-
-    enabled = gc.isenabled()
-    gc.disable()  # a collection's callbacks are Python too
-    sys.setprofile(profiler)
-    try:
-        for _ in range(n):
-            fn(*args)
-    finally:
-        sys.setprofile(None)
-        if enabled:
-            gc.enable()
-    return frames
+        assert python_calls(jf, (m, x), 3) == []  # unchanged again: a native hit
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -254,7 +232,7 @@ def test_a_cache_object_replaced_or_edited_is_seen(device):
         cache.layers.append(torch.ones(4, device=device))
         assert torch.equal(jf(m, cache, x), g(m, cache, x))
         assert torch.equal(jf(m, cache, x), g(m, cache, x))
-        assert _python_frames(jf, (m, cache, x)) == []
+        assert python_calls(jf, (m, cache, x), 3) == []
     assert jf.stats.fallbacks == 0, jf.stats
 
 
@@ -347,7 +325,7 @@ def test_an_ordered_dicts_new_order_is_seen():
             assert torch.equal(jg(lin, x), f_module(lin, x))
         lin._forward_hooks.move_to_end(first.id)
         assert torch.equal(jg(lin, x), f_module(lin, x))
-        assert _python_frames(jg, (lin, x)) == []
+        assert python_calls(jg, (lin, x), 3) == []
 
 
 def f_module(m, x):
