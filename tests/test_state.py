@@ -540,28 +540,20 @@ def test_a_module_or_class_passed_as_an_argument_is_read_through():
     def f(m, x):
         return x * m.SCALE
 
-    jf, x = trident.jit(f), torch.ones(3)
-    assert torch.equal(jf(cfg, x), x * 2.0) and torch.equal(jf(cfg, x), x * 2.0)
-    undo = _set(cfg, "SCALE", 3.0)
-    try:
-        assert torch.equal(jf(cfg, x), x * 3.0)
-    finally:
-        undo()
-    st = jf.stats
-    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
-
     def g(k, x):  # a class passed in
         return x * k.factor
 
-    jg = trident.jit(g)
-    assert torch.equal(jg(Knobs, x), g(Knobs, x)) and torch.equal(jg(Knobs, x), g(Knobs, x))
-    undo = _set(Knobs, "factor", 3.0)
-    try:
-        assert torch.equal(jg(Knobs, x), x * 3.0)
-    finally:
-        undo()
-    st = jg.stats
-    assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), st
+    x = torch.ones(3)
+    for fn, owner, name in ((f, cfg, "SCALE"), (g, Knobs, "factor")):
+        jf = trident.jit(fn)
+        assert torch.equal(jf(owner, x), fn(owner, x)) and torch.equal(jf(owner, x), fn(owner, x))
+        undo = _set(owner, name, 3.0)
+        try:
+            assert torch.equal(jf(owner, x), x * 3.0)
+        finally:
+            undo()
+        st = jf.stats
+        assert (st.compiles, st.hits, st.fallbacks) == (2, 1, 0), (fn.__name__, st)
 
 
 class _Holder:

@@ -145,18 +145,14 @@ class _SourceLines(TorchFunctionMode):
                 self.rng_set = _rng_state() != self.rng
             if not self.catching:
                 self.catching = _enclosing_try(sys._getframe(1))
-            for name, read in _UNGUARDED_READS.items():
-                if func == read:
-                    frame = _user_frame()
-                    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
-                    raise TridentError(f"the function reads a tensor's {name}{where}, which "
-                                       "Trident does not guard")
-            for name, write in _UNGUARDED_WRITES.items():
-                if func == write:
-                    frame = _user_frame()
-                    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
-                    raise TridentError(f"the function assigns a tensor's {name}{where}, which a "
-                                       "compiled call would not")
+            for table, doing, why in ((_UNGUARDED_READS, "reads", "Trident does not guard"),
+                                      (_UNGUARDED_WRITES, "assigns", "a compiled call would not")):
+                for name, unguarded in table.items():
+                    if func == unguarded:
+                        frame = _user_frame()
+                        where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                        raise TridentError(f"the function {doing} a tensor's {name}{where}, "
+                                           f"which {why}")
             remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped

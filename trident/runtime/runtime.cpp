@@ -1220,12 +1220,8 @@ struct TreeEval {
   // cover are visited (the memo's `work` list); otherwise all, afresh.
   bool children(size_t p, bool held) {
     if (held) {
-      const Py_ssize_t *begin = memo->work.data() + memo->work_begin[p],
-                       *end = memo->work.data() + memo->work_begin[p + 1];
-      for (const Py_ssize_t* k = begin; k < end; ++k)  // the objects' headers, loaded together
-        __builtin_prefetch(values[*k]);
-      for (const Py_ssize_t* k = begin; k < end; ++k)
-        if (!visit(static_cast<size_t>(*k), true)) return false;
+      for (Py_ssize_t k = memo->work_begin[p]; k < memo->work_begin[p + 1]; ++k)
+        if (!visit(static_cast<size_t>(memo->work[k]), true)) return false;
       return true;
     }
     for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c])
@@ -1983,8 +1979,10 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   memo->work_begin.assign(n + 1, 0);
   for (size_t p = 0; p < n; ++p) {
     memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
-    int c = tree.nodes[p].check;
-    if (c != CHK_OBJECT && c != CHK_DICT && c != CHK_SEQ) continue;
+    uint8_t kind = memo->kind[p];  // the containers an unchanged value of holds its children
+    if (kind != TreeMemo::kDict && kind != TreeMemo::kOrderedDict && kind != TreeMemo::kObject &&
+        kind != TreeMemo::kTuple)
+      continue;
     for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
       const TreeNode& child = tree.nodes[k];
       if (memo->kind[k] != TreeMemo::kImmutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
