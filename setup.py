@@ -6,7 +6,8 @@ setup(
     description="Compile PyTorch functions that call Triton kernels into native "
                 "Specialization Cache Modules",
     python_requires=">=3.10",
-    packages=["trident", "trident.runtime", "trident.templates"],
+    packages=["trident", "trident.ir", "trident.lower", "trident.codegen", "trident.frontend",
+              "trident.runtime", "trident.templates"],
     package_dir={"trident.templates": "templates"},
     package_data={"trident.runtime": ["*.h", "*.cpp"], "trident.templates": ["*.jinja"]},
     install_requires=[
@@ -26,6 +27,6 @@ setup(
                              "transformers", "markdown-it-py"]},
     entry_points={
         "console_scripts": ["trident = trident.__main__:main"],
-        "torch_dynamo_backends": ["trident = trident.backend:trident_backend"],
+        "torch_dynamo_backends": ["trident = trident.frontend.backend:trident_backend"],
     },
 )

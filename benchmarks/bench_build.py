@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     import trident
     from trident import config
 
-    jit = importlib.import_module("trident.jit")  # the module, not the decorator
+    jit = importlib.import_module("trident.frontend.jit")
 
     runtime = config.cache_dir() / "runtime"
     trident.jit(step)  # the native runtime, built once into TRIDENT_CACHE_DIR

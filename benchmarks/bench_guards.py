@@ -19,8 +19,9 @@ import types
 
 import torch
 
-from trident import runtime, state
-from trident.jit import jit
+from trident import runtime
+from trident.lower import state
+from trident.frontend.jit import jit
 
 
 def _trees(n: int) -> dict[str, tuple[str, list[state.Read]]]:

@@ -20,7 +20,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 import trident
-from trident.backend import trident_backend
+from trident.frontend.backend import trident_backend
 
 
 def collectives(x):

@@ -101,7 +101,7 @@ def trident_runtime():
     os.environ["TRIDENT_CACHE_DIR"] = str(root)
     try:
         from trident import runtime
-        from trident.jit import jit_function_class
+        from trident.frontend.jit import jit_function_class
 
         module = runtime.load()
         jit_function_class()

@@ -291,7 +291,7 @@ def test_identity_checked_function_keeps_its_words_while_its_globals_change():
 
 
 def test_content_key_of_a_function_reading_a_jit_function_ignores_its_counters():
-    from trident.cache import function_key
+    from trident.identity import function_key
 
     jf = trident.jit(lambda x: x + 1)
     globals()["_JF"] = jf

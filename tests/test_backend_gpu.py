@@ -9,7 +9,7 @@ Specialization Cache Module (no eager fallback).
 import pytest
 import torch
 
-from trident.backend import trident_backend
+from trident.frontend.backend import trident_backend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

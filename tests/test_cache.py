@@ -344,7 +344,7 @@ def test_bound_methods_key_their_object():
 
 
 def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
-    from trident.cache import keyed_sources
+    from trident.identity import keyed_sources
 
     names = {p.name for p in keyed_sources()}
     assert {"capture.py", "codegen.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
@@ -403,13 +403,14 @@ class _Net(torch.nn.Module):
 
 
 def _description(*args) -> list[str]:
-    from trident.flatten import Binding, flatten_call
+    from trident.lower.flatten import flatten_call
+    from trident.ir.trees import Binding
 
     return flatten_call(Binding.of(lambda m: None), args, {})[0].description
 
 
 def test_a_jitted_method_is_described_by_its_function_and_the_object_it_is_bound_to():
-    from trident.cache import _PROCESS
+    from trident.identity import PROCESS as _PROCESS
 
     a, b, c = _Net(), _Net(), _Net()
     a.forward = trident.jit(a.forward)
@@ -439,7 +440,7 @@ def test_the_per_process_hash_of_a_generation_config_is_not_in_the_tree():
 def test_an_enum_member_is_described_by_its_class_and_name():
     import enum
 
-    from trident.cache import _PROCESS
+    from trident.identity import PROCESS as _PROCESS
 
     class Mode(enum.Enum):
         FAST = 1
@@ -528,7 +529,7 @@ class _Scaled(torch.nn.Module):
 
 
 def test_a_graph_module_is_keyed_by_the_constants_its_nodes_read():
-    from trident.cache import function_key
+    from trident.identity import function_key
 
     graph = torch.fx.symbolic_trace(_Scaled(1.0))
     before = function_key(graph.forward)

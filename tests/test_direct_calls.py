@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import trident
-from trident import build, codegen, plan, runtime
+from trident import build, runtime
+from trident.codegen import render as codegen
+from trident.lower import passes, plan
 
 HOT = [("aten::mm", ""), ("aten::mm", "out"), ("aten::bmm", ""), ("aten::addmm", ""),
        ("aten::addmm", "out"), ("aten::linear", ""), ("aten::matmul", ""),
@@ -74,7 +76,7 @@ def test_cuda_buffers_are_reused_on_the_stream_that_made_them_codegen(trident_ru
                    if g.field in ("device_type", "device_index") else g for g in spec.guards]
     for step in spec.plan.steps:
         step.out_overload = ""
-    plan.reuse_buffers(spec.plan, "CPU")  # a CPU build of torch has no CUDA kernels to ask
+    passes.reuse_buffers(spec.plan, "CPU")  # a CPU build of torch has no CUDA kernels to ask
     reused = [s.qualified_name for s in spec.plan.steps if s.out_overload]
     # mm (matmul's C++ body): a CUDA .out kernel; relu and mul by a Python scalar: their .out
     # overloads are torchgen's (the functional op, then a copy): no kernel of their own

@@ -19,9 +19,9 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 import trident
-from trident.guards import MAX_ARGS
+from trident.ir.guards import MAX_ARGS
 
-jit_module = importlib.import_module("trident.jit")  # (trident.jit is the decorator)
+jit_module = importlib.import_module("trident.frontend.jit")
 
 
 def add(x, y):

@@ -76,7 +76,7 @@ def test_past_the_limit_a_known_argument_tree_is_not_flattened_again(monkeypatch
     """Note [Specialization limit]: past the limit, a call whose argument tree C already read
     runs eagerly on those leaves; it used to flatten the arguments again in Python (a Hugging
     Face model's 945-node tree: 5.6 ms a call against 0.95 ms eager)."""
-    jit_module = sys.modules["trident.jit"]  # (``trident.jit`` the attribute is the decorator)
+    jit_module = sys.modules["trident.frontend.jit"]
     g = trident.jit(scale_all, max_specializations=2)
     xs = [torch.arange(4.0) + i for i in range(16)]
     g(xs, 0)
@@ -192,7 +192,7 @@ def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_en
 
 
 def test_ctrl_c_elsewhere_in_a_compile_leaves_nothing_behind(monkeypatch):
-    compiler = sys.modules["trident.compiler"]  # compile_specialization's Torch-MLIR import
+    compiler = sys.modules["trident.lower.compiler"]  # compile_specialization's Torch-MLIR import
 
     real = compiler.import_graph
 

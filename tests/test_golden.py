@@ -23,10 +23,12 @@ import torch
 import triton
 
 import trident
-from trident import build, codegen, operands, runtime
-from trident.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
-                              Item, List, NoneConst, OptTensors, Scalar, Str, Tensors, Val)
-from trident.specialization import Specialization
+from trident import build, runtime
+from trident.codegen import render as codegen
+from trident.ir import operands
+from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
+                                 Item, List, NoneConst, OptTensors, Scalar, Str, Tensors, Val)
+from trident.ir.specialization import Specialization
 
 from _triton_kernels import add_kernel
 

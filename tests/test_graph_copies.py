@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trident
-from trident import build, graphs
+from trident import build
+from trident.frontend import graphs
 
 
 @pytest.fixture(scope="module")

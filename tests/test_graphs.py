@@ -11,7 +11,10 @@ import pytest
 import torch
 
 import trident
-from trident import build, codegen, graphs, runtime
+from trident import build, runtime
+from trident.codegen import render as codegen
+from trident.frontend import graphs
+from trident.lower import passes
 
 
 def spec_of(fn, *args):
@@ -50,11 +53,11 @@ def writes_via_out(x, y):
 
 def test_written_args_follow_in_place_ops_views_and_out_arguments():
     x, y = torch.randn(4, 4), torch.randn(4, 4)
-    assert graphs.written_args(spec_of(reads_only, x, y).plan) == set()
+    assert passes.written_args(spec_of(reads_only, x, y).plan) == set()
     # leaf 0 is the argument tree's key (Note [Argument trees]); x is leaf 1
-    assert graphs.written_args(spec_of(writes_first, x.clone(), y).plan) == {1}
-    assert graphs.written_args(spec_of(writes_through_a_view, x.clone(), y).plan) == {1}
-    assert graphs.written_args(spec_of(writes_via_out, x.clone(), y).plan) == {1}
+    assert passes.written_args(spec_of(writes_first, x.clone(), y).plan) == {1}
+    assert passes.written_args(spec_of(writes_through_a_view, x.clone(), y).plan) == {1}
+    assert passes.written_args(spec_of(writes_via_out, x.clone(), y).plan) == {1}
 
 
 def noisy(x):
@@ -64,11 +67,11 @@ def noisy(x):
 def test_graph_device_needs_cuda_tensors_and_no_random_ops():
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     spec = spec_of(reads_only, x, w)
-    assert graphs.graph_device(spec) is None  # CPU tensors
-    assert graphs.graph_device(on_cuda(spec)) == 0
-    assert graphs.graph_device(on_cuda(spec_of(noisy, x))) is None  # randn_like draws RNG
+    assert passes.graph_device(spec) is None  # CPU tensors
+    assert passes.graph_device(on_cuda(spec)) == 0
+    assert passes.graph_device(on_cuda(spec_of(noisy, x))) is None  # randn_like draws RNG
     # one tensor in two positions is one leaf (Note [Argument trees]): one graph input
-    assert graphs.graph_device(on_cuda(spec_of(reads_only, x, x))) == 0
+    assert passes.graph_device(on_cuda(spec_of(reads_only, x, x))) == 0
 
 
 def attention(q, k, v):
@@ -81,8 +84,8 @@ def attention_dropout(q, k, v):
 
 def test_attention_without_dropout_draws_no_random_numbers():
     q = torch.randn(1, 2, 3, 8)
-    assert graphs.graph_device(on_cuda(spec_of(attention, q, q.clone(), q.clone()))) == 0
-    assert graphs.graph_device(on_cuda(spec_of(attention_dropout, q, q.clone(), q.clone()))) \
+    assert passes.graph_device(on_cuda(spec_of(attention, q, q.clone(), q.clone()))) == 0
+    assert passes.graph_device(on_cuda(spec_of(attention_dropout, q, q.clone(), q.clone()))) \
         is None
 
 
@@ -128,7 +131,7 @@ def test_symbolic_specializations_get_graphs_per_size():
     f = trident.jit(reads_only, dynamic={"x": [0]})
     f(x, w)
     spec = on_cuda(f._specs[0])
-    assert spec.symbolic and graphs.graph_device(spec) == 0
+    assert spec.symbolic and passes.graph_device(spec) == 0
     states = graphs.GraphStates(True, sizes=2)
     assert states.slot(spec) == (graphs.READY, graphs.RECAPTURES, (), True)
     static = on_cuda(spec_of(writes_first, x.clone(), x))

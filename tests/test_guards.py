@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 import trident
 from _trident_helpers import make_cache_dir
-from trident import sizes
-from trident.guards import (KINDS, TENSOR, ArgCount, ArgGuard, Dtype, Facts, FloatBits, Guard,
-                            IntValue, ProcessGroup, SameAs, Size, SizeRelation, Stride,
-                            first_failure, float_bits)
+from trident.ir import sizes
+from trident.ir.guards import (KINDS, TENSOR, ArgCount, ArgGuard, Dtype, Facts, FloatBits, Guard,
+                               IntValue, ProcessGroup, SameAs, Size, SizeRelation, Stride,
+                               first_failure, float_bits)
 
 
 def probe(*args):
@@ -302,7 +302,7 @@ def size_expressions(tmp_path_factory):
 
     import cffi
 
-    from trident import codegen
+    from trident.codegen import render as codegen
 
     exprs = _size_expressions(300)
     body = "\n".join(f"    case {k}: return (int64_t)({codegen.CPrinter().doprint(e)});"

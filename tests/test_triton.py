@@ -3,7 +3,7 @@
 On CPU tensors the SCM calls back into Python and runs each captured launch through Triton's
 interpreter (``stats.interpreted_launches``). For CUDA, the code generator is exercised without a
 device: a CPU-traced plan is retargeted to ``cuda:0``, compiled for sm_90 with
-``trident.kernels.compile_cuda`` and rendered and built into a module that is never launched.
+``trident.lower.kernels.compile_cuda`` and rendered and built into a module that is never launched.
 
 TRITON_INTERPRET is not set in this process, so eager Triton launches on CPU tensors fail
 ("0 active drivers"): references are plain torch expressions (exact where the kernel does one
@@ -24,7 +24,7 @@ import torch
 from torch.utils._sympy.functions import FloorDiv
 
 import trident
-from trident import sizes
+from trident.ir import sizes
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -291,7 +291,7 @@ def row_sum(x):
 
 
 def test_interpreted_helpers_leave_triton_language_unpatched(tmp_path, monkeypatch):
-    from trident import kernels
+    from trident.lower import kernels
 
     before = {name: getattr(tl.core, name) for name in ("program_id", "arange", "load", "store")}
     f = trident.jit(fallback=False)(row_sum)
@@ -555,7 +555,7 @@ def unaligned_call(x, y):
 
 def _retarget_to_cuda(jf, spec_index: int = 0):
     """A deep copy of ``jf``'s specialization with its Triton launches compiled for sm_90."""
-    from trident import kernels
+    from trident.lower import kernels
 
     spec = copy.deepcopy(jf._specs[spec_index])
     for step in spec.plan.steps:
@@ -577,7 +577,8 @@ def _launch_block(source: str, kernel: str) -> str:
 
 
 def test_cuda_codegen_and_build_without_gpu(tmp_path):
-    from trident import build, codegen, runtime
+    from trident import build, runtime
+    from trident.codegen import render as codegen
 
     f = trident.jit(fallback=False)(add_tuple_grid)
     x, y = randn(1000, seed=32), randn(1000, seed=33)
@@ -626,7 +627,8 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
 
 
 def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
-    from trident import build, codegen, runtime
+    from trident import build, runtime
+    from trident.codegen import render as codegen
 
     f = trident.jit(fallback=False)(unaligned_call)
     x, y = randn(129, seed=34), randn(128, seed=35)
@@ -669,7 +671,7 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     # no vector loads of x)
     aligned = copy.deepcopy(step.launch)
     param(aligned, "x_ptr")["aligned"] = True
-    from trident import kernels
+    from trident.lower import kernels
 
     aligned.pop("binary")
     aligned_binary = kernels.compile_cuda(kernels.find_kernel(aligned["ref"], f._fn),
@@ -680,7 +682,8 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
 def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     """Note [Symbolic launches]: ``n`` and the grid are C expressions over the argument's size;
     the kernel is compiled once for the traced ``n``'s class (not divisible by 16)."""
-    from trident import build, codegen, runtime
+    from trident import build, runtime
+    from trident.codegen import render as codegen
 
     f = trident.jit(fallback=False, dynamic=True)(add_callable_grid)
     x, y = randn(1000, seed=38), randn(1000, seed=39)

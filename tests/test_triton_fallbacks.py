@@ -173,7 +173,7 @@ def test_dtype_and_function_constexprs_are_served():
 
 
 def test_dtype_and_function_constexprs_compile_for_sm90():
-    from trident import kernels
+    from trident.lower import kernels
 
     f = trident.jit(fallback=False)(act_call)
     f(randn(100, 4), randn(50, 5))

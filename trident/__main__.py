@@ -6,7 +6,8 @@ import argparse
 import textwrap
 import time
 
-from . import cache, config
+from trident.frontend import cache
+from trident import config
 
 
 def _origin(about: dict) -> str:

@@ -36,9 +36,9 @@ from types import ModuleType
 import cffi
 from filelock import FileLock, Timeout
 
-from . import config
-from .errors import TridentError
-from .runtime import HEADER
+from trident import config
+from trident.errors import TridentError
+from trident.runtime import HEADER
 
 # The symbols every SCM exports (see templates/scm.c.jinja).
 CDEF = """

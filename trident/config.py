@@ -23,6 +23,12 @@ from pathlib import Path
 
 import platformdirs
 
+# Trident's own package folder, and where the C templates are: setup.py installs templates/ as
+# trident/templates; in a source checkout they sit beside the package.
+VERSION = "0.1.0"  # trident.__version__
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATE_DIRS = [str(PACKAGE_DIR / "templates"), str(PACKAGE_DIR.parent / "templates")]
+
 LOG_SWITCHES = ("recompiles", "guards", "mlir", "code", "cache")
 
 log = logging.getLogger("trident")

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import config
-from ..errors import ERROR_TYPES, TridentError
+from trident.errors import ERROR_TYPES, TridentError
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"

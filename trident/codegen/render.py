@@ -18,162 +18,34 @@ import jinja2
 import sympy
 from torch.utils._sympy.printers import ExprPrinter
 
-from . import sizes, targets
-from .operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item, List,
-                       NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
-from .plan import rerun_eagerly
-from .specialization import Specialization
+from trident import config
+from trident.ir import sizes
+from trident.codegen import cpu as target_cpu, cuda as target_cuda
+from trident.codegen.cprint import CPrinter, c_comment, c_float, c_int, c_string, size_c
+from trident.codegen.target import CStep
+from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
+                                 List, NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
+from trident.lower import passes
+from trident.ir.specialization import Specialization
 
-# Installed, setup.py maps templates/ to trident/templates; in a source checkout it sits beside.
-_HERE = Path(__file__).resolve().parent
-TEMPLATE_DIRS = [str(_HERE / "templates"), str(_HERE.parent / "templates")]
 
 
 @functools.cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIRS),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(config.TEMPLATE_DIRS),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True)
 
 
-def c_int(v: int) -> str:
-    """A C literal for an int64, INT64_MIN included."""
-    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+def _target_of(device: str):
+    """The target of tensors on ``device`` (``"cpu"``, ``"cuda:0"``)."""
+    return target_cuda if device.startswith("cuda") else target_cpu
 
 
-class CPrinter(ExprPrinter):
-    """A size expression as a C int64 expression over the SCM's ``trt_arg a[]`` (torch's
-    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees)."""
-
-    def _print_Symbol(self, expr: sympy.Symbol) -> str:
-        kind, arg, dim = sizes.where(expr)
-        return f"a[{arg}].{sizes.PLACES[kind]}" + ("" if dim is None else f"[{dim}]")
-
-    def _print_Integer(self, expr: sympy.Integer) -> str:
-        return c_int(int(expr))
-
-    def _print_BooleanTrue(self, expr) -> str:
-        return "1"
-
-    def _print_BooleanFalse(self, expr) -> str:
-        return "0"
-
-    def _print_FloorDiv(self, expr) -> str:
-        return f"trt_floordiv({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
-
-    def _print_PythonMod(self, expr) -> str:
-        return f"trt_mod({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
-
-    _print_Mod = _print_PythonMod
-
-    def _print_Max(self, expr) -> str:  # folded pairwise
-        return self._fold(expr, ">")
-
-    def _print_Min(self, expr) -> str:
-        return self._fold(expr, "<")
-
-    def _fold(self, expr, op: str) -> str:
-        out = self.doprint(expr.args[0])
-        for b in expr.args[1:]:
-            b = self.doprint(b)
-            out = f"(({out}) {op} ({b}) ? ({out}) : ({b}))"
-        return out
-
-    def _print_And(self, expr) -> str:
-        return " && ".join(f"({self.doprint(a)})" for a in expr.args)
-
-    def _print_Or(self, expr) -> str:
-        return " || ".join(f"({self.doprint(a)})" for a in expr.args)
-
-    def _print_Not(self, expr) -> str:
-        return f"!({self.doprint(expr.args[0])})"
-
-
-def size_c(text: str) -> str:
-    """Note [Size expressions]' text as a C int64 expression."""
-    return CPrinter().doprint(sizes.loads(text))
-
-
-def c_string(s: str) -> str:
-    return json.dumps(s, ensure_ascii=True)
-
-
-def c_float(f: float) -> str:
-    if math.isnan(f):  # keep the sign and payload: guards compare NaNs by bit pattern
-        bits = struct.unpack("<Q", struct.pack("<d", f))[0]
-        payload = bits & ((1 << 51) - 1)
-        return f"{'-' if bits >> 63 else ''}__builtin_nan(\"{payload:#x}\")"
-    if math.isinf(f):
-        return "INFINITY" if f > 0 else "-INFINITY"
-    return f"{float.hex(f)} /* {f!r} */"
-
-
-def c_comment(s: str) -> str:
-    return s.replace("*/", "* /")
-
-
-@dataclasses.dataclass
-class CStep:
-    """One step as the template prints it. ``kind``: ``aten`` (a boxed dispatcher call),
-    ``aten_out`` (the same, writing into a reused buffer: Note [Buffer reuse] in plan.py),
-    ``cuda`` (a Triton launch through the driver), ``callback`` (a Triton launch through
-    Triton's interpreter, in Python) or ``int`` (size arithmetic, its one statement in
-    ``locals``)."""
-
-    kind: str
-    where: str
-    text: str
-    op: str
-    locals: list[str]
-    args: list[str]
-    releases: list[str]
-    op_index: int = 0
-    nrets: int = 0
-    takes: list[str] = dataclasses.field(default_factory=list)
-    kernel: str = ""  # cuda: the trt_kernel variable
-    device: int = 0
-    grid: tuple = (1, 1, 1)
-    slot: int = 0  # callback: index into the module's callback table
-    buffer: str = ""  # aten_out: the static buffer the .out overload writes
-    out_op_index: int = 0
-    reuse: str = ""  # aten_out: the C condition under which the buffer is reused
-    on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
-
-    @property
-    def comment(self) -> str:
-        """The step's comment: the user's ``file.py:LINE: source text``."""
-        return c_comment(f"{self.where}: {self.text}")
-
-    @property
-    def call(self) -> str:
-        """The step's C call, non-zero on failure."""
-        if self.kind == "cuda":
-            return (f"trt_cuda_launch(&{self.kernel}, {self.device}, stream, "
-                    f"{', '.join(self.grid)}, params)")
-        if self.kind == "callback":
-            return f"rt->python_callback(callbacks[{self.slot}], args, {len(self.args)})"
-        return f"rt->call(ops[{self.op_index}], args, {len(self.args)}, r, {self.nrets})"
-
-    @property
-    def call_out(self) -> str:
-        """aten_out: the ``.out`` call that writes the reused buffer."""
-        return f"rt->call(ops[{self.out_op_index}], args, {len(self.args) + 1}, r, 1)"
-
-    @property
-    def stream_call(self) -> str:
-        """cuda: the call that reads the current stream."""
-        return f"rt->cuda_stream({self.device}, &stream)"
-
-    @property
-    def error_at(self) -> str:
-        """Where an error of this step is reported, as a C string: ``"f.py:12 (aten::mm)"``."""
-        suffix = ", interpreted" if self.kind == "callback" else ""
-        return c_string(f"{self.where} ({self.op}{suffix})")
-
-    @property
-    def error_at_out(self) -> str:
-        """``error_at`` of the ``.out`` call that writes a reused buffer."""
-        return c_string(f"{self.where} ({self.op}, out)")
+def _target_of_spec(spec: Specialization):
+    """The target of a specialization's launch sequence: CUDA when its tensor arguments are all
+    on one CUDA device, else the CPU's."""
+    return _target_of("cuda" if spec.cuda_device is not None else "cpu")
 
 
 class Rendered(NamedTuple):
@@ -200,7 +72,7 @@ class _SpecRenderer:
         self.op_index = op_index
         self.callbacks = callbacks
         self.kernels = kernels  # target_cuda.Kernels: the module's cubins
-        self.target = targets.of_spec(spec)  # its launch sequence's
+        self.target = _target_of_spec(spec)  # its launch sequence's
         self.targets = {self.target}  # and its Triton launches'
         self.statics: list[str] = []
         self.locals: list[str] = []
@@ -299,7 +171,7 @@ class _SpecRenderer:
     def triton(self, index: int, s) -> CStep:
         """A Triton launch, as the target of its tensors launches it."""
         self.locals = []
-        target = targets.of(s.launch["device"])
+        target = _target_of(s.launch["device"])
         self.targets.add(target)
         return target.launch(self, index, s)
 
@@ -520,7 +392,7 @@ class _SpecRenderer:
     def render(self) -> dict:
         plan = self.spec.plan
         steps = []
-        for i, (s, clean) in enumerate(zip(plan.steps, rerun_eagerly(plan))):
+        for i, (s, clean) in enumerate(zip(plan.steps, passes.rerun_eagerly(plan))):
             self.on_error = "eager" if clean else "fail"  # Note [Errors inside try]
             steps.append(self.step(i, s))
             steps[-1].on_error = self.on_error
@@ -540,7 +412,7 @@ class _SpecRenderer:
             "outputs": self.outputs(),
             "nouts": len(plan.outputs),
             "out_spec": c_string(plan.out_spec),
-            "graph": self.spec.graph_device is not None,  # Note [CUDA graphs]
+            "graph": passes.graph_device(self.spec) is not None,  # Note [CUDA graphs]
             "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
             "eager": any(step.on_error == "eager" for step in steps),
         }
@@ -553,7 +425,6 @@ class _NotComputed(Exception):
 def render(spec: Specialization, function: str) -> Rendered:
     """The C source of ``spec``'s module (Note [Incremental modules] in build.py: one module
     per specialization)."""
-    from . import target_cuda
     ops: dict[tuple[str, str], int] = {}
     callbacks: list[int] = []
 

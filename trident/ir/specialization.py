@@ -7,9 +7,9 @@ import functools
 import hashlib
 import json
 
-from .flatten import OutputRecipe
-from .guards import DeviceIndex, DeviceType, Guard
-from .plan import Plan
+from trident.ir.trees import OutputRecipe
+from trident.ir.guards import DeviceIndex, DeviceType, Guard
+from trident.ir.plan import Plan
 
 
 @dataclasses.dataclass
@@ -74,22 +74,6 @@ class Specialization:
         types = {g.value for g in self.guards if isinstance(g, DeviceType)}
         indices = {g.value for g in self.guards if isinstance(g, DeviceIndex)}
         return next(iter(indices)) if types == {1} and len(indices) == 1 else None
-
-    @functools.cached_property
-    def graph_device(self) -> int | None:
-        """The CUDA device of a graph that may replay this specialization, or None
-        (``graphs.graph_device``, Note [CUDA graphs])."""
-        from .graphs import graph_device
-
-        return graph_device(self)
-
-    @functools.cached_property
-    def written_args(self) -> set[int]:
-        """The arguments the launch sequence may write (``graphs.written_args``), computed once:
-        each capture of a symbolic specialization's sizes reads them."""
-        from .graphs import written_args
-
-        return written_args(self.plan)
 
     @functools.cached_property
     def key(self) -> str:  # computed once: a miss compares it for every stored specialization

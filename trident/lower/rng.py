@@ -45,8 +45,8 @@ import threading
 
 import torch
 
-from .errors import TridentError
-from .operands import Device
+from trident.errors import TridentError
+from trident.ir.operands import Device
 
 OPS = ("trident::manual_seed", "trident::get_rng_state", "trident::set_rng_state")
 _CPU_NAMES = ("manual_seed", "get_rng_state", "set_rng_state", "seed", "initial_seed")
@@ -90,7 +90,7 @@ def hooks():
     import torch._dynamo  # noqa: F401 - it wraps torch.manual_seed once, when imported
     import torch.cuda.random
 
-    from . import runtime
+    from trident import runtime
 
     runtime.operators()
     with _LOCK:

@@ -6,8 +6,9 @@ in plan.py). The CUDA target is ``target_cuda.py``; codegen asks ``targets.of`` 
 
 from __future__ import annotations
 
-from . import operands
-from .codegen import CStep, c_comment, size_c
+from trident.ir import operands
+from trident.codegen.cprint import c_comment, size_c
+from trident.codegen.target import CStep
 
 NAME = "cpu"
 HEADERS: tuple[str, ...] = ()

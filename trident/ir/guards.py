@@ -24,8 +24,8 @@ from typing import Any, ClassVar, NamedTuple
 import sympy
 import torch
 
-from . import collectives, sizes
-from .runtime import ABI
+from trident.ir import sizes
+from trident.runtime import ABI
 
 # trt_arg_kind and the limits, as trident_rt.h defines them (runtime.ABI)
 OTHER, TENSOR, INT, FLOAT, BOOL, NONE = (
@@ -54,9 +54,43 @@ _DTYPES = [getattr(torch, name) for name in dir(torch)
 
 
 @functools.cache
+# Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
+# of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
+# (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
+# guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
+# initialized (``process_group`` in ``trt_env``, read once per call from
+# ``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime.cpp; ``fact`` is its
+# Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
+# rank misses and is traced again; one outside any group misses and its trace raises as eager does
+# (the call runs eagerly, with a warning). A collective on any other group than the default one is
+# not compiled (``collectives.check_group``): its membership is not guarded.
+
+
+def process_group_fact() -> str:
+    """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
+    initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
+    runtime.cpp."""
+    if not torch.distributed.is_available():
+        return ""
+    from torch.distributed.distributed_c10d import _world
+
+    group = _world.__dict__.get("_default_pg")
+    if group is None:
+        return ""
+    return f"{group.group_name}:{group.rank()}/{group.size()}"
+
+
+def describe_process_group(value: str) -> str:
+    if not value:
+        return "no default process group is initialized"
+    name, _, ranks = value.partition(":")
+    rank, _, size = ranks.partition("/")
+    return f"the default process group is {name!r}, rank {rank} of {size}"
+
+
 def dtype_codes() -> dict[torch.dtype, int]:
     """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime.cpp)."""
-    from . import runtime
+    from trident import runtime
 
     rt = runtime.load()
     return {d: rt.dtype_code(d) for d in _DTYPES}
@@ -123,14 +157,14 @@ def env_facts(args: tuple) -> dict:
         "default_dtype": dtype_codes()[torch.get_default_dtype()],
         "transforms": torch._C._are_functorch_transforms_active(),
         "function_modes": torch._C._len_torch_function_stack() > 0,
-        "process_group": collectives.fact(),  # Note [Process group guard]
+        "process_group": process_group_fact(),  # Note [Process group guard]
         "num_threads": torch.get_num_threads(),
         "flags": _global_flags(),
     }
 
 
 def _global_flags() -> int:
-    from . import runtime
+    from trident import runtime
 
     return runtime.load().global_flags()
 
@@ -267,20 +301,20 @@ class DefaultDtype(Guard):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessGroup(Guard):
-    """Note [Process group guard] in collectives.py."""
+    """Note [Process group guard]."""
 
     field = "process_group"
 
     def c(self) -> str:
-        from .codegen import c_string
+        from trident.codegen.cprint import c_string
 
         return f"trt_streq(env->process_group, {c_string(self.value)})"
 
     def words(self, names: list[str]) -> str:
-        return collectives.describe(self.value)
+        return describe_process_group(self.value)
 
     def explain(self, call: Facts, names: list[str]) -> str:
-        return f"{self.words(names)} expected, but {collectives.describe(self.read(call))}"
+        return f"{self.words(names)} expected, but {describe_process_group(self.read(call))}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,7 +468,7 @@ class IntValue(ArgGuard):
     field, says = "value", "{who} == {v!r}"
 
     def c(self) -> str:
-        from .codegen import c_int
+        from trident.codegen.cprint import c_int
 
         return f"a[{self.arg}].i == {c_int(self.value)}"
 
@@ -477,7 +511,7 @@ class SizeRelation(ArgGuard):
             return False
 
     def c(self) -> str:
-        from .codegen import CPrinter
+        from trident.codegen.cprint import CPrinter
 
         return CPrinter().doprint(self.condition)
 

@@ -29,14 +29,7 @@ warning. A cache that cannot fit stays over the bound until a later eviction: wh
 just stored is larger than the bound, with a warning (once per process); where other entries
 are in use, in the ``cache`` log (the next compile's eviction takes them).
 
-Note [Function key]: the function's bytecode and constants, nested code objects, default
-arguments, closure cells, the globals its code names (functions by their own key, modules by
-name, plain values by repr, other objects by their attributes, their ``__slots__``, or by
-repr, or, having none of these, by identity in this process only), a bound method's ``self``
-likewise, and the versions of Python, torch, triton, torch-mlir and Trident's own source. A
-``torch.compile`` graph (a ``GraphModule``'s ``forward``, backend.py) is keyed by what decides
-its code (``_hash_graph_module``), not by Dynamo's metadata, which holds a per-process uuid:
-so identical runs find the graph's entry again.
+Note [Function key] (identity.py) says what a function's folder is keyed by.
 """
 
 from __future__ import annotations
@@ -61,228 +54,11 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
-from . import config
-from .specialization import Specialization
+from trident import config
+from trident.identity import describe, versions
+from trident.ir.specialization import Specialization
 
 _log = config.logger("cache")
-
-__version__ = "0.1.0"
-_PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
-
-
-def _dist_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
-
-
-# The command line and the entries of the benchmarks (which live in benchmarks/, outside the
-# package) compile nothing: editing them must not invalidate every user's cached functions.
-_OUTSIDE_THE_KEY = re.compile(r"bench\.py|demo\.py|__main__\.py")
-
-
-def keyed_sources() -> list[Path]:
-    """Trident's own files that shape what it compiles: every stage, the runtime, the
-    templates; not the benchmarks, the demo or the command line."""
-    from .codegen import TEMPLATE_DIRS
-
-    here = Path(__file__).resolve().parent
-    files = sorted(p for p in here.glob("*.py") if not _OUTSIDE_THE_KEY.fullmatch(p.name))
-    files += sorted((here / "runtime").glob("*.[hc]*"))
-    return files + sorted(p for d in TEMPLATE_DIRS for p in Path(d).glob("*.jinja"))
-
-
-@functools.cache
-def versions() -> str:
-    """Python, torch, triton, torch-mlir, and Trident's own source (``keyed_sources``): a change
-    to any of them makes new cache entries."""
-    own = hashlib.sha256()
-    for path in keyed_sources():
-        own.update(path.read_bytes())
-    parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
-             __version__, own.hexdigest()]
-    return "|".join(parts)
-
-
-def code_names(code: types.CodeType) -> set[str]:
-    """The global names ``code`` and the code nested in it refer to."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= code_names(const)
-    return names
-
-
-def _hash_code(h, code: types.CodeType) -> None:
-    h.update(code.co_filename.encode())  # generated C names the file; errors quote it
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
-    h.update(repr(code.co_varnames).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _hash_code(h, const)
-        else:
-            h.update(repr(const).encode())
-
-
-def _has(value, name: str) -> bool:
-    """``hasattr``, for objects whose ``__getattr__`` raises something else than
-    AttributeError for names they lack (a KeyError: issue 28)."""
-    try:
-        return hasattr(value, name)
-    except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)
-        return False
-
-
-def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
-    if id(value) in seen or depth > 4:
-        h.update(b"<seen>")
-        return
-    seen.add(id(value))
-    from .jit import JitFunctionMixin
-
-    if isinstance(value, types.FunctionType):
-        _hash_function(h, value, seen, depth + 1)
-    elif isinstance(value, JitFunctionMixin):  # its code, not its counters and graphs
-        h.update(b"trident.jit:")
-        _hash_value(h, value._code_fn, seen, depth + 1)
-    elif isinstance(value, torch.fx.GraphModule):
-        _hash_graph_module(h, value, seen, depth + 1)
-    elif isinstance(value, types.ModuleType):
-        h.update(f"module:{value.__name__}".encode())
-    elif isinstance(value, type):
-        h.update(f"type:{value.__module__}.{value.__qualname__}".encode())
-    elif isinstance(value, (int, float, str, bool, bytes, type(None), torch.dtype, torch.device)):
-        h.update(f"{type(value).__name__}:{value!r}".encode())
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _hash_value(h, item, seen, depth + 1)
-    elif isinstance(value, dict):
-        for k in sorted(value, key=repr):
-            h.update(repr(k).encode())
-            _hash_value(h, value[k], seen, depth + 1)
-    elif _has(value, "fn") and _has(value, "src"):  # a Triton JITFunction
-        h.update(f"triton:{value.src}".encode())
-    elif _has(value, "fn"):  # Triton's Autotuner / Heuristics wrap another kernel
-        for tuned in getattr(value, "configs", None) or ():
-            h.update(repr(tuned).encode())
-        for name, heuristic in (getattr(value, "values", None) or {}).items():
-            h.update(name.encode())
-            _hash_value(h, heuristic, seen, depth + 1)
-        _hash_value(h, value.fn, seen, depth + 1)
-    elif isinstance(value, torch.Tensor):  # one-element tensors are baked in: their value too
-        h.update(f"tensor:{value.dtype}{tuple(value.shape)}".encode())
-        if value.numel() == 1:
-            h.update(repr(value.item()).encode())
-    elif hasattr(value, "__dict__"):  # plain objects (configs, namespaces): their attributes
-        h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
-        _hash_value(h, dict(vars(value)), seen, depth + 1)
-    elif type(value).__repr__ is not object.__repr__:  # numpy scalars, enums, ...: their repr
-        h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
-    elif _slots(type(value)):  # __slots__ objects: their slots' values
-        h.update(f"slots:{type(value).__module__}.{type(value).__qualname__}".encode())
-        for name in _slots(type(value)):
-            h.update(name.encode())
-            _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
-    else:  # no content to hash (a C object): this object, in this process only
-        h.update(f"object:{type(value).__qualname__}@{id(value)}:{_PROCESS}".encode())
-
-
-class _Unset:  # an empty __slots__ slot
-    pass
-
-
-def _slots(t: type) -> tuple[str, ...]:
-    """The ``__slots__`` names of ``t`` and its bases (empty for a type without them)."""
-    names = []
-    for base in t.__mro__:
-        declared = base.__dict__.get("__slots__", ())
-        names += [declared] if isinstance(declared, str) else list(declared)
-    return tuple(n for n in names if n not in ("__dict__", "__weakref__"))
-
-
-def _hash_graph_module(h, gm: torch.fx.GraphModule, seen: set[int], depth: int) -> None:
-    """A GraphModule (``torch.compile``'s graph, backend.py) by what decides its code: its
-    generated ``forward`` (the function: its source, file name and globals), every attribute a
-    node reads (a constant tensor by its bytes, a subgraph by its own code), and the Triton
-    kernel and constant arguments of each launch, which Dynamo's graph names by their index in
-    a table of this process (``kernel_side_table``). Not Dynamo's metadata (``meta``, a
-    ``backend_id`` of a per-process uuid), which never reaches the code."""
-    from .backend import _launch
-
-    h.update(f"graph:{gm.code}".encode())
-    _hash_function(h, type(gm).forward, seen, depth)
-    for node in gm.graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            value = gm
-            for part in node.target.split("."):
-                value = getattr(value, part)
-            h.update(node.target.encode())
-            if isinstance(value, torch.Tensor):
-                h.update(f"tensor:{value.dtype}{tuple(value.shape)}{value.stride()}".encode())
-                h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8)
-                         .numpy().tobytes())
-            else:
-                _hash_value(h, value, seen, depth + 1)
-        elif node.op == "call_function" and node.target is _launch:
-            from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-
-            kernel, constants = node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"]
-            _hash_value(h, kernel_side_table.get_kernel(kernel), seen, depth + 1)
-            _hash_value(h, kernel_side_table.get_constant_args(constants), seen, depth + 1)
-
-
-def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
-    h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
-    if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
-        _hash_value(h, fn.__self__, seen, depth)
-        if isinstance(fn.__self__, torch.fx.GraphModule):  # its forward was hashed with it
-            return
-    _hash_code(h, fn.__code__)
-    for default in fn.__defaults__ or ():
-        _hash_value(h, default, seen, depth)
-    for name, default in sorted((fn.__kwdefaults__ or {}).items()):
-        h.update(name.encode())
-        _hash_value(h, default, seen, depth)
-    for cell in fn.__closure__ or ():
-        try:
-            _hash_value(h, cell.cell_contents, seen, depth)
-        except ValueError:  # empty cell
-            h.update(b"<empty>")
-    for name in sorted(code_names(fn.__code__)):
-        if name in fn.__globals__:
-            h.update(name.encode())
-            _hash_value(h, fn.__globals__[name], seen, depth)
-
-
-def function_key(fn) -> str:
-    """Note [Function key]."""
-    h = hashlib.sha256(versions().encode())
-    _hash_function(h, fn, set(), 0)
-    return h.hexdigest()[:20]
-
-
-def describe(fn) -> dict:
-    """What ``python -m trident list`` says of a function: ``qualname``, ``module``, ``file``
-    and ``line`` (of its ``def``); for the ``forward`` of a graph that ``torch.compile`` handed to
-    Trident's backend, ``graph_of``: the user function and line of the graph's first op, read
-    from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
-    code = getattr(fn, "__code__", None)
-    about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
-             "module": getattr(fn, "__module__", None),
-             "file": code.co_filename if code else None,
-             "line": code.co_firstlineno if code else None}
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.fx.GraphModule):
-        for node in owner.graph.nodes:
-            frame = re.search(r'File "([^"]+)", line (\d+), in (\S+)',
-                              node.meta.get("stack_trace") or "")
-            if frame:
-                about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
-                break
-    return about
-
 
 class FunctionCache:
     """The cache folder of one function."""
@@ -370,7 +146,7 @@ class FunctionCache:
         """Note [Stored eager decisions]: (tree key, guards, why) of each signature whose
         compile failed in an earlier process, oldest first; a damaged entry is dropped with a
         warning (the next failure of that signature stores it again)."""
-        from .guards import Guard
+        from trident.ir.guards import Guard
 
         decisions = []
         for path in sorted(self.eager_dir.glob("*.json")) if self.eager_dir.is_dir() else []:
@@ -551,7 +327,7 @@ def list_entries() -> list[dict]:
     the epoch: Note [Cache size]) and ``apart``: per signature, the words of the guards that
     tell it from the others of the same signature (the number of threads, grad mode; empty
     where its signature is its own)."""
-    from .guards import Guard
+    from trident.ir.guards import Guard
 
     root = config.cache_dir() / "functions"
     rows = []

@@ -72,15 +72,17 @@ from typing import Any
 
 import torch
 
-from .errors import TridentError
-from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node, _Flattener,
-                      identity_words)
+from trident import config
+from trident.errors import TridentError
+from trident.lower.flatten import _Flattener
+from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
+from trident.identity import PROCESS, hash_code, identity_words
 
 # Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
 # a closure cell's contents.
 ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
 
-_HERE = str(Path(__file__).resolve().parent) + os.sep
+_HERE = str(config.PACKAGE_DIR) + os.sep
 _INSTALL_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
 _IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
@@ -1133,7 +1135,7 @@ def _words(obj) -> str:
     object means the same (functions by their code, kernels by their source)."""
     if isinstance(obj, (types.FunctionType, types.CodeType)):
         h = hashlib.sha256()
-        _hash_code(h, getattr(obj, "__code__", obj))
+        hash_code(h, getattr(obj, "__code__", obj))
         return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
     if isinstance(obj, property):
         return "property " + " ".join(_words(f) if f is not None else "-"
@@ -1152,17 +1154,6 @@ def _words(obj) -> str:
     if isinstance(obj, _op_types()[0]):  # a custom op: one per name, in every process
         return f"custom op {obj._namespace}::{obj._name}"
     return identity_words(obj)
-
-
-def _hash_code(h, code: types.CodeType) -> None:
-    h.update(code.co_filename.encode())
-    h.update(code.co_code)
-    h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _hash_code(h, const)
-        else:
-            h.update(repr(const).encode())
 
 
 def _tensor_words(t: torch.Tensor) -> str:
@@ -1230,9 +1221,7 @@ def _root_words(root: tuple, fn) -> str:
     globals) must not accept the specializations whose state was read from this one's."""
     if root[0] != "object":
         return "|".join(map(str, root))
-    from .cache import _PROCESS
-
-    return f"object {root[1]}:{_PROCESS}:fn@{id(fn)}"
+    return f"object {root[1]}:{PROCESS}:fn@{id(fn)}"
 
 
 def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from . import sizes
-from .codegen import CStep, c_comment, c_float, c_string, size_c
-from .operands import Arg, Item, Val
+from trident.ir import sizes
+from trident.codegen.cprint import c_comment, c_float, c_string, size_c
+from trident.codegen.target import CStep
+from trident.ir.operands import Arg, Item, Val
 
 NAME = "cuda"
 HEADERS = ("trident_cuda.h",)

@@ -33,8 +33,8 @@ import weakref
 import torch
 import torch.fx as fx
 
-from .errors import TridentError
-from .jit import Stats, jit_function_class
+from trident.errors import TridentError
+from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
 _GRAPHS: list[weakref.ref] = []
@@ -93,7 +93,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    from .cache import describe
+    from trident.identity import describe
 
     try:
         tx = InstructionTranslator.current_tx()

@@ -19,8 +19,8 @@ from torch_mlir.dialects import torch as torch_dialect
 from torch_mlir.extras.fx_importer import ContextCache, FxImporter, GraphNodeImporter
 import torch
 
-from . import config
-from .capture import source_line
+from trident import config
+from trident.lower.capture import source_line
 
 
 TRITON_LAUNCH = "trident.triton_launch"

@@ -65,90 +65,17 @@ import struct
 
 import torch
 
-from . import operands
-from .guards import Aliased, dtype_codes
-from .plan import Plan, _schema
-from .runtime import ABI
+from trident.ir import operands
+from trident.ir.guards import dtype_codes
+from trident.lower import passes
+from trident.ir.plan import Plan
+from trident.runtime import ABI
 
 RECAPTURES = 2  # per specialization, all its sizes together
 # trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
 OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
 BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
 _TAGS = {k: ABI[f"TRT_{k.upper()}"] for k in ("none", "tensor", "int", "float", "bool")}
-
-
-def graph_device(spec) -> int | None:
-    """The CUDA device whose graph could replay ``spec``'s sequence, or None when the sequence
-    must run step by step (Note [CUDA graphs]: a CPU or no tensor argument, a tensor passed
-    twice, an interpreted launch, an op that draws random numbers)."""
-    if spec.cuda_device is None or any(isinstance(g, Aliased) and g.value
-                                       for g in spec.guards):
-        return None
-    for step in spec.plan.steps:
-        if step.op == "triton":
-            if "binary" not in step.launch:
-                return None
-        elif step.op != "int" and _draws_random(step):
-            return None
-    return spec.cuda_device
-
-
-def _draws_random(step) -> bool:
-    """PyTorch tags every op that may consume RNG state ``nondeterministic_seeded``; of those,
-    attention with a ``dropout_p`` that is the constant 0 draws nothing (SDPA at inference)."""
-    namespace, name = step.op.split("::")
-    try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        op = getattr(packet, step.overload or "default")
-    except AttributeError:
-        return True  # unknown: assume it does
-    if torch.Tag.nondeterministic_seeded not in op.tags:
-        return False
-    names = [a.name for a in op._schema.arguments]
-    if "dropout_p" in names and names.index("dropout_p") < len(step.args):
-        p = step.args[names.index("dropout_p")]
-        return not (isinstance(p, (operands.Float, operands.Int)) and p.v == 0)
-    return True
-
-
-def written_args(plan: Plan) -> set[int]:
-    """Argument indices the sequence may write: passed, or a view of them, to a Triton launch
-    (any pointer may be stored through) or to an ATen argument annotated ``Tensor(a!)``."""
-    views: dict[tuple[str, int], set[int]] = {}  # ("val" | "list", id) -> arguments it views
-
-    def sources(o: operands.Operand) -> set[int]:
-        match o:
-            case operands.Arg(i):
-                return {i}
-            case operands.Val(i):
-                return views.get(("val", i), set())
-            case operands.Item(list=i):
-                return views.get(("list", i), set())
-            case operands.Tensors(v) | operands.OptTensors(v):
-                return set().union(*(sources(item) for item in v))
-        return set()
-
-    written: set[int] = set()
-    for step in plan.steps:
-        if step.op == "int":
-            continue
-        if step.op == "triton":
-            for o in step.args:
-                written |= sources(o)
-            continue
-        schema = _schema(step.op, step.overload)
-        pairs = list(zip(schema.arguments, step.args))
-        for a, o in pairs:
-            if a.alias_info is not None and a.alias_info.is_write:
-                written |= sources(o)
-        for ret, r in zip(schema.returns, step.results):
-            if ret.alias_info is None or not isinstance(r, (operands.Val, operands.List)):
-                continue
-            alias = ret.alias_info.before_set
-            views[(r.KIND, r.i)] = set().union(*(
-                sources(o) for a, o in pairs
-                if a.alias_info is not None and a.alias_info.before_set & alias))
-    return written
 
 
 @dataclasses.dataclass
@@ -251,7 +178,7 @@ class GraphStates:
     def slot(self, spec) -> tuple:
         """``spec``'s slot after an install or a call, as the dispatcher's ``_set_graph`` takes
         it: (state, recaptures, descriptors, open)."""
-        if not self.enabled or spec.graph_device is None:
+        if not self.enabled or passes.graph_device(spec) is None:
             return (OFF,)
         kept = self.graphs.get(spec.key, {})
         captured = tuple(c.packed for c in kept.values() if isinstance(c, Captured))
@@ -324,7 +251,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> 
     slot are serial on one stream, and each graph's static outputs stay allocated).
     Returns the captured graph, or why the specialization runs without one.
     """
-    written = spec.written_args
+    written = passes.written_args(spec.plan)
     for i in moved:
         if not _dense(args[i]):
             return f"argument {i} changed address and is not dense"

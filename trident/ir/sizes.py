@@ -28,7 +28,7 @@ import sympy
 from torch.utils._sympy import functions
 from torch.utils._sympy.printers import PythonPrinter
 
-from .errors import TridentError
+from trident.errors import TridentError
 
 PLACES = {"size": "sizes", "stride": "strides", "offset": "storage_offset"}
 _MAX = getattr(functions, "Max", sympy.Max)  # torch's own Max/Min where it has them

@@ -13,13 +13,15 @@ import time
 
 import torch
 
-from . import config, kernels
-from .capture import Capture
-from .errors import TridentError
-from .guards import guards_for
-from .importer import import_graph
-from .plan import build_plan, reuse_buffers
-from .specialization import Specialization
+from trident import config
+from trident.lower import kernels
+from trident.lower.capture import Capture
+from trident.errors import TridentError
+from trident.ir.guards import guards_for
+from trident.lower.importer import import_graph
+from trident.lower.plan import build_plan
+from trident.lower.passes import reuse_buffers
+from trident.ir.specialization import Specialization
 
 _recompiles = config.logger("recompiles")
 

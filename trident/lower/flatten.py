@@ -54,205 +54,11 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import TridentError
-
-# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
-# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
-ARG, ITEM, INDEX, ATTR, SELF = range(5)
-LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
-MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
-
-_SCALARS = (bool, int, float, type(None))
-_CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
-           torch.Size, range, torch.memory_format, torch.layout)
-# A slice is a CONST when its bounds are of these types, compared by exact type and value
-# (runtime.cpp's const_equal: ``x[1.0:]`` raises where ``x[1:]`` does not, though 1.0 == 1).
-_SLICE_BOUNDS = (int, bool, type(None))
-_BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-          types.ModuleType, types.CodeType, property, staticmethod, classmethod,
-          types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """One value of the call: read from ``parent`` by ``access`` with ``key``, then checked.
-
-    ``expect`` is the exact type (SEQ, DICT, OBJECT), the value (CONST), the object (ID) or the
-    node index (SAME); ``length`` the number of items or ``__dict__`` entries, and ``keys``
-    their keys in order (a function that iterates a dict sees that order)."""
-
-    parent: int
-    access: int
-    key: Any
-    check: int
-    expect: Any = None
-    length: int = 0
-    path: str = ""
-    keys: tuple | None = None  # DICT and OBJECT: the keys in order (iteration order is read)
-
-
-@dataclasses.dataclass
-class ArgTree:
-    """The flattened structure of one call (Note [Argument trees])."""
-
-    nodes: list[Node]
-    leaf_nodes: list[int]  # node index of leaf 1, 2, ... (leaf 0 is ``key``)
-    key: int
-    description: list[str]  # per node, stable across processes; the key hashes it
-
-    @property
-    def leaf_paths(self) -> list[str]:
-        return ["<call structure>"] + [self.nodes[i].path for i in self.leaf_nodes]
-
-    def program(self) -> tuple:
-        """The tree as runtime.cpp's ``_set_trees`` reads it."""
-        return (self.key, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length,
-                                 n.keys) for n in self.nodes))
-
-    def first_difference(self, other: "ArgTree") -> str:
-        """Where ``other`` (a call's tree) departs from this (an installed one), in words."""
-        for i, (mine, theirs, n) in enumerate(zip(self.description, other.description,
-                                                   other.nodes)):
-            if mine == theirs:
-                continue
-            where = n.path or "keyword arguments"
-            old, new = self.nodes[i].keys, n.keys
-            if old is not None and new is not None and old != new:  # name the keys only
-                added = [k for k in new if k not in old]
-                removed = [k for k in old if k not in new]
-                if added or removed:
-                    return (f"{where}: " + ", ".join(
-                        [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
-                return f"{where}: keys in another order"
-            return f"{where}: {_words(theirs)} where {_words(mine)} was compiled"
-        if len(self.nodes) != len(other.nodes):
-            longer = self if len(self.nodes) > len(other.nodes) else other
-            n = longer.nodes[min(len(self.nodes), len(other.nodes))]
-            return f"{n.path} {'missing' if longer is self else 'added'}"
-        return "same structure"
-
-
-def _words(description: str) -> str:
-    return description.split("|", 3)[-1]
-
-
-# ---- binding ---------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    """How a call binds to the function's parameters, as C binds it (``bind_call``).
-
-    ``params``: (name, inspect kind, default or ``inspect.Parameter.empty``) per parameter of
-    the function as called (a bound method without ``self``). ``self_obj``: the object a bound
-    method or a module carries, the tree's ``self`` root."""
-
-    params: tuple
-    self_obj: Any = None
-    has_self: bool = False
-
-    @classmethod
-    def of(cls, fn: Callable, self_obj: Any = None, has_self: bool = False) -> "Binding":
-        try:  # the function as called (a decorator's wrapper, not what it wraps)
-            sig = inspect.signature(fn, follow_wrapped=False)
-        except ValueError:  # a callable object without one (a JitFunction): what it wraps
-            sig = inspect.signature(fn)
-        return cls(tuple((p.name, int(p.kind), p.default) for p in sig.parameters.values()),
-                   self_obj, has_self)
-
-    def bind(self, args: tuple, kwargs: dict) -> list:
-        """The bound values in parameter order (``*args`` a tuple, ``**kwargs`` a dict).
-
-        Raises:
-            TypeError: as calling the function would (the caller then calls it eagerly to
-                raise eager's own message)."""
-        values, used, i = [], 0, 0
-        for name, kind, default in self.params:
-            if kind == inspect.Parameter.VAR_POSITIONAL:
-                values.append(tuple(args[i:]))
-                i = len(args)
-            elif kind == inspect.Parameter.VAR_KEYWORD:
-                names = {p[0] for p in self.params if p[1] in (1, 3)}
-                extra = {k: v for k, v in kwargs.items() if k not in names}
-                used += len(extra)
-                values.append(extra)
-            elif kind != inspect.Parameter.KEYWORD_ONLY and i < len(args):
-                if kind == inspect.Parameter.POSITIONAL_OR_KEYWORD and name in kwargs:
-                    raise TypeError(f"multiple values for argument {name!r}")
-                values.append(args[i])
-                i += 1
-            elif kind != inspect.Parameter.POSITIONAL_ONLY and name in kwargs:
-                values.append(kwargs[name])
-                used += 1
-            elif default is not inspect.Parameter.empty:
-                values.append(default)
-            else:
-                raise TypeError(f"missing argument {name!r}")
-        if i < len(args) or used != len(kwargs):
-            raise TypeError("unexpected arguments")
-        return values
-
-    def call(self, fn: Callable, values: list):
-        """Call ``fn`` with bound ``values`` (the inverse of ``bind``)."""
-        args, kwargs = [], {}
-        for (name, kind, _), v in zip(self.params, values):
-            if kind == inspect.Parameter.VAR_POSITIONAL:
-                args.extend(v)
-            elif kind == inspect.Parameter.VAR_KEYWORD:
-                kwargs.update(v)
-            elif kind == inspect.Parameter.KEYWORD_ONLY or kwargs:
-                kwargs[name] = v
-            else:
-                args.append(v)
-        return fn(*args, **kwargs)
-
-    def program(self) -> tuple:
-        """The parameters as runtime.cpp's ``_set_binding`` reads them: (name, kind, has a
-        default, default)."""
-        return tuple((name, kind, default is not inspect.Parameter.empty,
-                      None if default is inspect.Parameter.empty else default)
-                     for name, kind, default in self.params)
-
+from trident.errors import TridentError
+from trident.identity import identity_words, jitted_code, stable_words
+from trident.ir.trees import (ABSENT, ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST, R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT, R_STRUCTSEQ, R_TUPLE, R_VALUE, SAME, SELF, SEQ, TENSOR, TYPE, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree, Binding, Node, OutputRecipe)
 
 # ---- flattening ------------------------------------------------------------------------------
-
-# An identity-checked function's words, fixed at its first sight in this process: the native
-# check is by identity, and its Python twin must agree with it. Recomputed at each miss, a
-# function whose globals change between calls (a wrapper that counts its calls) would give an
-# unchanged call a new tree, and a recompile, on every slow-path call.
-_FUNCTION_WORDS: "weakref.WeakKeyDictionary[types.FunctionType, str]" = weakref.WeakKeyDictionary()
-
-
-def _stable(obj: Any) -> str:
-    """Words for an object checked by identity, the same in every process where they can be."""
-    if isinstance(obj, (types.FunctionType, types.MethodType)):
-        from .cache import function_key
-
-        fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
-        words = _FUNCTION_WORDS.get(fn)
-        if words is None:
-            words = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
-            _FUNCTION_WORDS[fn] = words
-        return words
-    return identity_words(obj)
-
-
-def identity_words(obj: Any) -> str:
-    """Words for a class, a module, a builtin, an enum member (the same in every process) or
-    any other object checked by identity (this process only)."""
-    if isinstance(obj, type):
-        return f"class {obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, types.ModuleType):
-        return f"module {obj.__name__}"
-    if isinstance(obj, types.BuiltinFunctionType):
-        return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return f"torch operator {obj}"  # one object per operator, in every process
-    if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
-        return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
-    from .cache import _PROCESS
-
-    return f"object {type(obj).__qualname__}@{id(obj)}:{_PROCESS}"  # this process only
-
 
 def _type_name(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
@@ -289,16 +95,16 @@ class _Flattener:
         the model's ``__dict__``), is its function's words and the object it is bound to: the
         path of that object where the tree reached it already (the same in every process),
         else that object's identity (this process only)."""
-        jitted = isinstance(value, _opaque_types()[1])
+        jitted = jitted_code(value) is not None
         fn = getattr(value, "_fn", None) if jitted else value
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             owner = self.seen.get(id(fn.__self__))
             bound = (f"bound to the object at {self.nodes[owner].path or 'the call'}"
                      if owner is not None else f"bound to {identity_words(fn.__self__)}")
-            return f"{'trident.jit of ' * jitted}{_stable(fn.__func__)} {bound}"
+            return f"{'trident.jit of ' * jitted}{stable_words(fn.__func__)} {bound}"
         if jitted and isinstance(fn, types.FunctionType):
-            return f"trident.jit of {_stable(fn)}"
-        return _stable(value)
+            return f"trident.jit of {stable_words(fn)}"
+        return stable_words(value)
 
     def tensor(self, value: torch.Tensor, node: Node) -> None:
         """A tensor first reached at ``node``: a leaf of the specialization."""
@@ -396,19 +202,14 @@ _PER_PROCESS_ATTRIBUTES = {
 }
 
 
-@functools.cache
-def _opaque_types() -> tuple:
-    from .jit import jit_function_class
-
-    return (functools.partial, jit_function_class(), torch._ops.OpOverload,
-            torch._ops.OpOverloadPacket)
+_OPAQUE = (functools.partial, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
     JitFunction, a ``functools.partial``, a torch operator such as ``torch.ops.aten.add.Tensor``,
     whose ``__dict__`` holds the dispatcher's caches)."""
-    return isinstance(value, _opaque_types())
+    return isinstance(value, _OPAQUE) or jitted_code(value) is not None
 
 
 def _attr(k) -> str:
@@ -567,77 +368,6 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
                     "generate(..., cache_implementation=\"static\") (docs/huggingface.md)")
         raise TridentError(f"the function assigns to {changed[0]} (Python state of its "
                            f"arguments, which a specialization cannot replay){hint}")
-
-
-# ---- outputs ---------------------------------------------------------------------------------
-
-# OutputRecipe ops, as runtime.cpp's build_recipe reads them
-(R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT, R_STRUCTSEQ) = range(11)
-# R_OBJECT's base: how the object is made without running its Python __init__
-BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
-
-
-@dataclasses.dataclass
-class OutputRecipe:
-    """How the runtime rebuilds a result from the SCM's flat outputs (Note [Argument trees]).
-
-    ``ops``: prefix order; each op is a tuple whose first item is an ``R_*`` code:
-    ``(R_VALUE,)`` the next flat output; ``(R_AGAIN, k)`` flat output ``k`` once more (a
-    tensor the result holds twice, as ``ModelOutput`` holds each field as an attribute and as
-    an item); ``(R_BUILT, op)`` the container or object op ``op`` made, once more;
-    ``(R_CONST, value)``; ``(R_INPUT, node)`` the call's
-    object at that tree node; ``(R_TUPLE, n)``, ``(R_LIST, n)``; ``(R_DICT, keys)``;
-    ``(R_NAMEDTUPLE, cls, n)``; ``(R_STRUCTSEQ, cls, n)`` a C tuple type such as
-    ``torch.return_types.max`` or ``torch.Size``, made by calling ``cls`` (C) on the items;
-    ``(R_OBJECT, cls, base, attributes, item keys)`` an object made by its base type's
-    ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set without calling its
-    Python methods, as a dataclass or transformers' ``ModelOutput`` holds them after
-    ``__init__``."""
-
-    ops: list
-
-    def to_json(self) -> list:
-        out = []
-        for op in self.ops:
-            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
-                out.append([op[0], f"{op[1].__module__}:{op[1].__qualname__}", *op[2:]])
-            elif op[0] == R_CONST and not isinstance(op[1], str):  # a dtype or device
-                out.append([op[0], {type(op[1]).__name__: str(op[1]).replace("torch.", "")}])
-            else:
-                out.append(list(op))
-        return out
-
-    @classmethod
-    def from_json(cls, data: list) -> "OutputRecipe":
-        ops = []
-        for op in data:
-            if op[0] in (R_NAMEDTUPLE, R_STRUCTSEQ, R_OBJECT):
-                op = [op[0], _import_type(op[1]), *op[2:]]
-            if op[0] == R_DICT:
-                op = [op[0], tuple(op[1])]
-            if op[0] == R_CONST and isinstance(op[1], dict):
-                (kind, text), = op[1].items()
-                op = [op[0], getattr(torch, text) if kind == "dtype" else torch.device(text)]
-            if op[0] == R_OBJECT:
-                op = [*op[:3], tuple(op[3]), tuple(op[4])]
-            ops.append(tuple(op))
-        return cls(ops)
-
-
-def _import_type(name: str) -> type:
-    import importlib
-
-    module, _, qualname = name.partition(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import the result class {name}: {e}") from e
-    if not isinstance(obj, type):
-        raise ValueError(f"{name} is not a class")
-    return obj
 
 
 def _rebuildable(t: type) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from .errors import TridentError
+from trident.errors import TridentError
 
 
 def _triton():

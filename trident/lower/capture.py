@@ -34,11 +34,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import collectives, config, rng, runtime, state
-from .errors import TridentError
+from trident.lower import collectives, rng, state
+from trident import config, runtime
+from trident.errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
-_SKIP_PREFIXES = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+_SKIP_PREFIXES = (str(Path(torch.__file__).parent), str(config.PACKAGE_DIR))
 
 
 @dataclasses.dataclass
@@ -303,8 +304,8 @@ class _TritonLaunches:
         from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
                                                                 triton_kernel_wrapper_mutation)
 
-        from .guards import size_expr, size_sources
-        from .kernels import resolve_launch
+        from trident.ir.guards import size_expr, size_sources
+        from trident.lower.kernels import resolve_launch
 
         if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in (*args, *kwargs.values())):
             raise TridentError("a Triton launch with a float or bool computed from a dynamic dim "
@@ -328,7 +329,7 @@ class _TritonLaunches:
             grid=[traced_grid], tma_descriptor_metadata={}, kwargs=tensors)
 
     def __enter__(self):
-        from .kernels import launch_hook
+        from trident.lower.kernels import launch_hook
 
         self._hook = launch_hook(lambda kernel, grid, original: (
             lambda *args, **kwargs: self.launch(kernel, grid, args, kwargs)))

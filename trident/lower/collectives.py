@@ -30,16 +30,7 @@ name (``c10d::resolve_process_group``), ``allreduce`` with ``asyncOp`` off, ``Wo
 GIL released; the ``wait_tensor`` after it finds no pending work. The same NCCL reduction, so
 the same bits. Measured on two H200s: docs/benchmarks.md, "Tensor parallel".
 
-Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
-of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
-(``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
-guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
-initialized (``process_group`` in ``trt_env``, read once per call from
-``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime.cpp; ``fact`` is its
-Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
-rank misses and is traced again; one outside any group misses and its trace raises as eager does
-(the call runs eagerly, with a warning). A collective on any other group than the default one is
-not compiled (``check_group``): its membership is not guarded.
+Note [Process group guard] is in ir/guards.py.
 """
 
 from __future__ import annotations
@@ -49,29 +40,8 @@ import inspect
 
 import torch
 
-from .errors import TridentError
-
-
-def fact() -> str:
-    """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
-    initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
-    runtime.cpp."""
-    if not torch.distributed.is_available():
-        return ""
-    from torch.distributed.distributed_c10d import _world
-
-    group = _world.__dict__.get("_default_pg")
-    if group is None:
-        return ""
-    return f"{group.group_name}:{group.rank()}/{group.size()}"
-
-
-def describe(value: str) -> str:
-    if not value:
-        return "no default process group is initialized"
-    name, _, ranks = value.partition(":")
-    rank, _, size = ranks.partition("/")
-    return f"the default process group is {name!r}, rank {rank} of {size}"
+from trident.errors import TridentError
+from trident.ir.guards import process_group_fact
 
 
 def remap(func, args: tuple, kwargs: dict):
@@ -121,7 +91,7 @@ def check_group(group_name: str, where: str) -> None:
     Raises:
         TridentError: it names another group, whose membership no guard covers.
     """
-    default = fact().partition(":")[0]
+    default = process_group_fact().partition(":")[0]
     if group_name != default:
         raise TridentError(f"{where}: a collective on process group {group_name!r}, not the "
                            f"default group ({default or 'none'}); Trident guards the default "

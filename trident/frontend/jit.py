@@ -22,16 +22,20 @@ from typing import Callable
 
 import torch
 
-from . import (build, cache, codegen, compiler, config, graphs, interrupts, kernels, rng, runtime,
-               state)
-from .cache import FunctionCache, function_key
-from .capture import trace
-from .errors import EagerCall, TridentError
-from .flatten import TENSOR, ArgTree, Binding, flatten_call, flatten_output, substituted
-from .guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
-                     failures, first_failure, guards_for)
-from .importer import import_graph
-from .specialization import Specialization
+from trident import build, config, interrupts, runtime
+from trident.frontend import cache, graphs
+from trident.codegen import render as codegen
+from trident.lower import compiler, kernels, passes, rng, state
+from trident.frontend.cache import FunctionCache
+from trident.identity import function_key
+from trident.lower.capture import trace
+from trident.errors import EagerCall, TridentError
+from trident.lower.flatten import flatten_call, flatten_output, substituted
+from trident.ir.trees import TENSOR, ArgTree, Binding
+from trident.ir.guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
+                               failures, first_failure, guards_for)
+from trident.lower.importer import import_graph
+from trident.ir.specialization import Specialization
 
 _recompiles = config.logger("recompiles")
 _code_log = config.logger("code")
@@ -99,6 +103,12 @@ class JitFunctionMixin:
     __slots__ = ()  # instance state lives in the Dispatcher's __dict__
 
     _constant_self = False  # backend.py: a GraphModule's forward, keyed by its code
+
+    @property
+    def __trident_code__(self) -> Callable:
+        """The function this compiles: what identity.py keys and names it by, not its counters
+        and graphs."""
+        return self._code_fn
 
     def _setup(self, fn: Callable, max_specializations: int | None, fallback: bool,
                cuda_graphs: bool | None, dynamic, cuda_graph_sizes: int | None = None) -> None:
@@ -513,7 +523,7 @@ class JitFunctionMixin:
         if moved is not None:
             start = time.perf_counter()
             try:
-                captured = graphs.capture(self._run, spec, args, moved, spec.graph_device,
+                captured = graphs.capture(self._run, spec, args, moved, passes.graph_device(spec),
                                           self._graph_states.pool(spec))
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
                 captured = f"capture failed: {type(e).__name__}: {e}"
@@ -788,7 +798,7 @@ class JitFunctionMixin:
         return module
 
 
-_PACKAGES = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+_PACKAGES = (str(config.PACKAGE_DIR), str(Path(torch.__file__).resolve().parent))
 
 
 def _sizeless(guards: list) -> list:

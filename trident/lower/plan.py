@@ -1,7 +1,7 @@
 """Plan: walk the Torch-MLIR ``func.func`` into a host launch plan.
 
 A plan is a list of steps in program order. A step calls one operator through PyTorch's
-dispatcher with a boxed stack of operands: ``trident.operands``' dataclasses (``Arg``, ``Val``,
+dispatcher with a boxed stack of operands: ``trident.ir.operands``' dataclasses (``Arg``, ``Val``,
 ``Int``, ``IntList``...), stored as JSON with the specialization in the cache and rendered again
 when the module is rebuilt.
 
@@ -68,108 +68,22 @@ from typing import Any
 import torch
 from torch_mlir import ir
 
-from . import collectives, operands
-from .errors import TridentError
+from trident.lower import collectives
+from trident.ir import operands
+from trident.errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
-from .guards import MAX_OUTS, dtype_codes
-from .importer import TRITON_LAUNCH, location
-from .operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints, Item,
-                       List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors, Val)
+from trident.ir.guards import MAX_OUTS, dtype_codes
+from trident.lower.importer import TRITON_LAUNCH, location
+from trident.ir.plan import Plan, Step, View
+from trident.lower.passes import is_composite, is_functional, op_schema, uses
+from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
+                                 Item, List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors,
+                                 Val)
 
 # Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
-@dataclasses.dataclass(frozen=True)
-class View:
-    """Note [Views in C]: a view step whose geometry the generated C computes."""
-
-    rank: int  # the input's rank
-    eager: bool  # its tensor, once needed, is made as eager makes it (aten::as_strided)
-    alias: bool  # an _unsafe_view, made at its step
-
-
-@dataclasses.dataclass
-class Step:
-    """One operator call: ``results = op(*args)``."""
-
-    op: str  # "aten::mul"
-    overload: str  # "Scalar"; "" for the default overload
-    args: list[Operand]
-    results: list[Operand]  # per return: Val, List or Scalar, or Drop
-    where: str  # "model.py:12"
-    text: str  # the user's source line
-    release: list[Operand] = dataclasses.field(default_factory=list)  # Val, List: dead after
-    # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
-    # for CUDA (kernels.compile_cuda). args are then the tensor arguments in parameter order.
-    launch: dict | None = None
-    # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
-    # kept from the previous call, instead of allocating ("" when the step allocates).
-    out_overload: str = ""
-    view: View | None = None  # Note [Views in C]; None for other steps
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.op}.{self.overload}" if self.overload else self.op
-
-    def to_json(self) -> dict:
-        return {"op": self.op, "overload": self.overload,
-                "args": [a.to_json() for a in self.args],
-                "results": [r.to_json() for r in self.results], "where": self.where,
-                "text": self.text, "release": [r.to_json() for r in self.release],
-                "launch": self.launch, "out_overload": self.out_overload,
-                "view": dataclasses.asdict(self.view) if self.view else None}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Step":
-        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
-        view = data["view"]
-        return cls(data["op"], data["overload"], [operands.from_json(a) for a in data["args"]],
-                   [operands.from_json(r) for r in data["results"]], data["where"],
-                   data["text"], [operands.from_json(r) for r in data["release"]],
-                   data["launch"], data["out_overload"], View(**view) if view else None)
-
-
-@dataclasses.dataclass
-class Plan:
-    """A specialization's launch sequence.
-
-    Attributes:
-        steps: operator calls in program order.
-        outputs: flat output operands (tensors, and constants for non-tensor leaves).
-        out_spec: the output structure (Note [Output spec] in runtime.cpp).
-        num_values / num_lists / num_scalars: how many tensor, tensor-list and scalar values
-            (an op's int, float or bool returns) the steps produce.
-    """
-
-    steps: list[Step]
-    outputs: list[Operand]
-    out_spec: str
-    num_values: int
-    num_lists: int
-    num_scalars: int = 0
-
-    def to_json(self) -> dict:
-        return {"steps": [s.to_json() for s in self.steps],
-                "outputs": [o.to_json() for o in self.outputs], "out_spec": self.out_spec,
-                "num_values": self.num_values, "num_lists": self.num_lists,
-                "num_scalars": self.num_scalars}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Plan":
-        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
-        return cls([Step.from_json(s) for s in data["steps"]],
-                   [operands.from_json(o) for o in data["outputs"]], data["out_spec"],
-                   data["num_values"], data["num_lists"], data["num_scalars"])
-
-
-def _schema(op: str, overload: str):
-    try:
-        return torch._C._get_schema(op, overload)
-    except RuntimeError:
-        return None
-
-
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
 _ELEMENT_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
                    "bf16": torch.bfloat16, "si64": torch.int64, "si32": torch.int32,
@@ -432,7 +346,7 @@ class _Walker:
                 a.v, [t for j, t in enumerate(tensors) if t and j != i],
                 results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
                 for i, a in enumerate(args)]
-        schema = _schema(op_qual, overload)
+        schema = op_schema(op_qual, overload)
         try:
             torch._C._dispatch_find_schema_or_throw(op_qual, overload)
         except RuntimeError:
@@ -492,17 +406,6 @@ class _Walker:
         return Plan(self.steps, flat, "", self.num_values, self.num_lists, self.num_scalars)
 
 
-def _uses(operand: Operand):
-    """The owned values an operand reads: ``Val``, and the ``List`` an ``Item`` borrows from."""
-    if isinstance(operand, Val):
-        yield operand
-    elif isinstance(operand, Item):
-        yield List(operand.list)
-    elif isinstance(operand, (Tensors, OptTensors)):
-        for item in operand.v:
-            yield from _uses(item)
-
-
 def _assign_releases(steps: list[Step], outputs: list[Operand]) -> None:
     """Release each owned value right after its last use; outputs keep theirs to the end. A
     view computed in C (Note [Views in C]) keeps its input alive while the view is used."""
@@ -512,13 +415,13 @@ def _assign_releases(steps: list[Step], outputs: list[Operand]) -> None:
             if isinstance(result, (Val, List)):
                 last[result] = index  # unused results die at once
         for a in step.args:
-            for use in _uses(a):
+            for use in uses(a):
                 last[use] = index
-    at_end = {use for out in outputs for use in _uses(out)}
+    at_end = {use for out in outputs for use in uses(out)}
     for step in reversed(steps):  # a view's base lives as long as the view
         if step.view is not None and not step.view.alias:
             view = step.results[0]
-            for use in _uses(step.args[0]):
+            for use in uses(step.args[0]):
                 last[use] = max(last[use], last[view])
                 if view in at_end:
                     at_end.add(use)
@@ -556,123 +459,17 @@ def _mark_eager_views(steps: list[Step], outputs: list[Operand]) -> None:
     for step, operand in readers:
         if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
             continue
-        schema = None if step is None else _schema(step.op, step.overload)
-        if schema is not None and step.op.startswith("aten::") and _is_functional(schema) and (
+        schema = None if step is None else op_schema(step.op, step.overload)
+        if schema is not None and step.op.startswith("aten::") and is_functional(schema) and (
                 step.qualified_name in _FRESH_COMPOSITES
-                or not _is_composite(step.op, step.overload)):
+                or not is_composite(step.op, step.overload)):
             continue
-        for use in _uses(operand):
+        for use in uses(operand):
             if use in views:
                 views[use].view = dataclasses.replace(views[use].view, eager=True)
 
 
 # Ops whose results share storage with an argument without saying so in their schema.
-_UNANNOTATED_ALIASES = {"aten::_unsafe_view", "aten::_reshape_alias", "aten::lift_fresh",
-                        "aten::lift"}
-# Ops whose output size depends on the data: an earlier call's buffer may be the wrong size.
-_DATA_DEPENDENT_SIZES = {"aten::nonzero", "aten::masked_select", "aten::unique_dim",
-                         "aten::_unique2", "aten::unique_consecutive", "aten::nonzero_static"}
-
-
-def _is_functional(schema) -> bool:
-    """No argument is written and no return aliases an argument."""
-    if schema.name in _UNANNOTATED_ALIASES or "view" in schema.name:
-        return False
-    if any(a.alias_info is not None for a in schema.arguments):
-        return False
-    return all(r.alias_info is None for r in schema.returns)
-
-
-def _is_composite(op: str, overload: str) -> bool:
-    """A CompositeImplicitAutograd op: its C++ body calls other ops (Note [Composite ops])."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"{op}.{overload}" if overload else op, torch._C.DispatchKey.CompositeImplicitAutograd)
-
-
-def rerun_eagerly(plan: Plan) -> list[bool]:
-    """Note [Errors inside try] in capture.py: per step, whether a call that fails there may
-    run again eagerly: nothing the steps before it did is visible to the caller (no write to a
-    tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
-    tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""
-    clean, out = True, []
-    for step in plan.steps:
-        out.append(clean)
-        clean = clean and not _visible_effect(step)
-    return out
-
-
-def _visible_effect(step: Step) -> bool:
-    if step.op == "int":
-        return False
-    schema = _schema(step.op, step.overload) if step.op.startswith("aten::") else None
-    if schema is None or any(a.alias_info is not None and a.alias_info.is_write
-                             for a in schema.arguments):
-        return True
-    packet = getattr(torch.ops.aten, step.op[len("aten::"):], None)
-    overload = getattr(packet, step.overload or "default", None)
-    return overload is None or torch.Tag.nondeterministic_seeded in overload.tags
-
-
-def _out_overload(op: str, overload: str, backend: str) -> str:
-    """The ``.out`` overload of a functional op with one return: same arguments, then ``out``,
-    with a kernel of its own for ``backend`` (``"CPU"``, ``"CUDA"``). An ``.out`` overload that
-    torchgen made from the functional op (``relu.out``, ``mul.Scalar_out``: "autogen" in
-    native_functions.yaml, registered for CompositeExplicitAutograd only, torch 2.11-2.13) calls
-    the functional op and copies its result into ``out``: an allocation and a copy more, not less."""
-    schema = _schema(op, overload)
-    if (schema is None or len(schema.returns) != 1 or not _is_functional(schema)
-            or op in _DATA_DEPENDENT_SIZES or _is_composite(op, overload)):
-        return ""  # a composite op's .out decomposes its own way (Note [Composite ops])
-    signature = [(a.name, str(a.type)) for a in schema.arguments]
-    for candidate in torch._C._jit_get_schemas_for_operator(op):
-        args = [(a.name, str(a.type)) for a in candidate.arguments]
-        if (args[:-1] == signature and args[-1] == ("out", "Tensor")
-                and candidate.overload_name.endswith("out")):
-            try:
-                torch._C._dispatch_find_schema_or_throw(op, candidate.overload_name)
-            except RuntimeError:
-                continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(
-                    f"{op}.{candidate.overload_name}", backend):
-                return candidate.overload_name
-    return ""
-
-
-def reuse_buffers(plan: Plan, backend: str) -> None:
-    """Note [Buffer reuse]: a functional op whose result only feeds other functional ops (not an
-    output, not viewed, written or launched on) writes into the buffer its first call
-    allocated, through the op's ``.out`` overload: the same kernel and output layout as the
-    functional op, without an allocation per call. Buffers stay alive between calls (like a
-    CUDA graph's memory). Under ``torch.inference_mode()`` steps allocate as usual (a buffer made
-    there could not be written outside it, and one made outside must not be written inside).
-    The caller decides where that is safe: static sizes, the tensors on the CPU or on one CUDA
-    device, and no Python callback in the launch sequence (it could re-enter the same
-    specialization). On CUDA the buffers are reused only on the stream that made them (codegen
-    checks the current stream): kernels on one stream run in order, so a call cannot overtake
-    the previous call's reads of its buffers, and a call on another stream allocates. Here: only
-    plans of ATen ops, the runtime's ``trident::`` ops (C++, they keep nothing) and CUDA Triton
-    launches, and no composite op (its ``.out`` overload decomposes its own way). ``backend``: the
-    dispatch key of the tensors' device, ``"CPU"`` or ``"CUDA"``.
-    """
-    if any(not (step.op.startswith(("aten::", "int", "trident::")) or (
-            step.op == "triton" and step.launch["device"].startswith("cuda")))
-           for step in plan.steps):
-        # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
-        # running Python (as Triton's interpreter does on the CPU), lets another thread enter
-        # this specialization and overwrite the same buffers mid-call: only plans of ATen ops
-        # and driver launches reuse.
-        return
-    pinned = {o for o in plan.outputs if isinstance(o, Val)}
-    for step in plan.steps:
-        schema = None if step.op == "triton" else _schema(step.op, step.overload)
-        if schema is None or not _is_functional(schema):
-            for a in step.args:
-                pinned.update(_uses(a))
-    for step in plan.steps:
-        if (step.op != "triton" and len(step.results) == 1 and isinstance(step.results[0], Val)
-                and step.results[0] not in pinned):
-            step.out_overload = _out_overload(step.op, step.overload, backend)
-
 
 def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
     """Walk ``@main`` of an imported module into a :class:`Plan`.

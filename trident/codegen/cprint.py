@@ -1,0 +1,88 @@
+"""C literals and expressions: the printers every writer of C in codegen uses (a leaf module)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import sympy
+from torch.utils._sympy.printers import ExprPrinter
+
+from trident.ir import sizes
+
+
+def c_int(v: int) -> str:
+    """A C literal for an int64, INT64_MIN included."""
+    return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+
+
+class CPrinter(ExprPrinter):
+    """A size expression as a C int64 expression over the SCM's ``trt_arg a[]`` (torch's
+    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees)."""
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        kind, arg, dim = sizes.where(expr)
+        return f"a[{arg}].{sizes.PLACES[kind]}" + ("" if dim is None else f"[{dim}]")
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        return c_int(int(expr))
+
+    def _print_BooleanTrue(self, expr) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr) -> str:
+        return "0"
+
+    def _print_FloorDiv(self, expr) -> str:
+        return f"trt_floordiv({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    def _print_PythonMod(self, expr) -> str:
+        return f"trt_mod({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
+
+    _print_Mod = _print_PythonMod
+
+    def _print_Max(self, expr) -> str:  # folded pairwise
+        return self._fold(expr, ">")
+
+    def _print_Min(self, expr) -> str:
+        return self._fold(expr, "<")
+
+    def _fold(self, expr, op: str) -> str:
+        out = self.doprint(expr.args[0])
+        for b in expr.args[1:]:
+            b = self.doprint(b)
+            out = f"(({out}) {op} ({b}) ? ({out}) : ({b}))"
+        return out
+
+    def _print_And(self, expr) -> str:
+        return " && ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Or(self, expr) -> str:
+        return " || ".join(f"({self.doprint(a)})" for a in expr.args)
+
+    def _print_Not(self, expr) -> str:
+        return f"!({self.doprint(expr.args[0])})"
+
+
+def size_c(text: str) -> str:
+    """Note [Size expressions]' text as a C int64 expression."""
+    return CPrinter().doprint(sizes.loads(text))
+
+
+def c_string(s: str) -> str:
+    return json.dumps(s, ensure_ascii=True)
+
+
+def c_float(f: float) -> str:
+    if math.isnan(f):  # keep the sign and payload: guards compare NaNs by bit pattern
+        bits = struct.unpack("<Q", struct.pack("<d", f))[0]
+        payload = bits & ((1 << 51) - 1)
+        return f"{'-' if bits >> 63 else ''}__builtin_nan(\"{payload:#x}\")"
+    if math.isinf(f):
+        return "INFINITY" if f > 0 else "-INFINITY"
+    return f"{float.hex(f)} /* {f!r} */"
+
+
+def c_comment(s: str) -> str:
+    return s.replace("*/", "* /")
