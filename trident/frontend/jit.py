@@ -33,7 +33,8 @@ from trident.errors import EagerCall, TridentError
 from trident.lower.flatten import flatten_call, flatten_output, substituted
 from trident.ir.trees import TENSOR, ArgTree, Binding
 from trident.ir.guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
-                               failures, first_failure, guards_for)
+                               failures, first_failure)
+from trident.lower.guards import guards_for
 from trident.lower.importer import import_graph
 from trident.ir.specialization import Specialization
 

@@ -304,7 +304,7 @@ class _TritonLaunches:
         from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table,
                                                                 triton_kernel_wrapper_mutation)
 
-        from trident.ir.guards import size_expr, size_sources
+        from trident.lower.guards import size_expr, size_sources
         from trident.lower.kernels import resolve_launch
 
         if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in (*args, *kwargs.values())):

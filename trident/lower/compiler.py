@@ -17,7 +17,7 @@ from trident import config
 from trident.lower import kernels
 from trident.lower.capture import Capture
 from trident.errors import TridentError
-from trident.ir.guards import guards_for
+from trident.lower.guards import guards_for
 from trident.lower.importer import import_graph
 from trident.lower.plan import build_plan
 from trident.lower.passes import reuse_buffers

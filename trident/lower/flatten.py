@@ -56,7 +56,11 @@ import torch
 
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
-from trident.ir.trees import (ABSENT, ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST, R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT, R_STRUCTSEQ, R_TUPLE, R_VALUE, SAME, SELF, SEQ, TENSOR, TYPE, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree, Binding, Node, OutputRecipe)
+from trident.ir.trees import (ABSENT, ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT,
+                              ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST,
+                              R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT, R_STRUCTSEQ, R_TUPLE,
+                              R_VALUE, SAME, SELF, SEQ, TENSOR, TYPE, _BY_ID, _CONSTS, _SCALARS,
+                              _SLICE_BOUNDS, ArgTree, Binding, Node, OutputRecipe)
 
 # ---- flattening ------------------------------------------------------------------------------
 

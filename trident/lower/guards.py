@@ -1,0 +1,153 @@
+"""The guards of a trace: every fact of the call that the trace depends on (Note [Guard order]),
+with symbolic sizes and strides guarded by relations (Note [Symbolic guards])."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from trident.ir import sizes
+from trident.ir.guards import (BOOL, FLOAT, INT, TENSOR, Aligned16, Aliased, ArgCount, Autocast,
+                               DefaultDtype, DeviceIndex, DeviceType, Dim, Dtype, FloatBits,
+                               FunctionModes,
+                               GlobalFlags, GradEnabled, Guard, Inference, InferenceMode, IntValue,
+                               Kind, NumThreads, ProcessGroup, RequiresGrad, SameAs, Size,
+                               SizeRelation, Stride, Transforms, arg_facts, env_facts)
+
+
+_ENV_GUARDS = (GradEnabled, InferenceMode, Autocast, Aliased, DefaultDtype, Transforms,
+               FunctionModes, ProcessGroup, NumThreads, GlobalFlags)
+
+
+def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> list[Guard]:
+    """The guards that hold for ``args`` and the current grad mode and autocast state
+    (Note [Guard order]). With ``fake_args`` and ``shape_env`` (a trace with dynamic dims),
+    symbolic sizes and strides are guarded by Note [Symbolic guards] instead of by value."""
+    facts = [arg_facts(a) for a in args]
+    env = env_facts(args)
+    guards: list[Guard] = [ArgCount(len(args))]
+    guards += [kind(env[kind.field]) for kind in _ENV_GUARDS]
+    guards += [Kind(f["kind"], i) for i, f in enumerate(facts)]
+    tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
+    for i, f in tensors:
+        guards += [kind(f[kind.field], i) for kind in (Dtype, DeviceType, DeviceIndex, Dim)]
+    if fake_args is None:
+        for i, f in tensors:
+            guards += [Size(s, i, d) for d, s in enumerate(f["sizes"])]
+            guards += [Stride(s, i, d) for d, s in enumerate(f["strides"])]
+    else:
+        guards += symbolic_guards(fake_args, shape_env)
+    first_seen: dict[int, int] = {}
+    for i, f in tensors:  # the trace binds one tensor passed twice to one input
+        if f["id"] in first_seen:
+            guards.append(SameAs(first_seen[f["id"]], i))
+        first_seen.setdefault(f["id"], i)
+    for i, f in tensors:
+        guards += [kind(f[kind.field], i) for kind in (Aligned16, RequiresGrad, Inference)]
+    for i, f in enumerate(facts):
+        if f["kind"] in (INT, BOOL):
+            guards.append(IntValue(int(f["value"]), i))
+        elif f["kind"] == FLOAT:
+            guards.append(FloatBits(f["value"], i))
+    return guards
+
+
+# ---- Note [Symbolic guards] ------------------------------------------------------------------
+#
+# A specialization traced with dynamic dims (capture.py) holds for every call whose sizes and
+# strides satisfy what the trace knew and assumed about them:
+#   * each symbol's first appearance (argument i, size d) is its source; the guard is its range
+#     (``>= 2``: sizes 0 and 1 are specialized, as in torch.compile);
+#   * every other size or stride equals its expression over the sources (a contiguous tensor's
+#     ``stride(0) == size(1) * 16``; the same symbol in two places is an equality);
+#   * every guard the ShapeEnv recorded while tracing (``Eq(s0, s1)``, ``s0 < 100``), once
+#     (``s0 < 2**31`` and ``s0 <= 2**31 - 1`` are one guard).
+# Each is a sympy expression over the places sizes are read from (Note [Size expressions] in
+# sizes.py): codegen prints it to C, ``sizes.evaluate`` is its Python twin.
+
+
+def _places(fake_args: tuple):
+    """Each size and stride (and symbolic storage offset) of a dynamic trace's tensor
+    arguments, in order: ``(arg, sympy expression over ShapeEnv symbols, place symbol)``."""
+    for i, t in enumerate(fake_args):
+        if not isinstance(t, torch.Tensor):
+            continue
+        for kind, values in (("size", t.shape), ("stride", t.stride())):
+            for d, v in enumerate(values):
+                # the symbol as allocated: ``node.expr`` would apply what the trace learned
+                # later (``s0`` -> 64 after a view); those facts are the ShapeEnv's guards
+                expr = v.node._expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
+                yield i, expr, sizes.place(kind, i, d)
+        # a view's storage offset is a symbol of its own when a dim is dynamic (ShapeEnv's
+        # duck sizing); a static offset is not guarded, as in a static specialization
+        offset = t.storage_offset()
+        if isinstance(offset, torch.SymInt) and not offset.node._expr.is_number:
+            yield i, offset.node._expr, sizes.place("offset", i)
+
+
+def _sources(places: list) -> dict:
+    """Each symbol's source: the first place that is that bare symbol (all of them before any
+    guard is made, since a stride may read a symbol that a later stride is)."""
+    sources: dict = {}
+    for _, expr, here in places:
+        if isinstance(expr, sympy.Symbol):
+            sources.setdefault(expr, here)
+    return sources
+
+
+def size_sources(fake_args: tuple) -> dict:
+    """Where each symbol of a dynamic trace is read, for ``size_expr``."""
+    return _sources(list(_places(fake_args)))
+
+
+def size_expr(value: "torch.SymInt", sources: dict) -> str:
+    """A SymInt of a dynamic trace as Note [Size expressions]'s text, over the places its
+    symbols are read from (``size_sources``, as the guards read them).
+
+    Raises:
+        TridentError: arithmetic the generated C does not compute (``sizes.check``).
+    """
+    return sizes.dumps(sizes.at_places(value.node._expr, sources))
+
+
+def _canonical(expr):
+    """``e < c`` as ``e <= c - 1`` and ``e > c`` as ``e >= c + 1`` for an int ``c``: the same
+    condition in one form, so that duplicates are seen."""
+    if isinstance(expr, sympy.Lt) and expr.rhs.is_Integer:
+        return sympy.Le(expr.lhs, expr.rhs - 1)
+    if isinstance(expr, sympy.Gt) and expr.rhs.is_Integer:
+        return sympy.Ge(expr.lhs, expr.rhs + 1)
+    return expr
+
+
+def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
+    """Note [Symbolic guards]: guards over the sizes and strides of a dynamic trace.
+
+    Raises:
+        TridentError: a condition the generated C does not compute (``sizes.check``).
+    """
+    from torch.utils._sympy.numbers import IntInfinity
+
+    places = list(_places(fake_args))
+    sources = _sources(places)
+    guards: dict[str, Guard] = {}
+
+    def guard(expr, arg: int) -> None:
+        expr = _canonical(sizes.at_places(expr, sources))
+        if expr is not sympy.true:
+            text = sizes.dumps(expr)
+            guards.setdefault(text, SizeRelation(True, arg, text))
+
+    for i, expr, here in places:
+        if isinstance(expr, sympy.Symbol) and sources[expr] is here:
+            bounds = shape_env.var_to_range[expr]
+            guard(sympy.Ge(expr, int(bounds.lower)), i)
+            if not isinstance(bounds.upper, IntInfinity) and bounds.upper != sympy.oo:
+                guard(sympy.Le(expr, int(bounds.upper)), i)
+            continue
+        text = sizes.dumps(sympy.Eq(here, sizes.at_places(expr, sources), evaluate=False))
+        guards.setdefault(text, SizeRelation(True, i, text))
+    last = max((i for i, _, _ in places), default=0)
+    for g in shape_env.guards:
+        guard(g.expr, last)
+    return list(guards.values())
