@@ -48,10 +48,8 @@ uintptr_t scm_call_address(void);
 uintptr_t scm_match_address(void);
 int scm_set_cubin(int index, const char* data, size_t size);
 """
-# -Og: an SCM is straight-line calls into the runtime, and GCC's -O2 time grows faster than a
-# function's length (a 16-layer Llama forward, 880 KB of C: 14.9 s at -O2, 7.8 s at -O1, 2.7 s
-# at -Og, GCC 12, the CPU machine), while the hit path is as fast (chain30 13.16 / 13.16 /
-# 13.23 µs, views40 2.23 / 2.23 / 2.28 µs at -O2 / -O1 / -Og, interleaved in one process).
+# -Og: an SCM is straight-line calls into the runtime, which -O2 makes no faster, and GCC's -O2
+# time grows faster than a function's length (docs/benchmarks.md, "Build flags").
 CFLAGS = ["-Og", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
           "-Wno-unused-but-set-variable"]
 

@@ -53,7 +53,6 @@ _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
 
-@functools.cache
 # Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
 # of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
 # (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
@@ -88,6 +87,7 @@ def describe_process_group(value: str) -> str:
     return f"the default process group is {name!r}, rank {rank} of {size}"
 
 
+@functools.cache
 def dtype_codes() -> dict[torch.dtype, int]:
     """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime.cpp)."""
     from trident import runtime

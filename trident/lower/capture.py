@@ -14,7 +14,6 @@ importer turns it into the op's location.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import dis
 import functools
@@ -36,6 +35,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from trident.lower import collectives, rng, state
 from trident import config, runtime
+from trident.lower import decompositions
 from trident.errors import TridentError
 
 # Frames of these packages are not the user's: a node's source line is the innermost other one.
@@ -170,7 +170,7 @@ def _bool_results() -> dict:
     ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
     bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
     the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
-    function that branches on it cannot be traced and runs eagerly, as before. (Composite ops
+    function that branches on it cannot be traced and runs eagerly. (Composite ops
     that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
     ops = runtime.operators()
 
@@ -197,7 +197,7 @@ def _enclosing_try(frame) -> str:
     A specialization traced so runs natively; a step that fails on a call before anything the
     call did is visible (no write to memory the caller sees, no random draw:
     ``plan.rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
-    error is raised (as a TridentError) as before. Every specialization does so, inside a ``try``
+    error is raised (as a TridentError). Every specialization does so, inside a ``try``
     or not: a call that fails early raises eager's own exception (its message, its traceback)
     whatever the guards did or did not check (torch 2.11's trace of ``x.select(0, 4)`` on a
     symbolic dim adds no guard ``size > 4`` that torch 2.13's adds). The "file.py:LINE" found here
@@ -340,127 +340,6 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-def _unfold_linear(input, weight, bias=None):
-    """Note [Composite ops]: ``linear`` without a bias (its body: ``matmul(input,
-    weight.t())``), and with one where the body fuses it into ``addmm`` (a 2-D input; a
-    contiguous 3-D one with a contiguous 1-D bias: Qwen's q/k/v projections). Elsewhere a bias
-    stays whole: the body adds it out of place for a subclass-like tensor (the trace's fake
-    tensors) and in place for eager's, which promotes, broadcasts and raises otherwise (torch
-    2.11-2.13; 2.13 fuses only a contiguous bias that is 1-D or squeezes to 1-D, and adds a
-    0-D, 2-D, strided or expanded one after ``matmul``)."""
-    if bias is None and _folds_by_requires_grad(input, weight.dim()):
-        return NotImplemented  # kept whole (``_special_op_to_preserve_cia``'s answer)
-    if bias is not None and not (input.dim() == 2 or (input.dim() == 3 and input.is_contiguous()
-                                                      and bias.dim() == 1
-                                                      and bias.is_contiguous())):
-        return NotImplemented
-    return _cpp_composite(torch.ops.aten.linear.default, input, weight, bias)
-
-
-def _unfold_matmul(input, other):
-    """Note [Composite ops]: ``matmul`` by a matrix or a vector (``mm``, ``mv``, ``dot``, or a
-    fold of ``input``'s batch dims into one ``mm``, else ``bmm`` of expanded views). By a
-    batched ``other`` it stays whole: ``_matmul_impl`` squeezes a batch of 1 into ``mm`` for a
-    subclass-like tensor and runs ``bmm`` for eager's (other values in the last bit)."""
-    if other.dim() > 2 or _folds_by_requires_grad(input, other.dim()):
-        return NotImplemented
-    return _cpp_composite(torch.ops.aten.matmul.default, input, other)
-
-
-# Whether a tensor the traced function reads requires grad (not an inference tensor): only
-# then may a view of one require grad in eager under no_grad or inference_mode (the guards fix
-# both flags of every argument). Unknown outside ``trace``: assumed.
-_INPUTS_REQUIRE_GRAD = contextvars.ContextVar("_INPUTS_REQUIRE_GRAD", default=True)
-
-
-def _folds_by_requires_grad(input, other_dim: int) -> bool:
-    """Note [Composite ops]: whether ATen's ``matmul`` of ``input`` by a matrix or a vector
-    (``other_dim`` <= 2 dims) may pick its kernel by ``other.requires_grad``, which a trace
-    cannot read: a non-empty >= 3-D ``input`` whose batch dims do not fold into one without a
-    copy folds (a copy, one ``mm``) only where ``other`` requires grad, else runs ``bmm``
-    (``should_fold``, LinearAlgebra.cpp, torch 2.11-2.13). Eager's views of a tensor that
-    requires grad require grad under no_grad and inference_mode; the trace's fake views do not
-    where a composite's body makes them (``linear``'s ``weight.t()``) or under inference_mode
-    (``w.T``), so where a tensor the function reads requires grad such a product stays whole
-    (a Qwen2 decode step's ``o_proj`` with a batch of 2: its input's size-1 dim has another
-    stride)."""
-    if input.dim() < 3 or other_dim > 2 or input.numel() == 0:
-        return False
-    return _INPUTS_REQUIRE_GRAD.get() and any(
-        input.stride(i) != input.stride(i + 1) * input.size(i + 1)
-        for i in range(input.dim() - 2))
-
-
-# Note [Composite ops]: composites whose C++ bodies a static trace runs where they branch only
-# on sizes and strides (which the guards fix), although torch.export keeps them whole: they end
-# in views and one ``mm``/``bmm``, which the plan computes in C and calls typed (each of a
-# Llama layer's seven ``linear``s was 8 dispatcher calls). A trace with symbolic sizes keeps
-# them whole: torch 2.11's bodies read ``numel()`` of a symbolic 4-D operand, which fails it.
-_UNFOLDED = {"linear": _unfold_linear, "matmul": _unfold_matmul}
-
-
-@functools.cache
-def _composite_ops(symbolic: bool) -> dict:
-    """Note [Composite ops]: {aten op overload: what runs in its place while tracing}.
-
-    A CompositeImplicitAutograd op (``linalg_svdvals``, ``linear``, ``dropout``) has no kernel
-    of its own: its C++ body calls other ops, and some bodies branch on the tensor they get.
-    On a fake tensor ``at::linalg_svdvals`` asks for ``_linalg_svd(compute_uv=True)`` (fake
-    tensors are "subclass-like", ``_may_require_fw_or_bw_grad`` in ATen), where eager passes
-    False and LAPACK returns other values. So the trace keeps each functional composite op whole
-    (torch.export's own rule for which ones are safe to keep: no aliasing or mutation in the
-    schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
-    plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
-    ``_UNFOLDED``'s cases, whose C++ bodies run alike on fake and real tensors). The
-    others (views, ``dropout``, which may return its input) decompose through their C++ body as
-    before; those that Python decompositions would take over once the Python dispatcher is on
-    (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
-    """
-    from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
-                                     _special_op_to_preserve_cia)
-
-    kept = _collect_all_valid_cia_ops_for_aten_namespace()
-    ops = {op: _special_op_to_preserve_cia for op in kept}
-    if not symbolic:
-        ops.update((getattr(torch.ops.aten, name).default, unfold)
-                   for name, unfold in _UNFOLDED.items())
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
-            continue
-        for op in (getattr(packet, name) for name in packet.overloads()):  # torch >= 2.11
-            if (op not in kept and key in op.py_kernels
-                    and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)):
-                ops[op] = functools.partial(_cpp_composite, op)
-    return ops
-
-
-def _cpp_composite(op, *args, **kwargs):
-    return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def _eager_decompositions(symbolic: bool):
-    """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
-    the overrides up and taking them down is torch's own Python (thousands of calls), run
-    outside the state recording's profile hook (``state.unrecorded``): under it, they took
-    three quarters of a small function's trace (``x * 2 + 1``: 0.30 s, 0.08 s without; CPU
-    machine, torch 2.13)."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch.export.exported_program import _override_composite_implicit_decomp
-
-    stack = contextlib.ExitStack()
-    with state.unrecorded():
-        stack.enter_context(_override_composite_implicit_decomp(_composite_ops(symbolic)))
-        stack.enter_context(enable_python_dispatcher())
-    try:
-        yield
-    finally:
-        with state.unrecorded():
-            stack.close()
-
-
 # What torch logs while Trident traces is about the trace, not the user's call: fake tensor mode
 # logs the whole traceback of an op that failed on fake tensors (a shape error, about 40 lines
 # at ERROR) before make_fx raises it, and the user then sees Trident's one warning and eager's
@@ -587,11 +466,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
     fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
     state = _global_state()
-    grad = _INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
+    grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
                                         and not a.is_inference() for a in args))
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, \
-                _eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
+                decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",
@@ -603,7 +482,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         raise TridentError(f"cannot trace {name}{where}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     finally:
-        _INPUTS_REQUIRE_GRAD.reset(grad)
+        decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
 
     changed = _changed(state, _global_state())
     if changed_rng is not None:  # this thread's calls decide the generators' (other threads

@@ -28,7 +28,7 @@ runs on the caller's stream. The runtime serves ``_c10d_functional::all_reduce_`
 remap above writes, with sum, avg, product, min or max) as eager does: the group resolved by
 name (``c10d::resolve_process_group``), ``allreduce`` with ``asyncOp`` off, ``Work::wait``, the
 GIL released; the ``wait_tensor`` after it finds no pending work. The same NCCL reduction, so
-the same bits. Measured on two H200s: docs/benchmarks.md, "Tensor parallel".
+the same bits (docs/benchmarks.md, "Tensor parallel", has its cost).
 
 Note [Process group guard] is in ir/guards.py.
 """

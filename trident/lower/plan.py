@@ -31,8 +31,8 @@ float32, as eager's result), which the kernel would have cast it to. A case wher
 implements as the ``.Tensor`` overload with a wrapped number: the same call.
 
 Note [Views in C]: eager PyTorch makes every view (``x.view``, ``x.t()``, ``x[:, 1]``) through
-the dispatcher: about 1 µs of host time each, and a decode step of a Llama-sized model makes
-hundreds. The plan marks the view ops whose geometry is plain arithmetic (``_C_VIEWS``:
+the dispatcher, and a decode step of a Llama-sized model makes hundreds. The plan marks the
+view ops whose geometry is plain arithmetic (``_C_VIEWS``:
 ``view``, ``_unsafe_view``, ``t``, ``transpose``, ``permute``, ``unsqueeze``, ``squeeze``,
 ``slice``, ``select``, ``expand``, ``as_strided``; ``reshape`` and ``narrow`` reach the graph as
 ``view``/``_unsafe_view`` and ``slice``): the generated C computes their sizes, strides and

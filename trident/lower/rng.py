@@ -25,7 +25,7 @@ state eager leaves (``fork_rng`` and ``get_rng_state_all`` are made of these). T
 replaced on the ``torch``, ``torch.random``, ``torch.cuda`` and ``torch.cuda.random`` modules
 only while a trace runs, and act only in the tracing thread (elsewhere they are torch's own).
 
-Run eagerly instead, as before (the trace raises ``TridentError``): ``torch.seed()``,
+Run eagerly instead (the trace raises ``TridentError``): ``torch.seed()``,
 ``torch.initial_seed()`` and their CUDA twins (a seed from the OS, a value no guard keeps); any
 of the others than ``torch.get_rng_state`` and ``torch.set_rng_state`` while CUDA is available
 but not initialized (torch seeds CUDA lazily, in a queue it runs at initialization) or while an

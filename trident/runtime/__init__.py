@@ -1,7 +1,7 @@
 """Trident's native runtime: the ``Dispatcher`` type and the ``trt_api`` services.
 
 ``runtime.cpp`` includes PyTorch's C++ headers, so it is compiled once per (torch, Python) pair
-with ``torch.utils.cpp_extension.load`` (about 30 s on a 2-core machine) into the cache folder and
+with ``torch.utils.cpp_extension.load`` into the cache folder and
 reused by every later process. Generated Specialization Cache Modules are plain C and only see
 ``trident_rt.h``.
 """
@@ -162,7 +162,7 @@ def _build(build_dir: Path):
                           "building it again", stacklevel=5)
         else:
             config.log.warning("trident: building the native runtime for torch %s into %s "
-                               "(once per torch version, 15 to 30 s on 2 cores)", torch.__version__,
+                               "(once per torch version and Python)", torch.__version__,
                                build_dir)
         for name in (_LIBRARY, "runtime.o"):  # ninja would find a damaged output up to date
             (build_dir / name).unlink(missing_ok=True)

@@ -1,0 +1,132 @@
+"""Decompositions while tracing (Note [Composite ops]): which composite ATen ops a trace keeps
+whole and which decompose through their C++ bodies, as eager's would."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import torch
+
+from trident.lower import state
+
+
+def _unfold_linear(input, weight, bias=None):
+    """Note [Composite ops]: ``linear`` without a bias (its body: ``matmul(input,
+    weight.t())``), and with one where the body fuses it into ``addmm`` (a 2-D input; a
+    contiguous 3-D one with a contiguous 1-D bias: Qwen's q/k/v projections). Elsewhere a bias
+    stays whole: the body adds it out of place for a subclass-like tensor (the trace's fake
+    tensors) and in place for eager's, which promotes, broadcasts and raises otherwise (torch
+    2.11-2.13; 2.13 fuses only a contiguous bias that is 1-D or squeezes to 1-D, and adds a
+    0-D, 2-D, strided or expanded one after ``matmul``)."""
+    if bias is None and _folds_by_requires_grad(input, weight.dim()):
+        return NotImplemented  # kept whole (``_special_op_to_preserve_cia``'s answer)
+    if bias is not None and not (input.dim() == 2 or (input.dim() == 3 and input.is_contiguous()
+                                                      and bias.dim() == 1
+                                                      and bias.is_contiguous())):
+        return NotImplemented
+    return _cpp_composite(torch.ops.aten.linear.default, input, weight, bias)
+
+
+def _unfold_matmul(input, other):
+    """Note [Composite ops]: ``matmul`` by a matrix or a vector (``mm``, ``mv``, ``dot``, or a
+    fold of ``input``'s batch dims into one ``mm``, else ``bmm`` of expanded views). By a
+    batched ``other`` it stays whole: ``_matmul_impl`` squeezes a batch of 1 into ``mm`` for a
+    subclass-like tensor and runs ``bmm`` for eager's (other values in the last bit)."""
+    if other.dim() > 2 or _folds_by_requires_grad(input, other.dim()):
+        return NotImplemented
+    return _cpp_composite(torch.ops.aten.matmul.default, input, other)
+
+
+# Whether a tensor the traced function reads requires grad (not an inference tensor): only
+# then may a view of one require grad in eager under no_grad or inference_mode (the guards fix
+# both flags of every argument). Unknown outside ``trace``: assumed.
+INPUTS_REQUIRE_GRAD = contextvars.ContextVar("INPUTS_REQUIRE_GRAD", default=True)
+
+
+def _folds_by_requires_grad(input, other_dim: int) -> bool:
+    """Note [Composite ops]: whether ATen's ``matmul`` of ``input`` by a matrix or a vector
+    (``other_dim`` <= 2 dims) may pick its kernel by ``other.requires_grad``, which a trace
+    cannot read: a non-empty >= 3-D ``input`` whose batch dims do not fold into one without a
+    copy folds (a copy, one ``mm``) only where ``other`` requires grad, else runs ``bmm``
+    (``should_fold``, LinearAlgebra.cpp, torch 2.11-2.13). Eager's views of a tensor that
+    requires grad require grad under no_grad and inference_mode; the trace's fake views do not
+    where a composite's body makes them (``linear``'s ``weight.t()``) or under inference_mode
+    (``w.T``), so where a tensor the function reads requires grad such a product stays whole
+    (a Qwen2 decode step's ``o_proj`` with a batch of 2: its input's size-1 dim has another
+    stride)."""
+    if input.dim() < 3 or other_dim > 2 or input.numel() == 0:
+        return False
+    return INPUTS_REQUIRE_GRAD.get() and any(
+        input.stride(i) != input.stride(i + 1) * input.size(i + 1)
+        for i in range(input.dim() - 2))
+
+
+# Note [Composite ops]: composites whose C++ bodies a static trace runs where they branch only
+# on sizes and strides (which the guards fix), although torch.export keeps them whole: they end
+# in views and one ``mm``/``bmm``, which the plan computes in C and calls typed (a kept
+# ``linear`` is several dispatcher calls at every call). A trace with symbolic sizes keeps
+# them whole: torch 2.11's bodies read ``numel()`` of a symbolic 4-D operand, which fails it.
+_UNFOLDED = {"linear": _unfold_linear, "matmul": _unfold_matmul}
+
+
+@functools.cache
+def _composite_ops(symbolic: bool) -> dict:
+    """Note [Composite ops]: {aten op overload: what runs in its place while tracing}.
+
+    A CompositeImplicitAutograd op (``linalg_svdvals``, ``linear``, ``dropout``) has no kernel
+    of its own: its C++ body calls other ops, and some bodies branch on the tensor they get.
+    On a fake tensor ``at::linalg_svdvals`` asks for ``_linalg_svd(compute_uv=True)`` (fake
+    tensors are "subclass-like", ``_may_require_fw_or_bw_grad`` in ATen), where eager passes
+    False and LAPACK returns other values. So the trace keeps each functional composite op whole
+    (torch.export's own rule for which ones are safe to keep: no aliasing or mutation in the
+    schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
+    plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
+    ``_UNFOLDED``'s cases, whose C++ bodies run alike on fake and real tensors). The
+    others (views, ``dropout``, which may return its input) decompose through their C++ body as
+    before; those that Python decompositions would take over once the Python dispatcher is on
+    (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
+    """
+    from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
+                                     _special_op_to_preserve_cia)
+
+    kept = _collect_all_valid_cia_ops_for_aten_namespace()
+    ops = {op: _special_op_to_preserve_cia for op in kept}
+    if not symbolic:
+        ops.update((getattr(torch.ops.aten, name).default, unfold)
+                   for name, unfold in _UNFOLDED.items())
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for op in (getattr(packet, name) for name in packet.overloads()):  # torch >= 2.11
+            if (op not in kept and key in op.py_kernels
+                    and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)):
+                ops[op] = functools.partial(_cpp_composite, op)
+    return ops
+
+
+def _cpp_composite(op, *args, **kwargs):
+    return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def eager_decompositions(symbolic: bool):
+    """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
+    the overrides up and taking them down is torch's own Python (thousands of calls): it runs
+    outside the state recording's profile hook (``state.unrecorded``), which reads no state
+    there."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    stack = contextlib.ExitStack()
+    with state.unrecorded():
+        stack.enter_context(_override_composite_implicit_decomp(_composite_ops(symbolic)))
+        stack.enter_context(enable_python_dispatcher())
+    try:
+        yield
+    finally:
+        with state.unrecorded():
+            stack.close()
