@@ -35,7 +35,7 @@ of them: the group's size (an all-gather's output shape, ``group_size`` argument
 (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
 guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
 initialized (``process_group`` in ``trt_env``, read once per call from
-``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime.cpp; ``fact`` is its
+``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime/args.cpp; ``fact`` is its
 Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
 rank misses and is traced again; one outside any group misses and its trace raises as eager does
 (the call runs eagerly, with a warning). A collective on any other group than the default one is
@@ -55,7 +55,7 @@ from .errors import TridentError
 def fact() -> str:
     """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
     initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
-    runtime.cpp."""
+    runtime/collectives.cpp."""
     if not torch.distributed.is_available():
         return ""
     from torch.distributed.distributed_c10d import _world

@@ -55,11 +55,14 @@ from typing import Any, Callable
 import torch
 
 from .errors import TridentError
+from .runtime import ABI
 
-# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
-# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
-ARG, ITEM, INDEX, ATTR, SELF = range(5)
-LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
+# Node.access and Node.check, as the runtime reads them (trident_trees.h: TRT_ACC_*, TRT_CHK_*);
+# state trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
+ARG, ITEM, INDEX, ATTR, SELF = (ABI[f"TRT_ACC_{k}"] for k in (
+    "ARG", "ITEM", "INDEX", "ATTR", "SELF"))
+LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = (ABI[f"TRT_CHK_{k}"] for k in (
+    "LEAF", "SEQ", "DICT", "OBJECT", "CONST", "ID", "SAME", "TYPE", "ABSENT", "TENSOR"))
 MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
@@ -571,11 +574,14 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
 
 # ---- outputs ---------------------------------------------------------------------------------
 
-# OutputRecipe ops, as runtime.cpp's build_recipe reads them
+# OutputRecipe ops, as the runtime's build_recipe reads them (trident_trees.h: TRT_R_*)
 (R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT, R_STRUCTSEQ) = range(11)
-# R_OBJECT's base: how the object is made without running its Python __init__
-BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
+ R_BUILT, R_STRUCTSEQ) = (ABI[f"TRT_R_{k}"] for k in (
+    "VALUE", "CONST", "INPUT", "TUPLE", "LIST", "DICT", "NAMEDTUPLE", "OBJECT", "AGAIN", "BUILT",
+    "STRUCTSEQ"))
+# R_OBJECT's base: how the object is made without running its Python __init__ (TRT_BASE_*)
+BASE_OBJECT, BASE_DICT, BASE_ODICT = (ABI[f"TRT_BASE_{k}"] for k in (
+    "OBJECT", "DICT", "ODICT"))
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 
 One class per guard kind (as PyTorch's guard manager has), each a frozen dataclass that owns
 how it reads its value from a call (``read``, over ``arg_facts``/``env_facts``, which mirror
-``read_arg``/``read_args`` in ``runtime/runtime.cpp``), its C check over ``trt_arg`` (``c``;
+``read_arg``/``read_args`` in ``runtime/args.cpp``), its C check over ``trt_arg`` (``c``;
 the SCM evaluates those on the hit path) and its words (``words``, ``explain``). The Python side
 explains a miss; tests (tests/test_guards.py) prove the two agree on random arguments.
 
@@ -36,7 +36,7 @@ _C_KINDS = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
-# trt_env.flags, bit by bit (global_flags() in runtime.cpp): torch's global flags that eager ops
+# trt_env.flags, bit by bit (global_flags() in args.cpp): torch's global flags that eager ops
 # obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
 # from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
 FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
@@ -55,7 +55,7 @@ _DTYPES = [getattr(torch, name) for name in dir(torch)
 
 @functools.cache
 def dtype_codes() -> dict[torch.dtype, int]:
-    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime.cpp)."""
+    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime/module.cpp)."""
     from . import runtime
 
     rt = runtime.load()
@@ -76,7 +76,7 @@ def bits_float(bits: int) -> float:
 
 
 def arg_facts(obj: Any) -> dict:
-    """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
+    """What the native dispatcher reads from one argument (``read_arg`` in runtime/args.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
                 or obj.device.type not in DEVICE_TYPES):
@@ -113,7 +113,7 @@ def arg_facts(obj: Any) -> dict:
 
 
 def env_facts(args: tuple) -> dict:
-    """Call-wide state the native dispatcher reads (``read_args`` in runtime.cpp)."""
+    """Call-wide state the native dispatcher reads (``read_args`` in runtime/args.cpp)."""
     tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
     return {
         "grad_enabled": torch.is_grad_enabled(),

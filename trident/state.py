@@ -75,10 +75,12 @@ import torch
 from .errors import TridentError
 from .flatten import (ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node, _Flattener,
                       identity_words)
+from .runtime import ABI
 
-# Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
+# Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
-ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
+ROOT, GETATTR, GETITEM, CELL = (ABI[f"TRT_ACC_{k}"] for k in (
+    "ROOT", "GETATTR", "GETITEM", "CELL"))
 
 _HERE = str(Path(__file__).resolve().parent) + os.sep
 _INSTALL_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
