@@ -78,7 +78,7 @@ def views40_inputs(device: torch.device) -> tuple:
 
 def head(m, x):
     """The output projection of a Hugging Face model passed whole: a hit checks only what the
-    call reads of it (Note [Unchanged subtrees] in trident/runtime/runtime.cpp)."""
+    call reads of it (Note [Unchanged subtrees] in trident/runtime/tree_eval.cpp)."""
     return torch.nn.functional.linear(x, m.lm_head.weight)
 
 

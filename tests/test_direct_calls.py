@@ -1,4 +1,4 @@
-"""The hot operators' calls: typed (unboxed) calls (Note [Unboxed calls] in runtime.cpp), the
+"""The hot operators' calls: typed (unboxed) calls (Note [Unboxed calls] in unboxed.cpp), the
 same dispatcher and kernel as a boxed call, so every result equals eager's bit for bit; and
 intermediate buffers reused across calls on CUDA, on the stream that made them (Note [Buffer
 reuse] in plan.py)."""

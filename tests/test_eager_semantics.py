@@ -560,7 +560,7 @@ def test_dual_tensor_keeps_its_tangent():
 
 
 def test_dual_tensor_after_a_plain_call():
-    # the native guards (read_arg in runtime.cpp) see a tensor's forward-AD tangent: a dual
+    # the native guards (read_arg in runtime/args.cpp) see a tensor's forward-AD tangent: a dual
     # tensor misses a specialization compiled for a plain one and runs eagerly
     import torch.autograd.forward_ad as fwAD
 

@@ -564,3 +564,32 @@ def test_error_kinds_come_from_the_runtime_header(monkeypatch):
     monkeypatch.setitem(runtime.ABI, "TRT_ERR_EAGER", 7)  # not 0..TRT_ERR_KINDS - 1
     with pytest.raises(trident.TridentError, match="disagree"):
         runtime.error_types()
+
+
+def test_tree_codes_come_from_the_runtime_header():
+    """The codes of tree nodes and output recipes are defined once, in trident_trees.h, which
+    flatten.py and state.py read through ``runtime.ABI``: every enumerator there is written
+    ``TRT_X = N``, the form ``runtime.ABI`` reads (one without its value would be missing from it,
+    or numbered by the compiler alone), and the codes of each enum are distinct."""
+    from trident import runtime
+
+    text = (runtime.HERE / "trident_trees.h").read_text()
+    enums = re.findall(r"^enum (\w+) \{\n(.*?)^\};", text, re.MULTILINE | re.DOTALL)
+    assert [name for name, _ in enums] == ["trt_tree_access", "trt_tree_check", "trt_recipe_op",
+                                           "trt_recipe_base"]
+    for _, body in enums:
+        entries = re.findall(r"^\s*(\w+)(?: = (-?\d+))?,", body, re.MULTILINE)
+        assert entries and all(value != "" for _, value in entries), body
+        assert all(runtime.ABI[name] == int(value) for name, value in entries)
+        assert len({value for _, value in entries}) == len(entries)
+
+
+def test_the_runtime_build_key_covers_every_part():
+    """Every part of the runtime (runtime.cpp includes them) and every header of this folder they
+    include are hashed into the runtime's build key, so an edit to any of them rebuilds it."""
+    from trident import runtime
+
+    hashed = {path.name for path in runtime.sources()}
+    parts = {path.name for path in runtime.HERE.glob("*.cpp")}
+    assert parts <= hashed
+    assert {"runtime_internal.h", "trident_rt.h", "trident_trees.h"} <= hashed

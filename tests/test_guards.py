@@ -1,4 +1,4 @@
-"""The native guards (C, in the SCM, over what runtime.cpp's read_arg saw) agree with the Python
+"""The native guards (C, in the SCM, over what args.cpp's read_arg saw) agree with the Python
 reference (guards.first_failure over guards.arg_facts) on random arguments."""
 
 from __future__ import annotations

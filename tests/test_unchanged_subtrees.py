@@ -1,4 +1,4 @@
-"""Note [Unchanged subtrees] (trident/runtime/runtime.cpp): a hit skips the containers whose dict
+"""Note [Unchanged subtrees] (trident/runtime/tree_eval.cpp): a hit skips the containers whose dict
 version tags say they are unchanged, and still sees every change the whole walk saw.
 
 Each case jits ``f(m, x) = m(x)`` over a module tree, hits it, changes the tree one way, and

@@ -8,7 +8,7 @@ its SHA-256, loads it without compiling; a truncated or damaged file (which ``dl
 crash on) is built again.
 
 Note [Incremental modules]: each specialization is a module of its own (codegen.render), and a
-function's dispatcher holds the installed modules in guard order (``_install`` in runtime.cpp)
+function's dispatcher holds the installed modules in guard order (``_install`` in dispatcher.cpp)
 and tries them one after another. So a miss compiles only the new specialization's C, and the
 Nth compile of a function costs what the first did (a module of all specializations, built
 again at every miss, grew with their number). A module's name hashes its

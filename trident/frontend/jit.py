@@ -1,8 +1,8 @@
 """``@trident.jit``: the Python side of a compiled function (everything off the hit path).
 
-A ``JitFunction`` *is* a native ``Dispatcher`` (runtime.cpp): calling it enters C directly. The
-methods here run only when the installed Specialization Cache Module reports a miss, on the first
-call of a process (to load the cached module), or for keyword arguments.
+A ``JitFunction`` *is* a native ``Dispatcher`` (runtime/dispatcher.cpp): calling it enters C
+directly. The methods here run only when the installed Specialization Cache Module reports a
+miss, on the first call of a process (to load the cached module), or for keyword arguments.
 """
 
 from __future__ import annotations
@@ -896,8 +896,8 @@ def jit_function_class() -> type:
 
 
 class _EagerDispatcher:
-    """The native ``Dispatcher``'s interface (runtime.cpp) without a runtime: every call runs
-    the function eagerly and counts a fallback."""
+    """The native ``Dispatcher``'s interface (runtime/dispatcher.cpp) without a runtime: every call
+    runs the function eagerly and counts a fallback."""
 
     hits = 0
     _no_runtime = ""

@@ -2,7 +2,7 @@
 
 One class per guard kind (as PyTorch's guard manager has), each a frozen dataclass that owns
 how it reads its value from a call (``read``, over ``arg_facts``/``env_facts``, which mirror
-``read_arg``/``read_args`` in ``runtime/runtime.cpp``), its C check over ``trt_arg`` (``c``;
+``read_arg``/``read_args`` in ``runtime/args.cpp``), its C check over ``trt_arg`` (``c``;
 the SCM evaluates those on the hit path) and its words (``words``, ``explain``). The Python side
 explains a miss; tests (tests/test_guards.py) prove the two agree on random arguments.
 
@@ -36,7 +36,7 @@ _C_KINDS = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
-# trt_env.flags, bit by bit (global_flags() in runtime.cpp): torch's global flags that eager ops
+# trt_env.flags, bit by bit (global_flags() in args.cpp): torch's global flags that eager ops
 # obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
 # from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
 FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
@@ -58,8 +58,8 @@ _DTYPES = [getattr(torch, name) for name in dir(torch)
 # (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
 # guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
 # initialized (``process_group`` in ``trt_env``, read once per call from
-# ``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime.cpp; ``fact`` is its
-# Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
+# ``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime/args.cpp; ``process_group_fact``
+# is its Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
 # rank misses and is traced again; one outside any group misses and its trace raises as eager does
 # (the call runs eagerly, with a warning). A collective on any other group than the default one is
 # not compiled (``collectives.check_group``): its membership is not guarded.
@@ -68,7 +68,7 @@ _DTYPES = [getattr(torch, name) for name in dir(torch)
 def process_group_fact() -> str:
     """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
     initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
-    runtime.cpp."""
+    runtime/collectives.cpp."""
     if not torch.distributed.is_available():
         return ""
     from torch.distributed.distributed_c10d import _world
@@ -89,7 +89,7 @@ def describe_process_group(value: str) -> str:
 
 @functools.cache
 def dtype_codes() -> dict[torch.dtype, int]:
-    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime.cpp)."""
+    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime/module.cpp)."""
     from trident import runtime
 
     rt = runtime.load()
@@ -110,7 +110,7 @@ def bits_float(bits: int) -> float:
 
 
 def arg_facts(obj: Any) -> dict:
-    """What the native dispatcher reads from one argument (``read_arg`` in runtime.cpp)."""
+    """What the native dispatcher reads from one argument (``read_arg`` in runtime/args.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
                 or obj.device.type not in DEVICE_TYPES):
@@ -147,7 +147,7 @@ def arg_facts(obj: Any) -> dict:
 
 
 def env_facts(args: tuple) -> dict:
-    """Call-wide state the native dispatcher reads (``read_args`` in runtime.cpp)."""
+    """Call-wide state the native dispatcher reads (``read_args`` in runtime/args.cpp)."""
     tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
     return {
         "grad_enabled": torch.is_grad_enabled(),

@@ -11,19 +11,22 @@ from typing import Any, Callable
 
 import torch
 
-from trident.errors import TridentError
+from trident.runtime import ABI
 
-# Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
-# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
-ARG, ITEM, INDEX, ATTR, SELF = range(5)
-LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
+# Node.access and Node.check, as the runtime reads them (trident_trees.h: TRT_ACC_*, TRT_CHK_*);
+# state trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
+ARG, ITEM, INDEX, ATTR, SELF = (ABI[f"TRT_ACC_{k}"] for k in (
+    "ARG", "ITEM", "INDEX", "ATTR", "SELF"))
+LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = (ABI[f"TRT_CHK_{k}"] for k in (
+    "LEAF", "SEQ", "DICT", "OBJECT", "CONST", "ID", "SAME", "TYPE", "ABSENT", "TENSOR"))
 MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly
 
 _SCALARS = (bool, int, float, type(None))
 _CONSTS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device,
            torch.Size, range, torch.memory_format, torch.layout)
 # A slice is a CONST when its bounds are of these types, compared by exact type and value
-# (runtime.cpp's const_equal: ``x[1.0:]`` raises where ``x[1:]`` does not, though 1.0 == 1).
+# (const_equal in runtime/trees.cpp: ``x[1.0:]`` raises where ``x[1:]`` does not, though
+# 1.0 == 1).
 _SLICE_BOUNDS = (int, bool, type(None))
 _BY_ID = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
           types.ModuleType, types.CodeType, property, staticmethod, classmethod,
@@ -62,7 +65,7 @@ class ArgTree:
         return ["<call structure>"] + [self.nodes[i].path for i in self.leaf_nodes]
 
     def program(self) -> tuple:
-        """The tree as runtime.cpp's ``_set_trees`` reads it."""
+        """The tree as the Dispatcher's ``_set_call_trees`` reads it (runtime/dispatcher.cpp)."""
         return (self.key, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length,
                                  n.keys) for n in self.nodes))
 
@@ -163,7 +166,7 @@ class Binding:
         return fn(*args, **kwargs)
 
     def program(self) -> tuple:
-        """The parameters as runtime.cpp's ``_set_binding`` reads them: (name, kind, has a
+        """The parameters as the Dispatcher's ``_set_call_trees`` reads them: (name, kind, has a
         default, default)."""
         return tuple((name, kind, default is not inspect.Parameter.empty,
                       None if default is inspect.Parameter.empty else default)
@@ -172,11 +175,13 @@ class Binding:
 
 # ---- outputs ---------------------------------------------------------------------------------
 
-# OutputRecipe ops, as runtime.cpp's build_recipe reads them
+# OutputRecipe ops, as the runtime's build_recipe reads them (trident_trees.h: TRT_R_*)
 (R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT, R_STRUCTSEQ) = range(11)
-# R_OBJECT's base: how the object is made without running its Python __init__
-BASE_OBJECT, BASE_DICT, BASE_ODICT = range(3)
+ R_BUILT, R_STRUCTSEQ) = (ABI[f"TRT_R_{k}"] for k in (
+    "VALUE", "CONST", "INPUT", "TUPLE", "LIST", "DICT", "NAMEDTUPLE", "OBJECT", "AGAIN", "BUILT",
+    "STRUCTSEQ"))
+# R_OBJECT's base: how the object is made without running its Python __init__ (TRT_BASE_*)
+BASE_OBJECT, BASE_DICT, BASE_ODICT = (ABI[f"TRT_BASE_{k}"] for k in ("OBJECT", "DICT", "ODICT"))
 
 
 @dataclasses.dataclass

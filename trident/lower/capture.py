@@ -50,7 +50,7 @@ class Capture:
         graph_module: ATen-level graph; placeholders are the call's positional arguments,
             outputs the tensor leaves of the result, in order.
         out_spec: the result's structure as the runtime reads it (Note [Output spec] in
-            runtime/runtime.cpp): ``(``..``)`` tuple, ``[``..``]`` list, ``v`` a leaf, ``n`` None.
+            runtime/args.cpp): ``(``..``)`` tuple, ``[``..``]`` list, ``v`` a leaf, ``n`` None.
         out_leaves: per leaf of the result, ``None`` for a tensor (the next graph output) or
             ``("const", value)`` for a non-tensor leaf.
     """

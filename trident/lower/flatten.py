@@ -22,8 +22,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
 
-The dispatcher (runtime.cpp, ``eval_tree``) evaluates the tree in C on every call before the
-SCM: the bound parameters come from C's own binding of ``args`` and ``kwargs`` (so a value passed
+The dispatcher (``eval_tree`` in runtime/tree_eval.cpp) evaluates the tree in C on every call
+before the SCM: the bound parameters come from C's own binding of ``args`` and ``kwargs`` (so a value passed
 by position, by keyword or left to its default binds alike), then each node is read and checked
 in order. Leaf 0 of every specialization is the tree's key (``ArgTree.key``): a specialization
 only ever sees leaves of the tree it was traced with. A node that fails sends the call to Python,

@@ -6,7 +6,7 @@ restore (``torch.set_rng_state``) around its draws: OpInfo's ``wrapper_set_seed`
 (``freeze_rng_state`` + ``torch.manual_seed(42)``), ``torch.random.fork_rng``. Those are Python
 functions over ``torch._C.Generator`` objects, which no dispatcher and no mode sees: a trace
 would run them once, on the real generators, and the plan would not. While tracing, ``hooks``
-puts them in the graph instead, as the runtime's operators (runtime.cpp):
+puts them in the graph instead, as the runtime's operators (runtime/operators.cpp):
 
 ========================================  ==============================================
 ``torch.manual_seed(s)``                  ``trident::manual_seed(s)``: every CUDA device's

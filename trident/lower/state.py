@@ -44,8 +44,8 @@ torch's global flags that ops obey are call-wide guards instead (``trt_env.flags
 guards.py).
 
 The dispatcher evaluates the union of its specializations' state trees before every call
-(``state_holds`` in runtime.cpp). When a check fails the call goes to Python, which evaluates
-each stored specialization's chains again and installs only those whose **digest** (a hash of
+(``state_holds`` in runtime/dispatcher.cpp). When a check fails the call goes to Python, which
+evaluates each stored specialization's chains again and installs only those whose **digest** (a hash of
 every node's contents, by value: floats by bit pattern, functions by their code, tensors by
 their bytes) equals the one stored with it; the others stay on disk for the state they were
 compiled in. The digest is also what makes a stored specialization valid in another process.
@@ -77,10 +77,12 @@ from trident.errors import TridentError
 from trident.lower.flatten import _Flattener
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.identity import PROCESS, hash_code, identity_words
+from trident.runtime import ABI
 
-# Node.access of state trees (runtime.cpp's tree_access): a root object, getattr, getitem, and
+# Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
-ROOT, GETATTR, GETITEM, CELL = 5, 6, 7, 8
+ROOT, GETATTR, GETITEM, CELL = (ABI[f"TRT_ACC_{k}"] for k in (
+    "ROOT", "GETATTR", "GETITEM", "CELL"))
 
 _HERE = str(config.PACKAGE_DIR) + os.sep
 _INSTALL_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
@@ -1119,7 +1121,7 @@ class StateTree:
     description: list[str]
 
     def program(self) -> tuple | None:
-        """As runtime.cpp's ``_set_state`` reads it (None: nothing to check)."""
+        """As the Dispatcher's ``_set_state`` reads it (None: nothing to check)."""
         if not self.nodes:
             return None
         return (0, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length, n.keys)

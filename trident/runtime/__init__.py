@@ -1,9 +1,9 @@
 """Trident's native runtime: the ``Dispatcher`` type and the ``trt_api`` services.
 
-``runtime.cpp`` includes PyTorch's C++ headers, so it is compiled once per (torch, Python) pair
-with ``torch.utils.cpp_extension.load`` into the cache folder and
-reused by every later process. Generated Specialization Cache Modules are plain C and only see
-``trident_rt.h``.
+``runtime.cpp`` and its parts (the files it includes, one job each) include PyTorch's C++
+headers, so the runtime is compiled once per (torch, Python) pair with
+``torch.utils.cpp_extension.load`` into the cache folder and reused by every later process.
+Generated Specialization Cache Modules are plain C and only see ``trident_rt.h``.
 """
 
 from __future__ import annotations
@@ -24,15 +24,22 @@ from trident.errors import ERROR_TYPES, TridentError
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"
+# One translation unit: runtime.cpp includes its parts (shim.cpp, dispatcher.cpp, ...), and only
+# it is compiled. Most parts need PyTorch's C++ headers, and parsing them is most of a
+# translation unit's compile time: compiled separately, every part would parse them again, and
+# the runtime's cold build would take several times as long on a 2-core machine.
 SOURCE = HERE / "runtime.cpp"
+# The ABI headers whose constants Python reads (_abi_constants): trident_trees.h holds the codes
+# of argument trees, state trees and output recipes (flatten.py and state.py read them here).
+ABI_HEADERS = (HEADER, HERE / "trident_cuda.h", HERE / "trident_trees.h")
 
 
 def _abi_constants() -> dict[str, int]:
     """The ABI's integer constants (``#define TRT_X 4096`` and enumerators written
-    ``TRT_X = 1``) of trident_rt.h and trident_cuda.h: the one place they are defined; Python
-    reads them from here instead of repeating their values."""
+    ``TRT_X = 1``) of trident_rt.h, trident_cuda.h and trident_trees.h: the one place they are
+    defined; Python reads them from here instead of repeating their values."""
     out: dict[str, int] = {}
-    for header in (HEADER, HERE / "trident_cuda.h"):
+    for header in ABI_HEADERS:
         text = header.read_text()
         out.update((m[0], int(m[1])) for m in re.findall(r"^#define (TRT_\w+) (-?\d+)\b", text,
                                                           re.MULTILINE))
@@ -60,11 +67,25 @@ def error_types() -> tuple[type, ...]:
     return tuple(ERROR_TYPES[name] for name in sorted(kinds, key=kinds.__getitem__))
 
 
+def sources() -> list[Path]:
+    """The runtime's own files that its build reads: ``SOURCE`` and every file of this folder it
+    includes (``#include "name"``), directly or through another, in the order first included."""
+    found = [SOURCE]
+    for path in found:  # grows as it goes
+        for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', path.read_text(), re.MULTILINE):
+            included = HERE / name
+            if included.is_file() and included not in found:
+                found.append(included)
+    return found
+
+
 def build_key() -> str:
     """Everything the runtime's binary depends on."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), HEADER.read_bytes(), torch.__version__.encode(),
-                 sys.version.encode(), str(torch.compiled_with_cxx11_abi()).encode()):
+    for path in sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for part in (torch.__version__.encode(), sys.version.encode(),
+                 str(torch.compiled_with_cxx11_abi()).encode()):
         h.update(part)
     return h.hexdigest()[:16]
 
@@ -101,7 +122,7 @@ def load():
 
 @functools.cache
 def operators():
-    """The runtime's ``trident::`` operators (runtime.cpp), with their fake kernels for traces:
+    """The runtime's ``trident::`` operators (operators.cpp), with their fake kernels for traces:
     the random state steps (Note [Random state steps] in trident/rng.py) and the bool results of
     ``equal`` and ``allclose`` as 0-dim bool tensors (Note [Bool results] in capture.py).
     Returns ``torch.ops.trident``."""

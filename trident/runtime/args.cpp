@@ -1,0 +1,216 @@
+// args.cpp: reading a call's arguments and environment into trt_args and a trt_env (what the
+// guards read), and building the result from the SCM's outputs (Note [Output spec]).
+
+#include "runtime_internal.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/forward_grad.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+// ---- reading arguments ---------------------------------------------------------------------
+
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad);
+
+// Whether a forward-AD level is open (torch.autograd.forward_ad.dual_level): only then can a
+// tensor carry a tangent. Levels close in the order they opened, and closing one clears its
+// tangents (torch/csrc/autograd/forward_grad.h), so level 0 is open if any is. Reading a tensor's
+// tangent takes two mutexes; this takes one per call.
+bool forward_ad_open() {
+  return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
+}
+
+// What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
+// Python runs eagerly): no C++ exception leaves this function.
+void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
+  std::memset(a, 0, sizeof(*a));
+  if (THPVariable_CheckExact(obj)) {
+    try {
+      read_tensor(obj, a, forward_ad);
+    } catch (const std::exception&) {
+      std::memset(a, 0, sizeof(*a));
+      a->kind = TRT_ARG_OTHER;
+    }
+  } else if (obj == Py_None) {
+    a->kind = TRT_ARG_NONE;
+  } else if (PyBool_Check(obj)) {
+    a->kind = TRT_ARG_BOOL;
+    a->i = obj == Py_True;
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    a->i = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    a->kind = overflow ? TRT_ARG_OTHER : TRT_ARG_INT;
+  } else if (PyFloat_CheckExact(obj)) {
+    a->kind = TRT_ARG_FLOAT;
+    a->f = PyFloat_AS_DOUBLE(obj);
+  } else {
+    a->kind = TRT_ARG_OTHER;
+  }
+}
+
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  auto* impl = t.unsafeGetTensorImpl();
+  // Nested, non-strided layouts, symbolic shapes, conjugate/negative views and wrapper tensors
+  // are left to Python.
+  if (!t.defined() || t.is_nested() || t.layout() != c10::kStrided ||
+      impl->has_symbolic_sizes_strides() ||
+      (!t.is_cpu() && !t.is_cuda()) ||
+      t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
+      (forward_ad && (t._fw_grad(0).defined() || t._fw_grad(1).defined()))) {  // a dual tensor
+    a->kind = TRT_ARG_OTHER;
+    return;
+  }
+  a->kind = TRT_ARG_TENSOR;
+  a->dtype = static_cast<int32_t>(t.scalar_type());
+  a->device_type = static_cast<int32_t>(t.device().type());
+  a->device_index = t.device().index();
+  a->dim = static_cast<int32_t>(t.dim());
+  a->sizes = t.sizes().data();
+  a->strides = t.strides().data();
+  a->storage_offset = t.storage_offset();
+  a->data_ptr = const_cast<void*>(t.const_data_ptr());
+  a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
+  if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+  if (t.is_inference()) a->flags |= TRT_INFERENCE;
+  if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
+}
+
+// One tensor object in two argument positions: pairwise for short argument lists, an open-
+// addressing set on the stack for longer ones (no allocation on the hit path), sorted beyond.
+bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
+  if (n <= 32) {
+    for (Py_ssize_t i = 0; i < n; ++i)
+      for (Py_ssize_t j = 0; j < i; ++j)
+        if (a[i].kind == TRT_ARG_TENSOR && a[j].kind == TRT_ARG_TENSOR &&
+            a[i].tensor == a[j].tensor)
+          return true;
+    return false;
+  }
+  constexpr size_t kSlots = 4096;  // a power of two, at least twice the arguments it takes
+  if (static_cast<size_t>(n) <= kSlots / 2) {
+    size_t size = 64;
+    while (size < 2 * static_cast<size_t>(n)) size <<= 1;
+    const trt_tensor* slots[kSlots];
+    std::memset(slots, 0, size * sizeof(slots[0]));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (a[i].kind != TRT_ARG_TENSOR) continue;
+      uint64_t h = reinterpret_cast<uintptr_t>(a[i].tensor) * 0x9E3779B97F4A7C15ull;
+      for (size_t s = (h >> 40) & (size - 1);; s = (s + 1) & (size - 1)) {
+        if (!slots[s]) {
+          slots[s] = a[i].tensor;
+          break;
+        }
+        if (slots[s] == a[i].tensor) return true;
+      }
+    }
+    return false;
+  }
+  std::vector<trt_tensor*> tensors;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (a[i].kind == TRT_ARG_TENSOR) tensors.push_back(a[i].tensor);
+  std::sort(tensors.begin(), tensors.end());
+  return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
+}
+
+// torch's global flags that ops read when they run or when they are traced (which SDPA backend a
+// trace picks), one bit or field each, in the order guards.FLAG_BITS names them.
+uint64_t global_flags() {
+  const at::Context& c = at::globalContext();
+  uint64_t bits[] = {c.deterministicAlgorithms(), c.deterministicAlgorithmsWarnOnly(),
+                     c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(),
+                     c.userEnabledMathSDP(), c.userEnabledCuDNNSDP(), c.allowTF32CuDNN(),
+                     c.userEnabledCuDNN(), c.benchmarkCuDNN(), c.deterministicCuDNN()};
+  uint64_t flags = 0;
+  for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); ++i) flags |= (bits[i] ? 1ULL : 0ULL) << i;
+  // fields of 4 bits: the float32 matmul precision and the cuBLAS fp16/bf16 reduction options
+  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 16;
+  flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 20;
+  flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 24;
+  return flags;
+}
+
+void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
+  env->grad_enabled = at::GradMode::is_enabled();
+  env->inference_mode = c10::InferenceMode::is_enabled();
+  env->autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ||
+                  at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+  env->default_dtype = static_cast<int32_t>(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  env->transforms =
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+  env->function_modes = at::impl::PythonTorchFunctionTLS::stack_len() > 0;
+  env->process_group = process_group_fact();
+  env->num_threads = at::get_num_threads();
+  env->flags = global_flags();
+  bool forward_ad = forward_ad_open();
+  for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i], forward_ad);
+  env->aliased = tensor_passed_twice(out, n);
+  env->graphs = nullptr;
+}
+
+// ---- building results ----------------------------------------------------------------------
+
+// steal=true: the value's tensor handle is owned by us and released here.
+PyObject* wrap_value(const trt_value& v, bool steal) {
+  switch (v.tag) {
+    case TRT_TENSOR: {
+      at::Tensor* t = reinterpret_cast<at::Tensor*>(v.u.t);
+      PyObject* r = steal ? THPVariable_Wrap(std::move(*t)) : THPVariable_Wrap(*t);
+      if (steal) delete t;
+      return r;
+    }
+    case TRT_INT: return PyLong_FromLongLong(v.u.i);
+    case TRT_FLOAT: return PyFloat_FromDouble(v.u.f);
+    case TRT_BOOL: return PyBool_FromLong(v.u.i != 0);
+    case TRT_NONE: Py_RETURN_NONE;
+  }
+  PyErr_Format(PyExc_RuntimeError, "trident: cannot return a value of tag %d", v.tag);
+  return nullptr;
+}
+
+// Note [Output spec]: '(' ... ')' tuple, '[' ... ']' list, 'v' the next flat value, 'n' None.
+PyObject* build_output(const char*& p, trt_result* r, int32_t& next) {
+  char c = *p++;
+  if (c == 'v') {
+    PyObject* o = wrap_value(r->outs[next], /*steal=*/true);
+    r->outs[next].tag = TRT_NONE;  // taken over
+    ++next;
+    return o;
+  }
+  if (c == 'n') Py_RETURN_NONE;
+  char close = c == '(' ? ')' : ']';
+  PyObject* list = PyList_New(0);
+  if (!list) return nullptr;
+  while (*p != close) {
+    PyObject* item = build_output(p, r, next);
+    if (!item || PyList_Append(list, item) < 0) {
+      Py_XDECREF(item);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  ++p;
+  if (c == '[') return list;
+  PyObject* tuple = PyList_AsTuple(list);
+  Py_DECREF(list);
+  return tuple;
+}
+
+void release_outputs(trt_result* r, int32_t from) {
+  for (int32_t i = from; i < r->nouts; ++i)
+    if (r->outs[i].tag == TRT_TENSOR) api_release(r->outs[i].u.t);
+}
+
+}  // namespace

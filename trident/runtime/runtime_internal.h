@@ -1,0 +1,204 @@
+// runtime_internal.h: what the runtime's parts (runtime.cpp lists them) share: the operator
+// handle, the pending error, tensor handles, the argument trees' types, and each part's entry
+// points that another part calls. The parts are one translation unit with one unnamed namespace,
+// so a part defines what this header declares for the others. Not seen by the SCMs, which see
+// trident_rt.h alone.
+#ifndef TRIDENT_RUNTIME_INTERNAL_H
+#define TRIDENT_RUNTIME_INTERNAL_H
+
+#include <Python.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trident_rt.h"
+#include "trident_trees.h"
+
+#if __has_include(<torch/csrc/distributed/c10d/GroupRegistry.hpp>)
+#define TRT_HAVE_C10D 1
+#endif
+
+struct trt_op {
+  c10::OperatorHandle handle;
+  // A collective (the _c10d_functional namespace) runs without the GIL, as every op called
+  // from Python does (torch's invokeOperatorFromPython releases it): the process group's
+  // worker thread may drop the last reference to a tensor that has a Python object, which takes
+  // the GIL, while wait_tensor waits for that thread, so holding the GIL there deadlocks.
+  bool release_gil = false;
+  // Note [Synchronous all-reduce] in trident/collectives.py: _c10d_functional::all_reduce_ is
+  // served by the process group's allreduce with asyncOp off, as dist.all_reduce(t) does.
+  bool sync_all_reduce = false;
+  // Note [Unboxed calls]: the operator's c10::TypedOperatorHandle and the function that calls
+  // it with trt_values, for the signatures in kUnboxed; null: boxed calls only.
+  void* typed = nullptr;
+  bool (*unboxed)(const trt_op* op, const trt_value* args, trt_value* ret) = nullptr;
+  int32_t nargs = 0;
+};
+
+namespace {
+
+// ---- errors and handles (shim.cpp) ---------------------------------------------------------
+
+extern thread_local std::string g_error;
+// The pending error's kind (TRT_ERR_* in trident_rt.h), an index into ErrorTypes (trident/
+// errors.py: TridentError and its IndexError, ValueError, TypeError, NotImplementedError twins).
+extern thread_local int g_error_kind;
+// The error classes, set by set_error_types (module.cpp): ErrorTypes[kind], TridentError first.
+extern PyObject* TridentError;
+extern PyObject* ErrorTypes[TRT_ERR_KINDS];
+
+// Note [No exception crosses the ABI] (shim.cpp): the current exception into g_error; returns 1.
+int fail_with_current_exception() noexcept;
+
+inline at::Tensor& as_tensor(trt_tensor* t) { return *reinterpret_cast<at::Tensor*>(t); }
+inline trt_tensor* new_handle(at::Tensor&& t) {
+  return reinterpret_cast<trt_tensor*>(new at::Tensor(std::move(t)));
+}
+inline PyObject* const* tuple_items(PyObject* tuple) {
+  return reinterpret_cast<PyTupleObject*>(tuple)->ob_item;
+}
+
+// ---- the parts' entry points ---------------------------------------------------------------
+
+// shim.cpp: the trt_api services
+extern const trt_api g_api;
+extern std::vector<PyObject*> g_callbacks;  // trt_api.python_callback's, by id
+trt_op* api_op(const char* name, const char* overload) noexcept;
+void api_release(trt_tensor* t) noexcept;
+void from_ivalue(c10::IValue&& iv, trt_value* out);
+
+// unboxed.cpp: Note [Unboxed calls]
+std::string unboxed_kinds(const c10::FunctionSchema& schema);
+void set_unboxed(trt_op* op);
+
+// views.cpp: Note [Views in C] (trident/plan.py)
+int api_view_of(trt_tensor* handle, trt_view* out) noexcept;
+trt_tensor* api_view_tensor(const trt_view* view, int32_t how) noexcept;
+
+// collectives.cpp
+#ifdef TRT_HAVE_C10D
+bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets);
+#endif
+const char* process_group_fact();
+
+// args.cpp: reading arguments and building results
+void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env);
+uint64_t global_flags();
+PyObject* wrap_value(const trt_value& v, bool steal);
+PyObject* build_output(const char*& p, trt_result* r, int32_t& next);
+void release_outputs(trt_result* r, int32_t from);
+
+// ---- argument trees (Note [Argument trees] in trees.cpp) -----------------------------------
+
+struct Param {
+  PyObject* name;  // borrowed from CallTrees::source
+  int kind;
+  PyObject* default_value;  // nullptr: none
+};
+
+struct TreeNode {
+  Py_ssize_t parent;
+  int access;
+  PyObject* key;  // ITEM, ATTR: the key; borrowed
+  Py_ssize_t index;  // ARG, INDEX: the position
+  int check;
+  Py_ssize_t same;   // SAME: the node whose object this one must be
+  PyObject* expect;  // SEQ/DICT/OBJECT/TYPE: the type; CONST: the value; ID, TENSOR: the object
+  Py_ssize_t length;  // TENSOR: its version counter
+  PyObject* keys;   // DICT, OBJECT: the keys in iteration order (a tuple), or nullptr
+  bool float_bits;  // a float CONST: compared by bit pattern (NaN, -0.0)
+};
+
+// Note [Unchanged subtrees] (tree_eval.cpp): an argument tree's nodes as its evaluations last
+// read them.
+struct TreeMemo {
+  std::vector<PyObject*> values;  // per node: its value (borrowed: see the Note)
+  std::vector<PyObject*> dicts;   // OBJECT: its instance dict
+  // OBJECT: its instance dict's version tag, DICT: its own, when its whole subtree last held
+  std::vector<uint64_t> tags;
+  std::vector<size_t> end;        // per node: one past the last node of its subtree
+  // per container node p: work[work_begin[p] .. work_begin[p + 1]) are its children that no tag
+  // covers (leaves, containers, SAME, sets): what an unchanged p still visits
+  std::vector<Py_ssize_t> work_begin;
+  std::vector<Py_ssize_t> work;
+  // per node: what its value needs when it is the memo's (TreeEval::visit)
+  enum Kind : uint8_t {
+    kOther,        // checked: a list, a namedtuple, a set, SAME
+    kDict,         // unchanged with its exact type and tag
+    kOrderedDict,  // an OrderedDict of two or more keys: also its key order
+    kObject,       // unchanged with its exact type, instance dict and that dict's tag
+    kTuple,        // a plain tuple: immutable, its children are the memo's where it is held
+    kImmutable,    // CONST (but a set) and ID: the same object holds where it is held
+    kLeaf,         // the SCM's argument: its guards are the SCM's
+  };
+  std::vector<uint8_t> kind;
+  std::vector<PyTypeObject*> types;  // kDict, kOrderedDict, kObject: the exact type
+  std::vector<uint8_t> watched;      // the node's dict is watched (TRT_DICT_WATCHERS)
+  uint64_t events = 0;               // dict_events when the tree last held
+  bool busy = false;                 // a walk is writing it
+};
+
+struct Tree {
+  PyObject* key;  // leaf 0, a Python int
+  std::vector<TreeNode> nodes;
+  Py_ssize_t leaves;
+  std::unique_ptr<TreeMemo> memo;  // argument trees only
+};
+
+// Everything a Dispatcher needs to bind and flatten a call. The Python tuples it was read from
+// are kept in `source` and `programs`, so every borrowed pointer stays valid.
+struct CallTrees {
+  PyObject* source = nullptr;    // (params, self object, has self); owned, as are the next two
+  PyObject* programs = nullptr;  // the trees, as flatten.ArgTree.program() made them
+  PyObject* recipes = nullptr;   // per specialization: an OutputRecipe's ops, or None
+  std::vector<Param> params;
+  PyObject* self_obj = nullptr;
+  bool has_self = false;
+  bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
+  std::vector<Tree> trees;
+  ~CallTrees() {  // the GIL is held wherever the last holder lets go
+    Py_XDECREF(source);
+    Py_XDECREF(programs);
+    Py_XDECREF(recipes);
+  }
+};
+
+// The values of one call: bound parameters, node values, leaves. `owned` holds the *args
+// tuple and **kwargs dict made by binding.
+struct CallValues {
+  std::vector<PyObject*> bound;
+  std::vector<PyObject*> values;
+  std::vector<PyObject*> dicts;  // per OBJECT node: its instance dict
+  std::vector<PyObject*> leaves;
+  std::vector<PyObject*> owned;
+  ~CallValues() {
+    for (PyObject* o : owned) Py_DECREF(o);
+  }
+};
+
+// trees.cpp: binding, and what a node's check and read need
+bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv);
+bool same_keys(PyObject* d, PyObject* keys);
+bool const_equal(const TreeNode& n, PyObject* v);
+PyObject* instance_dict(PyObject* obj);
+PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv);
+bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
+
+// tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]
+bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree);
+
+// recipes.cpp: output recipes
+PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values);
+
+// dispatcher.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
+PyTypeObject* dispatcher_type();
+
+}  // namespace
+
+#endif  // TRIDENT_RUNTIME_INTERNAL_H

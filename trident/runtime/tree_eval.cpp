@@ -1,0 +1,330 @@
+// tree_eval.cpp: evaluating a tree over a call, every node or through the argument tree's
+// memo (Note [Unchanged subtrees]).
+
+#include "runtime_internal.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+// ---- Note [Unchanged subtrees] ---------------------------------------------------------------
+//
+// A hit must cost what its specialization reads, not what its arguments reach: a Hugging Face
+// model's tree has thousands of nodes (every module's __dict__, its hook dicts, its config).
+// CPython gives every dict a version tag (PyDictObject.ma_version_tag, Python 3.11 and 3.12)
+// that takes a new value from one process-wide counter at every insertion, replacement,
+// deletion or clear of that dict, and at its creation, so equal tags on the same dict object
+// mean the dict was not changed. Each argument tree keeps every node's value as last read, and
+// each OBJECT's instance dict and DICT's tag as they were when its whole subtree last held
+// (TreeMemo). A container node whose value is that same object with that same dict and tag has
+// the same entries as then: its children are taken from the memo without reading them, and the
+// checks of its immutable children (CONST, ID) hold without running. What no tag covers is
+// still checked on every call: each object's exact type (``__class__`` can be assigned), its
+// instance dict's identity (``__dict__`` can be assigned), a list's items (a list has no tag), a
+// set's contents, the key order of an OrderedDict (``move_to_end`` changes no tag), a SAME
+// node's identity, and every leaf (the SCM's guards). A value is taken from the memo only below
+// a container that holds it and whose tag held, so it is alive; a value read afresh is trusted
+// only through a tag (a new object at a freed one's address has a new dict, and so a new tag).
+// Python 3.13 and later evaluate every node.
+#if PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_TAGS 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+#pragma GCC diagnostic pop
+#else
+inline uint64_t dict_tag(PyObject*) { return 0; }
+#endif
+
+// Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost
+// nothing to check: a dict the memo found unchanged across two calls is watched, and every event
+// on any watched dict (a change, a copy into it, its deallocation) counts in dict_events. A memo
+// that last held at the current count knows that none of its watched dicts changed since, and
+// reads no tag of theirs. Not on 3.11 (no watchers) or where all watcher slots are taken.
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_WATCHERS 1
+uint64_t dict_events = 0;
+int dict_watcher = -1;  // -2: none could be had
+
+int on_dict_event(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
+  ++dict_events;
+  return 0;
+}
+
+// Watches `d` (its tag changes: read it again). false: not watched.
+bool watch_dict(PyObject* d) {
+  if (dict_watcher == -1) {
+    dict_watcher = PyDict_AddWatcher(on_dict_event);
+    if (dict_watcher < 0) {
+      PyErr_Clear();
+      dict_watcher = -2;
+    }
+  }
+  if (dict_watcher < 0 || PyDict_Watch(dict_watcher, d) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+#endif
+
+// One tree's evaluation: where values go (the memo's arrays for argument trees, so that the next
+// call finds them; the call's own for state trees).
+struct TreeEval {
+  const CallTrees& t;
+  const Tree& tree;
+  CallValues& cv;
+  TreeMemo* memo;  // nullptr: every node is evaluated
+  PyObject** values;
+  PyObject** dicts;
+  Py_ssize_t* failed;
+
+  bool fail(size_t i) {
+    if (failed) *failed = static_cast<Py_ssize_t>(i);
+    return false;
+  }
+
+  // Reads node i's value from its parent (or the call); nullptr when there is none.
+  PyObject* read(size_t i) {
+    const TreeNode& node = tree.nodes[i];
+    PyObject* parent = node.parent >= 0 ? values[node.parent] : nullptr;
+    switch (node.access) {
+      case TRT_ACC_ARG: return cv.bound[node.index];
+      case TRT_ACC_SELF: return t.self_obj;
+      case TRT_ACC_ITEM: return PyDict_GetItemWithError(parent, node.key);
+      case TRT_ACC_INDEX:  // the parent's type and length were checked
+        return PyTuple_Check(parent) ? PyTuple_GET_ITEM(parent, node.index)
+                                     : PyList_GET_ITEM(parent, node.index);
+      case TRT_ACC_ATTR: return PyDict_GetItemWithError(dicts[node.parent], node.key);
+      case TRT_ACC_ROOT: return node.key;
+      case TRT_ACC_GETATTR:
+      case TRT_ACC_GETITEM: return parent ? read_state(parent, node.access, node.key, cv) : nullptr;
+      case TRT_ACC_CELL: return parent && PyCell_Check(parent) ? PyCell_GET(parent) : nullptr;
+    }
+    return nullptr;
+  }
+
+  // Checks node i holding v, the node alone (its children are the caller's).
+  bool check(size_t i, PyObject* v) {
+    const TreeNode& node = tree.nodes[i];
+    values[i] = v;
+#ifdef TRT_DICT_WATCHERS
+    if (memo) memo->watched[i] = 0;  // a value read afresh: perhaps another dict than the watched
+#endif
+    bool ok = true;
+    switch (node.check) {
+      case TRT_CHK_LEAF: cv.leaves.push_back(v); break;
+      case TRT_CHK_SEQ:
+        ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) && Py_SIZE(v) == node.length;
+        break;
+      case TRT_CHK_DICT:
+        ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect) &&
+             PyDict_GET_SIZE(v) == node.length && (!node.keys || same_keys(v, node.keys));
+        break;
+      case TRT_CHK_OBJECT: {
+        if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect)) {
+          ok = false;
+          break;
+        }
+        PyObject* d = dicts[i] = instance_dict(v);
+        ok = d && PyDict_GET_SIZE(d) == node.length && (!node.keys || same_keys(d, node.keys));
+        break;
+      }
+      case TRT_CHK_CONST: ok = const_equal(node, v); break;
+      case TRT_CHK_ID: ok = v == node.expect; break;
+      case TRT_CHK_SAME: ok = v == values[node.same]; break;
+      case TRT_CHK_TYPE: ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect); break;
+      case TRT_CHK_TENSOR:  // the same tensor, not written since (its version counter)
+        ok = v == node.expect && THPVariable_Check(v) &&
+             static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length;
+        break;
+    }
+    return ok;
+  }
+
+  // Every node, in order (state trees, and argument trees without a memo that held).
+  bool all() {
+    size_t n = tree.nodes.size();
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = read(i);
+      const TreeNode& node = tree.nodes[i];
+      if (!v || node.check == TRT_CHK_ABSENT) {
+        PyErr_Clear();
+        if (!v && node.check == TRT_CHK_ABSENT) {
+          values[i] = nullptr;
+          continue;
+        }
+        return fail(i);
+      }
+      if (!check(i, v)) return fail(i);
+    }
+    return true;
+  }
+
+  // Whether d, node i's dict (its own, or its object's) as the memo holds it, is unchanged.
+  bool same_dict(size_t i, PyObject* d) {
+#ifdef TRT_DICT_WATCHERS
+    if (memo->watched[i]) {
+      if (memo->events == dict_events) return true;
+    } else if (dict_tag(d) == memo->tags[i] && watch_dict(d)) {  // unchanged twice: watched
+      memo->watched[i] = 1;
+      memo->tags[i] = dict_tag(d);
+      return true;
+    }
+#endif
+    return dict_tag(d) == memo->tags[i];
+  }
+
+  // Node i, and its subtree. `held`: its value is the memo's, held by an unchanged container (or
+  // an immutable tuple such a container holds); otherwise it is read afresh. The memo's `kind`
+  // says what an unchanged value needs (it is read before the node: a node is 80 bytes).
+  bool visit(size_t i, bool held) {
+    PyObject* v = held ? values[i] : read(i);
+    if (!v) {
+      PyErr_Clear();
+      return fail(i);
+    }
+    switch (memo->kind[i]) {
+#ifdef TRT_DICT_TAGS
+      case TreeMemo::kDict:
+      case TreeMemo::kOrderedDict:  // move_to_end reorders an OrderedDict without a new tag
+        if (v == values[i] && Py_TYPE(v) == memo->types[i] && same_dict(i, v) &&
+            (memo->kind[i] == TreeMemo::kDict || same_keys(v, tree.nodes[i].keys)))
+          return children(i, true);
+        break;
+      case TreeMemo::kObject:  // (the value may be one that failed its check: its type first)
+        if (v == values[i] && Py_TYPE(v) == memo->types[i]) {
+          PyObject** dict = _PyObject_GetDictPtr(v);
+          if (dict && *dict == dicts[i] && same_dict(i, *dict)) return children(i, true);
+        }
+        break;
+#endif
+      case TreeMemo::kTuple:
+        if (held) return children(i, true);
+        break;
+      case TreeMemo::kImmutable:
+        if (held) return true;  // the same object as when it was checked
+        break;
+      case TreeMemo::kLeaf:
+        cv.leaves.push_back(v);
+        values[i] = v;
+        return true;
+    }
+    const TreeNode& node = tree.nodes[i];
+    int c = node.check;
+    if (!check(i, v)) return fail(i);
+    if (!children(i, false)) return false;
+    // the tag once the whole subtree held: a subtree cut short by a failure keeps its older tag,
+    // which its dict no longer has, so the next call reads it afresh
+    if (c == TRT_CHK_DICT || c == TRT_CHK_OBJECT)
+      memo->tags[i] = dict_tag(c == TRT_CHK_DICT ? v : dicts[i]);
+    return true;
+  }
+
+  // The children of node p. `held`: p is unchanged, so only the children that a tag does not
+  // cover are visited (the memo's `work` list); otherwise all, afresh.
+  bool children(size_t p, bool held) {
+    if (held) {
+      for (Py_ssize_t k = memo->work_begin[p]; k < memo->work_begin[p + 1]; ++k)
+        if (!visit(static_cast<size_t>(memo->work[k]), true)) return false;
+      return true;
+    }
+    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c])
+      if (!visit(c, false)) return false;
+    return true;
+  }
+
+  bool memoized() {
+    size_t n = tree.nodes.size();
+    for (size_t i = 0; i < n; i = memo->end[i])
+      if (!visit(i, false)) return false;
+    return true;
+  }
+};
+
+// Evaluates one tree over the bound values: true and cv.leaves filled when every check holds
+// (an argument tree's values are then in its memo, a state tree's in cv.values).
+bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed) {
+  size_t n = tree.nodes.size();
+  TreeMemo* memo = tree.memo.get();
+  if (memo && memo->busy) memo = nullptr;  // re-entered during a walk: this one walks alone
+  if (!memo) {
+    cv.values.resize(n);
+    cv.dicts.resize(n);
+  }
+  cv.leaves.clear();
+  cv.leaves.reserve(tree.leaves + 1);
+  cv.leaves.push_back(tree.key);
+  TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
+             memo ? memo->dicts.data() : cv.dicts.data(), failed};
+  if (!memo) return e.all();
+  // No Python runs in a walk, but an allocation in it (an object's instance dict, made when it
+  // is first read) may start a collection whose finalizers call this function again: the memo
+  // is written as the walk goes, so no collection runs during it.
+  int collecting = PyGC_Disable();
+  memo->busy = true;
+  bool ok = e.memoized();
+  memo->busy = false;
+  if (collecting) PyGC_Enable();
+#ifdef TRT_DICT_WATCHERS
+  if (ok) memo->events = dict_events;
+#endif
+  return ok;
+}
+
+// Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
+  size_t n = tree.nodes.size();
+  auto memo = std::make_unique<TreeMemo>();
+  memo->values.assign(n, nullptr);
+  memo->dicts.assign(n, nullptr);
+  memo->tags.assign(n, 0);
+  memo->end.assign(n, 0);
+  for (size_t i = n; i-- > 0;) {  // a subtree ends where its last child's does
+    if (memo->end[i] == 0) memo->end[i] = i + 1;
+    Py_ssize_t p = tree.nodes[i].parent;
+    if (p >= 0 && memo->end[p] == 0) memo->end[p] = memo->end[i];
+  }
+  memo->kind.assign(n, TreeMemo::kOther);
+  memo->watched.assign(n, 0);
+  memo->types.assign(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const TreeNode& node = tree.nodes[i];
+    auto* type = reinterpret_cast<PyTypeObject*>(node.expect);
+    switch (node.check) {
+      case TRT_CHK_LEAF: memo->kind[i] = TreeMemo::kLeaf; break;
+      case TRT_CHK_ID: memo->kind[i] = TreeMemo::kImmutable; break;
+      case TRT_CHK_CONST:
+        if (!PyAnySet_Check(node.expect)) memo->kind[i] = TreeMemo::kImmutable;
+        break;
+      case TRT_CHK_DICT:
+        memo->kind[i] = type == &PyODict_Type && node.length >= 2 ? TreeMemo::kOrderedDict
+                                                                 : TreeMemo::kDict;
+        memo->types[i] = type;
+        break;
+      case TRT_CHK_OBJECT:
+        memo->kind[i] = TreeMemo::kObject;
+        memo->types[i] = type;
+        break;
+      case TRT_CHK_SEQ:
+        if (type == &PyTuple_Type) memo->kind[i] = TreeMemo::kTuple;
+        break;
+    }
+  }
+  memo->work_begin.assign(n + 1, 0);
+  for (size_t p = 0; p < n; ++p) {
+    memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
+    uint8_t kind = memo->kind[p];  // the containers an unchanged value of holds its children
+    if (kind != TreeMemo::kDict && kind != TreeMemo::kOrderedDict && kind != TreeMemo::kObject &&
+        kind != TreeMemo::kTuple)
+      continue;
+    for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
+      const TreeNode& child = tree.nodes[k];
+      if (memo->kind[k] != TreeMemo::kImmutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
+    }
+  }
+  memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
+  return memo;
+}
+
+}  // namespace

@@ -1,0 +1,229 @@
+// trees.cpp: binding a call's arguments to parameters, what the nodes of argument and state
+// trees read and check, and tree programs parsed (Note [Argument trees]).
+
+#include "runtime_internal.h"
+
+namespace {
+
+// ---- Note [Argument trees] (trident/flatten.py) --------------------------------------------
+//
+// A call's arguments are bound to the function's parameters here, as Python binds them, and
+// each installed tree is evaluated over the bound values: every node reads its value from its
+// parent and checks it; the LEAF nodes, after the tree's key, are the SCM's arguments.
+
+enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
+       PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
+
+// Python's binding of positional and keyword arguments to parameters (inspect.Signature.bind
+// with defaults applied). false: the call does not bind; Python raises eager's TypeError.
+bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), i = 0, used = 0;
+  Py_ssize_t nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+  cv.bound.clear();
+  for (const Param& p : t.params) {
+    PyObject* v = nullptr;
+    if (p.kind == PARAM_VAR_POSITIONAL) {
+      v = PyTuple_GetSlice(args, i, nargs);
+      if (!v) return false;
+      cv.owned.push_back(v);
+      i = nargs;
+    } else if (p.kind == PARAM_VAR_KEYWORD) {
+      v = PyDict_New();
+      if (!v) return false;
+      cv.owned.push_back(v);
+      if (nkw) {
+        PyObject *k, *item;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwargs, &pos, &k, &item)) {
+          bool named = false;
+          for (const Param& q : t.params)
+            if ((q.kind == PARAM_POSITIONAL_OR_KEYWORD || q.kind == PARAM_KEYWORD_ONLY) &&
+                PyUnicode_Compare(q.name, k) == 0) {
+              named = true;
+              break;
+            }
+          if (!named) {
+            if (PyDict_SetItem(v, k, item) < 0) return false;
+            ++used;
+          }
+        }
+      }
+    } else if (p.kind != PARAM_KEYWORD_ONLY && i < nargs) {
+      if (p.kind == PARAM_POSITIONAL_OR_KEYWORD && nkw && PyDict_GetItem(kwargs, p.name))
+        return false;
+      v = PyTuple_GET_ITEM(args, i++);
+    } else if (p.kind != PARAM_POSITIONAL_ONLY && nkw && (v = PyDict_GetItem(kwargs, p.name))) {
+      ++used;
+    } else if (p.default_value) {
+      v = p.default_value;
+    } else {
+      return false;
+    }
+    cv.bound.push_back(v);
+  }
+  return i == nargs && used == nkw;
+}
+
+bool same_key(PyObject* k, PyObject* want) {
+  if (k == want) return true;
+  if (Py_TYPE(k) != Py_TYPE(want)) return false;
+  int eq = PyObject_RichCompareBool(k, want, Py_EQ);
+  if (eq != 1) PyErr_Clear();
+  return eq == 1;
+}
+
+// The dict's keys are `keys`, in the order it iterates them (str and int keys: compared by exact
+// type and value). An OrderedDict iterates in the order of its own linked list, which
+// move_to_end changes without changing the dict it is built on (nor that dict's order).
+bool same_keys(PyObject* d, PyObject* keys) {
+  if (PyODict_CheckExact(d)) {
+    PyObject* it = PyObject_GetIter(d);  // C's odict iterator: no Python code runs
+    if (!it) {
+      PyErr_Clear();
+      return false;
+    }
+    bool same = true;
+    Py_ssize_t i = 0;
+    for (PyObject* k; same && (k = PyIter_Next(it));) {
+      same = i < PyTuple_GET_SIZE(keys) && same_key(k, PyTuple_GET_ITEM(keys, i++));
+      Py_DECREF(k);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return same && i == PyTuple_GET_SIZE(keys);
+  }
+  Py_ssize_t pos = 0, i = 0;
+  PyObject *k, *item;
+  while (PyDict_Next(d, &pos, &k, &item))
+    if (!same_key(k, PyTuple_GET_ITEM(keys, i++))) return false;
+  return true;
+}
+
+bool const_equal(const TreeNode& n, PyObject* v) {
+  if (v == n.expect) return true;
+  if (Py_TYPE(v) != Py_TYPE(n.expect)) return false;
+  if (n.float_bits)
+    return trt_f64_bits(PyFloat_AS_DOUBLE(v)) == trt_f64_bits(PyFloat_AS_DOUBLE(n.expect));
+  if (PyComplex_CheckExact(v)) {  // by bit pattern too (NaN, -0.0)
+    Py_complex a = PyComplex_AsCComplex(v), b = PyComplex_AsCComplex(n.expect);
+    return trt_f64_bits(a.real) == trt_f64_bits(b.real) &&
+           trt_f64_bits(a.imag) == trt_f64_bits(b.imag);
+  }
+  if (PyAnySet_CheckExact(v)) {  // of str (flatten.py): equal sizes first, no call for empty sets
+    if (PySet_GET_SIZE(v) != PySet_GET_SIZE(n.expect)) return false;
+    if (PySet_GET_SIZE(v) == 0) return true;
+  }
+  if (PySlice_Check(v)) {  // each bound by exact type too: 1.0 == 1, but x[1.0:] raises
+    auto* a = reinterpret_cast<PySliceObject*>(v);
+    auto* b = reinterpret_cast<PySliceObject*>(n.expect);
+    PyObject* mine[] = {a->start, a->stop, a->step};
+    PyObject* theirs[] = {b->start, b->stop, b->step};
+    for (int i = 0; i < 3; ++i) {
+      if (Py_TYPE(mine[i]) != Py_TYPE(theirs[i])) return false;
+      int eq = PyObject_RichCompareBool(mine[i], theirs[i], Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      if (eq != 1) return false;
+    }
+    return true;
+  }
+  int eq = PyObject_RichCompareBool(v, n.expect, Py_EQ);
+  if (eq < 0) PyErr_Clear();
+  return eq == 1;
+}
+
+// The instance dict of an object (borrowed; the object holds it), or nullptr.
+PyObject* instance_dict(PyObject* obj) {
+  PyObject* d = PyObject_GenericGetDict(obj, nullptr);
+  if (!d) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  Py_DECREF(d);
+  return PyDict_Check(d) ? d : nullptr;
+}
+
+// A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry
+// without a call, anything else through Python's getattr / getitem (a new reference, which `cv`
+// keeps). nullptr, with a Python error set or not, when there is none.
+PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
+  if (access == TRT_ACC_GETATTR && PyTuple_CheckExact(key)) {
+    // a getter's result (Note [Library state] in state.py): the key () calls the parent, a C
+    // function of no arguments (sys.getrecursionlimit, a torch.backends flag's getter)
+    if (!PyCFunction_Check(parent)) return nullptr;
+    PyObject* v = PyObject_CallNoArgs(parent);
+    if (v) cv.owned.push_back(v);
+    return v;
+  }
+  if (access == TRT_ACC_GETATTR && PyModule_CheckExact(parent)) {
+    PyObject* d = PyModule_GetDict(parent);
+    if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
+    // absent, unless a module __getattr__ (PEP 562) makes it: no AttributeError to raise
+    static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
+    if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr)) return nullptr;
+  }
+  if (access == TRT_ACC_GETITEM && PyDict_CheckExact(parent))
+    return PyDict_GetItemWithError(parent, key);
+  PyObject* v = nullptr;
+  if (access == TRT_ACC_GETATTR) {  // a missing attribute without making an AttributeError
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject_GetOptionalAttr(parent, key, &v);
+#else
+    _PyObject_LookupAttr(parent, key, &v);
+#endif
+  } else {
+    v = PyObject_GetItem(parent, key);
+  }
+  if (v) cv.owned.push_back(v);
+  return v;
+}
+
+// A tree program (flatten.ArgTree.program() or state.StateTree.program()) into `tree`; false
+// for a malformed one. `nparams`: the parameters ARG nodes may read (0 for a state tree, whose
+// nodes start at ROOT nodes).
+bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
+  tree.key = PyTuple_GET_ITEM(prog, 0);
+  tree.leaves = 0;
+  PyObject* nodes = PyTuple_GET_ITEM(prog, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(nodes, i);
+    if (!PyTuple_Check(n) || PyTuple_GET_SIZE(n) != 7) return false;
+    TreeNode node;
+    node.parent = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 0));
+    node.access = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 1)));
+    node.key = PyTuple_GET_ITEM(n, 2);
+    node.check = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(n, 3)));
+    node.expect = PyTuple_GET_ITEM(n, 4);
+    node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
+    node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
+    if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+      return false;
+    node.index = (node.access == TRT_ACC_ARG || node.access == TRT_ACC_INDEX)
+                     ? PyLong_AsSsize_t(node.key)
+                     : 0;
+    node.same = node.check == TRT_CHK_SAME ? PyLong_AsSsize_t(node.expect) : 0;
+    node.float_bits = node.check == TRT_CHK_CONST && PyFloat_CheckExact(node.expect);
+    bool root =
+        node.access == TRT_ACC_ARG || node.access == TRT_ACC_SELF || node.access == TRT_ACC_ROOT;
+    const TreeNode* parent =
+        node.parent >= 0 && node.parent < i ? &tree.nodes[node.parent] : nullptr;
+    if (PyErr_Occurred() || node.parent >= i || root != (node.parent < 0) ||
+        (parent && parent->check == TRT_CHK_ABSENT) ||
+        (node.access == TRT_ACC_ARG && (node.index < 0 || node.index >= nparams)) ||
+        (node.access == TRT_ACC_ATTR && parent->check != TRT_CHK_OBJECT) ||
+        (node.access == TRT_ACC_ITEM && parent->check != TRT_CHK_DICT) ||
+        (node.access == TRT_ACC_INDEX && (parent->check != TRT_CHK_SEQ || node.index < 0 ||
+                                      node.index >= parent->length)) ||
+        (node.check == TRT_CHK_SAME && (node.same < 0 || node.same >= i)) ||
+        ((node.check == TRT_CHK_SEQ || node.check == TRT_CHK_DICT || node.check == TRT_CHK_OBJECT ||
+          node.check == TRT_CHK_TYPE) && !PyType_Check(node.expect)))
+      return false;
+    tree.leaves += node.check == TRT_CHK_LEAF;
+    tree.nodes.push_back(node);
+  }
+  return true;
+}
+
+}  // namespace
