@@ -315,7 +315,7 @@ def make_decode_step(cfg, all_reduce=None):
 
 def make_growing_step(cfg):
     """The decode step with the KV caches as arguments: each step appends one position, so the
-    caches' length grows by one per token (Note [Automatic dynamic] in trident/jit.py).
+    caches' length grows by one per token (Note [Automatic dynamic] in trident/frontend/policy.py).
     Arguments: h, cos, sin, the per-layer weights (PER_LAYER without kc, vc), then the L key
     caches and the L value caches; returns h and the new caches."""
     layer = _decoder_layer(cfg)

@@ -70,7 +70,7 @@ def as_in_a_new_process() -> None:
     """Forget this process's compiles per function (Note [Specialization limit]: every
     ``trident.jit`` of a function shares its limit within a process), so that the next jit
     object stands for a new process's; its cache folder stays."""
-    sys.modules["trident.frontend.jit"]._FUNCTION_COMPILES.clear()
+    sys.modules["trident.frontend.policy"]._FUNCTION_COMPILES.clear()
 
 
 def unique_cache_dir() -> Path:

@@ -347,7 +347,7 @@ def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
     from trident.identity import keyed_sources
 
     names = {p.name for p in keyed_sources()}
-    assert {"capture.py", "codegen.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
+    assert {"capture.py", "render.py", "jit.py", "runtime.cpp", "scm.c.jinja"} <= names
     # benchmarks/ (outside the package), the package's thin entries to it, the command line
     assert not names & {"bench.py", "bench_gpu.py", "bench_hf.py", "demo.py", "__main__.py"}
 

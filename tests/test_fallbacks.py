@@ -1,10 +1,10 @@
-"""Eager fallbacks are cheap, honest and quiet (Note [Eager decisions] in trident/jit.py): a call
-that runs eagerly for a reason its argument tree keeps is decided from the leaves the native
-tree read, without flattening in Python or tracing again; it says its real reason (once in the
-warnings, in ``miss_reasons`` and ``explain``); the decision is read again at every call, so a
-call whose reason stopped holding is compiled and served natively; a trace that fails prints
-nothing of torch's on stderr; two ``trident.jit`` objects over one function share its cache
-entry and its specialization limit."""
+"""Eager fallbacks are cheap, honest and quiet (Note [Eager decisions] in
+trident/frontend/policy.py): a call that runs eagerly for a reason its argument tree keeps is
+decided from the leaves the native tree read, without flattening in Python or tracing again; it
+says its real reason (once in the warnings, in ``miss_reasons`` and ``explain``); the decision
+is read again at every call, so a call whose reason stopped holding is compiled and served
+natively; a trace that fails prints nothing of torch's on stderr; two ``trident.jit`` objects
+over one function share its cache entry and its specialization limit."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.autograd.forward_ad as fwAD
 import trident
 from trident.ir.guards import MAX_ARGS
 
-jit_module = importlib.import_module("trident.frontend.jit")
+install_module = importlib.import_module("trident.frontend.install")  # where calls are flattened
 
 
 def add(x, y):
@@ -115,8 +115,8 @@ def test_eager_decisions_are_made_once_per_tree_and_never_stale(case, monkeypatc
     it. When the reason stops holding, the next call compiles and the one after is a hit."""
     fn, args, context, stop, reason = case()
     flattened = []
-    real = jit_module.flatten_call
-    monkeypatch.setattr(jit_module, "flatten_call",
+    real = install_module.flatten_call
+    monkeypatch.setattr(install_module, "flatten_call",
                         lambda *a: flattened.append(1) or real(*a))  # counts, then runs it
     jf = trident.jit(fn)
     traced = 1 if case is _compile_failure else 0

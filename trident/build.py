@@ -177,7 +177,7 @@ def _compiler_output(name: str):
     """The C compiler's output (its warnings), which it writes to the process's file
     descriptors 1 and 2, goes to the ``cache`` log (``TRIDENT_LOGS=cache``) instead of the
     user's terminal; yields a function that returns it so far. Builds run one at a time in a
-    process (jit.py's compile lock); another thread's output in that window is logged too."""
+    process (policy.py's compile lock); another thread's output in that window is logged too."""
     with tempfile.TemporaryFile() as sink:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,2 +1,3 @@
-"""The front end: ``trident.jit`` (the miss policy, installing specializations, CUDA graphs),
-``torch.compile``'s ``trident`` backend, and the on-disk cache."""
+"""The front end: ``trident.jit`` (jit.py; the miss policy, policy.py; tracing a call,
+tracing.py; installing specializations, install.py; CUDA graphs, graphs.py), ``torch.compile``'s
+``trident`` backend, and the on-disk cache."""

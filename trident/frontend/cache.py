@@ -9,7 +9,7 @@ Layout under ``config.cache_dir()``:
         trident_scm_<hash>.<ext>       built SCMs; <hash> covers the rendered C (build.py)
         trident_scm_<hash>.c           the C source, for reading
         eager/<ns>-<hash>.json         signatures whose compile failed (Note [Stored eager
-                                       decisions] in jit.py)
+                                       decisions] in policy.py)
     locks/<name>-<key>.lock            held while a process loads or stores a function's entries
     locks/evict.lock                   held while a process evicts (Note [Cache size])
 

@@ -1,9 +1,12 @@
 """CUDA graphs: a CUDA specialization's launch sequence, captured once, replayed after its guards.
 
+The graph controller's job: per specialization, the warm-up, capture and replay state
+(``GraphStates``), the capture itself (``capture``), and the JitFunction methods that run a
+call through them and set the dispatcher's graph slots (``GraphControl``).
+
 Note [CUDA graphs]: on a hit, a CUDA specialization's cost is its host work: one boxed dispatcher
-call or driver launch per step, ~3-5 µs each on the H200 machine (docs/benchmarks.md). Replaying
-a CUDA graph of the same sequence costs one ``cuGraphLaunch``. So each specialization whose
-sequence can be captured is:
+call or driver launch per step (docs/benchmarks.md). Replaying a CUDA graph of the same sequence
+costs one ``cuGraphLaunch``. So each specialization whose sequence can be captured is:
 
 1. run normally on its first call in the process (the warm-up: cuBLAS handles, cubins loaded);
 2. captured on its second call (``torch.cuda.graph``, a private memory pool), then replayed by
@@ -17,10 +20,10 @@ A graph bakes in the addresses it reads and writes, so the SCM checks them befor
   first copies the argument there (same stream; all of a replay's copies in one launch of a
   copy kernel, ``trt_copy_buffers`` in runtime/trident_cuda.h). A by-pointer argument later
   seen at a new address makes that call run the launch sequence and asks for a new capture, at
-  most ``RECAPTURES`` times per specialization. (Capturing again with the moved argument read
-  by pointer was tried for ``generate``, whose every call has a new KV cache: a capture of the
-  ~1,000-kernel forward per ``generate`` cost more than copying the cache in and back on each
-  token; docs/benchmarks.md, Hugging Face models.)
+  most ``RECAPTURES`` times per specialization. A recapture copies the moved argument in rather
+  than reading it by pointer: a ``generate`` has a new KV cache at every call, and a capture of
+  the whole forward per ``generate`` costs more than copying the cache in and back on each token
+  (docs/benchmarks.md, Hugging Face models).
 - a copied-in argument that the function may write (passed to a Triton launch, or to an ATen
   op's mutable ``Tensor(a!)`` argument, directly or through a view) is copied back after the
   replay, so the caller's tensor holds what eager PyTorch would have written. A call where a
@@ -62,14 +65,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
+import time
 
 import torch
 
+from trident import config, runtime
+from trident.errors import EagerCall
 from trident.ir import operands
 from trident.ir.guards import dtype_codes
 from trident.lower import passes
-from trident.ir.plan import Plan
 from trident.runtime import ABI
+
+_recompiles = config.logger("recompiles")
 
 RECAPTURES = 2  # per specialization, all its sizes together
 # trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
@@ -130,8 +137,8 @@ def _dense(t: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _dense_geometry(shape: tuple, stride: tuple) -> bool:
-    """torch's own test, once per geometry: in torch 2.11 each call of it built a namedtuple
-    class (0.27 ms; 18 ms of a 33-cache decode step's capture)."""
+    """torch's own test, once per geometry: a call of it builds a namedtuple class (torch
+    2.11), which a capture's every copied-in argument and output would pay."""
     import torch._prims_common as prims  # the name changed across torch 2.11-2.13
 
     check = getattr(prims, "is_non_overlapping_and_dense", None) or \
@@ -300,3 +307,68 @@ def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> 
     return Captured(graph, statics, outputs,
                     {i: args[i].data_ptr() for i in tensor_args if i not in statics},
                     desc + desc_in + desc_out)
+
+
+class GraphControl:
+    """The JitFunction methods that run an installed specialization from Python through its CUDA
+    graph states (Note [CUDA graphs]) and set the dispatcher's graph slots."""
+
+    __slots__ = ()
+
+    def _capture_path(self, call, kwargs: dict | None = None, hit: bool = True):
+        """Called from the native dispatcher (with the call's ``args`` tuple and ``kwargs``)
+        when the specialization that accepts them has no CUDA graph yet but may have one, and
+        from the miss path (with its ``_Call``): its first run in this process runs step by
+        step (the warm-up); the next one captures the graph and replays it."""
+        if isinstance(call, tuple):
+            call = self._flatten(call, kwargs or {})
+        index = self._installed_match(call)
+        if index < 0:  # a global changed under us: the ordinary miss path
+            return self._slow_path(call.args, call.kwargs)
+        args = call.leaves
+        spec = self._specs[index]
+        self._set_graph(index, OFF)  # the launch sequence, while this call decides
+        moved = self._graph_states.next_call(spec, args)
+        if moved is not None:
+            start = time.perf_counter()
+            try:
+                captured = capture(self._run, spec, args, moved, passes.graph_device(spec),
+                                   self._graph_states.pool(spec))
+            except Exception as e:  # an op that cannot be captured (one that synchronizes)
+                captured = f"capture failed: {type(e).__name__}: {e}"
+            self._graph_states.done(spec, args, captured)
+            if isinstance(captured, str):
+                _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
+                                 spec.signature, captured)
+            else:
+                self._counters.graph_captures += 1
+                _recompiles.info("%s: captured a CUDA graph of %s in %.1f ms (copied-in "
+                                 "arguments: %s)", self.__qualname__, spec.signature,
+                                 (time.perf_counter() - start) * 1e3,
+                                 [call.names[i] for i in sorted(captured.statics)] or "none")
+                self._install_graph(index, spec)
+                out = self._finish(call, index, self._run(*args))  # replays the graph
+                self.hits += hit
+                return out
+        try:
+            out = self._finish(call, index, self._run(*args))
+        except EagerCall as e:  # Note [Errors inside try] in capture.py
+            return self._eager_path(call.args, call.kwargs, e)
+        self.hits += hit
+        self._install_graph(index, spec)  # after a warm-up: capture at the next call
+        if spec.symbolic and self._cuda_graphs:
+            self._graph_seen(index, *args)  # Note [Graphs per size]: this size's first call
+        return out
+
+    def _finish(self, call, index: int, out):
+        """The result of specialization ``index`` from the SCM's outputs ``out`` for ``call``
+        (a ``_Call``): Python's twin of the end of Dispatcher_call, through the same native
+        recipe code."""
+        recipe = self._specs[index].recipe
+        if recipe is None:
+            return out
+        return runtime.load().build_result(tuple(recipe.ops), out, tuple(call.values))
+
+    def _install_graph(self, index: int, spec) -> None:
+        """Set ``spec``'s graph slot in the dispatcher (after a call, a capture or a rebuild)."""
+        self._set_graph(index, *self._graph_states.slot(spec))

@@ -66,7 +66,7 @@ class Plan:
     Attributes:
         steps: operator calls in program order.
         outputs: flat output operands (tensors, and constants for non-tensor leaves).
-        out_spec: the output structure (Note [Output spec] in runtime.cpp).
+        out_spec: the output structure (Note [Output spec] in runtime/args.cpp).
         num_values / num_lists / num_scalars: how many tensor, tensor-list and scalar values
             (an op's int, float or bool returns) the steps produce.
     """

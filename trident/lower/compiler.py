@@ -3,7 +3,8 @@
 Like Triton's ``compile()``: typed objects pass between the stages (capture's ``Capture`` →
 Torch-MLIR's module (importer.py) → plan.py's ``Plan`` → kernels.py's cubins → guards.py's
 guards) and the result is pure data, which codegen.py renders to C and build.py compiles. The
-miss path that decides what to trace (dynamic dims, the state the trace read) is jit.py's.
+miss path that decides what to trace (dynamic dims, the state the trace read) is the front
+end's (frontend/policy.py, frontend/tracing.py).
 """
 
 from __future__ import annotations

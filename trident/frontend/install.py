@@ -1,0 +1,311 @@
+"""Installing specializations into a JitFunction's native Dispatcher.
+
+The installer's job: a call's argument tree and binding (flattened in Python, the trees handed
+to the dispatcher), the stored specializations the current state allows, each one's module
+rendered, built or found in the cache and initialised (cubins, interpreter callbacks), the
+modules handed to the dispatcher in guard order, and the modules no specialization stores any
+more pruned. What a miss does is policy.py's; the CUDA graph slots are graphs.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+import warnings
+import weakref
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trident import build, config, runtime
+from trident.codegen import render as codegen
+from trident.errors import TridentError
+from trident.frontend import cache
+from trident.frontend.cache import FunctionCache
+from trident.identity import function_key
+from trident.ir.specialization import Specialization
+from trident.ir.trees import TENSOR, ArgTree, Binding
+from trident.lower import kernels, rng, state
+from trident.lower.flatten import flatten_call
+
+_recompiles = config.logger("recompiles")
+_code_log = config.logger("code")
+
+
+@dataclasses.dataclass
+class _Call:
+    """One call as the miss path sees it: the user's ``args``/``kwargs``, its argument tree,
+    the leaves the SCM reads (``leaves[0]`` is the tree's key) and every node's value."""
+
+    args: tuple
+    kwargs: dict
+    tree: ArgTree
+    leaves: tuple
+    values: list
+
+    @property
+    def names(self) -> list[str]:
+        return self.tree.leaf_paths
+
+
+class Installer:
+    """The JitFunction methods that flatten calls and install specializations; the state they
+    keep lives in the Dispatcher's ``__dict__`` (``JitFunctionMixin._setup``)."""
+
+    __slots__ = ()
+
+    # jit_function_class: why the runtime could not be loaded (every call runs eagerly), or None
+    _no_runtime: str | None = None
+
+    # ---- argument trees (Note [Argument trees]) ---------------------------------------------
+
+    def _flatten(self, args: tuple, kwargs: dict) -> _Call:
+        tree, leaves, values = flatten_call(self._binding, args, kwargs)
+        if tree.key not in self._trees:
+            self._trees[tree.key] = tree
+            if any(s.tree == tree.key for s in self._specs):  # stored before this process
+                self._set_trees()  # knew the tree: the dispatcher evaluates it from now on
+        return _Call(args, kwargs, self._trees[tree.key], tuple(leaves), values)
+
+    def _installed_match(self, call: _Call) -> int:
+        """The specialization the native guards pick for ``call``, or -1."""
+        if not any(s.tree == call.tree.key for s in self._specs):
+            return -1
+        return self._match(*call.leaves)
+
+    def _set_trees(self) -> None:
+        """Install the argument trees the installed specializations use, then those of calls
+        that ran eagerly (Note [Eager decisions] in policy.py), and the specializations' output
+        recipes (Note [Argument trees])."""
+        keys = list(dict.fromkeys([s.tree for s in self._specs if s.tree in self._trees] +
+                                  [k for k in self._eager_trees if k in self._trees]))
+        recipes = tuple(tuple(s.recipe.ops) if s.recipe else None for s in self._specs)
+        self._set_call_trees(self._binding_program, tuple(self._trees[k].program() for k in keys),
+                             recipes)
+
+    def _make_binding(self) -> Binding:
+        """Note [Argument trees]: a module binds like its forward, with the module as ``self``;
+        a bound method like its function, with its ``__self__``; both are read on every call.
+        Made again when the function's defaults are reassigned (``_defaults_unchanged``)."""
+        fn = self._fn
+        if isinstance(fn, torch.nn.Module):
+            return Binding.of(fn.forward, fn, has_self=True)
+        if isinstance(fn, types.MethodType) and not self._constant_self:
+            return Binding.of(fn, fn.__self__, has_self=True)
+        return Binding.of(fn)
+
+    @property
+    def _binding_program(self) -> tuple:
+        return (self._binding.program(), self._binding.self_obj, self._binding.has_self)
+
+    # ---- the stored specializations ---------------------------------------------------------
+
+    def _ensure_loaded(self) -> None:
+        """First use in this process, or after what a specialization read changed (Note [State
+        guards] in state.py): install the module of the stored specializations that the
+        current state allows."""
+        if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
+            return
+        if self._cache is not None:  # for the miss reason of the call that finds no specs
+            self._load_reason = f"{self._state_change()} since the last call"
+        self._install(())
+        self._set_state(None)
+        self._state = None
+        self._specs = []
+        if self._cache is not None:  # defaults may have been reassigned
+            self._binding = self._make_binding()
+            self._trees.clear()
+            self._eager_trees.clear()
+        self._defaults_bound = _defaults_of(self._code_fn)
+        self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
+        known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
+                 self._eager_signatures}
+        stored = self._cache.load_eager() if self._fallback else []  # fallback=False raises
+        for key, guards, why in stored:  # Note [Stored eager decisions] in policy.py
+            if (key, json.dumps([g.to_json() for g in guards])) not in known:
+                self._eager_signatures.append(
+                    (key, guards, f"{why} (as an earlier process found: `python3 -m "
+                                  "trident clear NAME` forgets it)"))
+        with cache.in_use(self._cache.directory):  # Note [Cache size]: not evicted meanwhile
+            self._specs = self._stored_specs()[-self._max_specializations:]
+            if self._specs:
+                try:
+                    self._install_module(self._specs)
+                except TridentError as e:  # their modules cannot be built now (a build lock
+                    _recompiles.info("%s: stored specializations not installed: %s",  # held on)
+                                     self.__qualname__, e)
+                    self._install(())
+                    self._specs = []
+                    self._set_trees()
+                    return
+                cache.touch(self._cache.directory)
+                if self._cache.vanished or not self._cache.spec_dir.is_dir():
+                    warnings.warn(f"trident: {self.__qualname__}: its cache entry "
+                                  f"{self._cache.directory} was deleted while this process "
+                                  "loaded it; the specializations read serve this process "
+                                  "(their modules built again where deleted)",
+                                  stacklevel=_user_stacklevel())
+            else:
+                self._set_trees()  # none: no tree holds a binding made with the old defaults
+
+    def _stored_specs(self) -> list[Specialization]:
+        """The cache's specializations of this function that the current state allows
+        (Note [State guards]); with ``dynamic=False`` only static ones, even where another jit
+        of the same code stored symbolic ones."""
+        digests: dict[str, str | None] = {}
+
+        def allowed(spec: Specialization) -> bool:
+            text = json.dumps(spec.state["reads"])
+            if text not in digests:
+                try:
+                    digests[text] = self._state_tree(spec.state["reads"]).digest
+                except (TridentError, ValueError, TypeError, KeyError, IndexError):
+                    digests[text] = None  # a chain that no longer evaluates
+            return digests[text] == spec.state["digest"]
+
+        return [s for s in self._cache.load_specs()
+                if (self._dynamic is not False or not s.symbolic) and allowed(s)
+                and rng.installable(s.plan)]
+
+    def _state_tree(self, reads: list) -> state.StateTree:
+        return state.build([state.Read.from_json(r) for r in reads], self._code_fn)
+
+    def _state_change(self) -> str:
+        """What changed in the state the installed module read: ``"Knobs.factor changed"``."""
+        failed = self._state_failure()
+        if failed >= 0 and self._state is not None:
+            node = self._state.nodes[failed]
+            path = node.path or "a global"
+            if node.check == TENSOR and node.expect._version != node.length:
+                return (f"{path} was written in place (its version counter is "
+                        f"{node.expect._version}, was {node.length})")
+            return f"{path} changed"
+        return "the function's defaults were reassigned"
+
+    def _defaults_unchanged(self) -> bool:
+        """The binding was made with the function's current defaults (Note [Argument trees])."""
+        now = _defaults_of(self._code_fn)
+        return len(now) == len(self._defaults_bound) and all(
+            a is b for a, b in zip(now, self._defaults_bound))
+
+    # ---- modules ----------------------------------------------------------------------------
+
+    def _render(self, spec: Specialization) -> codegen.Rendered:
+        """``spec``'s module source; rendered once while installed."""
+        rendered = self._rendered.get(spec.key)
+        return rendered if rendered is not None else codegen.render(spec, self.__qualname__)
+
+    def _install_module(self, specs: list[Specialization]) -> None:
+        """Install ``specs``, in guard order: each one's module is built only where no earlier
+        compile built it (Note [Incremental modules] in build.py).
+
+        Raises:
+            TridentError: no runtime (``explain()`` and ``source()`` say why), a module that
+                does not build, or one built for another runtime ABI."""
+        if self._no_runtime is not None:
+            raise TridentError(self._no_runtime)
+        rendered = {s.key: self._render(s) for s in specs}
+        for key, r in rendered.items():
+            if key not in self._rendered:
+                _code_log.info("%s", r.source)
+        self._rendered = rendered
+        self._modules = {s.key: self._load_module(s) for s in specs}
+        self._specs = specs
+        self._left_out = None
+        self._reset_graphs(len(specs))
+        for index, spec in enumerate(specs):
+            self._install_graph(index, spec)
+        self._set_trees()
+        reads = list({json.dumps(r): r for s in specs for r in s.state["reads"]}.values())
+        self._state = self._state_tree(reads)  # the union of what they read, as it is now
+        self._set_state(self._state.program())
+        self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
+                            for m in self._modules.values()))
+
+    def _load_module(self, spec: Specialization):
+        """``spec``'s module, built (or found in the cache), its operators looked up, its
+        cubins and Python callbacks handed over."""
+        rendered = self._rendered[spec.key]
+        module = build.build(rendered.source, self._cache.directory)
+        rt = runtime.load()
+        rc = module.lib.scm_init(rt.api_address())
+        if rc < 0:
+            raise TridentError(f"{self.__qualname__}: the module was built for another version "
+                               "of the runtime's ABI (trident_rt.h)")
+        if rc > 0:
+            raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
+                               f"calls (op table entry {rc - 1})")
+        for index, cubin in enumerate(rendered.cubins):
+            if module.lib.scm_set_cubin(index, cubin, len(cubin)):
+                raise TridentError(f"{self.__qualname__}: cannot hand cubin {index} over to "
+                                   "its module (out of memory)")
+        for slot, step_index in enumerate(rendered.callbacks):
+            key = (spec.key, step_index)
+            if key not in self._callback_ids:
+                launch = spec.plan.steps[step_index].launch
+                launcher = kernels.interpreted_launcher(
+                    kernels.find_kernel(launch["ref"], self._code_fn),
+                    kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
+                    _weakly(self._count_interpreted))
+                self._callback_ids[key] = rt.register_callback(launcher)
+            module.lib.scm_set_callback(slot, self._callback_ids[key])
+        return module
+
+    def _count_interpreted(self) -> None:
+        self._counters.interpreted_launches += 1
+
+    # ---- pruning (Note [Pruning] in build.py) -----------------------------------------------
+
+    def _stored_modules(self) -> set[str]:
+        """The names of the modules of the stored specializations, which a new process may
+        load (Note [Pruning] in build.py keeps them)."""
+        names = set()
+        for spec in self._cache.load_specs():
+            if spec.key not in self._module_names:
+                self._module_names[spec.key] = build.module_name(self._render(spec).source)
+            names.add(self._module_names[spec.key])
+        return names
+
+    def _prune(self, spec: Specialization) -> None:
+        """Note [Pruning] in build.py: after ``spec`` is stored, delete the modules of
+        specializations the cache no longer stores, built before ``spec``'s."""
+        try:
+            built = Path(self._modules[spec.key].__file__).stat().st_mtime_ns
+        except OSError:  # pruned by another process meanwhile: so it prunes
+            return
+        keep = self._stored_modules() | {m.__name__ for m in self._modules.values()}
+        build.prune(self._cache.directory, keep, built)
+
+
+_PACKAGES = (str(config.PACKAGE_DIR), str(Path(torch.__file__).resolve().parent))
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller point at the first frame
+    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line."""
+    frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object: a callback the runtime keeps
+    for the rest of the process (``register_callback``) does not keep a JitFunction alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
+
+
+def _defaults_of(fn) -> tuple:
+    if not isinstance(fn, types.FunctionType):
+        return ()
+    return (fn.__defaults__, fn.__kwdefaults__)

@@ -1,0 +1,383 @@
+"""The miss policy: what a call that no installed specialization accepts does.
+
+It runs eagerly (Note [Eager decisions], Note [Stored eager decisions]), past the specialization
+limit (Note [Specialization limit]), installs a stored specialization that fits, or compiles a
+new one with the dims Note [Automatic dynamic] makes symbolic; a fallback is counted, logged,
+and warned once per reason. The native dispatcher enters here (``_slow_path``, ``_tree_miss``,
+``_eager_path``); tracing is tracing.py's, installing install.py's.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trident import config, interrupts
+from trident.errors import TridentError
+from trident.frontend import cache
+from trident.frontend.install import _Call, _user_stacklevel
+from trident.ir.guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
+                               failures, first_failure)
+from trident.ir.specialization import Specialization
+from trident.lower import kernels
+from trident.lower.guards import guards_for
+
+_recompiles = config.logger("recompiles")
+
+# One compile at a time per process: make_fx's tracing state and cffi's build (which changes the
+# process's working directory) are not thread-safe. Reentrant: tracing may call another
+# @trident.jit function, which may miss too.
+_COMPILE_LOCK = threading.RLock()
+# Note [Specialization limit]: compiles in this process per function cache folder, by every
+# JitFunction over that function (two trident.jit objects over one function, a method jitted
+# on two instances), as torch.compile's recompile limit counts per code object.
+_FUNCTION_COMPILES: dict[Path, int] = {}
+
+
+class MissPolicy:
+    """The JitFunction methods that decide what a miss does."""
+
+    __slots__ = ()
+
+    # ---- called from the native dispatcher ---------------------------------------------------
+
+    def _slow_path(self, args: tuple, kwargs: dict | None):
+        """Called from the native dispatcher before a module is installed, and when no
+        installed argument tree or no specialization's guards accept the call."""
+        kwargs = kwargs or {}
+        if self._cache is None or self._state_failure() >= 0 or not self._defaults_unchanged():
+            self._ensure_loaded()  # (first, so that reassigned defaults bind this call)
+        try:
+            call = self._flatten(args, kwargs)
+        except TypeError:
+            return self._fn(*args, **kwargs)  # raises the TypeError eager raises
+        except TridentError as e:
+            self._counters.misses += 1
+            return self._eager(args, kwargs, str(e))
+        if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
+            return self._capture_path(call)  # a hit (that may warm up or capture its graph)
+        return self._on_miss(call)
+
+    def _tree_miss(self, args: tuple, kwargs: dict | None, leaves: tuple):
+        """Called from the native dispatcher when an installed argument tree accepts the call
+        and no installed specialization's guards do (or none is installed), with the leaves
+        the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
+        decided it holds (Note [Eager decisions]), and so does one past the specialization
+        limit; any other call takes the whole miss path."""
+        known = self._eager_trees.get(leaves[0])
+        if known is not None and self._defaults_unchanged() and known[1](leaves):
+            self._counters.misses += 1
+            return self._eager(args, kwargs, known[0])
+        # Note [Specialization limit]: past the limit, a call of an installed tree that no
+        # stored specialization fits runs eagerly on the leaves C read, without flattening its
+        # arguments again in Python
+        tree = self._trees.get(leaves[0])
+        if (tree is None or self._cache is None or not self._at_limit()
+                or not self._defaults_unchanged() or self._state_failure() >= 0
+                or self._stored_fit(tree.key, leaves) is not None):
+            return self._slow_path(args, kwargs)
+        self._counters.misses += 1
+        why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
+        return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
+
+    def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
+        """Called from the native dispatcher (and the miss path) when a step of a specialization
+        failed before anything the call did was visible: the call runs eagerly, which raises
+        eager's exception or takes the ``except`` branch as eager does (Note [Errors inside
+        try] in capture.py)."""
+        return self._eager(args, kwargs, f"{error} (a step failed before the call changed "
+                           "anything: eager raises or recovers as it does)")
+
+    # ---- the miss path ----------------------------------------------------------------------
+
+    def _on_miss(self, call: _Call):
+        stats = self._counters
+        stats.misses += 1
+        why = self._eager_reason(call)
+        if why is not None:
+            return self._eager(call.args, call.kwargs, why)
+        # a fitting specialization on disk that the module left out is installed again rather
+        # than compiled again (Note [Specialization limit])
+        stored = self._stored_fit(call.tree.key, call.leaves)
+        if stored is None and self._at_limit():
+            return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
+        reason = self._miss_reason(call)
+        stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
+        _recompiles.info("%s: miss: %s", self.__qualname__, reason)
+        # Note [Specialization limit]: the limit bounds compiles in this process (as
+        # torch.compile's recompile limit does) and the size of the module: the newest stored
+        # specializations are installed, a stored one that fits a miss replaces the oldest
+        # installed, and a cache that earlier processes filled never turns a new signature eager
+        # for good. Past the limit a miss costs about an eager call: the stored specializations
+        # the module left out are read from disk once per installed module, not per call.
+        # tracing and cffi's build (it changes the working directory) are not thread-safe;
+        # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
+        with _COMPILE_LOCK, interrupts.imports_uninterrupted():
+            # a thread that waited here may find its signature compiled by the one before it
+            # (through this JitFunction or another one over the same function, which stored
+            # it), or the limit reached by the threads before it
+            if self._installed_match(call) < 0:
+                stored = stored or self._stored_fit(call.tree.key, call.leaves)
+                if stored is None and self._at_limit():
+                    return self._past_limit(call.args, call.kwargs)
+                spec = None
+                try:
+                    spec = stored or self._compile_dynamic_or_static(call)
+                    if stored is None:  # counted toward the limit (Note [Specialization limit])
+                        _FUNCTION_COMPILES[self._cache.directory] = \
+                            _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
+                    with cache.in_use(self._cache.directory):  # Note [Cache size]
+                        # The new specialization goes last, after those stored by other
+                        # processes (read again: they may have stored some meanwhile).
+                        specs = [s for s in self._stored_specs() if s.key != spec.key]
+                        keep = self._max_specializations - 1
+                        specs = specs[max(0, len(specs) - keep):] + [spec]
+                        self._install_module(specs)
+                        # only a specialization that built and installed is stored
+                        saved = stored is None and self._cache.save_spec(
+                            spec, keep=2 * self._max_specializations)
+                        if saved:
+                            self._prune(spec)
+                except TridentError as e:
+                    if not self._fallback:
+                        raise
+                    failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
+                    self._eager_signatures.append(failed)
+                    if spec is None and getattr(e, "static_trace", False):
+                        self._cache.save_eager(*failed)  # Note [Stored eager decisions]
+                    self._eager_reason(call)  # decided for this tree: flattened in C from now
+                    return self._eager(call.args, call.kwargs, str(e))
+                if saved:
+                    cache.evict(self._cache.directory)  # Note [Cache size]
+        if self._installed_match(call) < 0:
+            raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
+                               "does not accept the call it was traced from")
+        return self._capture_path(call, hit=False)
+
+    # ---- the specialization limit (Note [Specialization limit]) -----------------------------
+
+    def _stored_fit(self, tree: str, leaves: tuple) -> Specialization | None:
+        """Note [Specialization limit]: a stored specialization the installed module left out
+        whose tree (its key) and guards accept a call's ``leaves``. Under the limit the cache
+        is read again (another process may have stored one); at the limit, once per installed
+        module (``self._left_out``)."""
+        left_out = self._left_out
+        if left_out is None or left_out[0] is not self._cache or not self._at_limit():
+            installed = {s.key for s in self._specs}
+            left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
+                                                       if s.key not in installed])
+        return next((s for s in left_out[1] if s.tree == tree
+                     and first_failure(s.guards, leaves) is None), None)
+
+    def _at_limit(self) -> bool:
+        """Note [Specialization limit]: this process compiled ``max_specializations`` of this
+        function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
+        return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
+
+    def _past_limit(self, args: tuple, kwargs: dict | None):
+        return self._eager(args, kwargs, f"reached its limit of "
+                           f"{self._max_specializations} compiled specializations; further new "
+                           "signatures run eagerly")
+
+    # ---- eager calls ------------------------------------------------------------------------
+
+    # Note [Eager decisions]: a call runs eagerly, whatever is compiled, when a fact of its
+    # leaves or of torch's state says so (a tensor that requires grad under grad mode, autocast
+    # on, a leaf the native guards cannot read, more leaves than they read) or when its
+    # signature failed to compile. Deciding that by flattening the call in Python and reading
+    # every leaf's facts walks every node of the call's argument tree in Python at every call
+    # (thousands for a transformers model). So the tree of a call that ran eagerly is installed
+    # in the dispatcher like a specialization's: a later call of that tree reaches Python with
+    # the leaves the native tree read (``_tree_miss``), and the fact that decided the last
+    # eager call of the tree is tested on them, on its one leaf. It is read again at every
+    # call, so it is never stale: a tensor that stops requiring grad, or autocast turned off,
+    # fails the test and the call takes the whole miss path (flattened in Python), which
+    # compiles it, or records the fact that now makes it eager. Each test holds only of values
+    # Python flattens as leaves too (a tensor, or a value of the decided leaf's own type): the
+    # native tree also accepts a call whose own tree differs (a tensor passed twice, a list
+    # where a tensor was), which the whole miss path flattens as its own.
+
+    # Note [Stored eager decisions]: a signature whose trace or compile failed (a
+    # data-dependent branch, Python state the function assigns, an op the plan cannot call) is
+    # decided by what the keys cover: the function key the code, the globals it names and the
+    # versions, the tree key the arguments' structure, the guards the leaves. So the decision
+    # is stored in the function's folder (``eager/``) and a later process runs that signature
+    # eagerly without tracing it (a Hugging Face prefill, whose static cache assigns its
+    # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
+    # global that a helper in another module reads) may have changed since; then the call runs
+    # eagerly where it could compile: a stored decision only ever makes a call eager, never
+    # serves a result, and its warning says it came from the cache. Only a static trace's
+    # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
+    # nor dims that ``dynamic=`` asked for (that JitFunction's options). A JitFunction with
+    # ``fallback=False`` reads no stored decision: it traces, and raises the error.
+
+    def _failed_guards(self, call: _Call, why: str) -> list:
+        """The guards of the signature whose compile failed for ``why`` (Note [Eager
+        decisions]): the call's own, or, when the same tree failed for the same reason at other
+        sizes before, all but its sizes and strides, so that no later size traces again (a
+        transformers ``DynamicCache`` grows every step and assigns its tensors to Python
+        attributes: each generated token would trace, and fail, again)."""
+        guards = guards_for(call.leaves)
+        for key, failed, reason in self._eager_signatures:
+            if key == call.tree.key and reason == why and \
+                    first_failure(_sizeless(failed), call.leaves) is None:
+                return _sizeless(guards)
+        return guards
+
+    def _eager_reason(self, call: _Call) -> str | None:
+        """Why ``call`` runs eagerly whatever is compiled (Note [Eager decisions]), or None."""
+        known = self._eager_trees.get(call.tree.key)
+        if known is not None and known[1](call.leaves):
+            return known[0]
+        decision = _eager_decision(call, self._eager_signatures)
+        if decision is None:
+            self._eager_trees.pop(call.tree.key, None)
+            return None
+        self._eager_trees[call.tree.key] = decision
+        if known is None:
+            self._set_trees()  # later calls of this tree are flattened in C
+        return decision[0]
+
+    def _why_not(self, spec: Specialization, call: _Call, every: bool = False) -> str | None:
+        """Why ``spec`` rejects ``call``: the first argument path whose structure differs, or
+        its first failing guard (``every``: up to four, ``guards.failures``; None: it accepts
+        the call)."""
+        if spec.tree != call.tree.key:
+            tree = self._trees.get(spec.tree)
+            return tree.first_difference(call.tree) if tree else "another argument structure"
+        failed = failures(spec.guards, call.leaves) if every else \
+            [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]
+        return "; ".join(explain_failure(g, call.leaves, spec.arg_names)
+                         for g in failed) or None
+
+    def _miss_reason(self, call: _Call) -> str:
+        """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
+        failing guard or argument path, not the (possibly long) signature."""
+        if not self._specs:
+            return self._load_reason
+        # specializations of argument structures no call of this process had (stored by
+        # another front door or process) are not named one by one
+        reasons = [f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
+                   for i, spec in enumerate(self._specs) if spec.tree in self._trees]
+        return "; ".join(reasons) or "a new argument structure"
+
+    def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True):
+        """Run the call eagerly: counted, logged, and warned once per reason (never a silent
+        fallback), at the user's line."""
+        self._counters.fallbacks += 1
+        self._counters.miss_reasons = (self._counters.miss_reasons + [f"eager: {why}"])[-32:]
+        _recompiles.info("%s: eager: %s", self.__qualname__, why)
+        if warn and why not in self._warned_reasons:
+            self._warned_reasons.add(why)
+            warnings.warn(f"trident: {self.__qualname__} runs eagerly: {why}",
+                          stacklevel=_user_stacklevel())
+        with kernels.cpu_launches_interpreted():
+            return self._fn(*args, **(kwargs or {}))
+
+    # ---- dynamic dims (Note [Automatic dynamic]) --------------------------------------------
+
+    def _dynamic_dims(self, call: _Call) -> dict[int, set[int]]:
+        """Note [Automatic dynamic]: the dims of ``args`` to trace as symbolic sizes.
+
+        Asked for: every dim (``dynamic=True``), the dims named per argument
+        (``dynamic={"kv_cache": [2]}``), dims marked with ``torch._dynamo.mark_dynamic``.
+        Automatic: a call that misses a specialization only because some sizes changed makes
+        those dims dynamic, with the dims that specialization already had, as torch.compile's
+        automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
+        compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
+        size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
+        args, names = call.leaves, call.names
+        tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
+        if self._dynamic is True:
+            dims = {i: set(range(a.dim())) for i, a in tensors.items()}
+        elif isinstance(self._dynamic, dict):
+            for i, a in tensors.items():
+                asked = set(self._dynamic.get(names[i], ()))
+                if any(d >= a.dim() for d in asked):
+                    raise TridentError(f"trident.jit: dynamic dims {sorted(asked)} of "
+                                       f"{names[i]}, which has {a.dim()} dims")
+                dims[i] |= asked
+        for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
+            alike = _sizeless(spec.guards)
+            if spec.shapes is None or spec.tree != call.tree.key or \
+                    first_failure(alike, args) is not None:
+                continue
+            for i, a in tensors.items():
+                dims[i] |= set(spec.dynamic.get(str(i), ()))
+                dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
+        return {i: d for i, d in dims.items() if d}
+
+    def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
+        automatic = self._dynamic is None
+        dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
+            self._dynamic_dims(call)
+        if dynamic:
+            try:
+                return self._compile(call, dynamic)
+            except TridentError as e:
+                # automatic: one failed attempt per function, not per new size; dims the user
+                # asked for are tried again at the next new signature
+                _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
+                                 "sizes%s", self.__qualname__, dynamic, e,
+                                 " from now on" if automatic else "")
+                self._dynamic_failed = True
+        try:
+            return self._compile(call, {})
+        except TridentError as e:  # decided by the call and the code, not by jit's options
+            e.static_trace = True
+            raise
+
+
+def _sizeless(guards: list) -> list:
+    """``guards`` but those of sizes and strides (``Size``, ``Stride``, ``SizeRelation``): what a
+    call of other sizes must still hold to be alike (Note [Automatic dynamic], Note [Eager
+    decisions])."""
+    return [g for g in guards if not isinstance(g, (Size, SizeRelation))]
+
+
+def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
+                    ) -> tuple[str, Callable[[tuple], bool]] | None:
+    """Why ``call`` runs eagerly whatever is compiled, and a test that another call of the
+    same argument tree still does for the same reason (Note [Eager decisions]); None when it
+    may be compiled. ``signatures``: (tree key, guards, why) of signatures that failed to
+    compile."""
+    args, names = call.leaves, call.names
+    if len(args) > MAX_ARGS:
+        return (f"{len(args) - 1} argument leaves; the native path reads at most "
+                f"{MAX_ARGS - 1}",
+                lambda leaves: True)  # a tree's leaves are as many at every call
+    if _eager_mode_on():
+        return ("autocast, a torch.func transform or a TorchFunctionMode "
+                "(torch.set_default_device, ...) is on: Trident does not compile under "
+                "them", lambda leaves: _eager_mode_on())
+    grad = torch.is_grad_enabled()
+    for i, a in enumerate(args):
+        f = arg_facts(a)
+        if f.get("dual"):
+            return (f"{names[i]} is a forward-mode AD dual tensor: its tangent is computed "
+                    "eagerly", lambda leaves: bool(arg_facts(leaves[i]).get("dual")))
+        if f["kind"] == OTHER:
+            return (f"argument {names[i]} is a {type(a).__name__} that the native guards do "
+                    "not read (expected a strided CPU/CUDA tensor, int, float, bool or "
+                    "None)", lambda leaves: type(leaves[i]) is type(a) and
+                    arg_facts(leaves[i])["kind"] == OTHER)
+        if f.get("requires_grad") and grad:
+            return (f"{names[i]} requires grad: Trident serves inference; autograd runs "
+                    "eagerly", lambda leaves: torch.is_grad_enabled() and
+                    isinstance(leaves[i], torch.Tensor) and leaves[i].requires_grad)
+    for key, guards, why in signatures:
+        if key == call.tree.key and first_failure(guards, args) is None:
+            return why, lambda leaves: first_failure(guards, leaves) is None
+    return None
+
+
+def _eager_mode_on() -> bool:
+    """Autocast, a torch.func transform or a TorchFunctionMode is on (``env_facts``)."""
+    return (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda") or
+            torch._C._are_functorch_transforms_active() or
+            torch._C._len_torch_function_stack() > 0)

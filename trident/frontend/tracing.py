@@ -1,0 +1,73 @@
+"""Tracing a call into a Specialization: the function run on fake leaves (Note [Argument trees]),
+what it read outside its arguments recorded as state (Note [State guards]), the trace handed to
+``lower.compiler``. Which dims are symbolic, and whether to compile at all, is policy.py's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trident import config
+from trident.frontend.install import _Call
+from trident.ir.specialization import Specialization
+from trident.lower import compiler, state
+from trident.lower.capture import trace
+from trident.lower.flatten import flatten_output, substituted
+
+_recompiles = config.logger("recompiles")
+_guards_log = config.logger("guards")
+
+
+class Tracer:
+    """The JitFunction methods that trace and compile one call's signature."""
+
+    __slots__ = ()
+
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None):
+        """Trace the function on fake leaves put in place of the call's (Note [Argument
+        trees]); the result's structure becomes the capture's output recipe. ``recording``
+        (state.record's, active): this thread's generator calls decide whether the function
+        set the random state, not another thread's draws meanwhile."""
+        rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
+        state.check_writes_before_trace(self._code_fn)  # so that eager writes once
+
+        def run(*leaves):
+            with substituted(call.tree, call.values, leaves, rebuilt) as roots:
+                return self._binding.call(self._fn, roots)
+
+        return trace(run, call.leaves, dynamic, name=self.__qualname__,
+                     outputs=lambda result: flatten_output(result, call.tree, call.values,
+                                                           rebuilt),
+                     changed_rng=recording.changed_rng if recording is not None and
+                     recording.active else None)
+
+    def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
+        """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
+        -> dims) symbolic.
+
+        Raises:
+            TridentError: the trace or the compile failed (an unsupported op or construct)."""
+        self._counters.traces += 1
+        start = time.perf_counter()
+        args, names = call.leaves, call.names
+        # a compile that takes over 2 s shows its stages on a terminal (config.progress)
+        with config.progress(f"trident: {self.__qualname__}", 2) as bar:
+            bar.set_postfix_str("tracing")
+            # under the call's grad mode, which is guarded; what it reads outside the
+            # arguments becomes the specialization's state (Note [State guards])
+            with state.record(None if self._constant_self else self._code_fn) as recording:
+                captured = self._trace(call, dynamic, recording)
+            reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
+                r.to_json() for r in state.reads_of(recording, self._code_fn)]
+            spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
+            bar.update()
+            _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)
+            spec = compiler.compile_specialization(
+                captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
+                self._code_fn, bar)
+            self._counters.compiles += 1
+            _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
+                             "\n  ".join(g.words(names) for g in spec.guards))
+            _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
+                             spec.signature, time.perf_counter() - start)
+            return spec
