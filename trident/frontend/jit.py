@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from trident import build, config, interrupts, runtime
+from trident import build, config, frames, interrupts, runtime
 from trident.frontend import cache, graphs
 from trident.codegen import render as codegen
 from trident.lower import compiler, kernels, passes, rng, state
@@ -799,9 +799,6 @@ class JitFunctionMixin:
         return module
 
 
-_PACKAGES = (str(config.PACKAGE_DIR), str(Path(torch.__file__).resolve().parent))
-
-
 def _sizeless(guards: list) -> list:
     """``guards`` but those of sizes and strides (``Size``, ``Stride``, ``SizeRelation``): what a
     call of other sizes must still hold to be alike (Note [Automatic dynamic], Note [Eager
@@ -867,9 +864,11 @@ def _weakly(method: Callable[[], None]) -> Callable[[], None]:
 
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame
-    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line."""
+    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line
+    (Note [User code] in frames.py)."""
     frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+    while frame is not None and (frames.trident_file(frame.f_code.co_filename) or
+                                 frames.torch_file(frame.f_code.co_filename, resolved=True)):
         frame, level = frame.f_back, level + 1
     return level
 

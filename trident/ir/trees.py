@@ -14,7 +14,8 @@ import torch
 from trident.errors import TridentError
 
 # Node.access and Node.check, as runtime.cpp reads them (enum tree_access / tree_check); state
-# trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
+# trees (Note [State guards] in lower/state/__init__.py) add accesses and TYPE, ABSENT and
+# TENSOR checks.
 ARG, ITEM, INDEX, ATTR, SELF = range(5)
 LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = range(10)
 MAX_NODES = 200_000  # a bigger argument (a huge object graph) runs eagerly

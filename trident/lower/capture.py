@@ -35,11 +35,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from trident.lower import collectives, rng, state
-from trident import config, runtime
+from trident import config, frames, runtime
 from trident.errors import TridentError
-
-# Frames of these packages are not the user's: a node's source line is the innermost other one.
-_SKIP_PREFIXES = (str(Path(torch.__file__).parent), str(config.PACKAGE_DIR))
 
 
 @dataclasses.dataclass
@@ -99,10 +96,13 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
 
 
 def _user_frame() -> traceback.FrameSummary | None:
+    """The user's line (Note [User code] in frames.py): the innermost frame, from the caller's
+    caller out, that is neither Trident's, torch's nor a frozen module's."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_PREFIXES) and not filename.startswith("<frozen"):
+        if not frames.trident_file(filename) and not frames.torch_file(filename) and \
+                not frames.frozen_file(filename):
             line = linecache.getline(filename, frame.f_lineno).strip()
             return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
                                           line=line)
@@ -170,7 +170,7 @@ def _bool_results() -> dict:
     ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
     bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
     the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
-    function that branches on it cannot be traced and runs eagerly, as before. (Composite ops
+    function that branches on it cannot be traced and runs eagerly. (Composite ops
     that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
     ops = runtime.operators()
 
@@ -197,7 +197,7 @@ def _enclosing_try(frame) -> str:
     A specialization traced so runs natively; a step that fails on a call before anything the
     call did is visible (no write to memory the caller sees, no random draw:
     ``plan.rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
-    error is raised (as a TridentError) as before. Every specialization does so, inside a ``try``
+    error is raised as a TridentError. Every specialization does so, inside a ``try``
     or not: a call that fails early raises eager's own exception (its message, its traceback)
     whatever the guards did or did not check (torch 2.11's trace of ``x.select(0, 4)`` on a
     symbolic dim adds no guard ``size > 4`` that torch 2.13's adds). The "file.py:LINE" found here
@@ -205,10 +205,10 @@ def _enclosing_try(frame) -> str:
     seen_user = False
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(_SKIP_PREFIXES[1]):  # Trident's frame: the trace's root
+        if frames.trident_file(filename):  # Trident's frame: the trace's root
             if seen_user:
                 return ""
-        elif not filename.startswith(_SKIP_PREFIXES[0]) and not filename.startswith("<frozen"):
+        elif not frames.torch_file(filename) and not frames.frozen_file(filename):
             seen_user = True
             if any(start <= frame.f_lasti < end for start, end in _catching_ranges(frame.f_code)):
                 return f"{Path(filename).name}:{frame.f_lineno}"
@@ -393,9 +393,9 @@ def _folds_by_requires_grad(input, other_dim: int) -> bool:
 
 # Note [Composite ops]: composites whose C++ bodies a static trace runs where they branch only
 # on sizes and strides (which the guards fix), although torch.export keeps them whole: they end
-# in views and one ``mm``/``bmm``, which the plan computes in C and calls typed (each of a
-# Llama layer's seven ``linear``s was 8 dispatcher calls). A trace with symbolic sizes keeps
-# them whole: torch 2.11's bodies read ``numel()`` of a symbolic 4-D operand, which fails it.
+# in views and one ``mm``/``bmm``, which the plan computes in C and calls typed. A trace with
+# symbolic sizes keeps them whole: torch 2.11's bodies read ``numel()`` of a symbolic 4-D
+# operand, which fails it.
 _UNFOLDED = {"linear": _unfold_linear, "matmul": _unfold_matmul}
 
 
@@ -412,8 +412,8 @@ def _composite_ops(symbolic: bool) -> dict:
     schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
     plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
     ``_UNFOLDED``'s cases, whose C++ bodies run alike on fake and real tensors). The
-    others (views, ``dropout``, which may return its input) decompose through their C++ body as
-    before; those that Python decompositions would take over once the Python dispatcher is on
+    others (views, ``dropout``, which may return its input) decompose through their C++ body;
+    those that Python decompositions would take over once the Python dispatcher is on
     (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
     """
     from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
@@ -444,9 +444,8 @@ def _cpp_composite(op, *args, **kwargs):
 def _eager_decompositions(symbolic: bool):
     """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
     the overrides up and taking them down is torch's own Python (thousands of calls), run
-    outside the state recording's profile hook (``state.unrecorded``): under it, they took
-    three quarters of a small function's trace (``x * 2 + 1``: 0.30 s, 0.08 s without; CPU
-    machine, torch 2.13)."""
+    outside the state recording's profile hook (``state.unrecorded``), which would otherwise
+    run for each of those calls."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch.export.exported_program import _override_composite_implicit_decomp
 
@@ -505,7 +504,7 @@ def _global_state() -> dict:
     a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
     recording (``state.record``, per thread) says whether the function's own thread called such
     a method: another thread's draws move the generators during a trace too, and are not the
-    function's (issue 28: 480 of 480 calls of 8 threads ran eagerly)."""
+    function's (issue 28)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -722,6 +721,6 @@ def _spec_string(spec: pytree.TreeSpec) -> str | None:
 def _innermost_user_line(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     for frame in reversed(tb):
-        if not frame.filename.startswith(_SKIP_PREFIXES):
+        if not frames.trident_file(frame.filename) and not frames.torch_file(frame.filename):
             return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} ({frame.line})"
     return ""
