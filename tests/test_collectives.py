@@ -52,7 +52,8 @@ def test_two_ranks(tmp_path):
         assert r["scaled_equal"] and r["scaled"]["compiles"] == 1
         # another group: eager, with one warning
         assert r["subgroup_equal"] and r["subgroup"]["fallbacks"] == 1
-        # (the global that holds the group is found first: Note [State guards] in state.py)
+        # (the global that holds the group is found first: Note [State guards] in
+        # trident/lower/state/__init__.py)
         (warning,) = r["subgroup_warnings"]
         assert "default group" in warning or "global SUBGROUP is a" in warning, warning
         # a peer that leaves: the collective raises at once, with the user's line

@@ -1,5 +1,6 @@
 """Never stale (issue 11, items 1-3): what a function reads outside its arguments is guarded
-natively (Note [State guards] in trident/state.py), or the call runs eagerly with a warning.
+natively (Note [State guards] in trident/lower/state/__init__.py), or the call runs eagerly
+with a warning.
 
 Each kind of read is one case: the jitted function must equal eager before and after the state
 changes in place (the change must change eager's result), the change must cost exactly one

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from trident import build, config, runtime
+from trident import build, config, frames, runtime
 from trident.codegen import render as codegen
 from trident.errors import TridentError
 from trident.frontend import cache
@@ -105,7 +105,7 @@ class Installer:
 
     def _ensure_loaded(self) -> None:
         """First use in this process, or after what a specialization read changed (Note [State
-        guards] in state.py): install the module of the stored specializations that the
+        guards] in lower/state/): install the module of the stored specializations that the
         current state allows."""
         if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
             return
@@ -280,14 +280,13 @@ class Installer:
         build.prune(self._cache.directory, keep, built)
 
 
-_PACKAGES = (str(config.PACKAGE_DIR), str(Path(torch.__file__).resolve().parent))
-
-
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame
-    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line."""
+    outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line
+    (Note [User code] in frames.py)."""
     frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+    while frame is not None and (frames.trident_file(frame.f_code.co_filename) or
+                                 frames.torch_file(frame.f_code.co_filename, resolved=True)):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -28,7 +28,8 @@ class Specialization:
             SCM's output spec does.
         catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
             of the trace, or "" (Note [Errors inside try] in capture.py).
-        state: what the trace read outside the arguments (Note [State guards] in state.py):
+        state: what the trace read outside the arguments (Note [State guards] in
+            lower/state/__init__.py):
             ``{"reads": [chain, ...], "digest": hash of their values}``; the specialization
             serves a call only while the chains evaluate to that digest.
     """

@@ -14,7 +14,7 @@ import torch
 from trident.runtime import ABI
 
 # Node.access and Node.check, as the runtime reads them (trident_trees.h: TRT_ACC_*, TRT_CHK_*);
-# state trees (Note [State guards] in state.py) add accesses and TYPE, ABSENT and TENSOR checks.
+# state trees (Note [State guards] in lower/state/) add accesses and TYPE, ABSENT and TENSOR checks.
 ARG, ITEM, INDEX, ATTR, SELF = (ABI[f"TRT_ACC_{k}"] for k in (
     "ARG", "ITEM", "INDEX", "ATTR", "SELF"))
 LEAF, SEQ, DICT, OBJECT, CONST, ID, SAME, TYPE, ABSENT, TENSOR = (ABI[f"TRT_CHK_{k}"] for k in (

@@ -34,12 +34,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from trident.lower import collectives, rng, state
-from trident import config, runtime
+from trident import config, frames, runtime
 from trident.lower import decompositions
 from trident.errors import TridentError
-
-# Frames of these packages are not the user's: a node's source line is the innermost other one.
-_SKIP_PREFIXES = (str(Path(torch.__file__).parent), str(config.PACKAGE_DIR))
 
 
 @dataclasses.dataclass
@@ -99,10 +96,13 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
 
 
 def _user_frame() -> traceback.FrameSummary | None:
+    """The user's line (Note [User code] in frames.py): the innermost frame, from the caller's
+    caller out, that is neither Trident's, torch's nor a frozen module's."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_PREFIXES) and not filename.startswith("<frozen"):
+        if not frames.trident_file(filename) and not frames.torch_file(filename) and \
+                not frames.frozen_file(filename):
             line = linecache.getline(filename, frame.f_lineno).strip()
             return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
                                           line=line)
@@ -205,10 +205,10 @@ def _enclosing_try(frame) -> str:
     seen_user = False
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(_SKIP_PREFIXES[1]):  # Trident's frame: the trace's root
+        if frames.trident_file(filename):  # Trident's frame: the trace's root
             if seen_user:
                 return ""
-        elif not filename.startswith(_SKIP_PREFIXES[0]) and not filename.startswith("<frozen"):
+        elif not frames.torch_file(filename) and not frames.frozen_file(filename):
             seen_user = True
             if any(start <= frame.f_lasti < end for start, end in _catching_ranges(frame.f_code)):
                 return f"{Path(filename).name}:{frame.f_lineno}"
@@ -384,7 +384,7 @@ def _global_state() -> dict:
     a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
     recording (``state.record``, per thread) says whether the function's own thread called such
     a method: another thread's draws move the generators during a trace too, and are not the
-    function's (issue 28: 480 of 480 calls of 8 threads ran eagerly)."""
+    function's (issue 28)."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -601,6 +601,6 @@ def _spec_string(spec: pytree.TreeSpec) -> str | None:
 def _innermost_user_line(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     for frame in reversed(tb):
-        if not frame.filename.startswith(_SKIP_PREFIXES):
+        if not frames.trident_file(frame.filename) and not frames.torch_file(frame.filename):
             return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} ({frame.line})"
     return ""

@@ -36,7 +36,8 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         args, names: the call's leaves (Note [Argument trees] in flatten.py) and their paths.
         dynamic: per leaf, the dims traced as symbolic sizes.
         tree: the key of the call's argument tree.
-        state: what the trace read outside the arguments (Note [State guards] in state.py).
+        state: what the trace read outside the arguments (Note [State guards] in
+            lower/state/__init__.py).
         name: the function's qualified name, for messages and the signature.
         code_fn: the function whose globals name the Triton kernels the plan launches.
         bar: ``config.progress``'s bar, told each stage.

@@ -84,8 +84,7 @@ def _composite_ops(symbolic: bool) -> dict:
     schema, ``torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace``) and the
     plan calls it, so that ATen decomposes it at call time exactly as in eager mode (but for
     ``_UNFOLDED``'s cases, whose C++ bodies run alike on fake and real tensors). The
-    others (views, ``dropout``, which may return its input) decompose through their C++ body as
-    before; those that Python decompositions would take over once the Python dispatcher is on
+    others (views, ``dropout``, which may return its input) decompose through their C++ bodies; those that Python decompositions would take over once the Python dispatcher is on
     (``torch._decomp``'s ``dropout`` calls ``native_dropout``) are pointed at their C++ body.
     """
     from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,

@@ -34,7 +34,7 @@ seeds too). A specialization with these steps is installed from
 the cache only where the same holds (``installable``). A call of a ``torch.Generator``'s own
 methods (``torch.default_generator.manual_seed(0)``) runs for real in the trace; the trace sees
 the state change and the function runs eagerly (Note [Global side effects] in capture.py), and
-one that reads (``initial_seed()``) runs eagerly (``state._impure_name``).
+one that reads (``initial_seed()``) runs eagerly (``_impure_name`` in state/recording.py).
 """
 
 from __future__ import annotations

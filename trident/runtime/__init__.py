@@ -30,7 +30,7 @@ HEADER = HERE / "trident_rt.h"
 # the runtime's cold build would take several times as long on a 2-core machine.
 SOURCE = HERE / "runtime.cpp"
 # The ABI headers whose constants Python reads (_abi_constants): trident_trees.h holds the codes
-# of argument trees, state trees and output recipes (flatten.py and state.py read them here).
+# of argument trees, state trees and output recipes (ir/trees.py and lower/state/tree.py read them here).
 ABI_HEADERS = (HEADER, HERE / "trident_cuda.h", HERE / "trident_trees.h")
 
 

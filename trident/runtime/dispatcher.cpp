@@ -24,7 +24,7 @@ struct Dispatcher {
   PyObject* dict;
   PyObject* weaklist;
   // What the installed specializations read outside the arguments (Note [State guards] in
-  // state.py): a tree program and its parsed form (nullptr: nothing to check).
+  // lower/state/): a tree program and its parsed form (nullptr: nothing to check).
   PyObject* state_program;
   std::shared_ptr<Tree> state;
   // The installed SCMs, one per specialization, in guard order (Note [Incremental modules] in
@@ -363,7 +363,7 @@ PyObject* Dispatcher_install(Dispatcher* self, PyObject* entries) {
   Py_RETURN_NONE;
 }
 
-// _set_state(program or None): Note [State guards] in state.py; hits need its checks to hold.
+// _set_state(program or None): Note [State guards] in lower/state/; hits need its checks to hold.
 PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
   std::shared_ptr<Tree> tree;
   if (program != Py_None) {

@@ -1,7 +1,7 @@
 /*
  * trident_trees.h: the codes of argument trees, state trees and output recipes, as the
- * runtime reads them (Note [Argument trees] in trees.cpp) and as Python writes them: flatten.py
- * and state.py take these values from `runtime.ABI`, which reads them from this header (every
+ * runtime reads them (Note [Argument trees] in trees.cpp) and as Python writes them: ir/trees.py
+ * and lower/state/tree.py take these values from `runtime.ABI`, which reads them from this header (every
  * enumerator is written `TRT_X = N` for that), so they are defined here alone.
  */
 #ifndef TRIDENT_TREES_H
@@ -9,7 +9,7 @@
 
 /* How a tree node reads its value (flatten.Node.access): from the call's bound parameters, a
  * dict item, a tuple or list index, an instance dict's attribute, the bound method's self; and,
- * in state trees (Note [State guards] in state.py), which read what a function reads outside
+ * in state trees (Note [State guards] in lower/state/), which read what a function reads outside
  * its arguments, a root object, getattr, getitem, a closure cell's contents. */
 enum trt_tree_access {
   TRT_ACC_ARG = 0,

@@ -1,0 +1,117 @@
+"""Whose code a frame runs: Trident's, torch's, a library's, or the user's (Note [User code]).
+
+Note [User code]: two questions, each answered here and nowhere else.
+
+* Which line is the user's? A node's source line and the ``try`` around a torch call
+  (capture.py) and a warning's ``stacklevel`` (jit.py) take the innermost frame that is
+  neither Trident's (:func:`trident_file`) nor torch's (:func:`torch_file`); an installed
+  library's frame counts as the user's there (the line in the library that called torch is
+  where the op came from). Both are prefix tests of the name a code object was compiled under
+  (``co_filename``) against the package's folder with no separator after it: a sibling whose
+  name extends the folder's counts as that package's (``torchgen`` and ``torch_mlir`` beside
+  ``torch``). capture.py takes torch's folder as imported, jit.py as it resolves.
+* Whose reads are state (Note [State guards] in lower/state/__init__.py)? :func:`user_file`
+  and :func:`user_frame`: code that is not Trident's (a file inside its folder,
+  :func:`inside_trident`), the standard library's or an installed package's; exec'd code
+  (``<string>``, a dataclass's ``__init__``) is the user's, and belongs to the module whose
+  globals it runs in. A library's code and module state are taken as fixed
+  (:func:`library_module`; Note [Library state] in lower/state/tree.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import sysconfig
+import types
+from pathlib import Path
+
+import torch
+
+from trident import config
+
+_TRIDENT = str(config.PACKAGE_DIR)
+_INSIDE_TRIDENT = _TRIDENT + os.sep
+# torch's folder as imported (the start of its code objects' file names), and resolved
+# (symlinks followed).
+_TORCH = str(Path(torch.__file__).parent)
+_TORCH_RESOLVED = str(Path(torch.__file__).resolve().parent)
+_INSTALL_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+
+
+def trident_file(filename: str) -> bool:
+    """A frame of Trident, for the user's line: ``filename`` starts with Trident's folder."""
+    return filename.startswith(_TRIDENT)
+
+
+def inside_trident(filename: str) -> bool:
+    """Trident's code, for state: ``filename`` is a path inside Trident's folder."""
+    return filename.startswith(_INSIDE_TRIDENT)
+
+
+def torch_file(filename: str, resolved: bool = False) -> bool:
+    """A frame of torch, for the user's line: ``filename`` starts with torch's folder as
+    imported, or with ``resolved`` as the folder resolves (symlinks followed: jit.py's
+    warnings)."""
+    return filename.startswith(_TORCH_RESOLVED if resolved else _TORCH)
+
+
+def frozen_file(filename: str) -> bool:
+    """The interpreter's frozen modules (``<frozen importlib._bootstrap>``)."""
+    return filename.startswith("<frozen")
+
+
+@functools.lru_cache(maxsize=8)
+def _library_dirs(search_path: tuple[str, ...]) -> tuple[str, ...]:
+    """Where installed packages live: the interpreter's install paths, and every ``sys.path``
+    entry that holds a ``*.dist-info`` directory (a ``pip install --target`` folder put on
+    ``PYTHONPATH``, a second site directory): a package there is a library, not user code."""
+    dirs = {sysconfig.get_paths()[k] for k in _INSTALL_PATHS}
+    for entry in search_path:
+        try:
+            if entry and os.path.isdir(entry) and any(
+                    name.endswith(".dist-info") for name in os.listdir(entry)):
+                dirs.add(entry)
+        except OSError:
+            continue
+    return tuple(sorted(str(Path(d).resolve()) + os.sep for d in dirs))
+
+
+@functools.lru_cache(maxsize=4096)
+def user_file(filename: str) -> bool:
+    """Code whose reads are chains: not Trident, the standard library or an installed package."""
+    if frozen_file(filename) or not filename:
+        return False
+    if filename.startswith("<"):  # exec'd code
+        return True
+    path = str(Path(filename).resolve())
+    return not inside_trident(path) and not path.startswith(_library_dirs(tuple(sys.path)))
+
+
+def user_frame(frame) -> bool:
+    """A frame of user code; exec'd code (a dataclass's ``__init__``) belongs to the module
+    whose globals it runs in."""
+    filename = frame.f_code.co_filename
+    if not filename.startswith("<") or frozen_file(filename):
+        return user_file(filename)
+    module = sys.modules.get(frame.f_globals.get("__name__"))
+    return module is not None and not library_module(module)
+
+
+def library_module(m: types.ModuleType) -> bool:
+    """A module whose state is taken as fixed: one from a library's file, or built into the
+    interpreter (``sys``, ``math``). A module without a file that is neither (one made at run
+    time with ``types.ModuleType``, a config namespace) is user state."""
+    f = vars(m).get("__file__")  # (not getattr: a module __getattr__ may raise anything)
+    if f is None:
+        spec = vars(m).get("__spec__")
+        return m.__name__ in sys.builtin_module_names or \
+            getattr(spec, "origin", None) in ("built-in", "frozen")
+    return not user_file(f)
+
+
+def user_class(c: type) -> bool:
+    """A class of user code: its module's file is :func:`user_file`'s."""
+    return c.__module__ != "builtins" and user_file(
+        getattr(sys.modules.get(c.__module__), "__file__", "") or "")

@@ -1,0 +1,189 @@
+"""The bytecode scan (Note [State guards]): the chains a code object's instructions read."""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import types
+from typing import Any
+
+_LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
+
+
+def _single_stores(code: types.CodeType, ins: list) -> set:
+    """The locals (not parameters) that ``code`` binds exactly once: a local bound to a chain
+    there is an alias of that chain wherever it is loaded (``log = LOG``, ``import mod``)."""
+    nparams = code.co_argcount + code.co_kwonlyargcount + \
+        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    counts: dict = {}
+    for i in ins:
+        if i.opname in ("STORE_FAST", "DELETE_FAST"):
+            counts[i.argval] = counts.get(i.argval, 0) + 1
+    return {n for n, c in counts.items() if c == 1 and n not in code.co_varnames[:nparams]}
+
+
+def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
+    """(start kind, name, steps) per chain of ``code``'s bytecode: start ``global``, ``free``
+    (a closure cell), ``param`` or ``import`` (``import m`` / ``from m import n`` inside the
+    function: name is ``(module name, level, whether the top package is bound)``); steps as in
+    :class:`Read` (chain.py), plus ``("call0",)`` and ``("call1", constant)`` / ``("call2",
+    constant, constant)`` for a call with no argument or constant arguments (``globals()``,
+    ``.get("k")``, ``os.getenv("k", "2")``), ``("gattr", global name)`` for ``getattr(obj,
+    NAME)`` and ``("eager", why)`` for a read this scan cannot follow, resolved by
+    :func:`reads_of` (reads.py). ``type(v)`` is the step ``("attr", "__class__")``; a local
+    bound once to a chain (``log = LOG``, ``import mod``) continues that chain where it is
+    loaded."""
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
+    nparams = code.co_argcount + code.co_kwonlyargcount
+    params = set(code.co_varnames[:nparams])
+    single = _single_stores(code, ins)
+    aliases: dict = {}  # local -> (start kind, name, steps)
+    out: list = []
+
+    def const_at(j):
+        return j < len(ins) and ins[j].opname == "LOAD_CONST" and \
+            type(ins[j].argval) in (str, int, bytes)
+
+    def call_at(j, n):
+        return j < len(ins) and ins[j].opname == "CALL" and ins[j].argval == n
+
+    def chain_at(i, depth=0):
+        """(start, name, steps, next index) of the chain that starts at ``ins[i]``, or None."""
+        op = ins[i]
+        steps: list = []
+        if op.opname == "LOAD_GLOBAL" and op.argval in ("type", "getattr", "hasattr") and \
+                depth < 8 and i + 1 < len(ins):
+            inner = chain_at(i + 1, depth + 1)
+            if inner is not None:
+                kind, name, isteps, j = inner
+                if op.argval == "type" and call_at(j, 1):
+                    return _more(kind, name, list(isteps) + [("attr", "__class__")], j + 1)
+                if op.argval != "type":
+                    nargs = 2 if op.argval == "hasattr" else None
+                    if const_at(j) and isinstance(ins[j].argval, str):
+                        step, k = ("attr", ins[j].argval), j + 1
+                    elif j < len(ins) and ins[j].opname == "LOAD_GLOBAL" and not (
+                            j + 1 < len(ins) and ins[j + 1].opname in ("LOAD_ATTR",
+                                                                          "LOAD_METHOD")):
+                        out.append(("global", ins[j].argval, ()))  # the name's own read
+                        step, k = ("gattr", ins[j].argval), j + 1
+                    else:
+                        out.append((kind, name, tuple(isteps) + (
+                            ("eager", f"{op.argval}() with a name computed at run time"),)))
+                        return None
+                    if nargs is None and k < len(ins) and ins[k].opname == "LOAD_CONST" and \
+                            call_at(k + 1, 3):  # a default
+                        return _more(kind, name, list(isteps) + [step], k + 2)
+                    if call_at(k, 2):
+                        return _more(kind, name, list(isteps) + [step], k + 1)
+                    out.append((kind, name, tuple(isteps) + (
+                        ("eager", f"{op.argval}() called in a way Trident does not follow"),)))
+                    return None
+                out.append((kind, name, tuple(isteps)))  # type(v) called otherwise
+                return None
+        if op.opname == "LOAD_GLOBAL":
+            start = ("global", op.argval)
+        elif op.opname == "LOAD_DEREF" and op.argval in code.co_freevars:
+            start = ("free", op.argval)
+        elif op.opname in _LOAD_FAST and op.argval in aliases:
+            (kind, name, asteps), *others = aliases[op.argval]
+            found = _more(kind, name, list(asteps), i + 1)
+            more = found[2][len(asteps):]
+            for okind, oname, osteps in others:  # bound elsewhere to another chain
+                out.append((okind, oname, tuple(osteps) + more))
+            return found
+        elif op.opname in _LOAD_FAST and op.argval in params:
+            start = ("param", op.argval)
+        elif op.opname == "IMPORT_NAME":
+            level = ins[i - 2].argval if i >= 2 and ins[i - 2].opname == "LOAD_CONST" else 0
+            fromlist = ins[i - 1].argval if i >= 1 and ins[i - 1].opname == "LOAD_CONST" \
+                else None
+            start = ("import", (op.argval, level or 0, not fromlist))
+            j = i + 1
+            while j < len(ins) and ins[j].opname == "IMPORT_FROM":  # from m import a, b
+                step = ("attr", ins[j].argval)
+                if j + 1 < len(ins) and ins[j + 1].opname == "STORE_FAST":
+                    bind(ins[j + 1].argval, (*start, (step,)))
+                out.append((*start, (step,)))
+                j += 2
+                if j < len(ins) and ins[j].opname == "POP_TOP":
+                    j += 1
+            if j == i + 1:
+                out.append((*start, ()))
+                if j < len(ins) and ins[j].opname == "STORE_FAST":
+                    bind(ins[j].argval, (*start, ()))
+            return None if j > i + 1 else (*start, (), j)
+        else:
+            return None
+        return _more(*start, steps, i + 1)
+
+    def _more(kind, name, steps, j):
+        while j < len(ins):
+            nxt = ins[j]
+            if nxt.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                steps.append(("attr", nxt.argval))
+                j += 1
+            elif const_at(j) and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR":
+                steps.append(("item", nxt.argval))
+                j += 2
+            elif call_at(j, 0):
+                steps.append(("call0",))
+                j += 1
+            elif const_at(j) and call_at(j + 1, 1):
+                steps.append(("call1", nxt.argval))
+                j += 2
+            elif nxt.opname == "LOAD_GLOBAL" and steps and steps[-1][0] == "attr" and (
+                    call_at(j + 1, 1) or (j + 2 < len(ins) and ins[j + 1].opname ==
+                                          "LOAD_CONST" and call_at(j + 2, 2))):
+                out.append(("global", nxt.argval, ()))  # d.get(NAME), os.getenv(NAME): the
+                steps.append(("gcall", nxt.argval))  # name's own read, then the call
+                j += 2 if call_at(j + 1, 1) else 3
+            elif nxt.opname == "LOAD_GLOBAL" and j + 1 < len(ins) and \
+                    ins[j + 1].opname == "BINARY_SUBSCR":  # d[NAME]
+                out.append(("global", nxt.argval, ()))
+                steps.append(("gitem", nxt.argval))
+                j += 2
+            elif const_at(j) and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_CONST" and \
+                    call_at(j + 2, 2):
+                steps.append(("call2", nxt.argval, ins[j + 1].argval))
+                j += 3
+            else:
+                break
+        return kind, name, tuple(steps), j
+
+    def bind(local, chain):
+        """``local`` is bound to ``chain`` (each of its loads continues it)."""
+        if local in params:
+            return
+        chains = aliases.setdefault(local, [])
+        if chain not in chains:
+            chains.append(chain)
+
+    at = {i.offset: (i.opname, i.argval) for i in ins}  # jump targets
+    for scan in range(2):  # the first finds what locals are bound to (a loop may load first)
+        out.clear()
+        i = 0
+        while i < len(ins):
+            found = chain_at(i)
+            if found is None:
+                i += 1
+                continue
+            kind, name, steps, j = found
+            if kind == "param" and not steps:
+                i = j
+                continue
+            stored = j < len(ins) and ins[j].opname == "STORE_FAST"
+            if stored:
+                bind(ins[j].argval, (kind, name, steps))
+            elif j < len(ins) and ins[j].opname in ("JUMP_FORWARD", "JUMP") and \
+                    at.get(ins[j].argval, (None,))[0] == "STORE_FAST":  # c = A if f else B
+                bind(at[ins[j].argval][1], (kind, name, steps))
+                stored = True
+            if stored and ins[j].argval in single:
+                pass  # each load of it is a chain
+            elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
+                out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
+            else:
+                out.append((kind, name, steps))
+            i = max(j, i + 1)
+    return list(dict.fromkeys(out))

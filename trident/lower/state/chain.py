@@ -1,0 +1,213 @@
+"""A chain (Note [State guards]): :class:`Read`, a root and its steps; the objects a root names
+(``_root_of``, ``_resolve_root``); one step's value in Python (``_step``: a value, an absent
+name or item, or one that Python code serves); and the Triton kernels and C getters that a
+chain may reach."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+import types
+from typing import Any
+
+_MISSING = object()  # a read of a name or item that is absent
+_STOP = object()  # a read that Python code (a property, __getattr__) would serve
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One chain: ``root`` (``("module", name)``, ``("fn",)``: the jitted function,
+    ``("builtins",)``, ``("object", token)``: an object of this process only) then ``steps``
+    (``("attr", name)``, ``("item", key)``, ``("get", key)``: an item that may be absent,
+    ``("cell",)``: a closure cell's contents). ``whole``: the value is used whole (its contents
+    are guarded), not only read through."""
+
+    root: tuple
+    steps: tuple
+    whole: bool = True
+
+    def to_json(self) -> list:
+        return [list(self.root), [[s[0], *map(_key_json, s[1:])] for s in self.steps],
+                self.whole]
+
+    @classmethod
+    def from_json(cls, data: list) -> "Read":
+        root, steps, whole = data
+        return cls(tuple(root), tuple((s[0], *map(_key_from_json, s[1:])) for s in steps),
+                   whole)
+
+
+def _key_json(k):
+    return {"bytes": k.hex()} if isinstance(k, bytes) else k
+
+
+def _key_from_json(k):
+    return bytes.fromhex(k["bytes"]) if isinstance(k, dict) else k
+
+
+_OBJECTS: dict[str, Any] = {}  # ("object", token) roots: objects no module path reaches
+
+
+def _root_of(obj) -> tuple[tuple, tuple]:
+    """(root, steps) naming ``obj``: its module, then its qualified name, when that path
+    reaches it; else the object itself, in this process only."""
+    if isinstance(obj, types.ModuleType):
+        return ("module", obj.__name__), ()
+    name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is not None and "<locals>" not in qualname:
+        target = module
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if target is obj:
+            return ("module", name), tuple(("attr", part) for part in qualname.split("."))
+    token = f"{type(obj).__name__}@{id(obj)}"
+    _OBJECTS[token] = obj
+    return ("object", token), ()
+
+
+def _globals_root(g: dict) -> tuple[tuple, str]:
+    """(root, step kind) for a globals dict: its module (read by getattr) or the dict itself."""
+    name = g.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is not None and module.__dict__ is g:
+        return ("module", name), "attr"
+    return _root_of_dict(g), "item"
+
+
+def _root_of_dict(g: dict) -> tuple:
+    token = f"dict@{id(g)}"
+    _OBJECTS[token] = g
+    return ("object", token)
+
+
+def _resolve_root(root: tuple, fn) -> Any:
+    """The object a root names now; ``_MISSING`` when it names none."""
+    kind = root[0]
+    if kind == "fn":
+        return fn
+    if kind == "builtins":
+        return builtins
+    if kind == "module":
+        return sys.modules.get(root[1], _MISSING)
+    return _OBJECTS.get(root[1], _MISSING)
+
+
+@functools.cache
+def _kernel_types() -> tuple:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import KernelInterface
+
+    return (KernelInterface, InterpretedFunction)
+
+
+def _kernel_fns(value) -> list:
+    """The Python functions of a Triton kernel (through autotuners and heuristics)."""
+    fns = []
+    while isinstance(value, _kernel_types()):
+        value = value.fn
+        if isinstance(value, types.FunctionType):
+            fns.append(value)
+    return fns
+
+
+def _is_getter(obj) -> bool:
+    """A C function of no arguments that reads an interpreter or torch setting without side
+    effects: a chain may call it (in C, on every call) and check its result by value."""
+    if not isinstance(obj, types.BuiltinFunctionType):
+        return False
+    if obj.__self__ is sys:
+        return obj.__name__ in ("getrecursionlimit", "getswitchinterval",
+                                "get_int_max_str_digits", "getdefaultencoding",
+                                "getfilesystemencoding")
+    return getattr(obj.__self__, "__name__", None) == "torch._C" and \
+        obj.__name__.startswith("_get_") and any(
+            getattr(p, "getter", None) is obj for m in _backends_modules()
+            for p in vars(type(m)).values())
+
+
+def _backends_modules() -> list:
+    return [m for n, m in list(sys.modules.items()) if n.startswith("torch.backends.")
+            and type(m) is not types.ModuleType]
+
+
+def _values_along(read: Read, fn):
+    obj = _resolve_root(read.root, fn)
+    yield obj
+    for step in read.steps:
+        obj = _step(obj, step)
+        if obj is _MISSING or obj is _STOP:
+            return
+        yield obj
+
+
+
+def _step(obj, step):
+    """One step of a chain in Python: the value, ``_MISSING`` (absent), or ``_STOP``."""
+    kind = step[0]
+    if obj is _MISSING or obj is _STOP:
+        return obj
+    if kind == "call":
+        return obj() if _is_getter(obj) else _STOP
+    if kind == "cell":
+        try:
+            return obj.cell_contents
+        except (ValueError, AttributeError):
+            return _MISSING
+    if kind in ("item", "get"):
+        if obj is os.environ:
+            obj, key = obj._data, os.environ.encodekey(step[1])
+        else:
+            key = step[1]
+        if not isinstance(obj, (dict, list, tuple)) or type(obj).__getitem__ not in (
+                dict.__getitem__, list.__getitem__, tuple.__getitem__):
+            return _STOP
+        try:
+            return obj[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    name = step[1]
+    if isinstance(obj, types.ModuleType):
+        if type(obj) is not types.ModuleType and any(  # a module's class serves it
+                name in c.__dict__ for c in type(obj).__mro__[:-2]):
+            return _STOP
+        value = obj.__dict__.get(name, _MISSING)
+        return _STOP if value is _MISSING and ("__getattr__" in obj.__dict__ or any(
+            "__getattr__" in c.__dict__ for c in type(obj).__mro__[:-2])) else value
+    if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \
+            not any(name in m.__dict__ for m in type(obj).__mro__[:-2]):
+        # a class's own attribute (its metaclass adds none): what getattr makes of each
+        # kind is fixed by the kind (a property or function itself, a classmethod bound)
+        static = next((c.__dict__[name] for c in obj.__mro__ if name in c.__dict__), _MISSING)
+        if static is _MISSING:
+            return _STOP if any("__getattr__" in m.__dict__ for m in type(obj).__mro__[:-2]) \
+                else (getattr(obj, name) if hasattr(type, name) else _MISSING)
+        if not hasattr(type(static), "__get__") or isinstance(static, (
+                types.FunctionType, staticmethod, classmethod, property, type,
+                types.MemberDescriptorType, types.GetSetDescriptorType,
+                types.MethodDescriptorType, types.WrapperDescriptorType,
+                types.BuiltinFunctionType, types.ClassMethodDescriptorType)):
+            try:
+                return getattr(obj, name)
+            except AttributeError:
+                return _MISSING
+        return _STOP
+    try:
+        static = inspect.getattr_static(obj, name)
+    except AttributeError:
+        return _STOP if hasattr(type(obj), "__getattr__") else _MISSING
+    if isinstance(static, property) or (
+            hasattr(type(static), "__get__") and not isinstance(
+                static, (types.FunctionType, staticmethod, classmethod, types.MemberDescriptorType,
+                         types.GetSetDescriptorType, types.MethodDescriptorType,
+                         types.WrapperDescriptorType, types.BuiltinFunctionType,
+                         types.ClassMethodDescriptorType)) and not isinstance(static, type)):
+        return _STOP
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return _MISSING

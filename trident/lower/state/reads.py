@@ -1,0 +1,338 @@
+"""The reads of a recorded trace (Note [State guards]): the chains of every user function that
+ran, resolved to :class:`Read` roots and steps that a new call evaluates."""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import functools
+import importlib
+import os
+import sys
+import types
+
+import torch
+
+from trident import frames
+from trident.errors import TridentError
+from trident.ir.trees import _BY_ID
+from trident.lower.state.bytecode import _chains
+from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter, _kernel_fns,
+                                       _resolve_root, _root_of, _step, _values_along)
+from trident.lower.state.recording import Recording
+from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
+from trident.lower.state.writes import check_write
+
+
+def reads_of(rec: Recording, fn) -> list[Read]:
+    """Note [State guards]: the chains of every user function that ran in ``rec`` (and of the
+    Triton kernels they name), rooted where a new call reads them.
+
+    Raises:
+        TridentError: the function calls something whose result no guard keeps, writes
+            outside its arguments (a helper reached past :func:`check_writes_before_trace`), or
+            reads a closure variable whose cell cannot be found again."""
+    if rec.impure:
+        raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
+                           "specialization would keep (Python's random state, a "
+                           "torch.Generator's, the clock, the OS)")
+    for code, (g, _) in rec.codes.items():
+        check_write(code, g)
+    functions = {}  # code -> function object, for closure cells
+    if isinstance(fn, types.FunctionType):
+        functions[fn.__code__] = fn
+    parents = {}  # nested code -> the code that makes it
+    reads: list[Read] = []
+    todo = list(rec.codes.items())
+    seen_kernels: set = set()
+    for code, _ in todo:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                parents[const] = code
+
+    def root_for_cell(code, name, depth=0):
+        """(root, steps) of a closure cell, None for one that needs no guard, or
+        ``_MISSING`` while no function object of ``code`` is known."""
+        f = functions.get(code)
+        if f is not None:
+            root, steps = (("fn",), ()) if f is fn else _root_of(f)
+            i = code.co_freevars.index(name)
+            return root, steps + (("attr", "__closure__"), ("item", i), ("cell",))
+        parent = parents.get(code)
+        if parent is not None and depth < 64:
+            if name in parent.co_cellvars:
+                return None  # a local of the enclosing call: made inside the trace
+            if name in parent.co_freevars:
+                return root_for_cell(parent, name, depth + 1)
+        if code.co_filename.startswith("<"):  # exec'd code (a dataclass's __init__): the
+            return None  # cells of the code that made it, fixed
+        return _MISSING
+
+    def add(read: Read) -> None:
+        """A chain, and the functions (their closure cells) and kernels it reaches."""
+        reads.append(read)
+        for value in _values_along(read, fn):
+            for f in _functions_in(value):
+                functions.setdefault(f.__code__, f)
+            for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
+                if kfn.__code__ not in seen_kernels:
+                    seen_kernels.add(kfn.__code__)
+                    functions.setdefault(kfn.__code__, kfn)
+                    todo.append((kfn.__code__, (kfn.__globals__, {})))
+
+    # closure chains need the function objects that other chains reach (a helper held by a
+    # global or by another closure): they are resolved as those are found
+    pending: list = []
+    k = 0
+    while True:
+        while k < len(todo):
+            code, (g, params) = todo[k]
+            k += 1
+            for start, name, steps in _chains(code):
+                if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
+                        name not in g:
+                    if len(steps) > 1 and steps[1][0] in ("item", "contains"):
+                        start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+                    elif len(steps) > 2 and steps[1] == ("attr", "get") and \
+                            steps[2][0] in ("call1", "call2"):  # globals().get("X")
+                        start, name, steps = "global", steps[2][1], steps[3:]
+                    else:  # globals()[name], globals().get(name), exec(..., globals()), ...
+                        raise TridentError(f"{code.co_name} reads globals() otherwise than "
+                                           "by a constant key: state no guard follows")
+                steps = _resolve_names(steps, g)
+                if start == "import":
+                    root, path = _import_root(name, g)
+                    read = _resolve_calls(root, path + steps, fn)
+                    if read is not None:
+                        add(read)
+                    continue
+                if start == "global":
+                    root, kind = _globals_root(g)
+                    if kind == "attr" and name not in g:
+                        reads.append(Read(root, (("attr", name),), False))  # ABSENT: unbound
+                        root, steps0 = ("builtins",), (("attr", name),)
+                    else:
+                        steps0 = ((kind, name),)
+                    read = _resolve_calls(root, steps0 + steps, fn)
+                elif start == "param":
+                    read = _param_read(params.get(name, _MISSING), steps, fn)
+                else:
+                    pending.append((code, name, steps))
+                    continue
+                if read is not None:
+                    add(read)
+        before = len(pending)
+        resolved = [(item, root_for_cell(item[0], item[1])) for item in pending]
+        pending = [item for item, where in resolved if where is _MISSING]
+        for (code, name, steps), where in resolved:
+            if where is not None and where is not _MISSING:
+                read = _resolve_calls(where[0], where[1] + steps, fn)
+                if read is not None:
+                    add(read)
+        if len(pending) == before and k == len(todo):  # nothing more to find
+            break
+    if pending:
+        code, name, _ = pending[0]
+        raise TridentError(f"{code.co_name} reads the closure variable {name!r}, whose cell "
+                           "Trident cannot find again")
+    methods = {i.argval for code in rec.codes for i in dis.get_instructions(code)
+               if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(i.argval, str)}
+    for name in sorted(methods - _TENSOR_STATE):  # on any tensor (an intermediate's too): a
+        if isinstance(vars(torch._C.TensorBase).get(name, vars(torch.Tensor).get(name)), (
+                types.MethodDescriptorType, types.FunctionType)):  # method a user may patch
+            reads.append(Read(("module", "torch"), (("attr", "Tensor"), ("attr", name))))
+    for code, (_, params) in rec.codes.items():  # methods reached through an argument
+        if code not in functions and code.co_argcount and code.co_varnames[0] in params:
+            owner = params[code.co_varnames[0]]
+            cls = owner if isinstance(owner, type) else type(owner)  # a classmethod's cls
+            found = next(((name, f) for c in cls.__mro__ for name, v in (
+                [(code.co_name, c.__dict__.get(code.co_name))] + list(vars(c).items()))
+                for f in _functions_in(v) if f.__code__ is code), None)  # (a lambda's name)
+            if found is not None:
+                name, functions[code] = found
+                # read through the value's own class, as Python finds the method: one a
+                # subclass defines later (Net2.forward = ...) is seen; a method that the class
+                # finds elsewhere (an override, which called this one through super()) from
+                # the class that holds it
+                owner = next(c for c in cls.__mro__ if any(
+                    f is functions[code] for f in _functions_in(vars(c).get(name))))
+                where = cls if next((c for c in cls.__mro__ if name in vars(c)), None) is \
+                    owner else owner
+                root, steps = _root_of(where)
+                reads.append(Read(root, steps + (("attr", name),)))
+    if rec.module_call:  # Module.__call__ reads torch's global hooks (Note [Library state]
+        # in tree.py)
+        reads += [Read(("module", "torch.nn.modules.module"), (("attr", name),))
+                  for name in _WHOLE_LIBRARY_STATE["torch.nn.modules.module"]]
+    for f in [f for f in functions.values() if f.__code__ in rec.codes]:  # their defaults
+        root, steps = (("fn",), ()) if f is fn else _root_of(f)
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+            reads.append(Read(root, steps + (("attr", attr),)))
+    return list(dict.fromkeys(reads))
+
+
+def _functions_in(value) -> list:
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, types.MethodType):
+        return _functions_in(value.__func__)
+    if isinstance(value, functools.partial):
+        return _functions_in(value.func)
+    if isinstance(value, (staticmethod, classmethod)):
+        return _functions_in(value.__func__)
+    if isinstance(value, property):  # its getter's cells (it is read by identity)
+        return [f for f in (value.fget, value.fset, value.fdel)
+                if isinstance(f, types.FunctionType)]
+    if isinstance(value, type) and frames.user_file(
+            getattr(sys.modules.get(value.__module__), "__file__", "") or ""):
+        # a user class's methods (an autograd.Function's decorated forward): their cells
+        return [f for v in vars(value).values() if not isinstance(v, type)
+                for f in _functions_in(v)]
+    return []
+
+
+# A tensor's attributes that are its own state (its argument guards' or the trace's), not
+# methods a user may patch on torch.Tensor.
+_TENSOR_STATE = frozenset({"data", "grad", "requires_grad", "is_leaf", "grad_fn", "_version",
+                           "_base", "names", "shape", "dtype", "device", "layout", "ndim"})
+
+
+def _instance_value(value, d, name: str):
+    """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
+    parameter or buffer, which its argument tree reads), or ``_MISSING``."""
+    if not isinstance(d, dict):
+        return _MISSING
+    if name in d:
+        return d[name]
+    if isinstance(value, torch.nn.Module):
+        for kind in ("_modules", "_parameters", "_buffers"):
+            held = d.get(kind)
+            if isinstance(held, dict) and name in held:
+                return held[name]
+    return _MISSING
+
+
+def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
+    """``self.factor`` where the parameter's class holds ``factor``, ``type(self).K``,
+    ``self.__class__.K`` and a classmethod's ``cls.s``: a chain from the class the value has
+    (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
+    base's attribute later is seen), wherever a user class of that MRO up to the one that holds
+    the attribute may hold it."""
+    if value is _MISSING or steps[0][0] != "attr":
+        return None
+    if steps[0] == ("attr", "__class__") and not isinstance(value, types.ModuleType):
+        value, steps = type(value), steps[1:]
+        if not steps:
+            return None  # type(self) alone: the argument tree checks the exact class
+        if steps[0][0] != "attr":
+            return None
+    if steps[0][0] == "eager":
+        if isinstance(value, (type, types.ModuleType)):
+            _resolve_calls(*_root_of(value), steps, fn)  # raises
+        return None  # an instance's own attributes: its argument tree (not its class's)
+    if isinstance(value, types.ModuleType):  # a module passed in (its tree checks identity)
+        root, path = _root_of(value)
+        return _resolve_calls(root, path + steps, fn)
+    if isinstance(value, type):
+        cls, name = value, steps[0][1]
+    elif isinstance(value, torch.Tensor):  # (a fake tensor in the trace) its methods, which
+        name = steps[0][1]  # a user may patch (torch.Tensor.add = ...)
+        if name in _TENSOR_STATE or not hasattr(torch.Tensor, name):
+            return None
+        return _resolve_calls(("module", "torch"), (("attr", "Tensor"), steps[0]), fn)
+    else:
+        if isinstance(value, (types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
+            return None
+        cls, name = type(value), steps[0][1]
+        d = getattr(value, "__dict__", None)
+        held = _instance_value(value, d, name)
+        if held is not _MISSING:  # an instance attribute: the argument tree or the chain to it
+            if len(steps) > 1 and _depth < 16:  # has it; what is read through it may not be
+                return _param_read(held, steps[1:], fn, _depth + 1)  # (a class's attribute)
+            return None
+    mro = cls.__mro__
+    at = next((k for k, c in enumerate(mro) if name in c.__dict__), None)
+    if at is None or not any(frames.user_class(c) for c in mro[:at + 1]):
+        return None
+    root, path = _root_of(cls)
+    return _resolve_calls(root, path + steps, fn)
+
+
+def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
+    """(root, steps) of what ``import`` binds inside a function (``_chains`` in bytecode.py):
+    the top package (``import a.b``) or the module itself (``from a.b import c``, ``import a.b
+    as c``'s ``a``, then ``.b``)."""
+    module, level, top = name
+    if level:
+        import importlib.util
+
+        package = g.get("__package__") or g.get("__name__", "").rpartition(".")[0]
+        module = importlib.util.resolve_name("." * level + module, package)
+    if top:
+        first, *rest = module.split(".")
+        return ("module", first), ()
+    return ("module", module), ()
+
+
+def _resolve_names(steps: tuple, g: dict) -> tuple:
+    """``("gattr", NAME)`` (``getattr(obj, NAME)``), ``("gcall", NAME)`` (``d.get(NAME)``,
+    ``os.getenv(NAME)``) and ``("gitem", NAME)`` (``d[NAME]``) as the attribute, call or item
+    that the global ``NAME`` names now (its own chain guards it). A getattr name that is no str
+    is Trident's not to follow; another key ends the chain at the container, read whole."""
+    out = []
+    for step in steps:
+        if step[0] in ("gattr", "gcall", "gitem"):
+            name = g.get(step[1], _MISSING)
+            if step[0] != "gattr" and type(name) not in (str, int, bytes):
+                break  # another key: the chain ends at the container (or method), whole
+            if step[0] == "gattr" and type(name) is not str:
+                out.append(("eager", f"getattr() with the global {step[1]} as its name"))
+                break
+            step = {"gattr": ("attr", name), "gcall": ("call1", name),
+                    "gitem": ("item", name)}[step[0]]
+        out.append(step)
+    return tuple(out)
+
+
+def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
+    """Resolve ``call0`` / ``call1`` steps: ``globals()`` becomes its module's root,
+    ``d.get("k")`` and ``os.getenv("k")`` an item that may be absent; any other call ends the
+    chain at its callee."""
+    obj = _resolve_root(root, fn)
+    done: list = []
+    for step in steps:
+        if step[0] == "eager":
+            path = ".".join(str(s[-1]) for s in done if s[0] != "cell")
+            raise TridentError(f"the function reads {path or 'a global'} through {step[1]}: "
+                               "state that no guard can follow")
+        if step[0] == "contains":  # "k" in d: d's item k or its absence; in another
+            if obj is os.environ or type(obj) is dict:  # container: the container, whole
+                done.append(("get", step[1]))
+            break
+        if step[0] == "item" and obj is sys.modules and type(step[1]) is str and \
+                step[1] in sys.modules:  # sys.modules["m"]: the module m
+            root, done, obj = ("module", step[1]), [], sys.modules[step[1]]
+            continue
+        if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
+                obj is builtins.__import__ or obj is importlib.import_module):
+            # importlib.import_module("a.b") is a.b, __import__("a.b") is a
+            name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
+            root, done, obj = ("module", name), [], sys.modules[name]
+            continue
+        if step[0] in ("call0", "call1", "call2"):
+            if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
+                return None  # globals() alone: its items are read by the chains after it
+            if step[0] != "call0" and done and done[-1] == ("attr", "get") and len(done) > 1:
+                done[-1] = ("get", step[1])
+                obj = _MISSING
+                continue
+            if step[0] != "call0" and obj is os.getenv:
+                return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
+            if step[0] == "call0" and _is_getter(obj):  # sys.getrecursionlimit()
+                done.append(("call",))
+                obj = obj()
+                continue
+            break
+        done.append(step)
+        obj = _step(obj, step) if obj is not _MISSING else _MISSING
+    return Read(root, tuple(done), True)

@@ -1,0 +1,176 @@
+"""Recording a trace (Note [State guards]): the user code that runs, under ``sys.setprofile``,
+and the calls whose results no guard keeps."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import sys
+
+import torch
+
+from trident import frames
+from trident.errors import TridentError
+
+# Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
+_IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
+
+
+@dataclasses.dataclass
+class Recording:
+    """What ran during a trace: per user code object, its globals and its parameters' values
+    at the call; and the calls whose results no guard keeps."""
+
+    codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
+    impure: list = dataclasses.field(default_factory=list)
+    module_call: bool = False  # an nn.Module was called: torch's global hooks were read
+    generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
+    active: bool = False  # the profile hook ran (the function has code to record)
+
+    def changed_rng(self) -> bool:
+        """Whether this thread's trace set a random generator's state (Note [Global side
+        effects] in capture.py): another thread's draws meanwhile are not the function's."""
+        return bool(self.generator_calls)
+
+
+# A torch.Generator's methods that set its state (its draws are ops, which a trace makes on
+# fake tensors without drawing).
+_GENERATOR_SETTERS = frozenset({"manual_seed", "seed", "set_state", "set_offset",
+                                "graphsafe_set_state"})
+
+
+@functools.cache
+def _module_call_codes() -> frozenset:
+    m = torch.nn.Module
+    return frozenset(getattr(m, n).__code__ for n in ("_call_impl", "_wrapped_call_impl")
+                     if hasattr(getattr(m, n, None), "__code__"))
+
+
+def _impure_name(fn) -> str | None:
+    owner = getattr(fn, "__self__", None)
+    import random
+
+    module = getattr(fn, "__module__", None) or type(owner).__module__
+    if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
+            str(type(owner).__module__).startswith("numpy.random"):
+        return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
+    if isinstance(owner, type) and owner.__module__ == "datetime" and \
+            getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
+        return f"datetime.{owner.__name__}.{fn.__name__}"
+    return None
+
+
+# Standard-library modules whose functions read the file system for their caller
+# (os.path.exists, os.path.abspath's getcwd, pathlib): a C call of posix they make for user
+# code is the user's read of OS state.
+_OS_WRAPPERS = frozenset({"os", "genericpath", "posixpath", "ntpath", "pathlib", "shutil",
+                          "glob", "fnmatch"})
+_OS_READS = frozenset({"stat", "lstat", "fstat", "listdir", "scandir", "getcwd", "getcwdb",
+                       "access", "readlink", "statvfs", "getpid", "cpu_count", "urandom"})
+
+
+@contextlib.contextmanager
+def record(fn):
+    """Record the user code that ``fn``'s code runs in this thread (Note [State guards]);
+    chains to a profile function already set. A profiler written in C (``cProfile``:
+    ``sys.getprofile()`` returns its ``Profile`` object, which is not callable) cannot be
+    chained: it is disabled while the call is recorded and enabled again after it."""
+    rec = Recording()
+    top = getattr(fn, "__code__", None)
+    if top is None:
+        yield rec
+        return
+    previous = sys.getprofile()
+    suspended = previous if previous is not None and not callable(previous) and \
+        callable(getattr(previous, "enable", None)) else None
+    if suspended is not None:
+        suspended.disable()
+        previous = None
+    elif previous is not None and not callable(previous):
+        raise TridentError("a profiler that Trident cannot chain to is active "
+                           f"({type(previous).__name__}): its calls run eagerly")
+    called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
+    module_codes = _module_call_codes()
+
+    def under_fn(frame) -> bool:
+        """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
+        between (Trident's own calls of user code, as an import hook or a patched ``open`` in
+        the trace's bookkeeping, are not the function's reads; a Triton heuristic that
+        kernels.py evaluates for the launch is)."""
+        if frame in called:
+            return called[frame]
+        f, seen = frame, []
+        while f is not None and f not in called and f.f_code is not top:
+            seen.append(f)
+            name = f.f_code.co_filename
+            if frames.inside_trident(name) and not name.endswith("kernels.py"):
+                f = None
+                break
+            f = f.f_back
+        result = f is not None and (f.f_code is top or called[f])
+        for g in seen:
+            called[g] = result
+        return result
+
+    def hook(frame, event, arg):
+        code = frame.f_code
+        if event == "call":
+            if code in module_codes and not rec.module_call and under_fn(frame):
+                rec.module_call = True
+            elif frames.user_frame(frame) and under_fn(frame):
+                if code not in rec.codes:
+                    nparams = code.co_argcount + code.co_kwonlyargcount
+                    local = frame.f_locals
+                    rec.codes[code] = (frame.f_globals, {n: local[n] for n in
+                                                         code.co_varnames[:nparams] if n in local})
+            elif frame.f_back is not None and frames.user_frame(frame.f_back) and \
+                    frame.f_globals.get("__name__") in _IMPURE_MODULES and \
+                    under_fn(frame.f_back):
+                rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+        elif event == "c_call":
+            if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
+                    getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
+                rec.generator_calls.append(arg.__name__)  # from any code the function runs
+            if frames.user_frame(frame) and under_fn(frame):
+                name = _impure_name(arg)
+                if name:
+                    rec.impure.append(name)
+            elif frame.f_globals.get("__name__") in _OS_WRAPPERS:
+                caller, depth = frame, 0  # the wrappers' own calls, up to the user's code
+                while caller is not None and depth < 8 and \
+                        caller.f_globals.get("__name__") in _OS_WRAPPERS:
+                    outer, caller, depth = caller, caller.f_back, depth + 1
+                if getattr(arg, "__name__", None) in _OS_READS and caller is not None and \
+                        frames.user_frame(caller) and under_fn(caller):
+                    name = _impure_name(arg)
+                    if name:
+                        rec.impure.append(f"{outer.f_globals['__name__']}."
+                                          f"{outer.f_code.co_name}, which calls {name}")
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(hook)
+    rec.active = True
+    try:
+        yield rec
+    finally:
+        sys.setprofile(previous)
+        if suspended is not None:
+            suspended.enable()
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """Torch's own set-up code while a call is recorded (not the user's): the recording's
+    profile hook is off meanwhile. A profile function that is not a Python callable (a C
+    profiler's object) is left alone."""
+    hook = sys.getprofile()
+    if not callable(hook):
+        yield
+        return
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(hook)

@@ -1,0 +1,376 @@
+"""The state tree (Note [State guards]): the nodes that a set of reads makes as they evaluate
+now, the words its digest hashes, and the program the dispatcher checks."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import types
+
+import torch
+
+from trident import frames
+from trident.errors import TridentError
+from trident.identity import PROCESS, hash_code, identity_words
+from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
+from trident.lower.flatten import _Flattener
+from trident.runtime import ABI
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
+                                       _kernel_types, _resolve_root, _step)
+
+# Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
+# a closure cell's contents.
+ROOT, GETATTR, GETITEM, CELL = (ABI[f"TRT_ACC_{k}"] for k in (
+    "ROOT", "GETATTR", "GETITEM", "CELL"))
+
+
+@dataclasses.dataclass
+class StateTree:
+    """The nodes of a set of reads (Note [State guards]), with each node's path and words."""
+
+    nodes: list[Node]
+    description: list[str]
+
+    def program(self) -> tuple | None:
+        """As the Dispatcher's ``_set_state`` reads it (runtime/dispatcher.cpp) (None: nothing to check)."""
+        if not self.nodes:
+            return None
+        return (0, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length, n.keys)
+                         for n in self.nodes))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(self.description).encode()).hexdigest()[:32]
+
+
+def _words(obj) -> str:
+    """Stable words for an object checked by identity: the same in every process where the
+    object means the same (functions by their code, kernels by their source)."""
+    if isinstance(obj, (types.FunctionType, types.CodeType)):
+        h = hashlib.sha256()
+        hash_code(h, getattr(obj, "__code__", obj))
+        return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
+    if isinstance(obj, property):
+        return "property " + " ".join(_words(f) if f is not None else "-"
+                                      for f in (obj.fget, obj.fset, obj.fdel))
+    if isinstance(obj, (types.MethodDescriptorType, types.GetSetDescriptorType,
+                        types.WrapperDescriptorType, types.MemberDescriptorType,
+                        types.ClassMethodDescriptorType)):  # a C type's method: by its name
+        owner = obj.__objclass__
+        return f"{type(obj).__name__} {owner.__module__}.{owner.__qualname__}.{obj.__name__}"
+    if isinstance(obj, (staticmethod, classmethod)):
+        return f"{type(obj).__name__} {_words(obj.__func__)}"
+    if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
+        return f"triton {type(obj).__name__} of {_words(obj.fn)}"
+    if isinstance(obj, logging.Logger):
+        return f"logger {obj.name}"
+    if isinstance(obj, _op_types()[0]):  # a custom op: one per name, in every process
+        return f"custom op {obj._namespace}::{obj._name}"
+    return identity_words(obj)
+
+
+def _tensor_words(t: torch.Tensor) -> str:
+    data = t.detach().cpu().contiguous().reshape(-1)  # (a 0-dim tensor has no byte view)
+    digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return f"tensor {t.dtype} {tuple(t.shape)} {t.device} {digest.hexdigest()[:16]}"
+
+
+class _StateFlattener(_Flattener):
+    what = "global"
+
+    def add(self, value, node: Node, words: str) -> int:
+        index = super().add(value, node, words)
+        if node.access == ROOT:  # its key is the object: named by the words alone
+            self.description[index] = f"root|{words}"
+        return index
+
+    def words(self, value) -> str:
+        return _words(value)
+
+    def tensor(self, value, node: Node) -> None:
+        if value.is_inference():  # (torch.inference_mode): written there without a trace
+            raise TridentError(f"the global {node.path} is an inference tensor, which has no "
+                               "version counter to guard its values by; pass it as an argument")
+        self.add(value, dataclasses.replace(node, check=TENSOR, expect=value,
+                                            length=value._version), _tensor_words(value))
+
+
+@functools.cache
+def _op_types() -> tuple:
+    """Operators (a ``torch.library.custom_op``, ``triton_op``, ``torch.ops`` packets): their
+    calls are steps of the plan, which the dispatcher serves on every call; checked by
+    identity."""
+    from torch._library.custom_ops import CustomOpDef
+
+    return (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+
+
+def _by_id(value) -> bool:
+    return isinstance(value, (_BY_ID, logging.Logger, *_op_types())) or \
+        bool(_kernel_fns(value)) or \
+        type(value).__name__ == "JitFunction"
+
+
+def build(reads: list[Read], fn) -> StateTree:
+    """The state tree of ``reads`` as they evaluate now (Note [State guards]).
+
+    Raises:
+        TridentError: a value read that no check can see the contents of (a numpy array, an
+            object with ``__slots__``), or more than ``MAX_NODES`` values."""
+    f = _StateFlattener()
+    trie: dict = {}  # (root, steps prefix) -> node index
+    for read in sorted(reads, key=lambda r: (repr(r.root), repr(r.steps))):
+        _add_read(f, trie, read, fn)
+    if len(f.nodes) > MAX_NODES:
+        raise TridentError("the function reads too much state to guard")
+    return StateTree(f.nodes, f.description)
+
+
+def _root_words(root: tuple, fn) -> str:
+    """A root in the state tree's description, which its digest hashes. An object of this
+    process (``("object", token)``: a globals dict of a module that ``sys.modules`` does not
+    hold, an object no module path reaches) is named with the process and the jitted
+    function's identity: another import of the same source (same function key, its own
+    globals) must not accept the specializations whose state was read from this one's."""
+    if root[0] != "object":
+        return "|".join(map(str, root))
+    return f"object {root[1]}:{PROCESS}:fn@{id(fn)}"
+
+
+def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
+    obj = _resolve_root(read.root, fn)
+    if obj is _MISSING:
+        raise TridentError(f"the state root {read.root} is gone")
+    key = (read.root,)
+    if key not in trie:
+        if read.root[0] in ("fn", "builtins"):
+            text = getattr(fn, "__qualname__", "fn") if read.root[0] == "fn" else "builtins"
+        else:
+            text = "" if read.root[1] == getattr(fn, "__module__", None) else read.root[1]
+        trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root, fn))
+    parent, parent_obj = trie[key], obj
+    came = None  # how the parent was read: (its parent, access, key, trie key)
+    library = False  # reading a library's module state (Note [Library state])
+    for n, step in enumerate(read.steps):
+        last = n == len(read.steps) - 1
+        value = _step(parent_obj, step)
+        if not library and isinstance(parent_obj, types.ModuleType) and \
+                frames.library_module(parent_obj) and value is not os.environ:
+            if parent_obj is builtins:
+                return  # builtins: fixed (a global that would shadow one is ABSENT)
+            library = True
+        if library:
+            if _library_step(f, trie, key, parent, parent_obj, step, value, last):
+                key = key + (step,)
+                parent, parent_obj = trie[key], value
+                continue
+            return
+        if value is _STOP and isinstance(parent_obj, types.ModuleType) and \
+                type(parent_obj) is types.ModuleType and step[0] == "attr":
+            # a module's __getattr__ (PEP 562) serves it: it runs in the trace (its reads are
+            # chains) while the name stays unbound in the module
+            kid = key + (step,)
+            if kid not in trie:
+                trie[kid] = f.add(None, Node(parent, GETATTR, step[1], ABSENT, None, 0,
+                                             _path_text(f.nodes[parent].path, step)), "absent")
+            return
+        if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
+            if came is not None:  # object it is read from, whole
+                grand, access, k, pkey = came
+                _use(f, trie, pkey, parent_obj, grand, access, k, f.nodes[parent].path)
+            return
+        if step[0] == "cell":
+            access, k = CELL, None
+        elif step[0] == "attr":
+            access, k = GETATTR, step[1]
+        else:
+            access, k = GETITEM, step[1]
+            if parent_obj is os.environ:  # its items, as bytes: os.environ._data
+                env = os.environ._data
+                kid = key + (("attr", "_data"),)
+                if kid not in trie:
+                    trie[kid] = f.add(env, Node(parent, GETATTR, "_data", TYPE, dict, 0,
+                                                f.nodes[parent].path), "type dict")
+                parent, parent_obj, key = trie[kid], env, kid
+                k = os.environ.encodekey(step[1])
+        key = key + (step,)
+        path = _path_text(f.nodes[parent].path, step)
+        if value is _MISSING:
+            if key not in trie:
+                trie[key] = f.add(None, Node(parent, access, k, ABSENT, None, 0, path), "absent")
+            return
+        if last and read.whole:
+            _use(f, trie, key, value, parent, access, k, path, (parent_obj, f.nodes[parent].path))
+            return
+        if key not in trie:
+            trie[key] = f.add(value, _through(value, parent, access, k, path),
+                              _through_words(value))
+        came = (parent, access, k, key)
+        parent, parent_obj = trie[key], value
+
+
+# Note [Library state]: a library's code and its module state are taken as fixed (its reads
+# are not chains), but what user code reads from a library module is guarded, since users
+# patch it: `F.gelu = torch.tanh`, `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
+# Modules and classes are read through by identity, functions and other objects are checked by
+# identity (not read into: their contents are the library's), numbers and strings by value.
+# torch's global module hooks are checked whole (a hook registered later is seen), and a flag
+# that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
+# `ContextProp`) is read by calling its getter in C; any other value a library module serves
+# through Python code (a config module's `__getattr__`, a module-level `__getattr__`) is not
+# followed: the function runs eagerly.
+_WHOLE_LIBRARY_STATE = {
+    "torch.nn.modules.module": ("_global_backward_pre_hooks", "_global_backward_hooks",
+                                "_global_forward_hooks", "_global_forward_hooks_always_called",
+                                "_global_forward_hooks_with_kwargs", "_global_forward_pre_hooks",
+                                "_global_is_full_backward_hook"),
+}
+
+
+def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, parent_obj, step,
+                  value, last: bool) -> bool:
+    """One step of a chain in a library's state (Note [Library state]): the node it makes;
+    True where the chain reads on through ``value`` (a module, a class, a getter's call).
+
+    Raises:
+        TridentError: a torch.backends value that Python code serves."""
+    name = step[1] if len(step) > 1 else ""
+    path = _path_text(f.nodes[parent].path, step)
+    if value is _STOP and step[0] == "attr":
+        prop = inspect.getattr_static(type(parent_obj), name, None)
+        getter = getattr(prop, "getter", None)
+        if type(prop).__name__ == "ContextProp" and _is_getter(getter):
+            root = (("getter", id(getter)),)
+            if root not in trie:
+                trie[root] = f.add(getter, Node(-1, ROOT, getter, ID, getter, 0,
+                                                getter.__name__), identity_words(getter))
+            call = root + (("call",),)
+            if call not in trie:
+                f.visit(getter(), trie[root], GETATTR, (), path, True)
+                trie[call] = len(f.nodes) - 1
+            return False
+        if isinstance(parent_obj, types.ModuleType):  # a config module, a module __getattr__
+            raise TridentError(f"the function reads {path}, which the library serves through "
+                               "Python code that no guard follows")
+        return False
+    if value is _STOP or value is _MISSING:
+        return False
+    access, k = (GETATTR, ()) if step[0] == "call" else (
+        (GETATTR, name) if step[0] == "attr" else (GETITEM, name))
+    key = key + (step,)
+    if key in trie:
+        return not last and isinstance(value, (types.ModuleType, type))
+    if name in _WHOLE_LIBRARY_STATE.get(getattr(parent_obj, "__name__", None), ()):
+        before = len(f.nodes)
+        f.visit(value, parent, access, k, path, True)
+        trie[key] = before
+        return False
+    if isinstance(value, (types.ModuleType, type)) and not last:
+        trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        return True
+    if type(value) in (list, dict, tuple) and not last and step[0] != "call":
+        # a library's container read into (sys.argv[1]): its items, by their own kind
+        trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
+                          f"type {type(value).__name__}")
+        return True
+    if isinstance(value, types.MethodType) or (isinstance(
+            value, types.BuiltinMethodType) and not isinstance(
+                value.__self__, types.ModuleType) and value.__self__ is not None):
+        # made anew at each read (a classmethod, a method of a library object): what it binds
+        me = trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
+                               "method")
+        for attr in ("__func__", "__self__"):
+            if hasattr(value, attr):
+                part = getattr(value, attr)
+                f.add(part, Node(me, GETATTR, attr, ID, part, 0, f"{path}.{attr}"),
+                      _words(part))
+        return False
+    if type(value) in _CONSTS and (step[0] == "call" or not callable(value)):
+        f.visit(value, parent, access, k, path, True)
+        trie[key] = len(f.nodes) - 1
+        return False
+    trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+    return not last and _is_getter(value)  # sys.getrecursionlimit, then its call
+
+
+def _path_text(parent: str, step: tuple) -> str:
+    if step[0] == "call":
+        return f"{parent}()"
+    if step[0] == "attr":
+        return f"{parent}.{step[1]}" if parent else step[1]
+    if step[0] == "cell":
+        return f"{parent}.cell_contents"
+    return f"{parent}[{step[1]!r}]"
+
+
+def _through(value, parent: int, access: int, key, path: str) -> Node:
+    """A node a chain reads through: the object itself (modules, classes, functions, cells),
+    or its exact type (containers and other objects, read again on every call)."""
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.CellType)) or \
+            _by_id(value):
+        return Node(parent, access, key, ID, value, 0, path)
+    return Node(parent, access, key, TYPE, type(value), 0, path)
+
+
+def _through_words(value) -> str:
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.CellType)) or \
+            _by_id(value):
+        return "cell" if isinstance(value, types.CellType) else _words(value)
+    return f"type {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access, k,
+         path: str, owner: tuple = (None, "")) -> None:
+    """``value`` used whole: its contents guarded, as an argument tree guards an argument.
+    ``owner``: the object ``value`` was read from, and its path (a method's ``__self__`` that
+    is its owner is named by the owner's path: ``S``, not ``S.item.__self__``)."""
+    whole = key + ("whole",)
+    if whole in trie:
+        return
+    if isinstance(value, types.MethodType):  # obj.method: the function and its object
+        me = f.add(value, Node(parent, access, k, TYPE, types.MethodType, 0, path), "method")
+        trie[whole] = me
+        _use(f, trie, whole + ("f",), value.__func__, me, GETATTR, "__func__", f"{path}.__func__")
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
+        return
+    if isinstance(value, functools.partial):
+        me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "partial")
+        trie[whole] = me
+        for attr in ("func", "args", "keywords"):
+            _use(f, trie, whole + (attr,), getattr(value, attr), me, GETATTR, attr,
+                 f"{path}.{attr}")
+        return
+    if isinstance(value, types.BuiltinMethodType) and not isinstance(
+            value.__self__, types.ModuleType) and value.__self__ is not None:
+        # a C method of an object (d.items, lst.copy): the object, whole
+        me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
+        trie[whole] = me
+        _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
+             owner[1] if owner[1] and value.__self__ is owner[0] else f"{path}.__self__")
+        return
+    if _by_id(value):
+        trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
+                                 _words(value))
+        if isinstance(value, type) and frames.user_class(value):
+            # a user class used whole may reach a local the scan does not follow (returned
+            # by a call: c = pick(); c.k): its numbers and strings, through its MRO
+            names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
+                     if not (n.startswith("__") and n.endswith("__"))}
+            for name in sorted(names):
+                data = _step(value, ("attr", name))
+                if type(data) in _CONSTS and (whole + ("attr", name)) not in trie:
+                    trie[whole + ("attr", name)] = len(f.nodes)
+                    f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
+        return
+    before = len(f.nodes)
+    try:
+        f.visit(value, parent, access, k, path, True)
+    except RecursionError:
+        raise TridentError(f"the global {path} is nested too deeply to guard") from None
+    trie[whole] = before
