@@ -1,8 +1,8 @@
 """The package's layout holds: every import (at module level or inside a function) points down
 the pipeline, no two modules import each other in a loop, and files stay small.
 
-Layers, from the base up: errors and config; identity, interrupts and the native runtime's
-loader; ``ir`` (pure data); ``lower`` (from a call to a specialization); ``codegen`` (the one
+Layers, from the base up: errors and config; identity, frames (Note [User code]), interrupts
+and the native runtime's loader; ``ir`` (pure data); ``lower`` (from a call to a specialization); ``codegen`` (the one
 writer of C); ``build``; ``frontend``; the package's face and its command line.
 """
 
@@ -16,7 +16,7 @@ from _trident_helpers import REPO
 PACKAGE = REPO / "trident"
 LAYERS = [
     ("trident.errors", "trident.config"),
-    ("trident.identity", "trident.interrupts", "trident.runtime"),
+    ("trident.identity", "trident.frames", "trident.interrupts", "trident.runtime"),
     ("trident.ir",),
     ("trident.lower",),
     ("trident.codegen",),

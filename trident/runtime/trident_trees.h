@@ -1,8 +1,9 @@
 /*
  * trident_trees.h: the codes of argument trees, state trees and output recipes, as the
- * runtime reads them (Note [Argument trees] in trees.cpp) and as Python writes them: ir/trees.py
- * and lower/state/tree.py take these values from `runtime.ABI`, which reads them from this header (every
- * enumerator is written `TRT_X = N` for that), so they are defined here alone.
+ * runtime reads them (Note [Argument trees] in trees.cpp) and as Python writes them:
+ * ir/trees.py and lower/state/tree.py take these values from `runtime.ABI`, which reads them
+ * from this header (every enumerator is written `TRT_X = N` for that), so they are defined here
+ * alone.
  */
 #ifndef TRIDENT_TREES_H
 #define TRIDENT_TREES_H
