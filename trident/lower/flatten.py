@@ -42,24 +42,22 @@ namedtuples, ``torch.return_types`` struct sequences, dataclasses and transforme
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import functools
 import hashlib
 import inspect
 import types
-import weakref
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
-from trident.ir.trees import (ABSENT, ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT,
+from trident.ir.trees import (ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT,
                               ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST,
                               R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT, R_STRUCTSEQ, R_TUPLE,
-                              R_VALUE, SAME, SELF, SEQ, TENSOR, TYPE, _BY_ID, _CONSTS, _SCALARS,
+                              R_VALUE, SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS,
                               _SLICE_BOUNDS, ArgTree, Binding, Node, OutputRecipe)
 
 # ---- flattening ------------------------------------------------------------------------------

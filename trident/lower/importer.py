@@ -20,7 +20,7 @@ from torch_mlir.extras.fx_importer import ContextCache, FxImporter, GraphNodeImp
 import torch
 
 from trident import config
-from trident.lower.capture import source_line
+from trident.lower.source_lines import source_line
 
 
 TRITON_LAUNCH = "trident.triton_launch"

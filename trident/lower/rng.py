@@ -44,6 +44,7 @@ import functools
 import threading
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from trident.errors import TridentError
 from trident.ir.operands import Device
@@ -209,3 +210,14 @@ _STEPS = {("cpu", "manual_seed"): _manual_seed, ("cpu", "get_rng_state"): _get_r
           ("cuda", "manual_seed_all"): _cuda_manual_seed_all,
           ("cuda", "get_rng_state"): _cuda_get_rng_state,
           ("cuda", "set_rng_state"): _cuda_set_rng_state}
+
+
+def generator_states() -> bytes:
+    """The CPU and (once initialized) CUDA generators' states, read outside the trace's modes
+    (from the generators: while tracing, ``torch.get_rng_state`` is a step, Note [Random state
+    steps])."""
+    with _disable_current_modes():
+        states = [torch.default_generator.get_state()]
+        if torch.cuda.is_initialized():
+            states += [g.get_state() for g in torch.cuda.default_generators]
+        return b"".join(bytes(s.numpy()) for s in states)

@@ -1,0 +1,186 @@
+"""Source lines while tracing (Note [Source lines]): each node is tagged with the user's line
+that made its torch call, what a call reads or writes that no guard covers is refused, and a
+torch call inside a ``try`` is recorded (Note [Errors inside try])."""
+
+from __future__ import annotations
+
+import dis
+import functools
+import linecache
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch.overrides import TorchFunctionMode
+
+from trident import frames, runtime
+from trident.errors import TridentError
+from trident.lower import collectives, rng
+
+
+def _user_frame() -> traceback.FrameSummary | None:
+    """The user's line (Note [User code] in frames.py): the innermost frame, from the caller's
+    caller out, that is neither Trident's, torch's nor a frozen module's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not frames.trident_file(filename) and not frames.torch_file(filename) and \
+                not frames.frozen_file(filename):
+            line = linecache.getline(filename, frame.f_lineno).strip()
+            return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
+                                          line=line)
+        frame = frame.f_back
+    return None
+
+
+# Facts of a tensor's memory that no guard covers (guards.py guards sizes, strides and 16-byte
+# alignment, not where a view starts in its storage or which tensor it views).
+_UNGUARDED_READS = {
+    "storage_offset()": torch.Tensor.storage_offset, "data_ptr()": torch.Tensor.data_ptr,
+    "untyped_storage()": torch.Tensor.untyped_storage, "storage()": torch.Tensor.storage,
+    "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
+    "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
+}
+# Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
+# ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
+_UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
+
+
+class _SourceLines(TorchFunctionMode):
+    """Tags every node created inside a torch call with the user's line that made the call.
+
+    While the traced function itself runs (``in_user_code``), a read of one of
+    ``_UNGUARDED_READS`` raises TridentError: the specialization would bake in one call's
+    answer, so the function runs eagerly instead. A TorchFunctionMode sees the read however it
+    is spelled (``x.storage_offset()``, ``torch.Tensor.storage_offset(x)``, code made by
+    ``exec``); torch's own reads while making fake tensors happen outside that window.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.in_user_code = False
+        self.rng: bytes | None = None  # the generators' state when the function was entered
+        self.rng_set = False  # a torch call ran while they were in another state
+        self.catching = ""  # Note [Errors inside try]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.in_user_code:
+            if not self.rng_set and self.rng is not None:  # Note [Global side effects]
+                self.rng_set = rng.generator_states() != self.rng
+            if not self.catching:
+                self.catching = _enclosing_try(sys._getframe(1))
+            for table, doing, why in ((_UNGUARDED_READS, "reads", "Trident does not guard"),
+                                      (_UNGUARDED_WRITES, "assigns", "a compiled call would not")):
+                for name, unguarded in table.items():
+                    if func == unguarded:
+                        frame = _user_frame()
+                        where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                        raise TridentError(f"the function {doing} a tensor's {name}{where}, "
+                                           f"which {why}")
+            remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
+            if remapped is not None:
+                func, args, kwargs = remapped
+            func = _bool_results().get(func, func)  # Note [Bool results]
+        _tag_nodes(_user_frame())
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _bool_results() -> dict:
+    """Note [Bool results]: ``aten::equal`` and ``aten::allclose`` return a C++ bool, which a
+    trace on fake tensors cannot know (``DataDependentOutputException``). While tracing,
+    ``torch.equal`` and ``torch.allclose`` (functions and methods) call the runtime's
+    ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
+    bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
+    the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
+    function that branches on it cannot be traced and runs eagerly. (Composite ops
+    that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
+    ops = runtime.operators()
+
+    def bool_result(op):
+        def call(*args, **kwargs):
+            if "input" in kwargs:  # the Python binding's name of ``self``
+                kwargs = dict(kwargs, self=kwargs.pop("input"))
+            return op(*args, **kwargs).item()
+        return call
+
+    return {torch.equal: bool_result(ops.equal), torch.Tensor.equal: bool_result(ops.equal),
+            torch.allclose: bool_result(ops.allclose),
+            torch.Tensor.allclose: bool_result(ops.allclose)}
+
+
+def _enclosing_try(frame) -> str:
+    """Note [Errors inside try]: a trace runs on fake tensors, which raise no error that only a
+    real kernel raises (an int tensor to a negative power, a missing kernel for a dtype, an
+    index out of range), so the trace cannot see which ``except`` branch eager would take. This
+    finds, among the user's frames between a torch call and the traced function (torch's own
+    frames skipped), one that is inside a ``try`` whose handler may catch (``except E``, a bare
+    ``except``; not ``finally``, not ``with``): "file.py:LINE" of the frame, or "".
+
+    A specialization traced so runs natively; a step that fails on a call before anything the
+    call did is visible (no write to memory the caller sees, no random draw:
+    ``plan.rerun_eagerly``) makes that call run eagerly, which takes eager's branch; a later step's
+    error is raised (as a TridentError). Every specialization does so, inside a ``try``
+    or not: a call that fails early raises eager's own exception (its message, its traceback)
+    whatever the guards did or did not check (torch 2.11's trace of ``x.select(0, 4)`` on a
+    symbolic dim adds no guard ``size > 4`` that torch 2.13's adds). The "file.py:LINE" found here
+    names the ``try`` in the warning."""
+    seen_user = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if frames.trident_file(filename):  # Trident's frame: the trace's root
+            if seen_user:
+                return ""
+        elif not frames.torch_file(filename) and not frames.frozen_file(filename):
+            seen_user = True
+            if any(start <= frame.f_lasti < end for start, end in _catching_ranges(frame.f_code)):
+                return f"{Path(filename).name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _catching_ranges(code) -> tuple[tuple[int, int], ...]:
+    """Byte ranges of ``code`` whose exception handler may catch: its first instructions test
+    the exception's class (``CHECK_EXC_MATCH``) or drop it (a bare ``except``). Python 3.10
+    has no exception table: any ``try`` counts, over the whole function."""
+    if sys.version_info < (3, 11):
+        return ((0, len(code.co_code)),) if any(
+            i.opname == "SETUP_FINALLY" for i in dis.get_instructions(code)) else ()
+    instructions = list(dis.get_instructions(code))
+    at = {ins.offset: k for k, ins in enumerate(instructions)}
+    ranges = []
+    for entry in dis.Bytecode(code).exception_entries:
+        k = at.get(entry.target)
+        if k is None or instructions[k].opname != "PUSH_EXC_INFO":
+            continue  # a cleanup handler (it re-raises)
+        for ins in instructions[k + 1:]:
+            if ins.opname in ("CHECK_EXC_MATCH", "CHECK_EG_MATCH") or (
+                    ins.opname == "POP_TOP" and ins.offset == instructions[k + 1].offset):
+                ranges.append((entry.start, entry.end))
+                break
+            if ins.opname in ("RERAISE", "POP_EXCEPT", "WITH_EXCEPT_START"):
+                break
+    return tuple(ranges)
+
+
+# Note [Source lines]: every node made inside a torch call is tagged with the user's line that
+# made the call, as data: ``("file.py:12", "y = x + 1")`` in the node's ``custom`` metadata,
+# which ``make_fx`` copies onto the nodes it creates (torch.fx.proxy's _COPY_META_FIELDS). The
+# importer makes it each op's MLIR location (a name location whose child holds the text) and
+# plan reads both names back; nothing parses a formatted stack trace.
+SOURCE = "trident.source"
+
+
+def _tag_nodes(summary: traceback.FrameSummary | None) -> None:
+    if summary is not None and fx_traceback.has_preserved_node_meta():
+        fx_traceback.current_meta["custom"] = {
+            SOURCE: (f"{Path(summary.filename).name}:{summary.lineno}", summary.line or "")}
+
+
+def source_line(node: torch.fx.Node) -> tuple[str, str]:
+    """``("file.py:12", "y = x + 1")``: the line Note [Source lines] tagged ``node`` with, or
+    ``("?", "")``."""
+    return tuple((node.meta.get("custom") or {}).get(SOURCE, ("?", "")))
