@@ -11,7 +11,7 @@ Cases:
               float32 tensors: nearly all host overhead.
     views40   40 view ops (``t``, ``unsqueeze``, ``squeeze``, ``transpose``, ten times) and one
               add on float32[16, 16]: eager's dispatcher per view against views computed in C
-              (Note [Views in C] in trident/plan.py).
+              (Note [Views in C] in trident/lower/plan.py).
     block     the transformer block of ``python -m trident.demo`` (benchmarks/demo.py), batch 1,
               decode-sized.
     head2, head24

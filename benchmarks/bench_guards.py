@@ -1,6 +1,6 @@
 """``python3 -m benchmarks.bench_guards``: what each kind of state guard costs per call, in C.
 
-Note [State guards] (trident/state.py) checks what a function read outside its arguments
+Note [State guards] (trident/lower/state/) checks what a function read outside its arguments
 before every call. This micro-benchmark installs state trees of ``--reads`` reads of one kind
 each on a dispatcher and times ``_state_failure()``, which runs the same C (``state_holds``)
 as the hit path; a kind's cost is (time with its tree - time with no tree) / reads, the fastest

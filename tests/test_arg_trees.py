@@ -1,4 +1,4 @@
-"""Note [Argument trees] (trident/flatten.py): calls bound and flattened natively, results rebuilt.
+"""Note [Argument trees] (trident/lower/flatten.py): calls bound and flattened natively, results rebuilt.
 
 Each test is one kind of fault found by an adversarial pass: the call must return what eager
 returns (values, types, identity, the arguments' state afterwards) or run eagerly with a warning.

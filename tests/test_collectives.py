@@ -1,5 +1,5 @@
 """Collectives inside a Trident function (Note [Collectives], Note [Process group guard] in
-trident/collectives.py): two gloo ranks on the CPU, started with torch.multiprocessing; each
+trident/lower/collectives.py): two gloo ranks on the CPU, started with torch.multiprocessing; each
 rank compares every result with the same program run eagerly (tests/_tp_worker.py)."""
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_stored_specializations_read_back_as_written(case):
     assert [Specialization.from_json(d).to_json() for d in data] == data
 
 
-# one operand of each kind (trident/operands.py), with edge values
+# one operand of each kind (trident/ir/operands.py), with edge values
 OPERANDS = [Arg(0), Val(3), List(4), Item(4, 1), Scalar(2), Drop(), Int(-2**63), Float(-0.0),
             Float(float("inf")), Bool(False), Str('a "quoted" */ string'), NoneConst(),
             Device(1, 0), Ints((2, -1)), Ints(()), Floats((0.1, 1e300)), Bools((True, False)),

@@ -3,7 +3,7 @@
 Tiny random configs (hidden 64, 2 layers) of real architectures: ``trident.jit`` of the module
 and of ``model.forward``, ``torch.compile(backend="trident")``, and transformers' own switch
 ``generation_config.compile_config = CompileConfig(backend="trident")``. Tokens and every
-step's logits are compared with ``torch.equal`` (Note [Argument trees] in trident/flatten.py).
+step's logits are compared with ``torch.equal`` (Note [Argument trees] in trident/lower/flatten.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Eager Triton on CPU tensors has no driver here ("0 active drivers"), so Trident runs CPU
 launches through Triton's interpreter, served or eager; references are torch expressions that
 the kernels compute exactly, or, under ``TRITON_INTERPRET=1`` (Note [Interpreted kernels] in
-trident/kernels.py), Triton's own interpreted launch.
+trident/lower/kernels.py), Triton's own interpreted launch.
 """
 
 from __future__ import annotations

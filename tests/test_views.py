@@ -1,4 +1,4 @@
-"""Views computed in C (Note [Views in C] in trident/plan.py).
+"""Views computed in C (Note [Views in C] in trident/lower/plan.py).
 
 The C arithmetic of every view op (trident/runtime/trident_views.h) is checked against eager
 PyTorch on random geometries; compiled functions are checked for values (``torch.equal``), for

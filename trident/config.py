@@ -7,12 +7,12 @@ Environment variables:
     TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
     TRIDENT_LOCK_TIMEOUT  seconds to wait for a build lock another process holds (600).
     TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
-                        graph of them (Note [CUDA graphs] in trident/graphs.py); default `1`.
+                        graph of them (Note [CUDA graphs] in trident/frontend/graphs.py); default `1`.
     TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
-                        a CUDA graph (Note [Graphs per size] in trident/graphs.py); default 64.
+                        a CUDA graph (Note [Graphs per size] in trident/frontend/graphs.py); default 64.
     TRIDENT_CACHE_SIZE  bound of the cached functions' size on disk, in bytes, or with a
                         binary suffix (``512M``, ``2G``); default 2G. ``CACHE_SIZE`` below, when
-                        set, takes precedence (Note [Cache size] in trident/cache.py).
+                        set, takes precedence (Note [Cache size] in trident/frontend/cache.py).
 """
 
 from __future__ import annotations

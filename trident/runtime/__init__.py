@@ -123,7 +123,7 @@ def load():
 @functools.cache
 def operators():
     """The runtime's ``trident::`` operators (operators.cpp), with their fake kernels for traces:
-    the random state steps (Note [Random state steps] in trident/rng.py) and the bool results of
+    the random state steps (Note [Random state steps] in trident/lower/rng.py) and the bool results of
     ``equal`` and ``allclose`` as 0-dim bool tensors (Note [Bool results] in capture.py).
     Returns ``torch.ops.trident``."""
     load()

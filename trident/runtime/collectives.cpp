@@ -1,5 +1,5 @@
 // collectives.cpp: what the runtime does for torch.distributed: the synchronous all-reduce
-// (Note [Synchronous all-reduce] in trident/collectives.py) and the process group fact that
+// (Note [Synchronous all-reduce] in trident/lower/collectives.py) and the process group fact that
 // guards read (Note [Process group guard] there).
 
 #include "runtime_internal.h"
@@ -21,7 +21,7 @@ struct has_async_op : std::false_type {};
 template <typename O>
 struct has_async_op<O, std::void_t<decltype(std::declval<O&>().asyncOp)>> : std::true_type {};
 
-// Note [Synchronous all-reduce] in trident/collectives.py: all_reduce_(t, op, group) as
+// Note [Synchronous all-reduce] in trident/lower/collectives.py: all_reduce_(t, op, group) as
 // dist.all_reduce(t, op, group) runs it: the group's allreduce with asyncOp off (NCCL then works
 // on the caller's stream), then Work::wait. False: an op name this does not map (the boxed op).
 bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets) {
@@ -50,7 +50,7 @@ bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets) {
 }
 #endif
 
-// Note [Process group guard] in trident/collectives.py: the default process group as
+// Note [Process group guard] in trident/lower/collectives.py: the default process group as
 // "<name>:<rank>/<size>", "" when none is initialized; `fact()` there is the Python twin. Read
 // from torch.distributed.distributed_c10d._world.__dict__["_default_pg"] (a dict lookup per
 // call); the text is made again only when that object changes. The last group is held by a weak

@@ -16,7 +16,7 @@
 
 namespace {
 
-// Note [Random state steps] (trident/rng.py): torch.manual_seed, torch.get_rng_state and
+// Note [Random state steps] (trident/lower/rng.py): torch.manual_seed, torch.get_rng_state and
 // torch.set_rng_state (and their torch.cuda twins) as operators a plan calls, on the default
 // generators, at the point where the function called them. Each holds the generator's mutex, as
 // torch's Python bindings do (Note [Acquire lock when using random generators] in ATen).
@@ -54,7 +54,7 @@ void op_set_rng_state(const at::Tensor& state, c10::Device device) {
   gen.set_state(state);
 }
 
-// Note [Bool results] (trident/capture.py): aten::equal and aten::allclose return a C++ bool,
+// Note [Bool results] (trident/lower/capture.py): aten::equal and aten::allclose return a C++ bool,
 // which a trace on fake tensors cannot know; as a 0-dim bool tensor it is a value of the plan,
 // read by aten::_local_scalar_dense as `.item()` is.
 at::Tensor op_equal(const at::Tensor& self, const at::Tensor& other) {

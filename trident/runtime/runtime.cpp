@@ -20,7 +20,7 @@
 #include "shim.cpp"         // the trt_api services, the pending error (Note [No exception
                             // crosses the ABI])
 #include "unboxed.cpp"      // Note [Unboxed calls]
-#include "views.cpp"        // views computed in C (Note [Views in C] in trident/plan.py)
+#include "views.cpp"        // views computed in C (Note [Views in C] in trident/lower/plan.py)
 #include "collectives.cpp"  // the synchronous all-reduce, the process group fact
 #include "args.cpp"         // reading arguments and the environment, building results
 #include "trees.cpp"        // Note [Argument trees]: binding, node reads and checks, programs

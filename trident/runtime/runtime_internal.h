@@ -30,7 +30,7 @@ struct trt_op {
   // worker thread may drop the last reference to a tensor that has a Python object, which takes
   // the GIL, while wait_tensor waits for that thread, so holding the GIL there deadlocks.
   bool release_gil = false;
-  // Note [Synchronous all-reduce] in trident/collectives.py: _c10d_functional::all_reduce_ is
+  // Note [Synchronous all-reduce] in trident/lower/collectives.py: _c10d_functional::all_reduce_ is
   // served by the process group's allreduce with asyncOp off, as dist.all_reduce(t) does.
   bool sync_all_reduce = false;
   // Note [Unboxed calls]: the operator's c10::TypedOperatorHandle and the function that calls
@@ -76,7 +76,7 @@ void from_ivalue(c10::IValue&& iv, trt_value* out);
 std::string unboxed_kinds(const c10::FunctionSchema& schema);
 void set_unboxed(trt_op* op);
 
-// views.cpp: Note [Views in C] (trident/plan.py)
+// views.cpp: Note [Views in C] (trident/lower/plan.py)
 int api_view_of(trt_tensor* handle, trt_view* out) noexcept;
 trt_tensor* api_view_tensor(const trt_view* view, int32_t how) noexcept;
 

@@ -5,7 +5,7 @@
 
 namespace {
 
-// ---- Note [Argument trees] (trident/flatten.py) --------------------------------------------
+// ---- Note [Argument trees] (trident/lower/flatten.py) --------------------------------------------
 //
 // A call's arguments are bound to the function's parameters here, as Python binds them, and
 // each installed tree is evaluated over the bound values: every node reads its value from its

@@ -186,7 +186,7 @@ static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx,
 /* ---- batched copies ---------------------------------------------------------------------
  *
  * A graph replay copies each copied-in argument into the graph's buffer and each written one
- * back (Note [CUDA graphs] in trident/graphs.py). A Hugging Face generate makes a new static
+ * back (Note [CUDA graphs] in trident/frontend/graphs.py). A Hugging Face generate makes a new static
  * cache per call, so every layer's keys, values and position are copied in and back at every
  * token: one cuMemcpyAsync each cost about as much host time as the rest of the hit together.
  * trt_copy_buffers issues them as launches of one small kernel instead, TRT_COPY_BATCH copies
@@ -274,7 +274,7 @@ static int trt_copy_buffers(int device, CUstream stream, const trt_copy* copies,
   return 0;
 }
 
-/* ---- CUDA graph replay (Note [CUDA graphs] in trident/graphs.py) ----------------------- */
+/* ---- CUDA graph replay (Note [CUDA graphs] in trident/frontend/graphs.py) ----------------------- */
 
 /* trt_graph_replay's answers */
 enum { TRT_GRAPH_NONE = 0, TRT_GRAPH_REPLAYED = 1, TRT_GRAPH_CAPTURE = 2, TRT_GRAPH_FAILED = 3 };

@@ -90,14 +90,14 @@ typedef struct trt_value {
 } trt_value;
 
 /* Results that the SCM hands back to the dispatcher for one call. `spec` says how to rebuild the
- * user's output structure from `outs` (Note [Output spec] in trident/plan.py). */
+ * user's output structure from `outs` (Note [Output spec] in trident/lower/plan.py). */
 typedef struct trt_result {
   const char* spec;
   int32_t nouts;
   trt_value outs[TRT_MAX_OUTS];
 } trt_result;
 
-/* One specialization's CUDA graphs (Note [CUDA graphs] in trident/graphs.py): one graph for a
+/* One specialization's CUDA graphs (Note [CUDA graphs] in trident/frontend/graphs.py): one graph for a
  * static specialization, one per concrete size for a symbolic one. Owned by the function's
  * Dispatcher, not by the SCM: two functions built from the same source share one SCM.
  * Each of `descs` (int64 words, written by graphs.py):
@@ -174,7 +174,7 @@ static inline int trt_graph_seen_before(trt_graph* g, uint64_t h) {
   return 0;
 }
 
-/* A view computed in C (Note [Views in C] in trident/plan.py): the size, stride and storage
+/* A view computed in C (Note [Views in C] in trident/lower/plan.py): the size, stride and storage
  * offset arithmetic of a view op, with no tensor made until a kernel or the caller needs one.
  * `base` is borrowed: the tensor whose storage (and, once materialized, autograd base) the view
  * shares; the launch sequence keeps it alive while the view is used. */
@@ -211,7 +211,7 @@ typedef struct trt_env {
   int32_t transforms;     /* a torch.func transform (vmap, grad, functionalize) is active */
   int32_t function_modes; /* a TorchFunctionMode (torch.set_default_device, ...) is active */
   /* the default process group, "<name>:<rank>/<size>", "" when none (Note [Process group
-   * guard] in trident/collectives.py); owned by the runtime */
+   * guard] in trident/lower/collectives.py); owned by the runtime */
   const char* process_group;
   int32_t num_threads;    /* torch.get_num_threads() */
   uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
@@ -241,7 +241,7 @@ typedef struct trt_api {
   /* Prefix the pending error with where it happened (the user's source line). */
   void (*set_error)(const char* where, const char* message);
   /* A new, uninitialized CUDA tensor (at::empty_strided): a CUDA graph's outputs are copied
-   * into these (Note [CUDA graphs] in trident/graphs.py). NULL on failure. */
+   * into these (Note [CUDA graphs] in trident/frontend/graphs.py). NULL on failure. */
   trt_tensor* (*empty_strided)(int32_t dim, const int64_t* sizes, const int64_t* strides,
                                int32_t dtype, int32_t device_index);
   /* Note [Views in C]: a tensor's geometry as a trt_view whose base is `t` (borrowed); non-zero
@@ -278,7 +278,7 @@ static inline int trt_streq(const char* a, const char* b) {
   return *a == *b;
 }
 
-/* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/plan.py). */
+/* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/lower/plan.py). */
 static inline int64_t trt_floordiv(int64_t a, int64_t b) {
   int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;

@@ -1,6 +1,6 @@
 /*
  * trident_views.h: the size, stride and storage-offset arithmetic of ATen's view ops, for
- * Specialization Cache Modules (Note [Views in C] in trident/plan.py).
+ * Specialization Cache Modules (Note [Views in C] in trident/lower/plan.py).
  *
  * Each function mirrors the ATen kernel named above it (aten/src/ATen/native/TensorShape.cpp,
  * TensorUtils.cpp, ExpandUtils.cpp, InferSize.h; PyTorch 2.11-2.13) and writes the view of

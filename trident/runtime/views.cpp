@@ -9,7 +9,7 @@
 
 namespace {
 
-// Note [Views in C] (trident/plan.py): a tensor's geometry, and tensors of computed views.
+// Note [Views in C] (trident/lower/plan.py): a tensor's geometry, and tensors of computed views.
 int api_view_of(trt_tensor* handle, trt_view* out) noexcept try {
   const at::Tensor& t = as_tensor(handle);
   int64_t dim = t.dim();
