@@ -169,3 +169,12 @@ def test_output_count_never_overflows_the_result_buffer():
         out = jf(torch.ones(1))
     indices = [int(i) for i in re.findall(r"out->outs\[(\d+)\]", jf.source())]
     assert all(i < max_outs for i in indices)
+
+
+def test_each_device_type_target_is_a_target():
+    """Codegen's targets (one module per device type) have what render asks of a target."""
+    from trident.codegen import cpu, cuda
+    from trident.codegen.target import Target
+
+    for target in (cpu, cuda):
+        assert isinstance(target, Target), target.NAME

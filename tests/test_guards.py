@@ -302,10 +302,10 @@ def size_expressions(tmp_path_factory):
 
     import cffi
 
-    from trident.codegen import render as codegen
+    from trident.codegen.cprint import CPrinter
 
     exprs = _size_expressions(300)
-    body = "\n".join(f"    case {k}: return (int64_t)({codegen.CPrinter().doprint(e)});"
+    body = "\n".join(f"    case {k}: return (int64_t)({CPrinter().doprint(e)});"
                      for k, e in enumerate(exprs))
     source = f"""#include <stdint.h>
 #include "trident_rt.h"
@@ -331,7 +331,7 @@ int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, const int64_t* s1
 
 
 def test_size_expressions_in_c_agree_with_python(size_expressions):
-    """Each expression's C (codegen.CPrinter) and its Python twin (sizes.evaluate, which
+    """Each expression's C (codegen's CPrinter) and its Python twin (sizes.evaluate, which
     SizeRelation guards read) give the same value on random sizes, strides and offsets; its
     stored text reads back as the same expression."""
     exprs, module, ffi = size_expressions
@@ -365,9 +365,7 @@ def test_size_expression_text_is_read_without_eval():
             sizes.loads(text)
 
 
-def test_every_guard_kind_round_trips_through_json():
-    """Each guard kind is stored and read back as itself; an unknown kind raises KeyError (the
-    cache drops such an entry)."""
+def _one_guard_of_each_kind() -> set:
     examples = {ArgCount(3), Dtype(6, 1), Size(4, 0, 1), Stride(1, 0, 1), SameAs(0, 1),
                 FloatBits(float_bits(-0.0), 2), IntValue(7, 2), ProcessGroup(""),
                 SizeRelation(True, 0, sizes.dumps(sizes.place("size", 0, 0) >= 2))}
@@ -376,7 +374,33 @@ def test_every_guard_kind_round_trips_through_json():
     examples |= {kind(True) for kind in KINDS.values() if not issubclass(kind, ArgGuard)
                  and kind not in (ArgCount, ProcessGroup)}
     assert {type(g) for g in examples} == set(KINDS.values())
+    return examples
+
+
+def test_every_guard_kind_round_trips_through_json():
+    """Each guard kind is stored and read back as itself; an unknown kind raises KeyError (the
+    cache drops such an entry)."""
+    examples = _one_guard_of_each_kind()
     for g in examples:
         assert Guard.from_json(json.loads(json.dumps(g.to_json()))) == g
     with pytest.raises(KeyError):
         Guard.from_json({"field": "no such kind", "value": 1})
+
+
+def test_every_guard_kind_has_a_c_check():
+    """codegen's ``guard_c`` prints each kind's C check; a kind it does not know raises
+    ValueError instead of printing a check that always holds."""
+    from trident.codegen.guards import guard_c
+
+    for g in _one_guard_of_each_kind():
+        assert guard_c(g)
+    assert guard_c(IntValue(-2**63, 1)) == "a[1].i == (-9223372036854775807LL - 1)"
+    assert guard_c(Size(4, 0, 1)) == "a[0].sizes[1] == 4"
+    assert guard_c(Stride(1, 2, 0)) == "a[2].strides[0] == 1"
+    assert guard_c(ProcessGroup("g:0/2")) == 'trt_streq(env->process_group, "g:0/2")'
+
+    class NoCheck(Guard):
+        pass
+
+    with pytest.raises(ValueError):
+        guard_c(NoCheck(1))

@@ -731,7 +731,7 @@ import triton
 import triton.language as tl
 
 import trident
-from trident import sizes
+from trident.ir import sizes
 
 
 @triton.jit

@@ -1,40 +1,55 @@
 """The CPU target of codegen: what a Specialization Cache Module does differently when its
 tensors are on the CPU. Triton kernels run in Triton's interpreter, called back in Python
 (``trt_api.python_callback``); buffers are reused outside inference mode (Note [Buffer reuse]
-in plan.py). The CUDA target is ``target_cuda.py``; codegen asks ``targets.of`` for one.
+in plan.py). The CUDA target is ``cuda.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from trident.codegen.cprint import size_c
+from trident.codegen.target import Launch, Prologue, Renderer
 from trident.ir import operands
-from trident.codegen.cprint import c_comment, size_c
-from trident.codegen.target import CStep
 
 NAME = "cpu"
 HEADERS: tuple[str, ...] = ()
 REUSE = "!env->inference_mode"  # the C condition under which a step reuses its buffer
 
 
-def prologue(r) -> list[str]:
-    return []
+@dataclasses.dataclass(frozen=True)
+class InterpreterLaunch(Launch):
+    """A launch through Triton's interpreter: Python callback ``slot`` of the module's table,
+    called with ``args`` (``trt_value``s)."""
+
+    KIND = "callback"
+    slot: int
+
+    @property
+    def call(self) -> str:
+        return f"rt->python_callback(callbacks[{self.slot}], args, {len(self.args)})"
 
 
-def launch(r, index: int, s) -> CStep:
+def prologue(r: Renderer) -> Prologue:
+    return Prologue()
+
+
+def launch(r: Renderer, index: int, s) -> InterpreterLaunch:
     """A Triton launch through Triton's interpreter: a Python callback with the tensors, the
     scalars (sizes computed in C, Note [Symbolic launches] in kernels.py) and the grid."""
     launch = s.launch
     tensors = iter(s.args)
+    statements: list[str] = []
     values = []
     for p in launch["params"]:
         if p["kind"] == "tensor":
             tensor = next(tensors)
-            r.make_views(tensor, s)  # Note [Views in C]: the interpreter reads tensors
+            # Note [Views in C] in plan.py: the interpreter reads tensors
+            statements += r.view_tensors(tensor, s)
             values.append(r.operand(tensor))
         elif "size" in p:
             values.append(f"TRT_I({size_c(p['size'])})")
         elif p["kind"] == "scalar":
             values.append(r.operand(operands.constant(p["value"])))
     values += [f"TRT_I({g})" for g in r.grid(launch)]
-    r.callbacks.append(index)
-    return CStep("callback", s.where, c_comment(s.text), f"triton {s.overload}", r.locals,
-                 values, r.releases(s), slot=len(r.callbacks) - 1)
+    return InterpreterLaunch(tuple(statements), tuple(values), r.callback_slot(index))

@@ -2,17 +2,18 @@
 tensors are on a CUDA device. Triton kernels launch through the driver
 (``runtime/trident_cuda.h``: each cubin a ``trt_kernel``, loaded per device at its first
 launch, ``cuLaunchKernelEx`` on PyTorch's current stream); buffers are reused on the stream
-that made them (Note [Buffer reuse] in plan.py). The CPU target is ``target_cpu.py``.
+that made them (Note [Buffer reuse] in plan.py). The CPU target is ``cpu.py``.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 
 from trident.ir import sizes
 from trident.codegen.cprint import c_comment, c_float, c_string, size_c
-from trident.codegen.target import CStep
+from trident.codegen.target import Launch, Prologue, Renderer
 from trident.ir.operands import Arg, Item, Val
 
 NAME = "cuda"
@@ -20,6 +21,28 @@ HEADERS = ("trident_cuda.h",)
 REUSE = "reuse"  # set by the prologue: not in inference mode, on the buffers' stream
 _SCALARS = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
             "uint64_t"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverLaunch(Launch):
+    """A launch of cubin ``kernel`` (a ``trt_kernel`` variable) on CUDA device ``device`` with
+    grid ``grid`` (three C expressions), on PyTorch's current stream; ``args`` are the addresses
+    of its parameters (``params[]``)."""
+
+    KIND = "cuda"
+    kernel: str
+    device: int
+    grid: tuple[str, ...]
+
+    @property
+    def call(self) -> str:
+        return (f"trt_cuda_launch(&{self.kernel}, {self.device}, stream, "
+                f"{', '.join(self.grid)}, params)")
+
+    @property
+    def stream_call(self) -> str:
+        """The call that reads the current stream, non-zero on failure."""
+        return f"rt->cuda_stream({self.device}, &stream)"
 
 
 class Kernels:
@@ -51,21 +74,22 @@ class Kernels:
         return name
 
 
-def prologue(r) -> list[str]:
+def prologue(r: Renderer) -> Prologue:
     """Note [Buffer reuse] in plan.py: buffers are reused on the stream that made them, and a
     call on another stream allocates."""
     device = r.spec.cuda_device
     stream = "buffer_stream"
-    r.statics.append(f"static void* {stream};  /* the stream the buffers are used on */")
-    r.statics.append(f"static int {stream}_set;")
-    return ["void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
-            f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
-            f"NULL); goto fail; }}",
-            f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
-            f"const int reuse = !env->inference_mode && stream == {stream};"]
+    return Prologue(
+        (f"static void* {stream};  /* the stream the buffers are used on */",
+         f"static int {stream}_set;"),
+        ("void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
+         f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
+         f"NULL); goto fail; }}",
+         f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
+         f"const int reuse = !env->inference_mode && stream == {stream};"))
 
 
-def _pointer(r, var: str, o: Arg | Val | Item, where: str) -> list[str]:
+def _pointer(r: Renderer, var: str, o: Arg | Val | Item, where: str) -> list[str]:
     """Statements that set ``CUdeviceptr var`` to a tensor operand's data pointer, for a
     kernel parameter."""
     if isinstance(o, Arg):
@@ -80,13 +104,14 @@ def _pointer(r, var: str, o: Arg | Val | Item, where: str) -> list[str]:
             f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
 
 
-def launch(r, index: int, s) -> CStep:
+def launch(r: Renderer, index: int, s) -> DriverLaunch:
     """A Triton launch of the step's cubin through the driver: one local per kernel parameter
     (Triton 3.6's: non-constexpr arguments, then the global and profile scratch pointers)."""
     launch = s.launch
     binary = launch["binary"]
     tensors = iter(s.args)
     name = r.kernels.add(launch["kernel"], binary)
+    statements: list[str] = []
     params = []
     for p, ctype in zip(launch["params"], binary["arg_types"]):
         if p["kind"] == "tensor":
@@ -95,20 +120,20 @@ def launch(r, index: int, s) -> CStep:
             continue
         var = f"p{len(params)}"
         if p["kind"] == "tensor":
-            r.locals += _pointer(r, var, operand, f"{s.where} (triton {s.overload})")
-            r.locals[-1] += f"  /* {p['name']} */"
+            statements += _pointer(r, var, operand, f"{s.where} (triton {s.overload})")
+            statements[-1] += f"  /* {p['name']} */"
         elif "size" in p:  # Note [Symbolic launches] in kernels.py
             words = c_comment(sizes.words(sizes.loads(p["size"]), r.spec.arg_names))
-            r.locals.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
-                            f"/* {p['name']} = {words} */")
+            statements.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
+                              f"/* {p['name']} = {words} */")
         elif ctype in _SCALARS:
-            r.locals.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
+            statements.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
         else:
-            r.locals.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
-                            f"/* {p['name']} */")
+            statements.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
+                              f"/* {p['name']} */")
         params.append(f"&{var}")
-    r.locals.append("CUdeviceptr scratch[2] = {0, 0};  /* Triton's global and profile scratch */")
+    statements.append("CUdeviceptr scratch[2] = {0, 0};  "
+                      "/* Triton's global and profile scratch */")
     params += ["&scratch[0]", "&scratch[1]"]
     device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
-    return CStep("cuda", s.where, c_comment(s.text), f"triton {s.overload}", r.locals,
-                 params, r.releases(s), kernel=name, device=device, grid=tuple(r.grid(launch)))
+    return DriverLaunch(tuple(statements), tuple(params), name, device, tuple(r.grid(launch)))

@@ -6,28 +6,20 @@ Each step of a launch sequence is commented with the user's source line that pro
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import math
-import struct
-from pathlib import Path
 from typing import NamedTuple
 
 import jinja2
-import sympy
-from torch.utils._sympy.printers import ExprPrinter
 
 from trident import config
-from trident.ir import sizes
 from trident.codegen import cpu as target_cpu, cuda as target_cuda
-from trident.codegen.cprint import CPrinter, c_comment, c_float, c_int, c_string, size_c
-from trident.codegen.target import CStep
+from trident.codegen.cprint import c_comment, c_float, c_int, c_string, size_c
+from trident.codegen.guards import guard_c
+from trident.codegen.target import CStep, Prologue, Release, Take, Target
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
-                                 List, NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
+                                 NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
 from trident.lower import passes
 from trident.ir.specialization import Specialization
-
 
 
 @functools.cache
@@ -37,12 +29,12 @@ def environment() -> jinja2.Environment:
                               lstrip_blocks=True, keep_trailing_newline=True)
 
 
-def _target_of(device: str):
+def _target_of(device: str) -> Target:
     """The target of tensors on ``device`` (``"cpu"``, ``"cuda:0"``)."""
     return target_cuda if device.startswith("cuda") else target_cpu
 
 
-def _target_of_spec(spec: Specialization):
+def _target_of_spec(spec: Specialization) -> Target:
     """The target of a specialization's launch sequence: CUDA when its tensor arguments are all
     on one CUDA device, else the CPU's."""
     return _target_of("cuda" if spec.cuda_device is not None else "cpu")
@@ -61,7 +53,6 @@ class Rendered(NamedTuple):
 # "int" steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
 _C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
               "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})"}
-
 
 
 class _SpecRenderer:
@@ -156,16 +147,14 @@ class _SpecRenderer:
                             f"by zero in a size expression\"); goto {self.on_error}; }}")
         return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
 
-    def releases(self, s) -> list[str]:
+    def releases(self, s) -> list[Release]:
         out = []
         for rel in s.release:
             if isinstance(rel, Val) and rel.i in self.views:  # a tensor only if one was made
                 self.free_slots.append(self.views.pop(rel.i)[0])
-                out.append(f"if (v[{rel.i}]) {{ rt->release(v[{rel.i}]); v[{rel.i}] = NULL; }}")
-            elif isinstance(rel, Val):
-                out.append(f"rt->release(v[{rel.i}]); v[{rel.i}] = NULL;")
+                out.append(Release(rel, unmade=True))
             else:
-                out.append(f"rt->release_list(&l[{rel.i}]);")
+                out.append(Release(rel))
         return out
 
     def triton(self, index: int, s) -> CStep:
@@ -173,7 +162,15 @@ class _SpecRenderer:
         self.locals = []
         target = _target_of(s.launch["device"])
         self.targets.add(target)
-        return target.launch(self, index, s)
+        launch = target.launch(self, index, s)
+        return CStep(launch.KIND, s.where, c_comment(s.text), f"triton {s.overload}",
+                     list(launch.locals), list(launch.args), self.releases(s), launch=launch)
+
+    def callback_slot(self, index: int) -> int:
+        """The slot in the module's callback table of step ``index`` (a Triton launch that runs
+        in Python)."""
+        self.callbacks.append(index)
+        return len(self.callbacks) - 1
 
     def grid(self, launch: dict) -> list[str]:
         """A launch's grid dims: ints, or Note [Symbolic launches]'s expressions (guarded to
@@ -192,16 +189,7 @@ class _SpecRenderer:
         for a in s.args:
             self.make_views(a, s)
         args = [self.operand(a) for a in s.args]
-        takes = []
-        for j, r in enumerate(s.results):
-            if isinstance(r, Val):
-                takes.append(f"v[{r.i}] = r[{j}].u.t;")
-            elif isinstance(r, Scalar):
-                takes.append(f"s[{r.i}] = r[{j}];")
-            elif isinstance(r, List):
-                takes.append(f"l[{r.i}] = r[{j}];")
-            else:  # Drop (an undefined tensor): give back whatever came
-                takes.append(f"if (r[{j}].tag == TRT_TENSOR) rt->release(r[{j}].u.t);")
+        takes = [Take(j, r) for j, r in enumerate(s.results)]
         op = f"{s.op}.{s.overload}" if s.overload else s.op
         step = CStep("aten", s.where, c_comment(s.text), op, self.locals, args,
                      self.releases(s), op_index=self.op_index(s.op, s.overload),
@@ -216,17 +204,21 @@ class _SpecRenderer:
 
     def make_views(self, o: Operand, s) -> None:
         """Note [Views in C]: the tensor of each view that operand ``o`` reads, unless an earlier
-        step made it."""
+        step made it (``view_tensors``, in ``self.locals``)."""
+        self.locals += self.view_tensors(o, s)
+
+    def view_tensors(self, o: Operand, s) -> list[str]:
+        """Note [Views in C]: statements that make the tensor of each view that operand ``o``
+        reads, unless an earlier step made it."""
         if isinstance(o, (Tensors, OptTensors)):
-            for item in o.v:
-                self.make_views(item, s)
-        elif isinstance(o, Val) and o.i in self.views:
-            slot, eager = self.views[o.i]
-            how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
-            where = c_string(f"{s.where} (view)" if s else "output (view)")
-            self.locals.append(f"if (!v[{o.i}] && !(v[{o.i}] = rt->view_tensor(&w[{slot}], "
-                               f"{how}))) {{ rt->set_error({where}, NULL); "
-                               f"goto {self.on_error}; }}")
+            return [line for item in o.v for line in self.view_tensors(item, s)]
+        if not (isinstance(o, Val) and o.i in self.views):
+            return []
+        slot, eager = self.views[o.i]
+        how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
+        where = c_string(f"{s.where} (view)" if s else "output (view)")
+        return [f"if (!v[{o.i}] && !(v[{o.i}] = rt->view_tensor(&w[{slot}], {how}))) "
+                f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"]
 
     def view_step(self, s) -> CStep | None:
         """Note [Views in C] in plan.py: a view's geometry in C (trident_views.h); where the
@@ -352,10 +344,10 @@ class _SpecRenderer:
             return None
         return None
 
-    def prologue(self) -> list[str]:
-        """Statements before the first step: the target's (Note [Buffer reuse] in plan.py)."""
+    def prologue(self) -> Prologue:
+        """What runs before the first step: the target's (Note [Buffer reuse] in plan.py)."""
         if not any(s.out_overload for s in self.spec.plan.steps):
-            return []
+            return Prologue()
         return self.target.prologue(self)
 
     def outputs(self) -> list[str]:
@@ -376,7 +368,7 @@ class _SpecRenderer:
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
         for i in kept:
-            lines.append(f"if (v[{i}]) {{ rt->release(v[{i}]); v[{i}] = NULL; }}  "
+            lines.append(f"{Release(Val(i), unmade=True).statement}  "
                          f"/* the base of a returned view */")
         return lines
 
@@ -397,16 +389,18 @@ class _SpecRenderer:
             steps.append(self.step(i, s))
             steps[-1].on_error = self.on_error
         self.on_error = "fail"  # the outputs: after the last step
+        prologue = self.prologue()
+        self.statics += prologue.statics
         return {
             "signature": c_comment(self.spec.signature),
-            "guards": [(g.c(), c_comment(g.words(self.spec.arg_names))) for g in
+            "guards": [(guard_c(g), c_comment(g.words(self.spec.arg_names))) for g in
                        self.spec.guards],
             "statics": self.statics,
             "num_values": plan.num_values,
             "num_lists": plan.num_lists,
             "num_scalars": plan.num_scalars,
             "steps": steps,
-            "prologue": self.prologue(),
+            "prologue": list(prologue.lines),
             "num_views": self.num_slots,
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
             "outputs": self.outputs(),

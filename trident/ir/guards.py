@@ -2,9 +2,10 @@
 
 One class per guard kind (as PyTorch's guard manager has), each a frozen dataclass that owns
 how it reads its value from a call (``read``, over ``arg_facts``/``env_facts``, which mirror
-``read_arg``/``read_args`` in ``runtime/args.cpp``), its C check over ``trt_arg`` (``c``;
-the SCM evaluates those on the hit path) and its words (``words``, ``explain``). The Python side
-explains a miss; tests (tests/test_guards.py) prove the two agree on random arguments.
+``read_arg``/``read_args`` in ``runtime/args.cpp``) and its words (``words``, ``explain``).
+Its C check, which the SCM evaluates on the hit path, is codegen's (``guard_c`` in
+codegen/guards.py); ``holds`` is that check's Python twin, which explains a miss, and tests
+(tests/test_guards.py) prove the two agree on random arguments.
 
 Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
@@ -32,7 +33,6 @@ OTHER, TENSOR, INT, FLOAT, BOOL, NONE = (
     ABI[f"TRT_ARG_{k}"] for k in ("OTHER", "TENSOR", "INT", "FLOAT", "BOOL", "NONE"))
 KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float", BOOL: "bool",
               NONE: "None"}
-_C_KINDS = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
@@ -190,10 +190,9 @@ KINDS: dict[str, type["Guard"]] = {}  # Guard.field -> its class, for from_json
 @dataclasses.dataclass(frozen=True)
 class Guard:
     """One check that selects a specialization (Note [Guard order]). Each kind (a subclass,
-    named in JSON by its ``field``) owns how it reads its value from a call (``read``: the
-    Python twin of its C check, over what the native dispatcher read), its C check (``c``: an
-    expression over ``const trt_arg* a``, ``int32_t n`` and ``const trt_env* env``, printed by
-    codegen's helpers) and its words (``words``). The guard holds when the value read equals
+    named in JSON by its ``field``) owns how it reads its value from a call (``read``, over what
+    the native dispatcher read; ``holds`` is the Python twin of its C check, ``guard_c`` in
+    codegen/guards.py) and its words (``words``). The guard holds when the value read equals
     ``value``."""
 
     field: ClassVar[str] = ""
@@ -209,9 +208,6 @@ class Guard:
 
     def holds(self, call: Facts) -> bool:
         return self.read(call) == self.value
-
-    def c(self) -> str:
-        return f"env->{self.field} == {self.value}"
 
     def words(self, names: list[str]) -> str:
         raise NotImplementedError
@@ -241,9 +237,6 @@ class ArgCount(Guard):
     def read(self, call: Facts) -> int:
         return call.nargs
 
-    def c(self) -> str:
-        return f"n == {self.value}"
-
     def words(self, names: list[str]) -> str:
         return f"{self.value} positional arguments"
 
@@ -253,9 +246,6 @@ class _EnvFlag(Guard):
     """A call-wide bool (``trt_env`` in trident_rt.h)."""
 
     says: ClassVar[str] = ""
-
-    def c(self) -> str:
-        return f"env->{self.field} == {int(self.value)}"
 
     def words(self, names: list[str]) -> str:
         return self.says.format(self.value)
@@ -305,11 +295,6 @@ class ProcessGroup(Guard):
 
     field = "process_group"
 
-    def c(self) -> str:
-        from trident.codegen.cprint import c_string
-
-        return f"trt_streq(env->process_group, {c_string(self.value)})"
-
     def words(self, names: list[str]) -> str:
         return describe_process_group(self.value)
 
@@ -331,9 +316,6 @@ class GlobalFlags(Guard):
 
     field = "flags"
 
-    def c(self) -> str:
-        return f"env->flags == {self.value}ULL"
-
     def words(self, names: list[str]) -> str:
         return f"torch's global flags == {self.value:#x}"
 
@@ -344,18 +326,13 @@ class GlobalFlags(Guard):
 
 @dataclasses.dataclass(frozen=True)
 class ArgGuard(Guard):
-    """A fact of argument ``arg`` (``trt_arg`` in trident_rt.h, ``arg_facts`` here); the C
-    reads ``a[arg].<member>``."""
+    """A fact of argument ``arg`` (``trt_arg`` in trident_rt.h, ``arg_facts`` here)."""
 
     arg: int = 0
-    member: ClassVar[str] = ""
     says: ClassVar[str] = ""  # words, with {who} and {v}
 
     def read(self, call: Facts) -> Any:
         return call.args[self.arg].get(self.field)
-
-    def c(self) -> str:
-        return f"a[{self.arg}].{self.member or self.field} == {self.value}"
 
     def words(self, names: list[str]) -> str:
         return self.says.format(who=_who(self.arg, names), v=self.value)
@@ -367,9 +344,6 @@ def _who(arg: int, names: list[str]) -> str:
 
 class Kind(ArgGuard):
     field = "kind"
-
-    def c(self) -> str:
-        return f"a[{self.arg}].kind == {_C_KINDS[self.value]}"
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)} is {KIND_NAMES[self.value]}"
@@ -412,23 +386,18 @@ class SameAs(ArgGuard):
         same = call.args[self.arg].get("id") == call.args[self.value].get("id")
         return self.value if same else None
 
-    def c(self) -> str:
-        return f"a[{self.arg}].tensor == a[{self.value}].tensor"
-
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)} is {_who(self.value, names).removeprefix('argument ')}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Size(ArgGuard):
-    field, member = "size", "sizes"
+    field = "size"
+    member: ClassVar[str] = "sizes"  # the fact read: arg_facts' (and trt_arg's) list
     index: int = 0
 
     def read(self, call: Facts) -> int:
         return call.args[self.arg][self.member][self.index]
-
-    def c(self) -> str:
-        return f"a[{self.arg}].{self.member}[{self.index}] == {self.value}"
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)}.{self.field}({self.index}) == {self.value}"
@@ -441,36 +410,26 @@ class Stride(Size):
 class _Flag(ArgGuard):
     """A bit of ``trt_arg.flags``."""
 
-    bit: ClassVar[str] = ""
-
-    def c(self) -> str:
-        return f"{'' if self.value else '!'}(a[{self.arg}].flags & {self.bit})"
-
 
 class Aligned16(_Flag):
-    field, bit = "aligned16", "TRT_ALIGNED16"
+    field = "aligned16"
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)}.data_ptr() % 16 {'==' if self.value else '!='} 0"
 
 
 class RequiresGrad(_Flag):
-    field, bit, says = "requires_grad", "TRT_REQUIRES_GRAD", "{who}.requires_grad is {v}"
+    field, says = "requires_grad", "{who}.requires_grad is {v}"
 
 
 class Inference(_Flag):
-    field, bit, says = "inference", "TRT_INFERENCE", "{who}.is_inference() is {v}"
+    field, says = "inference", "{who}.is_inference() is {v}"
 
 
 class IntValue(ArgGuard):
     """An int or bool argument's value."""
 
     field, says = "value", "{who} == {v!r}"
-
-    def c(self) -> str:
-        from trident.codegen.cprint import c_int
-
-        return f"a[{self.arg}].i == {c_int(self.value)}"
 
 
 class FloatBits(ArgGuard):
@@ -480,9 +439,6 @@ class FloatBits(ArgGuard):
 
     def read(self, call: Facts) -> int | None:
         return call.args[self.arg].get("value")
-
-    def c(self) -> str:
-        return f"trt_f64_bits(a[{self.arg}].f) == {self.value}ULL"
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)} == {self.said(self.value)}"
@@ -509,11 +465,6 @@ class SizeRelation(ArgGuard):
             return bool(sizes.evaluate(self.condition, call.args))
         except (KeyError, IndexError, TypeError, ZeroDivisionError):
             return False
-
-    def c(self) -> str:
-        from trident.codegen.cprint import CPrinter
-
-        return CPrinter().doprint(self.condition)
 
     def words(self, names: list[str]) -> str:
         return sizes.words(self.condition, names)
