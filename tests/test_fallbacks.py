@@ -19,7 +19,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 import trident
-from trident.ir.guards import MAX_ARGS
+from trident.ir.facts import MAX_ARGS
 
 install_module = importlib.import_module("trident.frontend.install")  # where calls are flattened
 

@@ -1,5 +1,5 @@
 """The native guards (C, in the SCM, over what args.cpp's read_arg saw) agree with the Python
-reference (guards.first_failure over guards.arg_facts) on random arguments."""
+reference (guards.first_failure over facts.arg_facts) on random arguments."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import trident
 from _trident_helpers import make_cache_dir
 from trident.ir import sizes
-from trident.ir.guards import (KINDS, TENSOR, ArgCount, ArgGuard, Dtype, Facts, FloatBits, Guard,
-                               IntValue, ProcessGroup, SameAs, Size, SizeRelation, Stride,
-                               first_failure, float_bits)
+from trident.ir.guards import (KINDS, ArgCount, ArgGuard, Dtype, FloatBits, Guard, IntValue,
+                               ProcessGroup, SameAs, Size, SizeRelation, Stride, first_failure)
+from trident.ir.facts import TENSOR, Facts, float_bits
 
 
 def probe(*args):

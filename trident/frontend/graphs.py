@@ -72,7 +72,7 @@ import torch
 from trident import config, runtime
 from trident.errors import EagerCall
 from trident.ir import operands
-from trident.ir.guards import dtype_codes
+from trident.ir.facts import dtype_codes
 from trident.lower import passes
 from trident.runtime import ABI
 

@@ -20,8 +20,8 @@ from trident import config, interrupts
 from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.install import _Call, _user_stacklevel
-from trident.ir.guards import (MAX_ARGS, OTHER, Size, SizeRelation, arg_facts, explain_failure,
-                               failures, first_failure)
+from trident.ir.guards import Size, SizeRelation, explain_failure, failures, first_failure
+from trident.ir.facts import MAX_ARGS, OTHER, arg_facts
 from trident.ir.specialization import Specialization
 from trident.lower import kernels
 from trident.lower.guards import guards_for

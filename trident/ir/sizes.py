@@ -123,7 +123,7 @@ def loads(text: str) -> sympy.Basic:
 
 
 def evaluate(expr: sympy.Basic, facts: list[dict]) -> int | bool:
-    """``expr``'s value for the call whose arguments ``guards.arg_facts`` describes.
+    """``expr``'s value for the call whose arguments ``facts.arg_facts`` describes.
 
     Raises:
         KeyError, IndexError: a place the call's arguments do not have.

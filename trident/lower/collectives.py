@@ -41,7 +41,7 @@ import inspect
 import torch
 
 from trident.errors import TridentError
-from trident.ir.guards import process_group_fact
+from trident.ir.facts import process_group_fact
 
 
 def remap(func, args: tuple, kwargs: dict):

@@ -7,12 +7,12 @@ import sympy
 import torch
 
 from trident.ir import sizes
-from trident.ir.guards import (BOOL, FLOAT, INT, TENSOR, Aligned16, Aliased, ArgCount, Autocast,
-                               DefaultDtype, DeviceIndex, DeviceType, Dim, Dtype, FloatBits,
-                               FunctionModes,
-                               GlobalFlags, GradEnabled, Guard, Inference, InferenceMode, IntValue,
-                               Kind, NumThreads, ProcessGroup, RequiresGrad, SameAs, Size,
-                               SizeRelation, Stride, Transforms, arg_facts, env_facts)
+from trident.ir.guards import (Aligned16, Aliased, ArgCount, Autocast, DefaultDtype, DeviceIndex,
+                               DeviceType, Dim, Dtype, FloatBits, FunctionModes, GlobalFlags,
+                               GradEnabled, Guard, Inference, InferenceMode, IntValue, Kind,
+                               NumThreads, ProcessGroup, RequiresGrad, SameAs, Size, SizeRelation,
+                               Stride, Transforms)
+from trident.ir.facts import BOOL, FLOAT, INT, TENSOR, arg_facts, env_facts
 
 
 _ENV_GUARDS = (GradEnabled, InferenceMode, Autocast, Aliased, DefaultDtype, Transforms,

@@ -73,7 +73,7 @@ from trident.ir import operands
 from trident.errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
-from trident.ir.guards import MAX_OUTS, dtype_codes
+from trident.ir.facts import MAX_OUTS, dtype_codes
 from trident.lower.importer import TRITON_LAUNCH, location
 from trident.ir.plan import Plan, Step, View
 from trident.lower.passes import is_composite, is_functional, op_schema, uses

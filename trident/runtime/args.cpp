@@ -125,7 +125,7 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
 }
 
 // torch's global flags that ops read when they run or when they are traced (which SDPA backend a
-// trace picks), one bit or field each, in the order guards.FLAG_BITS names them.
+// trace picks), one bit or field each, in the order ir/facts.py FLAG_BITS names them.
 uint64_t global_flags() {
   const at::Context& c = at::globalContext();
   uint64_t bits[] = {c.deterministicAlgorithms(), c.deterministicAlgorithmsWarnOnly(),

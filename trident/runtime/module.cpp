@@ -71,7 +71,7 @@ PyObject* set_error_types(PyObject*, PyObject* types) {
   Py_RETURN_NONE;
 }
 
-// global_flags() -> int: what read_args reads into trt_env.flags (guards.env_facts).
+// global_flags() -> int: what read_args reads into trt_env.flags (ir/facts.py env_facts).
 PyObject* global_flags_py(PyObject*, PyObject*) {
   return PyLong_FromUnsignedLongLong(global_flags());
 }

@@ -1,0 +1,168 @@
+"""What the native dispatcher reads of a call, as Python reads it: each argument's facts
+(``read_arg`` in runtime/args.cpp) and the call-wide state (``read_args``): the Python twins the
+guards' ``read`` methods explain misses with."""
+
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Any, NamedTuple
+
+import torch
+
+from trident.runtime import ABI
+
+# trt_arg_kind and the limits, as trident_rt.h defines them (runtime.ABI)
+OTHER, TENSOR, INT, FLOAT, BOOL, NONE = (
+    ABI[f"TRT_ARG_{k}"] for k in ("OTHER", "TENSOR", "INT", "FLOAT", "BOOL", "NONE"))
+KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float", BOOL: "bool",
+              NONE: "None"}
+DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
+MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
+# Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
+# trt_env.flags, bit by bit (global_flags() in args.cpp): torch's global flags that eager ops
+# obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
+# from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
+FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
+             "torch.is_deterministic_algorithms_warn_only_enabled()",
+             "torch.backends.cuda.flash_sdp_enabled()",
+             "torch.backends.cuda.mem_efficient_sdp_enabled()",
+             "torch.backends.cuda.math_sdp_enabled()", "torch.backends.cuda.cudnn_sdp_enabled()",
+             "torch.backends.cudnn.allow_tf32", "torch.backends.cudnn.enabled",
+             "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")
+FLAG_FIELDS = ((16, "torch.get_float32_matmul_precision()"),
+               (20, "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+               (24, "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"))
+_DTYPES = [getattr(torch, name) for name in dir(torch)
+           if isinstance(getattr(torch, name, None), torch.dtype)]
+
+
+# Note [Process group guard]: a plan names its groups by string and bakes in what the trace read
+# of them: the group's size (an all-gather's output shape, ``group_size`` arguments) and the rank
+# (``dist.get_rank()`` is a Python int, a constant of the trace). Every specialization is therefore
+# guarded on the default process group, ``"<name>:<rank>/<size>"`` or ``""`` when none is
+# initialized (``process_group`` in ``trt_env``, read once per call from
+# ``torch.distributed.distributed_c10d._world`` by ``read_args`` in runtime/args.cpp; ``process_group_fact``
+# is its Python twin). A call after ``destroy_process_group``/``init_process_group`` with another size or
+# rank misses and is traced again; one outside any group misses and its trace raises as eager does
+# (the call runs eagerly, with a warning). A collective on any other group than the default one is
+# not compiled (``collectives.check_group``): its membership is not guarded.
+
+
+def process_group_fact() -> str:
+    """The default process group as ``"<group name>:<rank>/<world size>"``, ``""`` when none is
+    initialized (or torch.distributed is not built). Python twin of ``process_group_fact`` in
+    runtime/collectives.cpp."""
+    if not torch.distributed.is_available():
+        return ""
+    from torch.distributed.distributed_c10d import _world
+
+    group = _world.__dict__.get("_default_pg")
+    if group is None:
+        return ""
+    return f"{group.group_name}:{group.rank()}/{group.size()}"
+
+
+def describe_process_group(value: str) -> str:
+    if not value:
+        return "no default process group is initialized"
+    name, _, ranks = value.partition(":")
+    rank, _, size = ranks.partition("/")
+    return f"the default process group is {name!r}, rank {rank} of {size}"
+
+
+@functools.cache
+def dtype_codes() -> dict[torch.dtype, int]:
+    """torch.dtype -> c10::ScalarType code, as PyTorch itself numbers them (runtime/module.cpp)."""
+    from trident import runtime
+
+    rt = runtime.load()
+    return {d: rt.dtype_code(d) for d in _DTYPES}
+
+
+def dtype_name(code: int) -> str:
+    return next((str(d).replace("torch.", "") for d, c in dtype_codes().items() if c == code),
+                str(code))
+
+
+def float_bits(f: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", f))[0]
+
+
+def bits_float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def arg_facts(obj: Any) -> dict:
+    """What the native dispatcher reads from one argument (``read_arg`` in runtime/args.cpp)."""
+    if type(obj) in (torch.Tensor, torch.nn.Parameter):
+        if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
+                or obj.device.type not in DEVICE_TYPES):
+            return {"kind": OTHER}
+        try:
+            data_ptr = obj.data_ptr()
+        except RuntimeError:  # no storage: a torch.func wrapper (vmap, grad)
+            return {"kind": OTHER}
+        if any(torch._VF._unpack_dual(obj, level)[1] is not None for level in (0, 1)):
+            return {"kind": OTHER, "dual": True}  # forward-AD: its tangent runs eagerly
+        return {
+            "kind": TENSOR,
+            "id": id(obj),
+            "dtype": dtype_codes()[obj.dtype],
+            "device_type": DEVICE_TYPES[obj.device.type],
+            "device_index": -1 if obj.device.index is None else obj.device.index,
+            "dim": obj.dim(),
+            "sizes": tuple(obj.shape),
+            "strides": tuple(obj.stride()),
+            "storage_offset": obj.storage_offset(),
+            "aligned16": data_ptr % 16 == 0,
+            "requires_grad": obj.requires_grad,
+            "inference": obj.is_inference(),
+        }
+    if obj is None:
+        return {"kind": NONE}
+    if type(obj) is bool:
+        return {"kind": BOOL, "value": obj}
+    if type(obj) is int:
+        return {"kind": INT, "value": obj} if -2**63 <= obj < 2**63 else {"kind": OTHER}
+    if type(obj) is float:
+        return {"kind": FLOAT, "value": float_bits(obj)}
+    return {"kind": OTHER}
+
+
+def env_facts(args: tuple) -> dict:
+    """Call-wide state the native dispatcher reads (``read_args`` in runtime/args.cpp)."""
+    tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
+    return {
+        "grad_enabled": torch.is_grad_enabled(),
+        "inference_mode": torch.is_inference_mode_enabled(),
+        "autocast": torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
+        "aliased": len(set(tensors)) != len(tensors),
+        "default_dtype": dtype_codes()[torch.get_default_dtype()],
+        "transforms": torch._C._are_functorch_transforms_active(),
+        "function_modes": torch._C._len_torch_function_stack() > 0,
+        "process_group": process_group_fact(),  # Note [Process group guard]
+        "num_threads": torch.get_num_threads(),
+        "flags": _global_flags(),
+    }
+
+
+def _global_flags() -> int:
+    from trident import runtime
+
+    return runtime.load().global_flags()
+
+
+def flags_changed(expected: int, actual: int) -> list[str]:
+    """The flags (FLAG_BITS, FLAG_FIELDS) that differ between two ``trt_env.flags`` values."""
+    names = [name for i, name in enumerate(FLAG_BITS) if (expected ^ actual) >> i & 1]
+    return names + [name for shift, name in FLAG_FIELDS if (expected ^ actual) >> shift & 15]
+
+
+class Facts(NamedTuple):
+    """What the native dispatcher read from one call: ``arg_facts`` of each argument, their
+    number, and ``env_facts``."""
+
+    args: list[dict]
+    nargs: int
+    env: dict
