@@ -3,7 +3,7 @@
 On CPU tensors the SCM calls back into Python and runs each captured launch through Triton's
 interpreter (``stats.interpreted_launches``). For CUDA, the code generator is exercised without a
 device: a CPU-traced plan is retargeted to ``cuda:0``, compiled for sm_90 with
-``trident.lower.kernels.compile_cuda`` and rendered and built into a module that is never launched.
+``trident.lower.cubins.compile_cuda`` and rendered and built into a module that is never launched.
 
 TRITON_INTERPRET is not set in this process, so eager Triton launches on CPU tensors fail
 ("0 active drivers"): references are plain torch expressions (exact where the kernel does one
@@ -291,7 +291,7 @@ def row_sum(x):
 
 
 def test_interpreted_helpers_leave_triton_language_unpatched(tmp_path, monkeypatch):
-    from trident.lower import kernels
+    from trident.lower import cubins, kernels
 
     before = {name: getattr(tl.core, name) for name in ("program_id", "arange", "load", "store")}
     f = trident.jit(fallback=False)(row_sum)
@@ -304,7 +304,7 @@ def test_interpreted_helpers_leave_triton_language_unpatched(tmp_path, monkeypat
     (step,) = triton_steps(f)
     launch = dict(step.launch, device="cuda:0")
     try:
-        kernels.compile_cuda(row_sum_kernel, kernels.Launch(**launch), (9, 0))
+        cubins.compile_cuda(row_sum_kernel, kernels.Launch(**launch), (9, 0))
         compiled = None
     except Exception as e:  # noqa: BLE001 (reported below)
         compiled = f"{type(e).__name__}: {str(e).splitlines()[-1]}"
@@ -555,7 +555,7 @@ def unaligned_call(x, y):
 
 def _retarget_to_cuda(jf, spec_index: int = 0):
     """A deep copy of ``jf``'s specialization with its Triton launches compiled for sm_90."""
-    from trident.lower import kernels
+    from trident.lower import cubins, kernels
 
     spec = copy.deepcopy(jf._specs[spec_index])
     for step in spec.plan.steps:
@@ -564,7 +564,7 @@ def _retarget_to_cuda(jf, spec_index: int = 0):
         launch = step.launch
         launch["device"] = "cuda:0"
         plain = {k: v for k, v in launch.items() if k != "binary"}
-        launch["binary"] = kernels.compile_cuda(kernels.find_kernel(launch["ref"], jf._fn),
+        launch["binary"] = cubins.compile_cuda(kernels.find_kernel(launch["ref"], jf._fn),
                                                 kernels.Launch(**plain), (9, 0))
     return spec
 
@@ -671,10 +671,10 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     # no vector loads of x)
     aligned = copy.deepcopy(step.launch)
     param(aligned, "x_ptr")["aligned"] = True
-    from trident.lower import kernels
+    from trident.lower import cubins, kernels
 
     aligned.pop("binary")
-    aligned_binary = kernels.compile_cuda(kernels.find_kernel(aligned["ref"], f._fn),
+    aligned_binary = cubins.compile_cuda(kernels.find_kernel(aligned["ref"], f._fn),
                                           kernels.Launch(**aligned), (9, 0))
     assert aligned_binary["cubin"] != binary["cubin"]
 

@@ -173,7 +173,7 @@ def test_dtype_and_function_constexprs_are_served():
 
 
 def test_dtype_and_function_constexprs_compile_for_sm90():
-    from trident.lower import kernels
+    from trident.lower import cubins, kernels
 
     f = trident.jit(fallback=False)(act_call)
     f(randn(100, 4), randn(50, 5))
@@ -182,7 +182,7 @@ def test_dtype_and_function_constexprs_compile_for_sm90():
         if step.op == "triton":
             launch = copy.deepcopy(step.launch)
             launch["device"] = "cuda:0"
-            binary = kernels.compile_cuda(kernels.find_kernel(launch["ref"], f._fn),
+            binary = cubins.compile_cuda(kernels.find_kernel(launch["ref"], f._fn),
                                           kernels.Launch(**launch), (9, 0))
             assert base64.b64decode(binary["cubin"])[:4] == b"\x7fELF"
             assert binary["arg_types"] == ["CUdeviceptr", "CUdeviceptr", "int32_t", None, None,

@@ -1,7 +1,7 @@
 """Triton kernels launched natively by the SCM on the GPU (skipped without CUDA).
 
 Every result is compared with eager PyTorch + Triton bit for bit: the same cubin (Triton's own
-specialization, recomputed by trident.lower.kernels.compile_cuda) on the same data.
+specialization, recomputed by trident.lower.cubins.compile_cuda) on the same data.
 """
 
 import sys

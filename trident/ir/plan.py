@@ -30,7 +30,7 @@ class Step:
     text: str  # the user's source line
     release: list[Operand] = dataclasses.field(default_factory=list)  # Val, List: dead after
     # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
-    # for CUDA (kernels.compile_cuda). args are then the tensor arguments in parameter order.
+    # for CUDA (cubins.compile_cuda). args are then the tensor arguments in parameter order.
     launch: dict | None = None
     # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
     # kept from the previous call, instead of allocating ("" when the step allocates).

@@ -15,7 +15,7 @@ import time
 import torch
 
 from trident import config
-from trident.lower import kernels
+from trident.lower import cubins, kernels
 from trident.lower.capture import Capture
 from trident.errors import TridentError
 from trident.lower.guards import guards_for
@@ -70,7 +70,7 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         if step.op == "triton" and step.launch["device"].startswith("cuda"):
             key = json.dumps(step.launch, sort_keys=True)
             if key not in binaries:
-                binaries[key] = kernels.compile_cuda(
+                binaries[key] = cubins.compile_cuda(
                     kernels.find_kernel(step.launch["ref"], code_fn),
                     kernels.Launch(**step.launch),
                     torch.cuda.get_device_capability(step.launch["device"]))
