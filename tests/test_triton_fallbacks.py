@@ -177,7 +177,7 @@ def test_dtype_and_function_constexprs_compile_for_sm90():
 
     f = trident.jit(fallback=False)(act_call)
     f(randn(100, 4), randn(50, 5))
-    cubins = []
+    compiled = []
     for step in f._specs[0].plan.steps:
         if step.op == "triton":
             launch = copy.deepcopy(step.launch)
@@ -187,8 +187,8 @@ def test_dtype_and_function_constexprs_compile_for_sm90():
             assert base64.b64decode(binary["cubin"])[:4] == b"\x7fELF"
             assert binary["arg_types"] == ["CUdeviceptr", "CUdeviceptr", "int32_t", None, None,
                                            None]
-            cubins.append(binary["cubin"])
-    assert len(cubins) == 2 and cubins[0] != cubins[1]  # one binary per ACT/OUT
+            compiled.append(binary["cubin"])
+    assert len(compiled) == 2 and compiled[0] != compiled[1]  # one binary per ACT/OUT
 
 
 # ---- 3. TRITON_INTERPRET=1: InterpretedFunction kernels ----------------------------------------
