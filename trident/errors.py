@@ -31,7 +31,7 @@ class TridentNotImplementedError(TridentError, NotImplementedError):
 
 class EagerCall(Exception):
     """Internal: a step failed inside the function's ``try`` before anything the call did was
-    visible, so the call runs eagerly (Note [Errors inside try] in capture.py). Never reaches
+    visible, so the call runs eagerly (Note [Errors inside try] in source_lines.py). Never reaches
     the user: the dispatcher and the miss path run the call eagerly instead."""
 
 

@@ -45,7 +45,7 @@ class Renderer(Protocol):
     spec: Specialization
     kernels: Any  # cuda.Kernels: the module's cubins
     views: dict[int, tuple[int, bool]]  # Note [Views in C] in plan.py: value -> (slot, eager)
-    on_error: str  # the label a failing step jumps to (Note [Errors inside try] in capture.py)
+    on_error: str  # the label a failing step jumps to (Note [Errors inside try] in source_lines.py)
 
     def operand(self, o: Operand) -> str: ...
 

@@ -352,7 +352,7 @@ class GraphControl:
                 return out
         try:
             out = self._finish(call, index, self._run(*args))
-        except EagerCall as e:  # Note [Errors inside try] in capture.py
+        except EagerCall as e:  # Note [Errors inside try] in source_lines.py
             return self._eager_path(call.args, call.kwargs, e)
         self.hits += hit
         self._install_graph(index, spec)  # after a warm-up: capture at the next call

@@ -88,7 +88,7 @@ class MissPolicy:
         """Called from the native dispatcher (and the miss path) when a step of a specialization
         failed before anything the call did was visible: the call runs eagerly, which raises
         eager's exception or takes the ``except`` branch as eager does (Note [Errors inside
-        try] in capture.py)."""
+        try] in source_lines.py)."""
         return self._eager(args, kwargs, f"{error} (a step failed before the call changed "
                            "anything: eager raises or recovers as it does)")
 

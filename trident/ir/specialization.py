@@ -27,7 +27,7 @@ class Specialization:
         recipe: how the runtime rebuilds the result from the flat outputs, or None when the
             SCM's output spec does.
         catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
-            of the trace, or "" (Note [Errors inside try] in capture.py).
+            of the trace, or "" (Note [Errors inside try] in source_lines.py).
         state: what the trace read outside the arguments (Note [State guards] in
             lower/state/__init__.py):
             ``{"reads": [chain, ...], "digest": hash of their values}``; the specialization

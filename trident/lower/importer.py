@@ -3,7 +3,7 @@
 Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops on
 ``!torch.vtensor`` values, constants become ``torch.constant.*``, unregistered ops
 ``torch.operator``). Each op's location is the user's source line recorded at capture (Note
-[Source lines] in capture.py).
+[Source lines] in source_lines.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _AS_STRIDED = torch.ops.aten.as_strided.default
 
 
 class _SourceLocations(ContextCache):
-    """Note [Source lines] in capture.py: a node's location is its user line as data,
+    """Note [Source lines] in source_lines.py: a node's location is its user line as data,
     ``loc("file.py:12"("y = x + 1"))``; a node without one keeps the previous node's location,
     as Torch-MLIR does."""
 

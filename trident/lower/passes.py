@@ -1,6 +1,7 @@
 """Passes over a built plan: which steps may run again eagerly after a failure (Note [Errors
-inside try] in capture.py), buffer reuse (Note [Buffer reuse]), which arguments the sequence
-writes and whether a CUDA graph may replay it (Note [CUDA graphs] in frontend/graphs.py)."""
+inside try] in source_lines.py), buffer reuse (Note [Buffer reuse]), which arguments the
+sequence writes and whether a CUDA graph may replay it (Note [CUDA graphs] in
+frontend/graphs.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def is_composite(op: str, overload: str) -> bool:
 
 
 def rerun_eagerly(plan: Plan) -> list[bool]:
-    """Note [Errors inside try] in capture.py: per step, whether a call that fails there may
+    """Note [Errors inside try] in source_lines.py: per step, whether a call that fails there may
     run again eagerly: nothing the steps before it did is visible to the caller (no write to a
     tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
     tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""

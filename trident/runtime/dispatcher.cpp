@@ -276,7 +276,7 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
     return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_capture_path", "OO", args,
                                kwargs ? kwargs : Py_None);
   if (rc == TRT_MISS) return tree_miss(self, args, kwargs, cv);
-  if (rc == TRT_EAGER) {  // Note [Errors inside try] in capture.py: eager takes its branch
+  if (rc == TRT_EAGER) {  // Note [Errors inside try] in source_lines.py: eager takes its branch
     PyObject *type, *error, *tb;
     PyErr_Fetch(&type, &error, &tb);
     PyErr_NormalizeException(&type, &error, &tb);

@@ -299,7 +299,7 @@ typedef int (*trt_scm_call_fn)(const trt_arg* args, int32_t nargs, const trt_env
 #define TRT_ERROR (-2)
 #define TRT_CAPTURE (-3) /* guards hold, and the specialization wants its CUDA graph captured */
 /* a step failed before anything the call did was visible, inside the function's `try`: the call
-   runs eagerly, which takes eager's branch (Note [Errors inside try] in capture.py) */
+   runs eagerly, which takes eager's branch (Note [Errors inside try] in source_lines.py) */
 #define TRT_EAGER (-4)
 
 /* The Python class a TRT_ERROR or TRT_EAGER raises, by the error's kind (runtime.cpp): the
