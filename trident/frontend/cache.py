@@ -34,28 +34,21 @@ Note [Function key] (identity.py) says what a function's folder is keyed by.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
-import re
 import shutil
-import sys
 import tempfile
 import time
-import contextlib
-import types
-import uuid
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
 
 from trident import config
-from trident.identity import describe, versions
+from trident.identity import describe
 from trident.ir.specialization import Specialization
 
 _log = config.logger("cache")
