@@ -28,7 +28,7 @@ from trident.frontend.cache import FunctionCache
 from trident.identity import function_key
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TENSOR, ArgTree, Binding
-from trident.lower import kernels, rng, state
+from trident.lower import kernels, rng, state, uses
 from trident.lower.flatten import flatten_call
 
 _recompiles = config.logger("recompiles")
@@ -92,10 +92,14 @@ class Installer:
         Made again when the function's defaults are reassigned (``_defaults_unchanged``)."""
         fn = self._fn
         if isinstance(fn, torch.nn.Module):
-            return Binding.of(fn.forward, fn, has_self=True)
-        if isinstance(fn, types.MethodType) and not self._constant_self:
-            return Binding.of(fn, fn.__self__, has_self=True)
-        return Binding.of(fn)
+            binding, called = Binding.of(fn.forward, fn, has_self=True), fn.forward
+        elif isinstance(fn, types.MethodType) and not self._constant_self:
+            binding, called = Binding.of(fn, fn.__self__, has_self=True), fn
+        else:
+            binding, called = Binding.of(fn), fn
+        # Note [Parameter reads]: the trees hold what the function reads of its arguments
+        reads = uses.parameter_uses(called, binding.has_self, [p[0] for p in binding.params])
+        return dataclasses.replace(binding, uses=tuple(reads))
 
     @property
     def _binding_program(self) -> tuple:

@@ -109,6 +109,9 @@ class Binding:
     params: tuple
     self_obj: Any = None
     has_self: bool = False
+    # per root (self first, where has_self), what the function reads of it (Note [Parameter
+    # reads] in lower/uses.py: a trie of attribute and item paths, None: whole); () all whole
+    uses: tuple = ()
 
     @classmethod
     def of(cls, fn: Callable, self_obj: Any = None, has_self: bool = False) -> "Binding":

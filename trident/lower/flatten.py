@@ -54,6 +54,7 @@ import torch
 
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
+from trident.lower.uses import WHOLE, Uses, attributes_read, items_read
 from trident.ir.trees import (ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT,
                               ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST,
                               R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT, R_STRUCTSEQ, R_TUPLE,
@@ -113,7 +114,9 @@ class _Flattener:
         self.leaf_nodes.append(self.add(value, node, "a leaf"))
 
     def visit(self, value: Any, parent: int, access: int, key: Any, path: str,
-              in_object: bool) -> None:
+              in_object: bool, uses: Uses = WHOLE) -> None:
+        """Adds ``value``'s node and, of its children, those ``uses`` reaches (all where it
+        is ``WHOLE``: Note [Parameter reads] in uses.py)."""
         t = type(value)
         def node(check: int, expect: Any = None, length: int = 0, keys=None) -> Node:
             return Node(parent, access, key, check, expect, length, path, keys)
@@ -159,8 +162,11 @@ class _Flattener:
         self.seen[id(value)] = len(self.nodes)
         if t in (tuple, list) or _is_namedtuple(t):
             me = self.add(value, node(SEQ, t, len(value)), f"{_type_name(t)} of {len(value)}")
+            items = items_read(uses, range(len(value)))
             for i, item in enumerate(value):
-                self.visit(item, me, INDEX, i, f"{path}[{i}]", in_object)
+                if items is WHOLE or i in items:
+                    self.visit(item, me, INDEX, i, f"{path}[{i}]", in_object,
+                               WHOLE if items is WHOLE else items[i])
             return
         if t in (dict, OrderedDict):
             for k in value:
@@ -171,12 +177,16 @@ class _Flattener:
                           f"{t.__name__} with keys {[str(k) for k in value]}")
             module_dict = (parent >= 0 and access == ATTR
                            and _is_module_dict(self.nodes[parent], key))
+            items = items_read(uses, value)
             for k, item in value.items():
+                if items is not WHOLE and k not in items:
+                    continue
                 if module_dict:
                     child = f"{path.rsplit('.', 1)[0]}{_attr(k)}" if path else str(k)
                 else:  # **kwargs (path "") by their names
                     child = f"{path}[{k!r}]" if path else str(k)
-                self.visit(item, me, ITEM, k, child, in_object and not module_dict)
+                self.visit(item, me, ITEM, k, child, in_object and not module_dict,
+                           WHOLE if items is WHOLE else items[k])
             return
         if isinstance(value, (dict, list, tuple, set)):
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, which Trident cannot "
@@ -185,12 +195,14 @@ class _Flattener:
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
                       f"{_type_name(t)} with {list(entries)}")
         unread = _PER_PROCESS_ATTRIBUTES.get(_type_name(t), ())
+        attrs = attributes_read(value, entries, uses)
         for k, item in list(entries.items()):
             if type(k) is not str:
                 raise TridentError(f"{self.what} {path} has a non-str attribute name {k!r}")
-            if k in unread:
+            if k in unread or (attrs is not WHOLE and k not in attrs):
                 continue
-            self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True)
+            self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True,
+                       WHOLE if attrs is WHOLE else attrs[k])
 
 
 # Attributes whose value differs in every process by construction and that only their
@@ -246,11 +258,12 @@ def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, 
 
 def _flatten_bound(binding: Binding, bound: list) -> tuple[ArgTree, list, list]:
     f = _Flattener()
+    uses = list(binding.uses) or [WHOLE] * (binding.has_self + len(binding.params))
     if binding.has_self:
-        f.visit(binding.self_obj, -1, SELF, None, "self", False)
+        f.visit(binding.self_obj, -1, SELF, None, "self", False, uses.pop(0))
     for index, ((name, kind, _), value) in enumerate(zip(binding.params, bound)):
         f.visit(value, -1, ARG, index,
-                "" if kind == inspect.Parameter.VAR_KEYWORD else name, False)
+                "" if kind == inspect.Parameter.VAR_KEYWORD else name, False, uses[index])
     digest = hashlib.sha256("\n".join(f.description).encode()).digest()
     key = int.from_bytes(digest[:8], "little") >> 2  # a positive int64
     tree = ArgTree(f.nodes, f.leaf_nodes, key, f.description)

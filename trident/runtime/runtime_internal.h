@@ -139,8 +139,21 @@ struct TreeMemo {
   std::vector<uint8_t> kind;
   std::vector<PyTypeObject*> types;  // kDict, kOrderedDict, kObject: the exact type
   std::vector<uint8_t> watched;      // the node's dict is watched (TRT_DICT_WATCHERS)
-  uint64_t events = 0;               // dict_events when the tree last held
-  bool busy = false;                 // a walk is writing it
+  // The unchanged pass: per root (a parameter, or self), the checks that remain of its subtree
+  // when its value is the memo's, in pre-order (a container's before what it holds).
+  struct Check {
+    enum Op : uint8_t { kLeaf, kObject, kDict, kOrderedDict, kList, kType, kSet, kSame };
+    Op op;
+    uint32_t node;
+  };
+  std::vector<Py_ssize_t> roots;       // the root nodes, in order
+  std::vector<size_t> checks_begin;    // per root: its checks, to checks_begin[root + 1]
+  std::vector<Check> checks;
+  std::vector<uint8_t> root_held;      // per root: its whole subtree held at its last walk
+  bool dirty = true;  // a watched dict may have changed since every tag last held
+  std::vector<PyObject*> watching;     // the dicts this memo watches (TRT_DICT_WATCHERS)
+  bool busy = false;                   // a walk is writing it
+  ~TreeMemo();
 };
 
 struct Tree {

@@ -5,6 +5,9 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
+#include <unordered_map>
+
 namespace {
 
 // ---- Note [Unchanged subtrees] ---------------------------------------------------------------
@@ -21,11 +24,27 @@ namespace {
 // checks of its immutable children (CONST, ID) hold without running. What no tag covers is
 // still checked on every call: each object's exact type (``__class__`` can be assigned), its
 // instance dict's identity (``__dict__`` can be assigned), a list's items (a list has no tag), a
-// set's contents, the key order of an OrderedDict (``move_to_end`` changes no tag), a SAME
-// node's identity, and every leaf (the SCM's guards). A value is taken from the memo only below
-// a container that holds it and whose tag held, so it is alive; a value read afresh is trusted
-// only through a tag (a new object at a freed one's address has a new dict, and so a new tag).
-// Python 3.13 and later evaluate every node.
+// set's contents, the key order of an OrderedDict (``move_to_end`` changes no tag), and every
+// leaf (the SCM's guards). A value is taken from the memo only below a container that holds it
+// and whose tag held, so it is alive; a value read afresh is trusted only through a tag (a new
+// object at a freed one's address has a new dict, and so a new tag).
+//
+// The unchanged pass: a root (a parameter's value, or self) that is the memo's object, and
+// whose whole subtree held at its last walk, is checked by its flat list of what remains
+// (TreeMemo::checks, in pre-order, so that each value is read only once the container holding
+// it held): per OBJECT its type, dict identity and tag; per DICT its type and tag; per list its
+// items' identities; per namedtuple its type; per set its contents; per SAME node its first
+// node's object (which may be another root's, read afresh); per leaf, nothing but its place
+// among the leaves. Unchanged containers need no walk, immutable nodes no check (their
+// containers hold the same objects). The first check that fails sends that root to the
+// walk above, which reads afresh what changed and updates the memo.
+//
+// Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost nothing
+// to check: a dict the memo found unchanged across two calls is watched, and an event on it (a
+// change, a copy into it, its deallocation) marks every memo watching it dirty. A memo that is
+// not dirty reads no tag of its watched dicts; a dirty one reads them all, and is clean again
+// once they all held. Not on 3.11 (no watchers) or where no watcher slot is free. Python 3.13
+// and later evaluate every node.
 #if PY_VERSION_HEX < 0x030D0000
 #define TRT_DICT_TAGS 1
 #pragma GCC diagnostic push
@@ -36,23 +55,22 @@ inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d
 inline uint64_t dict_tag(PyObject*) { return 0; }
 #endif
 
-// Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost
-// nothing to check: a dict the memo found unchanged across two calls is watched, and every event
-// on any watched dict (a change, a copy into it, its deallocation) counts in dict_events. A memo
-// that last held at the current count knows that none of its watched dicts changed since, and
-// reads no tag of theirs. Not on 3.11 (no watchers) or where all watcher slots are taken.
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
 #define TRT_DICT_WATCHERS 1
-uint64_t dict_events = 0;
 int dict_watcher = -1;  // -2: none could be had
+// The memos watching each watched dict (never freed: the watcher outlives every memo).
+auto* const watchers = new std::unordered_map<PyObject*, std::vector<TreeMemo*>>();
 
-int on_dict_event(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
-  ++dict_events;
+int on_dict_event(PyDict_WatchEvent event, PyObject* d, PyObject*, PyObject*) {
+  auto it = watchers->find(d);
+  if (it == watchers->end()) return 0;
+  for (TreeMemo* memo : it->second) memo->dirty = true;
+  if (event == PyDict_EVENT_DEALLOCATED) watchers->erase(it);
   return 0;
 }
 
-// Watches `d` (its tag changes: read it again). false: not watched.
-bool watch_dict(PyObject* d) {
+// `memo` watches `d`. false: not watched (no watcher slot).
+bool watch_dict(TreeMemo* memo, PyObject* d) {
   if (dict_watcher == -1) {
     dict_watcher = PyDict_AddWatcher(on_dict_event);
     if (dict_watcher < 0) {
@@ -60,13 +78,35 @@ bool watch_dict(PyObject* d) {
       dict_watcher = -2;
     }
   }
-  if (dict_watcher < 0 || PyDict_Watch(dict_watcher, d) < 0) {
+  if (dict_watcher < 0) return false;
+  auto [it, added] = watchers->try_emplace(d);
+  if (added && PyDict_Watch(dict_watcher, d) < 0) {
     PyErr_Clear();
+    watchers->erase(it);
     return false;
+  }
+  if (std::find(it->second.begin(), it->second.end(), memo) == it->second.end()) {
+    it->second.push_back(memo);
+    memo->watching.push_back(d);
   }
   return true;
 }
 #endif
+
+TreeMemo::~TreeMemo() {  // with the GIL (CallTrees' last holder has it)
+#ifdef TRT_DICT_WATCHERS
+  for (PyObject* d : watching) {
+    auto it = watchers->find(d);  // absent: deallocated since
+    if (it == watchers->end()) continue;
+    auto& memos = it->second;
+    memos.erase(std::remove(memos.begin(), memos.end(), this), memos.end());
+    if (memos.empty()) {
+      if (PyDict_Unwatch(dict_watcher, d) < 0) PyErr_Clear();
+      watchers->erase(it);
+    }
+  }
+#endif
+}
 
 // One tree's evaluation: where values go (the memo's arrays for argument trees, so that the next
 // call finds them; the call's own for state trees).
@@ -164,10 +204,9 @@ struct TreeEval {
   // Whether d, node i's dict (its own, or its object's) as the memo holds it, is unchanged.
   bool same_dict(size_t i, PyObject* d) {
 #ifdef TRT_DICT_WATCHERS
-    if (memo->watched[i]) {
-      if (memo->events == dict_events) return true;
-    } else if (dict_tag(d) == memo->tags[i] && watch_dict(d)) {  // unchanged twice: watched
-      memo->watched[i] = 1;
+    if (memo->watched[i] && !memo->dirty) return true;
+    if (!memo->watched[i] && dict_tag(d) == memo->tags[i] && watch_dict(memo, d)) {
+      memo->watched[i] = 1;  // unchanged twice: watched (watching changes its tag's low bits)
       memo->tags[i] = dict_tag(d);
       return true;
     }
@@ -234,10 +273,65 @@ struct TreeEval {
     return true;
   }
 
+  // Note [Unchanged subtrees]: the unchanged pass over root k's checks, its value being the
+  // memo's. false: a check failed (the leaves it pushed are the caller's to drop).
+  bool unchanged(size_t k) {
+#ifdef TRT_DICT_TAGS
+    for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1]; ++c) {
+      const TreeMemo::Check& check = memo->checks[c];
+      size_t i = check.node;
+      PyObject* v = values[i];
+      switch (check.op) {
+        case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
+        case TreeMemo::Check::kObject: {
+          if (Py_TYPE(v) != memo->types[i]) return false;
+          PyObject** dict = _PyObject_GetDictPtr(v);
+          if (!dict || *dict != dicts[i] || !same_dict(i, *dict)) return false;
+          break;
+        }
+        case TreeMemo::Check::kDict:
+        case TreeMemo::Check::kOrderedDict:  // move_to_end reorders it without a new tag
+          if (Py_TYPE(v) != memo->types[i] || !same_dict(i, v) ||
+              (check.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
+            return false;
+          break;
+        case TreeMemo::Check::kList:
+          if (!PyList_CheckExact(v) || Py_SIZE(v) != tree.nodes[i].length) return false;
+          for (size_t c = i + 1; c < memo->end[i]; c = memo->end[c])
+            if (PyList_GET_ITEM(v, tree.nodes[c].index) != values[c]) return false;
+          break;
+        case TreeMemo::Check::kType:
+          if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(tree.nodes[i].expect)) return false;
+          break;
+        case TreeMemo::Check::kSet:
+          if (!const_equal(tree.nodes[i], v)) return false;
+          break;
+        case TreeMemo::Check::kSame:
+          if (v != values[tree.nodes[i].same]) return false;
+          break;
+      }
+    }
+    return true;
+#else
+    (void)k;
+    return false;
+#endif
+  }
+
   bool memoized() {
-    size_t n = tree.nodes.size();
-    for (size_t i = 0; i < n; i = memo->end[i])
-      if (!visit(i, false)) return false;
+    for (size_t k = 0; k < memo->roots.size(); ++k) {
+      size_t r = static_cast<size_t>(memo->roots[k]);
+      if (memo->root_held[k]) {
+        PyObject* v = read(r);
+        size_t mark = cv.leaves.size();
+        if (v && v == values[r] && unchanged(k)) continue;
+        cv.leaves.resize(mark);
+        PyErr_Clear();
+      }
+      memo->root_held[k] = 0;
+      if (!visit(r, false)) return false;
+      memo->root_held[k] = 1;
+    }
     return true;
   }
 };
@@ -266,9 +360,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   bool ok = e.memoized();
   memo->busy = false;
   if (collecting) PyGC_Enable();
-#ifdef TRT_DICT_WATCHERS
-  if (ok) memo->events = dict_events;
-#endif
+  if (ok) memo->dirty = false;  // every watched dict it holds was read or clean
   return ok;
 }
 
@@ -324,6 +416,34 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
     }
   }
   memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
+  // the unchanged pass's checks, per root (Note [Unchanged subtrees])
+  using Check = TreeMemo::Check;
+  for (size_t r = 0; r < n; r = memo->end[r]) {
+    memo->roots.push_back(static_cast<Py_ssize_t>(r));
+    memo->checks_begin.push_back(memo->checks.size());
+    for (size_t i = r; i < memo->end[r]; ++i) {
+      const TreeNode& node = tree.nodes[i];
+      auto add = [&](Check::Op op) { memo->checks.push_back({op, static_cast<uint32_t>(i)}); };
+      switch (memo->kind[i]) {
+        case TreeMemo::kLeaf: add(Check::kLeaf); break;
+        case TreeMemo::kObject: add(Check::kObject); break;
+        case TreeMemo::kDict: add(Check::kDict); break;
+        case TreeMemo::kOrderedDict: add(Check::kOrderedDict); break;
+        case TreeMemo::kTuple: case TreeMemo::kImmutable: break;
+        case TreeMemo::kOther:
+          if (node.check == TRT_CHK_SEQ)
+            add(node.expect == reinterpret_cast<PyObject*>(&PyList_Type) ? Check::kList
+                                                                         : Check::kType);
+          else if (node.check == TRT_CHK_CONST)
+            add(Check::kSet);
+          else if (node.check == TRT_CHK_SAME)  // its first node may be another root's
+            add(Check::kSame);
+          break;
+      }
+    }
+  }
+  memo->checks_begin.push_back(memo->checks.size());
+  memo->root_held.assign(memo->roots.size(), 0);
   return memo;
 }
 
