@@ -427,3 +427,26 @@ def test_a_collection_during_a_walk_does_not_run_the_function_again():
             armed[0] = False
         gc.collect()
     assert all(torch.equal(r, torch.full((3,), 101.0)) for r in inner)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_new_object_at_a_freed_ones_address_is_checked_afresh(device):
+    """A root or a list's item is only known to be at the address the memo holds: a new tuple
+    of new tensors (the ``*args`` tuple of every call), a new string, a new tuple in a list, is
+    read afresh, whatever address the allocator gives it."""
+    def f(x, mode, pair, *rest):
+        y = x.relu() if mode == "relu" else x.neg()
+        return y + pair[0][1] + rest[0] * rest[1]
+
+    jf = trident.jit(f)
+    g = torch.Generator().manual_seed(0)
+    for i in range(40):
+        x, a, b, c = (torch.randn(3, generator=g).to(device) for _ in range(4))
+        mode = "".join(["re", "lu"] if i % 3 else ["ne", "gx"])  # a new str each call
+        pair = [(1, a)]  # a new list holding a new tuple
+        want = f(x, mode, pair, b, c)
+        assert torch.equal(jf(x, mode, pair, b, c), want), i
+        del x, a, b, c, pair  # freed: the next call's objects may take their addresses
+        gc.collect()
+    assert jf.stats.fallbacks == 0
+    assert jf.stats.compiles == 2  # one per mode

@@ -346,7 +346,9 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     for i in reversed(range(len(nodes))):  # tuples around fake leaves are new tuples
         n = nodes[i]
         if n.check == SEQ and n.expect is not list:
-            kids = [new[j] for j in children.get(i, ())]
+            kids = list(values[i])  # the items the tree leaves out as they are
+            for j in children.get(i, ()):
+                kids[nodes[j].key] = new[j]
             if any(a is not b for a, b in zip(kids, values[i])):
                 new[i] = n.expect(*kids) if _is_namedtuple(n.expect) else tuple(kids)
                 if rebuilt is not None:

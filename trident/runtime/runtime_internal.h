@@ -142,7 +142,7 @@ struct TreeMemo {
   // The unchanged pass: per root (a parameter, or self), the checks that remain of its subtree
   // when its value is the memo's, in pre-order (a container's before what it holds).
   struct Check {
-    enum Op : uint8_t { kLeaf, kObject, kDict, kOrderedDict, kList, kType, kSet, kSame };
+    enum Op : uint8_t { kLeaf, kObject, kDict, kOrderedDict, kItems, kConst, kSame, kNode };
     Op op;
     uint32_t node;
   };

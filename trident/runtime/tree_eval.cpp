@@ -32,12 +32,15 @@ namespace {
 // The unchanged pass: a root (a parameter's value, or self) that is the memo's object, and
 // whose whole subtree held at its last walk, is checked by its flat list of what remains
 // (TreeMemo::checks, in pre-order, so that each value is read only once the container holding
-// it held): per OBJECT its type, dict identity and tag; per DICT its type and tag; per list its
-// items' identities; per namedtuple its type; per set its contents; per SAME node its first
-// node's object (which may be another root's, read afresh); per leaf, nothing but its place
-// among the leaves. Unchanged containers need no walk, immutable nodes no check (their
-// containers hold the same objects). The first check that fails sends that root to the
-// walk above, which reads afresh what changed and updates the memo.
+// it held): per OBJECT its type, dict identity and tag; per DICT its type and tag; per SAME node
+// its first node's object (which may be another root's, read afresh); per leaf, nothing but its
+// place among the leaves (the SCM guards it). A value held by a container whose tag held is the
+// same object as at the last walk, so its immutable nodes need no check. A root, or a list's
+// item, is only known to be at the same address, where a new object may have taken a freed
+// one's place (the memo holds no reference): there a tuple's items and a constant's value are
+// checked again, as are a list's items and a set's contents everywhere. The first check that
+// fails sends that root to the walk above, which reads afresh what changed and updates the
+// memo.
 //
 // Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost nothing
 // to check: a dict the memo found unchanged across two calls is watched, and an event on it (a
@@ -278,10 +281,10 @@ struct TreeEval {
   bool unchanged(size_t k) {
 #ifdef TRT_DICT_TAGS
     for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1]; ++c) {
-      const TreeMemo::Check& check = memo->checks[c];
-      size_t i = check.node;
+      const TreeMemo::Check& step = memo->checks[c];
+      size_t i = step.node;
       PyObject* v = values[i];
-      switch (check.op) {
+      switch (step.op) {
         case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
         case TreeMemo::Check::kObject: {
           if (Py_TYPE(v) != memo->types[i]) return false;
@@ -292,19 +295,26 @@ struct TreeEval {
         case TreeMemo::Check::kDict:
         case TreeMemo::Check::kOrderedDict:  // move_to_end reorders it without a new tag
           if (Py_TYPE(v) != memo->types[i] || !same_dict(i, v) ||
-              (check.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
+              (step.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
             return false;
           break;
-        case TreeMemo::Check::kList:
-          if (!PyList_CheckExact(v) || Py_SIZE(v) != tree.nodes[i].length) return false;
+        case TreeMemo::Check::kItems: {  // a list's or a tuple's type, length and items
+          const TreeNode& node = tree.nodes[i];
+          if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect) ||
+              Py_SIZE(v) != node.length)
+            return false;
+          bool list = PyList_Check(v);
           for (size_t c = i + 1; c < memo->end[i]; c = memo->end[c])
-            if (PyList_GET_ITEM(v, tree.nodes[c].index) != values[c]) return false;
+            if ((list ? PyList_GET_ITEM(v, tree.nodes[c].index)
+                      : PyTuple_GET_ITEM(v, tree.nodes[c].index)) != values[c])
+              return false;
           break;
-        case TreeMemo::Check::kType:
-          if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(tree.nodes[i].expect)) return false;
-          break;
-        case TreeMemo::Check::kSet:
+        }
+        case TreeMemo::Check::kConst:
           if (!const_equal(tree.nodes[i], v)) return false;
+          break;
+        case TreeMemo::Check::kNode:
+          if (!check(i, v)) return false;
           break;
         case TreeMemo::Check::kSame:
           if (v != values[tree.nodes[i].same]) return false;
@@ -418,27 +428,43 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
   // the unchanged pass's checks, per root (Note [Unchanged subtrees])
   using Check = TreeMemo::Check;
+  // held[i]: node i's value is held by a container whose tag proves it unchanged (a dict, an
+  // object's dict, or a tuple such a container holds), so it is the same object as at the last
+  // walk. Elsewhere (a root, a list's item) only its address is known to be the same, and a new
+  // object may have taken a freed one's: what is not a container with a tag of its own is
+  // checked again (a tuple's items, a constant's value).
+  std::vector<uint8_t> held(n, 0);
+  for (size_t p = 0; p < n; ++p) {
+    bool holds = memo->kind[p] == TreeMemo::kDict || memo->kind[p] == TreeMemo::kOrderedDict ||
+                 memo->kind[p] == TreeMemo::kObject ||
+                 (tree.nodes[p].check == TRT_CHK_SEQ && held[p] &&
+                  tree.nodes[p].expect != reinterpret_cast<PyObject*>(&PyList_Type));
+    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds;
+  }
   for (size_t r = 0; r < n; r = memo->end[r]) {
     memo->roots.push_back(static_cast<Py_ssize_t>(r));
     memo->checks_begin.push_back(memo->checks.size());
     for (size_t i = r; i < memo->end[r]; ++i) {
       const TreeNode& node = tree.nodes[i];
       auto add = [&](Check::Op op) { memo->checks.push_back({op, static_cast<uint32_t>(i)}); };
-      switch (memo->kind[i]) {
-        case TreeMemo::kLeaf: add(Check::kLeaf); break;
-        case TreeMemo::kObject: add(Check::kObject); break;
-        case TreeMemo::kDict: add(Check::kDict); break;
-        case TreeMemo::kOrderedDict: add(Check::kOrderedDict); break;
-        case TreeMemo::kTuple: case TreeMemo::kImmutable: break;
-        case TreeMemo::kOther:
-          if (node.check == TRT_CHK_SEQ)
-            add(node.expect == reinterpret_cast<PyObject*>(&PyList_Type) ? Check::kList
-                                                                         : Check::kType);
-          else if (node.check == TRT_CHK_CONST)
-            add(Check::kSet);
-          else if (node.check == TRT_CHK_SAME)  // its first node may be another root's
-            add(Check::kSame);
+      switch (node.check) {
+        case TRT_CHK_LEAF: add(Check::kLeaf); break;  // the SCM guards it
+        case TRT_CHK_OBJECT: add(Check::kObject); break;
+        case TRT_CHK_DICT:
+          add(memo->kind[i] == TreeMemo::kOrderedDict ? Check::kOrderedDict : Check::kDict);
           break;
+        case TRT_CHK_SEQ:
+          if (node.expect == reinterpret_cast<PyObject*>(&PyList_Type) || !held[i])
+            add(Check::kItems);  // a list (no tag), or a tuple not known to be the same
+          break;
+        case TRT_CHK_CONST:  // a set's contents can change; a constant elsewhere may be new
+          if (memo->kind[i] != TreeMemo::kImmutable || !held[i]) add(Check::kConst);
+          break;
+        case TRT_CHK_ID:  // the tree holds the object: an equal address is the same object
+        case TRT_CHK_ABSENT:  // only in a dict, whose tag covers it
+          break;
+        case TRT_CHK_SAME: add(Check::kSame); break;  // its first node may be another root's
+        default: add(Check::kNode); break;  // a type, a tensor's version: checked every call
       }
     }
   }
