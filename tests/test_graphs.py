@@ -139,7 +139,7 @@ def test_symbolic_specializations_get_graphs_per_size():
     assert states.slot(static) == (graphs.PENDING,)
     assert graphs.size_key(static, (x, w)) == ()
     assert graphs.size_key(spec, (x.t(), w)) == ((0, (4, 8), (1, 4), 0), (1, (4, 4), (4, 1), 0))
-    states.done(spec, (x, w), "capture failed: a test")  # a failure: no more sizes
+    states.done(spec, (x, w), graphs.NoGraph("capture failed: a test"))  # no more sizes
     assert states.slot(spec) == (graphs.OFF,)
 
 

@@ -18,7 +18,7 @@ from _trident_helpers import make_cache_dir
 from trident.ir import sizes
 from trident.ir.guards import (KINDS, ArgCount, ArgGuard, Dtype, FloatBits, Guard, IntValue,
                                ProcessGroup, SameAs, Size, SizeRelation, Stride, first_failure)
-from trident.ir.facts import TENSOR, Facts, float_bits
+from trident.ir.facts import TENSOR, ArgFacts, Facts, float_bits
 
 
 def probe(*args):
@@ -342,8 +342,8 @@ def test_size_expressions_in_c_agree_with_python(size_expressions):
     @given(st.integers(0, len(exprs) - 1), st.lists(st.integers(0, 40), min_size=3, max_size=3),
            st.integers(-5, 40), st.integers(0, 40))
     def agree(k, numbers, stride, offset):
-        facts = [{"kind": TENSOR, "sizes": numbers[:2], "strides": [stride]},
-                 {"kind": TENSOR, "sizes": numbers[2:], "storage_offset": offset}]
+        facts = [ArgFacts(TENSOR, sizes=tuple(numbers[:2]), strides=(stride,)),
+                 ArgFacts(TENSOR, sizes=tuple(numbers[2:]), storage_offset=offset)]
         got = module.lib.eval_expr(k, ffi.new("int64_t[]", numbers[:2]),
                                    ffi.new("int64_t[]", [stride]),
                                    ffi.new("int64_t[]", numbers[2:]), offset)

@@ -12,8 +12,8 @@ fp32 operation per element).
 
 from __future__ import annotations
 
-import base64
 import copy
+import dataclasses
 import hashlib
 import importlib
 import re
@@ -25,6 +25,8 @@ from torch.utils._sympy.functions import FloorDiv
 
 import trident
 from trident.ir import sizes
+from trident.ir.launch import ConstexprParam, ScalarParam, TensorParam, TritonLaunch
+from trident.ir.plan import TritonStep
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -131,12 +133,16 @@ def counts(jf) -> dict:
             "traces": s.traces, "interpreted": s.interpreted_launches}
 
 
+def triton_steps_of(spec) -> list:
+    return [s for s in spec.plan.steps if isinstance(s, TritonStep)]
+
+
 def triton_steps(jf, spec: int = 0) -> list:
-    return [s for s in jf._specs[spec].plan.steps if s.op == "triton"]
+    return [s for s in jf._specs[spec].plan.steps if isinstance(s, TritonStep)]
 
 
-def param(launch: dict, name: str) -> dict:
-    (p,) = [p for p in launch["params"] if p["name"] == name]
+def param(launch: TritonLaunch, name: str):
+    (p,) = [p for p in launch.params if p.name == name]
     return p
 
 
@@ -176,12 +182,13 @@ def test_add_kernel_equals_torch_and_counts_launches(fn, block):
         assert counts(f) == dict(hits=call - 1, misses=1, compiles=1, fallbacks=0, traces=1,
                                  interpreted=call)
     (step,) = triton_steps(f)
-    assert step.launch["kernel"] == "add_kernel"
-    assert step.launch["device"] == "cpu"
-    assert step.launch["grid"] == [triton.cdiv(1000, block), 1, 1]
-    assert param(step.launch, "BLOCK") == {"name": "BLOCK", "kind": "constexpr", "value": block}
-    assert param(step.launch, "n") == {"name": "n", "kind": "scalar", "value": 1000}
-    assert [p["kind"] for p in step.launch["params"]] == ["tensor"] * 3 + ["scalar", "constexpr"]
+    assert step.launch.kernel == "add_kernel"
+    assert step.launch.device == "cpu"
+    assert step.launch.grid == (triton.cdiv(1000, block), 1, 1)
+    assert param(step.launch, "BLOCK") == ConstexprParam("BLOCK", block)
+    assert param(step.launch, "n") == ScalarParam("n", 1000)
+    assert [type(p) for p in step.launch.params] == [TensorParam] * 3 + [ScalarParam,
+                                                                        ConstexprParam]
 
 
 def mixed(x, y):
@@ -202,9 +209,9 @@ def test_torch_ops_before_and_after_the_kernel():
         assert torch.equal(r, torch.relu(want))
         assert s.shape == () and torch.allclose(s, want.sum(), rtol=1e-5, atol=1e-4)
     assert counts(f) == dict(hits=2, misses=1, compiles=1, fallbacks=0, traces=1, interpreted=3)
-    ops = [s.op for s in f._specs[0].plan.steps]
-    assert "triton" in ops
-    assert ops.index("aten::relu") < ops.index("triton") < ops.index("aten::sum")
+    ops = [s.launch.kernel if isinstance(s, TritonStep) else s.op
+           for s in f._specs[0].plan.steps]
+    assert ops.index("aten::relu") < ops.index("add_kernel") < ops.index("aten::sum")
 
 
 def test_second_shape_makes_the_launch_symbolic():
@@ -220,11 +227,11 @@ def test_second_shape_makes_the_launch_symbolic():
                                  "add_callable_grid(x: float32[?] cpu, y: float32[?] cpu)",
                                  "add_callable_grid(x: float32[?] cpu, y: float32[?] cpu)"]
     assert "% 16" in f.stats.miss_reasons[-1]
-    assert triton_steps(f, 0)[0].launch["grid"] == [2, 1, 1]  # cdiv(100, 64)
+    assert triton_steps(f, 0)[0].launch.grid == (2, 1, 1)  # cdiv(100, 64)
     (launch,) = [s.launch for s in triton_steps(f, 1)]
     n = sizes.place("size", 1, 0)  # Note [Size expressions]: x.size(0)
-    assert sizes.loads(launch["grid"][0]) == FloorDiv(63 + n, 64) and launch["grid"][1:] == [1, 1]
-    assert sizes.loads(param(launch, "n")["size"]) == n
+    assert sizes.loads(launch.grid[0]) == FloorDiv(63 + n, 64) and launch.grid[1:] == (1, 1)
+    assert sizes.loads(param(launch, "n").size) == n
     assert "trt_floordiv(63LL + a[1].sizes[0], 64LL)" in f.source()
 
 
@@ -245,7 +252,7 @@ def test_two_launches_per_call_count_two():
         assert torch.equal(t, x + y)
         assert torch.equal(out, (x + y) - x)
         assert f.stats.interpreted_launches == 2 * call
-    assert [s.launch["kernel"] for s in triton_steps(f)] == ["add_kernel", "sub_kernel"]
+    assert [s.launch.kernel for s in triton_steps(f)] == ["add_kernel", "sub_kernel"]
 
 
 def keyword_launch(x, y):
@@ -302,9 +309,9 @@ def test_interpreted_helpers_leave_triton_language_unpatched(tmp_path, monkeypat
     # end) ...
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     (step,) = triton_steps(f)
-    launch = dict(step.launch, device="cuda:0")
+    launch = dataclasses.replace(step.launch, device="cuda:0")
     try:
-        cubins.compile_cuda(row_sum_kernel, kernels.Launch(**launch), (9, 0))
+        cubins.compile_cuda(row_sum_kernel, launch, (9, 0))
         compiled = None
     except Exception as e:  # noqa: BLE001 (reported below)
         compiled = f"{type(e).__name__}: {str(e).splitlines()[-1]}"
@@ -329,9 +336,8 @@ def test_heuristics_fix_constexpr_from_arguments():
         x, y = randn(n, seed=14), randn(n, seed=15)
         assert torch.equal(f(x, y), x + y)
         (step,) = triton_steps(f, i)
-        assert param(step.launch, "BLOCK") == {"name": "BLOCK", "kind": "constexpr",
-                                                "value": block}
-        assert step.launch["grid"] == [triton.cdiv(n, block), 1, 1]
+        assert param(step.launch, "BLOCK") == ConstexprParam("BLOCK", block)
+        assert step.launch.grid == (triton.cdiv(n, block), 1, 1)
     assert counts(f)["interpreted"] == 2
 
 
@@ -350,10 +356,10 @@ def test_autotune_uses_first_config_on_cpu():
     assert counts(f) == dict(hits=1, misses=1, compiles=1, fallbacks=0, traces=1, interpreted=2)
     (step,) = triton_steps(f)
     first = AUTOTUNE_CONFIGS[0]
-    assert param(step.launch, "BLOCK")["value"] == first.kwargs["BLOCK"] == 32
-    assert step.launch["options"]["num_warps"] == first.num_warps == 2
-    assert step.launch["options"]["num_stages"] == first.num_stages == 2
-    assert step.launch["grid"] == [triton.cdiv(1000, 32), 1, 1]  # the grid saw the config
+    assert param(step.launch, "BLOCK").value == first.kwargs["BLOCK"] == 32
+    assert step.launch.options["num_warps"] == first.num_warps == 2
+    assert step.launch.options["num_stages"] == first.num_stages == 2
+    assert step.launch.grid == (triton.cdiv(1000, 32), 1, 1)  # the grid saw the config
 
 
 def autotuned_heuristic_call(x, y):
@@ -368,9 +374,9 @@ def test_autotune_over_heuristics():
     x, y = randn(200, seed=18), randn(200, seed=19)
     assert torch.equal(f(x, y), x - y)
     (step,) = triton_steps(f)
-    assert param(step.launch, "BLOCK")["value"] == 64
-    assert step.launch["options"]["num_warps"] == 1
-    assert step.launch["grid"] == [4, 1, 1]
+    assert param(step.launch, "BLOCK").value == 64
+    assert step.launch.options["num_warps"] == 1
+    assert step.launch.grid == (4, 1, 1)
 
 
 def prehook_call(x):
@@ -406,10 +412,9 @@ def test_num_warps_at_launch_is_a_launch_option():
     x, y = randn(300, seed=21), randn(300, seed=22)
     assert torch.equal(f(x, y), x + y)
     (step,) = triton_steps(f)
-    assert step.launch["options"] == {"num_warps": 2, "num_stages": 1}
+    assert step.launch.options == {"num_warps": 2, "num_stages": 1}
     # options are not kernel parameters
-    assert [p["name"] for p in step.launch["params"]] == ["x_ptr", "y_ptr", "out_ptr", "n",
-                                                          "BLOCK"]
+    assert [p.name for p in step.launch.params] == ["x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"]
     assert torch.equal(f(x, y), x + y)
     assert counts(f)["interpreted"] == 2
 
@@ -501,7 +506,7 @@ def test_liger_rope():
         assert torch.equal(q, q_in) and torch.equal(k, k_in)  # liger works on copies
         assert counts(f) == dict(hits=call - 1, misses=1, compiles=1, fallbacks=0, traces=1,
                                  interpreted=call)
-    assert [s.launch["kernel"] for s in triton_steps(f)] == ["_triton_rope"]
+    assert [s.launch.kernel for s in triton_steps(f)] == ["_triton_rope"]
 
 
 def softmax_block(x, bias):
@@ -558,14 +563,10 @@ def _retarget_to_cuda(jf, spec_index: int = 0):
     from trident.lower import cubins, kernels
 
     spec = copy.deepcopy(jf._specs[spec_index])
-    for step in spec.plan.steps:
-        if step.op != "triton":
-            continue
-        launch = step.launch
-        launch["device"] = "cuda:0"
-        plain = {k: v for k, v in launch.items() if k != "binary"}
-        launch["binary"] = cubins.compile_cuda(kernels.find_kernel(launch["ref"], jf._fn),
-                                                kernels.Launch(**plain), (9, 0))
+    for step in triton_steps_of(spec):
+        step.launch = dataclasses.replace(step.launch, device="cuda:0")
+        step.binary = cubins.compile_cuda(kernels.find_kernel(step.launch.ref, jf._fn),
+                                          step.launch, (9, 0))
     return spec
 
 
@@ -584,13 +585,13 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     x, y = randn(1000, seed=32), randn(1000, seed=33)
     assert torch.equal(f(x, y), x + y)
     spec = _retarget_to_cuda(f)
-    (step,) = [s for s in spec.plan.steps if s.op == "triton"]
-    binary = step.launch["binary"]
-    assert binary["arch"] == "sm_90"
-    assert binary["name"] == "add_kernel"
-    assert binary["threads"] == 32 * 4  # Triton's default num_warps
-    assert binary["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
-    cubin = base64.b64decode(binary["cubin"])
+    (step,) = triton_steps_of(spec)
+    binary = step.binary
+    assert binary.arch == "sm_90"
+    assert binary.name == "add_kernel"
+    assert binary.threads == 32 * 4  # Triton's default num_warps
+    assert binary.arg_types == ("CUdeviceptr",) * 3 + ("int32_t", None)
+    cubin = binary.cubin
     assert cubin[:4] == b"\x7fELF"
 
     rendered = codegen.render(spec, "f")
@@ -635,21 +636,20 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     assert x.data_ptr() % 16 == 0
     assert torch.equal(f(x, y), x[1:] + y)
     (cpu_step,) = triton_steps(f)
-    assert param(cpu_step.launch, "x_ptr")["aligned"] is False
-    assert param(cpu_step.launch, "y_ptr")["aligned"] is True
-    assert param(cpu_step.launch, "out_ptr")["aligned"] is True  # a fresh allocation
-    assert param(cpu_step.launch, "x_stride") == {"name": "x_stride", "kind": "scalar",
-                                                   "value": 1}
+    assert param(cpu_step.launch, "x_ptr").aligned is False
+    assert param(cpu_step.launch, "y_ptr").aligned is True
+    assert param(cpu_step.launch, "out_ptr").aligned is True  # a fresh allocation
+    assert param(cpu_step.launch, "x_stride") == ScalarParam("x_stride", 1)
 
     spec = _retarget_to_cuda(f)
-    (step,) = [s for s in spec.plan.steps if s.op == "triton"]
-    binary = step.launch["binary"]
-    names = [p["name"] for p in step.launch["params"]]
-    types = dict(zip(names, binary["arg_types"]))
+    (step,) = triton_steps_of(spec)
+    binary = step.binary
+    names = [p.name for p in step.launch.params]
+    types = dict(zip(names, binary.arg_types))
     assert types["x_stride"] is None  # an int equal to 1 is specialized away by Triton
     assert types["BLOCK"] is None
     assert types["n"] == "int32_t"
-    assert binary["threads"] == 64  # num_warps=2 at the launch
+    assert binary.threads == 64  # num_warps=2 at the launch
     source = codegen.render(spec, "f").source
     assert "/* x_stride */" not in source
     (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, 1, 1, 1, params\)", source)
@@ -669,14 +669,13 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
 
     # the unaligned pointer compiles differently from an aligned one (no tt.divisibility, so
     # no vector loads of x)
-    aligned = copy.deepcopy(step.launch)
-    param(aligned, "x_ptr")["aligned"] = True
+    aligned = dataclasses.replace(step.launch, params=tuple(
+        dataclasses.replace(p, aligned=True) if p.name == "x_ptr" else p
+        for p in step.launch.params))
     from trident.lower import cubins, kernels
 
-    aligned.pop("binary")
-    aligned_binary = cubins.compile_cuda(kernels.find_kernel(aligned["ref"], f._fn),
-                                          kernels.Launch(**aligned), (9, 0))
-    assert aligned_binary["cubin"] != binary["cubin"]
+    aligned_binary = cubins.compile_cuda(kernels.find_kernel(aligned.ref, f._fn), aligned, (9, 0))
+    assert aligned_binary.cubin != binary.cubin
 
 
 def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
@@ -689,8 +688,8 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     x, y = randn(1000, seed=38), randn(1000, seed=39)
     assert torch.equal(f(x, y), x + y)
     spec = _retarget_to_cuda(f)
-    (step,) = [s for s in spec.plan.steps if s.op == "triton"]
-    assert step.launch["binary"]["arg_types"] == ["CUdeviceptr"] * 3 + ["int32_t", None]
+    (step,) = triton_steps_of(spec)
+    assert step.binary.arg_types == ("CUdeviceptr",) * 3 + ("int32_t", None)
     source = codegen.render(spec, "f").source
     grid = r"\(unsigned\)\(trt_floordiv\(63LL \+ a\[1\]\.sizes\[0\], 64LL\)\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
@@ -716,8 +715,8 @@ def test_unaligned_argument_is_its_own_specialization():
     assert torch.equal(f(unaligned, y), unaligned + y)
     assert f.stats.compiles == 2
     assert "data_ptr() % 16" in f.stats.miss_reasons[-1]
-    assert param(triton_steps(f, 0)[0].launch, "x_ptr")["aligned"] is True
-    assert param(triton_steps(f, 1)[0].launch, "x_ptr")["aligned"] is False
+    assert param(triton_steps(f, 0)[0].launch, "x_ptr").aligned is True
+    assert param(triton_steps(f, 1)[0].launch, "x_ptr").aligned is False
     assert torch.equal(f(unaligned, y), unaligned + y)
     assert torch.equal(f(aligned, y), aligned + y)
     assert counts(f) == dict(hits=2, misses=2, compiles=2, fallbacks=0, traces=2, interpreted=4)
@@ -732,6 +731,7 @@ import triton.language as tl
 
 import trident
 from trident.ir import sizes
+from trident.ir.plan import TritonStep
 
 
 @triton.jit
@@ -761,8 +761,8 @@ for _ in range(3):
     out, total = f(x, y)
     ok = ok and torch.equal(out, want * 2.0) and torch.equal(total, want.sum())
 s = f.stats
-alpha = [p["value"] for st in f._specs[0].plan.steps if st.op == "triton"
-         for p in st.launch["params"] if p["name"] == "ALPHA"]
+alpha = [p.value for st in f._specs[0].plan.steps if isinstance(st, TritonStep)
+         for p in st.launch.params if p.name == "ALPHA"]
 RESULT = (f"RESULT ok={ok} traces={s.traces} compiles={s.compiles} hits={s.hits} "
           f"misses={s.misses} interpreted={s.interpreted_launches} alpha={alpha}")
 '''

@@ -8,15 +8,16 @@ trident/lower/kernels.py), Triton's own interpreted launch.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import copy
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
 import trident
+from trident.ir.launch import ConstexprParam, PreHook
+from trident.ir.plan import TritonStep
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -116,9 +117,8 @@ def test_pre_hook_kernel_is_served_on_the_cpu():
         out, caught = calls_warning(f, x)
         assert torch.equal(out, x) and caught == []  # zeroed by the pre_hook, then out += x
     assert stats(f) == (1, 1, 1, 0, 2)
-    (step,) = [s for s in f._specs[0].plan.steps if s.op == "triton"]
-    assert step.launch["pre_hook"] == {"module": __name__, "name": "zeroing_accumulate",
-                                       "config": 0}
+    (step,) = [s for s in f._specs[0].plan.steps if isinstance(s, TritonStep)]
+    assert step.launch.pre_hook == PreHook(__name__, "zeroing_accumulate", 0)
     again = trident.jit(prehook_call)  # from the stored JSON: the pre_hook found again
     assert torch.equal(again(x), x) and stats(again) == (1, 0, 0, 0, 1)
 
@@ -158,8 +158,8 @@ def test_dtype_and_function_constexprs_are_served():
         a, b = f(x, y)
         assert torch.equal(a, want[0]) and torch.equal(b, want[1])
     assert stats(f) == (1, 1, 1, 0, 4)
-    steps = [s for s in f._specs[0].plan.steps if s.op == "triton"]
-    constexprs = [{p["name"]: p["value"] for p in s.launch["params"] if p["kind"] == "constexpr"}
+    steps = [s for s in f._specs[0].plan.steps if isinstance(s, TritonStep)]
+    constexprs = [{p.name: p.value for p in s.launch.params if isinstance(p, ConstexprParam)}
                   for s in steps]
     assert constexprs == [
         {"ACT": {"triton_function": {"module": __name__, "qualname": "relu_fn"}},
@@ -179,15 +179,13 @@ def test_dtype_and_function_constexprs_compile_for_sm90():
     f(randn(100, 4), randn(50, 5))
     compiled = []
     for step in f._specs[0].plan.steps:
-        if step.op == "triton":
-            launch = copy.deepcopy(step.launch)
-            launch["device"] = "cuda:0"
-            binary = cubins.compile_cuda(kernels.find_kernel(launch["ref"], f._fn),
-                                          kernels.Launch(**launch), (9, 0))
-            assert base64.b64decode(binary["cubin"])[:4] == b"\x7fELF"
-            assert binary["arg_types"] == ["CUdeviceptr", "CUdeviceptr", "int32_t", None, None,
-                                           None]
-            compiled.append(binary["cubin"])
+        if isinstance(step, TritonStep):
+            launch = dataclasses.replace(step.launch, device="cuda:0")
+            binary = cubins.compile_cuda(kernels.find_kernel(launch.ref, f._fn), launch, (9, 0))
+            assert binary.cubin[:4] == b"\x7fELF"
+            assert binary.arg_types == ("CUdeviceptr", "CUdeviceptr", "int32_t", None, None,
+                                        None)
+            compiled.append(binary.cubin)
     assert len(compiled) == 2 and compiled[0] != compiled[1]  # one binary per ACT/OUT
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import trident
+from trident.ir.plan import TritonStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -107,8 +108,8 @@ def test_views_and_unaligned_pointers_recompile_not_reuse():
     assert_same(f(base[:4096], y), fn(base[:4096], y))
     assert_same(f(base[1:], y), fn(base[1:], y))  # 4-byte offset: not 16-byte aligned
     assert f.stats.compiles == 2
-    aligned = [p["aligned"] for s in f._specs for st in s.plan.steps if st.op == "triton"
-               for p in st.launch["params"] if p["name"] == "x_ptr"]
+    aligned = [p.aligned for s in f._specs for st in s.plan.steps if isinstance(st, TritonStep)
+               for p in st.launch.params if p.name == "x_ptr"]
     assert aligned == [True, False]
 
 
@@ -123,8 +124,8 @@ def test_int_equal_to_one_is_its_own_specialization():
     assert_same(f(x, y, 1), fn(x, y, 1))
     assert_same(f(x, y, 16), fn(x, y, 16))
     assert_same(f(x, y, 17), fn(x, y, 17))
-    types = [st.launch["binary"]["arg_types"][3] for s in f._specs for st in s.plan.steps
-             if st.op == "triton"]
+    types = [st.binary.arg_types[3] for s in f._specs for st in s.plan.steps
+             if isinstance(st, TritonStep)]
     assert types[0] is None and types[1] == types[2] == "int32_t"
 
 

@@ -11,6 +11,8 @@ import dataclasses
 from trident.codegen.cprint import size_c
 from trident.codegen.target import Launch, Prologue, Renderer
 from trident.ir import operands
+from trident.ir.launch import ScalarParam, TensorParam
+from trident.ir.plan import TritonStep
 
 NAME = "cpu"
 HEADERS: tuple[str, ...] = ()
@@ -34,22 +36,22 @@ def prologue(r: Renderer) -> Prologue:
     return Prologue()
 
 
-def launch(r: Renderer, index: int, s) -> InterpreterLaunch:
+def launch(r: Renderer, index: int, s: TritonStep) -> InterpreterLaunch:
     """A Triton launch through Triton's interpreter: a Python callback with the tensors, the
     scalars (sizes computed in C, Note [Symbolic launches] in kernels.py) and the grid."""
-    launch = s.launch
     tensors = iter(s.args)
     statements: list[str] = []
     values = []
-    for p in launch["params"]:
-        if p["kind"] == "tensor":
-            tensor = next(tensors)
-            # Note [Views in C] in plan.py: the interpreter reads tensors
-            statements += r.view_tensors(tensor, s)
-            values.append(r.operand(tensor))
-        elif "size" in p:
-            values.append(f"TRT_I({size_c(p['size'])})")
-        elif p["kind"] == "scalar":
-            values.append(r.operand(operands.constant(p["value"])))
-    values += [f"TRT_I({g})" for g in r.grid(launch)]
+    for p in s.launch.params:
+        match p:
+            case TensorParam():
+                tensor = next(tensors)
+                # Note [Views in C] in plan.py: the interpreter reads tensors
+                statements += r.view_tensors(tensor, s)
+                values.append(r.operand(tensor))
+            case ScalarParam(size=str(size)):
+                values.append(f"TRT_I({size_c(size)})")
+            case ScalarParam(value=value):
+                values.append(r.operand(operands.constant(value)))
+    values += [f"TRT_I({g})" for g in r.grid(s.launch)]
     return InterpreterLaunch(tuple(statements), tuple(values), r.callback_slot(index))

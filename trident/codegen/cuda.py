@@ -7,14 +7,15 @@ that made them (Note [Buffer reuse] in plan.py). The CPU target is ``cpu.py``.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 
 from trident.ir import sizes
 from trident.codegen.cprint import c_comment, c_float, c_string, size_c
 from trident.codegen.target import Launch, Prologue, Renderer
+from trident.ir.launch import CompiledBinary, TensorParam
 from trident.ir.operands import Arg, Item, Val
+from trident.ir.plan import TritonStep
 
 NAME = "cuda"
 HEADERS = ("trident_cuda.h",)
@@ -56,19 +57,19 @@ class Kernels:
         self.decls: list[str] = []
         self.cubins: list[bytes] = []
 
-    def add(self, kernel: str, binary: dict) -> str:
-        key = (binary["cubin"], binary["name"], binary["threads"], binary["shared"],
-               binary["num_ctas"], binary["cooperative"], binary["pdl"])
+    def add(self, kernel: str, binary: CompiledBinary) -> str:
+        key = (binary.cubin, binary.name, binary.threads, binary.shared, binary.num_ctas,
+               binary.cooperative, binary.pdl)
         if key in self.names:
             return self.names[key]
         name = f"kernel{len(self.names)}"
-        cubin = base64.b64decode(binary["cubin"])
+        cubin = binary.cubin
         self.decls.append(
-            f"/* {kernel}: {binary['arch']} cubin, {len(cubin)} bytes, sha256 "
+            f"/* {kernel}: {binary.arch} cubin, {len(cubin)} bytes, sha256 "
             f"{hashlib.sha256(cubin).hexdigest()} */\n"
-            f"static trt_kernel {name} = {{{c_string(binary['name'])}, NULL, "
-            f"{binary['threads']}, {binary['shared']}, {binary['num_ctas']}, "
-            f"{int(binary['cooperative'])}, {int(binary['pdl'])}, {{0}}}};")
+            f"static trt_kernel {name} = {{{c_string(binary.name)}, NULL, "
+            f"{binary.threads}, {binary.shared}, {binary.num_ctas}, "
+            f"{int(binary.cooperative)}, {int(binary.pdl)}, {{0}}}};")
         self.names[key] = name
         self.cubins.append(cubin)
         return name
@@ -104,36 +105,35 @@ def _pointer(r: Renderer, var: str, o: Arg | Val | Item, where: str) -> list[str
             f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
 
 
-def launch(r: Renderer, index: int, s) -> DriverLaunch:
+def launch(r: Renderer, index: int, s: TritonStep) -> DriverLaunch:
     """A Triton launch of the step's cubin through the driver: one local per kernel parameter
     (Triton 3.6's: non-constexpr arguments, then the global and profile scratch pointers)."""
-    launch = s.launch
-    binary = launch["binary"]
+    launch, binary = s.launch, s.binary
     tensors = iter(s.args)
-    name = r.kernels.add(launch["kernel"], binary)
+    name = r.kernels.add(launch.kernel, binary)
     statements: list[str] = []
     params = []
-    for p, ctype in zip(launch["params"], binary["arg_types"]):
-        if p["kind"] == "tensor":
+    for p, ctype in zip(launch.params, binary.arg_types):
+        if isinstance(p, TensorParam):
             operand = next(tensors)
         if ctype is None:
             continue
         var = f"p{len(params)}"
-        if p["kind"] == "tensor":
-            statements += _pointer(r, var, operand, f"{s.where} (triton {s.overload})")
-            statements[-1] += f"  /* {p['name']} */"
-        elif "size" in p:  # Note [Symbolic launches] in kernels.py
-            words = c_comment(sizes.words(sizes.loads(p["size"]), r.spec.arg_names))
-            statements.append(f"{ctype} {var} = ({ctype}){size_c(p['size'])};  "
-                              f"/* {p['name']} = {words} */")
+        if isinstance(p, TensorParam):
+            statements += _pointer(r, var, operand, f"{s.where} (triton {launch.kernel})")
+            statements[-1] += f"  /* {p.name} */"
+        elif p.size is not None:  # Note [Symbolic launches] in kernels.py
+            words = c_comment(sizes.words(sizes.loads(p.size), r.spec.arg_names))
+            statements.append(f"{ctype} {var} = ({ctype}){size_c(p.size)};  "
+                              f"/* {p.name} = {words} */")
         elif ctype in _SCALARS:
-            statements.append(f"{ctype} {var} = {int(p['value'])};  /* {p['name']} */")
+            statements.append(f"{ctype} {var} = {int(p.value)};  /* {p.name} */")
         else:
-            statements.append(f"{ctype} {var} = {c_float(float(p['value']))};  "
-                              f"/* {p['name']} */")
+            statements.append(f"{ctype} {var} = {c_float(float(p.value))};  "
+                              f"/* {p.name} */")
         params.append(f"&{var}")
     statements.append("CUdeviceptr scratch[2] = {0, 0};  "
                       "/* Triton's global and profile scratch */")
     params += ["&scratch[0]", "&scratch[1]"]
-    device = int(launch["device"].split(":")[1]) if ":" in launch["device"] else 0
+    device = int(launch.device.split(":")[1]) if ":" in launch.device else 0
     return DriverLaunch(tuple(statements), tuple(params), name, device, tuple(r.grid(launch)))

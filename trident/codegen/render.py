@@ -18,6 +18,8 @@ from trident.codegen.guards import guard_c
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
                                  NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
+from trident.ir.launch import TritonLaunch
+from trident.ir.plan import OpCall, SizeStep, Step, TritonStep
 from trident.lower import passes
 from trident.ir.specialization import Specialization
 
@@ -50,7 +52,7 @@ class Rendered(NamedTuple):
     cubins: list[bytes]
 
 
-# "int" steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
+# Size steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
 _C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
               "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})"}
 
@@ -132,20 +134,20 @@ class _SpecRenderer:
         """An int operand as a C int64 expression."""
         return c_int(o.v) if isinstance(o, Int) else f"s[{o.i}].u.i"
 
-    def int_step(self, s) -> CStep:
+    def int_step(self, s: SizeStep) -> CStep:
         """Note [Symbolic sizes] in plan.py: size arithmetic in C."""
         r = s.results[0].i
-        if s.overload == "size":
+        if s.op == "size":
             (tensor, dim) = s.args
             expr = f"a[{tensor.i}].sizes[{dim.v}]"
         else:
-            expr = _C_INT_OPS[s.overload].format(*(self.int_expr(a) for a in s.args))
+            expr = _C_INT_OPS[s.op].format(*(self.int_expr(a) for a in s.args))
         lines = [f"s[{r}] = TRT_I({expr});"]
-        if s.overload in ("floordiv", "remainder"):
+        if s.op in ("floordiv", "remainder"):
             lines.insert(0, f"if ({self.int_expr(s.args[1])} == 0) {{ rt->set_error("
-                            f"{c_string(s.where + ' (' + s.overload + ')')}, \"integer division "
+                            f"{c_string(s.where + ' (' + s.op + ')')}, \"integer division "
                             f"by zero in a size expression\"); goto {self.on_error}; }}")
-        return CStep("int", s.where, c_comment(s.text), f"int {s.overload}", lines, [], [])
+        return CStep("int", s.where, c_comment(s.text), f"int {s.op}", lines, [], [])
 
     def releases(self, s) -> list[Release]:
         out = []
@@ -157,13 +159,13 @@ class _SpecRenderer:
                 out.append(Release(rel))
         return out
 
-    def triton(self, index: int, s) -> CStep:
+    def triton(self, index: int, s: TritonStep) -> CStep:
         """A Triton launch, as the target of its tensors launches it."""
         self.locals = []
-        target = _target_of(s.launch["device"])
+        target = _target_of(s.launch.device)
         self.targets.add(target)
         launch = target.launch(self, index, s)
-        return CStep(launch.KIND, s.where, c_comment(s.text), f"triton {s.overload}",
+        return CStep(launch.KIND, s.where, c_comment(s.text), f"triton {s.launch.kernel}",
                      list(launch.locals), list(launch.args), self.releases(s), launch=launch)
 
     def callback_slot(self, index: int) -> int:
@@ -172,17 +174,22 @@ class _SpecRenderer:
         self.callbacks.append(index)
         return len(self.callbacks) - 1
 
-    def grid(self, launch: dict) -> list[str]:
+    def grid(self, launch: TritonLaunch) -> list[str]:
         """A launch's grid dims: ints, or Note [Symbolic launches]'s expressions (guarded to
         [0, 2**31))."""
         return [str(g) if isinstance(g, int) else f"(unsigned)({size_c(g)})"
-                for g in launch["grid"]]
+                for g in launch.grid]
 
-    def step(self, index: int, s) -> CStep:
-        if s.op == "triton":
+    def step(self, index: int, s: Step) -> CStep:
+        if isinstance(s, TritonStep):
             return self.triton(index, s)
-        if s.op == "int":
+        if isinstance(s, SizeStep):
             return self.int_step(s)
+        return self.call(index, s)
+
+    def call(self, index: int, s: OpCall) -> CStep:
+        """A dispatcher call, a view computed in C (Note [Views in C] in plan.py), or a call
+        writing into a reused buffer (Note [Buffer reuse] in plan.py)."""
         self.locals = []
         if s.view is not None and (step := self.view_step(s)):
             return step
@@ -346,7 +353,7 @@ class _SpecRenderer:
 
     def prologue(self) -> Prologue:
         """What runs before the first step: the target's (Note [Buffer reuse] in plan.py)."""
-        if not any(s.out_overload for s in self.spec.plan.steps):
+        if not any(isinstance(s, OpCall) and s.out_overload for s in self.spec.plan.steps):
             return Prologue()
         return self.target.prologue(self)
 
@@ -432,7 +439,7 @@ def render(spec: Specialization, function: str) -> Rendered:
     if rendered["graph"]:  # Note [CUDA graphs]
         used.add(target_cuda)
     headers = sorted({h for target in used for h in target.HEADERS})
-    if any(s.view is not None for s in spec.plan.steps):
+    if any(isinstance(s, OpCall) and s.view is not None for s in spec.plan.steps):
         headers.append("trident_views.h")
     source = environment().get_template("scm.c.jinja").render(
         function=c_comment(function),

@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from trident.codegen.cprint import c_comment, c_string
 from trident.ir.operands import Arg, Drop, Item, List, Operand, Scalar, Val
+from trident.ir.launch import TritonLaunch
+from trident.ir.plan import TritonStep
 from trident.ir.specialization import Specialization
 
 
@@ -51,7 +53,7 @@ class Renderer(Protocol):
 
     def tensor(self, o: Arg | Val | Item) -> str: ...
 
-    def grid(self, launch: dict) -> list[str]: ...
+    def grid(self, launch: TritonLaunch) -> list[str]: ...
 
     def view_tensors(self, o: Operand, s) -> list[str]: ...
 
@@ -72,7 +74,7 @@ class Target(Protocol):
         """What runs before the first step of a launch sequence that reuses buffers."""
         ...
 
-    def launch(self, r: Renderer, index: int, s) -> Launch:
+    def launch(self, r: Renderer, index: int, s: TritonStep) -> Launch:
         """Plan step ``index``, ``s`` (a Triton launch), as this target launches it."""
         ...
 

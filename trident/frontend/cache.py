@@ -49,6 +49,7 @@ from filelock import FileLock, Timeout
 
 from trident import config
 from trident.identity import describe
+from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
 
 _log = config.logger("cache")
@@ -293,7 +294,7 @@ def evict(keep: Path) -> list[Path]:
 def _check_ops(spec: Specialization) -> None:
     """Raise ``ValueError`` for a step calling an operator PyTorch's dispatcher lacks."""
     for step in spec.plan.steps:
-        if "::" in step.op:
+        if isinstance(step, OpCall):
             try:
                 torch._C._get_schema(step.op, step.overload)
             except RuntimeError:

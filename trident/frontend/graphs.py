@@ -102,6 +102,13 @@ class Captured:
         return struct.pack(f"<{len(self.desc)}q", *self.desc)
 
 
+@dataclasses.dataclass(frozen=True)
+class NoGraph:
+    """Why a capture gave no graph: the specialization (of that size) runs step by step."""
+
+    why: str
+
+
 def size_key(spec, args: tuple) -> tuple:
     """Which of a specialization's graphs a call needs: () for a static specialization (its
     guards fix every size); for a symbolic one, each tensor argument's sizes, strides and
@@ -179,7 +186,7 @@ class GraphStates:
         self.enabled = enabled
         self.sizes = sizes
         self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
-        self.graphs: dict[str, dict[tuple, Captured | str]] = {}  # by size: graph, or why none
+        self.graphs: dict[str, dict[tuple, Captured | NoGraph]] = {}  # by size
         self.recaptures: dict[str, int] = {}  # captures left after a moved argument
 
     def slot(self, spec) -> tuple:
@@ -200,7 +207,7 @@ class GraphStates:
         """Whether symbolic ``spec`` captures graphs of more sizes: under the bound, and no
         capture of it failed (Note [Graphs per size])."""
         kept = self.graphs.get(spec.key, {})
-        return len(kept) < self.sizes and not any(isinstance(c, str) for c in kept.values())
+        return len(kept) < self.sizes and not any(isinstance(c, NoGraph) for c in kept.values())
 
     def pool(self, spec):
         """The memory pool of ``spec``'s graphs of other sizes, which a new one shares."""
@@ -224,7 +231,7 @@ class GraphStates:
             return None
         return {i for i, p in pointers(args).items() if seen.get(i) != p}
 
-    def done(self, spec, args: tuple, captured: Captured | str) -> None:
+    def done(self, spec, args: tuple, captured: Captured | NoGraph) -> None:
         """Keep what a capture of ``args``' size gave: the graph, or why there is none."""
         self.graphs.setdefault(spec.key, {})[size_key(spec, args)] = captured
 
@@ -250,7 +257,8 @@ def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
             graph.capture_end()
 
 
-def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> Captured | str:
+def capture(run, spec, args: tuple, moved: set[int], device: int,
+            pool=None) -> Captured | NoGraph:
     """Capture ``run(*args)`` (the SCM's launch sequence for ``spec``) into a CUDA graph.
 
     ``moved``: tensor arguments whose address changed since the last call: copied in.
@@ -261,7 +269,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> 
     written = passes.written_args(spec.plan)
     for i in moved:
         if not _dense(args[i]):
-            return f"argument {i} changed address and is not dense"
+            return NoGraph(f"argument {i} changed address and is not dense")
     statics = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
                                       device=args[i].device) for i in moved}
     for i, buffer in statics.items():
@@ -279,9 +287,10 @@ def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> 
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage().data_ptr()
             if not isinstance(o, operands.Val) or storage in storages:
-                return f"output {k} is or shares memory with an argument or another output"
+                return NoGraph(f"output {k} is or shares memory with an argument or another "
+                               "output")
             if not _dense(value) or value.device != torch.device("cuda", device):
-                return f"output {k} is not a dense tensor on cuda:{device}"
+                return NoGraph(f"output {k} is not a dense tensor on cuda:{device}")
             storages.add(storage)
             desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),
                          dtype_codes()[value.dtype], value.dim(), *value.shape, *value.stride()]
@@ -294,7 +303,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int, pool=None) -> 
         elif isinstance(value, float):
             desc_out += [_TAGS["float"], struct.unpack("<q", struct.pack("<d", value))[0]]
         else:
-            return f"output {k} is a {type(value).__name__}"
+            return NoGraph(f"output {k} is a {type(value).__name__}")
 
     desc_in: list[int] = []
     tensor_args = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -335,11 +344,11 @@ class GraphControl:
                 captured = capture(self._run, spec, args, moved, passes.graph_device(spec),
                                    self._graph_states.pool(spec))
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
-                captured = f"capture failed: {type(e).__name__}: {e}"
+                captured = NoGraph(f"capture failed: {type(e).__name__}: {e}")
             self._graph_states.done(spec, args, captured)
-            if isinstance(captured, str):
+            if isinstance(captured, NoGraph):
                 _recompiles.info("%s: no CUDA graph for %s: %s", self.__qualname__,
-                                 spec.signature, captured)
+                                 spec.signature, captured.why)
             else:
                 self._counters.graph_captures += 1
                 _recompiles.info("%s: captured a CUDA graph of %s in %.1f ms (copied-in "

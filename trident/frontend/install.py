@@ -251,8 +251,7 @@ class Installer:
             if key not in self._callback_ids:
                 launch = spec.plan.steps[step_index].launch
                 launcher = kernels.interpreted_launcher(
-                    kernels.find_kernel(launch["ref"], self._code_fn),
-                    kernels.Launch(**{k: v for k, v in launch.items() if k != "binary"}),
+                    kernels.find_kernel(launch.ref, self._code_fn), launch,
                     _weakly(self._count_interpreted))
                 self._callback_ids[key] = rt.register_callback(launcher)
             module.lib.scm_set_callback(slot, self._callback_ids[key])

@@ -172,7 +172,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
     def mlir(self, *args, **kwargs) -> str:
         """The Torch-MLIR module (``torch`` dialect) Trident builds for a call."""
         call = self._flatten(args, kwargs)
-        module = import_graph(self._trace(call, {}).graph_module)
+        module = import_graph(self._trace(call, {}).graph_module).module
         return module.operation.get_asm(enable_debug_info=True)
 
 

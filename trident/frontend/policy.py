@@ -358,15 +358,15 @@ def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
     grad = torch.is_grad_enabled()
     for i, a in enumerate(args):
         f = arg_facts(a)
-        if f.get("dual"):
+        if f.dual:
             return (f"{names[i]} is a forward-mode AD dual tensor: its tangent is computed "
-                    "eagerly", lambda leaves: bool(arg_facts(leaves[i]).get("dual")))
-        if f["kind"] == OTHER:
+                    "eagerly", lambda leaves: arg_facts(leaves[i]).dual)
+        if f.kind == OTHER:
             return (f"argument {names[i]} is a {type(a).__name__} that the native guards do "
                     "not read (expected a strided CPU/CUDA tensor, int, float, bool or "
                     "None)", lambda leaves: type(leaves[i]) is type(a) and
-                    arg_facts(leaves[i])["kind"] == OTHER)
-        if f.get("requires_grad") and grad:
+                    arg_facts(leaves[i]).kind == OTHER)
+        if f.requires_grad and grad:
             return (f"{names[i]} requires grad: Trident serves inference; autograd runs "
                     "eagerly", lambda leaves: torch.is_grad_enabled() and
                     isinstance(leaves[i], torch.Tensor) and leaves[i].requires_grad)

@@ -4,6 +4,7 @@ guards' ``read`` methods explain misses with."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 from typing import Any, NamedTuple
@@ -93,58 +94,122 @@ def bits_float(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<Q", bits))[0]
 
 
-def arg_facts(obj: Any) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ArgFacts:
+    """What the native dispatcher reads from one argument (``trt_arg`` in trident_rt.h,
+    ``read_arg`` in runtime/args.cpp). A fact the argument's kind does not have is None; a
+    guard reads a fact by its name (``Guard.field``), which is ``trt_arg``'s.
+
+    Attributes:
+        kind: TENSOR, INT, FLOAT, BOOL, NONE or OTHER (``trt_arg_kind``).
+        value: an int's or bool's value; a float's bit pattern (``float_bits``).
+        dual: an OTHER that is a forward-AD dual tensor (its tangent runs eagerly).
+        id: a tensor's ``id()`` (the same tensor in two positions).
+        dtype: c10::ScalarType code (``dtype_codes``).
+        device_type, device_index: c10::DeviceType code, index (-1 for none).
+        dim, sizes, strides, storage_offset: the tensor's geometry, in elements.
+        aligned16: its data pointer is divisible by 16 (Note [Pointer alignment] in
+            lower/kernels.py).
+        requires_grad, inference: ``requires_grad``, ``is_inference()``.
+    """
+
+    kind: int
+    value: int | bool | None = None
+    dual: bool = False
+    id: int | None = None
+    dtype: int | None = None
+    device_type: int | None = None
+    device_index: int | None = None
+    dim: int | None = None
+    sizes: tuple[int, ...] | None = None
+    strides: tuple[int, ...] | None = None
+    storage_offset: int | None = None
+    aligned16: bool | None = None
+    requires_grad: bool | None = None
+    inference: bool | None = None
+
+
+def arg_facts(obj: Any) -> ArgFacts:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime/args.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
                 or obj.device.type not in DEVICE_TYPES):
-            return {"kind": OTHER}
+            return ArgFacts(OTHER)
         try:
             data_ptr = obj.data_ptr()
         except RuntimeError:  # no storage: a torch.func wrapper (vmap, grad)
-            return {"kind": OTHER}
+            return ArgFacts(OTHER)
         if any(torch._VF._unpack_dual(obj, level)[1] is not None for level in (0, 1)):
-            return {"kind": OTHER, "dual": True}  # forward-AD: its tangent runs eagerly
-        return {
-            "kind": TENSOR,
-            "id": id(obj),
-            "dtype": dtype_codes()[obj.dtype],
-            "device_type": DEVICE_TYPES[obj.device.type],
-            "device_index": -1 if obj.device.index is None else obj.device.index,
-            "dim": obj.dim(),
-            "sizes": tuple(obj.shape),
-            "strides": tuple(obj.stride()),
-            "storage_offset": obj.storage_offset(),
-            "aligned16": data_ptr % 16 == 0,
-            "requires_grad": obj.requires_grad,
-            "inference": obj.is_inference(),
-        }
+            return ArgFacts(OTHER, dual=True)  # forward-AD: its tangent runs eagerly
+        return ArgFacts(
+            TENSOR,
+            id=id(obj),
+            dtype=dtype_codes()[obj.dtype],
+            device_type=DEVICE_TYPES[obj.device.type],
+            device_index=-1 if obj.device.index is None else obj.device.index,
+            dim=obj.dim(),
+            sizes=tuple(obj.shape),
+            strides=tuple(obj.stride()),
+            storage_offset=obj.storage_offset(),
+            aligned16=data_ptr % 16 == 0,
+            requires_grad=obj.requires_grad,
+            inference=obj.is_inference(),
+        )
     if obj is None:
-        return {"kind": NONE}
+        return ArgFacts(NONE)
     if type(obj) is bool:
-        return {"kind": BOOL, "value": obj}
+        return ArgFacts(BOOL, obj)
     if type(obj) is int:
-        return {"kind": INT, "value": obj} if -2**63 <= obj < 2**63 else {"kind": OTHER}
+        return ArgFacts(INT, obj) if -2**63 <= obj < 2**63 else ArgFacts(OTHER)
     if type(obj) is float:
-        return {"kind": FLOAT, "value": float_bits(obj)}
-    return {"kind": OTHER}
+        return ArgFacts(FLOAT, float_bits(obj))
+    return ArgFacts(OTHER)
 
 
-def env_facts(args: tuple) -> dict:
+@dataclasses.dataclass(frozen=True)
+class EnvFacts:
+    """Call-wide state the native dispatcher reads (``trt_env`` in trident_rt.h,
+    ``read_args`` in runtime/args.cpp); a guard reads a fact by its name (``Guard.field``).
+
+    Attributes:
+        grad_enabled, inference_mode: ``torch.is_grad_enabled()``,
+            ``torch.is_inference_mode_enabled()``.
+        autocast: autocast is on for the CPU or CUDA.
+        aliased: one tensor is passed in two argument positions.
+        default_dtype: ``torch.get_default_dtype()``'s c10::ScalarType code.
+        transforms, function_modes: a torch.func transform, a TorchFunctionMode is active.
+        process_group: Note [Process group guard].
+        num_threads: ``torch.get_num_threads()``.
+        flags: torch's global flags (FLAG_BITS, FLAG_FIELDS).
+    """
+
+    grad_enabled: bool
+    inference_mode: bool
+    autocast: bool
+    aliased: bool
+    default_dtype: int
+    transforms: bool
+    function_modes: bool
+    process_group: str
+    num_threads: int
+    flags: int
+
+
+def env_facts(args: tuple) -> EnvFacts:
     """Call-wide state the native dispatcher reads (``read_args`` in runtime/args.cpp)."""
     tensors = [id(a) for a in args if type(a) in (torch.Tensor, torch.nn.Parameter)]
-    return {
-        "grad_enabled": torch.is_grad_enabled(),
-        "inference_mode": torch.is_inference_mode_enabled(),
-        "autocast": torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
-        "aliased": len(set(tensors)) != len(tensors),
-        "default_dtype": dtype_codes()[torch.get_default_dtype()],
-        "transforms": torch._C._are_functorch_transforms_active(),
-        "function_modes": torch._C._len_torch_function_stack() > 0,
-        "process_group": process_group_fact(),  # Note [Process group guard]
-        "num_threads": torch.get_num_threads(),
-        "flags": _global_flags(),
-    }
+    return EnvFacts(
+        grad_enabled=torch.is_grad_enabled(),
+        inference_mode=torch.is_inference_mode_enabled(),
+        autocast=torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"),
+        aliased=len(set(tensors)) != len(tensors),
+        default_dtype=dtype_codes()[torch.get_default_dtype()],
+        transforms=torch._C._are_functorch_transforms_active(),
+        function_modes=torch._C._len_torch_function_stack() > 0,
+        process_group=process_group_fact(),  # Note [Process group guard]
+        num_threads=torch.get_num_threads(),
+        flags=_global_flags(),
+    )
 
 
 def _global_flags() -> int:
@@ -163,6 +228,6 @@ class Facts(NamedTuple):
     """What the native dispatcher read from one call: ``arg_facts`` of each argument, their
     number, and ``env_facts``."""
 
-    args: list[dict]
+    args: list[ArgFacts]
     nargs: int
-    env: dict
+    env: EnvFacts

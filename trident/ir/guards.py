@@ -45,7 +45,7 @@ class Guard:
             KINDS[cls.field] = cls
 
     def read(self, call: Facts) -> Any:
-        return call.env[self.field]
+        return getattr(call.env, self.field)
 
     def holds(self, call: Facts) -> bool:
         return self.read(call) == self.value
@@ -173,7 +173,7 @@ class ArgGuard(Guard):
     says: ClassVar[str] = ""  # words, with {who} and {v}
 
     def read(self, call: Facts) -> Any:
-        return call.args[self.arg].get(self.field)
+        return getattr(call.args[self.arg], self.field)
 
     def words(self, names: list[str]) -> str:
         return self.says.format(who=_who(self.arg, names), v=self.value)
@@ -224,7 +224,7 @@ class SameAs(ArgGuard):
     field = "same_as"
 
     def read(self, call: Facts) -> int | None:
-        same = call.args[self.arg].get("id") == call.args[self.value].get("id")
+        same = call.args[self.arg].id == call.args[self.value].id
         return self.value if same else None
 
     def words(self, names: list[str]) -> str:
@@ -238,7 +238,7 @@ class Size(ArgGuard):
     index: int = 0
 
     def read(self, call: Facts) -> int:
-        return call.args[self.arg][self.member][self.index]
+        return getattr(call.args[self.arg], self.member)[self.index]
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)}.{self.field}({self.index}) == {self.value}"
@@ -279,7 +279,7 @@ class FloatBits(ArgGuard):
     field = "float_bits"
 
     def read(self, call: Facts) -> int | None:
-        return call.args[self.arg].get("value")
+        return call.args[self.arg].value
 
     def words(self, names: list[str]) -> str:
         return f"{_who(self.arg, names)} == {self.said(self.value)}"
@@ -317,12 +317,12 @@ class SizeRelation(ArgGuard):
                                if isinstance(e, sympy.Symbol)):
             kind, arg, dim = sizes.where(s)
             f = call.args[arg]
-            if f.get("kind") != TENSOR:
+            if f.kind != TENSOR:
                 continue
             if dim is None:
-                read.append(f"{_who(arg, names)}.storage_offset() = {f['storage_offset']}")
+                read.append(f"{_who(arg, names)}.storage_offset() = {f.storage_offset}")
             else:
-                values = f[kind + "s"]
+                values = getattr(f, kind + "s")
                 read.append(f"{_who(arg, names)}.{kind}({dim}) = "
                             f"{values[dim] if dim < len(values) else '-'}")
         return f"{self.words(names)} is false ({', '.join(read)})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from trident.ir import operands
+from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.operands import Operand
 
 
@@ -20,43 +21,105 @@ class View:
 
 @dataclasses.dataclass
 class Step:
-    """One operator call: ``results = op(*args)``."""
+    """One step of a launch sequence: ``results = <call>(*args)``. Each kind is one class
+    (``OpCall``, ``SizeStep``, ``TritonStep``); codegen and the passes dispatch on the class.
 
-    op: str  # "aten::mul"
-    overload: str  # "Scalar"; "" for the default overload
+    Attributes:
+        args: what the call reads.
+        results: per return: ``Val``, ``List`` or ``Scalar``, or ``Drop``.
+        where: the user's ``"model.py:12"``; text: the user's source line.
+        release: ``Val``, ``List``: owned values dead after this step.
+    """
+
     args: list[Operand]
-    results: list[Operand]  # per return: Val, List or Scalar, or Drop
-    where: str  # "model.py:12"
-    text: str  # the user's source line
-    release: list[Operand] = dataclasses.field(default_factory=list)  # Val, List: dead after
-    # Triton launches (op == "triton"): kernels.Launch as a dict, plus "binary" once compiled
-    # for CUDA (cubins.compile_cuda). args are then the tensor arguments in parameter order.
-    launch: dict | None = None
+    results: list[Operand]
+    where: str
+    text: str
+    release: list[Operand] = dataclasses.field(default_factory=list, kw_only=True)
+
+    def _json(self, op: str, overload: str, launch: dict | None = None, out_overload: str = "",
+              view: View | None = None) -> dict:
+        return {"op": op, "overload": overload,
+                "args": [a.to_json() for a in self.args],
+                "results": [r.to_json() for r in self.results], "where": self.where,
+                "text": self.text, "release": [r.to_json() for r in self.release],
+                "launch": launch, "out_overload": out_overload,
+                "view": dataclasses.asdict(view) if view else None}
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+    @staticmethod
+    def from_json(data: dict) -> "Step":
+        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
+        args = [operands.from_json(a) for a in data["args"]]
+        results = [operands.from_json(r) for r in data["results"]]
+        common = (args, results, data["where"], data["text"])
+        release = [operands.from_json(r) for r in data["release"]]
+        if data["op"] == _TRITON:
+            launch = dict(data["launch"])
+            binary = launch.pop("binary", None)
+            return TritonStep(*common, TritonLaunch.from_json(launch),
+                              CompiledBinary.from_json(binary) if binary else None,
+                              release=release)
+        if data["op"] == _SIZE:
+            return SizeStep(*common, data["overload"], release=release)
+        view = data["view"]
+        return OpCall(*common, data["op"], data["overload"], data["out_overload"],
+                      View(**view) if view else None, release=release)
+
+
+# The cache's JSON names the kind of a step that calls no operator by its "op" (a step that
+# calls one has "namespace::name").
+_TRITON, _SIZE = "triton", "int"
+
+
+@dataclasses.dataclass
+class OpCall(Step):
+    """A call of an operator through PyTorch's dispatcher: ``op`` (``"aten::mul"``) and its
+    ``overload`` (``"Scalar"``; ``""`` for the default overload)."""
+
+    op: str
+    overload: str
     # Note [Buffer reuse]: the ``.out`` overload that writes this step's result into a buffer
     # kept from the previous call, instead of allocating ("" when the step allocates).
     out_overload: str = ""
-    view: View | None = None  # Note [Views in C]; None for other steps
+    view: View | None = None  # Note [Views in C]; None for other calls
 
     @property
     def qualified_name(self) -> str:
         return f"{self.op}.{self.overload}" if self.overload else self.op
 
     def to_json(self) -> dict:
-        return {"op": self.op, "overload": self.overload,
-                "args": [a.to_json() for a in self.args],
-                "results": [r.to_json() for r in self.results], "where": self.where,
-                "text": self.text, "release": [r.to_json() for r in self.release],
-                "launch": self.launch, "out_overload": self.out_overload,
-                "view": dataclasses.asdict(self.view) if self.view else None}
+        return self._json(self.op, self.overload, None, self.out_overload, self.view)
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Step":
-        """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
-        view = data["view"]
-        return cls(data["op"], data["overload"], [operands.from_json(a) for a in data["args"]],
-                   [operands.from_json(r) for r in data["results"]], data["where"],
-                   data["text"], [operands.from_json(r) for r in data["release"]],
-                   data["launch"], data["out_overload"], View(**view) if view else None)
+
+@dataclasses.dataclass
+class SizeStep(Step):
+    """Note [Symbolic sizes] (lower/plan.py): integer arithmetic on sizes that the generated C
+    computes: ``op`` is ``"size"`` (``args``: an ``Arg`` and a dim) or one of Python's int
+    operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``."""
+
+    op: str
+
+    def to_json(self) -> dict:
+        return self._json(_SIZE, self.op)
+
+
+@dataclasses.dataclass
+class TritonStep(Step):
+    """A Triton launch; ``args`` are its tensor arguments in parameter order. ``binary``: the
+    launch compiled for its CUDA device (``lower.cubins.compile_cuda``); None for a launch on
+    CPU tensors, which Triton's interpreter runs."""
+
+    launch: TritonLaunch
+    binary: CompiledBinary | None = None
+
+    def to_json(self) -> dict:
+        launch = self.launch.to_json()
+        if self.binary is not None:
+            launch["binary"] = self.binary.to_json()
+        return self._json(_TRITON, self.launch.kernel, launch)
 
 
 @dataclasses.dataclass

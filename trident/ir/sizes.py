@@ -122,18 +122,18 @@ def loads(text: str) -> sympy.Basic:
     return expr
 
 
-def evaluate(expr: sympy.Basic, facts: list[dict]) -> int | bool:
+def evaluate(expr: sympy.Basic, facts: list) -> int | bool:
     """``expr``'s value for the call whose arguments ``facts.arg_facts`` describes.
 
     Raises:
-        KeyError, IndexError: a place the call's arguments do not have.
+        IndexError, TypeError: a place the call's arguments do not have.
         TypeError: an expression that does not reduce to a number.
         ZeroDivisionError: a division by zero.
     """
     values = {}
     for s in expr.free_symbols:
         kind, arg, dim = where(s)
-        f = facts[arg][PLACES[kind]]
+        f = getattr(facts[arg], PLACES[kind])
         values[s] = sympy.Integer(f if dim is None else f[dim])
     out = expr.xreplace(values)
     if isinstance(out, sympy.logic.boolalg.BooleanAtom):

@@ -31,6 +31,7 @@ from trident import config, frames
 from trident.lower import decompositions
 from trident.lower.source_lines import _SourceLines, _tag_nodes, _user_frame, source_line
 from trident.errors import TridentError
+from trident.ir.launch import ScalarParam
 
 
 @dataclasses.dataclass
@@ -140,20 +141,23 @@ class _TritonLaunches:
                                "is not supported")
         jit_fn, launch, tensors = resolve_launch(kernel, grid, args, kwargs, self.aligned)
         # Note [Symbolic launches] in kernels.py: expressions over dynamic dims, computed in C
-        symbolic = [p for p in launch.params if "size" in p]
+        symbolic = any(isinstance(p, ScalarParam) and p.size is not None for p in launch.params)
         if (symbolic or any(isinstance(g, torch.SymInt) for g in launch.grid)) \
                 and self.sources is None:
             self.sources = size_sources(self.fake_args)  # once per trace
-        for p in symbolic:
-            p["size"] = size_expr(p["size"], self.sources)
         traced_grid = tuple(g.node.hint if isinstance(g, torch.SymInt) else g for g in launch.grid)
-        launch.grid = [size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
-                       for g in launch.grid]
+        launch = dataclasses.replace(
+            launch, params=tuple(
+                dataclasses.replace(p, size=size_expr(p.size, self.sources))
+                if isinstance(p, ScalarParam) and p.size is not None else p
+                for p in launch.params),
+            grid=tuple(size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
+                       for g in launch.grid))
         _tag_nodes(_user_frame())
         triton_kernel_wrapper_mutation(
             kernel_idx=kernel_side_table.add_kernel(jit_fn),
             constant_args_idx=kernel_side_table.add_constant_args(
-                {"__trident_launch__": dataclasses.asdict(launch)}),
+                {"__trident_launch__": launch}),
             grid=[traced_grid], tma_descriptor_metadata={}, kwargs=tensors)
 
     def __enter__(self):

@@ -9,7 +9,7 @@ end's (frontend/policy.py, frontend/tracing.py).
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 
 import torch
@@ -22,6 +22,8 @@ from trident.lower.guards import guards_for
 from trident.lower.importer import import_graph
 from trident.lower.plan import build_plan
 from trident.lower.passes import reuse_buffers
+from trident.ir.launch import CompiledBinary, TritonLaunch
+from trident.ir.plan import TritonStep
 from trident.ir.specialization import Specialization
 
 _recompiles = config.logger("recompiles")
@@ -49,8 +51,8 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     bar.set_postfix_str("Torch-MLIR")
     start = time.perf_counter()
     try:
-        module = import_graph(captured.graph_module, shape_env=captured.shape_env)
-        plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        imported = import_graph(captured.graph_module, shape_env=captured.shape_env)
+        plan = build_plan(imported, captured.out_leaves, captured.out_spec)
     except TridentError:
         raise
     except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
@@ -58,23 +60,22 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
                            f"{type(e).__name__}: {e}") from e
     planned = time.perf_counter()
     bar.update()
-    bar.total += sum(s.op == "triton" and s.launch["device"].startswith("cuda")
-                     for s in plan.steps)
-    binaries: dict[str, dict] = {}  # one triton.compile per distinct launch
+    bar.total += sum(isinstance(s, TritonStep) and s.launch.on_cuda for s in plan.steps)
+    binaries: list[tuple[TritonLaunch, CompiledBinary]] = []  # one per distinct launch
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if not dynamic and (all(d.type == "cpu" for d in devices) or (
             len(devices) == 1 and next(iter(devices)).type == "cuda")):
         reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices)
                       else "CPU")  # Note [Buffer reuse]
-    for step in plan.steps:
-        if step.op == "triton" and step.launch["device"].startswith("cuda"):
-            key = json.dumps(step.launch, sort_keys=True)
-            if key not in binaries:
-                binaries[key] = cubins.compile_cuda(
-                    kernels.find_kernel(step.launch["ref"], code_fn),
-                    kernels.Launch(**step.launch),
-                    torch.cuda.get_device_capability(step.launch["device"]))
-            step.launch["binary"] = binaries[key]
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, TritonStep) and step.launch.on_cuda:
+            binary = next((b for known, b in binaries if known == step.launch), None)
+            if binary is None:
+                binary = cubins.compile_cuda(
+                    kernels.find_kernel(step.launch.ref, code_fn), step.launch,
+                    torch.cuda.get_device_capability(step.launch.device))
+                binaries.append((step.launch, binary))
+            plan.steps[i] = dataclasses.replace(step, binary=binary)
             bar.set_postfix_str(f"Triton kernel {len(binaries)}")
             bar.update()
     _recompiles.info("%s: import and plan %.2f s, %d kernels %.2f s", name, planned - start,

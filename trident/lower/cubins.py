@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import base64
-
 import torch
 
 from trident.errors import TridentError
-from trident.ir.launch import Launch
+from trident.ir.launch import CompiledBinary, ConstexprParam, TensorParam, TritonLaunch
 from trident.lower.kernels import _constexpr
 
 
@@ -29,12 +27,12 @@ _C_TYPES = {"i1": "int8_t", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t",
             "fp64": "double"}
 
 
-def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
+def compile_cuda(jit_fn, launch: TritonLaunch, capability: tuple[int, int]) -> CompiledBinary:
     """Compile a resolved launch for an NVIDIA GPU of ``capability`` with ``triton.compile``.
 
-    Works without a GPU. Returns the cubin (base64) and what the launch needs: the kernel's
-    symbol name, threads, dynamic shared memory, CTAs per cluster, and the C type of each runtime
-    parameter (``None`` for a parameter Triton specialized away, e.g. an int equal to 1).
+    Works without a GPU. Returns the cubin and what the launch needs: the kernel's symbol name,
+    threads, dynamic shared memory, CTAs per cluster, and the C type of each runtime parameter
+    (``None`` for a parameter Triton specialized away, e.g. an int equal to 1).
 
     Raises:
         TridentError: the kernel needs global scratch memory (not supported yet).
@@ -49,13 +47,13 @@ def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
     binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
     values = []
     for p in launch.params:
-        if p["kind"] == "tensor":
-            dtype = getattr(torch, p["dtype"][len("torch."):])
-            values.append(_Pointer(dtype, p["aligned"]))
-        elif p["kind"] == "constexpr":
-            values.append(_constexpr(p["value"], jit_fn))
-        else:
-            values.append(p["value"])
+        match p:
+            case TensorParam(dtype=dtype, aligned=aligned):
+                values.append(_Pointer(getattr(torch, dtype[len("torch."):]), aligned))
+            case ConstexprParam(value=value):
+                values.append(_constexpr(value, jit_fn))
+            case _:
+                values.append(p.value)
     kwargs = {k: v for k, v in launch.options.items() if v is not None}
     kwargs["debug"] = jit_fn.debug or False
     bound, specialization, options = binder(*values, **kwargs)
@@ -78,14 +76,14 @@ def compile_cuda(jit_fn, launch: Launch, capability: tuple[int, int]) -> dict:
         else:
             raise TridentError(f"{launch.kernel}: unsupported kernel parameter type {kind} "
                                f"for {name!r}")
-    return {
-        "cubin": base64.b64encode(compiled.asm["cubin"]).decode(),
-        "name": meta.name,
-        "threads": 32 * meta.num_warps,
-        "shared": meta.shared,
-        "num_ctas": meta.num_ctas,
-        "arg_types": arg_types,
-        "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
-        "pdl": bool(getattr(meta, "launch_pdl", False)),
-        "arch": f"sm_{target.arch}",
-    }
+    return CompiledBinary(
+        cubin=bytes(compiled.asm["cubin"]),
+        name=meta.name,
+        threads=32 * meta.num_warps,
+        shared=meta.shared,
+        num_ctas=meta.num_ctas,
+        arg_types=tuple(arg_types),
+        cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
+        pdl=bool(getattr(meta, "launch_pdl", False)),
+        arch=f"sm_{target.arch}",
+    )

@@ -26,29 +26,30 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
     guards: list[Guard] = [ArgCount(len(args))]
-    guards += [kind(env[kind.field]) for kind in _ENV_GUARDS]
-    guards += [Kind(f["kind"], i) for i, f in enumerate(facts)]
-    tensors = [(i, f) for i, f in enumerate(facts) if f["kind"] == TENSOR]
+    guards += [kind(getattr(env, kind.field)) for kind in _ENV_GUARDS]
+    guards += [Kind(f.kind, i) for i, f in enumerate(facts)]
+    tensors = [(i, f) for i, f in enumerate(facts) if f.kind == TENSOR]
     for i, f in tensors:
-        guards += [kind(f[kind.field], i) for kind in (Dtype, DeviceType, DeviceIndex, Dim)]
+        guards += [kind(getattr(f, kind.field), i)
+                   for kind in (Dtype, DeviceType, DeviceIndex, Dim)]
     if fake_args is None:
         for i, f in tensors:
-            guards += [Size(s, i, d) for d, s in enumerate(f["sizes"])]
-            guards += [Stride(s, i, d) for d, s in enumerate(f["strides"])]
+            guards += [Size(s, i, d) for d, s in enumerate(f.sizes)]
+            guards += [Stride(s, i, d) for d, s in enumerate(f.strides)]
     else:
         guards += symbolic_guards(fake_args, shape_env)
     first_seen: dict[int, int] = {}
     for i, f in tensors:  # the trace binds one tensor passed twice to one input
-        if f["id"] in first_seen:
-            guards.append(SameAs(first_seen[f["id"]], i))
-        first_seen.setdefault(f["id"], i)
+        if f.id in first_seen:
+            guards.append(SameAs(first_seen[f.id], i))
+        first_seen.setdefault(f.id, i)
     for i, f in tensors:
-        guards += [kind(f[kind.field], i) for kind in (Aligned16, RequiresGrad, Inference)]
+        guards += [kind(getattr(f, kind.field), i) for kind in (Aligned16, RequiresGrad, Inference)]
     for i, f in enumerate(facts):
-        if f["kind"] in (INT, BOOL):
-            guards.append(IntValue(int(f["value"]), i))
-        elif f["kind"] == FLOAT:
-            guards.append(FloatBits(f["value"], i))
+        if f.kind in (INT, BOOL):
+            guards.append(IntValue(int(f.value), i))
+        elif f.kind == FLOAT:
+            guards.append(FloatBits(f.value, i))
     return guards
 
 

@@ -9,8 +9,8 @@ Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops 
 from __future__ import annotations
 
 import copy
-import json
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch.fx as fx
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
@@ -20,6 +20,7 @@ from torch_mlir.extras.fx_importer import ContextCache, FxImporter, GraphNodeImp
 import torch
 
 from trident import config
+from trident.ir.launch import TensorParam, TritonLaunch
 from trident.lower.source_lines import source_line
 
 
@@ -35,10 +36,22 @@ TRITON_LAUNCH = "trident.triton_launch"
 _AS_STRIDED = torch.ops.aten.as_strided.default
 
 
+class Imported(NamedTuple):
+    """An imported graph: the MLIR module, and the Triton launches its
+    ``trident.triton_launch`` ops name by index (their ``launch`` attribute)."""
+
+    module: ir.Module
+    launches: list[TritonLaunch]
+
+
 class _SourceLocations(ContextCache):
     """Note [Source lines] in source_lines.py: a node's location is its user line as data,
     ``loc("file.py:12"("y = x + 1"))``; a node without one keeps the previous node's location,
-    as Torch-MLIR does."""
+    as Torch-MLIR does. ``launches``: the Triton launches imported so far."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches: list[TritonLaunch] = []
 
     def get_node_location(self, node: fx.Node) -> ir.Location | None:
         where, text = source_line(node)
@@ -65,26 +78,28 @@ class NodeImporter(GraphNodeImporter):
         """A Triton launch becomes ``torch.operator "trident.triton_launch"(%tensors...)``.
 
         The operands are the tensor arguments in parameter order; attributes name the kernel
-        (``kernel``) and carry the resolved launch (``launch``, JSON of ``kernels.Launch``:
-        scalars, constexprs, grid, options, pointer alignment). The op has no results: the
-        kernel writes through its pointers, and later ops read the same tensor values.
+        (``kernel``) and the resolved launch (``launch``: its index in ``Imported.launches``).
+        The op has no results: the kernel writes through its pointers, and later ops read the
+        same tensor values.
         """
         launch = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"]).get(
             "__trident_launch__")
         if launch is None:
             raise NotImplementedError("Triton launches are imported from Trident's capture only")
         tensors = node.kwargs["kwargs"]
-        operands = [self._import_argument(loc, tensors[p["name"]])
-                    for p in launch["params"] if p["kind"] == "tensor"]
+        operands = [self._import_argument(loc, tensors[p.name])
+                    for p in launch.params if isinstance(p, TensorParam)]
+        launches = self._cc.launches
         with loc:
             ir.Operation.create("torch.operator", results=[], operands=operands, attributes={
                 "name": ir.StringAttr.get(TRITON_LAUNCH),
-                "kernel": ir.StringAttr.get(launch["kernel"]),
-                "launch": ir.StringAttr.get(json.dumps(launch, sort_keys=True)),
+                "kernel": ir.StringAttr.get(launch.kernel),
+                "launch": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(launches)),
             })
+        launches.append(launch)
 
 
-def import_graph(gm: fx.GraphModule, func_name: str = "main", shape_env=None) -> ir.Module:
+def import_graph(gm: fx.GraphModule, func_name: str = "main", shape_env=None) -> Imported:
     """Import ``gm`` as ``func.func @<func_name>`` in a new MLIR module.
 
     ``shape_env``: the ``ShapeEnv`` of a trace with dynamic dims. Its symbols become
@@ -95,12 +110,12 @@ def import_graph(gm: fx.GraphModule, func_name: str = "main", shape_env=None) ->
     Raises:
         NotImplementedError: from Torch-MLIR, for a node it cannot import.
     """
-    module = _import(gm, func_name, shape_env, symbolic=shape_env is not None)
-    config.logger("mlir").info("%s", module.operation.get_asm(enable_debug_info=True))
-    return module
+    imported = _import(gm, func_name, shape_env, symbolic=shape_env is not None)
+    config.logger("mlir").info("%s", imported.module.operation.get_asm(enable_debug_info=True))
+    return imported
 
 
-def _import(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir.Module:
+def _import(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> Imported:
     stand_ins = [n for n in gm.graph.nodes if n.target is _AS_STRIDED]
     for node in stand_ins:
         node.target = copy.copy(_AS_STRIDED)
@@ -111,14 +126,14 @@ def _import(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir
             node.target = _AS_STRIDED
 
 
-def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> ir.Module:
+def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool) -> Imported:
     context = ir.Context()
     torch_dialect.register_dialect(context)
     importer = FxImporter(context=context, graph_node_importer_cls=NodeImporter)
     importer._cc = _SourceLocations(context, py_attr_tracker=importer._py_attr_tracker)
     if shape_env is None:
         importer.import_graph_module(gm, func_name=func_name)
-        return importer.module
+        return Imported(importer.module, importer._cc.launches)
     ranges = {s: r for s, r in shape_env.var_to_range.items() if not r.is_bool}
     importer._cc.set_symbolic_guards(SimpleNamespace(range_constraints=ranges))
     try:
@@ -131,5 +146,5 @@ def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool)
         # descriptive only (the guards hold the facts), so import them as plain `?` dims.
         config.logger("mlir").info("shape expressions not imported: %s", e)
         return _import(gm, func_name, shape_env, symbolic=False)
-    return importer.module
+    return Imported(importer.module, importer._cc.launches)
 

@@ -35,7 +35,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from trident.errors import TridentError
-from trident.ir.launch import Launch
+from trident.ir.launch import (ConstexprParam, KernelRef, PreHook, ScalarParam, TensorParam,
+                                 TritonLaunch)
 
 
 def _triton():
@@ -106,7 +107,7 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
             (Note [Pre-hooks]).
 
     Returns:
-        ``(jit_function, Launch, tensor_args)`` where ``tensor_args`` maps parameter name to the
+        ``(jit_function, TritonLaunch, tensor_args)`` where ``tensor_args`` maps parameter name to the
         (fake) tensor passed for it.
 
     Raises:
@@ -156,17 +157,15 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
         if isinstance(value, torch.Tensor):
             tensors[p.name] = value
             devices.add(str(value.device))
-            params.append({"name": p.name, "kind": "tensor", "dtype": str(value.dtype),
-                           "aligned": bool(alignment(value))})
+            params.append(TensorParam(p.name, str(value.dtype), bool(alignment(value))))
         elif p.is_constexpr:
             value = int(value) if isinstance(value, torch.SymInt) else value  # guards the value
-            params.append({"name": p.name, "kind": "constexpr", "value": _plain(value, fn, p)})
+            params.append(ConstexprParam(p.name, _plain(value, fn, p)))
         elif isinstance(value, torch.SymInt) and not is_concrete_int(value):
-            params.append({"name": p.name, "kind": "scalar",
-                           "value": _triton_int_class(value, fn, p), "size": value})
+            params.append(ScalarParam(p.name, _triton_int_class(value, fn, p), value))
         elif value is None or isinstance(value, (bool, int, float, torch.SymInt)):
-            params.append({"name": p.name, "kind": "scalar",
-                           "value": int(value) if isinstance(value, torch.SymInt) else value})
+            params.append(ScalarParam(p.name, int(value) if isinstance(value, torch.SymInt)
+                                      else value))
         else:
             raise TridentError(f"{fn.__name__}: argument {p.name!r} is a {type(value).__name__}; "
                                "Trident passes tensors, ints, floats, bools and None to kernels")
@@ -179,8 +178,9 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
     if callable(grid):
         grid = grid(bound)
     grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
-    ref = {"module": fn.fn.__module__, "qualname": fn.fn.__qualname__}
-    launch = Launch(fn.__name__, ref, params, grid, options, device, pre_hook)
+    ref = KernelRef(fn.fn.__module__, fn.fn.__qualname__)
+    launch = TritonLaunch(fn.__name__, ref, tuple(params), tuple(grid), options, device,
+                          pre_hook)
     return fn, launch, tensors
 
 
@@ -249,11 +249,11 @@ def _constexpr(value, jit_fn):
     if isinstance(value, dict) and "triton_dtype" in value:
         return tl.dtype(value["triton_dtype"])
     if isinstance(value, dict) and "triton_function" in value:
-        return find_kernel(value["triton_function"], jit_fn.fn)
+        return find_kernel(KernelRef(**value["triton_function"]), jit_fn.fn)
     return value
 
 
-def _pre_hook_ref(autotuner, config) -> dict:
+def _pre_hook_ref(autotuner, config) -> PreHook:
     """Note [Pre-hooks]: where ``config`` of ``autotuner`` can be found in another process."""
     inner = autotuner
     while not isinstance(inner, _triton()[0]):
@@ -264,16 +264,16 @@ def _pre_hook_ref(autotuner, config) -> dict:
     if len(names) != 1:
         raise TridentError(f"{autotuner.base_fn.__name__}: an autotune pre_hook runs only where "
                            f"the autotuner is a global of {module}")
-    return {"module": module, "name": names[0], "config": autotuner.configs.index(config)}
+    return PreHook(module, names[0], autotuner.configs.index(config))
 
 
-def _find_pre_hook(ref: dict) -> Callable:
-    autotuner = getattr(importlib.import_module(ref["module"]), ref["name"], None)
+def _find_pre_hook(ref: PreHook) -> Callable:
+    autotuner = getattr(importlib.import_module(ref.module), ref.name, None)
     configs = getattr(autotuner, "configs", None) or ()
-    if ref["config"] >= len(configs) or configs[ref["config"]].pre_hook is None:
-        raise TridentError(f"cannot find the autotune pre_hook {ref['module']}.{ref['name']}"
-                           f".configs[{ref['config']}]")
-    return configs[ref["config"]]
+    if ref.config >= len(configs) or configs[ref.config].pre_hook is None:
+        raise TridentError(f"cannot find the autotune pre_hook {ref.module}.{ref.name}"
+                           f".configs[{ref.config}]")
+    return configs[ref.config]
 
 
 def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
@@ -295,9 +295,9 @@ def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
     return autotuner.best_config
 
 
-def find_kernel(ref: dict, scope: Callable | None = None):
+def find_kernel(ref: KernelRef, scope: Callable | None = None):
     """The ``JITFunction`` a stored launch names: from ``scope``'s globals and closure (the
-    jitted function's own), else by importing ``ref["module"]``."""
+    jitted function's own), else by importing ``ref.module``."""
     JITFunction, _, _ = _triton()
 
     def candidates():
@@ -308,9 +308,9 @@ def find_kernel(ref: dict, scope: Callable | None = None):
                     yield cell.cell_contents
                 except ValueError:
                     pass
-        module = importlib.import_module(ref["module"])
+        module = importlib.import_module(ref.module)
         obj = module
-        for part in ref["qualname"].split("."):
+        for part in ref.qualname.split("."):
             obj = getattr(obj, part, None)
         yield obj
 
@@ -320,10 +320,10 @@ def find_kernel(ref: dict, scope: Callable | None = None):
             if obj is None or isinstance(obj, JITFunction) or not _has_fn(obj):
                 break
             obj = obj.fn
-        if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref["qualname"] \
-                and obj.fn.__module__ == ref["module"]:
+        if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref.qualname \
+                and obj.fn.__module__ == ref.module:
             return obj
-    raise TridentError(f"cannot find Triton kernel {ref['module']}.{ref['qualname']}")
+    raise TridentError(f"cannot find Triton kernel {ref.module}.{ref.qualname}")
 
 
 def _has_fn(obj) -> bool:
@@ -335,7 +335,7 @@ def _has_fn(obj) -> bool:
         return False
 
 
-def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) -> Callable:
+def interpreted_launcher(jit_fn, launch: TritonLaunch, on_launch: Callable[[], None]) -> Callable:
     """A callback that runs the launch through Triton's interpreter on CPU tensors.
 
     The SCM calls it with the launch's tensor and scalar arguments in parameter order, then
@@ -344,9 +344,9 @@ def interpreted_launcher(jit_fn, launch: Launch, on_launch: Callable[[], None]) 
     from triton.runtime.interpreter import InterpretedFunction
 
     interpreted = InterpretedFunction(jit_fn.fn)
-    runtime_names = [p["name"] for p in launch.params if p["kind"] != "constexpr"]
-    constexprs = {p["name"]: _constexpr(p["value"], jit_fn) for p in launch.params
-                  if p["kind"] == "constexpr"}
+    runtime_names = [p.name for p in launch.params if not isinstance(p, ConstexprParam)]
+    constexprs = {p.name: _constexpr(p.value, jit_fn) for p in launch.params
+                  if isinstance(p, ConstexprParam)}
     options = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
     config = _find_pre_hook(launch.pre_hook) if launch.pre_hook else None
 
@@ -425,8 +425,8 @@ def cpu_launches_interpreted():
             pre_hooks: list = []
             jit_fn, resolved, named = resolve_launch(kernel, grid, args, kwargs, lambda t: True,
                                                      pre_hooks)
-            values = [named[p["name"]] if p["kind"] == "tensor" else p["value"]
-                      for p in resolved.params if p["kind"] != "constexpr"]
+            values = [named[p.name] if isinstance(p, TensorParam) else p.value
+                      for p in resolved.params if not isinstance(p, ConstexprParam)]
             for hook in pre_hooks:
                 hook()
             interpreted_launcher(jit_fn, resolved, lambda: None)(*values, *resolved.grid)

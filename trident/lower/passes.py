@@ -10,7 +10,7 @@ import torch
 from trident.ir import operands
 from trident.ir.guards import Aliased
 from trident.ir.operands import Item, List, Operand, OptTensors, Tensors, Val
-from trident.ir.plan import Plan, Step
+from trident.ir.plan import OpCall, Plan, SizeStep, Step, TritonStep
 
 
 DATA_DEPENDENT_SIZES = {"aten::nonzero", "aten::masked_select", "aten::unique_dim",
@@ -66,9 +66,10 @@ def rerun_eagerly(plan: Plan) -> list[bool]:
 
 
 def _visible_effect(step: Step) -> bool:
-    if step.op == "int":
+    if isinstance(step, SizeStep):
         return False
-    schema = op_schema(step.op, step.overload) if step.op.startswith("aten::") else None
+    schema = op_schema(step.op, step.overload) if isinstance(step, OpCall) and \
+        step.op.startswith("aten::") else None
     if schema is None or any(a.alias_info is not None and a.alias_info.is_write
                              for a in schema.arguments):
         return True
@@ -118,9 +119,9 @@ def reuse_buffers(plan: Plan, backend: str) -> None:
     launches, and no composite op (its ``.out`` overload decomposes its own way). ``backend``: the
     dispatch key of the tensors' device, ``"CPU"`` or ``"CUDA"``.
     """
-    if any(not (step.op.startswith(("aten::", "int", "trident::")) or (
-            step.op == "triton" and step.launch["device"].startswith("cuda")))
-           for step in plan.steps):
+    if any(not (isinstance(step, SizeStep) or (
+            isinstance(step, OpCall) and step.op.startswith(("aten::", "trident::"))) or (
+            isinstance(step, TritonStep) and step.launch.on_cuda)) for step in plan.steps):
         # A Python custom op (torch.library.custom_op) may keep its input (an observer) and,
         # running Python (as Triton's interpreter does on the CPU), lets another thread enter
         # this specialization and overwrite the same buffers mid-call: only plans of ATen ops
@@ -128,12 +129,12 @@ def reuse_buffers(plan: Plan, backend: str) -> None:
         return
     pinned = {o for o in plan.outputs if isinstance(o, Val)}
     for step in plan.steps:
-        schema = None if step.op == "triton" else op_schema(step.op, step.overload)
+        schema = op_schema(step.op, step.overload) if isinstance(step, OpCall) else None
         if schema is None or not is_functional(schema):
             for a in step.args:
                 pinned.update(uses(a))
     for step in plan.steps:
-        if (step.op != "triton" and len(step.results) == 1 and isinstance(step.results[0], Val)
+        if (isinstance(step, OpCall) and len(step.results) == 1 and isinstance(step.results[0], Val)
                 and step.results[0] not in pinned):
             step.out_overload = _out_overload(step.op, step.overload, backend)
 
@@ -146,15 +147,15 @@ def graph_device(spec) -> int | None:
                                        for g in spec.guards):
         return None
     for step in spec.plan.steps:
-        if step.op == "triton":
-            if "binary" not in step.launch:
+        if isinstance(step, TritonStep):
+            if step.binary is None:
                 return None
-        elif step.op != "int" and _draws_random(step):
+        elif isinstance(step, OpCall) and _draws_random(step):
             return None
     return spec.cuda_device
 
 
-def _draws_random(step) -> bool:
+def _draws_random(step: OpCall) -> bool:
     """PyTorch tags every op that may consume RNG state ``nondeterministic_seeded``; of those,
     attention with a ``dropout_p`` that is the constant 0 draws nothing (SDPA at inference)."""
     namespace, name = step.op.split("::")
@@ -191,9 +192,9 @@ def written_args(plan: Plan) -> set[int]:
 
     written: set[int] = set()
     for step in plan.steps:
-        if step.op == "int":
+        if isinstance(step, SizeStep):
             continue
-        if step.op == "triton":
+        if isinstance(step, TritonStep):
             for o in step.args:
                 written |= sources(o)
             continue

@@ -7,7 +7,7 @@ when the module is rebuilt.
 
 Note [Symbolic sizes]: a specialization with dynamic dims is traced with those dims as
 ``SymInt``s (capture.py). Torch-MLIR imports ``x.size(2)`` as ``torch.aten.size.int`` and the
-arithmetic on it as ``torch.aten.mul.int`` and friends; those become ``"int"`` steps that the
+arithmetic on it as ``torch.aten.mul.int`` and friends; those become ``SizeStep``s that the
 generated C computes from the call's argument sizes (``a[i].sizes[d]``), with no dispatcher
 call. ``torch.symbolic_int`` and ``torch.bind_symbolic_shape`` only describe shapes: the guards
 hold those facts (guards.py), so the plan skips them.
@@ -61,7 +61,6 @@ exception. A view keeps its base alive as long as the view is used (``_assign_re
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Any
 
@@ -74,14 +73,15 @@ from trident.errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
 from trident.ir.facts import MAX_OUTS, dtype_codes
-from trident.lower.importer import TRITON_LAUNCH, location
-from trident.ir.plan import Plan, Step, View
+from trident.ir.launch import TritonLaunch
+from trident.lower.importer import TRITON_LAUNCH, Imported, location
+from trident.ir.plan import OpCall, Plan, SizeStep, Step, TritonStep, View
 from trident.lower.passes import is_composite, is_functional, op_schema, uses
 from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
                                  Item, List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors,
                                  Val)
 
-# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by "int" steps
+# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by size steps
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
@@ -154,8 +154,9 @@ class _Unsupported:
 
 
 class _Walker:
-    def __init__(self, func: ir.Operation):
+    def __init__(self, func: ir.Operation, launches: list[TritonLaunch]):
         self.func = func
+        self.launches = launches  # the Triton launches of the import (Imported)
         # MLIR value (hashed by SSA identity) -> its operand
         self.env: dict[Any, Operand | _NumToTensor | _Unsupported] = {}
         self.steps: list[Step] = []
@@ -219,10 +220,9 @@ class _Walker:
                 outputs = [self.operand(v, where) for v in op.operands]
             elif name == "torch.operator" and ir.StringAttr(
                     op.attributes["name"]).value == TRITON_LAUNCH:
-                launch = json.loads(ir.StringAttr(op.attributes["launch"]).value)
+                launch = self.launches[ir.IntegerAttr(op.attributes["launch"]).value]
                 args = [self.operand(v, where) for v in op.operands]
-                self.steps.append(Step("triton", launch["kernel"], args, [], where, text,
-                                       launch=launch))
+                self.steps.append(TritonStep(args, [], where, text, launch))
             elif name.startswith("torch.aten.") or name == "torch.operator":
                 self.call(op, name, where, text)
             else:
@@ -263,9 +263,9 @@ class _Walker:
         shape = list(ir.RankedTensorType(attr.type).shape)
         if dtype is not None and 0 in shape:  # torch.tensor([])
             result = self.new_value(Val)
-            self.steps.append(Step("aten::empty", "memory_format", [
+            self.steps.append(OpCall([
                 Ints(tuple(shape)), Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst(),
-                NoneConst()], [result], where, text))
+                NoneConst()], [result], where, text, "aten::empty", "memory_format"))
             return result
         if dense is None or dtype is None or not dense.is_splat:
             raise TridentError(f"{where}: unsupported tensor constant ({text})")
@@ -277,12 +277,11 @@ class _Walker:
         common = [Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()]
         result = self.new_value(Val)
         if shape:
-            self.steps.append(Step("aten::full", "", [Ints(tuple(shape)),
-                                                      operands.constant(value)] + common,
-                                   [result], where, text))
+            self.steps.append(OpCall([Ints(tuple(shape)), operands.constant(value)] + common,
+                                     [result], where, text, "aten::full", ""))
         else:
-            self.steps.append(Step("aten::scalar_tensor", "", [operands.constant(value)] + common,
-                                   [result], where, text))
+            self.steps.append(OpCall([operands.constant(value)] + common, [result], where, text,
+                                     "aten::scalar_tensor", ""))
         return result
 
     def int_step(self, op, name: str, where: str, text: str) -> None:
@@ -295,7 +294,7 @@ class _Walker:
             raise TridentError(f"{where}: size of a dim that is not a constant >= 0 ({text})")
         result = self.new_value(Scalar)
         self.env[op.result] = result
-        self.steps.append(Step("int", name.split(".")[2], args, [result], where, text))
+        self.steps.append(SizeStep(args, [result], where, text, name.split(".")[2]))
 
     def list_construct(self, op, where: str) -> Operand:
         items = [self.operand(v, where) for v in op.operands]
@@ -324,9 +323,9 @@ class _Walker:
         value = operand.v
         dtype = dtype or _FULL_PRECISION[_scalar_kind(value)]
         result = self.new_value(Val)
-        self.steps.append(Step("aten::scalar_tensor", "", [
+        self.steps.append(OpCall([
             value, Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()], [result], "?",
-            ""))
+            "", "aten::scalar_tensor", ""))
         return result
 
     def call(self, op, name: str, where: str, text: str) -> None:
@@ -384,7 +383,7 @@ class _Walker:
                 continue
             self.env[r] = value
             results.append(value)
-        step = Step(op_qual, overload, args, results, where, text)
+        step = OpCall(args, results, where, text, op_qual, overload)
         if (op_qual, overload) in _C_VIEWS and isinstance(args[0], (Arg, Val, Item)) and (
                 rank := _vtensor(str(op.operands[0].type))) and (
                 made := _vtensor(str(op.results[0].type))) and max(rank[0], made[0]) <= 16 \
@@ -419,7 +418,7 @@ def _assign_releases(steps: list[Step], outputs: list[Operand]) -> None:
                 last[use] = index
     at_end = {use for out in outputs for use in uses(out)}
     for step in reversed(steps):  # a view's base lives as long as the view
-        if step.view is not None and not step.view.alias:
+        if isinstance(step, OpCall) and step.view is not None and not step.view.alias:
             view = step.results[0]
             for use in uses(step.args[0]):
                 last[use] = max(last[use], last[view])
@@ -453,13 +452,14 @@ def _mark_eager_views(steps: list[Step], outputs: list[Operand]) -> None:
     that always makes a new tensor (``type_as`` may return its argument itself), nor a CUDA
     Triton launch (which reads its pointer)."""
     views = {step.results[0]: step for step in steps
-             if step.view is not None and not step.view.alias}
+             if isinstance(step, OpCall) and step.view is not None and not step.view.alias}
     readers = [(None, out) for out in outputs]
-    readers += [(step, a) for step in steps if step.view is None for a in step.args]
+    readers += [(step, a) for step in steps
+                if not (isinstance(step, OpCall) and step.view is not None) for a in step.args]
     for step, operand in readers:
-        if step is not None and step.op == "triton" and step.launch["device"].startswith("cuda"):
+        if isinstance(step, TritonStep) and step.launch.on_cuda:
             continue
-        schema = None if step is None else op_schema(step.op, step.overload)
+        schema = op_schema(step.op, step.overload) if isinstance(step, OpCall) else None
         if schema is not None and step.op.startswith("aten::") and is_functional(schema) and (
                 step.qualified_name in _FRESH_COMPOSITES
                 or not is_composite(step.op, step.overload)):
@@ -471,14 +471,14 @@ def _mark_eager_views(steps: list[Step], outputs: list[Operand]) -> None:
 
 # Ops whose results share storage with an argument without saying so in their schema.
 
-def build_plan(module: ir.Module, out_leaves: list, out_spec: str) -> Plan:
+def build_plan(imported: Imported, out_leaves: list, out_spec: str) -> Plan:
     """Walk ``@main`` of an imported module into a :class:`Plan`.
 
     Raises:
         TridentError: an op, constant or type the runtime cannot call, naming the source line.
     """
-    func = module.body.operations[0]
-    plan = _Walker(func).walk(out_leaves)
+    func = imported.module.body.operations[0]
+    plan = _Walker(func, imported.launches).walk(out_leaves)
     plan.out_spec = out_spec
     return plan
 

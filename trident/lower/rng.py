@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from trident.errors import TridentError
 from trident.ir.operands import Device
+from trident.ir.plan import OpCall
 
 OPS = ("trident::manual_seed", "trident::get_rng_state", "trident::set_rng_state")
 _CPU_NAMES = ("manual_seed", "get_rng_state", "set_rng_state", "seed", "initial_seed")
@@ -79,8 +80,8 @@ def installable(plan) -> bool:
     """Whether a stored plan's random state steps can run in this process (Note [Random state
     steps]): those that seed, or act on a CUDA generator, only where ``why_eager`` is None."""
     return why_eager() is None or not any(
-        step.op == "trident::manual_seed" or (step.op in OPS and isinstance(
-            step.args[-1], Device) and step.args[-1].type == 1)
+        isinstance(step, OpCall) and (step.op == "trident::manual_seed" or (
+            step.op in OPS and isinstance(step.args[-1], Device) and step.args[-1].type == 1))
         for step in plan.steps)
 
 
