@@ -161,7 +161,8 @@ def _compile(name: str, source: str, directory: Path, target: Path, digest: Path
                        extra_compile_args=CFLAGS, libraries=["dl"])
         with _compiler_output(name) as output:
             try:
-                built = ffi.compile(tmpdir=str(tmp), verbose=False)
+                with config.stage("C build"):  # Note [Compile stages] in config.py
+                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
             except cffi.VerificationError as e:  # the compiler's own words say why
                 raise cffi.VerificationError(f"{e}\n{output()}") from e
         (directory / f"{name}.c").write_text(source)

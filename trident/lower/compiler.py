@@ -49,8 +49,10 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     bar.set_postfix_str("Torch-MLIR")
     start = time.perf_counter()
     try:
-        module = import_graph(captured.graph_module, shape_env=captured.shape_env)
-        plan = build_plan(module, captured.out_leaves, captured.out_spec)
+        with config.stage("import"):
+            module = import_graph(captured.graph_module, shape_env=captured.shape_env)
+        with config.stage("plan"):
+            plan = build_plan(module, captured.out_leaves, captured.out_spec)
     except TridentError:
         raise
     except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
@@ -70,10 +72,11 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         if step.op == "triton" and step.launch["device"].startswith("cuda"):
             key = json.dumps(step.launch, sort_keys=True)
             if key not in binaries:
-                binaries[key] = cubins.compile_cuda(
-                    kernels.find_kernel(step.launch["ref"], code_fn),
-                    kernels.Launch(**step.launch),
-                    torch.cuda.get_device_capability(step.launch["device"]))
+                with config.stage("kernels"):
+                    binaries[key] = cubins.compile_cuda(
+                        kernels.find_kernel(step.launch["ref"], code_fn),
+                        kernels.Launch(**step.launch),
+                        torch.cuda.get_device_capability(step.launch["device"]))
             step.launch["binary"] = binaries[key]
             bar.set_postfix_str(f"Triton kernel {len(binaries)}")
             bar.update()
