@@ -48,10 +48,10 @@ uintptr_t scm_call_address(void);
 uintptr_t scm_match_address(void);
 int scm_set_cubin(int index, const char* data, size_t size);
 """
-# -Og: an SCM is straight-line calls into the runtime, which -O2 makes no faster, and GCC's -O2
-# time grows faster than a function's length (docs/benchmarks.md, "Facts moved out of code
-# comments").
-CFLAGS = ["-Og", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
+# -O0: an SCM is straight-line calls into the runtime, which optimization makes no faster, and
+# GCC's time at -Og and above grows faster than a function's length (docs/benchmarks.md, "Facts
+# moved out of code comments").
+CFLAGS = ["-O0", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
           "-Wno-unused-but-set-variable"]
 
 _log = config.logger("cache")
@@ -161,7 +161,8 @@ def _compile(name: str, source: str, directory: Path, target: Path, digest: Path
                        extra_compile_args=CFLAGS, libraries=["dl"])
         with _compiler_output(name) as output:
             try:
-                built = ffi.compile(tmpdir=str(tmp), verbose=False)
+                with config.stage("C build"):  # Note [Compile stages] in config.py
+                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
             except cffi.VerificationError as e:  # the compiler's own words say why
                 raise cffi.VerificationError(f"{e}\n{output()}") from e
         (directory / f"{name}.c").write_text(source)

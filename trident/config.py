@@ -10,6 +10,9 @@ Environment variables:
                         graph of them (Note [CUDA graphs] in trident/frontend/graphs.py); default `1`.
     TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
                         a CUDA graph (Note [Graphs per size] in trident/frontend/graphs.py); default 64.
+    TRIDENT_PROGRESS    `0` hides the progress bar of a long first compile (``progress``).
+    TRIDENT_FORBID_COMPILE  `1` makes a trace or a module build raise ``CompileForbidden``
+                        (Note [Compile stages]): a warm restart's test.
     TRIDENT_CACHE_SIZE  bound of the cached functions' size on disk, in bytes, or with a
                         binary suffix (``512M``, ``2G``); default 2G. ``CACHE_SIZE`` below, when
                         set, takes precedence (Note [Cache size] in trident/frontend/cache.py).
@@ -17,8 +20,10 @@ Environment variables:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import platformdirs
@@ -129,3 +134,42 @@ def lock_timeout() -> float:
     process holds: past that the call runs eagerly with a warning (``TRIDENT_LOCK_TIMEOUT``,
     default 600; a build the holder is still making is found by a later call)."""
     return float(os.environ.get("TRIDENT_LOCK_TIMEOUT", "600"))
+
+
+# Note [Compile stages]: a first compile's time, by stage, summed over this process: ``trace``
+# (the function on fake tensors, tracing.py), ``import`` (Torch-MLIR, importer.py), ``plan``
+# (plan.py), ``kernels`` (Triton compiles for CUDA, cubins.py), ``render`` (the C source,
+# codegen) and ``C build`` (the C compiler, build.py). A stage inside another counts in both.
+# A warm restart loads stored specializations and their built modules: it renders, and neither
+# traces nor builds; with ``TRIDENT_FORBID_COMPILE=1`` a trace or a build raises
+# ``errors.CompileForbidden`` instead, so a test can prove it.
+STAGES = ("trace", "import", "plan", "kernels", "render", "C build")
+_FORBIDDEN = ("trace", "C build")
+_stage_seconds = dict.fromkeys(STAGES, 0.0)
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """Counts the block's wall time toward ``compile_times()[name]`` (Note [Compile stages]).
+
+    Raises:
+        CompileForbidden: ``name`` is ``trace`` or ``C build`` and TRIDENT_FORBID_COMPILE=1."""
+    if name in _FORBIDDEN and os.environ.get("TRIDENT_FORBID_COMPILE", "0") == "1":
+        from trident.errors import CompileForbidden
+
+        raise CompileForbidden(f"TRIDENT_FORBID_COMPILE=1 and this call would {name}: no "
+                               "stored specialization or built module accepts it")
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _stage_seconds[name] += time.perf_counter() - start
+
+
+def compile_times(reset: bool = False) -> dict[str, float]:
+    """Seconds this process spent in each compile stage (Note [Compile stages]), in pipeline
+    order: ``{"trace": 3.1, "import": 0.4, ...}``; ``reset=True`` zeroes them after reading."""
+    times = dict(_stage_seconds)
+    if reset:
+        _stage_seconds.update(dict.fromkeys(STAGES, 0.0))
+    return times

@@ -29,6 +29,12 @@ class TridentNotImplementedError(TridentError, NotImplementedError):
     """An op in the launch sequence raised ``NotImplementedError`` (e.g. a dtype it lacks)."""
 
 
+class CompileForbidden(TridentError):
+    """``TRIDENT_FORBID_COMPILE=1`` is set and a call would trace or build a module: what a
+    warm restart must not do (Note [Compile stages] in config.py). Raised to the caller, never
+    turned into an eager call."""
+
+
 class EagerCall(Exception):
     """Internal: a step failed inside the function's ``try`` before anything the call did was
     visible, so the call runs eagerly (Note [Errors inside try] in source_lines.py). Never reaches

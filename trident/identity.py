@@ -84,10 +84,15 @@ def code_names(code: types.CodeType) -> set[str]:
     return names
 
 
+_FX_FILE = re.compile(r"^<eval_with_key>\.\d+$")
+
+
 def hash_code(h, code: types.CodeType) -> None:
     """Feeds ``h`` what decides a code object's behaviour: its file (generated C names it; errors
     quote it), bytecode, names, local and free variable names, constants and nested code."""
-    h.update(code.co_filename.encode())
+    # torch.fx's generated code is filed as "<eval_with_key>.N", N counting the process's
+    # GraphModules so far: the code is hashed, not how many graphs came before it
+    h.update(_FX_FILE.sub("<eval_with_key>", code.co_filename).encode())
     h.update(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
     for const in code.co_consts:

@@ -200,7 +200,10 @@ class Installer:
     def _render(self, spec: Specialization) -> codegen.Rendered:
         """``spec``'s module source; rendered once while installed."""
         rendered = self._rendered.get(spec.key)
-        return rendered if rendered is not None else codegen.render(spec, self.__qualname__)
+        if rendered is not None:
+            return rendered
+        with config.stage("render"):
+            return codegen.render(spec, self.__qualname__)
 
     def _install_module(self, specs: list[Specialization]) -> None:
         """Install ``specs``, in guard order: each one's module is built only where no earlier

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from trident import config, interrupts
-from trident.errors import TridentError
+from trident.errors import CompileForbidden, TridentError
 from trident.frontend import cache
 from trident.frontend.install import _Call, _user_stacklevel
 from trident.ir.guards import Size, SizeRelation, explain_failure, failures, first_failure
@@ -143,7 +143,7 @@ class MissPolicy:
                         if saved:
                             self._prune(spec)
                 except TridentError as e:
-                    if not self._fallback:
+                    if not self._fallback or isinstance(e, CompileForbidden):
                         raise
                     failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
                     self._eager_signatures.append(failed)
@@ -319,6 +319,8 @@ class MissPolicy:
         if dynamic:
             try:
                 return self._compile(call, dynamic)
+            except CompileForbidden:
+                raise
             except TridentError as e:
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature

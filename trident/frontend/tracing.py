@@ -55,10 +55,11 @@ class Tracer:
             bar.set_postfix_str("tracing")
             # under the call's grad mode, which is guarded; what it reads outside the
             # arguments becomes the specialization's state (Note [State guards])
-            with state.record(None if self._constant_self else self._code_fn) as recording:
+            with config.stage("trace"), \
+                    state.record(None if self._constant_self else self._code_fn) as recording:
                 captured = self._trace(call, dynamic, recording)
-            reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its graphs)
-                r.to_json() for r in state.reads_of(recording, self._code_fn)]
+                reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
+                    r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
             spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
             bar.update()
             _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)

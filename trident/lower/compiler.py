@@ -51,8 +51,10 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     bar.set_postfix_str("Torch-MLIR")
     start = time.perf_counter()
     try:
-        imported = import_graph(captured.graph_module, shape_env=captured.shape_env)
-        plan = build_plan(imported, captured.out_leaves, captured.out_spec)
+        with config.stage("import"):
+            imported = import_graph(captured.graph_module, shape_env=captured.shape_env)
+        with config.stage("plan"):
+            plan = build_plan(imported, captured.out_leaves, captured.out_spec)
     except TridentError:
         raise
     except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
@@ -71,9 +73,10 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         if isinstance(step, TritonStep) and step.launch.on_cuda:
             binary = next((b for known, b in binaries if known == step.launch), None)
             if binary is None:
-                binary = cubins.compile_cuda(
-                    kernels.find_kernel(step.launch.ref, code_fn), step.launch,
-                    torch.cuda.get_device_capability(step.launch.device))
+                with config.stage("kernels"):
+                    binary = cubins.compile_cuda(
+                        kernels.find_kernel(step.launch.ref, code_fn), step.launch,
+                        torch.cuda.get_device_capability(step.launch.device))
                 binaries.append((step.launch, binary))
             plan.steps[i] = dataclasses.replace(step, binary=binary)
             bar.set_postfix_str(f"Triton kernel {len(binaries)}")

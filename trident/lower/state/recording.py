@@ -14,7 +14,18 @@ from trident import frames
 from trident.errors import TridentError
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
-_IMPURE_MODULES = ("random", "_random", "time", "secrets", "uuid", "posix", "nt")
+_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt"})
+# Note [Recording cost]: the profile hook runs at every Python call and return and every C call
+# and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
+# dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
+# left at once. Whether a code object is user code is decided once per code object (a file's
+# code; exec'd code, named "<...>", belongs to the module whose globals it runs in, so its
+# frames are asked each time), looked up by the object's id: hashing a code object hashes its
+# bytecode, names and constants, on every lookup. The recording keeps those code objects alive,
+# so no id is reused meanwhile. The cheap test of a frame's module comes before the walk up its
+# callers.
+_QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
+_USER, _IMPURE, _OS, _MODULE_CALL = 1, 2, 4, 8  # what a code object's frames may record
 
 
 @dataclasses.dataclass
@@ -42,8 +53,9 @@ _GENERATOR_SETTERS = frozenset({"manual_seed", "seed", "set_state", "set_offset"
 
 @functools.cache
 def _module_call_codes() -> frozenset:
+    """The ids of the code objects of ``nn.Module``'s call (alive as long as torch is)."""
     m = torch.nn.Module
-    return frozenset(getattr(m, n).__code__ for n in ("_call_impl", "_wrapped_call_impl")
+    return frozenset(id(getattr(m, n).__code__) for n in ("_call_impl", "_wrapped_call_impl")
                      if hasattr(getattr(m, n, None), "__code__"))
 
 
@@ -92,6 +104,22 @@ def record(fn):
                            f"({type(previous).__name__}): its calls run eagerly")
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
     module_codes = _module_call_codes()
+    kinds: dict = {}  # id of a file's code object -> its _USER | _IMPURE | ... bits
+    kept: list = []  # those code objects (Note [Recording cost])
+
+    def kind_of(frame) -> int:
+        code = frame.f_code
+        kind = kinds.get(id(code))
+        if kind is None:
+            module = frame.f_globals.get("__name__")
+            kind = (_USER if frames.user_frame(frame) else 0) | \
+                (_IMPURE if module in _IMPURE_MODULES else 0) | \
+                (_OS if module in _OS_WRAPPERS else 0) | \
+                (_MODULE_CALL if id(code) in module_codes else 0)
+            if not code.co_filename.startswith("<"):
+                kinds[id(code)] = kind
+                kept.append(code)
+        return kind
 
     def under_fn(frame) -> bool:
         """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
@@ -113,42 +141,57 @@ def record(fn):
             called[g] = result
         return result
 
-    def hook(frame, event, arg):
-        code = frame.f_code
+    def hook(frame, event, arg):  # Note [Recording cost]
+        if event in _QUIET_EVENTS:
+            if previous is not None:
+                previous(frame, event, arg)
+            return
+        kind = kinds.get(id(frame.f_code))
+        if kind is None:
+            kind = kind_of(frame)
         if event == "call":
-            if code in module_codes and not rec.module_call and under_fn(frame):
-                rec.module_call = True
-            elif frames.user_frame(frame) and under_fn(frame):
-                if code not in rec.codes:
-                    nparams = code.co_argcount + code.co_kwonlyargcount
-                    local = frame.f_locals
-                    rec.codes[code] = (frame.f_globals, {n: local[n] for n in
-                                                         code.co_varnames[:nparams] if n in local})
-            elif frame.f_back is not None and frames.user_frame(frame.f_back) and \
-                    frame.f_globals.get("__name__") in _IMPURE_MODULES and \
-                    under_fn(frame.f_back):
-                rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+            if kind:
+                _call(frame, kind)
         elif event == "c_call":
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs
-            if frames.user_frame(frame) and under_fn(frame):
-                name = _impure_name(arg)
-                if name:
-                    rec.impure.append(name)
-            elif frame.f_globals.get("__name__") in _OS_WRAPPERS:
-                caller, depth = frame, 0  # the wrappers' own calls, up to the user's code
-                while caller is not None and depth < 8 and \
-                        caller.f_globals.get("__name__") in _OS_WRAPPERS:
-                    outer, caller, depth = caller, caller.f_back, depth + 1
-                if getattr(arg, "__name__", None) in _OS_READS and caller is not None and \
-                        frames.user_frame(caller) and under_fn(caller):
-                    name = _impure_name(arg)
-                    if name:
-                        rec.impure.append(f"{outer.f_globals['__name__']}."
-                                          f"{outer.f_code.co_name}, which calls {name}")
+            if kind:
+                _c_call(frame, kind, arg)
         if previous is not None:
             previous(frame, event, arg)
+
+    def _call(frame, kind: int) -> None:
+        code = frame.f_code
+        if kind & _MODULE_CALL:
+            if not rec.module_call and under_fn(frame):
+                rec.module_call = True
+        elif kind & _USER and under_fn(frame):
+            if code not in rec.codes:
+                nparams = code.co_argcount + code.co_kwonlyargcount
+                local = frame.f_locals
+                rec.codes[code] = (frame.f_globals, {n: local[n] for n in
+                                                     code.co_varnames[:nparams] if n in local})
+        elif kind & _IMPURE and frame.f_back is not None and \
+                kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
+            rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+
+    def _c_call(frame, kind: int, arg) -> None:
+        if kind & _USER and under_fn(frame):
+            name = _impure_name(arg)
+            if name:
+                rec.impure.append(name)
+        elif kind & _OS:
+            caller, depth = frame, 0  # the wrappers' own calls, up to the user's code
+            while caller is not None and depth < 8 and \
+                    caller.f_globals.get("__name__") in _OS_WRAPPERS:
+                outer, caller, depth = caller, caller.f_back, depth + 1
+            if getattr(arg, "__name__", None) in _OS_READS and caller is not None and \
+                    kind_of(caller) & _USER and under_fn(caller):
+                name = _impure_name(arg)
+                if name:
+                    rec.impure.append(f"{outer.f_globals['__name__']}."
+                                      f"{outer.f_code.co_name}, which calls {name}")
 
     sys.setprofile(hook)
     rec.active = True

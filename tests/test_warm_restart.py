@@ -1,0 +1,138 @@
+"""A warm restart (issue 27): a new process's first call through each door, on a function or a
+model an earlier process compiled, loads from disk. With ``TRIDENT_FORBID_COMPILE=1`` a trace
+or a module build raises ``CompileForbidden`` (Note [Compile stages] in trident/config.py), so a
+child that runs to its end traced and built nothing."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+import trident
+from trident.errors import CompileForbidden, TridentError
+from _trident_helpers import run_python
+
+TWO_OPS = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch, trident
+
+    for _ in range(int(sys.argv[1])):  # GraphModules made before: fx files the code of the Nth
+        torch.fx.symbolic_trace(torch.nn.ReLU())  # as "<eval_with_key>.N"
+
+    def block(x, y):
+        return torch.relu(x) * y
+
+    f = torch.compile(block, backend="trident")
+    x, y = torch.randn(8), torch.randn(8)
+    for _ in range(2):
+        assert torch.equal(f(x, y), block(x, y))
+    print("STATS " + json.dumps(dataclasses.asdict(trident.backend_stats(f))))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+''')
+
+# Each door in turn on one tiny Llama, its output compared with eager generate's
+HF_DOORS = textwrap.dedent('''
+    import dataclasses, json, warnings
+    import torch, transformers, trident
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 96, (1, 6))
+    forward = model.forward
+
+    def generate(**kw):
+        return model.generate(ids, max_new_tokens=4, do_sample=False,
+                              cache_implementation="static", **kw)
+
+    eager = generate(disable_compile=True)
+    warnings.simplefilter("ignore")  # the jitted prefill runs eagerly (docs/huggingface.md)
+    stats = {}
+    model.forward = trident.jit(forward)
+    assert torch.equal(generate(disable_compile=True), eager)
+    stats["jit"] = dataclasses.asdict(model.forward.stats)
+    model.forward = torch.compile(forward, backend="trident")
+    assert torch.equal(generate(disable_compile=True), eager)
+    stats["backend"] = dataclasses.asdict(trident.backend_stats(model.forward))
+    model.forward = forward
+    torch._dynamo.reset()
+    compile_config = transformers.CompileConfig(backend="trident", fullgraph=False)
+    compile_config._compile_all_devices = True  # transformers compiles on GPUs only by default
+    model.generation_config.compile_config = compile_config
+    assert torch.equal(generate(), eager)
+    stats["config"] = dataclasses.asdict(trident.backend_stats())
+    print("STATS " + json.dumps(stats))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+''')
+
+
+def _run(env: dict, script, *argv, forbid: bool = False) -> tuple[dict, dict]:
+    env = dict(env, TRIDENT_FORBID_COMPILE="1" if forbid else "0")
+    lines = run_python(env, str(script), *argv).stdout.splitlines()
+    stats = [json.loads(l[6:]) for l in lines if l.startswith("STATS ")]
+    times = [json.loads(l[6:]) for l in lines if l.startswith("TIMES ")]
+    return stats[-1], times[-1]
+
+
+def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
+        tmp_path, subprocess_env):
+    """The graph's key holds its code, not fx's count of the process's GraphModules in its file
+    name (Note [Function key] in trident/identity.py)."""
+    script = tmp_path / "two_ops.py"
+    script.write_text(TWO_OPS)
+    first, times = _run(subprocess_env, script, "0")
+    assert (first["traces"], first["compiles"], first["hits"]) == (1, 1, 1)
+    assert times["trace"] > 0 and times["C build"] > 0
+    second, times = _run(subprocess_env, script, "3", forbid=True)
+    assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
+        (0, 0, 0, 2)
+    assert times["trace"] == times["C build"] == 0
+
+
+def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env):
+    script = tmp_path / "hf_doors.py"
+    script.write_text(HF_DOORS)
+    first, _ = _run(subprocess_env, script)
+    assert first["jit"]["compiles"] == 1 and first["backend"]["compiles"] >= 1
+    second, times = _run(subprocess_env, script, forbid=True)
+    for door in ("jit", "backend", "config"):
+        assert (second[door]["traces"], second[door]["compiles"]) == (0, 0), door
+        assert second[door]["hits"] >= 3, door
+    assert times["trace"] == times["import"] == times["C build"] == 0
+
+
+def test_a_forbidden_compile_raises_rather_than_running_eagerly(monkeypatch, trident_cache):
+    monkeypatch.setenv("TRIDENT_FORBID_COMPILE", "1")
+
+    @trident.jit
+    def f(x):
+        return x * 2
+
+    with pytest.raises(CompileForbidden, match="TRIDENT_FORBID_COMPILE=1"):
+        f(torch.ones(3))
+    assert issubclass(CompileForbidden, TridentError)
+    assert f.stats.fallbacks == 0
+    assert not list((trident_cache / "functions").rglob("eager/*"))  # no decision stored
+    monkeypatch.delenv("TRIDENT_FORBID_COMPILE")
+    assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+    assert f.stats.compiles == 1
+
+
+def test_compile_times_count_each_stage(trident_cache):
+    before = trident.config.compile_times()
+
+    @trident.jit
+    def g(x):
+        return torch.sin(x) + 1
+
+    assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
+    after = trident.config.compile_times(reset=True)
+    assert list(after) == ["trace", "import", "plan", "kernels", "render", "C build"]
+    grew = {k for k in after if after[k] > before[k]}
+    assert {"trace", "import", "plan", "render", "C build"} <= grew
+    assert "kernels" not in grew  # no Triton kernel for CUDA here
+    assert set(trident.config.compile_times().values()) == {0.0}
