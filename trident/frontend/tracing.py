@@ -29,7 +29,7 @@ class Tracer:
         (state.record's, active): this thread's generator calls decide whether the function
         set the random state, not another thread's draws meanwhile."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
-        state.check_writes_before_trace(self._code_fn)  # so that eager writes once
+        state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
 
         def run(*leaves):
             with substituted(call.tree, call.values, leaves, rebuilt) as roots:

@@ -175,6 +175,8 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
     if pre_hook is not None and device != "cpu":
         raise TridentError(f"{fn.__name__}: an autotune pre_hook before a launch on {device} "
                            "is not supported (it runs Python before every launch)")
+    if device != "cpu":
+        check_used_globals(fn)
     if callable(grid):
         grid = grid(bound)
     grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
@@ -182,6 +184,23 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
     launch = TritonLaunch(fn.__name__, ref, tuple(params), tuple(grid), options, device,
                           pre_hook)
     return fn, launch, tensors
+
+
+def check_used_globals(fn) -> None:
+    """What triton 3.6's ``JITFunction.run`` checks before a compiled launch (runtime/jit.py):
+    the globals the kernel's code reads (``used_global_vals``: deep copies taken when its
+    ``cache_key`` is first computed, at the first launch in the process) still equal their
+    values. A launch on a GPU does as Triton does; the interpreter (CPU tensors) checks nothing.
+
+    Raises:
+        RuntimeError: Triton's own, ``Global variable NAME has changed since we compiled this
+            kernel, from OLD to NEW``; the eager call that follows raises it too."""
+    fn.cache_key  # noqa: B018 (takes the copies, once, as Triton's first launch does)
+    absent = object()
+    for (name, _), (value, scope) in getattr(fn, "used_global_vals", {}).items():
+        if (now := scope.get(name, absent)) != value:
+            raise RuntimeError(f"Global variable {name} has changed since we compiled this "
+                               f"kernel, from {value} to {now}")
 
 
 # Note [Symbolic launches]: in a trace with dynamic dims (Note [Symbolic sizes] in plan.py) a

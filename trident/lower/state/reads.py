@@ -21,7 +21,7 @@ from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter
                                        _resolve_root, _root_of, _step, _values_along)
 from trident.lower.state.recording import Recording
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
-from trident.lower.state.writes import check_write
+from trident.lower.state.writes import check_parameter_writes, check_write
 
 
 def reads_of(rec: Recording, fn) -> list[Read]:
@@ -38,6 +38,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                            "torch.Generator's, the clock, the OS)")
     for code, (g, _) in rec.codes.items():
         check_write(code, g)
+    check_parameter_writes(rec, fn)
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn

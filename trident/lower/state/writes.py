@@ -5,73 +5,25 @@ from __future__ import annotations
 
 import builtins
 import dis
+import inspect
 import sys
 import types
 import warnings
 
+import torch
+
 from trident import frames
 from trident.errors import TridentError
-from trident.lower.state.bytecode import _LOAD_FAST
+from trident.lower.state import flow
 
 
-# Methods that change the container they are called on (list, dict, set, deque).
-_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update",
-                       "setdefault", "popitem", "add", "discard", "appendleft", "popleft",
-                       "__setitem__", "__delitem__"})
-
-
-def outside_write(code: types.CodeType, g: dict) -> str | None:
-    """Note [State guards]: what ``code`` writes outside its frame and its arguments (a
-    ``global`` or ``nonlocal`` assignment, an item or attribute of an object read from a global
-    or a closure cell, a mutating method of such a container), or None. Only the trace runs the
-    function's Python code: a hit would skip the write (issue 11's never-stale rule), so such a
-    function runs eagerly. Read from the bytecode (CPython 3.11-3.13); a local bound to such an
-    object (``log = LOG``, ``import mod``) writes outside as the object does."""
-    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
-    aliases: dict = {}  # a local bound to a global or a closure variable: log = LOG
-
-    def outside(i, modules: bool = False) -> str | None:
-        if i.opname == "LOAD_GLOBAL" and (
-                modules or not isinstance(g.get(i.argval), types.ModuleType)):
-            return f"global {i.argval}"
-        if i.opname == "LOAD_DEREF" and i.argval in code.co_freevars:
-            return f"closure variable {i.argval}"
-        if i.opname in _LOAD_FAST and i.argval in aliases:
-            what, module = aliases[i.argval]
-            return what if modules or not module else None
-        return None
-
-    line = 0
-    for j, i in enumerate(ins):
-        if i.starts_line not in (None, False):
-            line = j
-        if i.opname == "STORE_FAST" and j >= 1:  # (bound once or more: a write may go there)
-            prev = ins[j - 1]
-            what = outside(prev, True)
-            if what is not None:
-                module = prev.opname == "LOAD_GLOBAL" and isinstance(g.get(prev.argval),
-                                                                      types.ModuleType)
-                aliases[i.argval] = (f"{what} (as {i.argval})", module)
-            elif prev.opname in ("IMPORT_NAME", "IMPORT_FROM"):  # import m: m.N = v
-                aliases[i.argval] = (f"{prev.argval} (imported as {i.argval})", True)
-        if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-            return f"global {i.argval}"
-        if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval in code.co_freevars:
-            return f"closure variable {i.argval}"
-        target = None
-        if i.opname in ("STORE_ATTR", "DELETE_ATTR") and j >= 1:
-            target = outside(ins[j - 1], True)  # obj.n = v, mod.N = v
-        elif i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and j >= 2 and \
-                ins[j - 1].opname in ("LOAD_CONST", "LOAD_FAST"):
-            target = outside(ins[j - 2])  # d[k] = v
-        elif i.opname in ("LOAD_METHOD", "LOAD_ATTR") and i.argval in _MUTATORS and j >= 1:
-            target = outside(ins[j - 1])  # log.append(v)
-        if target is None and i.opname in ("STORE_ATTR", "STORE_SUBSCR") and j >= 1 and \
-                ins[j - 1].opname == "SWAP":
-            target = outside(ins[line])  # d[k] += v, obj.n += v
-        if target is not None:
-            return f"{target} ({code.co_filename.rsplit('/', 1)[-1]}:{i.positions.lineno})"
-    return None
+def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | None:
+    """Note [Write targets] (state/flow.py): what ``code`` writes outside its frame and its
+    arguments (a ``global`` or ``nonlocal`` assignment, an item or attribute of an object that
+    is not the frame's own or a parameter's, a mutating method of one, a helper that writes
+    the object passed to it), or None. Only the trace runs the function's Python code: a hit
+    would skip the write, so such a function runs eagerly."""
+    return flow.outside(code, g, fn, values)
 
 
 def terminal_output(code: types.CodeType, g: dict) -> str | None:
@@ -100,11 +52,12 @@ def terminal_output(code: types.CodeType, g: dict) -> str | None:
     return None
 
 
-def check_write(code: types.CodeType, g: dict) -> None:
+def check_write(code: types.CodeType, g: dict, fn=None, values=None) -> None:
     """Raises:
-        TridentError: ``code`` writes outside its arguments (:func:`outside_write`) or prints
-            or warns (:func:`terminal_output`)."""
-    written = outside_write(code, g)
+        TridentError: ``code`` (of ``fn``, when known, called with the parameters' ``values``
+            when known) writes outside its arguments
+            (:func:`outside_write`) or prints or warns (:func:`terminal_output`)."""
+    written = outside_write(code, g, fn, values)
     if written is not None:
         raise TridentError(f"the function writes to {written}: Python state outside its "
                            "arguments, which a hit would not write")
@@ -114,7 +67,7 @@ def check_write(code: types.CodeType, g: dict) -> None:
                            "call, a hit would not")
 
 
-def check_writes_before_trace(fn) -> None:
+def check_writes_before_trace(fn, args: tuple = (), kwargs: dict | None = None) -> None:
     """:func:`check_write` of ``fn`` and of the user functions it names by global or closure
     (four calls deep), before a trace runs them: a trace that wrote (or printed) would leave
     the write done twice once the call runs eagerly.
@@ -122,7 +75,16 @@ def check_writes_before_trace(fn) -> None:
     Raises:
         TridentError: one of them writes outside its arguments, prints or warns."""
     seen: set = set()
-    todo = [(fn, 0)]
+    values = None
+    if isinstance(getattr(fn, "__func__", fn), types.FunctionType):
+        try:  # the call's arguments by parameter: what a method of one runs is named
+            values = dict(inspect.signature(fn).bind_partial(*args, **(kwargs or {})).arguments)
+            if isinstance(fn, types.MethodType):
+                values[fn.__func__.__code__.co_varnames[0]] = fn.__self__
+        except (TypeError, ValueError):
+            values = None
+    top = getattr(fn, "__func__", fn)
+    todo = [(top, 0)]
     while todo:
         f, depth = todo.pop()
         if not isinstance(f, types.FunctionType):
@@ -131,7 +93,7 @@ def check_writes_before_trace(fn) -> None:
         if code in seen or not frames.user_file(code.co_filename):
             continue
         seen.add(code)
-        check_write(code, f.__globals__)
+        check_write(code, f.__globals__, f, values if f is top else None)
         if depth < 4:
             cells = dict(zip(code.co_freevars, f.__closure__ or ()))
             for i in dis.get_instructions(code):
@@ -142,3 +104,69 @@ def check_writes_before_trace(fn) -> None:
                         todo.append((cells[i.argval].cell_contents, depth + 1))
                     except ValueError:  # an empty cell
                         pass
+
+
+def check_parameter_writes(rec, fn) -> None:
+    """Note [Write targets] (state/flow.py), for the helpers the trace reached through a call
+    the bytecode does not name (``MODEL(x)`` runs ``forward`` through ``Module.__call__``,
+    ``self.helper(L)``): a user function that writes an object one of its parameters holds,
+    called with an object that user modules' globals or closure cells hold (three steps deep:
+    a global, its attributes or items, theirs) and that is not the call's own argument, wrote
+    outside. Checked after the trace (that trace's write is done once more by the eager call).
+
+    Raises:
+        TridentError: such a write."""
+    top = getattr(fn, "__code__", None)
+    written = {}
+    for code, (g, params) in rec.codes.items():
+        if code is top:
+            continue
+        names = flow.Flow(code, g).written_parameters()
+        for name in names:
+            value = params.get(name)
+            if name in params and not flow.immutable(value) and \
+                    not isinstance(value, torch.Tensor):
+                written[id(value)] = (code, name, value)
+    if not written:
+        return
+    arguments = _reachable(list(rec.codes.get(top, (None, {}))[1].values()), 4)
+    roots = []
+    for code, (g, _) in rec.codes.items():
+        roots.extend(v for v in g.values() if not isinstance(v, types.ModuleType))
+    for key in _reachable(roots, 3).keys() - arguments.keys():
+        if key in written:
+            code, name, value = written[key]
+            raise TridentError(
+                f"the function writes to {type(value).__name__} object passed as {name} to "
+                f"{code.co_qualname} ({code.co_filename.rsplit('/', 1)[-1]}:"
+                f"{code.co_firstlineno}): Python state outside its arguments, which a hit "
+                "would not write")
+
+
+def _reachable(roots: list, depth: int) -> dict:
+    """{id: object} of ``roots`` and what they hold (container items, ``__dict__`` values),
+    ``depth`` steps deep; modules, classes and tensors are not entered."""
+    seen: dict = {}
+    level = roots
+    for _ in range(depth + 1):
+        following = []
+        for v in level:
+            if id(v) in seen or flow.immutable(v) or isinstance(
+                    v, (types.ModuleType, types.FunctionType, type, torch.Tensor)):
+                continue
+            seen[id(v)] = v
+            if isinstance(v, (list, tuple, set, frozenset)):
+                following.extend(v)
+            elif isinstance(v, dict):
+                following.extend(v.values())
+            else:
+                try:  # (not through a __getattr__)
+                    d = object.__getattribute__(v, "__dict__")
+                except Exception:
+                    d = None
+                if isinstance(d, dict):
+                    following.extend(d.values())
+        level = following
+        if len(seen) > 100_000:
+            break
+    return seen
