@@ -164,3 +164,33 @@ def test_a_changed_attribute_recompiles_and_names_its_path():
         assert torch.equal(jf(ids).logits, model(ids).logits)
     assert jf.stats.compiles == 2
     assert "self.model.layers[1].self_attn.scaling" in jf.stats.miss_reasons[-1]
+
+
+def test_new_prompt_lengths_and_token_counts_do_not_compile_again():
+    """A server never sees the same prompt twice: each generate builds a static cache sized by
+    its prompt and max_new_tokens (at least the largest before: ``_previous_max_cache_length``),
+    whose ints (``max_cache_len``, ``batch_size``) become leaves after one change and whose
+    tensors' lengths become symbolic (Note [Int leaves] in trident/frontend/policy.py): two
+    compiles for batch 1 at any length, every token and logit as eager's."""
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 256
+    forward = model.forward
+    jf = trident.jit(forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prefill's fallback
+        for i, (length, new) in enumerate([(6, 4), (9, 3), (20, 5), (13, 2), (3, 7)]):
+            ids = torch.randint(0, 96, (1, length))
+            kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                      cache_implementation="static", output_logits=True,
+                      return_dict_in_generate=True, disable_compile=True)
+            model.forward = forward
+            ref = model.generate(ids, **kw)
+            model.forward = jf
+            out = model.generate(ids, **kw)
+            assert torch.equal(out.sequences, ref.sequences)
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+    stats = jf.stats
+    # per generate the prefill runs eagerly (one fallback); the first generate's decode steps
+    # compile with exact sizes, the second's with symbolic lengths; the rest hit
+    assert (stats.compiles, stats.fallbacks) == (2, 5), stats
+    assert stats.hits == sum(new - 1 for new in (4, 3, 5, 2, 7)) - 2, stats

@@ -63,7 +63,7 @@ class Installer:
     # ---- argument trees (Note [Argument trees]) ---------------------------------------------
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
-        tree, leaves, values = flatten_call(self._binding, args, kwargs)
+        tree, leaves, values = flatten_call(self._binding, args, kwargs, self._int_leaves)
         if tree.key not in self._trees:
             self._trees[tree.key] = tree
             if any(s.tree == tree.key for s in self._specs):  # stored before this process

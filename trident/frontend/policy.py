@@ -20,10 +20,13 @@ from trident import config, interrupts
 from trident.errors import CompileForbidden, TridentError
 from trident.frontend import cache
 from trident.frontend.install import _Call, _user_stacklevel
-from trident.ir.guards import Size, SizeRelation, explain_failure, failures, first_failure
+from trident.ir.guards import (IntValue, Size, SizeRelation, explain_failure, failures,
+                               first_failure)
 from trident.ir.facts import MAX_ARGS, OTHER, arg_facts
 from trident.ir.specialization import Specialization
 from trident.lower import kernels
+from trident.lower.capture import SymbolicIntUsed
+from trident.ir.trees import CONST, LEAF
 from trident.lower.guards import guards_for
 
 _recompiles = config.logger("recompiles")
@@ -60,7 +63,43 @@ class MissPolicy:
             return self._eager(args, kwargs, str(e))
         if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
-        return self._on_miss(call)
+        again = self._with_int_leaves(call)
+        if again is not call and self._installed_match(again) >= 0:
+            return self._capture_path(again)
+        return self._on_miss(again)
+
+    # Note [Int leaves]: an int attribute of an object the call reaches (a cache's
+    # ``max_cache_len``, a model's ``_previous_max_cache_length``, a layer's ``batch_size``) is a
+    # constant of the argument tree: the tree's key holds its value, and another value is
+    # another tree. Under automatic dynamic (``dynamic=None``), a call whose tree differs from a
+    # known one only in such ints makes them leaves of the tree (``_int_leaves``, by path) from
+    # then on, as Dynamo's automatic dynamic makes an int that changed a symbol: the call is
+    # flattened again, and ``_dynamic_dims`` traces those leaves as symbols (Note [Symbolic
+    # ints] in lower/guards.py), so that only what the trace reads of them is guarded. A
+    # serving loop that builds a cache per request, sized by the prompt and
+    # ``max_new_tokens``, then compiles once for every size. A leaf that the graph takes as a
+    # value is traced by value again (``_static_ints``): a specialization per value.
+
+    def _with_int_leaves(self, call: _Call) -> _Call:
+        """``call`` flattened again with the int attributes in which its tree differs from a
+        known tree made leaves (Note [Int leaves]), or ``call`` itself."""
+        if self._dynamic is not None or any(s.tree == call.tree.key for s in self._specs):
+            return call
+        paths: set[str] = set()
+        alike = set()
+        for key, tree in self._trees.items():
+            if key != call.tree.key and len(tree.nodes) == len(call.tree.nodes):
+                differ = _int_differences(tree, call)
+                if differ:
+                    paths |= differ
+                    alike.add(key)
+        again = call
+        if paths - self._int_leaves:
+            self._int_leaves = self._int_leaves | paths
+            again = self._flatten(call.args, call.kwargs)
+        if alike:
+            self._int_trees.setdefault(again.tree.key, set()).update(alike)
+        return again
 
     def _tree_miss(self, args: tuple, kwargs: dict | None, leaves: tuple):
         """Called from the native dispatcher when an installed argument tree accepts the call
@@ -303,6 +342,9 @@ class MissPolicy:
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
+            if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
+                _differing_dims(dims, spec, call)  # Note [Int leaves]: by leaf path
+                continue
             alike = _sizeless(spec.guards)
             if spec.shapes is None or spec.tree != call.tree.key or \
                     first_failure(alike, args) is not None:
@@ -310,10 +352,15 @@ class MissPolicy:
             for i, a in tensors.items():
                 dims[i] |= set(spec.dynamic.get(str(i), ()))
                 dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
+        if self._dynamic is None:  # Note [Int leaves]
+            for i, a in enumerate(args):
+                if type(a) is int and names[i] in self._int_leaves and \
+                        names[i] not in self._static_ints:
+                    dims[i] = {0}
         return {i: d for i, d in dims.items() if d}
 
     def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
-        automatic = self._dynamic is None
+        automatic, failed_before = self._dynamic is None, self._dynamic_failed
         dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
             self._dynamic_dims(call)
         if dynamic:
@@ -321,6 +368,9 @@ class MissPolicy:
                 return self._compile(call, dynamic)
             except CompileForbidden:
                 raise
+            except SymbolicIntUsed as e:  # that int by value from now on, the dims symbolic
+                self._static_ints.add(call.names[e.arg])
+                return self._compile_dynamic_or_static(call)
             except TridentError as e:
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature
@@ -331,15 +381,46 @@ class MissPolicy:
         try:
             return self._compile(call, {})
         except TridentError as e:  # decided by the call and the code, not by jit's options
+            self._dynamic_failed = failed_before  # (not the dims' failure: the sizes' fails too)
             e.static_trace = True
             raise
 
 
+def _int_differences(tree, call: _Call) -> set[str] | None:
+    """The paths of the int constants in which ``call``'s tree differs from ``tree``, or
+    None where it differs otherwise (Note [Int leaves])."""
+    paths = set()
+    for i, (mine, theirs) in enumerate(zip(tree.description, call.tree.description)):
+        if mine == theirs:
+            continue
+        node, old = call.tree.nodes[i], tree.nodes[i]  # (a constant, or a leaf already)
+        if not (node.check in (CONST, LEAF) and old.check in (CONST, LEAF) and
+                node.path == old.path and type(call.values[i]) is int and
+                (old.check == LEAF or type(old.expect) is int)):
+            return None
+        paths.add(node.path)
+    return paths
+
+
+def _differing_dims(dims: dict[int, set[int]], spec: Specialization, call: _Call) -> None:
+    """Adds to ``dims`` the dims of ``call``'s tensors whose size differs from (or was
+    symbolic in) ``spec``'s leaf of the same path: ``spec``'s tree differed from the call's in
+    int constants that are leaves now (Note [Int leaves]), so its leaves are found by path."""
+    index = {name: j for j, name in enumerate(spec.arg_names)}
+    for i, a in enumerate(call.leaves):
+        j = index.get(call.names[i])
+        old = spec.shapes[j] if j is not None and j < len(spec.shapes) else None
+        if isinstance(a, torch.Tensor) and old is not None and len(old) == a.dim():
+            dims[i] = dims.get(i, set()) | set(spec.dynamic.get(str(j), ())) | {
+                d for d, n in enumerate(a.shape) if n != old[d]}
+
+
 def _sizeless(guards: list) -> list:
-    """``guards`` but those of sizes and strides (``Size``, ``Stride``, ``SizeRelation``): what a
-    call of other sizes must still hold to be alike (Note [Automatic dynamic], Note [Eager
+    """``guards`` but those of sizes, strides and int values (``Size``, ``Stride``,
+    ``SizeRelation``, ``IntValue``: Note [Symbolic ints] in lower/guards.py): what a call of
+    other sizes must still hold to be alike (Note [Automatic dynamic], Note [Eager
     decisions])."""
-    return [g for g in guards if not isinstance(g, (Size, SizeRelation))]
+    return [g for g in guards if not isinstance(g, (Size, SizeRelation, IntValue))]
 
 
 def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]

@@ -5,7 +5,8 @@ symbols (``s0``, ``s1``). Each symbol is read from its source, the first argumen
 stride that is that bare symbol (Note [Symbolic guards] in guards.py). ``at_places`` replaces
 every symbol by a *place* symbol that names where the runtime reads it: ``size_0_1`` is
 argument 0's ``size(1)`` (``a[0].sizes[1]`` in C), ``stride_0_1`` its ``stride(1)``,
-``offset_0`` its ``storage_offset()``. The expression is then self-contained data:
+``offset_0`` its ``storage_offset()``, ``value_3`` the value of argument 3, an int traced as a
+symbol (Note [Symbolic ints] in lower/guards.py; ``a[3].i`` in C). The expression is then self-contained data:
 
 * stored in a specialization as ``sympy.srepr`` text (``dumps``) and read back by ``loads``,
   which walks the text's syntax tree over a fixed set of constructors (nothing is ``eval``ed);
@@ -30,7 +31,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from trident.errors import TridentError
 
-PLACES = {"size": "sizes", "stride": "strides", "offset": "storage_offset"}
+PLACES = {"size": "sizes", "stride": "strides", "offset": "storage_offset", "value": "i"}
 _MAX = getattr(functions, "Max", sympy.Max)  # torch's own Max/Min where it has them
 _MIN = getattr(functions, "Min", sympy.Min)
 _MAXES, _MINS = (sympy.Max, _MAX), (sympy.Min, _MIN)
@@ -133,7 +134,7 @@ def evaluate(expr: sympy.Basic, facts: list) -> int | bool:
     values = {}
     for s in expr.free_symbols:
         kind, arg, dim = where(s)
-        f = getattr(facts[arg], PLACES[kind])
+        f = getattr(facts[arg], "value" if kind == "value" else PLACES[kind])
         values[s] = sympy.Integer(f if dim is None else f[dim])
     out = expr.xreplace(values)
     if isinstance(out, sympy.logic.boolalg.BooleanAtom):
@@ -151,6 +152,8 @@ class _WordsPrinter(PythonPrinter):
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         kind, arg, dim = where(expr)
         who = self.names[arg] if arg < len(self.names) else f"argument {arg}"
+        if kind == "value":
+            return who
         return f"{who}.storage_offset()" if dim is None else f"{who}.{kind}({dim})"
 
     def _print_Max(self, expr) -> str:

@@ -63,6 +63,15 @@ class Capture:
     catching: str = ""
 
 
+class SymbolicIntUsed(TridentError):
+    """Note [Symbolic ints] in guards.py: the graph takes the int argument ``arg``, traced as a
+    symbol, as a value; traced by its value it compiles."""
+
+    def __init__(self, arg: int, message: str):
+        super().__init__(message)
+        self.arg = arg
+
+
 # What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
 # a size under dynamic dims), which the plan returns as its scalar values.
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -70,7 +79,9 @@ _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
-    1 stay static, as in torch.compile), the other dims static."""
+    1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
+    a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants)."""
+    from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                        StatelessSymbolicContext)
@@ -79,6 +90,10 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
     for i, a in enumerate(args):
+        if type(a) is int and i in dynamic and a not in (0, 1):  # Note [Symbolic ints]
+            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(
+                a, LocalSource(f"value_{i}"), DimDynamic.DYNAMIC, positive=None), hint=a))
+            continue
         if not isinstance(a, torch.Tensor):
             fakes.append(a)
             continue
@@ -338,6 +353,10 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     if out_spec is None:
         raise TridentError(f"{name} returns a {holder['spec'].type.__name__}; "
                            "expected tensors in tuples and lists")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, a in enumerate(fake_args or ()):
+        if isinstance(a, torch.SymInt) and placeholders[i].users:  # Note [Symbolic ints]
+            raise SymbolicIntUsed(i, f"{name} uses the symbolic int argument {i} as a value")
     for node in list(gm.graph.nodes):
         # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
         # an index list ``x[[1, 2]]``: make_fx lifts it and copies it with lift_fresh_copy) is

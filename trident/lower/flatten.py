@@ -15,7 +15,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number, dtype, device, memory format, layout, ``torch.Size``, a
+* ``CONST``: a str, bytes, number (an int at a path of ``int_leaves`` is a ``LEAF``: Note [Int
+  leaves] in frontend/policy.py), dtype, device, memory format, layout, ``torch.Size``, a
   slice of ints, or a frozen set inside an object: equal by value (floats by bit pattern, a
   slice's bounds each by exact type) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
@@ -75,7 +76,8 @@ def _is_module_dict(parent: Node, key: str) -> bool:
 class _Flattener:
     what = "argument"  # what its messages call a path
 
-    def __init__(self):
+    def __init__(self, int_leaves: frozenset = frozenset()):
+        self.int_leaves = int_leaves  # paths of ints in objects read as leaves
         self.nodes: list[Node] = []
         self.description: list[str] = []
         self.leaf_nodes: list[int] = []
@@ -129,7 +131,7 @@ class _Flattener:
             self.seen[id(value)] = len(self.nodes)
             self.tensor(value, node(LEAF))
             return
-        if t in _SCALARS and not in_object:
+        if t in _SCALARS and (not in_object or (t is int and path in self.int_leaves)):
             self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
             return
         if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)
@@ -243,21 +245,24 @@ def _is_structseq(t: type) -> bool:
                                and t.n_fields == t.n_sequence_fields and t.n_unnamed_fields == 0)
 
 
-def flatten_call(binding: Binding, args: tuple, kwargs: dict) -> tuple[ArgTree, list, list]:
-    """(tree, leaves, node values) of one call; leaves[0] is the tree's key.
+def flatten_call(binding: Binding, args: tuple, kwargs: dict,
+                 int_leaves: frozenset = frozenset()) -> tuple[ArgTree, list, list]:
+    """(tree, leaves, node values) of one call; leaves[0] is the tree's key. ``int_leaves``:
+    paths of ints inside objects that are leaves rather than constants (Note [Int leaves]).
 
     Raises:
         TypeError: the call does not bind to the function's parameters.
         TridentError: an argument that cannot be flattened (its path and type named)."""
     bound = binding.bind(args, kwargs)
     try:
-        return _flatten_bound(binding, bound)
+        return _flatten_bound(binding, bound, int_leaves)
     except RecursionError:
         raise TridentError("an argument is nested too deeply to guard") from None
 
 
-def _flatten_bound(binding: Binding, bound: list) -> tuple[ArgTree, list, list]:
-    f = _Flattener()
+def _flatten_bound(binding: Binding, bound: list,
+                   int_leaves: frozenset = frozenset()) -> tuple[ArgTree, list, list]:
+    f = _Flattener(int_leaves)
     uses = list(binding.uses) or [WHOLE] * (binding.has_self + len(binding.params))
     if binding.has_self:
         f.visit(binding.self_obj, -1, SELF, None, "self", False, uses.pop(0))

@@ -46,8 +46,9 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
     for i, f in tensors:
         guards += [kind(getattr(f, kind.field), i) for kind in (Aligned16, RequiresGrad, Inference)]
     for i, f in enumerate(facts):
-        if f.kind in (INT, BOOL):
-            guards.append(IntValue(int(f.value), i))
+        if f.kind in (INT, BOOL) and not (
+                fake_args is not None and isinstance(fake_args[i], torch.SymInt)):
+            guards.append(IntValue(int(f.value), i))  # (a symbolic int: Note [Symbolic ints])
         elif f.kind == FLOAT:
             guards.append(FloatBits(f.value, i))
     return guards
@@ -67,10 +68,26 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
 # sizes.py): codegen prints it to C, ``sizes.evaluate`` is its Python twin.
 
 
+# ---- Note [Symbolic ints] ---------------------------------------------------------------------
+#
+# An int leaf of the argument tree (``cache.layers[0].max_cache_len``, a model's
+# ``_previous_max_cache_length``, ``cache.layers[0].cumulative_length_int``) is guarded by
+# value in a static trace. Under automatic dynamic (policy.py), an int whose value changed while
+# the rest of the call stayed alike is traced as a ShapeEnv symbol of its own (capture.py), as
+# Dynamo's automatic dynamic does for ints: every read of it the trace makes is recorded (a
+# branch on it is a ShapeEnv guard, ``int()`` of it specializes it, arithmetic on it that
+# reaches an op is a size expression), and only those facts are guarded, over the place
+# ``value_i`` (``a[i].i`` in C). An int the trace never reads is not guarded at all. An int
+# symbol the graph itself takes as a value (``torch.arange(n)`` with ``n`` no tensor's size)
+# is not compiled (capture.py raises; policy.py traces that int by value again).
+
+
 def _places(fake_args: tuple):
     """Each size and stride (and symbolic storage offset) of a dynamic trace's tensor
     arguments, in order: ``(arg, sympy expression over ShapeEnv symbols, place symbol)``."""
     for i, t in enumerate(fake_args):
+        if isinstance(t, torch.SymInt):  # Note [Symbolic ints]
+            yield i, t.node._expr, sizes.place("value", i)
         if not isinstance(t, torch.Tensor):
             continue
         for kind, values in (("size", t.shape), ("stride", t.stride())):
@@ -127,8 +144,6 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
     Raises:
         TridentError: a condition the generated C does not compute (``sizes.check``).
     """
-    from torch.utils._sympy.numbers import IntInfinity
-
     places = list(_places(fake_args))
     sources = _sources(places)
     guards: dict[str, Guard] = {}
@@ -142,8 +157,9 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
     for i, expr, here in places:
         if isinstance(expr, sympy.Symbol) and sources[expr] is here:
             bounds = shape_env.var_to_range[expr]
-            guard(sympy.Ge(expr, int(bounds.lower)), i)
-            if not isinstance(bounds.upper, IntInfinity) and bounds.upper != sympy.oo:
+            if isinstance(bounds.lower, sympy.Integer):  # (a symbolic int's is unbounded)
+                guard(sympy.Ge(expr, int(bounds.lower)), i)
+            if isinstance(bounds.upper, sympy.Integer):
                 guard(sympy.Le(expr, int(bounds.upper)), i)
             continue
         text = sizes.dumps(sympy.Eq(here, sizes.at_places(expr, sources), evaluate=False))
