@@ -13,7 +13,7 @@ import hashlib
 from trident.ir import sizes
 from trident.codegen.cprint import c_comment, c_float, c_string, size_c
 from trident.codegen.target import Launch, Prologue, Renderer
-from trident.ir.launch import CompiledBinary, TensorParam
+from trident.ir.launch import CompiledBinary, ScalarParam, TensorParam
 from trident.ir.operands import Arg, Item, Val
 from trident.ir.plan import TritonStep
 
@@ -122,7 +122,8 @@ def launch(r: Renderer, index: int, s: TritonStep) -> DriverLaunch:
         if isinstance(p, TensorParam):
             statements += _pointer(r, var, operand, f"{s.where} (triton {launch.kernel})")
             statements[-1] += f"  /* {p.name} */"
-        elif p.size is not None:  # Note [Symbolic launches] in kernels.py
+        elif isinstance(p, ScalarParam) and p.size is not None:
+            # Note [Symbolic launches] in lower/kernels.py: computed from the call's sizes
             words = c_comment(sizes.words(sizes.loads(p.size), r.spec.arg_names))
             statements.append(f"{ctype} {var} = ({ctype}){size_c(p.size)};  "
                               f"/* {p.name} = {words} */")

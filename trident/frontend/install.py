@@ -162,13 +162,13 @@ class Installer:
         digests: dict[str, str | None] = {}
 
         def allowed(spec: Specialization) -> bool:
-            text = json.dumps(spec.state["reads"])
+            text = json.dumps(spec.state.reads)
             if text not in digests:
                 try:
-                    digests[text] = self._state_tree(spec.state["reads"]).digest
+                    digests[text] = self._state_tree(spec.state.reads).digest
                 except (TridentError, ValueError, TypeError, KeyError, IndexError):
                     digests[text] = None  # a chain that no longer evaluates
-            return digests[text] == spec.state["digest"]
+            return digests[text] == spec.state.digest
 
         return [s for s in self._cache.load_specs()
                 if (self._dynamic is not False or not s.symbolic) and allowed(s)
@@ -226,7 +226,7 @@ class Installer:
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()
-        reads = list({json.dumps(r): r for s in specs for r in s.state["reads"]}.values())
+        reads = list({json.dumps(r): r for s in specs for r in s.state.reads}.values())
         self._state = self._state_tree(reads)  # the union of what they read, as it is now
         self._set_state(self._state.program())
         self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())

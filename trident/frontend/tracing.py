@@ -9,7 +9,7 @@ import time
 
 from trident import config
 from trident.frontend.install import _Call
-from trident.ir.specialization import Specialization
+from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
 from trident.lower.capture import trace
 from trident.lower.flatten import flatten_output, substituted
@@ -60,7 +60,7 @@ class Tracer:
                 captured = self._trace(call, dynamic, recording)
                 reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                     r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
-            spec_state = {"reads": reads, "digest": self._state_tree(reads).digest}
+            spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
             bar.update()
             _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)
             spec = compiler.compile_specialization(

@@ -12,6 +12,24 @@ from trident.ir.guards import DeviceIndex, DeviceType, Guard
 from trident.ir.plan import Plan
 
 
+@dataclasses.dataclass(frozen=True)
+class StateGuard:
+    """Note [State guards] (lower/state/__init__.py): what a trace read outside the arguments.
+    ``reads``: each chain in its stored form (``Read.to_json``, lower/state/chain.py);
+    ``digest``: the hash of their values, which the chains must evaluate to for the
+    specialization to serve a call."""
+
+    reads: tuple = ()
+    digest: str = ""
+
+    def to_json(self) -> dict:
+        return {"reads": list(self.reads), "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StateGuard":
+        return cls(tuple(data["reads"]), str(data["digest"]))
+
+
 @dataclasses.dataclass
 class Specialization:
     """Attributes:
@@ -28,10 +46,7 @@ class Specialization:
             SCM's output spec does.
         catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
             of the trace, or "" (Note [Errors inside try] in source_lines.py).
-        state: what the trace read outside the arguments (Note [State guards] in
-            lower/state/__init__.py):
-            ``{"reads": [chain, ...], "digest": hash of their values}``; the specialization
-            serves a call only while the chains evaluate to that digest.
+        state: what the trace read outside the arguments (``StateGuard``).
     """
 
     signature: str
@@ -43,14 +58,14 @@ class Specialization:
     tree: int = 0
     recipe: OutputRecipe | None = None
     catching: str = ""
-    state: dict = dataclasses.field(default_factory=lambda: {"reads": [], "digest": ""})
+    state: StateGuard = dataclasses.field(default_factory=StateGuard)
 
     def to_json(self) -> dict:
         return {"signature": self.signature, "arg_names": self.arg_names,
                 "guards": [g.to_json() for g in self.guards],
                 "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
                 "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
-                "catching": self.catching, "state": self.state}
+                "catching": self.catching, "state": self.state.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
@@ -59,8 +74,7 @@ class Specialization:
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
-                   {"reads": list(data["state"]["reads"]),
-                    "digest": str(data["state"]["digest"])})
+                   StateGuard.from_json(data["state"]))
 
     @property
     def symbolic(self) -> bool:

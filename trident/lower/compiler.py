@@ -24,13 +24,13 @@ from trident.lower.plan import build_plan
 from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.plan import TritonStep
-from trident.ir.specialization import Specialization
+from trident.ir.specialization import Specialization, StateGuard
 
 _recompiles = config.logger("recompiles")
 
 
 def compile_specialization(captured: Capture, args: tuple, names: list[str],
-                           dynamic: dict[int, set[int]], tree: int, state: dict, name: str,
+                           dynamic: dict[int, set[int]], tree: int, state: StateGuard, name: str,
                            code_fn, bar) -> Specialization:
     """The specialization of a call traced into ``captured``.
 
