@@ -136,3 +136,34 @@ def test_compile_times_count_each_stage(trident_cache):
     assert {"trace", "import", "plan", "render", "C build"} <= grew
     assert "kernels" not in grew  # no Triton kernel for CUDA here
     assert set(trident.config.compile_times().values()) == {0.0}
+
+
+def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cache,
+                                                                     monkeypatch):
+    """Note [Early assignment check] (trident/lower/source_lines.py): the trace ends at the
+    function's 32nd torch call, not after its 101; the call runs eagerly, as eager does."""
+    from trident.lower import source_lines
+
+    traced = []
+    torch_function = source_lines._SourceLines.__torch_function__
+
+    def counted(mode, func, types, args=(), kwargs=None):
+        traced.append(mode.in_user_code)
+        return torch_function(mode, func, types, args, kwargs)
+
+    monkeypatch.setattr(source_lines._SourceLines, "__torch_function__", counted)
+
+    def f(d, x):
+        d["t"] = x + 1  # a new tensor in the argument's dict: cannot be compiled
+        for _ in range(100):
+            x = x * 1.5
+        return x
+
+    jf = trident.jit(f)
+    d, x = {"t": torch.zeros(2)}, torch.ones(2)
+    with pytest.warns(UserWarning, match=r"assigns to d\.t \(Python state of its arguments"):
+        out = jf(d, x)
+    assert sum(traced) == 32
+    expected_d = {"t": torch.zeros(2)}
+    assert torch.equal(out, f(expected_d, x)) and torch.equal(d["t"], expected_d["t"])
+    assert (jf.stats.fallbacks, jf.stats.compiles) == (1, 0)

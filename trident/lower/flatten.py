@@ -55,6 +55,7 @@ import torch
 
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
+from trident.lower import source_lines
 from trident.lower.uses import WHOLE, Uses, attributes_read, items_read
 from trident.ir.trees import (ARG, ATTR, BASE_DICT, BASE_OBJECT, BASE_ODICT, CONST, DICT,
                               ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT, R_AGAIN, R_BUILT, R_CONST,
@@ -366,8 +367,14 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     roots = [new[i] for i in children.get(-1, ()) if nodes[i].access == ARG]
     changed: list[str] = []
     owners: list[object] = []
+    def check():  # Note [Early assignment check] in source_lines.py
+        for i in mutable:
+            now = _snapshot(nodes[i], values[i])
+            if source_lines.new_tensor(now, expected[i]):
+                raise _assigned(_changed_entry(nodes[i].path, now, expected[i]), values[i])
     try:
-        yield roots
+        with source_lines.every_32_torch_calls(check):
+            yield roots
     finally:
         for i in mutable:
             now = _snapshot(nodes[i], values[i])
@@ -382,14 +389,17 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
                 values[i].clear()
                 values[i].update(nodes[i].expect)
     if changed:
-        hint = ""
-        owner = type(owners[0])
-        if owner.__module__.startswith("transformers.") and "Dynamic" in owner.__name__:
-            # transformers' DynamicCache assigns each grown key/value tensor to its layer
-            hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
-                    "generate(..., cache_implementation=\"static\") (docs/huggingface.md)")
-        raise TridentError(f"the function assigns to {changed[0]} (Python state of its "
-                           f"arguments, which a specialization cannot replay){hint}")
+        raise _assigned(changed[0], owners[0])
+
+
+def _assigned(path: str, owner) -> TridentError:
+    # transformers' DynamicCache assigns each grown key/value tensor to its layer
+    hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
+            "generate(..., cache_implementation=\"static\") (docs/huggingface.md)") \
+        if type(owner).__module__.startswith("transformers.") and "Dynamic" in \
+        type(owner).__name__ else ""
+    return TridentError(f"the function assigns to {path} (Python state of its arguments, "
+                        f"which a specialization cannot replay){hint}")
 
 
 def _rebuildable(t: type) -> bool:

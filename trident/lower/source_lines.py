@@ -4,6 +4,7 @@ torch call inside a ``try`` is recorded (Note [Errors inside try])."""
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import linecache
@@ -48,6 +49,37 @@ _UNGUARDED_READS = {
 _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
 
 
+# Note [Early assignment check]: a function that assigns to the Python state of its arguments
+# cannot be compiled (flatten.substituted finds it when the trace ends), and a Hugging Face
+# model's first call assigns a new tensor into its cache object at its first layer. While the
+# traced function runs, every 32nd torch call it makes asks the check of the trace in progress
+# (``every_32_torch_calls``), which raises where an argument's container already holds a
+# tensor that it did not hold at the start: the trace of a model stops at a layer, not after
+# all of them. Other values a function may assign and put back before it returns (a flag) are
+# left to the check at the end.
+_CHECKS: list = []  # the checks of the traces in progress (compiles hold a lock: one a time)
+
+
+@contextlib.contextmanager
+def every_32_torch_calls(check):
+    """While active, ``check()`` runs at every 32nd torch call of the traced function's own code
+    (Note [Early assignment check]); what it raises ends the trace."""
+    _CHECKS.append(check)
+    try:
+        yield
+    finally:
+        _CHECKS.remove(check)
+
+
+def new_tensor(now: dict | list, before: dict | list) -> bool:
+    """Whether the snapshot ``now`` of a container's entries holds a tensor that ``before``
+    (an earlier snapshot) did not hold at the same key or index."""
+    if isinstance(now, dict):
+        return any(isinstance(v, torch.Tensor) and v is not before.get(k) for k, v in now.items())
+    return any(isinstance(v, torch.Tensor) and (j >= len(before) or v is not before[j])
+               for j, v in enumerate(now))
+
+
 class _SourceLines(TorchFunctionMode):
     """Tags every node created inside a torch call with the user's line that made the call.
 
@@ -64,9 +96,13 @@ class _SourceLines(TorchFunctionMode):
         self.rng: bytes | None = None  # the generators' state when the function was entered
         self.rng_set = False  # a torch call ran while they were in another state
         self.catching = ""  # Note [Errors inside try]
+        self.calls = 0  # the function's torch calls (Note [Early assignment check])
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.in_user_code:
+            self.calls += 1
+            if self.calls % 32 == 0 and _CHECKS:
+                _CHECKS[-1]()
             if not self.rng_set and self.rng is not None:  # Note [Global side effects]
                 self.rng_set = rng.generator_states() != self.rng
             if not self.catching:
