@@ -36,8 +36,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
-    for code, (g, _) in rec.codes.items():
-        check_write(code, g)
+    nested = {c for code in rec.codes for c in code.co_consts if isinstance(c, types.CodeType)}
+    for code, (g, _) in rec.codes.items():  # (a nested code's writes are checked with the
+        check_write(code, g, writes=code not in nested)  # code that makes it, cells bound)
     check_parameter_writes(rec, fn)
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
