@@ -180,7 +180,8 @@ def in_a_lambda(x):
     return x * len(L)
 
 
-WRITERS = [in_a_comprehension, in_a_lambda, chained, element, unpacked, looped, walrus, inplace_add, slice_store, through_dict,
+WRITERS = [in_a_comprehension, in_a_lambda, chained, element, unpacked, looped, walrus,
+           inplace_add, slice_store, through_dict,
            with_setattr, unbound_method, globals_alias, helper_appends, helper_sets_item,
            helper_bumps, method_of_a_global, global_module, helper_default, parameter_method]
 
