@@ -168,7 +168,20 @@ def parameter_method(x, holder):
     return x * len(L)
 
 
-WRITERS = [chained, element, unpacked, looped, walrus, inplace_add, slice_store, through_dict,
+def in_a_comprehension(x):
+    [L.append(v) for v in (1.0,)]
+    return x * len(L)
+
+
+def in_a_lambda(x):
+    target = L
+    add = lambda v: target.append(v)  # noqa: E731
+    add(1.0)
+    return x * len(L)
+
+
+WRITERS = [in_a_comprehension, in_a_lambda, chained, element, unpacked, looped, walrus,
+           inplace_add, slice_store, through_dict,
            with_setattr, unbound_method, globals_alias, helper_appends, helper_sets_item,
            helper_bumps, method_of_a_global, global_module, helper_default, parameter_method]
 
@@ -221,18 +234,27 @@ def local_work(x, cfg):
     buf = torch.zeros(2)
     buf[0] = 1.0
     cfg["seen"] = True
-    return out[0] + buf * table["b"]
+    acc = []
+    add = lambda v: acc.append(v)  # noqa: E731
+    add(1)
+    [acc.append(v) for v in range(2)]
+    return out[0] + buf * table["b"] * len(acc)
 
 
 def test_writes_to_the_frame_and_the_arguments_are_not_outside():
-    """A list or dict made in the frame, a tensor made there, an argument's item: the walk-back
-    finds them fresh or the arguments' (the argument tree sees those), so the function
-    compiles."""
+    """A list or dict made in the frame, a tensor made there, an argument's item, a frame's
+    list written by a lambda or a comprehension: the walk-back finds them fresh or the
+    arguments' (the argument tree sees those), so the function compiles and then hits."""
     from trident.lower.state import flow
 
     code = local_work.__code__
     assert flow.outside(code, local_work.__globals__, local_work) is None
     assert flow.Flow(code, local_work.__globals__, local_work).written_parameters() == {"cfg"}
+    jf = trident.jit(local_work)
+    x = torch.ones(2)
+    for _ in range(2):
+        cfg = {}
+        assert torch.equal(jf(x, cfg), local_work(x, {})) and cfg == {"seen": True}
 
 
 @triton.jit

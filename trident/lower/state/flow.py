@@ -127,9 +127,10 @@ class Flow:
     parameters' values, when known (a call's arguments: ``h.helper(L)`` names a method)."""
 
     def __init__(self, code: types.CodeType, g: dict, fn=None, depth: int = 0,
-                 values: dict | None = None):
+                 values: dict | None = None, cells: dict | None = None):
         self.code, self.g, self.fn, self.depth = code, g, fn, depth
         self.values = values or {}
+        self.cells = cells or {}  # a nested code's free variable: the origin its maker bound
         self.ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE",
                                                                               "PRECALL")]
         self.at = {i.offset: k for k, i in enumerate(self.ins)}
@@ -269,7 +270,7 @@ class Flow:
                   "LOAD_FAST_LOAD_FAST"):
             name = i.argval[slot ^ 1] if isinstance(i.argval, tuple) else i.argval
             if op == "LOAD_DEREF" and name in self.code.co_freevars:
-                return (f"closure variable {name}", frozenset())
+                return self.cells.get(name, (f"closure variable {name}", frozenset()))
             return self._local(name)
         if op in ("LOAD_CONST", "LOAD_CLOSURE", "MAKE_FUNCTION", "BUILD_STRING",
                   "FORMAT_VALUE", "COMPARE_OP", "IS_OP", "CONTAINS_OP", "UNARY_NOT",
@@ -382,7 +383,8 @@ class Flow:
             op = i.opname
             if op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
                 yield k, f"global {i.argval}", (f"global {i.argval}", frozenset())
-            elif op in ("STORE_DEREF", "DELETE_DEREF") and i.argval in self.code.co_freevars:
+            elif op in ("STORE_DEREF", "DELETE_DEREF") and i.argval in self.code.co_freevars \
+                    and i.argval not in self.cells:
                 yield k, f"closure variable {i.argval}", (f"closure variable {i.argval}",
                                                           frozenset())
             elif op in ("STORE_ATTR", "DELETE_ATTR"):
@@ -456,12 +458,23 @@ def _user_function(callee):
     return None
 
 
-def outside(code: types.CodeType, g: dict, fn=None, values: dict | None = None) -> str | None:
-    """Note [Write targets]: the first write of ``code`` whose target is outside its frame and
-    arguments, as ``"what (why) (file:line)"``, or None."""
-    flow = Flow(code, g, fn, values=values)
+def outside(code: types.CodeType, g: dict, fn=None, values: dict | None = None,
+            cells: dict | None = None, depth: int = 0) -> str | None:
+    """Note [Write targets]: the first write of ``code`` or of the code it makes (a
+    comprehension, a lambda, an inner function: its free variables bound as ``code`` binds
+    them) whose target is outside its frame and arguments, as ``"what (why) (file:line)"``,
+    or None."""
+    flow = Flow(code, g, fn, values=values, cells=cells)
     for k, what, (why, _) in flow.writes():
         if why is not None:
             line = flow.ins[k].positions.lineno if flow.ins[k].positions else "?"
             return f"{why} ({what}, {code.co_filename.rsplit('/', 1)[-1]}:{line})"
+    for inner in code.co_consts if depth < 8 else ():
+        if isinstance(inner, types.CodeType):
+            bound = {n: flow._local(n) if n in code.co_cellvars or n in code.co_varnames else
+                     flow.cells.get(n, (f"closure variable {n}", frozenset()))
+                     for n in inner.co_freevars}
+            found = outside(inner, g, None, None, bound, depth + 1)
+            if found is not None:
+                return found
     return None

@@ -36,8 +36,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
-    for code, (g, _) in rec.codes.items():
-        check_write(code, g)
+    nested = {c for code in rec.codes for c in code.co_consts if isinstance(c, types.CodeType)}
+    for code, (g, _) in rec.codes.items():  # (a nested code's writes are checked with the
+        check_write(code, g, writes=code not in nested)  # code that makes it, cells bound)
     check_parameter_writes(rec, fn)
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
@@ -116,6 +117,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                         steps0 = ((kind, name),)
                     read = _resolve_calls(root, steps0 + steps, fn)
                 elif start == "param":
+                    for shadow in _lookup_reads(params.get(name, _MISSING), steps):
+                        add(shadow)
                     read = _param_read(params.get(name, _MISSING), steps, fn)
                 else:
                     pending.append((code, name, steps))
@@ -211,6 +214,41 @@ def _instance_value(value, d, name: str):
             if isinstance(held, dict) and name in held:
                 return held[name]
     return _MISSING
+
+
+def _lookup_reads(value, steps: tuple) -> list[Read]:
+    """Note [Instance lookups]: ``cfg.a`` of an argument, found in its ``__dict__`` (or an
+    nn.Module's submodules, parameters, buffers: the argument tree's), is found there only while
+    no class of its MRO holds ``a`` as a data descriptor or the like (``Cfg.a = property(...)``
+    shadows it; the tree checks the class by identity, not its contents); a name that is absent
+    stays absent only while no class gains it or a ``__getattr__``. So each such step of a user
+    class's instance reads the class's ``a`` (``ABSENT``, through its MRO in C), and for an
+    absent name its ``__getattr__`` too."""
+    out: list = []
+    for step in steps[:16]:
+        if step[0] != "attr" or not isinstance(step[1], str) or isinstance(
+                value, (type, types.ModuleType, torch.Tensor, *_BY_ID)) or value is _MISSING:
+            break
+        cls, name = type(value), step[1]
+        if not any(frames.user_class(c) for c in cls.__mro__) or any(
+                name in vars(c) for c in cls.__mro__):
+            break  # a library's class (fixed), or one that holds it: _param_read's
+        if type(cls) is not type or "<locals>" in cls.__qualname__:
+            break
+        root, path = _root_of(cls)
+        if root[0] != "module":
+            break
+        out.append(Read(root, path + (("attr", name),)))
+        try:  # (not through a __getattr__)
+            own = object.__getattribute__(value, "__dict__")
+        except Exception:
+            own = None
+        held = _instance_value(value, own, name)
+        if held is _MISSING:
+            out.append(Read(root, path + (("attr", "__getattr__"),)))
+            break
+        value = held
+    return out
 
 
 def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:

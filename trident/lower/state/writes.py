@@ -52,12 +52,15 @@ def terminal_output(code: types.CodeType, g: dict) -> str | None:
     return None
 
 
-def check_write(code: types.CodeType, g: dict, fn=None, values=None) -> None:
-    """Raises:
+def check_write(code: types.CodeType, g: dict, fn=None, values=None,
+                writes: bool = True) -> None:
+    """``writes=False``: only its output (a code that another's check read, as it made it).
+
+    Raises:
         TridentError: ``code`` (of ``fn``, when known, called with the parameters' ``values``
-            when known) writes outside its arguments
-            (:func:`outside_write`) or prints or warns (:func:`terminal_output`)."""
-    written = outside_write(code, g, fn, values)
+            when known) writes outside its arguments (:func:`outside_write`) or prints or warns
+            (:func:`terminal_output`)."""
+    written = outside_write(code, g, fn, values) if writes else None
     if written is not None:
         raise TridentError(f"the function writes to {written}: Python state outside its "
                            "arguments, which a hit would not write")
