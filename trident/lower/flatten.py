@@ -386,8 +386,11 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
             # transformers' DynamicCache assigns each grown key/value tensor to its layer
             hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
                     "generate(..., cache_implementation=\"static\") (docs/huggingface.md)")
-        raise TridentError(f"the function assigns to {changed[0]} (Python state of its "
-                           f"arguments, which a specialization cannot replay){hint}")
+        error = TridentError(f"the function assigns to {changed[0]} (Python state of its "
+                             f"arguments, in a {_type_name(owner)}, which a specialization "
+                             f"cannot replay){hint}")
+        error.any_sizes = True  # the trace of any sizes assigns it (policy.py)
+        raise error
 
 
 def _rebuildable(t: type) -> bool:
