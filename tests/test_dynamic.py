@@ -232,3 +232,40 @@ def test_dynamic_dict_is_checked():
     with pytest.raises(trident.TridentError, match=r"dynamic dims \[3\] of x, which has 2 dims"):
         trident.jit(lambda x: x + 1, dynamic={"x": [3]}, fallback=False)(torch.ones(2, 2))
 
+
+
+class _Counter:
+    """An object holding ints, as a transformers cache holds ``max_cache_len``."""
+
+    def __init__(self, n: int, limit: int = 100):
+        self.n, self.limit = n, limit
+
+
+def test_int_attributes_become_symbols_after_one_change():
+    """Note [Int leaves] (trident/frontend/policy.py): an int attribute that changed is a leaf
+    traced as a symbol; a branch on it is a guard, an int never read is not guarded, and one
+    the graph takes as a value is guarded by value again."""
+    @trident.jit
+    def branch(x, c):
+        return x - 1 if c.n > c.limit else x + c.limit
+
+    @trident.jit
+    def unread(x, c):
+        return x * 2 + c.limit
+
+    @trident.jit
+    def sliced(x, c):
+        return x[: c.n] * 2
+
+    x = torch.randn(300)
+    for f in (branch, unread, sliced):
+        for n in (3, 4, 5, 6, 200, 7):
+            assert torch.equal(f(x, _Counter(n)), f.__wrapped__(x, _Counter(n)))
+    # n: its value (3), then a symbol with n <= 100, then n > 100
+    assert (branch.stats.compiles, branch.stats.hits) == (3, 3), branch.stats
+    assert "c.n <= 100 is false (c.n = 200)" in branch.stats.miss_reasons[-1]
+    # n is never read by unread: its tree never holds it
+    assert (unread.stats.compiles, unread.stats.hits) == (1, 5), unread.stats
+    # sliced: the symbolic trace takes n as a value (a slice bound): one specialization per n
+    assert (sliced.stats.compiles, sliced.stats.traces) == (6, 7), sliced.stats
+    assert branch.explain(x, _Counter(300)).count("c.n") >= 1

@@ -194,3 +194,32 @@ def test_new_prompt_lengths_and_token_counts_do_not_compile_again():
     # compile with exact sizes, the second's with symbolic lengths; the rest hit
     assert (stats.compiles, stats.fallbacks) == (2, 5), stats
     assert stats.hits == sum(new - 1 for new in (4, 3, 5, 2, 7)) - 2, stats
+
+
+def test_a_sliding_window_cache_fails_its_trace_once_per_reason_not_per_step():
+    """Mistral at its default config (``sliding_window=4096``): transformers'
+    ``StaticSlidingWindowLayer`` counts its tokens in a Python int that each step assigns, which
+    a specialization cannot replay. The decode step's trace fails at the first step and, with
+    that int a leaf (Note [Int leaves]), at the second; every later step, and every step of the
+    next generate of the same lengths, runs eagerly without a trace; one warning per reason
+    names the class."""
+    model = tiny_model("mistral")
+    forward = model.forward
+    jf = trident.jit(forward)
+    calls = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for length in (6, 6, 9):
+            ids = torch.randint(0, 96, (1, length))
+            model.forward = forward
+            ref = generate(model, ids, disable_compile=True)
+            model.forward = jf
+            assert_same_generation(generate(model, ids, disable_compile=True), ref)
+            calls += NEW_TOKENS
+    stats = jf.stats
+    # traces: the first prefill, the first two decode steps; at a new length, the prefill and
+    # the first decode step (its cache length, an int not seen changing before, is a leaf now)
+    assert (stats.compiles, stats.traces, stats.fallbacks, stats.hits) == (0, 5, calls, 0), stats
+    said = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(said) == 2, said
+    assert "cumulative_length_int" in said[1] and "StaticSlidingWindowLayer" in said[1]

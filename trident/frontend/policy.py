@@ -256,14 +256,17 @@ class MissPolicy:
 
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
-        decisions]): the call's own, or, when the same tree failed for the same reason at other
-        sizes before, all but its sizes and strides, so that no later size traces again (a
-        transformers ``DynamicCache`` grows every step and assigns its tensors to Python
-        attributes: each generated token would trace, and fail, again)."""
+        decisions]): the call's own, or, when the same tree (or one that differed from it in
+        int constants only: Note [Int leaves]) failed for the same reason at other sizes or
+        ints before, all but its sizes, strides and ints, so that no later size traces again
+        (a transformers ``DynamicCache`` grows every step and assigns its tensors to Python
+        attributes, a sliding-window cache counts its tokens in a Python int: each generated
+        token would trace, and fail, again)."""
         guards = guards_for(call.leaves)
+        alike = self._int_trees.get(call.tree.key, ())  # Note [Int leaves]
         for key, failed, reason in self._eager_signatures:
-            if key == call.tree.key and reason == why and \
-                    first_failure(_sizeless(failed), call.leaves) is None:
+            if reason == why and (key in alike or key == call.tree.key and
+                                  first_failure(_sizeless(failed), call.leaves) is None):
                 return _sizeless(guards)
         return guards
 
@@ -372,6 +375,9 @@ class MissPolicy:
                 self._static_ints.add(call.names[e.arg])
                 return self._compile_dynamic_or_static(call)
             except TridentError as e:
+                if getattr(e, "any_sizes", False):  # the sizes' trace would fail alike
+                    e.static_trace = True
+                    raise
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature
                 _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "

@@ -12,7 +12,8 @@ from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
 from trident.lower.capture import trace
-from trident.lower.flatten import flatten_output, substituted
+from trident.lower.flatten import substituted
+from trident.lower.outputs import flatten_output
 
 _recompiles = config.logger("recompiles")
 _guards_log = config.logger("guards")

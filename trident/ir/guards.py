@@ -317,6 +317,8 @@ class SizeRelation(ArgGuard):
                                if isinstance(e, sympy.Symbol)):
             kind, arg, dim = sizes.where(s)
             f = call.args[arg]
+            if kind == "value" and f.value is not None:  # Note [Symbolic ints] in lower/guards.py
+                read.append(f"{_who(arg, names)} = {f.value}")
             if f.kind != TENSOR:
                 continue
             if dim is None:

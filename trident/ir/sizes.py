@@ -6,7 +6,8 @@ stride that is that bare symbol (Note [Symbolic guards] in guards.py). ``at_plac
 every symbol by a *place* symbol that names where the runtime reads it: ``size_0_1`` is
 argument 0's ``size(1)`` (``a[0].sizes[1]`` in C), ``stride_0_1`` its ``stride(1)``,
 ``offset_0`` its ``storage_offset()``, ``value_3`` the value of argument 3, an int traced as a
-symbol (Note [Symbolic ints] in lower/guards.py; ``a[3].i`` in C). The expression is then self-contained data:
+symbol (Note [Symbolic ints] in lower/guards.py; ``a[3].i`` in C). The expression is then
+self-contained data:
 
 * stored in a specialization as ``sympy.srepr`` text (``dumps``) and read back by ``loads``,
   which walks the text's syntax tree over a fixed set of constructors (nothing is ``eval``ed);

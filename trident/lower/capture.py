@@ -263,7 +263,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
-    ``outputs``: ``result -> (flat leaves, recipe or None)`` (``flatten.flatten_output``); by
+    ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
     name in messages. ``changed_rng``: whether the trace's own thread set a generator's state
     (``state.Recording.changed_rng``, which sees this thread's calls only); without it the

@@ -1,0 +1,84 @@
+"""A serving sweep: many ``generate`` calls of new prompt lengths, token counts and batches
+through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallbacks and hits.
+
+``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION]]]`` (defaults: ``llama``, 50,
+``static``). Tiny random configs (hidden 64, 2 layers, no download) of transformers'
+architectures at their default configs: ``llama``, ``mistral`` (``sliding_window=4096``),
+``qwen2sw`` (``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2
+and 4, a prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly
+and through Trident, and compares every token and logit (``torch.equal``). Runs on the CPU or,
+with ``TRIDENT_SWEEP_DEVICE=cuda``, on a GPU. One line per call, then the totals and the
+distinct miss reasons.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+import warnings
+
+import torch
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "qwen2sw": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True,
+                                                    "max_window_layers": 1}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}),
+}
+
+
+def tiny_model(arch: str, device: str):
+    import transformers
+
+    config_name, model_name, extra = ARCHS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval().to(device)
+
+
+def main(arch: str = "llama", n: int = 50, cache: str = "static") -> None:
+    import os
+
+    import trident
+
+    device = os.environ.get("TRIDENT_SWEEP_DEVICE", "cpu")
+    model = tiny_model(arch, device)
+    forward = model.forward
+    jf = trident.jit(forward)
+    rng = random.Random(0)
+    calls = [(rng.choice([1, 2, 4]), rng.randint(1, 512), rng.randint(1, 128)) for _ in range(n)]
+    start, wrong = time.perf_counter(), 0
+    for i, (batch, length, new) in enumerate(calls):
+        torch.manual_seed(i)
+        ids = torch.randint(0, 96, (batch, length), device=device)
+        kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                  cache_implementation=cache, output_logits=True,
+                  return_dict_in_generate=True, disable_compile=True,
+                  attention_mask=torch.ones_like(ids))
+        model.forward = forward
+        ref = model.generate(ids, **kw)
+        model.forward = jf
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model.generate(ids, **kw)
+        same = torch.equal(out.sequences, ref.sequences) and all(
+            torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+        wrong += not same
+        s = jf.stats
+        print(f"{i} batch={batch} prompt={length} new={new} equal={same} compiles={s.compiles} "
+              f"traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
+              f"t={time.perf_counter() - start:.1f}s", flush=True)
+    s = jf.stats
+    print(f"{arch} {cache}: {n} generates, compiles={s.compiles} traces={s.traces} "
+          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong}")
+    for reason in dict.fromkeys(s.miss_reasons):
+        print("  ", reason[:300])
+
+
+if __name__ == "__main__":
+    main(*(t(a) for t, a in zip((str, int, str), sys.argv[1:])))
