@@ -186,8 +186,22 @@ def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_en
     process (every later compile failed); now it is raised when the compile ends."""
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED_IMPORT)
-    out = run_python(subprocess_env, str(script))
-    assert out.stdout.split("\n")[:2] == ["interrupted False", "1 1 0"], out.stdout
+    # Each attempt is a first compile in a new cache folder (sharing the session's runtime).
+    # The signal's delivery is the OS's: a fresh CI clone once saw no interrupt at all, so
+    # the interrupted run must be seen within three attempts, and every run must compile once.
+    shared = Path(subprocess_env["TRIDENT_CACHE_DIR"]) / "runtime"
+    seen = []
+    for attempt in range(3):
+        cache = tmp_path / f"cache{attempt}"
+        cache.mkdir()
+        (cache / "runtime").symlink_to(shared.resolve())
+        out = run_python(dict(subprocess_env, TRIDENT_CACHE_DIR=str(cache)), str(script))
+        lines = out.stdout.split("\n")
+        assert lines[1] == "1 1 0", out.stdout
+        seen.append(lines[0])
+        if lines[0] == "interrupted False":
+            break
+    assert seen[-1] == "interrupted False", seen
 
 
 def test_ctrl_c_elsewhere_in_a_compile_leaves_nothing_behind(monkeypatch):
