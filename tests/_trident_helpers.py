@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import torch
@@ -174,3 +175,17 @@ def python_calls(fn, args: tuple, n: int) -> list[str]:
         if gc_was_enabled:
             gc.enable()
     return events
+
+
+# The start of a child script: a tiny random Llama (``model``), its config and a prompt (``ids``),
+# with dataclasses, json, warnings, torch, transformers and trident imported.
+TINY_LLAMA_SCRIPT = textwrap.dedent('''
+    import dataclasses, json, warnings
+    import torch, transformers, trident
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 96, (1, 6))
+''')

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import as_in_a_new_process, fresh_imports, run_python
+from _trident_helpers import (TINY_LLAMA_SCRIPT, as_in_a_new_process, fresh_imports,
+                              run_python)
 
 MODULE = textwrap.dedent('''
     import torch
@@ -354,16 +355,7 @@ def test_cache_key_covers_the_pipeline_and_not_the_benchmarks():
 
 # ---- reuse across processes: what the keys hold (issue #27) ------------------------------------
 
-HF_SCRIPT = textwrap.dedent('''
-    import dataclasses, json, warnings
-    import torch, transformers, trident
-
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 96, (1, 6))
-
+HF_SCRIPT = TINY_LLAMA_SCRIPT + textwrap.dedent('''
     def generate():
         return model.generate(ids, max_new_tokens=4, do_sample=False,
                               cache_implementation="static", disable_compile=True)

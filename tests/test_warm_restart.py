@@ -13,7 +13,7 @@ import torch
 
 import trident
 from trident.errors import CompileForbidden, TridentError
-from _trident_helpers import run_python
+from _trident_helpers import TINY_LLAMA_SCRIPT, run_python
 
 TWO_OPS = textwrap.dedent('''
     import dataclasses, json, sys
@@ -34,15 +34,7 @@ TWO_OPS = textwrap.dedent('''
 ''')
 
 # Each door in turn on one tiny Llama, its output compared with eager generate's
-HF_DOORS = textwrap.dedent('''
-    import dataclasses, json, warnings
-    import torch, transformers, trident
-
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 96, (1, 6))
+HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
     forward = model.forward
 
     def generate(**kw):
