@@ -166,6 +166,17 @@ def _dense_geometry(shape: tuple, stride: tuple) -> bool:
     return bool(check(torch.empty_strided(shape, stride, device="meta")))
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage, without a Python storage object (which its storage may
+    keep alive, holding a reference: Note [Graph outputs])."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def _alone(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the only holder of its storage (Note [Graph outputs])."""
+    return t._base is None and runtime.load().storage_holders(t) == 1
+
+
 def _flat_outputs(result, spec_text: str) -> list:
     """The output values in the order the SCM returns them (Note [Output spec])."""
     flat, pos = [], 0
@@ -295,12 +306,11 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
         result = _captured(graph, pool, lambda: run(*capture_args))
     outputs = _flat_outputs(result, spec.plan.out_spec)
 
-    storages = {a.untyped_storage().data_ptr() for a in capture_args
-                if isinstance(a, torch.Tensor)}
+    storages = {_storage_ptr(a) for a in capture_args if isinstance(a, torch.Tensor)}
     desc_out: list[int] = []
     for k, (o, value) in enumerate(zip(spec.plan.outputs, outputs)):
         if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage().data_ptr()
+            storage = _storage_ptr(value)
             if not isinstance(o, operands.Val) or storage in storages:
                 return NoGraph(f"output {k} is or shares memory with an argument or another "
                                "output")
@@ -308,7 +318,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
                 return NoGraph(f"output {k} is not a dense tensor on cuda:{device}")
             storages.add(storage)
             desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),
-                         id(value) if hand_out and value._base is None else 0,  # held below
+                         id(value) if hand_out and _alone(value) else 0,  # the Captured holds it
                          dtype_codes()[value.dtype], value.dim(), *value.shape, *value.stride()]
         elif value is None:
             desc_out += [_TAGS["none"], 0]

@@ -158,8 +158,11 @@ struct TreeMemo {
   std::vector<size_t> quiet_begin;
   std::vector<Check> quiet_checks;
   std::vector<uint32_t> root_of;       // per node: its root's index in `roots`
-  // per root: a watched dict of its subtree may have changed since every tag last held
-  std::vector<uint8_t> root_dirty;
+  // per root: events on the watched dicts of its subtree, and their count when its last pass
+  // began that then held (it is dirty while they differ: a watched dict may have changed)
+  std::vector<uint64_t> root_events;
+  std::vector<uint64_t> root_clean;
+  bool dirty(uint32_t root) const { return root_events[root] != root_clean[root]; }
   std::vector<uint8_t> quiet;          // per root: its last pass held with every dict watched
   std::vector<PyObject*> watching;     // the dicts this memo watches (TRT_DICT_WATCHERS)
   bool busy = false;                   // a walk is writing it

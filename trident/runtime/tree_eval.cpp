@@ -74,7 +74,7 @@ auto* const watchers = new std::unordered_map<PyObject*, std::vector<Watcher>>()
 int on_dict_event(PyDict_WatchEvent event, PyObject* d, PyObject*, PyObject*) {
   auto it = watchers->find(d);
   if (it == watchers->end()) return 0;
-  for (auto [memo, root] : it->second) memo->root_dirty[root] = 1;
+  for (auto [memo, root] : it->second) ++memo->root_events[root];
   if (event == PyDict_EVENT_DEALLOCATED) watchers->erase(it);
   return 0;
 }
@@ -218,7 +218,7 @@ struct TreeEval {
   bool same_dict(size_t i, PyObject* d) {
 #ifdef TRT_DICT_WATCHERS
     uint32_t root = memo->root_of[i];
-    if (memo->watched[i] && !memo->root_dirty[root]) return true;
+    if (memo->watched[i] && !memo->dirty(root)) return true;
     if (!memo->watched[i] && dict_tag(d) == memo->tags[i] && watch_dict(memo, root, d)) {
       memo->watched[i] = 1;  // unchanged twice: watched (watching changes its tag's low bits)
       memo->tags[i] = dict_tag(d);
@@ -291,7 +291,7 @@ struct TreeEval {
   // memo's. false: a check failed (the leaves it pushed are the caller's to drop).
   bool unchanged(size_t k) {
 #ifdef TRT_DICT_TAGS
-    bool quiet = memo->quiet[k] && !memo->root_dirty[k];
+    bool quiet = memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k));
     const std::vector<TreeMemo::Check>& list = quiet ? memo->quiet_checks : memo->checks;
     const std::vector<size_t>& begin = quiet ? memo->quiet_begin : memo->checks_begin;
     for (size_t c = begin[k]; c < begin[k + 1]; ++c) {
@@ -362,11 +362,14 @@ struct TreeEval {
   bool memoized() {
     for (size_t k = 0; k < memo->roots.size(); ++k) {
       size_t r = static_cast<size_t>(memo->roots[k]);
+      // the events before this pass: once it held, the root is clean up to them (an event
+      // during the pass, from Python code a check ran, leaves it dirty)
+      uint64_t events = memo->root_events[k];
       if (memo->root_held[k]) {
         PyObject* v = read(r);
         size_t mark = cv.leaves.size();
         if (v && v == values[r] && unchanged(k)) {
-          memo->root_dirty[k] = 0;  // every watched dict it holds was clean or read
+          memo->root_clean[k] = events;
           continue;
         }
         cv.leaves.resize(mark);
@@ -376,7 +379,7 @@ struct TreeEval {
       memo->quiet[k] = 0;
       if (!visit(r, false)) return false;
       memo->root_held[k] = 1;
-      memo->root_dirty[k] = 0;
+      memo->root_clean[k] = events;
     }
     return true;
   }
@@ -519,7 +522,8 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   memo->checks_begin.push_back(memo->checks.size());
   memo->quiet_begin.push_back(memo->quiet_checks.size());
   memo->root_held.assign(memo->roots.size(), 0);
-  memo->root_dirty.assign(memo->roots.size(), 1);
+  memo->root_events.assign(memo->roots.size(), 1);
+  memo->root_clean.assign(memo->roots.size(), 0);
   memo->quiet.assign(memo->roots.size(), 0);
   return memo;
 }
