@@ -112,6 +112,7 @@ typedef struct trt_result {
  *                      sizes[dim], strides[dim]; an int/float/bool/None: its value (a float's
  *                      bits). */
 #define TRT_GRAPH_SEEN 1024 /* slots of trt_graph.seen; cleared when 3/4 full */
+#define TRT_GRAPH_CHECKED 64 /* copied-in arguments whose overlap check a slot remembers */
 
 typedef struct trt_graph {
   int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
@@ -128,6 +129,12 @@ typedef struct trt_graph {
    * step once before Python is asked to capture its size (open addressing, 0 empty) */
   int32_t nseen;
   uint64_t seen[TRT_GRAPH_SEEN];
+  /* the last overlap check (trt_graph_hides_write): the descriptor and the copied-in
+   * arguments' addresses it was made for, and its answer; checked_desc NULL: none */
+  const int64_t* checked_desc;
+  int32_t nchecked;
+  int32_t checked_hidden;
+  uintptr_t checked[TRT_GRAPH_CHECKED];
 } trt_graph;
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
