@@ -232,7 +232,7 @@ def _global_state() -> dict:
     a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
     recording (``state.record``, per thread) says whether the function's own thread called such
     a method: another thread's draws move the generators during a trace too, and are not the
-    function's (issue 28)."""
+    function's."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
