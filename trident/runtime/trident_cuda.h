@@ -189,12 +189,12 @@ static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx,
  * A graph replay copies each copied-in argument into the graph's buffer and each written one
  * back (Note [CUDA graphs] in trident/frontend/graphs.py). A Hugging Face generate makes a new static
  * cache per call, so every layer's keys, values and position are copied in and back at every
- * token: one cuMemcpyAsync each cost about as much host time as the rest of the hit together.
+ * token, and one cuMemcpyAsync call each costs host time per buffer (docs/benchmarks.md).
  * trt_copy_buffers issues them as launches of one small kernel instead, TRT_COPY_BATCH copies
  * per launch, the table passed by value in the kernel's parameters (no device memory, nothing
  * shared between calls or streams): each block row copies one buffer, in 16-byte words where
  * both addresses and the length allow, else bytewise. The kernel is PTX, compiled by the driver
- * once per device; where that fails the copies are cuMemcpyAsync calls, as before. */
+ * once per device; where that fails the copies are cuMemcpyAsync calls, one per buffer. */
 #define TRT_COPY_BATCH 160 /* 160 * 24 bytes of table fit the 4 KiB of kernel parameters */
 
 static const char trt_copy_ptx[] =
