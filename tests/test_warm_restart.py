@@ -6,6 +6,9 @@ child that runs to its end traced and built nothing."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import textwrap
 
 import pytest
@@ -114,20 +117,71 @@ def test_a_forbidden_compile_raises_rather_than_running_eagerly(monkeypatch, tri
     assert f.stats.compiles == 1
 
 
-def test_compile_times_count_each_stage(trident_cache):
+def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
+    """Each stage is counted and logged (Note [Progress]); no progress line where stderr is
+    not a terminal."""
     before = trident.config.compile_times()
 
     @trident.jit
     def g(x):
         return torch.sin(x) + 1
 
-    assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
+    with caplog.at_level(logging.INFO, logger="trident.recompiles"):
+        assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
     after = trident.config.compile_times(reset=True)
     assert list(after) == ["trace", "import", "plan", "kernels", "render", "C build"]
     grew = {k for k in after if after[k] > before[k]}
     assert {"trace", "import", "plan", "render", "C build"} <= grew
     assert "kernels" not in grew  # no Triton kernel for CUDA here
     assert set(trident.config.compile_times().values()) == {0.0}
+    stages = [re.fullmatch(r"\S+\.g: (\w+|C build) [\d.]+ s", m) for m in caplog.messages]
+    assert [m[1] for m in stages if m] == ["trace", "import", "plan", "render", "C build"]
+    assert "trident: " not in capfd.readouterr().err
+
+
+PROGRESS = textwrap.dedent('''
+    import time
+    from trident import config
+
+    with config.progress("Block.forward"):
+        with config.stage("trace"):
+            time.sleep(2.5)
+        with config.stage("C build"):
+            time.sleep(1.2)
+    print("done")
+''')
+
+
+def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
+    """Note [Progress]: the line shows once 2 s have passed, names the stage, and is cleared."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", PROGRESS], stdout=subprocess.PIPE,
+                             stderr=slave, env=subprocess_env)
+    os.close(slave)
+    out, _ = child.communicate(timeout=120)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert child.returncode == 0 and out == b"done\n"
+    lines = [l.strip() for l in shown.decode().split("\r") if l.strip()]
+    assert "trident: Block.forward [00:02, trace]" in lines
+    assert lines[-1].startswith("trident: Block.forward [00:0") and "C build]" in lines[-1]
+    assert shown.endswith(b"\r") and shown.decode().split("\r")[-2].strip() == ""  # cleared
 
 
 def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cache,
