@@ -5,6 +5,7 @@ child that runs to its end traced and built nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -73,8 +74,21 @@ def _run(env: dict, script, *argv, forbid: bool = False) -> tuple[dict, dict]:
     return stats[-1], times[-1]
 
 
+def _contents(cache) -> dict[str, str]:
+    """Each file of the cached functions (not the empty lock files): its SHA-256."""
+    return {str(p.relative_to(cache)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((cache / "functions").rglob("*")) if p.is_file() and p.stat().st_size}
+
+
+def _no_duplicates(cache) -> dict[str, str]:
+    """The cache's contents, asserted to hold no two byte-identical files (issue 27)."""
+    files = _contents(cache)
+    assert len(set(files.values())) == len(files), files
+    return files
+
+
 def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
-        tmp_path, subprocess_env):
+        tmp_path, subprocess_env, trident_cache):
     """The graph's key holds its code, not fx's count of the process's GraphModules in its file
     name (Note [Function key] in trident/identity.py)."""
     script = tmp_path / "two_ops.py"
@@ -82,18 +96,23 @@ def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
     first, times = _run(subprocess_env, script, "0")
     assert (first["traces"], first["compiles"], first["hits"]) == (1, 1, 1)
     assert times["trace"] > 0 and times["C build"] > 0
+    stored = _no_duplicates(trident_cache)
     second, times = _run(subprocess_env, script, "3", forbid=True)
     assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
         (0, 0, 0, 2)
     assert times["trace"] == times["C build"] == 0
+    assert _contents(trident_cache) == stored  # nothing added, nothing rewritten
 
 
-def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env):
+def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
+                                                         trident_cache):
     script = tmp_path / "hf_doors.py"
     script.write_text(HF_DOORS)
     first, _ = _run(subprocess_env, script)
     assert first["jit"]["compiles"] == 1 and first["backend"]["compiles"] >= 1
+    stored = _no_duplicates(trident_cache)  # the config door reuses the backend door's graphs
     second, times = _run(subprocess_env, script, forbid=True)
+    assert _contents(trident_cache) == stored
     for door in ("jit", "backend", "config"):
         assert (second[door]["traces"], second[door]["compiles"]) == (0, 0), door
         assert second[door]["hits"] >= 3, door
