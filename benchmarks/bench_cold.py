@@ -17,8 +17,8 @@ door's stats, and whether its tokens equal eager's. Trident's native runtime is 
 every door, and shared.
 
 ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,dynamo`` picks doors. Without a GPU the models run on
-the CPU in float32 at a width of 256 (their layer counts kept, or ``TRIDENT_BENCH_LAYERS``), to see
-the compile's stages.
+the CPU in float32 at a width of 256 (their layer counts kept, or ``TRIDENT_BENCH_LAYERS``), on one
+thread, to see the compile's stages.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def child(name: str, door: str) -> dict:
 
     import trident
 
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # on a busy machine a thread team's spinning swamps the rest
     model = _model(name)
     device = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (1, bench_hf.PROMPT), device=device)
