@@ -35,10 +35,13 @@ TWO_OPS = textwrap.dedent('''
         assert torch.equal(f(x, y), block(x, y))
     print("STATS " + json.dumps(dataclasses.asdict(trident.backend_stats(f))))
     print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
 ''')
 
 # Each door in turn on one tiny Llama, its output compared with eager generate's
 HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
+    import sys
+
     forward = model.forward
 
     def generate(**kw):
@@ -63,14 +66,19 @@ HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
     stats["config"] = dataclasses.asdict(trident.backend_stats())
     print("STATS " + json.dumps(stats))
     print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
 ''')
 
 
 def _run(env: dict, script, *argv, forbid: bool = False) -> tuple[dict, dict]:
+    """The child's stats and compile times; a child that may not compile is checked not to
+    have imported Torch-MLIR either (Note [Lazy Torch-MLIR] in trident/lower/compiler.py)."""
     env = dict(env, TRIDENT_FORBID_COMPILE="1" if forbid else "0")
     lines = run_python(env, str(script), *argv).stdout.splitlines()
     stats = [json.loads(l[6:]) for l in lines if l.startswith("STATS ")]
     times = [json.loads(l[6:]) for l in lines if l.startswith("TIMES ")]
+    (mlir,) = [json.loads(l[5:]) for l in lines if l.startswith("MLIR ")]
+    assert mlir is not forbid
     return stats[-1], times[-1]
 
 

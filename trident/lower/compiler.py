@@ -19,8 +19,6 @@ from trident.lower import cubins, kernels
 from trident.lower.capture import Capture
 from trident.errors import TridentError
 from trident.lower.guards import guards_for
-from trident.lower.importer import import_graph
-from trident.lower.plan import build_plan
 from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.plan import TritonStep
@@ -47,6 +45,12 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         TridentError: an op, constant or type the plan cannot call, a graph Torch-MLIR cannot
             import, a kernel Triton cannot compile for the device.
     """
+    # Note [Lazy Torch-MLIR]: importing Torch-MLIR takes 0.75 s of CPU (its ml_dtypes most of
+    # it), and only a compile uses it (importer.py, and plan.py that reads its module): a
+    # restarted process that loads what the cache holds never imports it.
+    from trident.lower.importer import import_graph
+    from trident.lower.plan import build_plan
+
     start = time.perf_counter()
     try:
         with config.stage("import"):
