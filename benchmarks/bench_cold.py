@@ -11,7 +11,8 @@ compile, and ``warm``, the next process's, which loads what the first stored. A 
 behind them, the floor of the torch.compile doors' warm restart. Each process runs one eager
 ``generate`` first (CUDA's and the libraries' set-up, not a compile), then the door's first
 (``first_s``) and second (``second_s``, nothing left to compile or load), with the CPU seconds
-of the first, the second and the eager one (``cpu_s``, steadier on a busy machine), and reports the
+of the first, the second and the eager one (``cpu_s``, steadier on a busy machine), the wall and
+CPU seconds of ``import trident`` (``import_s``, after torch and transformers), and reports the
 seconds of each compile stage (``trident.config.compile_times()``, Note [Compile stages]), the
 door's stats, and whether its tokens equal eager's. Trident's native runtime is built once, before
 every door, and shared.
@@ -69,8 +70,10 @@ def child(name: str, door: str) -> dict:
 
     import transformers
 
+    start, cpu = time.perf_counter(), time.process_time()
     import trident
 
+    import_s = [round(time.perf_counter() - start, 2), round(time.process_time() - cpu, 2)]
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # on a busy machine a thread team's spinning swamps the rest
     model = _model(name)
@@ -106,7 +109,7 @@ def child(name: str, door: str) -> dict:
         second_s = generate(**kw)[1]
     row = {"first_s": round(first_s, 2), "second_s": round(second_s, 2),
            "eager_s": round(eager_s, 2), "cpu_s": [cpu_s[1], cpu_s[2], cpu_s[0]],
-           "bit_equal": bool(torch.equal(out, eager)),
+           "import_s": import_s, "bit_equal": bool(torch.equal(out, eager)),
            "compile_times": {k: round(v, 2) for k, v in trident.config.compile_times().items()}}
     if door not in ("auto", "dynamo"):
         stats = model.forward.stats if door == "jit" else trident.backend_stats()
