@@ -6,14 +6,20 @@ door (``trident.jit(model.forward)``, ``torch.compile(backend="trident")``, tran
 ``CompileConfig(backend="trident")``, and the peer, transformers' auto-compile: inductor), two
 processes in a row on one fresh cache (Trident's, Triton's and inductor's): ``cold``, the first
 process's first ``generate`` (16-token prompt, 64 new tokens, static cache, greedy) with its
-compile, and ``warm``, the next process's, which loads what the first stored. Each process runs
-one eager ``generate`` first (CUDA's and the libraries' set-up, not a compile), and reports the
+compile, and ``warm``, the next process's, which loads what the first stored. A last door,
+``dynamo``, is ``torch.compile(backend="eager")``: Dynamo's own trace and guards with no compiler
+behind them, the floor of the torch.compile doors' warm restart. Each process runs one eager
+``generate`` first (CUDA's and the libraries' set-up, not a compile), then the door's first
+(``first_s``) and second (``second_s``, nothing left to compile or load), with the CPU seconds
+of the first, the second and the eager one (``cpu_s``, steadier on a busy machine), the wall and
+CPU seconds of ``import trident`` (``import_s``, after torch and transformers), and reports the
 seconds of each compile stage (``trident.config.compile_times()``, Note [Compile stages]), the
 door's stats, and whether its tokens equal eager's. Trident's native runtime is built once, before
 every door, and shared.
 
-``TRIDENT_BENCH_ONLY=jit,backend,config,auto`` picks doors. Without a GPU the models run on the
-CPU in float32 at a width of 256 (their layer counts kept), to see the compile's stages.
+``TRIDENT_BENCH_ONLY=jit,backend,config,auto,dynamo`` picks doors. Without a GPU the models run on
+the CPU in float32 at a width of 256 (their layer counts kept, or ``TRIDENT_BENCH_LAYERS``), on one
+thread, to see the compile's stages.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 
 from benchmarks import bench_hf
 
-DOORS = ("jit", "backend", "config", "auto")
+DOORS = ("jit", "backend", "config", "auto", "dynamo")
 CPU_WIDTH = dict(hidden_size=256, intermediate_size=512, vocab_size=1024)
 
 
@@ -46,7 +52,9 @@ def _model(name: str):
 
         {"LlamaConfig": lk.apply_liger_kernel_to_llama,
          "Qwen2Config": lk.apply_liger_kernel_to_qwen2}[config_name](**bench_hf.LIGER)
-    config = getattr(transformers, config_name)(**{**kw, **CPU_WIDTH})
+    layers = os.environ.get("TRIDENT_BENCH_LAYERS")  # a tiny config: the warm-restart bound
+    config = getattr(transformers, config_name)(**{**kw, **CPU_WIDTH, **(
+        {"num_hidden_layers": int(layers)} if layers else {})})
     torch.manual_seed(0)
     return getattr(transformers, model_name)(config).eval()
 
@@ -62,26 +70,33 @@ def child(name: str, door: str) -> dict:
 
     import transformers
 
+    start, cpu = time.perf_counter(), time.process_time()
     import trident
 
+    import_s = [round(time.perf_counter() - start, 2), round(time.process_time() - cpu, 2)]
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # on a busy machine a thread team's spinning swamps the rest
     model = _model(name)
     device = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (1, bench_hf.PROMPT), device=device)
 
+    cpu_s = {}  # each generate's CPU seconds (the process's threads): steadier on a busy machine
+
     def generate(**kw):
         _sync()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = model.generate(ids, max_new_tokens=bench_hf.NEW, min_new_tokens=bench_hf.NEW,
                              do_sample=False, cache_implementation="static", **kw)
         _sync()
+        cpu_s[len(cpu_s)] = round(time.process_time() - cpu, 2)
         return out, time.perf_counter() - start
 
     eager, eager_s = generate(disable_compile=True)
     forward, kw = model.forward, {"disable_compile": True}
     if door == "jit":
         model.forward = trident.jit(forward)
-    elif door == "backend":
-        model.forward = torch.compile(forward, backend="trident")
+    elif door in ("backend", "dynamo"):
+        model.forward = torch.compile(forward, backend="trident" if door == "backend" else "eager")
     else:
         config = transformers.CompileConfig(backend="trident") if door == "config" else \
             transformers.CompileConfig()  # what generate's auto-compile uses
@@ -91,10 +106,12 @@ def child(name: str, door: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the jitted prefill's eager call (docs/huggingface.md)
         out, first_s = generate(**kw)
-    row = {"first_s": round(first_s, 2), "eager_s": round(eager_s, 2),
-           "bit_equal": bool(torch.equal(out, eager)),
+        second_s = generate(**kw)[1]
+    row = {"first_s": round(first_s, 2), "second_s": round(second_s, 2),
+           "eager_s": round(eager_s, 2), "cpu_s": [cpu_s[1], cpu_s[2], cpu_s[0]],
+           "import_s": import_s, "bit_equal": bool(torch.equal(out, eager)),
            "compile_times": {k: round(v, 2) for k, v in trident.config.compile_times().items()}}
-    if door != "auto":
+    if door not in ("auto", "dynamo"):
         stats = model.forward.stats if door == "jit" else trident.backend_stats()
         row["stats"] = str(stats).split(", miss_reasons")[0]
     return row

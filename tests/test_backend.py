@@ -144,3 +144,8 @@ def test_a_new_number_of_threads_compiles_again():
     # Dynamo guards the number of threads: a second graph, compiled by Trident
     assert [g.stats.compiles for g in trident.backend_graphs(f)] == [1, 1]
     assert trident.backend_stats(f).hits == 0
+    # one graph's code, so one cache entry: its two specializations told apart by their guard
+    (row,) = trident.list_cache()
+    assert row["signatures"][0] == row["signatures"][1]
+    assert row["apart"] == [[f"torch.get_num_threads() == {threads}"],
+                            [f"torch.get_num_threads() == {threads + 1}"]]

@@ -205,15 +205,17 @@ def test_ctrl_c_in_a_first_compile_imports_then_compiles(tmp_path, subprocess_en
 
 
 def test_ctrl_c_elsewhere_in_a_compile_leaves_nothing_behind(monkeypatch):
-    compiler = sys.modules["trident.lower.compiler"]  # compile_specialization's Torch-MLIR import
+    # compile_specialization's Torch-MLIR import, found in the module at each compile (Note
+    # [Lazy Torch-MLIR] in trident/lower/compiler.py)
+    from trident.lower import importer
 
-    real = compiler.import_graph
+    real = importer.import_graph
 
     def interrupted(*args, **kwargs):
-        monkeypatch.setattr(compiler, "import_graph", real)
+        monkeypatch.setattr(importer, "import_graph", real)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compiler, "import_graph", interrupted)
+    monkeypatch.setattr(importer, "import_graph", interrupted)
     g = trident.jit(fallback=False)(scale)
     x = torch.arange(4.0)
     with pytest.raises(KeyboardInterrupt):

@@ -5,7 +5,11 @@ child that runs to its end traced and built nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import re
 import textwrap
 
 import pytest
@@ -31,10 +35,13 @@ TWO_OPS = textwrap.dedent('''
         assert torch.equal(f(x, y), block(x, y))
     print("STATS " + json.dumps(dataclasses.asdict(trident.backend_stats(f))))
     print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
 ''')
 
 # Each door in turn on one tiny Llama, its output compared with eager generate's
 HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
+    import sys
+
     forward = model.forward
 
     def generate(**kw):
@@ -59,19 +66,37 @@ HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
     stats["config"] = dataclasses.asdict(trident.backend_stats())
     print("STATS " + json.dumps(stats))
     print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
 ''')
 
 
 def _run(env: dict, script, *argv, forbid: bool = False) -> tuple[dict, dict]:
+    """The child's stats and compile times; a child that may not compile is checked not to
+    have imported Torch-MLIR either (Note [Lazy Torch-MLIR] in trident/lower/compiler.py)."""
     env = dict(env, TRIDENT_FORBID_COMPILE="1" if forbid else "0")
     lines = run_python(env, str(script), *argv).stdout.splitlines()
     stats = [json.loads(l[6:]) for l in lines if l.startswith("STATS ")]
     times = [json.loads(l[6:]) for l in lines if l.startswith("TIMES ")]
+    (mlir,) = [json.loads(l[5:]) for l in lines if l.startswith("MLIR ")]
+    assert mlir is not forbid
     return stats[-1], times[-1]
 
 
+def _contents(cache) -> dict[str, str]:
+    """Each file of the cached functions (not the empty lock files): its SHA-256."""
+    return {str(p.relative_to(cache)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((cache / "functions").rglob("*")) if p.is_file() and p.stat().st_size}
+
+
+def _no_duplicates(cache) -> dict[str, str]:
+    """The cache's contents, asserted to hold no two byte-identical files (issue 27)."""
+    files = _contents(cache)
+    assert len(set(files.values())) == len(files), files
+    return files
+
+
 def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
-        tmp_path, subprocess_env):
+        tmp_path, subprocess_env, trident_cache):
     """The graph's key holds its code, not fx's count of the process's GraphModules in its file
     name (Note [Function key] in trident/identity.py)."""
     script = tmp_path / "two_ops.py"
@@ -79,18 +104,23 @@ def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
     first, times = _run(subprocess_env, script, "0")
     assert (first["traces"], first["compiles"], first["hits"]) == (1, 1, 1)
     assert times["trace"] > 0 and times["C build"] > 0
+    stored = _no_duplicates(trident_cache)
     second, times = _run(subprocess_env, script, "3", forbid=True)
     assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
         (0, 0, 0, 2)
     assert times["trace"] == times["C build"] == 0
+    assert _contents(trident_cache) == stored  # nothing added, nothing rewritten
 
 
-def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env):
+def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
+                                                         trident_cache):
     script = tmp_path / "hf_doors.py"
     script.write_text(HF_DOORS)
     first, _ = _run(subprocess_env, script)
     assert first["jit"]["compiles"] == 1 and first["backend"]["compiles"] >= 1
+    stored = _no_duplicates(trident_cache)  # the config door reuses the backend door's graphs
     second, times = _run(subprocess_env, script, forbid=True)
+    assert _contents(trident_cache) == stored
     for door in ("jit", "backend", "config"):
         assert (second[door]["traces"], second[door]["compiles"]) == (0, 0), door
         assert second[door]["hits"] >= 3, door
@@ -114,20 +144,71 @@ def test_a_forbidden_compile_raises_rather_than_running_eagerly(monkeypatch, tri
     assert f.stats.compiles == 1
 
 
-def test_compile_times_count_each_stage(trident_cache):
+def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
+    """Each stage is counted and logged (Note [Progress]); no progress line where stderr is
+    not a terminal."""
     before = trident.config.compile_times()
 
     @trident.jit
     def g(x):
         return torch.sin(x) + 1
 
-    assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
+    with caplog.at_level(logging.INFO, logger="trident.recompiles"):
+        assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
     after = trident.config.compile_times(reset=True)
     assert list(after) == ["trace", "import", "plan", "kernels", "render", "C build"]
     grew = {k for k in after if after[k] > before[k]}
     assert {"trace", "import", "plan", "render", "C build"} <= grew
     assert "kernels" not in grew  # no Triton kernel for CUDA here
     assert set(trident.config.compile_times().values()) == {0.0}
+    stages = [re.fullmatch(r"\S+\.g: (\w+|C build) [\d.]+ s", m) for m in caplog.messages]
+    assert [m[1] for m in stages if m] == ["trace", "import", "plan", "render", "C build"]
+    assert "trident: " not in capfd.readouterr().err
+
+
+PROGRESS = textwrap.dedent('''
+    import time
+    from trident import config
+
+    with config.progress("Block.forward"):
+        with config.stage("trace"):
+            time.sleep(2.5)
+        with config.stage("C build"):
+            time.sleep(1.2)
+    print("done")
+''')
+
+
+def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
+    """Note [Progress]: the line shows once 2 s have passed, names the stage, and is cleared."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", PROGRESS], stdout=subprocess.PIPE,
+                             stderr=slave, env=subprocess_env)
+    os.close(slave)
+    out, _ = child.communicate(timeout=120)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert child.returncode == 0 and out == b"done\n"
+    lines = [l.strip() for l in shown.decode().split("\r") if l.strip()]
+    assert "trident: Block.forward [00:02, trace]" in lines
+    assert lines[-1].startswith("trident: Block.forward [00:0") and "C build]" in lines[-1]
+    assert shown.endswith(b"\r") and shown.decode().split("\r")[-2].strip() == ""  # cleared
 
 
 def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cache,

@@ -159,10 +159,10 @@ def _compile(name: str, source: str, directory: Path, target: Path, digest: Path
         ffi.cdef(CDEF)
         ffi.set_source(name, source, include_dirs=[str(HEADER.parent), _cuda_include()],
                        extra_compile_args=CFLAGS, libraries=["dl"])
-        with _compiler_output(name) as output:
+        # (the stage outside the compiler's output: Note [Progress] logs its end)
+        with config.stage("C build"), _compiler_output(name) as output:  # Note [Compile stages]
             try:
-                with config.stage("C build"):  # Note [Compile stages] in config.py
-                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
+                built = ffi.compile(tmpdir=str(tmp), verbose=False)
             except cffi.VerificationError as e:  # the compiler's own words say why
                 raise cffi.VerificationError(f"{e}\n{output()}") from e
         (directory / f"{name}.c").write_text(source)

@@ -10,7 +10,8 @@ Environment variables:
                         graph of them (Note [CUDA graphs] in trident/frontend/graphs.py); default `1`.
     TRIDENT_CUDA_GRAPH_SIZES  default bound of the sizes of a symbolic specialization that get
                         a CUDA graph (Note [Graphs per size] in trident/frontend/graphs.py); default 64.
-    TRIDENT_PROGRESS    `0` hides the progress bar of a long first compile (``progress``).
+    TRIDENT_PROGRESS    `0` hides the line that shows a long first compile's stages (Note
+                        [Progress]); it shows only where stderr is a terminal.
     TRIDENT_FORBID_COMPILE  `1` makes a trace or a module build raise ``CompileForbidden``
                         (Note [Compile stages]): a warm restart's test.
     TRIDENT_CACHE_SIZE  bound of the cached functions' size on disk, in bytes, or with a
@@ -88,15 +89,46 @@ def cuda_graph_sizes() -> int:
     return max(1, int(os.environ.get("TRIDENT_CUDA_GRAPH_SIZES", "64")))
 
 
-def progress(desc: str, total: int):
-    """A progress bar on the terminal (``tqdm``) for a first compile that takes more than 2 s:
-    silent when stderr is not a terminal or with ``TRIDENT_PROGRESS=0``."""
+# Note [Progress]: a first compile shows which stage it is in (Note [Compile stages]) once it has
+# run 2 s, on one terminal line ("trident: Block.forward [00:04, C build]") that a thread refreshes
+# each second (a trace may run for a minute without reaching a stage's end), cleared at its end;
+# each stage's seconds also go to the ``recompiles`` log. Compiles run one at a time in a process
+# (policy.py's lock), so one display is active at most.
+_progress: list = []  # the active display: (function name, tqdm bar)
+
+
+@contextlib.contextmanager
+def progress(name: str):
+    """Show the stages of the compile of ``name`` (a qualified name) that runs in the block
+    (Note [Progress]): a ``tqdm`` line on stderr once it has taken 2 s, none where stderr is not
+    a terminal (the test suite, a log file) or with ``TRIDENT_PROGRESS=0``."""
     import sys
+    import threading
 
     from tqdm import tqdm
 
     quiet = os.environ.get("TRIDENT_PROGRESS", "1") == "0" or not sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, delay=2.0, disable=quiet, leave=False, unit="stage")
+    # a copy of the terminal's descriptor: build.py sends descriptor 2 to the log meanwhile
+    terminal = contextlib.nullcontext(None) if quiet else open(os.dup(sys.stderr.fileno()), "w")
+    with terminal as file, tqdm(desc=f"trident: {name}", delay=2.0, disable=quiet, leave=False,
+                                bar_format="{desc} [{elapsed}{postfix}]", file=file) as bar:
+        stop = threading.Event()
+
+        def refresh():
+            while not stop.wait(1.0):
+                bar.update(0)  # draws the line once its delay has passed
+
+        refresher = threading.Thread(target=refresh, daemon=True)
+        if not quiet:
+            refresher.start()
+        _progress.append((name, bar))
+        try:
+            yield
+        finally:
+            _progress.remove((name, bar))
+            stop.set()
+            if refresher.is_alive():
+                refresher.join()
 
 
 def logger(switch: str) -> logging.Logger:
@@ -159,11 +191,16 @@ def stage(name: str):
 
         raise CompileForbidden(f"TRIDENT_FORBID_COMPILE=1 and this call would {name}: no "
                                "stored specialization or built module accepts it")
+    if _progress:  # Note [Progress]
+        _progress[-1][1].set_postfix_str(name, refresh=False)
     start = time.perf_counter()
     try:
         yield
     finally:
-        _stage_seconds[name] += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        _stage_seconds[name] += seconds
+        if _progress:
+            logger("recompiles").info("%s: %s %.2f s", _progress[-1][0], name, seconds)
 
 
 def compile_times(reset: bool = False) -> dict[str, float]:

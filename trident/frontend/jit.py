@@ -32,7 +32,6 @@ from trident.frontend.tracing import Tracer
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ArgTree
 from trident.lower import state
-from trident.lower.importer import import_graph
 
 
 @dataclasses.dataclass
@@ -174,6 +173,8 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
 
     def mlir(self, *args, **kwargs) -> str:
         """The Torch-MLIR module (``torch`` dialect) Trident builds for a call."""
+        from trident.lower.importer import import_graph  # Note [Lazy Torch-MLIR] in compiler.py
+
         call = self._flatten(args, kwargs)
         module = import_graph(self._trace(call, {}).graph_module).module
         return module.operation.get_asm(enable_debug_info=True)

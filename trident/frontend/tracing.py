@@ -51,25 +51,20 @@ class Tracer:
         self._counters.traces += 1
         start = time.perf_counter()
         args, names = call.leaves, call.names
-        # a compile that takes over 2 s shows its stages on a terminal (config.progress)
-        with config.progress(f"trident: {self.__qualname__}", 2) as bar:
-            bar.set_postfix_str("tracing")
-            # under the call's grad mode, which is guarded; what it reads outside the
-            # arguments becomes the specialization's state (Note [State guards])
-            with config.stage("trace"), \
-                    state.record(None if self._constant_self else self._code_fn) as recording:
-                captured = self._trace(call, dynamic, recording)
-                reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
-                    r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
-            spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
-            bar.update()
-            _recompiles.info("%s: trace %.2f s", self.__qualname__, time.perf_counter() - start)
-            spec = compiler.compile_specialization(
-                captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
-                self._code_fn, bar)
-            self._counters.compiles += 1
-            _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
-                             "\n  ".join(g.words(names) for g in spec.guards))
-            _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
-                             spec.signature, time.perf_counter() - start)
-            return spec
+        # under the call's grad mode, which is guarded; what it reads outside the arguments
+        # becomes the specialization's state (Note [State guards])
+        with config.stage("trace"), \
+                state.record(None if self._constant_self else self._code_fn) as recording:
+            captured = self._trace(call, dynamic, recording)
+            reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
+                r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
+        spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
+        spec = compiler.compile_specialization(
+            captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
+            self._code_fn)
+        self._counters.compiles += 1
+        _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
+                         "\n  ".join(g.words(names) for g in spec.guards))
+        _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
+                         spec.signature, time.perf_counter() - start)
+        return spec

@@ -150,6 +150,14 @@ class ProcessGroup(Guard):
 
 @dataclasses.dataclass(frozen=True)
 class NumThreads(Guard):
+    """Note [Thread count guard]: every specialization guards ``torch.get_num_threads()``. The ATen
+    kernels a plan calls read the count when they run, as eager's do (a CPU ``sum`` of 2**20 float32
+    values differs in its last bits between 1 and 2 threads, torch 2.13), so they need no guard; the
+    trace does: a read of the count while tracing (the function's own ``torch.get_num_threads()``,
+    or C++ that the recording of Note [State guards] in ``lower/state`` cannot see) is a constant of
+    the plan. Dynamo's ``GlobalStateGuard`` holds it too (``num_threads``), so the torch.compile
+    doors recompile on a new count whatever this guard does."""
+
     field = "num_threads"
 
     def words(self, names: list[str]) -> str:

@@ -19,8 +19,6 @@ from trident.lower import cubins, kernels
 from trident.lower.capture import Capture
 from trident.errors import TridentError
 from trident.lower.guards import guards_for
-from trident.lower.importer import import_graph
-from trident.lower.plan import build_plan
 from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.plan import TritonStep
@@ -31,7 +29,7 @@ _recompiles = config.logger("recompiles")
 
 def compile_specialization(captured: Capture, args: tuple, names: list[str],
                            dynamic: dict[int, set[int]], tree: int, state: StateGuard, name: str,
-                           code_fn, bar) -> Specialization:
+                           code_fn) -> Specialization:
     """The specialization of a call traced into ``captured``.
 
     Args:
@@ -42,13 +40,17 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
             lower/state/__init__.py).
         name: the function's qualified name, for messages and the signature.
         code_fn: the function whose globals name the Triton kernels the plan launches.
-        bar: ``config.progress``'s bar, told each stage.
 
     Raises:
         TridentError: an op, constant or type the plan cannot call, a graph Torch-MLIR cannot
             import, a kernel Triton cannot compile for the device.
     """
-    bar.set_postfix_str("Torch-MLIR")
+    # Note [Lazy Torch-MLIR]: importing Torch-MLIR takes 0.75 s of CPU (its ml_dtypes most of
+    # it), and only a compile uses it (importer.py, and plan.py that reads its module): a
+    # restarted process that loads what the cache holds never imports it.
+    from trident.lower.importer import import_graph
+    from trident.lower.plan import build_plan
+
     start = time.perf_counter()
     try:
         with config.stage("import"):
@@ -61,8 +63,6 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         raise TridentError(f"{name}: Torch-MLIR cannot import or plan the graph: "
                            f"{type(e).__name__}: {e}") from e
     planned = time.perf_counter()
-    bar.update()
-    bar.total += sum(isinstance(s, TritonStep) and s.launch.on_cuda for s in plan.steps)
     binaries: list[tuple[TritonLaunch, CompiledBinary]] = []  # one per distinct launch
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if not dynamic and (all(d.type == "cpu" for d in devices) or (
@@ -79,8 +79,6 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
                         torch.cuda.get_device_capability(step.launch.device))
                 binaries.append((step.launch, binary))
             plan.steps[i] = dataclasses.replace(step, binary=binary)
-            bar.set_postfix_str(f"Triton kernel {len(binaries)}")
-            bar.update()
     _recompiles.info("%s: import and plan %.2f s, %d kernels %.2f s", name, planned - start,
                      len(binaries), time.perf_counter() - planned)
     return Specialization(signature(name, args, names, captured.fake_args), names,
