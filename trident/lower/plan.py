@@ -187,6 +187,9 @@ class _Walker:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
             self.env[arg] = Arg(i)
+            if str(arg.type) == "!torch.int":  # an int traced as a symbol (Note [Symbolic
+                self.env[arg] = self.new_value(Scalar)  # ints] in guards.py): its value in C
+                self.steps.append(SizeStep([Arg(i)], [self.env[arg]], "?", "", "value"))
         outputs = None
         for op in block.operations:
             name = op.operation.name
@@ -338,6 +341,12 @@ class _Walker:
         opname, _, overload = rest.partition(".")
         args = [self.operand(v, where) for v in op.operands]
         op_qual = f"{ns}::{opname}"
+        schema = op_schema(op_qual, overload)
+        for i, arg in enumerate(schema.arguments[:len(args)] if schema else ()):
+            # a symbolic size in a tensor slot (``t.add_(x.size(0))``): imported as the int
+            # itself, where eager's op gets a wrapped number (Note [Scalar operands])
+            if isinstance(args[i], Scalar) and isinstance(arg.type, torch.TensorType):
+                args[i] = _NumToTensor(args[i])
         if any(isinstance(a, _NumToTensor) for a in args):
             tensors = [_vtensor(str(v.type)) for v in op.operands]
             results = [_vtensor(str(r.type)) for r in op.results]
@@ -345,7 +354,6 @@ class _Walker:
                 a.v, [t for j, t in enumerate(tensors) if t and j != i],
                 results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
                 for i, a in enumerate(args)]
-        schema = op_schema(op_qual, overload)
         try:
             torch._C._dispatch_find_schema_or_throw(op_qual, overload)
         except RuntimeError:
