@@ -80,7 +80,7 @@ def test_generate_with_a_static_cache_through_jit_of_forward(arch):
             assert_same_generation(generate(model, ids, disable_compile=True), ref)
     stats = jf.stats
     # the prefill (which allocates the cache's tensors and sets them on its layers: Note
-    # [Attribute writes] in trident/lower/flatten.py) and the decode step compile once each;
+    # [Attribute writes] in trident/lower/writes.py) and the decode step compile once each;
     # every other call, the second generate's prefill included, is a hit
     assert (stats.compiles, stats.fallbacks, stats.hits) == (2, 0, 2 * NEW_TOKENS - 2), stats
     assert not [w for w in caught if "trident" in str(w.message)]
@@ -89,7 +89,7 @@ def test_generate_with_a_static_cache_through_jit_of_forward(arch):
 def test_generate_with_the_default_dynamic_cache_is_served_natively():
     """transformers' default DynamicCache assigns each grown key/value tensor (``torch.cat``) to
     its layer at every step: the new tensors are outputs of the graph that the runtime sets on
-    the layers (Note [Attribute writes] in trident/lower/flatten.py); the cache's length is
+    the layers (Note [Attribute writes] in trident/lower/writes.py); the cache's length is
     symbolic after one change."""
     model = tiny_model("llama")
     ids = torch.randint(0, 96, (1, 6))
@@ -213,7 +213,7 @@ def test_sliding_window_and_hybrid_caches_are_served_natively(arch):
     transformers' ``StaticSlidingWindowLayer`` counts its tokens in a Python int that every
     step assigns (``cumulative_length_int += 1``), and the prefill allocates every layer's
     tensors and sets them on it. Both writes are outputs of the graph that the runtime sets on
-    the layers (Note [Attribute writes] in trident/lower/flatten.py); the count is a symbolic
+    the layers (Note [Attribute writes] in trident/lower/writes.py); the count is a symbolic
     int after one change, the prompt length a symbolic size at the second length."""
     config_name, model_name, extra = SLIDING[arch]
     config = getattr(transformers, config_name)(

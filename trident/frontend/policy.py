@@ -258,8 +258,8 @@ class MissPolicy:
         decisions]): the call's own, or, when the same tree (or one that differed from it in
         int constants only: Note [Int leaves]) failed for the same reason at other sizes or
         ints before, all but its sizes, strides and ints, so that no later size traces again
-        (a transformers ``DynamicCache`` grows every step and assigns its tensors to Python
-        attributes, a sliding-window cache counts its tokens in a Python int: each generated
+        (a cache that grows every step and assigns its tensors to Python state no
+        specialization replays, Note [Attribute writes] in lower/writes.py: each generated
         token would trace, and fail, again)."""
         guards = guards_for(call.leaves)
         alike = self._int_trees.get(call.tree.key, ())  # Note [Int leaves]

@@ -30,7 +30,7 @@ class Tracer:
         (state.record's, active): this thread's generator calls decide whether the function
         set the random state, not another thread's draws meanwhile."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
-        writes: list = []  # Note [Attribute writes] in lower/flatten.py
+        writes: list = []  # Note [Attribute writes] in lower/writes.py
         state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
 
         def run(*leaves):

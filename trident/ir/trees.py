@@ -205,7 +205,7 @@ class OutputRecipe:
     ``__init__``. After the result's ops, ``(R_WRITE, node, name, ((attribute, constant),
     ...))`` and the ops of one value: set attribute ``name`` of the call's object at that tree
     node to that value, after setting the constant attributes on it (Note [Attribute writes]
-    in lower/flatten.py)."""
+    in lower/writes.py)."""
 
     ops: list
 

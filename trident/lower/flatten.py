@@ -32,9 +32,10 @@ which flattens it again and names the first path that differs from the installed
 
 While tracing (:func:`substituted`), the leaves of the real objects are replaced by the trace's
 fake tensors in place and restored afterwards; a function that assigns to the Python state the
-tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is reported,
-its assignments are undone, and the call runs eagerly. The result's structure
-(``OutputRecipe``, outputs.py) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
+tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is seen and
+its assignments are undone: an attribute write the specialization replays (Note [Attribute
+writes] in writes.py) is handed to the output recipe, any other makes the call run eagerly.
+The result's structure (``OutputRecipe``, outputs.py) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
 namedtuples, ``torch.return_types`` struct sequences, dataclasses and transformers'
 ``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself
 (``past_key_values`` returned in the output) by reference.
@@ -56,6 +57,8 @@ import torch
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower import source_lines
+from trident.lower.writes import (constant, fake_keys, plain_setattr, replayable,
+                                  tensor_attributes)
 from trident.lower.uses import WHOLE, Uses, attributes_read, items_read
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
                               SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree,
@@ -325,7 +328,8 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     the function with; restore every object the tree covers afterwards. ``rebuilt`` receives
     {id of a tuple made around fake leaves: its node}, so that a result that returns it is
     known as the call's own. ``writes`` receives the attribute writes a specialization
-    replays (Note [Attribute writes]): ``(node, name, value, tensor attributes)``.
+    replays (Note [Attribute writes] in writes.py): ``(node, name, value, tensor
+    attributes)``.
 
     Raises (after restoring):
         TridentError: the function assigned to Python state that the tree covers (an
@@ -367,7 +371,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     expected = {i: _snapshot(nodes[i], values[i]) for i in mutable}
     roots = [new[i] for i in children.get(-1, ()) if nodes[i].access == ARG]
     replayed = set() if writes is None else {
-        i for i in mutable if nodes[i].check == OBJECT and _plain_setattr(type(values[i]))}
+        i for i in mutable if nodes[i].check == OBJECT and plain_setattr(type(values[i]))}
     fakes = {i: (new[i], set(vars(new[i]))) for i in tree.leaf_nodes
              if writes is not None and isinstance(new[i], torch.Tensor)}
     changed: list[str] = []
@@ -385,18 +389,18 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
         for i in mutable:
             now = _snapshot(nodes[i], values[i])
             if not _same(now, expected[i]):
-                entries = _replayable(type(values[i]), now, expected[i]) \
+                entries = replayable(type(values[i]), now, expected[i]) \
                     if i in replayed else None
                 if entries is None:
                     changed.append(_changed_entry(nodes[i].path, now, expected[i]))
                     owners.append(values[i])
                 else:
-                    found += [(i, k, v, _tensor_attributes(v)) for k, v in entries]
+                    found += [(i, k, v, tensor_attributes(v)) for k, v in entries]
             _restore(nodes[i], values[i], saved[i])
         for i, (fake, before) in fakes.items():  # torch._dynamo.mark_static_address(leaf)
             added = {k: v for k, v in vars(fake).items()
-                     if k not in before and k not in _fake_keys()}
-            if not all(_constant(v) for v in added.values()):
+                     if k not in before and k not in fake_keys()}
+            if not all(constant(v) for v in added.values()):
                 changed.append(nodes[i].path)
                 owners.append(values[i])
             found += [(i, k, v, ()) for k, v in added.items()]
@@ -407,7 +411,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
                 values[i].clear()
                 values[i].update(nodes[i].expect)
     for i, k, v, attrs in found:
-        if not all(_constant(a) for _, a in attrs):
+        if not all(constant(a) for _, a in attrs):
             changed.append(f"{nodes[i].path}.{k}")
             owners.append(values[i])
     if changed:
@@ -416,86 +420,8 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
         writes += found
 
 
-# ---- Note [Attribute writes] ---------------------------------------------------------------------
-#
-# A function that assigns an attribute of an object its arguments reach (a sliding-window cache
-# layer's ``cumulative_length_int += 1`` at every decode step; a static cache layer's lazy
-# ``self.keys = torch.zeros(...)``, ``self.is_initialized = True`` at its first call) changes
-# Python state that no launch sequence touches. The trace sees the write in the object's
-# ``__dict__`` when the function returns (``substituted``). Where the object's class sets
-# attributes as ``object.__setattr__`` does (no ``__setattr__`` of its own, no data descriptor
-# of that name: the write was a plain store into ``__dict__``), no key was deleted, and the
-# value is one the specialization makes (a tensor of the trace, an int, float or bool, a SymInt
-# the trace computed from symbolic sizes and ints, None, a str, a dtype or a device), the write
-# becomes part of the specialization: the value is one more output of the graph, and the
-# output recipe ends with ``(R_WRITE, node, name, tensor attributes)`` and the value's ops
-# (outputs.py). After the launch sequence, the runtime (``apply_recipe`` in
-# runtime/recipes.cpp) sets each attribute with ``PyObject_SetAttr`` in the order the trace
-# left them in ``__dict__`` (a new attribute after the others, as eager adds it), the same value
-# of the same type as eager's. A constant attribute a written tensor carries
-# (``torch._dynamo.mark_static_address`` sets ``_dynamo_static_input_type``) is set on it too,
-# and so is one the function set on a tensor argument. The next call's argument tree reads the
-# new value: an int written with another value at every call is a leaf after one change (Note
-# [Int leaves] in frontend/policy.py), a new tensor a leaf. Any other change (a deleted key, a
-# list or dict item, an object with its own ``__setattr__``, a value of another type) is
-# undone and the call runs eagerly, with one warning naming the path and the class.
-
-
-def _plain_setattr(t: type) -> bool:
-    """``t``'s instances set attributes as ``object.__setattr__`` does (Note [Attribute
-    writes])."""
-    return t.__setattr__ is object.__setattr__ and t.__delattr__ is object.__delattr__
-
-
-_REPLAYED = (int, float, bool, str, type(None), torch.dtype, torch.device)
-
-
-def _constant(v) -> bool:
-    return type(v) in _REPLAYED
-
-
-def _replayable(t: type, now: dict, before: dict) -> list | None:
-    """The ``(name, value)`` of each attribute the function set on an object of class ``t``
-    (``now`` and ``before``: its ``__dict__``'s entries), in ``__dict__`` order, or None where
-    a specialization cannot replay them (Note [Attribute writes])."""
-    if any(k not in now for k in before):
-        return None
-    out = []
-    for k, v in now.items():
-        if k in before and v is before[k]:
-            continue
-        if type(k) is not str or any(hasattr(vars(c).get(k), "__set__") for c in t.__mro__) \
-                or not (_constant(v) or isinstance(v, (torch.Tensor, torch.SymInt,
-                                                       torch.SymFloat, torch.SymBool))):
-            return None
-        out.append((k, v))
-    return out
-
-
-@functools.cache
-def _fake_keys() -> frozenset:
-    """The attributes a fake tensor carries of its own (FakeTensorMode's, torch 2.11-2.13)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        return frozenset(vars(torch.empty(1)))
-
-
-def _tensor_attributes(v) -> tuple:
-    """The constant Python attributes the function set on a tensor it writes (Note [Attribute
-    writes]), as ``((name, value), ...)``."""
-    if not isinstance(v, torch.Tensor):
-        return ()
-    return tuple((k, a) for k, a in vars(v).items() if k not in _fake_keys())
-
-
 def _assigned(path: str, owner) -> TridentError:
-    # transformers' DynamicCache assigns each grown key/value tensor to its layer
-    hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
-            "generate(..., cache_implementation=\"static\") (docs/huggingface.md)") \
-        if type(owner).__module__.startswith("transformers.") and "Dynamic" in \
-        type(owner).__name__ else ""
     error = TridentError(f"the function assigns to {path} (Python state of its arguments, in a "
-                         f"{_type_name(type(owner))}, which a specialization cannot replay){hint}")
+                         f"{_type_name(type(owner))}, which a specialization cannot replay)")
     error.any_sizes = True  # the trace of any sizes assigns it (policy.py)
     return error

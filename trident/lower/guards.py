@@ -79,7 +79,7 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
 # reaches an op is a size expression), and only those facts are guarded, over the place
 # ``value_i`` (``a[i].i`` in C). An int the trace never reads is not guarded at all. An int
 # symbol the graph itself takes as a value (``torch.zeros(n)``, ``x[:n]``, ``n + 1`` written
-# to an attribute: Note [Attribute writes] in flatten.py) is read in C by the plan's first
+# to an attribute: Note [Attribute writes] in writes.py) is read in C by the plan's first
 # steps (a ``SizeStep`` ``"value"``, plan.py) and computed on as a size is.
 
 

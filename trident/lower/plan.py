@@ -186,9 +186,8 @@ class _Walker:
     def walk(self, out_leaves: list) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[arg] = Arg(i)
-            if str(arg.type) == "!torch.int":  # an int traced as a symbol (Note [Symbolic
-                self.env[arg] = self.new_value(Scalar)  # ints] in guards.py): its value in C
+            self.env[arg] = Arg(i) if str(arg.type) != "!torch.int" else self.new_value(Scalar)
+            if str(arg.type) == "!torch.int":  # Note [Symbolic ints] in guards.py: read in C
                 self.steps.append(SizeStep([Arg(i)], [self.env[arg]], "?", "", "value"))
         outputs = None
         for op in block.operations:
@@ -276,7 +275,6 @@ class _Walker:
         value = (bool(ir.IntegerAttr(item).value) if element == "i1" else
                  ir.IntegerAttr(item).value if element.startswith(("si", "i", "ui")) else
                  ir.FloatAttr(item).value)
-        shape = list(ir.RankedTensorType(attr.type).shape)
         common = [Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()]
         result = self.new_value(Val)
         if shape:
@@ -341,12 +339,10 @@ class _Walker:
         opname, _, overload = rest.partition(".")
         args = [self.operand(v, where) for v in op.operands]
         op_qual = f"{ns}::{opname}"
-        schema = op_schema(op_qual, overload)
+        schema = op_schema(op_qual, overload)  # (a size in a tensor slot: t.add_(x.size(0)))
         for i, arg in enumerate(schema.arguments[:len(args)] if schema else ()):
-            # a symbolic size in a tensor slot (``t.add_(x.size(0))``): imported as the int
-            # itself, where eager's op gets a wrapped number (Note [Scalar operands])
             if isinstance(args[i], Scalar) and isinstance(arg.type, torch.TensorType):
-                args[i] = _NumToTensor(args[i])
+                args[i] = _NumToTensor(args[i])  # a wrapped number (Note [Scalar operands])
         if any(isinstance(a, _NumToTensor) for a in args):
             tensors = [_vtensor(str(v.type)) for v in op.operands]
             results = [_vtensor(str(r.type)) for r in op.results]

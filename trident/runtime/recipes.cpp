@@ -145,7 +145,7 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
   return PyErr_Format(PyExc_RuntimeError, "trident: bad output recipe op %ld", code);
 }
 
-// Note [Attribute writes] in lower/flatten.py: (R_WRITE, node, name, ((attribute, constant),
+// Note [Attribute writes] in lower/writes.py: (R_WRITE, node, name, ((attribute, constant),
 // ...)) and one value's ops: the attribute the function set on the call's object at `node`,
 // set again with the value this call computed (a STORE_ATTR, as eager's), after the constant
 // attributes the function set on that value (a tensor). 0, or -1 with an exception set.
