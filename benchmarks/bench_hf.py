@@ -152,7 +152,20 @@ def _graph_floor(model, ids) -> dict:
             position.add_(1)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3 / (NEW - 1))
-    return {"ms_per_token": round(min(times), 3)}
+    # the host time of the replay alone (``CUDAGraph.replay``: its RNG prologue and
+    # ``cudaGraphLaunch``), each of 10 replays timed, the GPU synchronized before each round
+    launches = []
+    for _ in range(5):
+        restore()
+        torch.cuda.synchronize()
+        for _ in range(10):
+            start = time.perf_counter()
+            graph.replay()
+            launches.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return {"ms_per_token": round(min(times), 3),
+            "replay_host_us": round(statistics.median(launches), 2),
+            "replay_host_us_min": round(min(launches), 2)}
 
 
 def _timed(forward):
@@ -234,6 +247,21 @@ def _gpu_busy(model, ids) -> dict:
     return {"gpu_ms_per_token": round(gpu, 3)}
 
 
+def _profile(model, ids) -> None:
+    """Prints a cProfile of one ``generate`` through the model's current forward."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    _generate(model, ids, disable_compile=True)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+    print(text.getvalue()[-7000:], flush=True)
+
+
 def _wanted(contender: str) -> bool:
     only = os.environ.get("TRIDENT_BENCH_ONLY")
     return not only or contender in only.split(",")
@@ -276,17 +304,7 @@ def run(name: str, reps: int = 3) -> dict:
     if _wanted("jit"):
         rows["trident.jit, a decode hit's parts (us)"] = _hit_parts(jf, model.forward.last)
     if _wanted("jit") and os.environ.get("TRIDENT_BENCH_PROFILE"):
-        import cProfile
-        import io
-        import pstats
-
-        profile = cProfile.Profile()
-        profile.enable()
-        _generate(model, ids, disable_compile=True)
-        profile.disable()
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
-        print(text.getvalue()[-6000:], flush=True)
+        _profile(model, ids)
         rows["trident.jit generate, torch profiler"] = _gpu_busy(model, ids)
     model.forward = forward
 
@@ -295,6 +313,8 @@ def run(name: str, reps: int = 3) -> dict:
         model.forward = torch.compile(forward, backend="trident")
         rows["torch.compile(backend=trident)"] = _contender(model, ids, ref, reps,
                                                             disable_compile=True)
+        if os.environ.get("TRIDENT_BENCH_PROFILE"):
+            _profile(model, ids)
         model.forward = forward
 
     for door, row, compile_config in (

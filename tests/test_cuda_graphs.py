@@ -45,8 +45,38 @@ def test_same_arguments_replay_and_results_survive_later_calls():
         kept.append((f(x, w1, w2), mlp(x, w1, w2)))
     for got, want in kept:  # each call's outputs are its own tensors
         assert_equal(got, want)
+    # Note [Graph outputs]: call 1 captures and hands out the static outputs; call 2 finds them
+    # kept, runs step by step and asks for a capture that copies out (call 3); calls 4-5 replay
     s = f.stats
-    assert (s.misses, s.compiles, s.hits, s.graph_captures, s.graph_replays) == (1, 1, 5, 1, 5)
+    assert (s.misses, s.compiles, s.hits, s.graph_captures, s.graph_replays) == (1, 1, 5, 2, 4)
+
+
+def test_results_dropped_before_the_next_call_are_handed_out():
+    """Note [Graph outputs]: a caller that drops each result gets the static outputs
+    themselves, no copy; one that keeps a view of one gets a copy-out graph, and its view keeps
+    its values."""
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    addresses = set()
+    for i in range(6):
+        x.add_(0.5)
+        got, want = f(x, w1, w2), mlp(x, w1, w2)
+        assert_equal(got, want)
+        if i >= 1:
+            addresses.add(got[0].data_ptr())
+        del got
+    assert len(addresses) == 1  # the same static output, handed out by each replay
+    s = f.stats
+    assert (s.hits, s.graph_captures, s.graph_replays) == (5, 1, 5)
+    kept = f(x, w1, w2)[0][2:]  # a view of a handed-out result
+    want = mlp(x, w1, w2)[0][2:].clone()
+    for _ in range(3):
+        x.add_(0.5)
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    assert torch.equal(kept, want)
+    s = f.stats
+    assert (s.hits, s.graph_captures, s.graph_replays) == (9, 2, 8)
 
 
 def test_new_input_each_call_is_copied_in():

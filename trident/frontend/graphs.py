@@ -29,8 +29,8 @@ A graph bakes in the addresses it reads and writes, so the SCM checks them befor
   replay, so the caller's tensor holds what eager PyTorch would have written. A call where a
   copied-in argument overlaps another argument and either may be written runs the launch
   sequence (a copy would hide the write).
-- each output is copied from the graph's static output into a new tensor (same sizes, strides),
-  so a caller may keep results across calls as with eager PyTorch.
+- each output is handed out or copied out so that a caller may keep results across calls as
+  with eager PyTorch (Note [Graph outputs]).
 
 Replays stay on the stream of the first replay (another stream runs the launch sequence: the
 graph's buffers are not shared across streams). Not captured, so always run step by step:
@@ -39,6 +39,19 @@ numbers (``torch.cuda.CUDAGraph.replay`` advances the Philox offset; a raw ``cuG
 repeat the numbers), an output that is an argument or shares storage with one or with another
 output, a non-dense output, or a capture that fails (an op that synchronizes, as ``.item()``).
 ``TRIDENT_CUDA_GRAPHS=0`` or ``trident.jit(cuda_graphs=False)`` turns graphs off.
+
+Note [Graph outputs]: a replay writes its outputs into the graph's static outputs. Copying each
+into a new tensor (an allocation and a ``cuMemcpyAsync``) would cost more host time than the
+replay of a small graph, so a static specialization's first graph hands out the static output
+itself (a new tensor of its storage, ``trt_api.graph_output``) while nothing else holds it:
+before each replay the SCM checks that no tensor but the graph's own holds the storage of an
+output it handed out (``output_in_use``: the storage's use count, c10::StorageImpl's refcount).
+A result still alive there (kept by the caller, or a view of it) would be overwritten, so that
+call runs step by step and asks for a new capture, whose outputs are copied out: each call's
+result is then a tensor of its own, as in eager PyTorch, whatever the caller keeps. A view
+(whose base holds the storage too) is copied out from the start, and a storage held elsewhere
+for any other reason costs one step-by-step call and a capture. Symbolic specializations,
+whose graphs of several sizes share one slot, copy out.
 
 Note [Graphs per size]: a symbolic (dynamic) specialization serves many sizes with one launch
 sequence, but a graph bakes in the sizes it was captured at. So such a specialization keeps a
@@ -153,6 +166,17 @@ def _dense_geometry(shape: tuple, stride: tuple) -> bool:
     return bool(check(torch.empty_strided(shape, stride, device="meta")))
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage, without a Python storage object (which its storage may
+    keep alive, holding a reference: Note [Graph outputs])."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def _alone(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the only holder of its storage (Note [Graph outputs])."""
+    return t._base is None and runtime.load().storage_holders(t) == 1
+
+
 def _flat_outputs(result, spec_text: str) -> list:
     """The output values in the order the SCM returns them (Note [Output spec])."""
     flat, pos = [], 0
@@ -258,12 +282,14 @@ def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
 
 
 def capture(run, spec, args: tuple, moved: set[int], device: int,
-            pool=None) -> Captured | NoGraph:
+            pool=None, hand_out: bool = False) -> Captured | NoGraph:
     """Capture ``run(*args)`` (the SCM's launch sequence for ``spec``) into a CUDA graph.
 
     ``moved``: tensor arguments whose address changed since the last call: copied in.
     ``pool``: the memory pool of the specialization's graphs of other sizes (replays of one
     slot are serial on one stream, and each graph's static outputs stay allocated).
+    ``hand_out``: replays hand out the static outputs (Note [Graph outputs]) rather than copy
+    them out.
     Returns the captured graph, or why the specialization runs without one.
     """
     written = passes.written_args(spec.plan)
@@ -280,12 +306,11 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
         result = _captured(graph, pool, lambda: run(*capture_args))
     outputs = _flat_outputs(result, spec.plan.out_spec)
 
-    storages = {a.untyped_storage().data_ptr() for a in capture_args
-                if isinstance(a, torch.Tensor)}
+    storages = {_storage_ptr(a) for a in capture_args if isinstance(a, torch.Tensor)}
     desc_out: list[int] = []
     for k, (o, value) in enumerate(zip(spec.plan.outputs, outputs)):
         if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage().data_ptr()
+            storage = _storage_ptr(value)
             if not isinstance(o, operands.Val) or storage in storages:
                 return NoGraph(f"output {k} is or shares memory with an argument or another "
                                "output")
@@ -293,6 +318,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
                 return NoGraph(f"output {k} is not a dense tensor on cuda:{device}")
             storages.add(storage)
             desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),
+                         id(value) if hand_out and _alone(value) else 0,  # the Captured holds it
                          dtype_codes()[value.dtype], value.dim(), *value.shape, *value.stride()]
         elif value is None:
             desc_out += [_TAGS["none"], 0]
@@ -340,9 +366,11 @@ class GraphControl:
         moved = self._graph_states.next_call(spec, args)
         if moved is not None:
             start = time.perf_counter()
+            first = spec.key not in self._graph_states.recaptures  # not a recapture
             try:
                 captured = capture(self._run, spec, args, moved, passes.graph_device(spec),
-                                   self._graph_states.pool(spec))
+                                   self._graph_states.pool(spec),
+                                   hand_out=first and not spec.symbolic)
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
                 captured = NoGraph(f"capture failed: {type(e).__name__}: {e}")
             self._graph_states.done(spec, args, captured)

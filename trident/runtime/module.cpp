@@ -3,6 +3,7 @@
 #include "runtime_internal.h"
 
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 namespace {
 
@@ -55,6 +56,16 @@ PyObject* dtype_code(PyObject*, PyObject* dtype) {
   return PyLong_FromLong(static_cast<long>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
 }
 
+// storage_holders(tensor) -> int: how many references its storage has (c10::StorageImpl's
+// refcount, as trt_api.output_in_use reads it; Note [Graph outputs] in frontend/graphs.py).
+PyObject* storage_holders(PyObject*, PyObject* t) {
+  if (!THPVariable_Check(t)) {
+    PyErr_SetString(PyExc_TypeError, "storage_holders expects a tensor");
+    return nullptr;
+  }
+  return PyLong_FromSize_t(THPVariable_Unpack(t).storage().use_count());
+}
+
 // The error classes are defined in Python (trident/errors.py, ERROR_TYPES) and handed over once
 // at load time, in the order of the TRT_ERR_ kinds: TridentError first, then its twins.
 PyObject* set_error_types(PyObject*, PyObject* types) {
@@ -86,6 +97,8 @@ PyMethodDef module_methods[] = {
     {"build_result", build_result, METH_VARARGS,
      "build_result(ops, flat, values): an output recipe applied to flat outputs."},
     {"dtype_code", dtype_code, METH_O, "dtype_code(dtype) -> int: its c10::ScalarType."},
+    {"storage_holders", storage_holders, METH_O,
+     "storage_holders(tensor) -> int: the references its storage has."},
     {"global_flags", global_flags_py, METH_NOARGS, "global_flags() -> int: trt_env.flags now."},
     {"set_error_types", set_error_types, METH_O,
      "set_error_types(classes): TridentError and its twins, raised on TRT_ERROR."},

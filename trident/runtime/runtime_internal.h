@@ -142,7 +142,10 @@ struct TreeMemo {
   // The unchanged pass: per root (a parameter, or self), the checks that remain of its subtree
   // when its value is the memo's, in pre-order (a container's before what it holds).
   struct Check {
-    enum Op : uint8_t { kLeaf, kObject, kDict, kOrderedDict, kItems, kConst, kSame, kNode };
+    // kObjectQuiet: an object's exact type and instance dict's identity (its dict is watched)
+    enum Op : uint8_t {
+      kLeaf, kObject, kObjectQuiet, kDict, kOrderedDict, kItems, kConst, kSame, kNode
+    };
     Op op;
     uint32_t node;
   };
@@ -150,7 +153,17 @@ struct TreeMemo {
   std::vector<size_t> checks_begin;    // per root: its checks, to checks_begin[root + 1]
   std::vector<Check> checks;
   std::vector<uint8_t> root_held;      // per root: its whole subtree held at its last walk
-  bool dirty = true;  // a watched dict may have changed since every tag last held
+  // The quiet pass (TRT_DICT_WATCHERS): per root, the checks that remain when every dict of its
+  // subtree is watched and none changed since they last held.
+  std::vector<size_t> quiet_begin;
+  std::vector<Check> quiet_checks;
+  std::vector<uint32_t> root_of;       // per node: its root's index in `roots`
+  // per root: events on the watched dicts of its subtree, and their count when its last pass
+  // began that then held (it is dirty while they differ: a watched dict may have changed)
+  std::vector<uint64_t> root_events;
+  std::vector<uint64_t> root_clean;
+  bool dirty(uint32_t root) const { return root_events[root] != root_clean[root]; }
+  std::vector<uint8_t> quiet;          // per root: its last pass held with every dict watched
   std::vector<PyObject*> watching;     // the dicts this memo watches (TRT_DICT_WATCHERS)
   bool busy = false;                   // a walk is writing it
   ~TreeMemo();

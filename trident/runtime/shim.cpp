@@ -5,6 +5,7 @@
 #include "runtime_internal.h"
 
 #include <ATen/ops/empty_strided.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <pybind11/pybind11.h>
 
@@ -265,11 +266,36 @@ trt_tensor* api_empty_strided(int32_t dim, const int64_t* sizes, const int64_t* 
   }
 }
 
+// Note [Graph outputs] in frontend/graphs.py. Called with the GIL held (from a hit).
+const at::Tensor& static_output(const void* held) {
+  return THPVariable_Unpack(static_cast<PyObject*>(const_cast<void*>(held)));
+}
+
+int api_output_in_use(const void* held) noexcept {
+  return static_output(held).storage().use_count() != 1;
+}
+
+trt_tensor* api_graph_output(const void* held) noexcept {
+  try {
+    const at::Tensor& base = static_output(held);
+    const c10::Storage& storage = base.storage();
+    at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                              base.key_set(), base.dtype());
+    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(base.sizes(), base.strides());
+    impl->set_storage_offset(base.storage_offset());
+    return new_handle(std::move(out));
+  } catch (...) {
+    fail_with_current_exception();
+    return nullptr;
+  }
+}
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
     api_python_callback, api_set_error, api_empty_strided, api_view_of,
-    api_view_tensor,
+    api_view_tensor, api_output_in_use, api_graph_output,
 };
 
 }  // namespace

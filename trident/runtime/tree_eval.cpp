@@ -44,10 +44,15 @@ namespace {
 //
 // Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost nothing
 // to check: a dict the memo found unchanged across two calls is watched, and an event on it (a
-// change, a copy into it, its deallocation) marks every memo watching it dirty. A memo that is
-// not dirty reads no tag of its watched dicts; a dirty one reads them all, and is clean again
-// once they all held. Not on 3.11 (no watchers) or where no watcher slot is free. Python 3.13
-// and later evaluate every node.
+// change, a copy into it, its deallocation) marks the root whose subtree holds it dirty. A root
+// that is not dirty reads no tag of its watched dicts; a dirty one reads them all, and is clean
+// again once they all held. A root whose every dict is watched and that is not dirty takes the
+// quiet pass: its list of checks without the dicts' (a builtin dict held by an unchanged
+// container is the same dict with the same entries, its type fixed), per object only its type
+// and its instance dict's identity (neither is a dict event), and the rest as above (leaves,
+// lists, sets, OrderedDicts' key order, types, tensors' versions). Its cost is then that of
+// the objects and leaves the function reads, not of every dict they reach. Not on 3.11 (no
+// watchers) or where no watcher slot is free. Python 3.13 and later evaluate every node.
 #if PY_VERSION_HEX < 0x030D0000
 #define TRT_DICT_TAGS 1
 #pragma GCC diagnostic push
@@ -61,19 +66,21 @@ inline uint64_t dict_tag(PyObject*) { return 0; }
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
 #define TRT_DICT_WATCHERS 1
 int dict_watcher = -1;  // -2: none could be had
-// The memos watching each watched dict (never freed: the watcher outlives every memo).
-auto* const watchers = new std::unordered_map<PyObject*, std::vector<TreeMemo*>>();
+// The memos watching each watched dict, with the root whose subtree holds it (never freed: the
+// watcher outlives every memo).
+using Watcher = std::pair<TreeMemo*, uint32_t>;
+auto* const watchers = new std::unordered_map<PyObject*, std::vector<Watcher>>();
 
 int on_dict_event(PyDict_WatchEvent event, PyObject* d, PyObject*, PyObject*) {
   auto it = watchers->find(d);
   if (it == watchers->end()) return 0;
-  for (TreeMemo* memo : it->second) memo->dirty = true;
+  for (auto [memo, root] : it->second) ++memo->root_events[root];
   if (event == PyDict_EVENT_DEALLOCATED) watchers->erase(it);
   return 0;
 }
 
-// `memo` watches `d`. false: not watched (no watcher slot).
-bool watch_dict(TreeMemo* memo, PyObject* d) {
+// `memo` watches `d`, held by root `root`'s subtree. false: not watched (no watcher slot).
+bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d) {
   if (dict_watcher == -1) {
     dict_watcher = PyDict_AddWatcher(on_dict_event);
     if (dict_watcher < 0) {
@@ -88,8 +95,9 @@ bool watch_dict(TreeMemo* memo, PyObject* d) {
     watchers->erase(it);
     return false;
   }
-  if (std::find(it->second.begin(), it->second.end(), memo) == it->second.end()) {
-    it->second.push_back(memo);
+  Watcher w{memo, root};
+  if (std::find(it->second.begin(), it->second.end(), w) == it->second.end()) {
+    it->second.push_back(w);
     memo->watching.push_back(d);
   }
   return true;
@@ -102,7 +110,9 @@ TreeMemo::~TreeMemo() {  // with the GIL (CallTrees' last holder has it)
     auto it = watchers->find(d);  // absent: deallocated since
     if (it == watchers->end()) continue;
     auto& memos = it->second;
-    memos.erase(std::remove(memos.begin(), memos.end(), this), memos.end());
+    memos.erase(std::remove_if(memos.begin(), memos.end(),
+                               [this](const Watcher& w) { return w.first == this; }),
+                memos.end());
     if (memos.empty()) {
       if (PyDict_Unwatch(dict_watcher, d) < 0) PyErr_Clear();
       watchers->erase(it);
@@ -207,8 +217,9 @@ struct TreeEval {
   // Whether d, node i's dict (its own, or its object's) as the memo holds it, is unchanged.
   bool same_dict(size_t i, PyObject* d) {
 #ifdef TRT_DICT_WATCHERS
-    if (memo->watched[i] && !memo->dirty) return true;
-    if (!memo->watched[i] && dict_tag(d) == memo->tags[i] && watch_dict(memo, d)) {
+    uint32_t root = memo->root_of[i];
+    if (memo->watched[i] && !memo->dirty(root)) return true;
+    if (!memo->watched[i] && dict_tag(d) == memo->tags[i] && watch_dict(memo, root, d)) {
       memo->watched[i] = 1;  // unchanged twice: watched (watching changes its tag's low bits)
       memo->tags[i] = dict_tag(d);
       return true;
@@ -280,8 +291,11 @@ struct TreeEval {
   // memo's. false: a check failed (the leaves it pushed are the caller's to drop).
   bool unchanged(size_t k) {
 #ifdef TRT_DICT_TAGS
-    for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1]; ++c) {
-      const TreeMemo::Check& step = memo->checks[c];
+    bool quiet = memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k));
+    const std::vector<TreeMemo::Check>& list = quiet ? memo->quiet_checks : memo->checks;
+    const std::vector<size_t>& begin = quiet ? memo->quiet_begin : memo->checks_begin;
+    for (size_t c = begin[k]; c < begin[k + 1]; ++c) {
+      const TreeMemo::Check& step = list[c];
       size_t i = step.node;
       PyObject* v = values[i];
       switch (step.op) {
@@ -290,6 +304,12 @@ struct TreeEval {
           if (Py_TYPE(v) != memo->types[i]) return false;
           PyObject** dict = _PyObject_GetDictPtr(v);
           if (!dict || *dict != dicts[i] || !same_dict(i, *dict)) return false;
+          break;
+        }
+        case TreeMemo::Check::kObjectQuiet: {
+          if (Py_TYPE(v) != memo->types[i]) return false;
+          PyObject** dict = _PyObject_GetDictPtr(v);
+          if (!dict || *dict != dicts[i]) return false;
           break;
         }
         case TreeMemo::Check::kDict:
@@ -321,6 +341,17 @@ struct TreeEval {
           break;
       }
     }
+#ifdef TRT_DICT_WATCHERS
+    if (!quiet) {  // quiet from now on if every dict of the subtree is watched
+      bool all = true;
+      for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1] && all; ++c) {
+        TreeMemo::Check::Op op = memo->checks[c].op;
+        all = (op != TreeMemo::Check::kObject && op != TreeMemo::Check::kDict &&
+               op != TreeMemo::Check::kOrderedDict) || memo->watched[memo->checks[c].node];
+      }
+      memo->quiet[k] = all;
+    }
+#endif
     return true;
 #else
     (void)k;
@@ -331,16 +362,24 @@ struct TreeEval {
   bool memoized() {
     for (size_t k = 0; k < memo->roots.size(); ++k) {
       size_t r = static_cast<size_t>(memo->roots[k]);
+      // the events before this pass: once it held, the root is clean up to them (an event
+      // during the pass, from Python code a check ran, leaves it dirty)
+      uint64_t events = memo->root_events[k];
       if (memo->root_held[k]) {
         PyObject* v = read(r);
         size_t mark = cv.leaves.size();
-        if (v && v == values[r] && unchanged(k)) continue;
+        if (v && v == values[r] && unchanged(k)) {
+          memo->root_clean[k] = events;
+          continue;
+        }
         cv.leaves.resize(mark);
         PyErr_Clear();
       }
       memo->root_held[k] = 0;
+      memo->quiet[k] = 0;
       if (!visit(r, false)) return false;
       memo->root_held[k] = 1;
+      memo->root_clean[k] = events;
     }
     return true;
   }
@@ -370,7 +409,6 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   bool ok = e.memoized();
   memo->busy = false;
   if (collecting) PyGC_Enable();
-  if (ok) memo->dirty = false;  // every watched dict it holds was read or clean
   return ok;
 }
 
@@ -441,17 +479,30 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
                   tree.nodes[p].expect != reinterpret_cast<PyObject*>(&PyList_Type));
     for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds;
   }
+  memo->root_of.assign(n, 0);
   for (size_t r = 0; r < n; r = memo->end[r]) {
+    uint32_t k = static_cast<uint32_t>(memo->roots.size());
     memo->roots.push_back(static_cast<Py_ssize_t>(r));
     memo->checks_begin.push_back(memo->checks.size());
+    memo->quiet_begin.push_back(memo->quiet_checks.size());
     for (size_t i = r; i < memo->end[r]; ++i) {
+      memo->root_of[i] = k;
       const TreeNode& node = tree.nodes[i];
-      auto add = [&](Check::Op op) { memo->checks.push_back({op, static_cast<uint32_t>(i)}); };
+      // `quiet`: the check's form in the quiet pass (kLeaf with `drop`: none)
+      auto add_both = [&](Check::Op op, Check::Op quiet, bool drop) {
+        memo->checks.push_back({op, static_cast<uint32_t>(i)});
+        if (!drop) memo->quiet_checks.push_back({quiet, static_cast<uint32_t>(i)});
+      };
+      auto add = [&](Check::Op op) { add_both(op, op, false); };
       switch (node.check) {
         case TRT_CHK_LEAF: add(Check::kLeaf); break;  // the SCM guards it
-        case TRT_CHK_OBJECT: add(Check::kObject); break;
-        case TRT_CHK_DICT:
-          add(memo->kind[i] == TreeMemo::kOrderedDict ? Check::kOrderedDict : Check::kDict);
+        case TRT_CHK_OBJECT: add_both(Check::kObject, Check::kObjectQuiet, false); break;
+        case TRT_CHK_DICT:  // a watched dict freed and another at its address: an event
+          if (memo->kind[i] == TreeMemo::kOrderedDict)
+            add(Check::kOrderedDict);
+          else  // a dict subclass that is a heap type can have its class assigned
+            add_both(Check::kDict, Check::kDict,
+                     !(memo->types[i]->tp_flags & Py_TPFLAGS_HEAPTYPE));
           break;
         case TRT_CHK_SEQ:
           if (node.expect == reinterpret_cast<PyObject*>(&PyList_Type) || !held[i])
@@ -469,7 +520,11 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
     }
   }
   memo->checks_begin.push_back(memo->checks.size());
+  memo->quiet_begin.push_back(memo->quiet_checks.size());
   memo->root_held.assign(memo->roots.size(), 0);
+  memo->root_events.assign(memo->roots.size(), 1);
+  memo->root_clean.assign(memo->roots.size(), 0);
+  memo->quiet.assign(memo->roots.size(), 0);
   return memo;
 }
 

@@ -344,9 +344,25 @@ static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg
   return 1;
 }
 
+/* Note [Graph outputs] (frontend/graphs.py): whether a replay of the descriptor whose outputs
+ * start at `o` would overwrite a static output it hands out that a tensor other than the
+ * graph's own holds (an earlier replay's result, still alive). */
+static int trt_graph_outputs_busy(const int64_t* o, int noutputs, const trt_api* rt) {
+  for (int k = 0; k < noutputs; ++k) {
+    int32_t tag = (int32_t)*o++;
+    if (tag != TRT_TENSOR) {
+      ++o;
+      continue;
+    }
+    if (o[2] && rt->output_in_use((const void*)(uintptr_t)o[2])) return 1;
+    o += 5 + 2 * o[4];
+  }
+  return 0;
+}
+
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: pick the graph of the call's sizes, copy in, launch, copy written inputs back,
- * copy the outputs into new tensors. Returns TRT_GRAPH_CAPTURE when Python should decide (no
+ * hand out or copy out the outputs (Note [Graph outputs]). Returns TRT_GRAPH_CAPTURE when Python should decide (no
  * graph yet, or a symbolic specialization's new size while it takes more), TRT_GRAPH_NONE when
  * no graph applies to this call (none for its size, an input at a new address, another stream,
  * a copied input overlapping another where either may be written): the caller then runs the
@@ -382,6 +398,10 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
     }
   }
   if (trt_copy_hides_write(in, ninputs, a)) return TRT_GRAPH_NONE;
+  if (trt_graph_outputs_busy(in + 5 * ninputs, noutputs, rt)) {
+    g->state = TRT_GRAPH_PENDING; /* a new capture, whose outputs are copied out */
+    return TRT_GRAPH_NONE;
+  }
   if (trt_cuda_load()) return TRT_GRAPH_FAILED;
   int pushed, failed = TRT_GRAPH_REPLAYED;
   CUresult rc;
@@ -422,9 +442,20 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
       continue;
     }
     int64_t src = o[0], bytes = o[1];
-    int32_t dtype = (int32_t)o[2], dim = (int32_t)o[3];
-    trt_tensor* t = rt->empty_strided(dim, o + 4, o + 4 + dim, dtype, device);
-    o += 4 + 2 * dim;
+    const void* held = (const void*)(uintptr_t)o[2];
+    int32_t dtype = (int32_t)o[3], dim = (int32_t)o[4];
+    const int64_t* geometry = o + 5;
+    o += 5 + 2 * dim;
+    trt_tensor* t;
+    if (held) { /* Note [Graph outputs]: the static output itself (trt_graph_outputs_busy) */
+      if (!(t = rt->graph_output(held))) {
+        failed = TRT_GRAPH_FAILED;
+        break;
+      }
+      out->outs[k].u.t = t;
+      continue;
+    }
+    t = rt->empty_strided(dim, geometry, geometry + dim, dtype, device);
     if (!t) {
       failed = trt_graph_error("cannot allocate a graph output");
       break;

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 5
+#define TRT_ABI_VERSION 6
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -107,8 +107,10 @@ typedef struct trt_result {
  *                      whose arguments have exactly these,
  *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / TRT_GRAPH_COPY_IN), pointer the graph
  *                      reads, bytes, 1 if the function may write it (copied back),
- *   per output:        tag (trt_tag); a tensor: source pointer, bytes, dtype, dim, sizes[dim],
- *                      strides[dim]; an int/float/bool/None: its value (a float's bits). */
+ *   per output:        tag (trt_tag); a tensor: source pointer, bytes, the static output
+ *                      handed out (graph_output's `held`, or 0: copied out), dtype, dim,
+ *                      sizes[dim], strides[dim]; an int/float/bool/None: its value (a float's
+ *                      bits). */
 #define TRT_GRAPH_SEEN 1024 /* slots of trt_graph.seen; cleared when 3/4 full */
 
 typedef struct trt_graph {
@@ -249,6 +251,12 @@ typedef struct trt_api {
   int (*view_of)(trt_tensor* t, trt_view* out);
   /* A new tensor of a computed view, made as `how` says (TRT_VIEW_*); NULL on failure. */
   trt_tensor* (*view_tensor)(const trt_view* view, int32_t how);
+  /* Note [Graph outputs] (frontend/graphs.py): `held` is a CUDA graph's static output (a
+   * torch.Tensor PyObject* its owner keeps alive). output_in_use: whether a tensor other than
+   * `held` holds its storage. graph_output: a new tensor of that storage, with its dtype and
+   * geometry; NULL on failure. */
+  int (*output_in_use)(const void* held);
+  trt_tensor* (*graph_output)(const void* held);
 } trt_api;
 
 /* Operand constructors used by generated launch sequences. */
