@@ -3,13 +3,14 @@
 Note [User code]: two questions, each answered here and nowhere else.
 
 * Which line is the user's? A node's source line and the ``try`` around a torch call
-  (capture.py) and a warning's ``stacklevel`` (jit.py) take the innermost frame that is
-  neither Trident's (:func:`trident_file`) nor torch's (:func:`torch_file`); an installed
+  (capture.py, source_lines.py) and a warning's ``stacklevel`` (install.py) take the
+  innermost frame that :func:`user_line_file` accepts: neither Trident's
+  (:func:`trident_file`), torch's (:func:`torch_file`) nor a frozen module's; an installed
   library's frame counts as the user's there (the line in the library that called torch is
   where the op came from). Both are prefix tests of the name a code object was compiled under
   (``co_filename``) against the package's folder with no separator after it: a sibling whose
   name extends the folder's counts as that package's (``torchgen`` and ``torch_mlir`` beside
-  ``torch``). capture.py takes torch's folder as imported, jit.py as it resolves.
+  ``torch``). capture.py takes torch's folder as imported, install.py as it resolves.
 * Whose reads are state (Note [State guards] in lower/state/__init__.py)? :func:`user_file`
   and :func:`user_frame`: code that is not Trident's (a file inside its folder,
   :func:`inside_trident`), the standard library's or an installed package's; exec'd code
@@ -60,6 +61,13 @@ def torch_file(filename: str, resolved: bool = False) -> bool:
 def frozen_file(filename: str) -> bool:
     """The interpreter's frozen modules (``<frozen importlib._bootstrap>``)."""
     return filename.startswith("<frozen")
+
+
+def user_line_file(filename: str, resolved: bool = False) -> bool:
+    """A frame whose line is the user's: neither Trident's, torch's (``torch_file``, its folder
+    as imported or, ``resolved``, as it resolves) nor a frozen module's."""
+    return not (trident_file(filename) or torch_file(filename, resolved) or
+                frozen_file(filename))
 
 
 @functools.lru_cache(maxsize=8)

@@ -104,7 +104,7 @@ def hash_code(h, code: types.CodeType) -> None:
 
 def _has(value, name: str) -> bool:
     """``hasattr``, for objects whose ``__getattr__`` raises something else than
-    AttributeError for names they lack (a KeyError: issue 28)."""
+    AttributeError for names they lack (a KeyError)."""
     try:
         return hasattr(value, name)
     except Exception:  # noqa: BLE001 (the object's own error: it has no such attribute)

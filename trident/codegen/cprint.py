@@ -7,9 +7,11 @@ import math
 import struct
 
 import sympy
+from torch.utils._pytree import TreeSpec
 from torch.utils._sympy.printers import ExprPrinter
 
 from trident.ir import sizes
+from trident.ir.plan import spec_children
 
 
 def c_int(v: int) -> str:
@@ -65,9 +67,21 @@ class CPrinter(ExprPrinter):
         return f"!({self.doprint(expr.args[0])})"
 
 
-def size_c(text: str) -> str:
-    """Note [Size expressions]' text as a C int64 expression."""
-    return CPrinter().doprint(sizes.loads(text))
+def size_c(expr: sympy.Basic) -> str:
+    """A size expression (Note [Size expressions]) as a C int64 expression."""
+    return CPrinter().doprint(expr)
+
+
+def out_spec_code(spec: TreeSpec) -> str:
+    """An output structure as the runtime's ``build_output`` reads it (Note [Output spec] in
+    runtime/args.cpp): ``(``..``)`` a tuple, ``[``..``]`` a list, ``v`` the next flat output,
+    ``n`` None (where torch's pytree has None as a node of no children, not as a leaf)."""
+    if spec.is_leaf():
+        return "v"
+    if spec.type is type(None):
+        return "n"
+    inner = "".join(out_spec_code(c) for c in spec_children(spec))
+    return f"({inner})" if spec.type is tuple else f"[{inner}]"
 
 
 def c_string(s: str) -> str:

@@ -49,7 +49,7 @@ def launch(r: Renderer, index: int, s: TritonStep) -> InterpreterLaunch:
                 # Note [Views in C] in plan.py: the interpreter reads tensors
                 statements += r.view_tensors(tensor, s)
                 values.append(r.operand(tensor))
-            case ScalarParam(size=str(size)):
+            case ScalarParam(size=size) if size is not None:
                 values.append(f"TRT_I({size_c(size)})")
             case ScalarParam(value=value):
                 values.append(r.operand(operands.constant(value)))

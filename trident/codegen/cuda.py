@@ -124,7 +124,7 @@ def launch(r: Renderer, index: int, s: TritonStep) -> DriverLaunch:
             statements[-1] += f"  /* {p.name} */"
         elif isinstance(p, ScalarParam) and p.size is not None:
             # Note [Symbolic launches] in lower/kernels.py: computed from the call's sizes
-            words = c_comment(sizes.words(sizes.loads(p.size), r.spec.arg_names))
+            words = c_comment(sizes.words(p.size, r.spec.arg_names))
             statements.append(f"{ctype} {var} = ({ctype}){size_c(p.size)};  "
                               f"/* {p.name} = {words} */")
         elif ctype in _SCALARS:

@@ -52,5 +52,5 @@ def guard_c(g: Guard) -> str:
         case FloatBits():
             return f"trt_f64_bits(a[{g.arg}].f) == {g.value}ULL"
         case SizeRelation():  # Note [Symbolic guards] in lower/guards.py
-            return CPrinter().doprint(g.condition)
+            return CPrinter().doprint(g.expr)
     raise ValueError(f"not a guard kind with a C check: {g!r}")

@@ -13,7 +13,7 @@ import jinja2
 
 from trident import config
 from trident.codegen import cpu as target_cpu, cuda as target_cuda
-from trident.codegen.cprint import c_comment, c_float, c_int, c_string, size_c
+from trident.codegen.cprint import c_comment, c_float, c_int, c_string, out_spec_code, size_c
 from trident.codegen.guards import guard_c
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
@@ -414,7 +414,7 @@ class _SpecRenderer:
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
             "outputs": self.outputs(),
             "nouts": len(plan.outputs),
-            "out_spec": c_string(plan.out_spec),
+            "out_spec": c_string(out_spec_code(plan.out_spec)),
             "graph": passes.graph_device(self.spec) is not None,  # Note [CUDA graphs]
             "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
             "eager": any(step.on_error == "eager" for step in steps),

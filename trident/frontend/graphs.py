@@ -177,25 +177,6 @@ def _alone(t: torch.Tensor) -> bool:
     return t._base is None and runtime.load().storage_holders(t) == 1
 
 
-def _flat_outputs(result, spec_text: str) -> list:
-    """The output values in the order the SCM returns them (Note [Output spec])."""
-    flat, pos = [], 0
-
-    def walk(obj):
-        nonlocal pos
-        c = spec_text[pos]
-        pos += 1
-        if c == "v":
-            flat.append(obj)
-        elif c in "([":
-            for item in obj:
-                walk(item)
-            pos += 1  # the closing bracket
-
-    walk(result)
-    return flat
-
-
 class GraphStates:
     """Note [CUDA graphs]: the graph state machine of one JitFunction's specializations, by
     specialization key. A specialization that may have a graph runs step by step on its first
@@ -304,7 +285,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device):
         result = _captured(graph, pool, lambda: run(*capture_args))
-    outputs = _flat_outputs(result, spec.plan.out_spec)
+    outputs = spec.plan.out_spec.flatten_up_to(result)  # in the SCM's order
 
     storages = {_storage_ptr(a) for a in capture_args if isinstance(a, torch.Tensor)}
     desc_out: list[int] = []

@@ -291,8 +291,8 @@ def _user_stacklevel() -> int:
     outside Trident and torch (``Module.__call__``, Dynamo's frames): the caller's line
     (Note [User code] in frames.py)."""
     frame, level = sys._getframe(2), 2  # 1 is the caller, who calls warnings.warn
-    while frame is not None and (frames.trident_file(frame.f_code.co_filename) or
-                                 frames.torch_file(frame.f_code.co_filename, resolved=True)):
+    while frame is not None and not frames.user_line_file(frame.f_code.co_filename,
+                                                          resolved=True):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -21,19 +21,23 @@ KIND_NAMES = {OTHER: "unsupported", TENSOR: "Tensor", INT: "int", FLOAT: "float"
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType
 MAX_ARGS, MAX_OUTS = ABI["TRT_MAX_ARGS"], ABI["TRT_MAX_OUTS"]
 # Call-wide facts (trt_env in trident_rt.h), guarded in every specialization.
-# trt_env.flags, bit by bit (global_flags() in args.cpp): torch's global flags that eager ops
-# obey when they run, or that picked what a trace holds (an SDPA backend). Fields of 4 bits
-# from bit 16: the float32 matmul precision and the cuBLAS fp16 / bf16 reduction options.
-FLAG_BITS = ("torch.are_deterministic_algorithms_enabled()",
-             "torch.is_deterministic_algorithms_warn_only_enabled()",
-             "torch.backends.cuda.flash_sdp_enabled()",
-             "torch.backends.cuda.mem_efficient_sdp_enabled()",
-             "torch.backends.cuda.math_sdp_enabled()", "torch.backends.cuda.cudnn_sdp_enabled()",
-             "torch.backends.cudnn.allow_tf32", "torch.backends.cudnn.enabled",
-             "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")
-FLAG_FIELDS = ((16, "torch.get_float32_matmul_precision()"),
-               (20, "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
-               (24, "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"))
+# trt_env.flags (TRT_FLAG_* and TRT_FIELD_* in trident_rt.h; global_flags() in args.cpp): torch's
+# global flags that eager ops obey when they run, or that picked what a trace holds (an SDPA
+# backend), by their bit; and its settings held in fields of 4 bits, by their first bit.
+FLAG_BITS = {ABI[f"TRT_FLAG_{k}"]: name for k, name in (
+    ("DETERMINISTIC", "torch.are_deterministic_algorithms_enabled()"),
+    ("DETERMINISTIC_WARN", "torch.is_deterministic_algorithms_warn_only_enabled()"),
+    ("FLASH_SDP", "torch.backends.cuda.flash_sdp_enabled()"),
+    ("MEM_EFFICIENT_SDP", "torch.backends.cuda.mem_efficient_sdp_enabled()"),
+    ("MATH_SDP", "torch.backends.cuda.math_sdp_enabled()"),
+    ("CUDNN_SDP", "torch.backends.cuda.cudnn_sdp_enabled()"),
+    ("CUDNN_TF32", "torch.backends.cudnn.allow_tf32"), ("CUDNN", "torch.backends.cudnn.enabled"),
+    ("CUDNN_BENCHMARK", "torch.backends.cudnn.benchmark"),
+    ("CUDNN_DETERMINISTIC", "torch.backends.cudnn.deterministic"))}
+FLAG_FIELDS = {ABI[f"TRT_FIELD_{k}"]: name for k, name in (
+    ("MATMUL_PRECISION", "torch.get_float32_matmul_precision()"),
+    ("FP16_REDUCTION", "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+    ("BF16_REDUCTION", "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"))}
 _DTYPES = [getattr(torch, name) for name in dir(torch)
            if isinstance(getattr(torch, name, None), torch.dtype)]
 
@@ -220,8 +224,8 @@ def _global_flags() -> int:
 
 def flags_changed(expected: int, actual: int) -> list[str]:
     """The flags (FLAG_BITS, FLAG_FIELDS) that differ between two ``trt_env.flags`` values."""
-    names = [name for i, name in enumerate(FLAG_BITS) if (expected ^ actual) >> i & 1]
-    return names + [name for shift, name in FLAG_FIELDS if (expected ^ actual) >> shift & 15]
+    names = [name for bit, name in FLAG_BITS.items() if (expected ^ actual) >> bit & 1]
+    return names + [name for bit, name in FLAG_FIELDS.items() if (expected ^ actual) >> bit & 15]
 
 
 class Facts(NamedTuple):

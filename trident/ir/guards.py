@@ -66,9 +66,14 @@ class Guard:
 
     @staticmethod
     def from_json(data: dict) -> "Guard":
-        """Raises KeyError (an unknown kind) or TypeError (fields it does not have)."""
+        """Raises KeyError (an unknown kind), TypeError (fields it does not have) or
+        ValueError (a value its kind cannot read back)."""
         data = dict(data)
-        return KINDS[data.pop("field")](**data)
+        return KINDS[data.pop("field")]._from_fields(data)
+
+    @classmethod
+    def _from_fields(cls, data: dict) -> "Guard":
+        return cls(**data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,29 +296,33 @@ class FloatBits(ArgGuard):
 @dataclasses.dataclass(frozen=True)
 class SizeRelation(ArgGuard):
     """Note [Symbolic guards]: a condition over the arguments' sizes, strides and offsets,
-    ``expr`` (Note [Size expressions] in sizes.py, as ``sympy.srepr`` text); ``arg`` is the
-    highest argument it reads, ``value`` True."""
+    ``expr`` (Note [Size expressions] in sizes.py; stored as its ``sympy.srepr`` text);
+    ``arg`` is the highest argument it reads, ``value`` True."""
 
     field = "sym"
-    expr: str = ""
+    expr: sympy.Basic = sympy.true
 
-    @property
-    def condition(self):
-        return sizes.loads(self.expr)
+    def to_json(self) -> dict:
+        return {"field": self.field, "value": self.value, "arg": self.arg,
+                "expr": sizes.dumps(self.expr)}
+
+    @classmethod
+    def _from_fields(cls, data: dict) -> "SizeRelation":
+        return cls(**{**data, "expr": sizes.loads(data["expr"])})
 
     def read(self, call: Facts) -> bool:
         try:
-            return bool(sizes.evaluate(self.condition, call.args))
+            return bool(sizes.evaluate(self.expr, call.args))
         except (KeyError, IndexError, TypeError, ZeroDivisionError):
             return False
 
     def words(self, names: list[str]) -> str:
-        return sizes.words(self.condition, names)
+        return sizes.words(self.expr, names)
 
     def explain(self, call: Facts, names: list[str]) -> str:
         """Names the places it read: ``x.size(0) >= 2 is false (x.size(0) = 1)``."""
         read = []
-        for s in dict.fromkeys(e for e in sympy.preorder_traversal(self.condition)
+        for s in dict.fromkeys(e for e in sympy.preorder_traversal(self.expr)
                                if isinstance(e, sympy.Symbol)):
             kind, arg, dim = sizes.where(s)
             f = call.args[arg]

@@ -13,6 +13,8 @@ import base64
 import dataclasses
 from typing import Any, ClassVar
 
+from trident.ir import sizes
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelRef:
@@ -56,7 +58,11 @@ class LaunchParam:
     @staticmethod
     def from_json(data: dict) -> LaunchParam:
         fields = {k: v for k, v in data.items() if k != "kind"}
-        return _PARAMS[data["kind"]](**fields)
+        return _PARAMS[data["kind"]]._from_fields(fields)
+
+    @classmethod
+    def _from_fields(cls, fields: dict) -> LaunchParam:
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +78,9 @@ class TensorParam(LaunchParam):
 @dataclasses.dataclass(frozen=True)
 class ScalarParam(LaunchParam):
     """A runtime int, float, bool or None. ``size``: for an int computed from dynamic dims, its
-    expression (a SymInt while capturing, then Note [Size expressions]' text, in sizes.py);
-    ``value`` is then its value in the traced call (Note [Symbolic launches] in
-    lower/kernels.py)."""
+    expression (a SymInt while capturing, then a sympy expression, Note [Size expressions] in
+    sizes.py; stored as its ``sympy.srepr`` text); ``value`` is then its value in the traced
+    call (Note [Symbolic launches] in lower/kernels.py)."""
 
     KIND = "scalar"
     value: Any
@@ -83,8 +89,14 @@ class ScalarParam(LaunchParam):
     def to_json(self) -> dict:
         out = {"name": self.name, "kind": self.KIND, "value": self.value}
         if self.size is not None:
-            out["size"] = self.size
+            out["size"] = sizes.dumps(self.size)
         return out
+
+    @classmethod
+    def _from_fields(cls, fields: dict) -> ScalarParam:
+        if "size" in fields:
+            fields = {**fields, "size": sizes.loads(fields["size"])}
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +119,7 @@ class TritonLaunch:
         ref: where to find the ``JITFunction`` again in a new process.
         params: per kernel parameter, in order.
         grid: three entries, each an int or, computed from dynamic dims, an expression like a
-            ``ScalarParam``'s ``size``.
+            ``ScalarParam``'s ``size`` (stored as its text).
         options: Triton compile options (``num_warps``, ``num_stages``, ``num_ctas``, ...).
         device: ``"cpu"`` or ``"cuda:N"`` of the tensor arguments.
         pre_hook: Note [Pre-hooks], or None.
@@ -128,7 +140,8 @@ class TritonLaunch:
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "ref": dataclasses.asdict(self.ref),
-                "params": [p.to_json() for p in self.params], "grid": list(self.grid),
+                "params": [p.to_json() for p in self.params],
+                "grid": [g if isinstance(g, int) else sizes.dumps(g) for g in self.grid],
                 "options": self.options, "device": self.device,
                 "pre_hook": dataclasses.asdict(self.pre_hook) if self.pre_hook else None}
 
@@ -136,7 +149,8 @@ class TritonLaunch:
     def from_json(cls, data: dict) -> TritonLaunch:
         hook = data["pre_hook"]
         return cls(data["kernel"], KernelRef(**data["ref"]),
-                   tuple(LaunchParam.from_json(p) for p in data["params"]), tuple(data["grid"]),
+                   tuple(LaunchParam.from_json(p) for p in data["params"]),
+                   tuple(g if isinstance(g, int) else sizes.loads(g) for g in data["grid"]),
                    data["options"], data["device"], PreHook(**hook) if hook else None)
 
 

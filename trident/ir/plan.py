@@ -4,6 +4,9 @@ Note [Buffer reuse] in lower/plan.py and lower/passes.py say how it is made)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import torch.utils._pytree as pytree
 
 from trident.ir import operands
 from trident.ir.launch import CompiledBinary, TritonLaunch
@@ -130,21 +133,24 @@ class Plan:
     Attributes:
         steps: operator calls in program order.
         outputs: flat output operands (tensors, and constants for non-tensor leaves).
-        out_spec: the output structure (Note [Output spec] in runtime/args.cpp).
+        out_spec: the result's structure: tuples, lists and ``None`` around the flat outputs
+            (torch's pytree; codegen prints it for the runtime, Note [Output spec] in
+            runtime/args.cpp). JSON as ``treespec_dumps`` writes it.
         num_values / num_lists / num_scalars: how many tensor, tensor-list and scalar values
             (an op's int, float or bool returns) the steps produce.
     """
 
     steps: list[Step]
     outputs: list[Operand]
-    out_spec: str
+    out_spec: pytree.TreeSpec
     num_values: int
     num_lists: int
     num_scalars: int = 0
 
     def to_json(self) -> dict:
         return {"steps": [s.to_json() for s in self.steps],
-                "outputs": [o.to_json() for o in self.outputs], "out_spec": self.out_spec,
+                "outputs": [o.to_json() for o in self.outputs],
+                "out_spec": json.loads(pytree.treespec_dumps(self.out_spec)),
                 "num_values": self.num_values, "num_lists": self.num_lists,
                 "num_scalars": self.num_scalars}
 
@@ -152,5 +158,32 @@ class Plan:
     def from_json(cls, data: dict) -> "Plan":
         """Raises ValueError, KeyError or TypeError for data ``to_json`` did not write."""
         return cls([Step.from_json(s) for s in data["steps"]],
-                   [operands.from_json(o) for o in data["outputs"]], data["out_spec"],
+                   [operands.from_json(o) for o in data["outputs"]],
+                   _spec_from_json(data["out_spec"]),
                    data["num_values"], data["num_lists"], data["num_scalars"])
+
+
+def spec_children(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
+    """The specs of ``spec``'s children (``TreeSpec.child``; ``children_specs`` where torch
+    has no ``child``)."""
+    if hasattr(spec, "child"):
+        return [spec.child(i) for i in range(spec.num_children)]
+    return spec.children_specs
+
+
+def plain_spec(spec: pytree.TreeSpec) -> bool:
+    """Whether ``spec`` is tuples, lists and ``None`` around leaves: the structures the runtime
+    builds (Note [Output spec] in runtime/args.cpp)."""
+    return spec.is_leaf() or (spec.type in (tuple, list, type(None))
+                              and all(plain_spec(c) for c in spec_children(spec)))
+
+
+def _spec_from_json(data) -> pytree.TreeSpec:
+    """Raises ValueError for data that is not a plain spec as ``treespec_dumps`` writes it."""
+    try:
+        spec = pytree.treespec_loads(json.dumps(data))
+    except NotImplementedError as e:  # a type torch's pytree cannot read back
+        raise ValueError(str(e)) from e
+    if not plain_spec(spec):
+        raise ValueError(f"not an output structure the runtime builds: {spec}")
+    return spec

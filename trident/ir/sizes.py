@@ -9,8 +9,9 @@ argument 0's ``size(1)`` (``a[0].sizes[1]`` in C), ``stride_0_1`` its ``stride(1
 symbol (Note [Symbolic ints] in lower/guards.py; ``a[3].i`` in C). The expression is then
 self-contained data:
 
-* stored in a specialization as ``sympy.srepr`` text (``dumps``) and read back by ``loads``,
-  which walks the text's syntax tree over a fixed set of constructors (nothing is ``eval``ed);
+* held by guards and launches as the expression, stored in the cache as ``sympy.srepr`` text
+  (``dumps``, in their ``to_json``) and read back by ``loads`` (in their ``from_json``), which
+  walks the text's syntax tree over a fixed set of constructors (nothing is ``eval``ed);
 * printed to C by ``codegen.CPrinter`` (codegen writes all C), to words by ``words``;
 * evaluated on a call's facts by ``evaluate``: the Python twin of the C, used to explain a miss
   and property-tested against it (tests/test_guards.py).

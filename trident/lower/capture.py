@@ -32,6 +32,7 @@ from trident.lower import decompositions
 from trident.lower.source_lines import _SourceLines, _tag_nodes, _user_frame, source_line
 from trident.errors import TridentError
 from trident.ir.launch import ScalarParam
+from trident.ir.plan import plain_spec
 
 
 @dataclasses.dataclass
@@ -41,14 +42,14 @@ class Capture:
     Attributes:
         graph_module: ATen-level graph; placeholders are the call's positional arguments,
             outputs the tensor leaves of the result, in order.
-        out_spec: the result's structure as the runtime reads it (Note [Output spec] in
-            runtime/args.cpp): ``(``..``)`` tuple, ``[``..``]`` list, ``v`` a leaf, ``n`` None.
+        out_spec: the result's structure (torch's pytree): tuples, lists and ``None`` around
+            the leaves (``ir.plan.plain_spec``).
         out_leaves: per leaf of the result, ``None`` for a tensor (the next graph output) or
             ``("const", value)`` for a non-tensor leaf.
     """
 
     graph_module: fx.GraphModule
-    out_spec: str
+    out_spec: pytree.TreeSpec
     out_leaves: list
     # A trace with dynamic dims (Note [Symbolic sizes] in plan.py): the fake arguments (their
     # sizes and strides are SymInts over the ShapeEnv's symbols) and the ShapeEnv, which holds
@@ -222,7 +223,7 @@ def _global_state() -> dict:
     a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
     recording (``state.record``, per thread) says whether the function's own thread called such
     a method: another thread's draws move the generators during a trace too, and are not the
-    function's (issue 28)."""
+    function's."""
     state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -340,9 +341,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         else:
             raise TridentError(f"{name} returns a {type(leaf).__name__}; expected "
                                "tensors, tuples and lists of them, None, int, float or bool")
-    out_spec = _spec_string(holder["spec"])
-    if out_spec is None:
-        raise TridentError(f"{name} returns a {holder['spec'].type.__name__}; "
+    out_spec = holder["spec"]
+    if not plain_spec(out_spec):
+        raise TridentError(f"{name} returns a {out_spec.type.__name__}; "
                            "expected tensors in tuples and lists")
     for node in list(gm.graph.nodes):
         # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
@@ -409,25 +410,9 @@ def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> N
     graph.erase_node(constant)
 
 
-def _spec_string(spec: pytree.TreeSpec) -> str | None:
-    """Note [Output spec]; None for containers other than tuple and list."""
-    if spec.is_leaf():
-        return "v"
-    if spec.type is type(None):
-        return "n"
-    if spec.type not in (tuple, list):
-        return None
-    children = [spec.child(i) for i in range(spec.num_children)] if hasattr(spec, "child") \
-        else spec.children_specs
-    inner = [_spec_string(c) for c in children]
-    if any(c is None for c in inner):
-        return None
-    return ("(%s)" if spec.type is tuple else "[%s]") % "".join(inner)
-
-
 def _innermost_user_line(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     for frame in reversed(tb):
-        if not frames.trident_file(frame.filename) and not frames.torch_file(frame.filename):
+        if frames.user_line_file(frame.filename):
             return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} ({frame.line})"
     return ""

@@ -119,14 +119,14 @@ def size_sources(fake_args: tuple) -> dict:
     return _sources(list(_places(fake_args)))
 
 
-def size_expr(value: "torch.SymInt", sources: dict) -> str:
-    """A SymInt of a dynamic trace as Note [Size expressions]'s text, over the places its
+def size_expr(value: "torch.SymInt", sources: dict) -> sympy.Basic:
+    """A SymInt of a dynamic trace as Note [Size expressions]' expression over the places its
     symbols are read from (``size_sources``, as the guards read them).
 
     Raises:
         TridentError: arithmetic the generated C does not compute (``sizes.check``).
     """
-    return sizes.dumps(sizes.at_places(value.node._expr, sources))
+    return sizes.at_places(value.node._expr, sources)
 
 
 def _canonical(expr):
@@ -147,13 +147,12 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
     """
     places = list(_places(fake_args))
     sources = _sources(places)
-    guards: dict[str, Guard] = {}
+    guards: dict[sympy.Basic, Guard] = {}  # by condition: each once
 
     def guard(expr, arg: int) -> None:
         expr = _canonical(sizes.at_places(expr, sources))
         if expr is not sympy.true:
-            text = sizes.dumps(expr)
-            guards.setdefault(text, SizeRelation(True, arg, text))
+            guards.setdefault(expr, SizeRelation(True, arg, expr))
 
     for i, expr, here in places:
         if isinstance(expr, sympy.Symbol) and sources[expr] is here:
@@ -163,8 +162,8 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
             if isinstance(bounds.upper, sympy.Integer):
                 guard(sympy.Le(expr, int(bounds.upper)), i)
             continue
-        text = sizes.dumps(sympy.Eq(here, sizes.at_places(expr, sources), evaluate=False))
-        guards.setdefault(text, SizeRelation(True, i, text))
+        expr = sympy.Eq(here, sizes.at_places(expr, sources), evaluate=False)
+        guards.setdefault(expr, SizeRelation(True, i, expr))
     last = max((i for i, _, _ in places), default=0)
     for g in shape_env.guards:
         guard(g.expr, last)

@@ -9,6 +9,7 @@ Torch-MLIR's ``FxImporter`` does the work (ATen ops become ``torch.aten.*`` ops 
 from __future__ import annotations
 
 import copy
+import functools
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -36,22 +37,59 @@ TRITON_LAUNCH = "trident.triton_launch"
 _AS_STRIDED = torch.ops.aten.as_strided.default
 
 
+class Types:
+    """The types of an imported module's values, as the plan reads them: each ``!torch.vtensor``
+    type the importer made, with the rank and dtype it made it from (Torch-MLIR's Python
+    bindings have no accessors for its dialect's types), and the list and scalar types as MLIR
+    types, compared by equality."""
+
+    def __init__(self, context: ir.Context):
+        # a vtensor type's (rank, dtype); dtype None for a sparse tensor's
+        self.tensors: dict[ir.Type, tuple[int, torch.dtype | None]] = {}
+        parse = functools.partial(ir.Type.parse, context=context)
+        self.tensor_list = parse("!torch.list<vtensor>")
+        self.optional_tensor_list = parse("!torch.list<optional<vtensor>>")
+        self.int_list, self.float_list, self.bool_list = (
+            parse(f"!torch.list<{t}>") for t in ("int", "float", "bool"))
+        self.int = parse("!torch.int")  # (an int argument traced as a symbol)
+        self.scalars = {self.int} | {parse(f"!torch.{t}") for t in ("float", "bool")}
+
+    def tensor(self, value: ir.Value) -> tuple[int, torch.dtype | None] | None:
+        """``(rank, dtype)`` of a ``!torch.vtensor`` value; None for a value of another type."""
+        return self.tensors.get(value.type)
+
+
 class Imported(NamedTuple):
-    """An imported graph: the MLIR module, and the Triton launches its
-    ``trident.triton_launch`` ops name by index (their ``launch`` attribute)."""
+    """An imported graph: the MLIR module, the Triton launches its ``trident.triton_launch``
+    ops name by index (their ``launch`` attribute), and its values' types."""
 
     module: ir.Module
     launches: list[TritonLaunch]
+    types: Types
 
 
 class _SourceLocations(ContextCache):
     """Note [Source lines] in source_lines.py: a node's location is its user line as data,
     ``loc("file.py:12"("y = x + 1"))``; a node without one keeps the previous node's location,
-    as Torch-MLIR does. ``launches``: the Triton launches imported so far."""
+    as Torch-MLIR does. ``launches``: the Triton launches imported so far; ``types``: the
+    vtensor types made so far (``Types``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.launches: list[TritonLaunch] = []
+        self.types = Types(self._c)
+
+    def get_vtensor_type(self, shape, dtype, *, val=None, mutable=False) -> ir.Type:
+        t = super().get_vtensor_type(shape, dtype, val=val, mutable=mutable)
+        if not mutable:
+            dense = val is None or val.layout == torch.strided
+            self.types.tensors[t] = (len(shape), dtype if dense else None)
+        return t
+
+    def create_vtensor_type(self, dtype, size) -> ir.Type:
+        t = super().create_vtensor_type(dtype, size)
+        self.types.tensors[t] = (len(size), dtype)
+        return t
 
     def get_node_location(self, node: fx.Node) -> ir.Location | None:
         where, text = source_line(node)
@@ -133,7 +171,7 @@ def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool)
     importer._cc = _SourceLocations(context, py_attr_tracker=importer._py_attr_tracker)
     if shape_env is None:
         importer.import_graph_module(gm, func_name=func_name)
-        return Imported(importer.module, importer._cc.launches)
+        return Imported(importer.module, importer._cc.launches, importer._cc.types)
     ranges = {s: r for s, r in shape_env.var_to_range.items() if not r.is_bool}
     importer._cc.set_symbolic_guards(SimpleNamespace(range_constraints=ranges))
     try:
@@ -146,5 +184,5 @@ def _import_graph(gm: fx.GraphModule, func_name: str, shape_env, symbolic: bool)
         # descriptive only (the guards hold the facts), so import them as plain `?` dims.
         config.logger("mlir").info("shape expressions not imported: %s", e)
         return _import(gm, func_name, shape_env, symbolic=False)
-    return Imported(importer.module, importer._cc.launches)
+    return Imported(importer.module, importer._cc.launches, importer._cc.types)
 

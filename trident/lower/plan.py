@@ -20,7 +20,7 @@ Note [Scalar operands]: a Python scalar in a tensor slot (``t.mul_(0.1)``, ``tor
 precision (double, int64, bool) that type promotion ranks below every other tensor (PyTorch
 2.11-2.13, ``c10::TensorImpl::is_wrapped_number``). Torch-MLIR imports it as
 ``torch.prim.NumToTensor``. The ``.Scalar`` overload is not the same call (``mul_.Scalar``
-rounds the scalar to a bf16 tensor's dtype first: 192 of 1,000 bf16 products differ), and the
+rounds the scalar to a bf16 tensor's dtype first, so products differ), and the
 dispatcher cannot make a wrapped number, so the plan passes a plain 0-dim tensor
 (``aten::scalar_tensor``) to the op eager called, with a dtype that changes neither the
 promoted dtype nor the value the kernel reads: the scalar's full precision when it cannot win
@@ -61,10 +61,10 @@ exception. A view keeps its base alive as long as the view is used (``_assign_re
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch_mlir import ir
 
 from trident.lower import collectives
@@ -73,7 +73,6 @@ from trident.errors import TridentError
 from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTYPE_TO_INT
 
 from trident.ir.facts import MAX_OUTS, dtype_codes
-from trident.ir.launch import TritonLaunch
 from trident.lower.importer import TRITON_LAUNCH, Imported, location
 from trident.ir.plan import OpCall, Plan, SizeStep, Step, TritonStep, View
 from trident.lower.passes import is_composite, is_functional, op_schema, uses
@@ -85,19 +84,10 @@ from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, 
 _INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
             "torch.aten.floordiv.int", "torch.aten.remainder.int"}
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
-_ELEMENT_DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
-                   "bf16": torch.bfloat16, "si64": torch.int64, "si32": torch.int32,
-                   "si16": torch.int16, "si8": torch.int8, "ui8": torch.uint8, "i1": torch.bool,
-                   "complex<f32>": torch.complex64, "complex<f64>": torch.complex128}
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(.+)>$")
-
-
-def _vtensor(type_str: str) -> tuple[int, torch.dtype] | None:
-    """(rank, dtype) of a ``!torch.vtensor<[2,?],bf16>`` type; None for other types."""
-    m = _VTENSOR.match(type_str)
-    if not m or m.group(2) not in _ELEMENT_DTYPES:
-        return None
-    return (len(m.group(1).split(",")) if m.group(1) else 0), _ELEMENT_DTYPES[m.group(2)]
+# The dtypes of the tensors whose rank and dtype the plan reasons about (a view computed in C,
+# Note [Scalar operands]' promotion); a tensor of another dtype (float8, uint16) is neither.
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 
 
 def _scalar_kind(value: Operand) -> str:
@@ -154,15 +144,21 @@ class _Unsupported:
 
 
 class _Walker:
-    def __init__(self, func: ir.Operation, launches: list[TritonLaunch]):
+    def __init__(self, func: ir.Operation, imported: Imported):
         self.func = func
-        self.launches = launches  # the Triton launches of the import (Imported)
+        self.launches = imported.launches  # the Triton launches of the import
+        self.types = imported.types
         # MLIR value (hashed by SSA identity) -> its operand
         self.env: dict[Any, Operand | _NumToTensor | _Unsupported] = {}
         self.steps: list[Step] = []
         self.num_values = 0
         self.num_lists = 0
         self.num_scalars = 0
+
+    def tensor(self, value: ir.Value) -> tuple[int, torch.dtype] | None:
+        """``(rank, dtype)`` of a tensor value of one of ``_DTYPES``, else None."""
+        t = self.types.tensor(value)
+        return t if t is not None and t[1] in _DTYPES else None
 
     def operand(self, value: ir.Value, where: str) -> Operand | _NumToTensor:
         try:
@@ -183,11 +179,11 @@ class _Walker:
         self.num_lists += 1
         return List(self.num_lists - 1)
 
-    def walk(self, out_leaves: list) -> Plan:
+    def walk(self, out_leaves: list, out_spec: pytree.TreeSpec) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[arg] = Arg(i) if str(arg.type) != "!torch.int" else self.new_value(Scalar)
-            if str(arg.type) == "!torch.int":  # Note [Symbolic ints] in guards.py: read in C
+            self.env[arg] = Arg(i) if arg.type != self.types.int else self.new_value(Scalar)
+            if arg.type == self.types.int:  # Note [Symbolic ints] in guards.py: read in C
                 self.steps.append(SizeStep([Arg(i)], [self.env[arg]], "?", "", "value"))
         outputs = None
         for op in block.operations:
@@ -230,7 +226,7 @@ class _Walker:
             else:
                 raise TridentError(f"{where}: unsupported op {name} ({text})")
         assert outputs is not None
-        return self.finish(outputs, out_leaves)
+        return self.finish(outputs, out_leaves, out_spec)
 
     def constant(self, op: ir.Operation, name: str) -> Operand:
         kind = name[len("torch.constant."):]
@@ -260,8 +256,8 @@ class _Walker:
             dense = ir.DenseElementsAttr(attr)
         except ValueError:  # a dense resource: a large constant
             dense = None
-        element = str(ir.RankedTensorType(attr.type).element_type)
-        dtype = _LITERAL_DTYPES.get(element)
+        made = self.tensor(op.result)
+        dtype = made[1] if made and made[1] in _LITERAL_DTYPES else None
         shape = list(ir.RankedTensorType(attr.type).shape)
         if dtype is not None and 0 in shape:  # torch.tensor([])
             result = self.new_value(Val)
@@ -272,9 +268,9 @@ class _Walker:
         if dense is None or dtype is None or not dense.is_splat:
             raise TridentError(f"{where}: unsupported tensor constant ({text})")
         item = dense.get_splat_value()
-        value = (bool(ir.IntegerAttr(item).value) if element == "i1" else
-                 ir.IntegerAttr(item).value if element.startswith(("si", "i", "ui")) else
-                 ir.FloatAttr(item).value)
+        value = (bool(ir.IntegerAttr(item).value) if dtype is torch.bool else
+                 ir.FloatAttr(item).value if dtype.is_floating_point else
+                 ir.IntegerAttr(item).value)
         common = [Int(dtype_codes()[dtype]), NoneConst(), _CPU, NoneConst()]
         result = self.new_value(Val)
         if shape:
@@ -299,21 +295,21 @@ class _Walker:
 
     def list_construct(self, op, where: str) -> Operand:
         items = [self.operand(v, where) for v in op.operands]
-        type_str = str(op.result.type)
-        scalar = {"!torch.list<int>": (Ints, Int), "!torch.list<float>": (Floats, Float),
-                  "!torch.list<bool>": (Bools, Bool)}.get(type_str)
+        t, types = op.result.type, self.types
+        scalar = {types.int_list: (Ints, Int), types.float_list: (Floats, Float),
+                  types.bool_list: (Bools, Bool)}.get(t)
         if scalar == (Ints, Int) and all(isinstance(item, (Int, Scalar)) for item in items) \
                 and any(isinstance(item, Scalar) for item in items):
             return IntList(tuple(items))
         if scalar:
             if any(type(item) is not scalar[1] for item in items):
-                raise TridentError(f"{where}: {type_str} with non-constant items")
+                raise TridentError(f"{where}: {t} with non-constant items")
             return scalar[0](tuple(item.v for item in items))
-        if type_str == "!torch.list<vtensor>":
+        if t == types.tensor_list:
             return Tensors(tuple(self.materialize(item) for item in items))
-        if type_str == "!torch.list<optional<vtensor>>":
+        if t == types.optional_tensor_list:
             return OptTensors(tuple(self.materialize(item) for item in items))
-        raise TridentError(f"{where}: unsupported list type {type_str}")
+        raise TridentError(f"{where}: unsupported list type {t}")
 
     def materialize(self, operand: Operand | _NumToTensor,
                     dtype: torch.dtype | None = None) -> Operand:
@@ -344,8 +340,8 @@ class _Walker:
             if isinstance(args[i], Scalar) and isinstance(arg.type, torch.TensorType):
                 args[i] = _NumToTensor(args[i])  # a wrapped number (Note [Scalar operands])
         if any(isinstance(a, _NumToTensor) for a in args):
-            tensors = [_vtensor(str(v.type)) for v in op.operands]
-            results = [_vtensor(str(r.type)) for r in op.results]
+            tensors = [self.tensor(v) for v in op.operands]
+            results = [self.tensor(r) for r in op.results]
             args = [a if not isinstance(a, _NumToTensor) else self.materialize(a, _scalar_dtype(
                 a.v, [t for j, t in enumerate(tensors) if t and j != i],
                 results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
@@ -367,21 +363,20 @@ class _Walker:
             # a factory (no tensor operand) with dtype=None made the dtype that was the default
             # while traced, which the function may have set itself (torch.set_default_dtype)
             elif (arg.name == "dtype" and isinstance(args[i], NoneConst) and len(op.results) == 1
-                  and not any(_vtensor(str(v.type)) for v in op.operands)
-                  and (made := _vtensor(str(op.results[0].type)))):
+                  and not any(self.tensor(v) for v in op.operands)
+                  and (made := self.tensor(op.results[0]))):
                 args[i] = Int(dtype_codes()[made[1]])
         results = []
         for r in op.results:
-            type_str = str(r.type)
-            if type_str.startswith("!torch.vtensor"):
+            if self.types.tensor(r) is not None:
                 value = self.new_value(Val)
-            elif type_str == "!torch.list<vtensor>":
+            elif r.type == self.types.tensor_list:
                 value = self.new_value(List)
-            elif type_str in ("!torch.int", "!torch.float", "!torch.bool"):
+            elif r.type in self.types.scalars:
                 value = self.new_value(Scalar)
             else:  # e.g. !torch.none for an undefined tensor: dropped, an error if read
                 value = Drop()
-                self.env[r] = _Unsupported(f"{op_qual} returns {type_str}, which Trident does "
+                self.env[r] = _Unsupported(f"{op_qual} returns {r.type}, which Trident does "
                                            f"not support ({text})")
                 results.append(value)
                 continue
@@ -389,15 +384,16 @@ class _Walker:
             results.append(value)
         step = OpCall(args, results, where, text, op_qual, overload)
         if (op_qual, overload) in _C_VIEWS and isinstance(args[0], (Arg, Val, Item)) and (
-                rank := _vtensor(str(op.operands[0].type))) and (
-                made := _vtensor(str(op.results[0].type))) and max(rank[0], made[0]) <= 16 \
+                rank := self.tensor(op.operands[0])) and (
+                made := self.tensor(op.results[0])) and max(rank[0], made[0]) <= 16 \
                 and all(isinstance(a, (Int, Ints, IntList, Scalar, NoneConst, Bool))
                         for a in args[1:]):
             step.view = View(rank[0], eager=False,  # Note [Views in C]
                              alias=op_qual == "aten::_unsafe_view")
         self.steps.append(step)
 
-    def finish(self, outputs: list[Operand], out_leaves: list) -> Plan:
+    def finish(self, outputs: list[Operand], out_leaves: list,
+               out_spec: pytree.TreeSpec) -> Plan:
         flat: list[Operand] = []
         tensors = iter(outputs)
         for leaf in out_leaves:
@@ -406,7 +402,7 @@ class _Walker:
             raise TridentError(f"the function returns {len(flat)} values; the native path "
                                f"returns at most {MAX_OUTS}")
         _assign_releases(self.steps, flat)
-        return Plan(self.steps, flat, "", self.num_values, self.num_lists, self.num_scalars)
+        return Plan(self.steps, flat, out_spec, self.num_values, self.num_lists, self.num_scalars)
 
 
 def _assign_releases(steps: list[Step], outputs: list[Operand]) -> None:
@@ -475,20 +471,18 @@ def _mark_eager_views(steps: list[Step], outputs: list[Operand]) -> None:
 
 # Ops whose results share storage with an argument without saying so in their schema.
 
-def build_plan(imported: Imported, out_leaves: list, out_spec: str) -> Plan:
+def build_plan(imported: Imported, out_leaves: list, out_spec: pytree.TreeSpec) -> Plan:
     """Walk ``@main`` of an imported module into a :class:`Plan`.
 
     Raises:
         TridentError: an op, constant or type the runtime cannot call, naming the source line.
     """
     func = imported.module.body.operations[0]
-    plan = _Walker(func, imported.launches).walk(out_leaves)
-    plan.out_spec = out_spec
-    return plan
+    return _Walker(func, imported).walk(out_leaves, out_spec)
 
 
 _CPU = Device(0, -1)
-_LITERAL_DTYPES = {k: v for k, v in _ELEMENT_DTYPES.items() if not k.startswith("complex")}
+_LITERAL_DTYPES = [d for d in _DTYPES if not d.is_complex]
 
 
 def _torch_dtype_code(mlir_code: int) -> int:

@@ -27,8 +27,7 @@ def _user_frame() -> traceback.FrameSummary | None:
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not frames.trident_file(filename) and not frames.torch_file(filename) and \
-                not frames.frozen_file(filename):
+        if frames.user_line_file(filename):
             line = linecache.getline(filename, frame.f_lineno).strip()
             return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
                                           line=line)
@@ -171,7 +170,7 @@ def _enclosing_try(frame) -> str:
         if frames.trident_file(filename):  # Trident's frame: the trace's root
             if seen_user:
                 return ""
-        elif not frames.torch_file(filename) and not frames.frozen_file(filename):
+        elif frames.user_line_file(filename):
             seen_user = True
             if any(start <= frame.f_lasti < end for start, end in _catching_ranges(frame.f_code)):
                 return f"{Path(filename).name}:{frame.f_lineno}"

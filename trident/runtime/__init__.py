@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"
 # One translation unit: runtime.cpp includes its parts (shim.cpp, dispatcher.cpp, ...), and only
 # it is compiled. Most parts need PyTorch's C++ headers, and parsing them is most of a
-# translation unit's compile time: compiled separately, every part would parse them again, and
-# the runtime's cold build would take several times as long on a 2-core machine.
+# translation unit's compile time: compiled separately, every part would parse them again
+# (docs/benchmarks.md has the cold builds of both).
 SOURCE = HERE / "runtime.cpp"
 # The ABI headers whose constants Python reads (_abi_constants): trident_trees.h holds the codes
 # of argument trees, state trees and output recipes (ir/trees.py and lower/state/tree.py read them here).

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace {
 
@@ -125,19 +126,26 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
 }
 
 // torch's global flags that ops read when they run or when they are traced (which SDPA backend a
-// trace picks), one bit or field each, in the order ir/facts.py FLAG_BITS names them.
+// trace picks), one bit or field each (TRT_FLAG_*, TRT_FIELD_* in trident_rt.h).
 uint64_t global_flags() {
   const at::Context& c = at::globalContext();
-  uint64_t bits[] = {c.deterministicAlgorithms(), c.deterministicAlgorithmsWarnOnly(),
-                     c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(),
-                     c.userEnabledMathSDP(), c.userEnabledCuDNNSDP(), c.allowTF32CuDNN(),
-                     c.userEnabledCuDNN(), c.benchmarkCuDNN(), c.deterministicCuDNN()};
+  const std::pair<int, bool> bits[] = {
+      {TRT_FLAG_DETERMINISTIC, c.deterministicAlgorithms()},
+      {TRT_FLAG_DETERMINISTIC_WARN, c.deterministicAlgorithmsWarnOnly()},
+      {TRT_FLAG_FLASH_SDP, c.userEnabledFlashSDP()},
+      {TRT_FLAG_MEM_EFFICIENT_SDP, c.userEnabledMemEfficientSDP()},
+      {TRT_FLAG_MATH_SDP, c.userEnabledMathSDP()},
+      {TRT_FLAG_CUDNN_SDP, c.userEnabledCuDNNSDP()},
+      {TRT_FLAG_CUDNN_TF32, c.allowTF32CuDNN()},
+      {TRT_FLAG_CUDNN, c.userEnabledCuDNN()},
+      {TRT_FLAG_CUDNN_BENCHMARK, c.benchmarkCuDNN()},
+      {TRT_FLAG_CUDNN_DETERMINISTIC, c.deterministicCuDNN()}};
   uint64_t flags = 0;
-  for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); ++i) flags |= (bits[i] ? 1ULL : 0ULL) << i;
+  for (const auto& [bit, on] : bits) flags |= (on ? 1ULL : 0ULL) << bit;
   // fields of 4 bits: the float32 matmul precision and the cuBLAS fp16/bf16 reduction options
-  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 16;
-  flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 20;
-  flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 24;
+  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << TRT_FIELD_MATMUL_PRECISION;
+  flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << TRT_FIELD_FP16_REDUCTION;
+  flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << TRT_FIELD_BF16_REDUCTION;
   return flags;
 }
 

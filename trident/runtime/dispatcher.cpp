@@ -47,6 +47,7 @@ void clear_descs(trt_graph& g) {
   g.descs = nullptr;
   g.hashes = nullptr;
   g.ndescs = 0;
+  g.checked_desc = nullptr;  // a new descriptor may take a freed one's address
 }
 
 void free_graphs(Dispatcher* self) {

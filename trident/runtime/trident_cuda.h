@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TRT_MAX_DEVICES 16
 
@@ -188,12 +189,12 @@ static int trt_cuda_launch(trt_kernel* k, int device, void* stream, unsigned gx,
  * A graph replay copies each copied-in argument into the graph's buffer and each written one
  * back (Note [CUDA graphs] in trident/frontend/graphs.py). A Hugging Face generate makes a new static
  * cache per call, so every layer's keys, values and position are copied in and back at every
- * token: one cuMemcpyAsync each cost about as much host time as the rest of the hit together.
+ * token, and one cuMemcpyAsync call each costs host time per buffer (docs/benchmarks.md).
  * trt_copy_buffers issues them as launches of one small kernel instead, TRT_COPY_BATCH copies
  * per launch, the table passed by value in the kernel's parameters (no device memory, nothing
  * shared between calls or streams): each block row copies one buffer, in 16-byte words where
  * both addresses and the length allow, else bytewise. The kernel is PTX, compiled by the driver
- * once per device; where that fails the copies are cuMemcpyAsync calls, as before. */
+ * once per device; where that fails the copies are cuMemcpyAsync calls, one per buffer. */
 #define TRT_COPY_BATCH 160 /* 160 * 24 bytes of table fit the 4 KiB of kernel parameters */
 
 static const char trt_copy_ptx[] =
@@ -329,6 +330,31 @@ static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a
   return hidden;
 }
 
+/* trt_copy_hides_write, remembered per slot: its answer is decided by the arguments' addresses
+ * and the descriptor's spans, and a replay has checked that each by-pointer argument is at the
+ * graph's address, so the copied-in arguments' addresses decide it (they change once per new
+ * cache, not per call). */
+static int trt_graph_hides_write(trt_graph* g, const int64_t* d, const int64_t* in, int ninputs,
+                                 const trt_arg* a) {
+  uintptr_t now[TRT_GRAPH_CHECKED];
+  int32_t n = 0;
+  for (int i = 0; i < ninputs; ++i) {
+    const int64_t* x = in + 5 * i;
+    if (x[1] != TRT_GRAPH_COPY_IN) continue;
+    if (n == TRT_GRAPH_CHECKED) return trt_copy_hides_write(in, ninputs, a);
+    now[n++] = (uintptr_t)a[x[0]].data_ptr;
+  }
+  if (g->checked_desc == d && g->nchecked == n &&
+      memcmp(now, g->checked, (size_t)n * sizeof(uintptr_t)) == 0)
+    return g->checked_hidden;
+  int hidden = trt_copy_hides_write(in, ninputs, a);
+  g->checked_desc = d;
+  g->nchecked = n;
+  g->checked_hidden = hidden;
+  memcpy(g->checked, now, (size_t)n * sizeof(uintptr_t));
+  return hidden;
+}
+
 /* Whether the call's arguments `a` have the sizes, strides and offsets of a graph's size key
  * (`nkey` words at `key`, trt_graph in trident_rt.h). */
 static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg* a) {
@@ -397,7 +423,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
       return TRT_GRAPH_NONE;
     }
   }
-  if (trt_copy_hides_write(in, ninputs, a)) return TRT_GRAPH_NONE;
+  if (trt_graph_hides_write(g, d, in, ninputs, a)) return TRT_GRAPH_NONE;
   if (trt_graph_outputs_busy(in + 5 * ninputs, noutputs, rt)) {
     g->state = TRT_GRAPH_PENDING; /* a new capture, whose outputs are copied out */
     return TRT_GRAPH_NONE;

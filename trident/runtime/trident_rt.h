@@ -90,7 +90,7 @@ typedef struct trt_value {
 } trt_value;
 
 /* Results that the SCM hands back to the dispatcher for one call. `spec` says how to rebuild the
- * user's output structure from `outs` (Note [Output spec] in trident/lower/plan.py). */
+ * user's output structure from `outs` (Note [Output spec] in trident/runtime/args.cpp). */
 typedef struct trt_result {
   const char* spec;
   int32_t nouts;
@@ -112,6 +112,7 @@ typedef struct trt_result {
  *                      sizes[dim], strides[dim]; an int/float/bool/None: its value (a float's
  *                      bits). */
 #define TRT_GRAPH_SEEN 1024 /* slots of trt_graph.seen; cleared when 3/4 full */
+#define TRT_GRAPH_CHECKED 64 /* copied-in arguments whose overlap check a slot remembers */
 
 typedef struct trt_graph {
   int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
@@ -128,6 +129,12 @@ typedef struct trt_graph {
    * step once before Python is asked to capture its size (open addressing, 0 empty) */
   int32_t nseen;
   uint64_t seen[TRT_GRAPH_SEEN];
+  /* the last overlap check (trt_graph_hides_write): the descriptor and the copied-in
+   * arguments' addresses it was made for, and its answer; checked_desc NULL: none */
+  const int64_t* checked_desc;
+  int32_t nchecked;
+  int32_t checked_hidden;
+  uintptr_t checked[TRT_GRAPH_CHECKED];
 } trt_graph;
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
@@ -217,9 +224,27 @@ typedef struct trt_env {
   const char* process_group;
   int32_t num_threads;    /* torch.get_num_threads() */
   uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
-                             global_flags() in runtime.cpp, FLAG_BITS in guards.py */
+                             TRT_FLAG_* and TRT_FIELD_* below */
   trt_graph* graphs;      /* the calling function's graph slot for the SCM it calls, or NULL */
 } trt_env;
+
+/* trt_env.flags (global_flags() in args.cpp; ir/facts.py names each): bit TRT_FLAG_X holds one
+ * of torch's global bool flags, the 4 bits from TRT_FIELD_X one of its enum settings. */
+enum {
+  TRT_FLAG_DETERMINISTIC = 0,       /* torch.are_deterministic_algorithms_enabled() */
+  TRT_FLAG_DETERMINISTIC_WARN = 1,  /* torch.is_deterministic_algorithms_warn_only_enabled() */
+  TRT_FLAG_FLASH_SDP = 2,           /* torch.backends.cuda.flash_sdp_enabled() */
+  TRT_FLAG_MEM_EFFICIENT_SDP = 3,   /* torch.backends.cuda.mem_efficient_sdp_enabled() */
+  TRT_FLAG_MATH_SDP = 4,            /* torch.backends.cuda.math_sdp_enabled() */
+  TRT_FLAG_CUDNN_SDP = 5,           /* torch.backends.cuda.cudnn_sdp_enabled() */
+  TRT_FLAG_CUDNN_TF32 = 6,          /* torch.backends.cudnn.allow_tf32 */
+  TRT_FLAG_CUDNN = 7,               /* torch.backends.cudnn.enabled */
+  TRT_FLAG_CUDNN_BENCHMARK = 8,     /* torch.backends.cudnn.benchmark */
+  TRT_FLAG_CUDNN_DETERMINISTIC = 9, /* torch.backends.cudnn.deterministic */
+  TRT_FIELD_MATMUL_PRECISION = 16,  /* torch.get_float32_matmul_precision() */
+  TRT_FIELD_FP16_REDUCTION = 20,    /* ...matmul.allow_fp16_reduced_precision_reduction */
+  TRT_FIELD_BF16_REDUCTION = 24     /* ...matmul.allow_bf16_reduced_precision_reduction */
+};
 
 /* The runtime's services, handed to an SCM once by scm_init(). Note [No exception crosses the
  * ABI] in runtime.cpp: every entry point catches what PyTorch's C++ throws and reports it as

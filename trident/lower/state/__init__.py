@@ -22,7 +22,7 @@ closure-cell accessors), found in two steps:
    (its MRO, in C). Every instruction of a function that ran counts, taken or not, so a
    branch the next call takes is guarded too. A read the scan sees but cannot follow
    (``getattr`` with a computed name, ``globals()[name]``) makes the call eager: no read is
-   assumed constant (issue 28).
+   assumed constant.
 
 :func:`build` (tree.py) evaluates the chains (:class:`Read`, chain.py) now and makes a **state
 tree**: the argument tree's nodes (flatten.py) under roots (a module, the function,
