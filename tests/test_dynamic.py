@@ -244,7 +244,7 @@ class _Counter:
 def test_int_attributes_become_symbols_after_one_change():
     """Note [Int leaves] (trident/frontend/policy.py): an int attribute that changed is a leaf
     traced as a symbol; a branch on it is a guard, an int never read is not guarded, and one
-    the graph takes as a value is guarded by value again."""
+    the graph takes as a value (a slice bound) is read in C as a size is."""
     @trident.jit
     def branch(x, c):
         return x - 1 if c.n > c.limit else x + c.limit
@@ -266,6 +266,10 @@ def test_int_attributes_become_symbols_after_one_change():
     assert "c.n <= 100 is false (c.n = 200)" in branch.stats.miss_reasons[-1]
     # n is never read by unread: its tree never holds it
     assert (unread.stats.compiles, unread.stats.hits) == (1, 5), unread.stats
-    # sliced: the symbolic trace takes n as a value (a slice bound): one specialization per n
-    assert (sliced.stats.compiles, sliced.stats.traces) == (6, 7), sliced.stats
+    # sliced: the symbolic trace takes n as a value (a slice bound), computed in C; past the
+    # tensor's end the slice stops at 300, as eager's (a guard on n's side of 300)
+    assert (sliced.stats.compiles, sliced.stats.traces) == (2, 2), sliced.stats
+    for n in (400, 8):
+        assert torch.equal(sliced(x, _Counter(n)), sliced.__wrapped__(x, _Counter(n)))
+    assert (sliced.stats.compiles, sliced.stats.hits) == (3, 5), sliced.stats
     assert branch.explain(x, _Counter(300)).count("c.n") >= 1

@@ -140,6 +140,8 @@ class _SpecRenderer:
         if s.op == "size":
             (tensor, dim) = s.args
             expr = f"a[{tensor.i}].sizes[{dim.v}]"
+        elif s.op == "value":  # an int argument traced as a symbol (Note [Symbolic ints])
+            expr = f"a[{s.args[0].i}].i"
         else:
             expr = _C_INT_OPS[s.op].format(*(self.int_expr(a) for a in s.args))
         lines = [f"s[{r}] = TRT_I({expr});"]

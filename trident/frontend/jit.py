@@ -111,7 +111,6 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._state: state.StateTree | None = None  # what the installed specializations read
         self._load_reason = "first call"
         self._dynamic_failed = False
-        self._static_ints: set[str] = set()  # int leaves traced by value (Note [Symbolic ints])
         self._int_leaves: frozenset[str] = frozenset()  # Note [Int leaves] in policy.py
         self._int_trees: dict[int, set[int]] = {}  # tree key: the trees it generalized
         self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones

@@ -25,7 +25,6 @@ from trident.ir.guards import (IntValue, Size, SizeRelation, explain_failure, fa
 from trident.ir.facts import MAX_ARGS, OTHER, arg_facts
 from trident.ir.specialization import Specialization
 from trident.lower import kernels
-from trident.lower.capture import SymbolicIntUsed
 from trident.ir.trees import CONST, LEAF
 from trident.lower.guards import guards_for
 
@@ -78,7 +77,7 @@ class MissPolicy:
     # ints] in lower/guards.py), so that only what the trace reads of them is guarded. A
     # serving loop that builds a cache per request, sized by the prompt and
     # ``max_new_tokens``, then compiles once for every size. A leaf that the graph takes as a
-    # value is traced by value again (``_static_ints``): a specialization per value.
+    # value (``torch.zeros(n)``, ``x[:n]``) is read in C as a size is.
 
     def _with_int_leaves(self, call: _Call) -> _Call:
         """``call`` flattened again with the int attributes in which its tree differs from a
@@ -260,8 +259,8 @@ class MissPolicy:
         decisions]): the call's own, or, when the same tree (or one that differed from it in
         int constants only: Note [Int leaves]) failed for the same reason at other sizes or
         ints before, all but its sizes, strides and ints, so that no later size traces again
-        (a transformers ``DynamicCache`` grows every step and assigns its tensors to Python
-        attributes, a sliding-window cache counts its tokens in a Python int: each generated
+        (a cache that grows every step and assigns its tensors to Python state no
+        specialization replays, Note [Attribute writes] in lower/writes.py: each generated
         token would trace, and fail, again)."""
         guards = guards_for(call.leaves)
         alike = self._int_trees.get(call.tree.key, ())  # Note [Int leaves]
@@ -358,8 +357,7 @@ class MissPolicy:
                 dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
         if self._dynamic is None:  # Note [Int leaves]
             for i, a in enumerate(args):
-                if type(a) is int and names[i] in self._int_leaves and \
-                        names[i] not in self._static_ints:
+                if type(a) is int and names[i] in self._int_leaves:
                     dims[i] = {0}
         return {i: d for i, d in dims.items() if d}
 
@@ -372,9 +370,6 @@ class MissPolicy:
                 return self._compile(call, dynamic)
             except CompileForbidden:
                 raise
-            except SymbolicIntUsed as e:  # that int by value from now on, the dims symbolic
-                self._static_ints.add(call.names[e.arg])
-                return self._compile_dynamic_or_static(call)
             except TridentError as e:
                 if getattr(e, "any_sizes", False):  # the sizes' trace would fail alike
                     e.static_trace = True

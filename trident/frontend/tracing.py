@@ -30,15 +30,17 @@ class Tracer:
         (state.record's, active): this thread's generator calls decide whether the function
         set the random state, not another thread's draws meanwhile."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
+        writes: list = []  # Note [Attribute writes] in lower/writes.py
         state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
 
         def run(*leaves):
-            with substituted(call.tree, call.values, leaves, rebuilt) as roots:
+            writes.clear()
+            with substituted(call.tree, call.values, leaves, rebuilt, writes) as roots:
                 return self._binding.call(self._fn, roots)
 
         return trace(run, call.leaves, dynamic, name=self.__qualname__,
                      outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                           rebuilt),
+                                                           rebuilt, writes),
                      changed_rng=recording.changed_rng if recording is not None and
                      recording.active else None)
 

@@ -100,8 +100,9 @@ class OpCall(Step):
 @dataclasses.dataclass
 class SizeStep(Step):
     """Note [Symbolic sizes] (lower/plan.py): integer arithmetic on sizes that the generated C
-    computes: ``op`` is ``"size"`` (``args``: an ``Arg`` and a dim) or one of Python's int
-    operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``."""
+    computes: ``op`` is ``"size"`` (``args``: an ``Arg`` and a dim), ``"value"`` (``args``: an
+    int ``Arg`` traced as a symbol, Note [Symbolic ints] in lower/guards.py) or one of Python's
+    int operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``."""
 
     op: str
 

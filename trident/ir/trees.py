@@ -180,9 +180,9 @@ class Binding:
 
 # OutputRecipe ops, as the runtime's build_recipe reads them (trident_trees.h: TRT_R_*)
 (R_VALUE, R_CONST, R_INPUT, R_TUPLE, R_LIST, R_DICT, R_NAMEDTUPLE, R_OBJECT, R_AGAIN,
- R_BUILT, R_STRUCTSEQ) = (ABI[f"TRT_R_{k}"] for k in (
+ R_BUILT, R_STRUCTSEQ, R_WRITE) = (ABI[f"TRT_R_{k}"] for k in (
     "VALUE", "CONST", "INPUT", "TUPLE", "LIST", "DICT", "NAMEDTUPLE", "OBJECT", "AGAIN", "BUILT",
-    "STRUCTSEQ"))
+    "STRUCTSEQ", "WRITE"))
 # R_OBJECT's base: how the object is made without running its Python __init__ (TRT_BASE_*)
 BASE_OBJECT, BASE_DICT, BASE_ODICT = (ABI[f"TRT_BASE_{k}"] for k in ("OBJECT", "DICT", "ODICT"))
 
@@ -202,7 +202,10 @@ class OutputRecipe:
     ``(R_OBJECT, cls, base, attributes, item keys)`` an object made by its base type's
     ``tp_new`` whose ``__dict__`` entries and (dict bases) items are set without calling its
     Python methods, as a dataclass or transformers' ``ModelOutput`` holds them after
-    ``__init__``."""
+    ``__init__``. After the result's ops, ``(R_WRITE, node, name, ((attribute, constant),
+    ...))`` and the ops of one value: set attribute ``name`` of the call's object at that tree
+    node to that value, after setting the constant attributes on it (Note [Attribute writes]
+    in lower/writes.py)."""
 
     ops: list
 
@@ -230,6 +233,8 @@ class OutputRecipe:
                 op = [op[0], getattr(torch, text) if kind == "dtype" else torch.device(text)]
             if op[0] == R_OBJECT:
                 op = [*op[:3], tuple(op[3]), tuple(op[4])]
+            if op[0] == R_WRITE:
+                op = [*op[:3], tuple(tuple(a) for a in op[3])]
             ops.append(tuple(op))
         return cls(ops)
 

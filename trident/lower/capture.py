@@ -64,15 +64,6 @@ class Capture:
     catching: str = ""
 
 
-class SymbolicIntUsed(TridentError):
-    """Note [Symbolic ints] in guards.py: the graph takes the int argument ``arg``, traced as a
-    symbol, as a value; traced by its value it compiles."""
-
-    def __init__(self, arg: int, message: str):
-        super().__init__(message)
-        self.arg = arg
-
-
 # What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
 # a size under dynamic dims), which the plan returns as its scalar values.
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -354,10 +345,6 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     if not plain_spec(out_spec):
         raise TridentError(f"{name} returns a {out_spec.type.__name__}; "
                            "expected tensors in tuples and lists")
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, a in enumerate(fake_args or ()):
-        if isinstance(a, torch.SymInt) and placeholders[i].users:  # Note [Symbolic ints]
-            raise SymbolicIntUsed(i, f"{name} uses the symbolic int argument {i} as a value")
     for node in list(gm.graph.nodes):
         # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
         # an index list ``x[[1, 2]]``: make_fx lifts it and copies it with lift_fresh_copy) is

@@ -32,9 +32,10 @@ which flattens it again and names the first path that differs from the installed
 
 While tracing (:func:`substituted`), the leaves of the real objects are replaced by the trace's
 fake tensors in place and restored afterwards; a function that assigns to the Python state the
-tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is reported,
-its assignments are undone, and the call runs eagerly. The result's structure
-(``OutputRecipe``, outputs.py) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
+tree covers (a lazily initialized cache that stores new tensors in ``self.keys``) is seen and
+its assignments are undone: an attribute write the specialization replays (Note [Attribute
+writes] in writes.py) is handed to the output recipe, any other makes the call run eagerly.
+The result's structure (``OutputRecipe``, outputs.py) is rebuilt in C from the SCM's flat outputs: tuples, lists, dicts,
 namedtuples, ``torch.return_types`` struct sequences, dataclasses and transformers'
 ``ModelOutput`` (an ``OrderedDict`` dataclass), and objects of the call itself
 (``past_key_values`` returned in the output) by reference.
@@ -56,6 +57,8 @@ import torch
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower import source_lines
+from trident.lower.writes import (constant, fake_keys, plain_setattr, replayable,
+                                  tensor_attributes)
 from trident.lower.uses import WHOLE, Uses, attributes_read, items_read
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
                               SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree,
@@ -318,16 +321,20 @@ def _restore(node: Node, value, saved) -> None:
 
 
 @contextlib.contextmanager
-def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None = None):
+def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None = None,
+                writes: list | None = None):
     """Put ``leaves`` (the trace's fake tensors; ``leaves[0]`` is the key) in place of the
     call's real leaves, inside the call's own objects, and yield the bound values to call
     the function with; restore every object the tree covers afterwards. ``rebuilt`` receives
     {id of a tuple made around fake leaves: its node}, so that a result that returns it is
-    known as the call's own.
+    known as the call's own. ``writes`` receives the attribute writes a specialization
+    replays (Note [Attribute writes] in writes.py): ``(node, name, value, tensor
+    attributes)``.
 
     Raises (after restoring):
         TridentError: the function assigned to Python state that the tree covers (an
-            attribute, a list or dict item), which a specialization could not replay.
+            attribute, a list or dict item) in a way no specialization replays (any, where
+            ``writes`` is None).
     """
     nodes = tree.nodes
     children: dict[int, list[int]] = {}
@@ -363,40 +370,58 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
             _entries(nodes[n.parent], values[n.parent])[n.key] = new[i]
     expected = {i: _snapshot(nodes[i], values[i]) for i in mutable}
     roots = [new[i] for i in children.get(-1, ()) if nodes[i].access == ARG]
+    replayed = set() if writes is None else {
+        i for i in mutable if nodes[i].check == OBJECT and plain_setattr(type(values[i]))}
+    fakes = {i: (new[i], set(vars(new[i]))) for i in tree.leaf_nodes
+             if writes is not None and isinstance(new[i], torch.Tensor)}
     changed: list[str] = []
     owners: list[object] = []
     def check():  # Note [Early assignment check] in source_lines.py
         for i in mutable:
             now = _snapshot(nodes[i], values[i])
-            if source_lines.new_tensor(now, expected[i]):
+            if i not in replayed and source_lines.new_tensor(now, expected[i]):
                 raise _assigned(_changed_entry(nodes[i].path, now, expected[i]), values[i])
     try:
         with source_lines.every_32_torch_calls(check):
             yield roots
     finally:
+        found: list = []
         for i in mutable:
             now = _snapshot(nodes[i], values[i])
             if not _same(now, expected[i]):
-                changed.append(_changed_entry(nodes[i].path, now, expected[i]))
-                owners.append(values[i])
+                entries = replayable(type(values[i]), now, expected[i]) \
+                    if i in replayed else None
+                if entries is None:
+                    changed.append(_changed_entry(nodes[i].path, now, expected[i]))
+                    owners.append(values[i])
+                else:
+                    found += [(i, k, v, tensor_attributes(v)) for k, v in entries]
             _restore(nodes[i], values[i], saved[i])
+        for i, (fake, before) in fakes.items():  # torch._dynamo.mark_static_address(leaf)
+            added = {k: v for k, v in vars(fake).items()
+                     if k not in before and k not in fake_keys()}
+            if not all(constant(v) for v in added.values()):
+                changed.append(nodes[i].path)
+                owners.append(values[i])
+            found += [(i, k, v, ()) for k, v in added.items()]
         for i in sets:
             if values[i] != nodes[i].expect:
                 changed.append(nodes[i].path)
                 owners.append(values[i])
                 values[i].clear()
                 values[i].update(nodes[i].expect)
+    for i, k, v, attrs in found:
+        if not all(constant(a) for _, a in attrs):
+            changed.append(f"{nodes[i].path}.{k}")
+            owners.append(values[i])
     if changed:
         raise _assigned(changed[0], owners[0])
+    if writes is not None:
+        writes += found
 
 
 def _assigned(path: str, owner) -> TridentError:
-    # transformers' DynamicCache assigns each grown key/value tensor to its layer
-    hint = ("; Hugging Face's StaticCache writes its tensors in place instead: "
-            "generate(..., cache_implementation=\"static\") (docs/huggingface.md)") \
-        if type(owner).__module__.startswith("transformers.") and "Dynamic" in \
-        type(owner).__name__ else ""
     error = TridentError(f"the function assigns to {path} (Python state of its arguments, in a "
-                         f"{_type_name(type(owner))}, which a specialization cannot replay){hint}")
+                         f"{_type_name(type(owner))}, which a specialization cannot replay)")
     error.any_sizes = True  # the trace of any sizes assigns it (policy.py)
     return error

@@ -78,8 +78,9 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
 # branch on it is a ShapeEnv guard, ``int()`` of it specializes it, arithmetic on it that
 # reaches an op is a size expression), and only those facts are guarded, over the place
 # ``value_i`` (``a[i].i`` in C). An int the trace never reads is not guarded at all. An int
-# symbol the graph itself takes as a value (``torch.arange(n)`` with ``n`` no tensor's size)
-# is not compiled (capture.py raises; policy.py traces that int by value again).
+# symbol the graph itself takes as a value (``torch.zeros(n)``, ``x[:n]``, ``n + 1`` written
+# to an attribute: Note [Attribute writes] in writes.py) is read in C by the plan's first
+# steps (a ``SizeStep`` ``"value"``, plan.py) and computed on as a size is.
 
 
 def _places(fake_args: tuple):

@@ -51,7 +51,8 @@ class Types:
         self.optional_tensor_list = parse("!torch.list<optional<vtensor>>")
         self.int_list, self.float_list, self.bool_list = (
             parse(f"!torch.list<{t}>") for t in ("int", "float", "bool"))
-        self.scalars = {parse(f"!torch.{t}") for t in ("int", "float", "bool")}
+        self.int = parse("!torch.int")  # (an int argument traced as a symbol)
+        self.scalars = {self.int} | {parse(f"!torch.{t}") for t in ("float", "bool")}
 
     def tensor(self, value: ir.Value) -> tuple[int, torch.dtype | None] | None:
         """``(rank, dtype)`` of a ``!torch.vtensor`` value; None for a value of another type."""

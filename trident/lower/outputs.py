@@ -13,7 +13,7 @@ import torch
 from trident.errors import TridentError
 from trident.ir.trees import (BASE_DICT, BASE_OBJECT, BASE_ODICT, DICT, ID, OBJECT, R_AGAIN,
                               R_BUILT, R_CONST, R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT,
-                              R_STRUCTSEQ, R_TUPLE, R_VALUE, SEQ, _SCALARS, ArgTree, OutputRecipe)
+                              R_STRUCTSEQ, R_TUPLE, R_VALUE, R_WRITE, SEQ, _SCALARS, ArgTree, OutputRecipe)
 from trident.lower.flatten import _is_namedtuple, _is_structseq, _type_name
 
 
@@ -36,9 +36,12 @@ def _rebuildable(t: type) -> bool:
 
 
 def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
-                   rebuilt: dict | None = None):
+                   rebuilt: dict | None = None, writes: list = ()):
     """(flat outputs, recipe or None): ``recipe`` is None when the result is tensors, scalars
-    and None in tuples and lists, which the SCM's output spec builds itself.
+    and None in tuples and lists, which the SCM's output spec builds itself. ``writes``:
+    ``(node, name, value, tensor attributes)`` of the attributes the function set
+    (``flatten.substituted``; Note [Attribute writes] in writes.py), replayed after the
+    result is built: their values are flat outputs too.
 
     Raises:
         TridentError: a result Trident cannot rebuild (its path and type named)."""
@@ -119,4 +122,8 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
                                "dataclasses, or an object of the call)")
 
     walk(result, "result")
+    for node, name, value, attrs in writes:
+        simple[0] = False
+        ops.append((R_WRITE, node, name, attrs))
+        walk(value, f"{tree.nodes[node].path}.{name}")
     return flat, (None if simple[0] else OutputRecipe(ops))

@@ -182,7 +182,9 @@ class _Walker:
     def walk(self, out_leaves: list, out_spec: pytree.TreeSpec) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[arg] = Arg(i)
+            self.env[arg] = Arg(i) if arg.type != self.types.int else self.new_value(Scalar)
+            if arg.type == self.types.int:  # Note [Symbolic ints] in guards.py: read in C
+                self.steps.append(SizeStep([Arg(i)], [self.env[arg]], "?", "", "value"))
         outputs = None
         for op in block.operations:
             name = op.operation.name
@@ -333,6 +335,10 @@ class _Walker:
         opname, _, overload = rest.partition(".")
         args = [self.operand(v, where) for v in op.operands]
         op_qual = f"{ns}::{opname}"
+        schema = op_schema(op_qual, overload)  # (a size in a tensor slot: t.add_(x.size(0)))
+        for i, arg in enumerate(schema.arguments[:len(args)] if schema else ()):
+            if isinstance(args[i], Scalar) and isinstance(arg.type, torch.TensorType):
+                args[i] = _NumToTensor(args[i])  # a wrapped number (Note [Scalar operands])
         if any(isinstance(a, _NumToTensor) for a in args):
             tensors = [self.tensor(v) for v in op.operands]
             results = [self.tensor(r) for r in op.results]
@@ -340,7 +346,6 @@ class _Walker:
                 a.v, [t for j, t in enumerate(tensors) if t and j != i],
                 results[0] if results else None, f"{where}: {op_qual}.{overload} ({text})"))
                 for i, a in enumerate(args)]
-        schema = op_schema(op_qual, overload)
         try:
             torch._C._dispatch_find_schema_or_throw(op_qual, overload)
         except RuntimeError:

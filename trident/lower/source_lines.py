@@ -55,7 +55,9 @@ _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.g
 # (``every_32_torch_calls``), which raises where an argument's container already holds a
 # tensor that it did not hold at the start: the trace of a model stops at a layer, not after
 # all of them. Other values a function may assign and put back before it returns (a flag) are
-# left to the check at the end.
+# left to the check at the end, and so are the attributes of objects whose writes a
+# specialization replays (Note [Attribute writes] in writes.py: a static cache's lazily
+# allocated tensors).
 _CHECKS: list = []  # the checks of the traces in progress (compiles hold a lock: one a time)
 
 

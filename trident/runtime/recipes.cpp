@@ -145,10 +145,42 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
   return PyErr_Format(PyExc_RuntimeError, "trident: bad output recipe op %ld", code);
 }
 
+// Note [Attribute writes] in lower/writes.py: (R_WRITE, node, name, ((attribute, constant),
+// ...)) and one value's ops: the attribute the function set on the call's object at `node`,
+// set again with the value this call computed (a STORE_ATTR, as eager's), after the constant
+// attributes the function set on that value (a tensor). 0, or -1 with an exception set.
+int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
+                    const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
+  PyObject* op = PyTuple_GET_ITEM(ops, pc++);
+  if (PyLong_AsLong(PyTuple_GET_ITEM(op, 0)) != TRT_R_WRITE) {
+    PyErr_SetString(PyExc_RuntimeError, "trident: output recipe has ops after its result");
+    return -1;
+  }
+  Py_ssize_t node = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
+  if (node < 0 || node >= static_cast<Py_ssize_t>(values.size())) {
+    PyErr_Format(PyExc_RuntimeError, "trident: no call value %zd", node);
+    return -1;
+  }
+  PyObject* value = build_recipe(ops, pc, flat, next, values, built);
+  if (!value) return -1;
+  PyObject* attrs = PyTuple_GET_ITEM(op, 3);
+  int rc = 0;
+  for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(attrs); ++i) {
+    PyObject* pair = PyTuple_GET_ITEM(attrs, i);
+    rc = PyObject_SetAttr(value, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+  }
+  if (rc == 0) rc = PyObject_SetAttr(values[node], PyTuple_GET_ITEM(op, 2), value);
+  Py_DECREF(value);
+  return rc;
+}
+
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values) {
   Py_ssize_t pc = 0, next = 0;
   std::vector<PyObject*> built(static_cast<size_t>(PyTuple_GET_SIZE(ops)), nullptr);
-  return build_recipe(ops, pc, flat, next, values, built);
+  PyObject* out = build_recipe(ops, pc, flat, next, values, built);
+  while (out && pc < PyTuple_GET_SIZE(ops))
+    if (write_attribute(ops, pc, flat, next, values, built) < 0) Py_CLEAR(out);
+  return out;
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ enum trt_recipe_op {
   TRT_R_AGAIN = 8,
   TRT_R_BUILT = 9,
   TRT_R_STRUCTSEQ = 10,
+  TRT_R_WRITE = 11, /* after the result: Note [Attribute writes] in lower/writes.py */
 };
 
 /* R_OBJECT's base: how the object is made without running its Python __init__. */
