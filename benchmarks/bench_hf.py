@@ -18,8 +18,10 @@ tokens after a 16-token prompt, every contender in one process:
 Models: ``llama-3.2-1b-like``, ``qwen2.5-0.5b-like``, and either with ``+liger`` (its RoPE,
 RMSNorm and SwiGLU replaced by Liger-Kernel's Triton kernels: the workload Trident is for; one
 process per such model). ``TRIDENT_BENCH_BATCH=4`` generates for 4 prompts at once.
-``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_PROFILE=1`` prints a cProfile of
-one ``trident.jit`` generate and a torch profile (GPU kernel time per token);
+``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_TTFT=0`` skips the time to first
+token (16-, 128- and 512-token prompts, eager and ``trident.jit``); ``TRIDENT_BENCH_PROFILE=1``
+prints a cProfile of one ``trident.jit`` generate (and of one through the backend) and a torch
+profile (GPU kernel time per token);
 ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
 reference, always runs). Trident's native runtime is loaded (built, in a fresh cache folder:
 once per torch version) before the contenders, and its time is reported on its own row.
@@ -82,6 +84,27 @@ def _generate(model, ids, **kw):
                          return_dict_in_generate=True, **kw)
     torch.cuda.synchronize()
     return out, time.perf_counter() - start
+
+
+def _first_token(model, lengths=(16, 128, 512), reps: int = 3) -> dict:
+    """Time to first token (ms): ``generate(max_new_tokens=1)`` of a prompt of each length,
+    the GPU synchronized around it; the first call of a length (``first_ms``, a compile or a
+    capture included) and the fastest of the next ones (``ms``). Set
+    ``TRIDENT_BENCH_TTFT=0`` to skip."""
+    rows = {}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (BATCH, n), device="cuda", generator=g)
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, do_sample=False,
+                           cache_implementation="static", disable_compile=True)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        rows[str(n)] = {"first_ms": round(times[0], 2), "ms": round(min(times[1:]), 2)}
+    return rows
 
 
 def _same(out, ref) -> bool:
@@ -298,6 +321,8 @@ def run(name: str, reps: int = 3) -> dict:
         rows["trident.jit(model.forward)"] = _contender(model, ids, ref, reps,
                                                         disable_compile=True)
         rows["trident.jit, one decode step alone"] = _step_times(model, ids)
+        if os.environ.get("TRIDENT_BENCH_TTFT", "1") != "0":
+            rows["trident.jit, time to first token (ms)"] = _first_token(model)
     stats = jf.stats
     rows["trident.jit(model.forward) stats"] = {
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
@@ -360,6 +385,8 @@ def run(name: str, reps: int = 3) -> dict:
     model.forward = _timed(forward)
     rows["eager, one decode step alone"] = _step_times(model, ids)
     model.forward = forward
+    if os.environ.get("TRIDENT_BENCH_TTFT", "1") != "0":
+        rows["eager, time to first token (ms)"] = _first_token(model)
     return rows
 
 
