@@ -21,7 +21,6 @@ from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter
                                        _resolve_root, _root_of, _step, _values_along)
 from trident.lower.state.recording import Recording
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
-from trident.lower.state.writes import check_parameter_writes, check_write
 
 
 def reads_of(rec: Recording, fn) -> list[Read]:
@@ -36,10 +35,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
-    nested = {c for code in rec.codes for c in code.co_consts if isinstance(c, types.CodeType)}
-    for code, (g, _) in rec.codes.items():  # (a nested code's writes are checked with the
-        check_write(code, g, writes=code not in nested)  # code that makes it, cells bound)
-    check_parameter_writes(rec, fn)
+    if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
+        raise TridentError(rec.refused)  # entry]; the error was caught by user code)
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn

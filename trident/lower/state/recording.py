@@ -12,6 +12,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError
+from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
 _IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt"})
@@ -38,6 +39,12 @@ class Recording:
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
     active: bool = False  # the profile hook ran (the function has code to record)
+    entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
+
+    @property
+    def refused(self) -> str | None:
+        """Why a user function the trace started writes outside (Note [Writes at entry])."""
+        return self.entry.refused if self.entry is not None else None
 
     def changed_rng(self) -> bool:
         """Whether this thread's trace set a random generator's state (Note [Global side
@@ -93,6 +100,7 @@ def record(fn):
     if top is None:
         yield rec
         return
+    rec.entry = entry = EntryCheck(top)
     previous = sys.getprofile()
     suspended = previous if previous is not None and not callable(previous) and \
         callable(getattr(previous, "enable", None)) else None
@@ -172,6 +180,7 @@ def record(fn):
                 local = frame.f_locals
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      code.co_varnames[:nparams] if n in local})
+                entry(frame, rec)  # raises (the frame unwinds) for a write outside
         elif kind & _IMPURE and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
