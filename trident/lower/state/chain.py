@@ -163,8 +163,10 @@ def _step(obj, step):
             obj, key = obj._data, os.environ.encodekey(step[1])
         else:
             key = step[1]
-        if not isinstance(obj, (dict, list, tuple)) or type(obj).__getitem__ not in (
-                dict.__getitem__, list.__getitem__, tuple.__getitem__):
+        if not isinstance(obj, (dict, list, tuple, types.MappingProxyType)) or \
+                type(obj).__getitem__ not in (dict.__getitem__, list.__getitem__,
+                                              tuple.__getitem__,
+                                              types.MappingProxyType.__getitem__):
             return _STOP
         try:
             return obj[key]

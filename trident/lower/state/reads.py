@@ -294,10 +294,16 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     return _resolve_calls(root, path + steps, fn)
 
 
+def _imported(name: str) -> tuple[tuple, tuple]:
+    """(root, steps) of the module an import inside the function binds: ``sys.modules[name]``
+    as it is at each call (a module replaced there is what the next ``import`` returns)."""
+    return ("module", "sys"), (("attr", "modules"), ("item", name))
+
+
 def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
     """(root, steps) of what ``import`` binds inside a function (``_chains`` in bytecode.py):
     the top package (``import a.b``) or the module itself (``from a.b import c``, ``import a.b
-    as c``'s ``a``, then ``.b``)."""
+    as c``'s ``a``, then ``.b``), read from ``sys.modules`` (:func:`_imported`)."""
     module, level, top = name
     if level:
         import importlib.util
@@ -306,8 +312,8 @@ def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
         module = importlib.util.resolve_name("." * level + module, package)
     if top:
         first, *rest = module.split(".")
-        return ("module", first), ()
-    return ("module", module), ()
+        return _imported(first)
+    return _imported(module)
 
 
 def _resolve_names(steps: tuple, g: dict) -> tuple:
@@ -345,15 +351,12 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
             if obj is os.environ or type(obj) is dict:  # container: the container, whole
                 done.append(("get", step[1]))
             break
-        if step[0] == "item" and obj is sys.modules and type(step[1]) is str and \
-                step[1] in sys.modules:  # sys.modules["m"]: the module m
-            root, done, obj = ("module", step[1]), [], sys.modules[step[1]]
-            continue
         if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
                 obj is builtins.__import__ or obj is importlib.import_module):
             # importlib.import_module("a.b") is a.b, __import__("a.b") is a
             name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
-            root, done, obj = ("module", name), [], sys.modules[name]
+            (root, path), obj = _imported(name), sys.modules[name]
+            done = list(path)
             continue
         if step[0] in ("call0", "call1", "call2"):
             if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
