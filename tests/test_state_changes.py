@@ -169,6 +169,34 @@ class Other:
 OBJ = Plain()
 
 
+class Holder:
+    items = [2.0]
+
+
+def _pick():
+    return Holder
+
+
+def _picked(x):
+    c = _pick()
+    return x * c.items[0]
+
+
+class ByName(torch.nn.Module):
+    k = 2.0
+
+    def forward(self, x, name):
+        return x * getattr(self, name)
+
+
+BY_NAME = ByName()
+
+
+def _anomaly():
+    torch.autograd.set_detect_anomaly(True)
+    return lambda: torch.autograd.set_detect_anomaly(False)
+
+
 def _module_file(tmp):
     """A user module on sys.path, to reload and to replace in sys.modules."""
     (tmp / "_changed_mod.py").write_text("SCALE = 2.0\n")
@@ -285,6 +313,11 @@ CASES = {
         lambda x: x * (2.0 if torch.is_inference_mode_enabled() else 3.0),
         lambda: _context(torch.inference_mode())),
     "torch.get_num_threads() as a value": (lambda x: x * torch.get_num_threads(), _threads),
+    "a list of a class returned by a call": (_picked, lambda: _item(Holder.items, 0, 3.0)),
+    "getattr(self, name) of a class attribute": (
+        lambda x: BY_NAME(x, "k"), lambda: _set(ByName, "k", 3.0)),
+    "torch.is_anomaly_enabled() in a branch": (
+        lambda x: x * (2.0 if torch.is_anomaly_enabled() else 3.0), _anomaly),
 }
 
 
@@ -375,3 +408,56 @@ def test_state_no_guard_reads_runs_eagerly(case):
             undo()
     assert sum("runs eagerly" in str(w.message) for w in caught) == 1
     assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 2), jf.stats
+
+
+def _numbers():
+    n = 0
+    while True:
+        n += 1
+        yield float(n)
+
+
+GEN = [_numbers()]
+TLOCAL = __import__("threading").local()
+TLOCAL.k = 2.0
+
+
+def _next(x):
+    return x * next(GEN[0])
+
+
+def _looped(x):
+    for v in GEN[0]:
+        return x * v
+
+
+EAGER = {
+    "next() of a global generator": _next,
+    "a loop over a global generator": _looped,
+    "sys.getrefcount": lambda x: x * sys.getrefcount(Holder),
+    "threading.get_ident()": lambda x: x * (__import__("threading").get_ident() % 7 + 1),
+    "a threading.local's attribute": lambda x: x * getattr(TLOCAL, "k", 3.0),
+    "type(x) of a tensor": lambda x: x * (2.0 if type(x) is torch.Tensor else 3.0),
+    "x.__class__ of a tensor": lambda x: x * (2.0 if x.__class__.__name__ == "Tensor" else 3.0),
+    "isinstance(x, nn.Parameter)": lambda x: x * (
+        2.0 if isinstance(x, torch.nn.Parameter) else 3.0),
+}
+
+
+@pytest.mark.parametrize("case", list(EAGER))
+def test_reads_no_guard_keeps_run_eagerly_once_per_call(case):
+    """A global iterator advanced (a write the bytecode shows: before the trace), the
+    collector's or the thread's state, a threading.local, and a tensor's Python type (fake in
+    the trace): each call runs eagerly with one warning, and equals eager call by call (a
+    generator advanced by a trace would be one ahead)."""
+    fn = EAGER[case]
+    GEN[0] = _numbers()
+    x = torch.ones(2)
+    want = [fn(x) for _ in range(3)]
+    GEN[0] = _numbers()
+    jf = trident.jit(fn)
+    with pytest.warns(UserWarning, match="runs eagerly") as caught:
+        got = [jf(x) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
+    assert sum("runs eagerly" in str(w.message) for w in caught) == 1
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 3), jf.stats

@@ -253,6 +253,13 @@ class Flow:
         if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and (slot == 0 or self._effect(k)[1] == 2):
             base = self.static(k, 0)
             return _UNKNOWN if base is _UNKNOWN else _static_attr(base, i.argval)
+        if i.opname == "BINARY_SUBSCR":  # GENS[0]: an item of a list, tuple or dict
+            base, key = self.static(k, 1), self.static(k, 0)
+            if type(base) in (list, tuple, dict) and immutable(key):
+                try:
+                    return base[key]
+                except (KeyError, IndexError, TypeError):
+                    return _UNKNOWN
         return _UNKNOWN
 
     def _origin_of(self, k: int, slot: int) -> tuple:
@@ -399,9 +406,14 @@ class Flow:
             elif op in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in MUTATORS:
                 if not isinstance(self.static(k, 0), (type, types.ModuleType)):  # torch.add
                     yield k, f".{i.argval}()", self.origin(k, 0)
+            elif op == "GET_ITER" and _iterator(self.static(k, 0)):
+                yield k, "an iterator", self.origin(k, 0)  # for v in GEN: it advances
             elif op in ("CALL", "CALL_FUNCTION_EX"):
-                callee, args, _ = self.call_parts(k)
+                callee, args, depths = self.call_parts(k)
                 star = op == "CALL_FUNCTION_EX"
+                for d, origin in zip(depths, args):  # next(GEN), list(GEN): it advances
+                    if origin[0] is not None and _iterator(self.static(k, d)):
+                        yield k, "an iterator", origin
                 try:
                     mutating = callee in _MUTATING_FUNCTIONS
                 except TypeError:
@@ -442,6 +454,12 @@ class Flow:
         if len(positional) > code.co_argcount:
             return None
         return dict(zip(code.co_varnames, positional))
+
+
+def _iterator(value) -> bool:
+    """An iterator (a generator, an ``itertools`` object, a file): reading it advances it."""
+    return value is not _UNKNOWN and hasattr(type(value), "__next__") and \
+        not isinstance(value, torch.Tensor)
 
 
 def _user_function(callee):

@@ -16,7 +16,7 @@ import torch
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
-from trident.lower.state.bytecode import _chains
+from trident.lower.state.bytecode import _chains, tensor_type_read
 from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter, _kernel_fns,
                                        _resolve_root, _root_of, _step, _values_along)
 from trident.lower.state.recording import Recording
@@ -37,6 +37,11 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                            "torch.Generator's, the clock, the OS)")
     if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
         raise TridentError(rec.refused)  # entry]; the error was caught by user code)
+    for code, (g, params) in rec.codes.items():
+        typed = tensor_type_read(code, g, params)
+        if typed is not None:
+            raise TridentError(f"the function reads a tensor's Python type, {typed}: the "
+                               "trace's fake tensors have another")
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
@@ -254,7 +259,7 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
     base's attribute later is seen), wherever a user class of that MRO up to the one that holds
     the attribute may hold it."""
-    if value is _MISSING or steps[0][0] != "attr":
+    if value is _MISSING or steps[0][0] not in ("attr", "eager"):
         return None
     if steps[0] == ("attr", "__class__") and not isinstance(value, types.ModuleType):
         value, steps = type(value), steps[1:]
@@ -265,7 +270,11 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     if steps[0][0] == "eager":
         if isinstance(value, (type, types.ModuleType)):
             _resolve_calls(*_root_of(value), steps, fn)  # raises
-        return None  # an instance's own attributes: its argument tree (not its class's)
+        cls = type(value)  # its own attributes are its argument tree's; its class's, which
+        if isinstance(value, (torch.Tensor, *_BY_ID)) or not any(  # the name may be, are
+                frames.user_class(c) for c in cls.__mro__):  # the class's, used whole
+            return None
+        return Read(*_root_of(cls), True)
     if isinstance(value, types.ModuleType):  # a module passed in (its tree checks identity)
         root, path = _root_of(value)
         return _resolve_calls(root, path + steps, fn)

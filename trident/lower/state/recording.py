@@ -15,7 +15,12 @@ from trident.errors import TridentError
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
-_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt"})
+# The running thread (threading.get_ident(), current_thread()) and the collector's state
+# (gc.get_count(), sys.getrefcount) differ from call to call too.
+_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt",
+                             "_thread", "threading", "gc"})
+_IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
+                         "_current_exceptions", "getswitchinterval_"})
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
 # dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
@@ -74,6 +79,8 @@ def _impure_name(fn) -> str | None:
     if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):
         return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
+    if owner is sys and getattr(fn, "__name__", "") in _IMPURE_SYS:
+        return f"sys.{fn.__name__}"
     if isinstance(owner, type) and owner.__module__ == "datetime" and \
             getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
         return f"datetime.{owner.__name__}.{fn.__name__}"

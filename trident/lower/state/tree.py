@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 import types
 
 import torch
@@ -117,6 +118,9 @@ def _by_id(value) -> bool:
         type(value).__name__ == "JitFunction"
 
 
+CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
+
+
 def build(reads: list[Read], fn) -> StateTree:
     """The state tree of ``reads`` as they evaluate now (Note [State guards]).
 
@@ -220,6 +224,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         if last and read.whole:
             _use(f, trie, key, value, parent, access, k, path, (parent_obj, f.nodes[parent].path))
             return
+        if isinstance(value, threading.local):  # each thread reads its own attributes
+            raise TridentError(f"the function reads {path}, a threading.local, whose "
+                               "contents Trident cannot guard")
         if key not in trie:
             trie[key] = f.add(value, _through(value, parent, access, k, path),
                               _through_words(value))
@@ -388,12 +395,16 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
                                  _words(value))
         if isinstance(value, type) and frames.user_class(value):
             # a user class used whole may reach a local the scan does not follow (returned
-            # by a call: c = pick(); c.k): its numbers and strings, through its MRO
+            # by a call: c = pick(); c.k, getattr(self, name)): its numbers and strings, and
+            # its lists, tuples, dicts and sets of up to CLASS_CONTAINER items, whole,
+            # through its MRO
             names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
                      if not (n.startswith("__") and n.endswith("__"))}
             for name in sorted(names):
                 data = _step(value, ("attr", name))
-                if type(data) in _CONSTS and (whole + ("attr", name)) not in trie:
+                if (type(data) in _CONSTS or (type(data) in (list, tuple, dict, set, frozenset)
+                                              and len(data) <= CLASS_CONTAINER)) and \
+                        (whole + ("attr", name)) not in trie:
                     trie[whole + ("attr", name)] = len(f.nodes)
                     f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
         return
