@@ -28,9 +28,10 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     Triton kernels they name), rooted where a new call reads them.
 
     Raises:
-        TridentError: the function calls something whose result no guard keeps, writes
-            outside its arguments (a helper reached past :func:`check_writes_before_trace`), or
-            reads a closure variable whose cell cannot be found again."""
+        TridentError: the function calls something whose result no guard keeps, started a
+            user function that writes outside its arguments (Note [Writes at entry], when
+            user code caught the refusal), reads a tensor's Python type, or reads a closure
+            variable whose cell cannot be found again."""
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "

@@ -24,7 +24,7 @@ def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | 
     is not the frame's own or a parameter's, a mutating method of one, a helper that writes
     the object passed to it), or None. Only the trace runs the function's Python code: a hit
     would skip the write, so such a function runs eagerly."""
-    return flow.outside(code, g, fn, values)
+    return _outside(code, g, fn, values)
 
 
 def terminal_output(code: types.CodeType, g: dict) -> str | None:
@@ -227,3 +227,25 @@ def _reachable(roots: list, depth: int) -> dict:
         if len(seen) > 100_000:
             break
     return seen
+
+
+def _outside(code: types.CodeType, g: dict, fn=None, values: dict | None = None,
+            cells: dict | None = None, depth: int = 0) -> str | None:
+    """Note [Write targets]: the first write of ``code`` or of the code it makes (a
+    comprehension, a lambda, an inner function: its free variables bound as ``code`` binds
+    them) whose target is outside its frame and arguments, as ``"what (why) (file:line)"``,
+    or None."""
+    walk = flow.Flow(code, g, fn, values=values, cells=cells)
+    for k, what, (why, _) in walk.writes():
+        if why is not None:
+            line = walk.ins[k].positions.lineno if walk.ins[k].positions else "?"
+            return f"{why} ({what}, {code.co_filename.rsplit('/', 1)[-1]}:{line})"
+    for inner in code.co_consts if depth < 8 else ():
+        if isinstance(inner, types.CodeType):
+            bound = {n: walk._local(n) if n in code.co_cellvars or n in code.co_varnames else
+                     walk.cells.get(n, (f"closure variable {n}", frozenset()))
+                     for n in inner.co_freevars}
+            found = _outside(inner, g, None, None, bound, depth + 1)
+            if found is not None:
+                return found
+    return None
