@@ -32,7 +32,7 @@ EXAMPLES = int(os.environ.get("TRIDENT_STATE_EXAMPLES", "8"))
 KINDS = {
     "global": ("G = 2.0", "G", ["G = {v}"]),
     "list item": ("L = [2.0]", "L[0]", ["L[0] = {v}"]),
-    "dict.get": ('D = {{"k": 2.0}}', 'D.get("k", 1.5)', ['D["k"] = {v}', 'del D["k"]']),
+    "dict.get": ('D = {{"k": 2.0}}', 'D.get("k", 1.5)', ['D["k"] = {v}', 'D.pop("k", None)']),
     "class attribute": ("class C:\n    k = 2.0", "C.k", ["C.k = {v}"]),
     "subclass shadows its base": (
         "class B:\n    k = 2.0\n    def get(self):\n        return self.k\n"
