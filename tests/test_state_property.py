@@ -1,12 +1,14 @@
 """Never stale, as a property (issue 28): small generated programs read state outside their
 arguments (globals, class hierarchies, imports inside the function, closures, patched
-callables, the environment), a change is made to that state, and every call of the jitted
-function equals eager's. Each program is a module of its own, written to a folder on
-``sys.path`` (user code, as the user's own modules are). ``TRIDENT_STATE_EXAMPLES`` sets how
-many programs run (8 in CI)."""
+callables and builtins, the environment, defaults, partials, descriptors, metaclasses,
+dataclasses, a function's code, a module replaced in ``sys.modules``), a change is made to
+that state, and every call of the jitted function equals eager's. Each program is a module of
+its own, written to a folder on ``sys.path`` (user code, as the user's own modules are).
+``TRIDENT_STATE_EXAMPLES`` sets how many programs run (8 in CI)."""
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import itertools
 import os
@@ -30,7 +32,7 @@ EXAMPLES = int(os.environ.get("TRIDENT_STATE_EXAMPLES", "8"))
 KINDS = {
     "global": ("G = 2.0", "G", ["G = {v}"]),
     "list item": ("L = [2.0]", "L[0]", ["L[0] = {v}"]),
-    "dict.get": ('D = {{"k": 2.0}}', 'D.get("k", 1.5)', ['D["k"] = {v}', 'del D["k"]']),
+    "dict.get": ('D = {{"k": 2.0}}', 'D.get("k", 1.5)', ['D["k"] = {v}', 'D.pop("k", None)']),
     "class attribute": ("class C:\n    k = 2.0", "C.k", ["C.k = {v}"]),
     "subclass shadows its base": (
         "class B:\n    k = 2.0\n    def get(self):\n        return self.k\n"
@@ -52,6 +54,26 @@ KINDS = {
     "getattr with a global name": ('class N:\n    a = 2.0\n    b = 3.0\nNAME = "a"',
                                    "getattr(N, NAME)", ['NAME = "b"', "N.a = {v}"]),
     "a local alias": ("class A:\n    k = 2.0", "__ALIAS__.k", ["A.k = {v}"]),
+    "a helper's default": ("def helper_d(k=2.0):\n    return k", "helper_d()",
+                           ["helper_d.__defaults__ = ({v},)"]),
+    "a partial's keyword": ("import functools\ndef _p(k):\n    return k\n"
+                            "P = functools.partial(_p, k=2.0)", "P()",
+                            ['P.keywords["k"] = {v}', "P = functools.partial(_p, k={v})"]),
+    "a descriptor's state": ("class Dsc:\n    def __init__(self):\n        self.v = 2.0\n"
+                             "    def __get__(self, obj, owner):\n        return self.v\n"
+                             "class HD:\n    k = Dsc()", "HD.k", ['HD.__dict__["k"].v = {v}']),
+    "a metaclass attribute": ("class MM(type):\n    k = 2.0\nclass MC(metaclass=MM):\n"
+                              "    pass", "MC.k", ["MM.k = {v}"]),
+    "a dataclass field": ("import dataclasses\n@dataclasses.dataclass\nclass DC:\n"
+                          "    k: float = 2.0\nDCO = DC()", "DCO.k",
+                          ["DCO.k = {v}", "DCO = DC({v})"]),
+    "a helper's code": ("def code_h():\n    return 2.0", "code_h()",
+                        ["code_h.__code__ = (lambda: {v}).__code__"]),
+    "a module replaced in sys.modules": (
+        "", "__IMPORT__.K", ['import sys, types\n_m = types.ModuleType("{mod}")\n_m.K = {v}\n'
+                             'sys.modules["{mod}"] = _m']),
+    "a builtin patched": ("", "float(divmod(5, 3)[0])",
+                          ["import builtins\nbuiltins.divmod = lambda a, b: ({v}, 0)"]),
 }
 
 
@@ -70,8 +92,9 @@ def _source(n: int, kinds: list[str], env: str) -> tuple[str, str]:
     for kind in kinds:
         pre, read, _ = KINDS[kind]
         setup.append(pre.format(env=env))
-        if kind == "import inside":
-            body.append(f"import state_prop_helper_{n} as imported")
+        if kind in ("import inside", "a module replaced in sys.modules"):
+            if f"import state_prop_helper_{n} as imported" not in body:
+                body.append(f"import state_prop_helper_{n} as imported")
             read = "imported.K"
         if kind == "a local alias":
             body.append("alias = A")
@@ -96,7 +119,7 @@ def test_generated_programs_never_return_stale_results(trident_cache, program):
     (folder / f"state_prop_helper_{n}.py").write_text(helper)
     sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
-    sigmoid = torch.sigmoid
+    sigmoid, divmod_ = torch.sigmoid, builtins.divmod
     try:
         module = importlib.import_module(f"state_prop_{n}")
         helper_module = importlib.import_module(f"state_prop_helper_{n}")
@@ -110,7 +133,8 @@ def test_generated_programs_never_return_stale_results(trident_cache, program):
                 calls += 1
             for kind, which, value in changes:
                 options = KINDS[kind][2]
-                statement = options[which % len(options)].format(v=value, env=env)
+                statement = options[which % len(options)].format(
+                    v=value, env=env, mod=f"state_prop_helper_{n}")
                 if "__IMPORT__" in statement:  # the imported module's attribute
                     exec(statement.replace("__IMPORT__", "helper"), {"helper": helper_module})
                 else:
@@ -124,7 +148,7 @@ def test_generated_programs_never_return_stale_results(trident_cache, program):
         assert st_.fallbacks == 0 and st_.hits + st_.misses == calls, st_
         assert st_.compiles <= st_.misses and st_.hits >= calls // 2, st_
     finally:
-        torch.sigmoid = sigmoid
+        torch.sigmoid, builtins.divmod = sigmoid, divmod_
         os.environ.pop(env, None)
         sys.path.remove(str(folder))
         for name in (f"state_prop_{n}", f"state_prop_helper_{n}"):

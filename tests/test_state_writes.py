@@ -245,10 +245,10 @@ def test_writes_to_the_frame_and_the_arguments_are_not_outside():
     """A list or dict made in the frame, a tensor made there, an argument's item, a frame's
     list written by a lambda or a comprehension: the walk-back finds them fresh or the
     arguments' (the argument tree sees those), so the function compiles and then hits."""
-    from trident.lower.state import flow
+    from trident.lower.state import flow, writes
 
     code = local_work.__code__
-    assert flow.outside(code, local_work.__globals__, local_work) is None
+    assert writes.outside_write(code, local_work.__globals__, local_work) is None
     assert flow.Flow(code, local_work.__globals__, local_work).written_parameters() == {"cfg"}
     jf = trident.jit(local_work)
     x = torch.ones(2)
@@ -309,3 +309,29 @@ def test_a_kernels_global_rebound_on_the_gpu_raises_as_triton_does():
     finally:
         SHIFT = old
     assert torch.equal(jf(x), x + 1) and torch.equal(_shifted(x), x + 1)
+
+
+APPEND = L.append
+
+
+def bound_builtin(x):
+    APPEND(1.0)
+    return x * len(L)
+
+
+def test_a_bound_builtin_method_held_by_a_global_is_a_write():
+    """``APPEND = L.append`` at module level, ``APPEND(v)`` in the function: the callee is a
+    mutating method of ``L``, whose origin is the global: the function runs eagerly, writing
+    once per call as eager does."""
+    _reset()
+    want = [bound_builtin(torch.ones(2)) for _ in range(3)]
+    want_l = list(L)
+    _reset()
+    jf = trident.jit(bound_builtin)
+    try:
+        with pytest.warns(UserWarning, match="writes to"):
+            got = [jf(torch.ones(2)) for _ in range(3)]
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and L == want_l
+        assert (jf.stats.fallbacks, jf.stats.compiles) == (3, 0), jf.stats
+    finally:
+        _reset()

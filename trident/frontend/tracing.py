@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from trident import config
+from trident.errors import TridentError
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
@@ -16,6 +17,12 @@ from trident.lower.flatten import substituted
 from trident.lower.outputs import flatten_output
 
 _recompiles = config.logger("recompiles")
+
+
+def _refused(why: str) -> TridentError:
+    error = TridentError(why)
+    error.any_sizes = True  # (policy.py: a trace of other sizes is refused alike)
+    return error
 _guards_log = config.logger("guards")
 
 
@@ -57,7 +64,13 @@ class Tracer:
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
                 state.record(None if self._constant_self else self._code_fn) as recording:
-            captured = self._trace(call, dynamic, recording)
+            try:
+                captured = self._trace(call, dynamic, recording)
+            except TridentError as e:
+                if recording.refused is None or str(e) == recording.refused:
+                    raise
+                raise _refused(recording.refused) from e  # (user code caught it: Note
+                # [Writes at entry] in lower/state/writes.py)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
         spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)

@@ -48,6 +48,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import threading
 import types
 from collections import OrderedDict
 from typing import Any
@@ -158,9 +159,10 @@ class _Flattener:
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, a subclass of "
                                f"{next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
                                ", whose value Trident cannot guard")
-        if not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict) \
-                and not _is_namedtuple(t):
-            # a numpy array, a deque, an object with __slots__: contents no check can see
+        if (not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict)
+                and not _is_namedtuple(t)) or isinstance(value, threading.local):
+            # a numpy array, a deque, an object with __slots__, a thread's own attributes
+            # (another thread reads other ones): contents no check can see
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
                                "cannot guard")
         self.seen[id(value)] = len(self.nodes)

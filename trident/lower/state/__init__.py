@@ -45,6 +45,11 @@ and module state are taken as fixed); what user code reads from them is (Note [L
 in tree.py); torch's global flags that ops obey are call-wide guards instead
 (``trt_env.flags`` in guards.py).
 
+Writes outside the arguments are the other half (Note [Write targets] in flow.py): read from
+the bytecode before the trace, and for a user function the trace reaches through a callee the
+bytecode does not name, when its frame starts (Note [Writes at entry] in writes.py), so that a
+call that runs eagerly writes once.
+
 The dispatcher evaluates the union of its specializations' state trees before every call
 (``state_holds`` in runtime/dispatcher.cpp). When a check fails the call goes to Python, which
 evaluates each stored specialization's chains again and installs only those whose **digest** (a hash of

@@ -7,6 +7,10 @@ import inspect
 import types
 from typing import Any
 
+import torch
+
+from trident.lower.state import flow
+
 _LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
 
 
@@ -187,3 +191,54 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                 out.append((kind, name, steps))
             i = max(j, i + 1)
     return list(dict.fromkeys(out))
+
+
+def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """A read of a tensor's Python type in ``code`` (``type(x)`` or ``x.__class__`` used
+    otherwise than compared with a class that is no tensor's: ``type(y) is int`` holds of
+    neither; ``isinstance(x, nn.Parameter)`` or another strict subclass of ``torch.Tensor``),
+    with ``x`` a parameter whose value at the trace's call (``params``) is a tensor, or derived
+    from one, as ``"text (file:line)"``; or None. The trace runs the code on fake tensors (a
+    ``FakeTensor``, never a ``Parameter``), so its answer is not eager's: such a function runs
+    eagerly (``isinstance(x, torch.Tensor)`` holds of both, and is not one)."""
+    tensors = {n for n, v in params.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        return None
+    f = flow.Flow(code, g)
+    compares = [j for j, i in enumerate(f.ins) if i.opname in ("IS_OP", "COMPARE_OP")]
+    for k, i in enumerate(f.ins):
+        depth = None
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval == "__class__":
+            depth, what = 0, ".__class__"
+        elif i.opname == "CALL" and i.arg in (1, 2):
+            callee = f.call_parts(k)[0]
+            if callee is type and i.arg == 1:
+                depth, what = 0, "type()"
+            elif callee in (isinstance, issubclass) and i.arg == 2:
+                kinds = f.static(k, 0)
+                kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+                if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
+                       c is not torch.Tensor for c in kinds):
+                    depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
+        if depth is None or not f.origin(k, depth)[1] & tensors:
+            continue
+        if depth == 0 and _compared_with_other_classes(f, compares, k):
+            continue
+        line = i.positions.lineno if i.positions else "?"
+        return f"{what} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
+    return None
+
+
+def _compared_with_other_classes(f, compares: list, k: int) -> bool:
+    """Whether the type that ``f.ins[k]`` pushes is only compared (``is``, ``==``) with
+    classes that are not tensors' (``int``, ``list``): the fake tensor's type compares as the
+    tensor's does."""
+    found = False
+    for j in compares:
+        for d in (0, 1):
+            if (k, 0) in (f.producers(j, d) or ()):
+                other = f.static(j, 1 - d)
+                if not isinstance(other, type) or issubclass(other, torch.Tensor):
+                    return False
+                found = True
+    return found

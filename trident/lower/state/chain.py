@@ -115,6 +115,12 @@ def _kernel_fns(value) -> list:
     return fns
 
 
+# torch's thread-local or global settings that no call-wide guard covers, read the same in a
+# trace as at a call (not a trace's own state, as _is_torch_function_mode_enabled is).
+_TORCH_GETTERS = frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled",
+                            "get_num_interop_threads", "_get_warnAlways"})
+
+
 def _is_getter(obj) -> bool:
     """A C function of no arguments that reads an interpreter or torch setting without side
     effects: a chain may call it (in C, on every call) and check its result by value."""
@@ -124,6 +130,8 @@ def _is_getter(obj) -> bool:
         return obj.__name__ in ("getrecursionlimit", "getswitchinterval",
                                 "get_int_max_str_digits", "getdefaultencoding",
                                 "getfilesystemencoding")
+    if getattr(obj.__self__, "__name__", None) == "torch._C" and obj.__name__ in _TORCH_GETTERS:
+        return True
     return getattr(obj.__self__, "__name__", None) == "torch._C" and \
         obj.__name__.startswith("_get_") and any(
             getattr(p, "getter", None) is obj for m in _backends_modules()
@@ -163,8 +171,10 @@ def _step(obj, step):
             obj, key = obj._data, os.environ.encodekey(step[1])
         else:
             key = step[1]
-        if not isinstance(obj, (dict, list, tuple)) or type(obj).__getitem__ not in (
-                dict.__getitem__, list.__getitem__, tuple.__getitem__):
+        if not isinstance(obj, (dict, list, tuple, types.MappingProxyType)) or \
+                type(obj).__getitem__ not in (dict.__getitem__, list.__getitem__,
+                                              tuple.__getitem__,
+                                              types.MappingProxyType.__getitem__):
             return _STOP
         try:
             return obj[key]

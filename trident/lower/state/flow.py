@@ -253,6 +253,13 @@ class Flow:
         if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and (slot == 0 or self._effect(k)[1] == 2):
             base = self.static(k, 0)
             return _UNKNOWN if base is _UNKNOWN else _static_attr(base, i.argval)
+        if i.opname == "BINARY_SUBSCR":  # GENS[0]: an item of a list, tuple or dict
+            base, key = self.static(k, 1), self.static(k, 0)
+            try:
+                return base[key] if type(base) in (list, tuple, dict) and immutable(key) else \
+                    _UNKNOWN
+            except (KeyError, IndexError, TypeError):
+                pass
         return _UNKNOWN
 
     def _origin_of(self, k: int, slot: int) -> tuple:
@@ -399,9 +406,14 @@ class Flow:
             elif op in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in MUTATORS:
                 if not isinstance(self.static(k, 0), (type, types.ModuleType)):  # torch.add
                     yield k, f".{i.argval}()", self.origin(k, 0)
+            elif op == "GET_ITER" and _iterator(self.static(k, 0)):
+                yield k, "an iterator", self.origin(k, 0)  # for v in GEN: it advances
             elif op in ("CALL", "CALL_FUNCTION_EX"):
-                callee, args, _ = self.call_parts(k)
+                callee, args, depths = self.call_parts(k)
                 star = op == "CALL_FUNCTION_EX"
+                for d, origin in zip(depths, args):  # next(GEN), list(GEN): it advances
+                    if origin[0] is not None and _iterator(self.static(k, d)):
+                        yield k, "an iterator", origin
                 try:
                     mutating = callee in _MUTATING_FUNCTIONS
                 except TypeError:
@@ -412,6 +424,12 @@ class Flow:
                 if mutating and (star or i.arg):  # the first argument is written
                     yield k, f"{getattr(callee, '__name__', 'a call')}()", \
                         _join(FRESH, *args) if star else args[i.arg - 1]
+                    continue
+                if isinstance(callee, types.BuiltinMethodType) and \
+                        callee.__name__ in MUTATORS and \
+                        not isinstance(callee.__self__, (types.ModuleType, type(None))):
+                    yield k, f".{callee.__name__}()", self.origin(  # APPEND = LOG.append: its
+                        k, 1 + (i.arg & 1) if star else i.arg)  # self is written
                     continue
                 user = _user_function(callee)
                 if user is not None and self.depth < 4 and any(a[0] or a[1] for a in args):
@@ -444,6 +462,12 @@ class Flow:
         return dict(zip(code.co_varnames, positional))
 
 
+def _iterator(value) -> bool:
+    """An iterator (a generator, an ``itertools`` object, a file): reading it advances it."""
+    return value is not _UNKNOWN and hasattr(type(value), "__next__") and \
+        not isinstance(value, torch.Tensor)
+
+
 def _user_function(callee):
     """The user function that calling ``callee`` runs: a function, a bound method's, or an
     object's ``forward`` (an ``nn.Module``, through ``Module.__call__``) or ``__call__``; or
@@ -455,26 +479,4 @@ def _user_function(callee):
                     None)
     if isinstance(f, types.FunctionType) and frames.user_file(f.__code__.co_filename):
         return f
-    return None
-
-
-def outside(code: types.CodeType, g: dict, fn=None, values: dict | None = None,
-            cells: dict | None = None, depth: int = 0) -> str | None:
-    """Note [Write targets]: the first write of ``code`` or of the code it makes (a
-    comprehension, a lambda, an inner function: its free variables bound as ``code`` binds
-    them) whose target is outside its frame and arguments, as ``"what (why) (file:line)"``,
-    or None."""
-    flow = Flow(code, g, fn, values=values, cells=cells)
-    for k, what, (why, _) in flow.writes():
-        if why is not None:
-            line = flow.ins[k].positions.lineno if flow.ins[k].positions else "?"
-            return f"{why} ({what}, {code.co_filename.rsplit('/', 1)[-1]}:{line})"
-    for inner in code.co_consts if depth < 8 else ():
-        if isinstance(inner, types.CodeType):
-            bound = {n: flow._local(n) if n in code.co_cellvars or n in code.co_varnames else
-                     flow.cells.get(n, (f"closure variable {n}", frozenset()))
-                     for n in inner.co_freevars}
-            found = outside(inner, g, None, None, bound, depth + 1)
-            if found is not None:
-                return found
     return None

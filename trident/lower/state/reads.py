@@ -16,12 +16,11 @@ import torch
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
-from trident.lower.state.bytecode import _chains
+from trident.lower.state.bytecode import _chains, tensor_type_read
 from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter, _kernel_fns,
                                        _resolve_root, _root_of, _step, _values_along)
 from trident.lower.state.recording import Recording
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
-from trident.lower.state.writes import check_parameter_writes, check_write
 
 
 def reads_of(rec: Recording, fn) -> list[Read]:
@@ -29,17 +28,21 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     Triton kernels they name), rooted where a new call reads them.
 
     Raises:
-        TridentError: the function calls something whose result no guard keeps, writes
-            outside its arguments (a helper reached past :func:`check_writes_before_trace`), or
-            reads a closure variable whose cell cannot be found again."""
+        TridentError: the function calls something whose result no guard keeps, started a
+            user function that writes outside its arguments (Note [Writes at entry], when
+            user code caught the refusal), reads a tensor's Python type, or reads a closure
+            variable whose cell cannot be found again."""
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS)")
-    nested = {c for code in rec.codes for c in code.co_consts if isinstance(c, types.CodeType)}
-    for code, (g, _) in rec.codes.items():  # (a nested code's writes are checked with the
-        check_write(code, g, writes=code not in nested)  # code that makes it, cells bound)
-    check_parameter_writes(rec, fn)
+    if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
+        raise TridentError(rec.refused)  # entry]; the error was caught by user code)
+    for code, (g, params) in rec.codes.items():
+        typed = tensor_type_read(code, g, params)
+        if typed is not None:
+            raise TridentError(f"the function reads a tensor's Python type, {typed}: the "
+                               "trace's fake tensors have another")
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
@@ -257,7 +260,7 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
     base's attribute later is seen), wherever a user class of that MRO up to the one that holds
     the attribute may hold it."""
-    if value is _MISSING or steps[0][0] != "attr":
+    if value is _MISSING or steps[0][0] not in ("attr", "eager"):
         return None
     if steps[0] == ("attr", "__class__") and not isinstance(value, types.ModuleType):
         value, steps = type(value), steps[1:]
@@ -268,7 +271,11 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     if steps[0][0] == "eager":
         if isinstance(value, (type, types.ModuleType)):
             _resolve_calls(*_root_of(value), steps, fn)  # raises
-        return None  # an instance's own attributes: its argument tree (not its class's)
+        cls = type(value)  # its own attributes are its argument tree's; its class's, which
+        if isinstance(value, (torch.Tensor, *_BY_ID)) or not any(  # the name may be, are
+                frames.user_class(c) for c in cls.__mro__):  # the class's, used whole
+            return None
+        return Read(*_root_of(cls), True)
     if isinstance(value, types.ModuleType):  # a module passed in (its tree checks identity)
         root, path = _root_of(value)
         return _resolve_calls(root, path + steps, fn)
@@ -297,10 +304,16 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
     return _resolve_calls(root, path + steps, fn)
 
 
+def _imported(name: str) -> tuple[tuple, tuple]:
+    """(root, steps) of the module an import inside the function binds: ``sys.modules[name]``
+    as it is at each call (a module replaced there is what the next ``import`` returns)."""
+    return ("module", "sys"), (("attr", "modules"), ("item", name))
+
+
 def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
     """(root, steps) of what ``import`` binds inside a function (``_chains`` in bytecode.py):
     the top package (``import a.b``) or the module itself (``from a.b import c``, ``import a.b
-    as c``'s ``a``, then ``.b``)."""
+    as c``'s ``a``, then ``.b``), read from ``sys.modules`` (:func:`_imported`)."""
     module, level, top = name
     if level:
         import importlib.util
@@ -309,8 +322,8 @@ def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
         module = importlib.util.resolve_name("." * level + module, package)
     if top:
         first, *rest = module.split(".")
-        return ("module", first), ()
-    return ("module", module), ()
+        return _imported(first)
+    return _imported(module)
 
 
 def _resolve_names(steps: tuple, g: dict) -> tuple:
@@ -348,15 +361,12 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
             if obj is os.environ or type(obj) is dict:  # container: the container, whole
                 done.append(("get", step[1]))
             break
-        if step[0] == "item" and obj is sys.modules and type(step[1]) is str and \
-                step[1] in sys.modules:  # sys.modules["m"]: the module m
-            root, done, obj = ("module", step[1]), [], sys.modules[step[1]]
-            continue
         if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
                 obj is builtins.__import__ or obj is importlib.import_module):
             # importlib.import_module("a.b") is a.b, __import__("a.b") is a
             name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
-            root, done, obj = ("module", name), [], sys.modules[name]
+            (root, path), obj = _imported(name), sys.modules[name]
+            done = list(path)
             continue
         if step[0] in ("call0", "call1", "call2"):
             if step[0] == "call0" and obj is builtins.globals and len(done) == 1:

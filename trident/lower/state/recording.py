@@ -12,9 +12,15 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError
+from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
-_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt"})
+# The running thread (threading.get_ident(), current_thread()) and the collector's state
+# (gc.get_count(), sys.getrefcount) differ from call to call too.
+_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt",
+                             "_thread", "threading", "gc"})
+_IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
+                         "_current_exceptions", "getswitchinterval_"})
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
 # dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
@@ -38,6 +44,12 @@ class Recording:
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
     active: bool = False  # the profile hook ran (the function has code to record)
+    entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
+
+    @property
+    def refused(self) -> str | None:
+        """Why a user function the trace started writes outside (Note [Writes at entry])."""
+        return self.entry.refused if self.entry is not None else None
 
     def changed_rng(self) -> bool:
         """Whether this thread's trace set a random generator's state (Note [Global side
@@ -67,6 +79,8 @@ def _impure_name(fn) -> str | None:
     if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):
         return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
+    if owner is sys and getattr(fn, "__name__", "") in _IMPURE_SYS:
+        return f"sys.{fn.__name__}"
     if isinstance(owner, type) and owner.__module__ == "datetime" and \
             getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
         return f"datetime.{owner.__name__}.{fn.__name__}"
@@ -93,6 +107,7 @@ def record(fn):
     if top is None:
         yield rec
         return
+    rec.entry = entry = EntryCheck(top)
     previous = sys.getprofile()
     suspended = previous if previous is not None and not callable(previous) and \
         callable(getattr(previous, "enable", None)) else None
@@ -172,6 +187,7 @@ def record(fn):
                 local = frame.f_locals
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      code.co_varnames[:nparams] if n in local})
+                entry(frame, rec)  # raises (the frame unwinds) for a write outside
         elif kind & _IMPURE and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")

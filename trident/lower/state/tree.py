@@ -3,13 +3,14 @@ now, the words its digest hashes, and the program the dispatcher checks."""
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import functools
 import hashlib
 import inspect
 import logging
 import os
+import sys
+import threading
 import types
 
 import torch
@@ -21,7 +22,7 @@ from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONST
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
-                                       _kernel_types, _resolve_root, _step)
+                                       _kernel_types, _resolve_root, _root_of, _step)
 
 # Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
@@ -116,6 +117,9 @@ def _by_id(value) -> bool:
         type(value).__name__ == "JitFunction"
 
 
+CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
+
+
 def build(reads: list[Read], fn) -> StateTree:
     """The state tree of ``reads`` as they evaluate now (Note [State guards]).
 
@@ -159,10 +163,17 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
     for n, step in enumerate(read.steps):
         last = n == len(read.steps) - 1
         value = _step(parent_obj, step)
+        if parent_obj is sys.modules and step[0] == "item" and \
+                isinstance(value, types.ModuleType):  # an import: the module held there now,
+            key = key + (step,)  # read on as any module (a user module's state is chains)
+            if key not in trie:
+                trie[key] = f.add(value, Node(parent, GETITEM, step[1], ID, value, 0,
+                                              _path_text(f.nodes[parent].path, step)),
+                                  _words(value))
+            parent, parent_obj, library, came = trie[key], value, False, None
+            continue
         if not library and isinstance(parent_obj, types.ModuleType) and \
                 frames.library_module(parent_obj) and value is not os.environ:
-            if parent_obj is builtins:
-                return  # builtins: fixed (a global that would shadow one is ABSENT)
             library = True
         if library:
             if _library_step(f, trie, key, parent, parent_obj, step, value, last):
@@ -183,6 +194,11 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
             if came is not None:  # object it is read from, whole
                 grand, access, k, pkey = came
                 _use(f, trie, pkey, parent_obj, grand, access, k, f.nodes[parent].path)
+            owner = _descriptor_owner(parent_obj, step) if step[0] == "attr" else None
+            if owner is not None:  # a descriptor's own state, which its __get__ reads
+                root, steps = _root_of(owner)  # through its self: the object, whole
+                _add_read(f, trie, Read(root, steps + (("attr", "__dict__"), ("item", step[1])),
+                                        True), fn)
             return
         if step[0] == "cell":
             access, k = CELL, None
@@ -207,6 +223,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         if last and read.whole:
             _use(f, trie, key, value, parent, access, k, path, (parent_obj, f.nodes[parent].path))
             return
+        if isinstance(value, threading.local):  # each thread reads its own attributes
+            raise TridentError(f"the function reads {path}, a threading.local, whose "
+                               "contents Trident cannot guard")
         if key not in trie:
             trie[key] = f.add(value, _through(value, parent, access, k, path),
                               _through_words(value))
@@ -263,8 +282,9 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
     access, k = (GETATTR, ()) if step[0] == "call" else (
         (GETATTR, name) if step[0] == "attr" else (GETITEM, name))
     key = key + (step,)
-    if key in trie:
-        return not last and isinstance(value, (types.ModuleType, type))
+    if key in trie:  # read on through a module, a class, a container (as made below)
+        return not last and (isinstance(value, (types.ModuleType, type)) or (
+            type(value) in (list, dict, tuple) and f.nodes[trie[key]].check == TYPE))
     if name in _WHOLE_LIBRARY_STATE.get(getattr(parent_obj, "__name__", None), ()):
         before = len(f.nodes)
         f.visit(value, parent, access, k, path, True)
@@ -296,6 +316,21 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         return False
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and _is_getter(value)  # sys.getrecursionlimit, then its call
+
+
+def _descriptor_owner(obj, step: tuple):
+    """The user class whose ``__dict__`` holds the descriptor object that serves ``obj.name``
+    (an instance of a user class with ``__get__``: not a function, property or method, whose
+    state is Python's), or None."""
+    name = step[1]
+    classes = (*type(obj).__mro__, *obj.__mro__) if isinstance(obj, type) else type(obj).__mro__
+    for klass in classes:
+        found = vars(klass).get(name, _MISSING)
+        if found is not _MISSING:
+            kind = type(found)
+            return klass if frames.user_class(kind) and hasattr(kind, "__get__") and \
+                frames.user_class(klass) else None
+    return None
 
 
 def _path_text(parent: str, step: tuple) -> str:
@@ -359,12 +394,16 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
                                  _words(value))
         if isinstance(value, type) and frames.user_class(value):
             # a user class used whole may reach a local the scan does not follow (returned
-            # by a call: c = pick(); c.k): its numbers and strings, through its MRO
+            # by a call: c = pick(); c.k, getattr(self, name)): its numbers and strings, and
+            # its lists, tuples, dicts and sets of up to CLASS_CONTAINER items, whole,
+            # through its MRO
             names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
                      if not (n.startswith("__") and n.endswith("__"))}
             for name in sorted(names):
                 data = _step(value, ("attr", name))
-                if type(data) in _CONSTS and (whole + ("attr", name)) not in trie:
+                if (type(data) in _CONSTS or (type(data) in (list, tuple, dict, set, frozenset)
+                                              and len(data) <= CLASS_CONTAINER)) and \
+                        (whole + ("attr", name)) not in trie:
                     trie[whole + ("attr", name)] = len(f.nodes)
                     f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
         return

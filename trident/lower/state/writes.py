@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import inspect
 import sys
 import types
@@ -23,7 +24,7 @@ def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | 
     is not the frame's own or a parameter's, a mutating method of one, a helper that writes
     the object passed to it), or None. Only the trace runs the function's Python code: a hit
     would skip the write, so such a function runs eagerly."""
-    return flow.outside(code, g, fn, values)
+    return _outside(code, g, fn, values)
 
 
 def terminal_output(code: types.CodeType, g: dict) -> str | None:
@@ -109,59 +110,112 @@ def check_writes_before_trace(fn, args: tuple = (), kwargs: dict | None = None) 
                         pass
 
 
-def check_parameter_writes(rec, fn) -> None:
-    """Note [Write targets] (state/flow.py), for the helpers the trace reached through a call
-    the bytecode does not name (``MODEL(x)`` runs ``forward`` through ``Module.__call__``,
-    ``self.helper(L)``): a user function that writes an object one of its parameters holds,
-    called with an object that user modules' globals or closure cells hold (three steps deep:
-    a global, its attributes or items, theirs) and that is not the call's own argument, wrote
-    outside. Checked after the trace (that trace's write is done once more by the eager call).
+class EntryCheck:
+    """Note [Writes at entry]: the user functions a trace reaches through a callee that the
+    bytecode does not name (``FNS[0](LOG)``, ``TABLE["f"](LOG)``, ``getattr(M, name)(LOG)``,
+    ``make()(LOG)``, a ``functools.partial``, ``MODELS[0](x)`` through ``Module.__call__``)
+    are checked when their frame starts, before their first instruction runs: the recording's
+    profile hook calls this at the ``call`` event of each user code the first time it runs in
+    the trace. A code that writes outside its frame and arguments, prints or warns
+    (:func:`check_write`), or writes one of its parameters whose value is an object that user
+    state holds (:meth:`parameter_write`), makes the hook raise: the frame unwinds before its
+    body runs, so the trace wrote nothing, and the call runs eagerly, writing once, as eager
+    does. ``refused`` keeps the reason, in case user code catches the error (the trace is then
+    refused after it ends)."""
 
-    Raises:
-        TridentError: such a write."""
-    top = getattr(fn, "__code__", None)
-    written = {}
-    for code, (g, params) in rec.codes.items():
-        if code is top:
-            continue
-        names = flow.Flow(code, g).written_parameters()
+    def __init__(self, top):
+        self.top = top  # the function's code: checked before the trace, with its arguments
+        self.refused: str | None = None
+        self.nested: set = set()  # codes that a code already run makes (checked with it)
+        self._outside: dict | None = None  # id -> object that user state holds
+        self._globals: set = set()  # ids of the globals dicts whose values are in it
+
+    def __call__(self, frame, rec) -> None:
+        """Raises:
+            TridentError: the code of ``frame`` (just started) writes outside, prints or
+                warns; ``rec`` holds every user code started before it."""
+        code = frame.f_code
+        self.nested.update(c for c in code.co_consts if isinstance(c, types.CodeType))
+        if code is self.top:
+            return
+        try:
+            check_write(code, frame.f_globals, writes=code not in self.nested)
+            self.parameter_write(code, frame, rec)
+        except TridentError as e:
+            self.refused = str(e)
+            e.any_sizes = True  # (policy.py: a trace of other sizes would be refused alike)
+            raise
+
+    def parameter_write(self, code, frame, rec) -> None:
+        """Raises:
+            TridentError: ``code`` writes one of its parameters (itself or through a helper:
+                Note [Write targets]) whose value in ``frame`` is an object that user state
+                holds (three steps from a user module's globals: a global, its items or
+                attributes, a function's defaults and closure cells, a bound method's
+                ``self``, a partial's arguments) and that the call's arguments do not."""
+        local = frame.f_locals
+        names = [n for n in flow.Flow(code, frame.f_globals).written_parameters()
+                 if n in local and not flow.immutable(local[n]) and
+                 not isinstance(local[n], torch.Tensor)]
+        if not names:
+            return
+        groups = [g for g, _ in rec.codes.values()] + [frame.f_globals]
+        new = [g for g in groups if id(g) not in self._globals]
+        if new or self._outside is None:
+            self._globals.update(id(g) for g in new)
+            roots = [v for g in groups for v in g.values()
+                     if not isinstance(v, types.ModuleType)]
+            top = rec.codes.get(self.top, (None, {}))[1]
+            arguments = _reachable(list(top.values()), 4)
+            self._outside = {k: v for k, v in _reachable(roots, 3).items()
+                             if k not in arguments}
         for name in names:
-            value = params.get(name)
-            if name in params and not flow.immutable(value) and \
-                    not isinstance(value, torch.Tensor):
-                written[id(value)] = (code, name, value)
-    if not written:
-        return
-    arguments = _reachable(list(rec.codes.get(top, (None, {}))[1].values()), 4)
-    roots = []
-    for code, (g, _) in rec.codes.items():
-        roots.extend(v for v in g.values() if not isinstance(v, types.ModuleType))
-    for key in _reachable(roots, 3).keys() - arguments.keys():
-        if key in written:
-            code, name, value = written[key]
-            raise TridentError(
-                f"the function writes to {type(value).__name__} object passed as {name} to "
-                f"{code.co_qualname} ({code.co_filename.rsplit('/', 1)[-1]}:"
-                f"{code.co_firstlineno}): Python state outside its arguments, which a hit "
-                "would not write")
+            if id(local[name]) in self._outside:
+                raise TridentError(
+                    f"the function writes to {type(local[name]).__name__} object passed as "
+                    f"{name} to {code.co_qualname} ({code.co_filename.rsplit('/', 1)[-1]}:"
+                    f"{code.co_firstlineno}): Python state outside its arguments, which a "
+                    "hit would not write")
+
+
+@functools.lru_cache(maxsize=256)
+def _user_module(name: str) -> bool:
+    return frames.user_file(getattr(sys.modules.get(name), "__file__", None) or "")
 
 
 def _reachable(roots: list, depth: int) -> dict:
-    """{id: object} of ``roots`` and what they hold (container items, ``__dict__`` values),
-    ``depth`` steps deep; modules, classes and tensors are not entered."""
+    """{id: object} of ``roots`` and what they hold (container items, ``__dict__`` values, a
+    user class's attributes, a function's defaults and closure cells, a bound method's
+    ``self``, a partial's function and arguments), ``depth`` steps deep; modules, library
+    classes and tensors are not entered."""
     seen: dict = {}
     level = roots
     for _ in range(depth + 1):
         following = []
         for v in level:
             if id(v) in seen or flow.immutable(v) or isinstance(
-                    v, (types.ModuleType, types.FunctionType, type, torch.Tensor)):
+                    v, (types.ModuleType, torch.Tensor)):
                 continue
             seen[id(v)] = v
             if isinstance(v, (list, tuple, set, frozenset)):
                 following.extend(v)
             elif isinstance(v, dict):
                 following.extend(v.values())
+            elif isinstance(v, types.FunctionType):
+                following.extend((v.__defaults__ or ()) + tuple(
+                    (v.__kwdefaults__ or {}).values()))
+                for cell in v.__closure__ or ():
+                    try:
+                        following.append(cell.cell_contents)
+                    except ValueError:  # an empty cell
+                        pass
+            elif isinstance(v, types.MethodType):
+                following.extend((v.__func__, v.__self__))
+            elif isinstance(v, functools.partial):
+                following.extend((v.func, *v.args, *v.keywords.values()))
+            elif isinstance(v, type):
+                if _user_module(v.__module__):
+                    following.extend(vars(v).values())
             else:
                 try:  # (not through a __getattr__)
                     d = object.__getattribute__(v, "__dict__")
@@ -173,3 +227,25 @@ def _reachable(roots: list, depth: int) -> dict:
         if len(seen) > 100_000:
             break
     return seen
+
+
+def _outside(code: types.CodeType, g: dict, fn=None, values: dict | None = None,
+            cells: dict | None = None, depth: int = 0) -> str | None:
+    """Note [Write targets]: the first write of ``code`` or of the code it makes (a
+    comprehension, a lambda, an inner function: its free variables bound as ``code`` binds
+    them) whose target is outside its frame and arguments, as ``"what (why) (file:line)"``,
+    or None."""
+    walk = flow.Flow(code, g, fn, values=values, cells=cells)
+    for k, what, (why, _) in walk.writes():
+        if why is not None:
+            line = walk.ins[k].positions.lineno if walk.ins[k].positions else "?"
+            return f"{why} ({what}, {code.co_filename.rsplit('/', 1)[-1]}:{line})"
+    for inner in code.co_consts if depth < 8 else ():
+        if isinstance(inner, types.CodeType):
+            bound = {n: walk._local(n) if n in code.co_cellvars or n in code.co_varnames else
+                     walk.cells.get(n, (f"closure variable {n}", frozenset()))
+                     for n in inner.co_freevars}
+            found = _outside(inner, g, None, None, bound, depth + 1)
+            if found is not None:
+                return found
+    return None
