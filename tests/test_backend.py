@@ -59,6 +59,22 @@ def test_dynamic_shapes_stay_exact():
         assert_same(f(x, w, b), mlp(x, w, b))
 
 
+def test_an_int_dynamo_made_symbolic_is_compiled_once():
+    """Dynamo passes an int it saw change as a SymInt graph input: one specialization serves
+    every later value (the fresh-user trial's DynamicCache: a recompile per token)."""
+    def head(x, n):
+        return x[:n] * n + torch.arange(n)
+
+    torch._dynamo.reset()
+    f = torch.compile(head, backend="trident")
+    x = torch.randn(16)
+    for n in range(3, 12):
+        assert_same(f(x, n), head(x, n))
+    s = trident.backend_stats(f)
+    assert (s.compiles, s.fallbacks) == (2, 0), s  # n = 3 (a constant to Dynamo), then n as a symbol
+    assert s.hits == 7, s
+
+
 def test_no_grad_and_inference_mode():
     torch._dynamo.reset()
     f = torch.compile(mlp, backend="trident")

@@ -3,7 +3,10 @@
 Registered through the ``torch_dynamo_backends`` entry point (setup.py), so no ``import trident``
 is needed. Dynamo keeps its own guards and graph breaks; each graph it hands over becomes a
 ``@trident.jit`` function of the graph's inputs, whose SCM replaces Inductor's wrapper and launch
-path. Symbolic sizes (``dynamic=True``) reach the SCM as ints and are specialized by value.
+path. Symbolic sizes (``dynamic=True``) reach the SCM as ints: a graph input that Dynamo made a
+``SymInt`` (an int it saw change, as a cache's length, or under ``dynamic=True``) is a symbolic
+int of the graph's specializations from its first call (Note [Int leaves] in policy.py), so a
+new value is a hit, not a recompile; Dynamo's other inputs are specialized by value.
 
 User Triton kernels appear in Dynamo's graph as ``triton_kernel_wrapper_mutation`` nodes; they
 are rewritten to ordinary launches of the same kernel, which Trident's capture then records like
@@ -107,6 +110,10 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
         fn._frame_self = None
     fn._input_sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
                          for n in gm.graph.nodes if n.op == "placeholder"]
+    # Dynamo's symbolic ints: symbolic in every specialization of this graph (Note [Int leaves])
+    params = list(inspect.signature(gm.forward).parameters)
+    fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
+                               if isinstance(example, torch.SymInt))
     fn._graph_of = describe(gm.forward).get("graph_of", "?")
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
