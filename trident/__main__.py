@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import textwrap
 import time
 
@@ -19,6 +21,15 @@ def _origin(about: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `trident list | head`: the reader stopped reading; what is left
+        # to flush goes nowhere (the recipe of Python's signal module documentation)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cache-dir", help="print the cache folder")
