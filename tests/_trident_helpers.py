@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 from pathlib import Path
 
 import torch
@@ -189,3 +190,32 @@ TINY_LLAMA_SCRIPT = textwrap.dedent('''
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 96, (1, 6))
 ''')
+
+
+def check_change_is_seen(fn, change) -> None:
+    """Jit ``fn`` (of one tensor), hit it, make ``change()`` (which returns its undo) and hold
+    the calls against eager's: the change is seen (one compile more, no fallback, no warning),
+    and the state put back is served by the first specialization again without a compile."""
+    import trident
+
+    jf = trident.jit(fn)
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        before = jf(x)
+        assert torch.equal(before, fn(x)) and torch.equal(jf(x), before)
+        undo = change()
+        try:
+            after = fn(x)
+            assert not torch.equal(after, before) or after.dtype != before.dtype, \
+                "the change must change eager's result"
+            for _ in range(2):
+                got = jf(x)
+                assert torch.equal(got, after) and got.dtype == after.dtype, (got, after)
+            st = jf.stats
+            assert (st.compiles, st.misses, st.fallbacks, st.hits) == (2, 2, 0, 2), st
+        finally:
+            undo()
+        assert torch.equal(jf(x), before)
+    st = jf.stats
+    assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st

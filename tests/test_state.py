@@ -30,7 +30,7 @@ import torch
 import _state_helpers as cfg
 import trident
 from _state_helpers import act
-from _trident_helpers import fresh_imports
+from _trident_helpers import check_change_is_seen, fresh_imports
 
 
 class Knobs:
@@ -481,25 +481,7 @@ CASES = {
 def test_state_changed_in_place_is_seen(case):
     made = CASES[case]
     fn, change = made() if not isinstance(made, tuple) else made
-    jf = trident.jit(fn)
-    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no eager fallback
-        before = jf(x)
-        assert torch.equal(before, fn(x)) and torch.equal(jf(x), before)
-        undo = change()
-        try:
-            after = fn(x)
-            assert not torch.equal(after, before), "the change must change eager's result"
-            assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
-            st = jf.stats
-            assert (st.compiles, st.misses, st.fallbacks, st.hits) == (2, 2, 0, 2), st
-        finally:
-            undo()
-        # back to the first state: its specialization again, without a compile
-        assert torch.equal(jf(x), before)
-    st = jf.stats
-    assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st
+    check_change_is_seen(fn, change)
 
 
 S_ITEM = torch.tensor([2.0])

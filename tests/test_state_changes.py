@@ -16,12 +16,12 @@ import importlib
 import math
 import sys
 import types
-import warnings
 
 import pytest
 import torch
 
 import trident
+from _trident_helpers import check_change_is_seen
 
 
 def _set(obj, name, value):
@@ -341,27 +341,8 @@ def test_state_changed_between_calls_is_seen(case, tmp_path):
             change, lambda: _replace_module(mod))
     elif fn == "attribute":
         fn, change = _attribute_case()
-    jf = trident.jit(fn)
-    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # no eager fallback
-            before = jf(x)
-            assert torch.equal(before, fn(x)) and torch.equal(jf(x), before)
-            undo = change()
-            try:
-                after = fn(x)
-                assert not torch.equal(after, before) or after.dtype != before.dtype, \
-                    "the change must change eager's result"
-                for _ in range(2):
-                    got = jf(x)
-                    assert torch.equal(got, after) and got.dtype == after.dtype, (got, after)
-                st = jf.stats
-                assert (st.compiles, st.misses, st.fallbacks, st.hits) == (2, 2, 0, 2), st
-            finally:
-                undo()
-            assert torch.equal(jf(x), before)
-        assert (jf.stats.compiles, jf.stats.fallbacks) == (2, 0), jf.stats
+        check_change_is_seen(fn, change)
     finally:
         if mod is not None:
             sys.path.remove(str(tmp_path))
