@@ -388,11 +388,11 @@ static int trt_graph_outputs_busy(const int64_t* o, int noutputs, const trt_api*
 
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: pick the graph of the call's sizes, copy in, launch, copy written inputs back,
- * hand out or copy out the outputs (Note [Graph outputs]). Returns TRT_GRAPH_CAPTURE when Python should decide (no
- * graph yet, or a symbolic specialization's new size while it takes more), TRT_GRAPH_NONE when
- * no graph applies to this call (none for its size, an input at a new address, another stream,
- * a copied input overlapping another where either may be written): the caller then runs the
- * launch sequence. */
+ * hand out or copy out the outputs (Note [Graph outputs]). Returns TRT_GRAPH_CAPTURE when
+ * Python should decide (no graph yet, or a symbolic specialization's new size while it takes
+ * more), TRT_GRAPH_NONE when no graph applies to this call (none for its size, an input at a
+ * new address, another stream, a copied input overlapping another where either may be
+ * written, a handed-out output still held): the caller then runs the launch sequence. */
 static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, const trt_api* rt,
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
@@ -475,7 +475,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
     trt_tensor* t;
     if (held) { /* Note [Graph outputs]: the static output itself (trt_graph_outputs_busy) */
       if (!(t = rt->graph_output(held))) {
-        failed = TRT_GRAPH_FAILED;
+        failed = trt_graph_error("cannot hand out a graph output");
         break;
       }
       out->outs[k].u.t = t;
