@@ -62,3 +62,54 @@ def test_an_int_dynamo_made_symbolic_negated_or_modulo_is_compiled_once(fn):
     s = trident.backend_stats(f)
     assert (s.compiles, s.fallbacks) == (2, 0), s  # n = 3 a constant to Dynamo, then a symbol
     assert s.hits == 4, s
+
+
+class Counter:
+    def __init__(self, n):
+        self.n = n
+
+
+@pytest.mark.xfail(strict=True, reason="size steps compute in int64 in C: no overflow check")
+def test_an_int_written_past_int64_is_eager_python_int():
+    # the symbolic int's product is computed in C in int64: it wrapped around silently
+    def grow(x, c):
+        c.n = c.n * 1000003
+        return x + 1
+
+    jf = trident.jit(grow)
+    mine, theirs = Counter(7), Counter(7)
+    for _ in range(5):
+        x = torch.ones(2)
+        assert torch.equal(jf(x, mine), grow(x, theirs))
+        assert type(mine.n) is int and mine.n == theirs.n, (mine.n, theirs.n)
+
+
+@pytest.mark.xfail(strict=True, reason="size steps compute in int64 in C: no overflow check")
+def test_an_int_dynamo_made_symbolic_returned_past_int64_is_exact():
+    # 2**62 * 4 came back as 0
+    def scaled(x, n):
+        return x + 1, n * 4
+
+    torch._dynamo.reset()
+    f = torch.compile(scaled, backend="trident")
+    x = torch.ones(2)
+    for n in (3, 5, 2**62, 2**62 + 1):
+        out, ref = f(x, n), scaled(x, n)
+        assert torch.equal(out[0], ref[0]) and out[1] == ref[1], (n, out[1], ref[1])
+
+
+@pytest.mark.xfail(strict=True, reason="a float attribute is a constant of the argument tree "
+                   "(Note [Int leaves] covers ints only)")
+def test_a_float_written_from_a_size_does_not_compile_per_call():
+    # b.f = len / 2 is a float constant of the next call's tree: every new length compiles
+    def halve(x, b):
+        b.f = x.shape[0] / 2
+        return x + 1
+
+    jf = trident.jit(halve)
+    mine, theirs = Counter(0), Counter(0)
+    for i in range(6):
+        x = torch.ones(2 + i)
+        assert torch.equal(jf(x, mine), halve(x, theirs))
+        assert type(mine.f) is float and mine.f == theirs.f
+    assert jf.stats.compiles <= 3, jf.stats
