@@ -113,3 +113,27 @@ def test_a_float_written_from_a_size_does_not_compile_per_call():
         assert torch.equal(jf(x, mine), halve(x, theirs))
         assert type(mine.f) is float and mine.f == theirs.f
     assert jf.stats.compiles <= 3, jf.stats
+
+
+class Pair:
+    def __init__(self):
+        self.n = 0
+        self.t = torch.zeros(2)
+
+
+def test_an_attribute_deleted_and_set_again_moves_to_the_end_as_in_eager():
+    # eager's __dict__ is (t, z, n); the trace's undo put n back at the end before the replay
+    # added z after it: (t, n, z)
+    def readd(x, b):
+        del b.n
+        b.z = 1
+        b.n = x.shape[0]
+        return x + 1
+
+    jf = trident.jit(readd)
+    for i in range(3):
+        x = torch.ones(2 + i)
+        mine, theirs = Pair(), Pair()
+        assert torch.equal(jf(x, mine), readd(x, theirs))
+        assert list(vars(mine)) == list(vars(theirs)), (vars(mine), vars(theirs))
+        assert mine.n == theirs.n and mine.z == theirs.z
