@@ -131,9 +131,14 @@ def test_an_attribute_deleted_and_set_again_moves_to_the_end_as_in_eager():
         return x + 1
 
     jf = trident.jit(readd)
-    for i in range(3):
-        x = torch.ones(2 + i)
-        mine, theirs = Pair(), Pair()
-        assert torch.equal(jf(x, mine), readd(x, theirs))
-        assert list(vars(mine)) == list(vars(theirs)), (vars(mine), vars(theirs))
-        assert mine.n == theirs.n and mine.z == theirs.z
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            x = torch.ones(2 + i)
+            mine, theirs = Pair(), Pair()
+            assert torch.equal(jf(x, mine), readd(x, theirs))
+            assert list(vars(mine)) == list(vars(theirs)), (vars(mine), vars(theirs))
+            assert mine.n == theirs.n and mine.z == theirs.z
+    said = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(said) == 1 and "which a specialization cannot replay" in said[0], said
+    assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 3), jf.stats

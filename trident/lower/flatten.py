@@ -329,6 +329,8 @@ def _restore(node: Node, value, saved) -> None:
     target = _entries(node, value)
     for k in [k for k in target if k not in saved]:
         del target[k]
+    if list(target) != list(saved):  # a key deleted and set again: saved's order, too
+        target.clear()
     for k, v in saved.items():
         if k not in target or target[k] is not v:
             target[k] = v
