@@ -54,7 +54,8 @@ class Rendered(NamedTuple):
 
 # Size steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
 _C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
-              "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})"}
+              "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})",
+              "neg": "-({})"}
 
 
 class _SpecRenderer:

@@ -102,7 +102,7 @@ class SizeStep(Step):
     """Note [Symbolic sizes] (lower/plan.py): integer arithmetic on sizes that the generated C
     computes: ``op`` is ``"size"`` (``args``: an ``Arg`` and a dim), ``"value"`` (``args``: an
     int ``Arg`` traced as a symbol, Note [Symbolic ints] in lower/guards.py) or one of Python's
-    int operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``."""
+    int operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``, ``"neg"``."""
 
     op: str
 

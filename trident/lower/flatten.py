@@ -160,9 +160,11 @@ class _Flattener:
                                f"{next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
                                ", whose value Trident cannot guard")
         if (not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict)
-                and not _is_namedtuple(t)) or isinstance(value, threading.local):
-            # a numpy array, a deque, an object with __slots__, a thread's own attributes
-            # (another thread reads other ones): contents no check can see
+                and not _is_namedtuple(t)) or isinstance(value, threading.local) \
+                or _slotted(t):
+            # a numpy array, a deque, an object with __slots__ (those beside a __dict__ too:
+            # no guard reads them, and a trace's write to one would not be undone), a thread's
+            # own attributes (another thread reads other ones): contents no check can see
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
                                "cannot guard")
         self.seen[id(value)] = len(self.nodes)
@@ -230,6 +232,16 @@ def _opaque(value) -> bool:
     JitFunction, a ``functools.partial``, a torch operator such as ``torch.ops.aten.add.Tensor``,
     whose ``__dict__`` holds the dispatcher's caches)."""
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
+
+
+def _slotted(t: type) -> bool:
+    """``t`` or a base declares ``__slots__`` that hold values (not only ``__dict__`` and
+    ``__weakref__``)."""
+    for c in t.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
+            return True
+    return False
 
 
 def _attr(k) -> str:
@@ -317,6 +329,8 @@ def _restore(node: Node, value, saved) -> None:
     target = _entries(node, value)
     for k in [k for k in target if k not in saved]:
         del target[k]
+    if list(target) != list(saved):  # a key deleted and set again: saved's order, too
+        target.clear()
     for k, v in saved.items():
         if k not in target or target[k] is not v:
             target[k] = v

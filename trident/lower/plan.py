@@ -80,9 +80,14 @@ from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, 
                                  Item, List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors,
                                  Val)
 
-# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by size steps
-_INT_OPS = {"torch.aten.mul.int", "torch.aten.add.int", "torch.aten.sub.int",
-            "torch.aten.floordiv.int", "torch.aten.remainder.int"}
+# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by size steps: op name -> the
+# size step's operator. Torch-MLIR's importer (extras/fx_importer.py, its table of Python
+# operators) imports Python's ``%`` on ints (``operator.mod``) as ``aten.fmod.int``: the FX node
+# it comes from has Python's sign, so it is the step ``"remainder"``.
+_INT_OPS = {"torch.aten.mul.int": "mul", "torch.aten.add.int": "add",
+            "torch.aten.sub.int": "sub", "torch.aten.floordiv.int": "floordiv",
+            "torch.aten.remainder.int": "remainder", "torch.aten.fmod.int": "remainder",
+            "torch.aten.neg.int": "neg"}
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
 # The dtypes of the tensors whose rank and dtype the plan reasons about (a view computed in C,
 # Note [Scalar operands]' promotion); a tensor of another dtype (float8, uint16) is neither.
@@ -188,6 +193,9 @@ class _Walker:
         outputs = None
         for op in block.operations:
             name = op.operation.name
+            if name == "torch.operator" and (ir.StringAttr(op.attributes["name"]).value
+                                             in _INT_OPS):  # fmod.int: not in Torch-MLIR's dialect
+                name = ir.StringAttr(op.attributes["name"]).value
             where, text = location(op)
             if name.startswith("torch.constant."):
                 self.env[op.result] = self.constant(op.operation, name)
@@ -291,7 +299,8 @@ class _Walker:
             raise TridentError(f"{where}: size of a dim that is not a constant >= 0 ({text})")
         result = self.new_value(Scalar)
         self.env[op.result] = result
-        self.steps.append(SizeStep(args, [result], where, text, name.split(".")[2]))
+        op_name = "size" if name == "torch.aten.size.int" else _INT_OPS[name]
+        self.steps.append(SizeStep(args, [result], where, text, op_name))
 
     def list_construct(self, op, where: str) -> Operand:
         items = [self.operand(v, where) for v in op.operands]

@@ -28,8 +28,9 @@ import torch
 # and so is one the function set on a tensor argument. The next call's argument tree reads the
 # new value: an int written with another value at every call is a leaf after one change (Note
 # [Int leaves] in frontend/policy.py), a new tensor a leaf. Any other change (a deleted key, a
-# list or dict item, an object with its own ``__setattr__``, a value of another type) is
-# undone and the call runs eagerly, with one warning naming the path and the class.
+# key deleted and set again, which eager moves to the end of ``__dict__``, a list or dict item,
+# an object with its own ``__setattr__``, a value of another type) is undone, in the order the
+# keys had, and the call runs eagerly, with one warning naming the path and the class.
 
 
 def plain_setattr(t: type) -> bool:
@@ -49,8 +50,8 @@ def replayable(t: type, now: dict, before: dict) -> list | None:
     """The ``(name, value)`` of each attribute the function set on an object of class ``t``
     (``now`` and ``before``: its ``__dict__``'s entries), in ``__dict__`` order, or None where
     a specialization cannot replay them (Note [Attribute writes])."""
-    if any(k not in now for k in before):
-        return None
+    if any(k not in now for k in before) or list(now)[:len(before)] != list(before):
+        return None  # a key deleted, or deleted and set again (eager moves it to the end)
     out = []
     for k, v in now.items():
         if k in before and v is before[k]:
