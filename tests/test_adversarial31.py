@@ -46,7 +46,9 @@ def _modulo(x, n):
     return x * 2, n % 4
 
 
-@pytest.mark.parametrize("fn", [_negated, _modulo])
+@pytest.mark.parametrize("fn", [_negated, pytest.param(_modulo, marks=pytest.mark.xfail(
+    strict=True, reason="aten::fmod.int is no size step: its divisor may be 0, which the guards "
+    "do not exclude (tests/test_errors.py's division by zero); each n compiles"))])
 def test_an_int_dynamo_made_symbolic_negated_or_modulo_is_compiled_once(fn):
     # -n and n % 4 reached the plan as aten::neg.int and aten::fmod.int (Torch-MLIR's import of
     # Python's %), no size step: the symbolic trace failed, silently, and every new n compiled
