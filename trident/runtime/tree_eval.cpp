@@ -294,6 +294,7 @@ struct TreeEval {
     bool quiet = memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k));
     const std::vector<TreeMemo::Check>& list = quiet ? memo->quiet_checks : memo->checks;
     const std::vector<size_t>& begin = quiet ? memo->quiet_begin : memo->checks_begin;
+    bool all_watched = true;  // every dict of the subtree is watched: quiet from now on
     for (size_t c = begin[k]; c < begin[k + 1]; ++c) {
       const TreeMemo::Check& step = list[c];
       size_t i = step.node;
@@ -304,6 +305,7 @@ struct TreeEval {
           if (Py_TYPE(v) != memo->types[i]) return false;
           PyObject** dict = _PyObject_GetDictPtr(v);
           if (!dict || *dict != dicts[i] || !same_dict(i, *dict)) return false;
+          all_watched = all_watched && memo->watched[i];
           break;
         }
         case TreeMemo::Check::kObjectQuiet: {
@@ -317,6 +319,7 @@ struct TreeEval {
           if (Py_TYPE(v) != memo->types[i] || !same_dict(i, v) ||
               (step.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
             return false;
+          all_watched = all_watched && memo->watched[i];
           break;
         case TreeMemo::Check::kItems: {  // a list's or a tuple's type, length and items
           const TreeNode& node = tree.nodes[i];
@@ -342,15 +345,9 @@ struct TreeEval {
       }
     }
 #ifdef TRT_DICT_WATCHERS
-    if (!quiet) {  // quiet from now on if every dict of the subtree is watched
-      bool all = true;
-      for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1] && all; ++c) {
-        TreeMemo::Check::Op op = memo->checks[c].op;
-        all = (op != TreeMemo::Check::kObject && op != TreeMemo::Check::kDict &&
-               op != TreeMemo::Check::kOrderedDict) || memo->watched[memo->checks[c].node];
-      }
-      memo->quiet[k] = all;
-    }
+    if (!quiet) memo->quiet[k] = all_watched;
+#else
+    (void)all_watched;
 #endif
     return true;
 #else
