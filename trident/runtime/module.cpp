@@ -63,7 +63,7 @@ PyObject* storage_holders(PyObject*, PyObject* t) {
     PyErr_SetString(PyExc_TypeError, "storage_holders expects a tensor");
     return nullptr;
   }
-  return PyLong_FromSize_t(THPVariable_Unpack(t).storage().use_count());
+  return PyLong_FromSize_t(storage_holders_of(THPVariable_Unpack(t)));
 }
 
 // The error classes are defined in Python (trident/errors.py, ERROR_TYPES) and handed over once

@@ -271,8 +271,12 @@ const at::Tensor& static_output(const void* held) {
   return THPVariable_Unpack(static_cast<PyObject*>(const_cast<void*>(held)));
 }
 
+// The references a tensor's storage has (c10::StorageImpl's refcount): what output_in_use
+// checks before a replay and Python's graphs._alone before it hands an output out.
+size_t storage_holders_of(const at::Tensor& t) { return t.storage().use_count(); }
+
 int api_output_in_use(const void* held) noexcept {
-  return static_output(held).storage().use_count() != 1;
+  return storage_holders_of(static_output(held)) != 1;
 }
 
 trt_tensor* api_graph_output(const void* held) noexcept {
