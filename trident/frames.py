@@ -99,12 +99,13 @@ def user_file(filename: str) -> bool:
 
 def user_frame(frame) -> bool:
     """A frame of user code; exec'd code (a dataclass's ``__init__``) belongs to the module
-    whose globals it runs in."""
+    whose globals it runs in, and is the user's where no module holds them (``exec`` into a
+    dict of its own): its reads are guarded."""
     filename = frame.f_code.co_filename
     if not filename.startswith("<") or frozen_file(filename):
         return user_file(filename)
     module = sys.modules.get(frame.f_globals.get("__name__"))
-    return module is not None and not library_module(module)
+    return module is None or vars(module) is not frame.f_globals or not library_module(module)
 
 
 def library_module(m: types.ModuleType) -> bool:

@@ -73,6 +73,8 @@ PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*) {
 int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg) {
   Py_VISIT(self->dict);
   Py_VISIT(self->state_program);
+  if (self->state && self->state->state_memo)  // Note [Quiet state]: the values it holds
+    for (PyObject* o : self->state->state_memo->owned) Py_VISIT(o);
   if (self->trees) {
     Py_VISIT(self->trees->source);
     Py_VISIT(self->trees->programs);
@@ -374,6 +376,7 @@ PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_set_state: bad state tree");
       return nullptr;
     }
+    tree->state_memo = std::make_unique<StateMemo>();
   }
   self->state = std::move(tree);
   Py_INCREF(program);
@@ -385,6 +388,19 @@ PyObject* Dispatcher_set_state(Dispatcher* self, PyObject* program) {
 PyObject* Dispatcher_state_failure(Dispatcher* self, PyObject*) {
   Py_ssize_t failed = -1;
   return PyLong_FromSsize_t(state_holds(self, &failed) ? -1 : failed);
+}
+
+// _quiet_state() -> (made, proofs, checked, reread) or None: Note [Quiet state], for tests and
+// benchmarks: how many times the state memo was made, its proofs (-1: none now), the nodes
+// still checked at each call, and how many times a dict's proof held through its entries.
+PyObject* Dispatcher_quiet_state(Dispatcher* self, PyObject*) {
+  std::shared_ptr<Tree> tree = self->state;
+  if (!tree || !tree->state_memo) Py_RETURN_NONE;
+  const StateMemo& m = *tree->state_memo;
+  return Py_BuildValue("(innK)", m.remade,
+                       m.valid ? static_cast<Py_ssize_t>(m.proofs.size()) : Py_ssize_t{-1},
+                       static_cast<Py_ssize_t>(m.again.size()),
+                       static_cast<unsigned long long>(m.reread));
 }
 
 // _set_call_trees(binding, trees, recipes): Note [Argument trees]. binding is (params, self
@@ -583,6 +599,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
     {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,
      "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
+    {"_quiet_state", reinterpret_cast<PyCFunction>(Dispatcher_quiet_state), METH_NOARGS,
+     "_quiet_state() -> (made, proofs or -1, checked, reread) or None: Note [Quiet state]."},
     {"_state_failure", reinterpret_cast<PyCFunction>(Dispatcher_state_failure), METH_NOARGS,
      "_state_failure() -> int: the first failing state tree node, or -1."},
     {"_flatten_native", reinterpret_cast<PyCFunction>(Dispatcher_flatten_native), METH_VARARGS,

@@ -169,11 +169,43 @@ struct TreeMemo {
   ~TreeMemo();
 };
 
+// Note [Quiet state] (tree_eval.cpp): a state tree's values as its last evaluation that held
+// read them, and what proves them unchanged.
+struct StateMemo {
+  struct Proof {
+    enum Op : uint8_t {
+      kDictTag,    // the dict `obj` has version tag `tag`
+      kTypeTag,    // the type `obj` has version tag `tag`
+      kExactType,  // `obj`'s type is `type` (a module's or a class's class can be assigned)
+    };
+    Op op;
+    PyObject* obj;  // owned (`owned` below)
+    uint64_t tag;
+    PyTypeObject* type;
+    // kDictTag: the (key, value or nullptr) the proven nodes read of the dict, which a new tag
+    // re-reads (another key changed); `whole`: a check reads it all (its length and keys).
+    std::vector<std::pair<PyObject*, PyObject*>> entries;
+    bool whole = false;
+  };
+  std::vector<Proof> proofs;
+  std::vector<uint8_t> proven;   // per node: its value is the memo's while the proofs hold
+  std::vector<uint32_t> again;   // the nodes read (unless proven) and checked at every call
+  std::vector<PyObject*> values; // per node: its value at the evaluation the memo was made at
+  std::vector<PyObject*> owned;  // what the proofs and the proven values hold
+  uint64_t reread = 0;           // proofs held through their entries (another key changed)
+  bool valid = false;            // made, and not dropped since
+  bool busy = false;             // a pass is reading it (one that re-enters walks alone)
+  int remade = 0;                // times made: a state that changes at every call stops it
+  void clear();                  // with the GIL
+  ~StateMemo() { clear(); }
+};
+
 struct Tree {
   PyObject* key;  // leaf 0, a Python int
   std::vector<TreeNode> nodes;
   Py_ssize_t leaves;
-  std::unique_ptr<TreeMemo> memo;  // argument trees only
+  std::unique_ptr<TreeMemo> memo;         // argument trees only
+  std::unique_ptr<StateMemo> state_memo;  // state trees only
 };
 
 // Everything a Dispatcher needs to bind and flatten a call. The Python tuples it was read from

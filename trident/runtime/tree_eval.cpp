@@ -10,6 +10,8 @@
 
 namespace {
 
+constexpr int kStateMemoRemakes = 16;  // Note [Quiet state]: then every node at every call
+
 // ---- Note [Unchanged subtrees] ---------------------------------------------------------------
 //
 // A hit must cost what its specialization reads, not what its arguments reach: a Hugging Face
@@ -195,21 +197,35 @@ struct TreeEval {
     return ok;
   }
 
+  // Node i read and checked.
+  bool one(size_t i) {
+    PyObject* v = read(i);
+    const TreeNode& node = tree.nodes[i];
+    if (!v || node.check == TRT_CHK_ABSENT) {
+      PyErr_Clear();
+      if (!v && node.check == TRT_CHK_ABSENT) {
+        values[i] = nullptr;
+        return true;
+      }
+      return fail(i);
+    }
+    return check(i, v) || fail(i);
+  }
+
   // Every node, in order (state trees, and argument trees without a memo that held).
   bool all() {
     size_t n = tree.nodes.size();
-    for (size_t i = 0; i < n; ++i) {
-      PyObject* v = read(i);
-      const TreeNode& node = tree.nodes[i];
-      if (!v || node.check == TRT_CHK_ABSENT) {
-        PyErr_Clear();
-        if (!v && node.check == TRT_CHK_ABSENT) {
-          values[i] = nullptr;
-          continue;
-        }
-        return fail(i);
-      }
-      if (!check(i, v)) return fail(i);
+    for (size_t i = 0; i < n; ++i)
+      if (!one(i)) return false;
+    return true;
+  }
+
+  // Note [Quiet state]: the state tree's pass through its memo, whose proofs hold.
+  bool quiet_state(const StateMemo& m) {
+    std::copy(m.values.begin(), m.values.end(), values);
+    for (uint32_t i : m.again) {
+      bool ok = m.proven[i] ? check(i, m.values[i]) || fail(i) : one(i);
+      if (!ok) return false;
     }
     return true;
   }
@@ -382,6 +398,183 @@ struct TreeEval {
   }
 };
 
+// ---- Note [Quiet state] ----------------------------------------------------------------------
+//
+// A state tree (Note [State guards] in lower/state/) reads the globals, class attributes and
+// module attributes a function depends on: on every call, a dict lookup or an attribute lookup
+// per node, more than the rest of a small function's hit. Most of those reads are lookups in a
+// module's dict, a plain dict, or a class's MRO, whose results follow from state CPython tags:
+// a dict's version tag changes at every change of the dict (Note [Unchanged subtrees]), and a
+// type's version tag (tp_version_tag, Python 3.11 and 3.12) is cleared whenever the type or
+// one of its bases gains, loses or rebinds an attribute or its bases, and is never given out
+// again. After an evaluation that held, a node is proven when its value follows from its proven
+// parent's through such a lookup:
+//   - a root (its value is the tree's own object);
+//   - an attribute of a module of exactly ModuleType (a module's class can be assigned), held
+//     in its dict, or absent from a dict without a module ``__getattr__``: the dict's tag;
+//   - an item of an exact dict by a str or int key: that dict's tag;
+//   - an item of an exact tuple;
+//   - an attribute of a class, found in its MRO as the very object the lookup returned (no
+//     ``__get__`` made another: functions, C methods, properties, plain values), where the
+//     class's metaclass has type's own attribute lookup and no attribute of that name (a data
+//     descriptor there would win): the class's version tag, its metaclass's, its class.
+// The memo keeps the proofs and a reference to each proven value. While every proof holds, a
+// proven value is the same object as then, and its check holds without running when it does
+// not depend on the object's contents (an identity, an absence, an immutable constant, a
+// tuple's length, an exact dict's keys, which its tag covers). Every other node is read and
+// checked at every call as before: what Python code serves (a property, a getter, an object's
+// own attributes, a closure cell), and the checks of contents (a list, a set, an object's type
+// and attributes, a tensor's version). A proof that fails makes the call evaluate every node,
+// and the memo is made again from it; a state that changes at every call stops it after a few.
+// Not on Python 3.13 and later (no dict tags there): every node, at every call.
+
+#ifdef TRT_DICT_TAGS
+inline uint64_t type_tag(PyTypeObject* t) {
+  return PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) ? t->tp_version_tag : 0;
+}
+#endif
+
+void StateMemo::clear() {
+  for (PyObject* o : owned) Py_DECREF(o);
+  owned.clear();
+  proofs.clear();
+  again.clear();
+  valid = false;
+}
+
+bool proofs_hold(StateMemo& m) {
+#ifdef TRT_DICT_TAGS
+  for (StateMemo::Proof& p : m.proofs) {
+    switch (p.op) {
+      case StateMemo::Proof::kDictTag:
+        if (dict_tag(p.obj) == p.tag) break;
+        if (p.whole) return false;
+        for (auto [key, value] : p.entries) {  // the keys the memo read: the same objects
+          PyObject* now = PyDict_GetItemWithError(p.obj, key);  // (str and int keys: no code)
+          if (now != value) {
+            PyErr_Clear();
+            return false;
+          }
+        }
+        p.tag = dict_tag(p.obj);
+        ++m.reread;
+        break;
+      case StateMemo::Proof::kTypeTag:
+        if (type_tag(reinterpret_cast<PyTypeObject*>(p.obj)) != p.tag) return false;
+        break;
+      case StateMemo::Proof::kExactType:
+        if (Py_TYPE(p.obj) != p.type) return false;
+        break;
+    }
+  }
+  return true;
+#else
+  (void)m;
+  return false;
+#endif
+}
+
+// Note [Quiet state]: the memo of state tree `tree` from `values`, an evaluation that held.
+void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
+  m.clear();
+#ifdef TRT_DICT_TAGS
+  size_t n = tree.nodes.size();
+  m.proven.assign(n, 0);
+  m.values.assign(values, values + n);
+  auto own = [&](PyObject* o) {
+    Py_INCREF(o);
+    m.owned.push_back(o);
+  };
+  // the proof (op, obj), made once
+  auto prove = [&](StateMemo::Proof::Op op, PyObject* obj, uint64_t tag,
+                   PyTypeObject* type) -> StateMemo::Proof& {
+    for (StateMemo::Proof& p : m.proofs)
+      if (p.op == op && p.obj == obj) return p;
+    own(obj);
+    m.proofs.push_back({op, obj, tag, type, {}, false});
+    return m.proofs.back();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const TreeNode& node = tree.nodes[i];
+    PyObject* v = values[i];
+    PyObject* parent = node.parent >= 0 && m.proven[node.parent] ? values[node.parent] : nullptr;
+    bool proven = false;
+    if (node.access == TRT_ACC_ROOT) {
+      proven = true;
+    } else if (parent && node.access == TRT_ACC_GETATTR && PyUnicode_CheckExact(node.key)) {
+      if (PyModule_CheckExact(parent)) {
+        PyObject* d = PyModule_GetDict(parent);
+        static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
+        proven = v ? PyDict_GetItemWithError(d, node.key) == v
+                   : !PyDict_GetItemWithError(d, module_getattr);
+        PyErr_Clear();
+        if (proven) {
+          prove(StateMemo::Proof::kExactType, parent, 0, &PyModule_Type);
+          auto& entries = prove(StateMemo::Proof::kDictTag, d, dict_tag(d), nullptr).entries;
+          entries.emplace_back(node.key, v);
+          if (!v) entries.emplace_back(module_getattr, nullptr);
+        }
+      } else if (PyType_Check(parent) && v) {
+        auto* type = reinterpret_cast<PyTypeObject*>(parent);
+        PyTypeObject* meta = Py_TYPE(parent);
+        PyObject* found = meta->tp_getattro == PyType_Type.tp_getattro &&
+                                  !_PyType_Lookup(meta, node.key)
+                              ? _PyType_Lookup(type, node.key) : nullptr;  // (assigns the tags)
+        descrgetfunc get = found ? Py_TYPE(found)->tp_descr_get : nullptr;
+        bool plain = !get || Py_TYPE(found) == &PyFunction_Type ||
+                     Py_TYPE(found) == &PyMethodDescr_Type ||
+                     Py_TYPE(found) == &PyWrapperDescr_Type || Py_TYPE(found) == &PyProperty_Type;
+        proven = found == v && plain && type_tag(type) &&
+                 (!(meta->tp_flags & Py_TPFLAGS_HEAPTYPE) || type_tag(meta));
+        if (proven) {
+          prove(StateMemo::Proof::kExactType, parent, 0, meta);
+          prove(StateMemo::Proof::kTypeTag, parent, type_tag(type), nullptr);
+          if (meta->tp_flags & Py_TPFLAGS_HEAPTYPE)
+            prove(StateMemo::Proof::kTypeTag, reinterpret_cast<PyObject*>(meta), type_tag(meta),
+                  nullptr);
+        }
+      }
+    } else if (parent && (node.access == TRT_ACC_GETITEM || node.access == TRT_ACC_ITEM) &&
+               PyDict_CheckExact(parent) &&
+               (PyUnicode_CheckExact(node.key) || PyLong_CheckExact(node.key))) {
+      proven = true;
+      prove(StateMemo::Proof::kDictTag, parent, dict_tag(parent), nullptr)
+          .entries.emplace_back(node.key, v);
+    } else if (parent && node.access == TRT_ACC_INDEX && PyTuple_CheckExact(parent)) {
+      proven = true;
+    }
+    m.proven[i] = proven;
+    bool holds = false;  // a proven value's check holds without running
+    if (proven) {
+      if (v) own(v);
+      switch (node.check) {
+        case TRT_CHK_ID:
+        case TRT_CHK_ABSENT:
+          holds = true;
+          break;
+        case TRT_CHK_CONST:
+          holds = PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyUnicode_CheckExact(v) ||
+                  PyBytes_CheckExact(v) || PyBool_Check(v) || v == Py_None ||
+                  PyComplex_CheckExact(v);
+          break;
+        case TRT_CHK_SEQ: holds = PyTuple_CheckExact(v); break;
+        case TRT_CHK_DICT:
+          holds = PyDict_CheckExact(v);
+          if (holds) prove(StateMemo::Proof::kDictTag, v, dict_tag(v), nullptr).whole = true;
+          break;
+        case TRT_CHK_SAME: holds = m.proven[node.same] != 0; break;
+      }
+    }
+    if (!holds) m.again.push_back(static_cast<uint32_t>(i));
+  }
+  m.valid = true;
+  ++m.remade;
+#else
+  (void)tree;
+  (void)values;
+#endif
+}
+
 // Evaluates one tree over the bound values: true and cv.leaves filled when every check holds
 // (an argument tree's values are then in its memo, a state tree's in cv.values).
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed) {
@@ -397,6 +590,17 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   cv.leaves.push_back(tree.key);
   TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
              memo ? memo->dicts.data() : cv.dicts.data(), failed};
+  if (StateMemo* m = tree.state_memo.get(); m && !m->busy) {  // Note [Quiet state]
+    m->busy = true;  // (a check may run Python code that calls this function again)
+    bool quiet = m->valid && proofs_hold(*m);
+    bool ok = quiet ? e.quiet_state(*m) : e.all();
+    if (!quiet && ok && m->remade < kStateMemoRemakes)
+      make_state_memo(tree, e.values, *m);
+    else if (!quiet)
+      m->clear();
+    m->busy = false;
+    return ok;
+  }
   if (!memo) return e.all();
   // No Python runs in a walk, but an allocation in it (an object's instance dict, made when it
   // is first read) may start a collection whose finalizers call this function again: the memo

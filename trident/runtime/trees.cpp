@@ -145,9 +145,22 @@ PyObject* instance_dict(PyObject* obj) {
   return PyDict_Check(d) ? d : nullptr;
 }
 
-// A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry
-// without a call, anything else through Python's getattr / getitem (a new reference, which `cv`
-// keeps). nullptr, with a Python error set or not, when there is none.
+// A function's code or defaults as their getters read them (funcobject.c, CPython 3.11 to
+// 3.13), borrowed; nullptr for another name.
+PyObject* function_slot(PyObject* fn, PyObject* key) {
+  auto* f = reinterpret_cast<PyFunctionObject*>(fn);
+  if (PyUnicode_CompareWithASCIIString(key, "__code__") == 0) return f->func_code;
+  if (PyUnicode_CompareWithASCIIString(key, "__defaults__") == 0)
+    return f->func_defaults ? f->func_defaults : Py_None;
+  if (PyUnicode_CompareWithASCIIString(key, "__kwdefaults__") == 0)
+    return f->func_kwdefaults ? f->func_kwdefaults : Py_None;
+  return nullptr;
+}
+
+// A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry, a
+// function's code or defaults without a call, anything else through Python's getattr / getitem
+// (a new reference, which `cv` keeps). nullptr, with a Python error set or not, when there is
+// none.
 PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
   if (access == TRT_ACC_GETATTR && PyTuple_CheckExact(key)) {
     // a getter's result (Note [Library state] in lower/state/tree.py): the key () calls the parent, a C
@@ -164,6 +177,8 @@ PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv
     static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
     if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr)) return nullptr;
   }
+  if (access == TRT_ACC_GETATTR && PyFunction_Check(parent) && PyUnicode_CheckExact(key))
+    if (PyObject* v = function_slot(parent, key)) return v;
   if (access == TRT_ACC_GETITEM && PyDict_CheckExact(parent))
     return PyDict_GetItemWithError(parent, key);
   PyObject* v = nullptr;

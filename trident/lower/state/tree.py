@@ -188,8 +188,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
             kid = key + (step,)
             if kid not in trie:
                 trie[kid] = f.add(None, Node(parent, GETATTR, step[1], ABSENT, None, 0,
-                                             _path_text(f.nodes[parent].path, step)), "absent")
-            return
+                                             _path_text(f.nodes[parent].path, step)),
+                                  "absent, served by the module's __getattr__")  # not "absent":
+            return  # a specialization traced without one must not be taken with one
         if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
             if came is not None:  # object it is read from, whole
                 grand, access, k, pkey = came
