@@ -62,29 +62,38 @@ def build(name: str, layers: int | None = None):
     return getattr(transformers, model_name)(config).eval()
 
 
-class DecodeCall:
-    """The keyword arguments of ``generate``'s first decode call of ``model.forward`` (a greedy
-    ``generate`` of 3 tokens after 6, static cache), and the cache's position tensors as they
-    were then: ``restore()`` puts them back, so the same call can be made again."""
+def _generate(model, **kwargs) -> None:
+    prompt = torch.randint(0, model.config.vocab_size, (1, 6),
+                           generator=torch.Generator().manual_seed(0))
+    model.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static",
+                   **kwargs)
 
-    def __init__(self, model):
-        forward, calls = model.forward, []
+
+class DecodeCall:
+    """The keyword arguments of the first decode step's call of a greedy ``generate`` (3 tokens
+    after 6, static cache), and the cache's position tensors as they were then: ``restore()``
+    puts them back, so the same call can be made again."""
+
+    def __init__(self, model, attribute: str, **generate_kwargs):
+        """Records the calls of ``model.<attribute>`` (``forward``, or ``_compiled_call``: what
+        ``generate`` calls for its decode steps under a ``CompileConfig``) during one
+        ``generate(**generate_kwargs)``."""
+        fn, calls = getattr(model, attribute), []
 
         def record(*args, **kwargs):
             cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.24, 5.17
             lengths = [(layer.cumulative_length, layer.cumulative_length.clone())
                        for layer in cache.layers if getattr(layer, "is_initialized", False)]
             calls.append((dict(kwargs), lengths))
-            return forward(*args, **kwargs)
+            return fn(*args, **kwargs)
 
-        model.forward = record
+        setattr(model, attribute, record)
         try:
-            model.generate(torch.randint(0, model.config.vocab_size, (1, 6)), max_new_tokens=3,
-                           do_sample=False, cache_implementation="static", disable_compile=True)
+            _generate(model, **generate_kwargs)
         finally:
-            model.forward = forward
-        self.kwargs = {**calls[1][0], "return_dict": True}  # calls[0] is the prefill
-        self.lengths = calls[1][1]
+            setattr(model, attribute, fn)
+        decode = next(c for c in calls if c[1])  # the prefill's cache is not initialized yet
+        self.kwargs, self.lengths = {**decode[0], "return_dict": True}, decode[1]
 
     def restore(self) -> None:
         for tensor, value in self.lengths:
@@ -92,8 +101,9 @@ class DecodeCall:
 
 
 def _compiled_call(model, backend: str):
-    """What ``generate`` calls for a decode step under ``CompileConfig(backend=backend)``:
-    transformers' ``torch.compile`` of ``model.__call__``, made by one ``generate``."""
+    """What ``generate`` calls for its decode steps under ``CompileConfig(backend=backend)``
+    (transformers' ``torch.compile`` of ``model.__call__``, made by a first ``generate``), and
+    the decode call it makes in a second one."""
     import transformers
 
     config = transformers.CompileConfig(backend=backend, fullgraph=False)
@@ -101,11 +111,11 @@ def _compiled_call(model, backend: str):
     model.__dict__.pop("_compiled_call", None)
     model.generation_config.compile_config = config
     try:
-        model.generate(torch.randint(0, model.config.vocab_size, (1, 6)), max_new_tokens=3,
-                       do_sample=False, cache_implementation="static")
+        _generate(model)
+        call = DecodeCall(model, "_compiled_call")
     finally:
         model.generation_config.compile_config = None
-    return model.__dict__.pop("_compiled_call")
+    return model.__dict__.pop("_compiled_call"), call
 
 
 def graph_inputs(graph, function, args: tuple, kwargs: dict) -> list:
@@ -134,7 +144,7 @@ def _stored_outputs(gm, example_inputs):
 
 def contenders(model, call: DecodeCall) -> dict:
     """{name: (setup, reference name)}: ``setup()`` returns the function to time (called with
-    no arguments); its result's logits must equal the reference's (``torch.equal``; None: not
+    no arguments) and the DecodeCall it makes; its result's logits must equal the reference's (``torch.equal``; None: not
     compared)."""
     import trident
     from trident.frontend import backend
@@ -145,7 +155,7 @@ def contenders(model, call: DecodeCall) -> dict:
         def setup():
             torch._dynamo.reset()
             model.forward = make(forward)
-            return lambda: model(**kwargs)
+            return lambda: model(**kwargs), call
         return setup
 
     def graph_alone():
@@ -156,19 +166,19 @@ def contenders(model, call: DecodeCall) -> dict:
         (graph,) = backend.graphs(forward)
         function = next(f for c, f in backend._frames(forward)[0] if c is graph._frame_code)
         inputs = graph_inputs(graph, function, (model,), kwargs)
-        return lambda: graph(*inputs)
+        return lambda: graph(*inputs), call
 
     def compiled(name):
         def setup():
             torch._dynamo.reset()
             model.forward = forward
-            compiled_call = _compiled_call(model, name)
-            return lambda: compiled_call(**kwargs)
+            compiled_call, decode = _compiled_call(model, name)
+            return lambda: compiled_call(**decode.kwargs), decode
         return setup
 
     def eager():
         model.forward = forward
-        return lambda: model(**kwargs)
+        return lambda: model(**kwargs), call
 
     return {"eager": (eager, "eager"),
             "trident.jit": (door(trident.jit), "eager"),
@@ -191,9 +201,10 @@ def run(name: str, layers: int | None = None, calls: int = 200, repeats: int = 3
     ``equal`` (to its reference), ``reference`` and, for Trident's doors, ``stats`` (hits,
     misses, compiles, fallbacks of its last round)."""
     import trident
+    from trident.frontend import backend
 
     model = build(name, layers)
-    call = DecodeCall(model)
+    call = DecodeCall(model, "forward", disable_compile=True)
     forward = model.forward
     rows: dict[str, dict] = {}
     results: dict[str, torch.Tensor] = {}
@@ -201,22 +212,22 @@ def run(name: str, layers: int | None = None, calls: int = 200, repeats: int = 3
         for round_ in range(repeats):
             for contender, (setup, reference) in contenders(model, call).items():
                 start = time.perf_counter()
-                fn = setup()
-                call.restore()
+                fn, made = setup()
+                made.restore()
                 with torch.no_grad():
                     out = _logits(fn())
                     row = rows.setdefault(contender, {
                         "first_call_s": round(time.perf_counter() - start, 2),
                         "reference": reference, "rounds_us": []})
                     results.setdefault(contender, out)
-                    for _ in range(2):  # warm: a CompileConfig graph's first hit loads it
-                        call.restore()
+                    for _ in range(2):
+                        made.restore()
                         fn()
                     times = []
                     gc.disable()
                     try:
                         for _ in range(calls):
-                            call.restore()
+                            made.restore()
                             t0 = time.perf_counter()
                             fn()
                             times.append((time.perf_counter() - t0) * 1e6)
@@ -224,10 +235,11 @@ def run(name: str, layers: int | None = None, calls: int = 200, repeats: int = 3
                         gc.enable()
                 row["rounds_us"].append(round(statistics.median(times), 1))
                 if contender in ("trident.jit", "backend", "CompileConfig"):
-                    stats = (model.forward.stats if contender == "trident.jit"
-                             else trident.backend_stats(forward))
+                    jitted = contender == "trident.jit"
+                    stats = model.forward.stats if jitted else trident.backend_stats(forward)
                     row["stats"] = {k: getattr(stats, k)
                                     for k in ("hits", "misses", "compiles", "fallbacks")}
+                    row["stats"]["graphs"] = 1 if jitted else len(backend.graphs(forward))
                 model.forward = forward
     finally:
         model.forward = forward
