@@ -12,8 +12,11 @@ tokens after a 16-token prompt, every contender in one process:
 - floors: a greedy decode loop replaying the eager decode forward from one CUDA graph
   (``torch.cuda.graph``: the GPU's own pace per token, no ``generate``), and ``generate``'s own
   Python per token (a forward that returns stored logits);
-- each decode step of one ``generate`` through ``trident.jit`` and eagerly, timed alone: host
-  time until the call returns, and until its GPU work is done.
+- each decode step of one ``generate`` through ``trident.jit``, the backend and eagerly, timed
+  alone: host time until the call returns, and until its GPU work is done; for the
+  ``torch.compile`` doors, their graphs' counters (captures, replays), Dynamo's graph breaks,
+  and the backend decode graph's hit split into its parts (benchmarks/bench_doors.py measures
+  the doors' host cost on the CPU).
 
 Models: ``llama-3.2-1b-like``, ``qwen2.5-0.5b-like``, and either with ``+liger`` (its RoPE,
 RMSNorm and SwiGLU replaced by Liger-Kernel's Triton kernels: the workload Trident is for; one
@@ -201,7 +204,7 @@ def _timed(forward):
         if not timed.on:
             return forward(*args, **kwargs)
         if timed.keep == len(marks):  # a decode step's call, and its tensors' values then
-            cache = kwargs.get("past_key_values")
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24, 5.17
             tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)] + [
                 layer.cumulative_length for layer in getattr(cache, "layers", ())
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
@@ -213,7 +216,7 @@ def _timed(forward):
         marks.append((start, returned, time.perf_counter()))
         return result
 
-    timed.on, timed.marks, timed.keep = False, marks, NEW // 2
+    timed.on, timed.marks, timed.keep, timed.last = False, marks, NEW // 2, None
     return timed
 
 
@@ -254,6 +257,41 @@ def _hit_parts(jf, call) -> dict:
     best = {k: round(v, 2) for k, v in best.items()}
     best["total"] = round(sum(v for k, v in best.items() if k not in ("hits", "guards")), 2)
     return best
+
+
+def _backend_stats(forward) -> dict:
+    """The backend's graphs of ``forward`` after a door's ``generate`` calls: their summed
+    counters (CUDA graph captures and replays included: a graph per decode token shows as
+    ``graph_replays``), how many graphs, and Dynamo's graph breaks and compiled graphs."""
+    import trident
+    from torch._dynamo.utils import counters
+    from trident.frontend import backend
+
+    stats = trident.backend_stats(forward)
+    return {"stats": str(stats).split(", miss_reasons")[0],
+            "last reasons": stats.miss_reasons[-3:],
+            "graphs": len(backend.graphs(forward)),
+            "dynamo graph breaks": sum(counters["graph_break"].values()),
+            "dynamo unique graphs": counters["stats"]["unique_graphs"]}
+
+
+def _backend_hit_parts(model, forward, call) -> dict:
+    """:func:`_hit_parts` of the backend's decode graph (the one that served the most hits),
+    its inputs read by their Dynamo sources from a decode step's call (what Dynamo passes it)."""
+    from benchmarks.bench_doors import graph_inputs
+    from trident.frontend import backend
+
+    found = backend.graphs(forward)
+    if not found or call is None:
+        return {"error": "no graph or no decode call recorded"}
+    graph = max(found, key=lambda g: g.stats.hits)
+    function = next((f for c, f in backend._frames(forward)[0] if c is graph._frame_code),
+                    None)
+    if function is None:
+        return {"error": "the decode graph follows a graph break"}
+    args, kwargs, values = call
+    inputs = graph_inputs(graph, function, (model, *args), kwargs)
+    return {"inputs": len(inputs), **_hit_parts(graph, (tuple(inputs), {}, values))}
 
 
 def _gpu_busy(model, ids) -> dict:
@@ -335,9 +373,13 @@ def run(name: str, reps: int = 3) -> dict:
 
     if _wanted("backend"):
         torch._dynamo.reset()
-        model.forward = torch.compile(forward, backend="trident")
+        model.forward = _timed(torch.compile(forward, backend="trident"))
         rows["torch.compile(backend=trident)"] = _contender(model, ids, ref, reps,
                                                             disable_compile=True)
+        rows["torch.compile(backend=trident) stats"] = _backend_stats(forward)
+        rows["backend, one decode step alone"] = _step_times(model, ids)
+        rows["backend, its graph's decode hit's parts (us)"] = _backend_hit_parts(
+            model, forward, model.forward.last)
         if os.environ.get("TRIDENT_BENCH_PROFILE"):
             _profile(model, ids)
         model.forward = forward
@@ -351,6 +393,8 @@ def run(name: str, reps: int = 3) -> dict:
             model.__dict__.pop("_compiled_call", None)
             model.generation_config.compile_config = compile_config
             rows[row] = _contender(model, ids, ref, reps)
+            if door == "config":
+                rows[row + " stats"] = _backend_stats(forward)
 
     if _wanted("compile"):
         torch._dynamo.reset()

@@ -77,3 +77,39 @@ def test_bench_cpu_runs_and_records_verdicts(tmp_path, capsys):
     ratio = compare(case["eager"]["samples_us"], case["Trident"]["samples_us"])
     assert case["ratios"]["eager"]["verdict"] == ratio.verdict
     assert f"eager / Trident = {ratio}" in out and "chain30" in out
+
+
+def test_bench_doors_cpu_runs_every_door_bit_equal_with_exact_counts(tmp_path, capsys):
+    """benchmarks/bench_doors.py on a 2-layer Llama: every door's decode call equals its
+    reference (trident.jit eager's, the torch.compile doors Dynamo's eager backend's), each
+    Trident door compiles once (a fresh cache folder) and serves every later call natively from
+    one graph, and the table prints each contender's ratios."""
+    from benchmarks import bench_doors
+
+    threads = torch.get_num_threads()
+    calls = 3
+    results = bench_doors.main(["--models", "llama16", "--layers", "2", "--calls", str(calls),
+                                "--repeats", "1", "--json", str(tmp_path / "d.json")])
+    assert torch.get_num_threads() == threads
+    rows = results["llama16"]
+    assert json.loads((tmp_path / "d.json").read_text())["llama16"] == rows
+    assert list(rows) == ["eager", "trident.jit", "backend", "backend graph alone",
+                          "CompileConfig", "backend=eager", "CompileConfig(backend=eager)",
+                          "Dynamo alone"]
+    for name in ("trident.jit", "backend", "backend graph alone", "CompileConfig"):
+        assert rows[name]["equal"] is True, (name, rows[name])
+    # Dynamo's graph run eagerly may differ from eager in the last ulp on the CPU
+    assert rows["Dynamo alone"]["equal"] is None
+    for row in rows.values():
+        assert row["us"] > 0 and len(row["rounds_us"]) == 1
+    # the first call compiles (a miss), two warm-up calls and the timed ones hit
+    one = {"misses": 1, "compiles": 1, "fallbacks": 0, "graphs": 1}
+    assert rows["trident.jit"]["stats"] == {"hits": 2 + calls, **one}
+    assert rows["backend"]["stats"] == {"hits": 2 + calls, **one}
+    # CompileConfig: two generates first (2 decode calls each; the prefill runs eagerly)
+    assert rows["CompileConfig"]["stats"] == {"hits": 3 + 1 + 2 + calls, **one}
+    out = capsys.readouterr().out
+    assert "backend door less its graph alone" in out
+    jit = rows["trident.jit"]
+    assert f"{jit['/ eager']:8.2f}" in next(line for line in out.splitlines()
+                                            if line.startswith("trident.jit"))
