@@ -245,6 +245,8 @@ bool same_keys(PyObject* d, PyObject* keys);
 bool const_equal(const TreeNode& n, PyObject* v);
 PyObject* instance_dict(PyObject* obj);
 PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv);
+// the interned name "__getattr__": a module's own serves names its dict lacks (PEP 562)
+PyObject* module_getattr_name();
 bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 
 // tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]

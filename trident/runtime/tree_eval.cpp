@@ -504,7 +504,7 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
     } else if (parent && node.access == TRT_ACC_GETATTR && PyUnicode_CheckExact(node.key)) {
       if (PyModule_CheckExact(parent)) {
         PyObject* d = PyModule_GetDict(parent);
-        static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
+        PyObject* const module_getattr = module_getattr_name();
         proven = v ? PyDict_GetItemWithError(d, node.key) == v
                    : !PyDict_GetItemWithError(d, module_getattr);
         PyErr_Clear();

@@ -157,6 +157,11 @@ PyObject* function_slot(PyObject* fn, PyObject* key) {
   return nullptr;
 }
 
+PyObject* module_getattr_name() {
+  static PyObject* const name = PyUnicode_InternFromString("__getattr__");
+  return name;
+}
+
 // A state tree's attribute or item read (Note [State guards]): a module's or a dict's entry, a
 // function's code or defaults without a call, anything else through Python's getattr / getitem
 // (a new reference, which `cv` keeps). nullptr, with a Python error set or not, when there is
@@ -174,8 +179,7 @@ PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv
     PyObject* d = PyModule_GetDict(parent);
     if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
     // absent, unless a module __getattr__ (PEP 562) makes it: no AttributeError to raise
-    static PyObject* const module_getattr = PyUnicode_InternFromString("__getattr__");
-    if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr)) return nullptr;
+    if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr_name())) return nullptr;
   }
   if (access == TRT_ACC_GETATTR && PyFunction_Check(parent) && PyUnicode_CheckExact(key))
     if (PyObject* v = function_slot(parent, key)) return v;
