@@ -154,8 +154,8 @@ def assert_same(got, want, *, strides: bool = True, path: str = "out"):
     assert got == want, f"{path}: {got!r} != {want!r}"
 
 
-def python_calls(fn, args: tuple, n: int) -> list[str]:
-    """The Python functions that ``n`` calls of ``fn(*args)`` run, as ``file:line name``: none
+def python_calls(fn, args: tuple, n: int, **kwargs) -> list[str]:
+    """The Python functions that ``n`` calls of ``fn(*args, **kwargs)`` run, as ``file:line name``: none
     on a native hit (``stats.hits`` also counts calls that Python's slow path served)."""
     events = []
 
@@ -170,7 +170,7 @@ def python_calls(fn, args: tuple, n: int) -> list[str]:
     sys.setprofile(profiler)
     try:
         for _ in range(n):
-            fn(*args)
+            fn(*args, **kwargs)
     finally:
         sys.setprofile(None)
         if gc_was_enabled:

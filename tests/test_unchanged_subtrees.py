@@ -214,6 +214,35 @@ def test_a_change_to_the_module_tree_is_seen(change, device):
         assert python_calls(jf, (m, x), 3) == []  # unchanged again: a native hit
 
 
+def through_shells(*args, **kwargs):
+    """f, its module in **kwargs and its input in *args: containers binding makes afresh."""
+    return f(kwargs["m"], args[0])
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.__name__.strip("_"))
+def test_a_change_below_a_new_kwargs_dict_is_seen(change):
+    """The **kwargs dict and *args tuple are new at every call: what they hold are roots of
+    their own (Note [Unchanged subtrees]), checked by the unchanged pass, never walked while
+    unchanged, and every change below them is still seen."""
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 4)
+    jf = trident.jit(through_shells)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(jf(x, m=m), through_shells(x, m=m))
+        walked = jf.tree_passes()["m"][2]
+        for _ in range(5):
+            assert torch.equal(jf(x, m=m), through_shells(x, m=m))
+        assert jf.tree_passes()["m"][2] == walked, jf.tree_passes()
+        change(m)
+        for _ in range(3):
+            assert torch.equal(jf(x, m=m), through_shells(x, m=m)), change.__name__
+    assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
+    with torch.no_grad():
+        assert python_calls(jf, (x,), 3, m=m) == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_cache_object_replaced_or_edited_is_seen(device):
     torch.manual_seed(0)

@@ -80,11 +80,26 @@ class Installer:
         """Install the argument trees the installed specializations use, then those of calls
         that ran eagerly (Note [Eager decisions] in policy.py), and the specializations' output
         recipes (Note [Argument trees])."""
-        keys = list(dict.fromkeys([s.tree for s in self._specs if s.tree in self._trees] +
-                                  [k for k in self._eager_trees if k in self._trees]))
         recipes = tuple(tuple(s.recipe.ops) if s.recipe else None for s in self._specs)
-        self._set_call_trees(self._binding_program, tuple(self._trees[k].program() for k in keys),
-                             recipes)
+        self._set_call_trees(self._binding_program,
+                             tuple(self._trees[k].program() for k in self._tree_keys()), recipes)
+
+    def _tree_keys(self) -> list:
+        """The keys of the argument trees the dispatcher evaluates, in its order."""
+        return list(dict.fromkeys([s.tree for s in self._specs if s.tree in self._trees] +
+                                  [k for k in self._eager_trees if k in self._trees]))
+
+    def tree_passes(self) -> dict:
+        """Note [Unchanged subtrees], for benchmarks: per argument tree root (its path, or the
+        call's ``**kwargs``), how many of its checks took the quiet pass, the unchanged pass,
+        and a walk: ``{path: (quiet, unchanged, walked)}``, summed over the trees."""
+        out: dict = {}
+        for key, roots in zip(self._tree_keys(), self._tree_passes()):
+            nodes = self._trees[key].nodes
+            for node, *passes in roots:
+                path = nodes[node].path or "**kwargs"
+                out[path] = tuple(a + b for a, b in zip(out.get(path, (0, 0, 0)), passes))
+        return out
 
     def _make_binding(self) -> Binding:
         """Note [Argument trees]: a module binds like its forward, with the module as ``self``;

@@ -315,12 +315,18 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
     return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
   HitClock clock;
   unsigned long long hits = self->hits;
+  g_replay_clock = {};
+  g_replay_clock.on = 1;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* out = hit(self, call_args, kwargs == Py_None ? nullptr : kwargs, &clock);
-    if (!out) return nullptr;
+    if (!out) {
+      g_replay_clock.on = 0;
+      return nullptr;
+    }
     clock.lap(HitClock::kOutput);
     Py_DECREF(out);
   }
+  g_replay_clock.on = 0;
   static const char* const names[HitClock::kParts] = {
       "state guards", "binding", "argument tree", "environment and leaves", "guards",
       "run (guards, launches or graph replay)", "output rebuild"};
@@ -328,6 +334,16 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   for (int p = 0; d && p < HitClock::kParts; ++p) {
     PyObject* v = PyFloat_FromDouble(n ? clock.ns[p] / 1e3 / static_cast<double>(n) : 0.0);
     if (!v || PyDict_SetItemString(d, names[p], v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  // the run's graph replay, in its parts (trt_replay_clock): zero where no graph replayed
+  static const char* const replay[TRT_REPLAY_PARTS] = {
+      "replay: checks", "replay: copies in", "replay: graph launch", "replay: copies back",
+      "replay: outputs"};
+  for (int p = 0; d && p < TRT_REPLAY_PARTS; ++p) {
+    PyObject* v = PyFloat_FromDouble(
+        n ? static_cast<double>(g_replay_clock.ns[p]) / 1e3 / static_cast<double>(n) : 0.0);
+    if (!v || PyDict_SetItemString(d, replay[p], v) < 0) Py_CLEAR(d);
     Py_XDECREF(v);
   }
   PyObject* h = PyLong_FromUnsignedLongLong(self->hits - hits);
@@ -403,6 +419,27 @@ PyObject* Dispatcher_quiet_state(Dispatcher* self, PyObject*) {
                        static_cast<unsigned long long>(m.reread));
 }
 
+// _tree_passes() -> [[(root node, quiet, unchanged, walked), ...] per argument tree]: Note
+// [Unchanged subtrees], for benchmarks: how many times each root took each pass.
+PyObject* Dispatcher_tree_passes(Dispatcher* self, PyObject*) {
+  std::shared_ptr<CallTrees> t = self->trees;
+  PyObject* out = PyList_New(0);
+  for (size_t k = 0; out && t && k < t->trees.size(); ++k) {
+    const TreeMemo* memo = t->trees[k].memo.get();
+    PyObject* roots = PyList_New(0);
+    for (size_t r = 0; roots && memo && r < memo->roots.size(); ++r) {
+      const auto& p = memo->passes[r];
+      PyObject* row = Py_BuildValue("(nKKK)", memo->roots[r], (unsigned long long)p[0],
+                                    (unsigned long long)p[1], (unsigned long long)p[2]);
+      if (!row || PyList_Append(roots, row) < 0) Py_CLEAR(roots);
+      Py_XDECREF(row);
+    }
+    if (!roots || PyList_Append(out, roots) < 0) Py_CLEAR(out);
+    Py_XDECREF(roots);
+  }
+  return out;
+}
+
 // _set_call_trees(binding, trees, recipes): Note [Argument trees]. binding is (params, self
 // object, has self) with params ((name, kind, has default, default), ...); trees are
 // flatten.ArgTree.program() tuples; recipes one OutputRecipe's ops (or None) per specialization.
@@ -436,7 +473,7 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
     Tree tree;
     if (!parse_tree(prog, static_cast<Py_ssize_t>(t->params.size()), tree))
       return fail("tree node");
-    tree.memo = make_memo(tree);
+    tree.memo = make_memo(tree, t->params);
     t->trees.push_back(std::move(tree));
   }
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k)
@@ -601,6 +638,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
     {"_quiet_state", reinterpret_cast<PyCFunction>(Dispatcher_quiet_state), METH_NOARGS,
      "_quiet_state() -> (made, proofs or -1, checked, reread) or None: Note [Quiet state]."},
+    {"_tree_passes", reinterpret_cast<PyCFunction>(Dispatcher_tree_passes), METH_NOARGS,
+     "per argument tree, per root: (node, quiet, unchanged, walked) pass counts"},
     {"_state_failure", reinterpret_cast<PyCFunction>(Dispatcher_state_failure), METH_NOARGS,
      "_state_failure() -> int: the first failing state tree node, or -1."},
     {"_flatten_native", reinterpret_cast<PyCFunction>(Dispatcher_flatten_native), METH_VARARGS,

@@ -11,6 +11,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,6 +68,7 @@ inline PyObject* const* tuple_items(PyObject* tuple) {
 
 // shim.cpp: the trt_api services
 extern const trt_api g_api;
+extern trt_replay_clock g_replay_clock;  // Dispatcher._hit_profile turns it on
 extern std::vector<PyObject*> g_callbacks;  // trt_api.python_callback's, by id
 trt_op* api_op(const char* name, const char* overload) noexcept;
 void api_release(trt_tensor* t) noexcept;
@@ -95,9 +97,13 @@ void release_outputs(trt_result* r, int32_t from);
 
 // ---- argument trees (Note [Argument trees] in trees.cpp) -----------------------------------
 
+// inspect.Parameter's kinds, in its order
+enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
+       PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
+
 struct Param {
   PyObject* name;  // borrowed from CallTrees::source
-  int kind;
+  int kind;        // PARAM_*
   PyObject* default_value;  // nullptr: none
 };
 
@@ -149,7 +155,10 @@ struct TreeMemo {
     Op op;
     uint32_t node;
   };
-  std::vector<Py_ssize_t> roots;       // the root nodes, in order
+  // the root nodes, in order: each parameter's value (or self), and for a shell (the *args
+  // tuple or **kwargs dict, new at every call) the shell, then each item it holds
+  std::vector<Py_ssize_t> roots;
+  std::vector<uint8_t> shell;          // per root: a shell, checked alone (type, length, keys)
   std::vector<size_t> checks_begin;    // per root: its checks, to checks_begin[root + 1]
   std::vector<Check> checks;
   std::vector<uint8_t> root_held;      // per root: its whole subtree held at its last walk
@@ -164,6 +173,8 @@ struct TreeMemo {
   std::vector<uint64_t> root_clean;
   bool dirty(uint32_t root) const { return root_events[root] != root_clean[root]; }
   std::vector<uint8_t> quiet;          // per root: its last pass held with every dict watched
+  // per root, for benchmarks (Dispatcher._tree_passes): passes taken quiet, unchanged, walked
+  std::vector<std::array<uint64_t, 3>> passes;
   std::vector<PyObject*> watching;     // the dicts this memo watches (TRT_DICT_WATCHERS)
   bool busy = false;                   // a walk is writing it
   ~TreeMemo();
@@ -251,7 +262,7 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 
 // tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
-std::unique_ptr<TreeMemo> make_memo(const Tree& tree);
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
 
 // recipes.cpp: output recipes
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values);

@@ -295,11 +295,13 @@ trt_tensor* api_graph_output(const void* held) noexcept {
   }
 }
 
+trt_replay_clock g_replay_clock = {};
+
 const trt_api g_api = {
     TRT_ABI_VERSION, api_op,          api_call,         api_retain,
     api_release,     api_release_list, api_data_ptr,     api_cuda_stream,
     api_python_callback, api_set_error, api_empty_strided, api_view_of,
-    api_view_tensor, api_output_in_use, api_graph_output,
+    api_view_tensor, api_output_in_use, api_graph_output, &g_replay_clock,
 };
 
 }  // namespace

@@ -375,13 +375,20 @@ struct TreeEval {
   bool memoized() {
     for (size_t k = 0; k < memo->roots.size(); ++k) {
       size_t r = static_cast<size_t>(memo->roots[k]);
+      if (memo->shell[k]) {  // a new tuple or dict: its type, length and keys; then its items
+        PyObject* v = read(r);
+        if (!v || !check(r, v)) return fail(r);
+        continue;
+      }
       // the events before this pass: once it held, the root is clean up to them (an event
       // during the pass, from Python code a check ran, leaves it dirty)
       uint64_t events = memo->root_events[k];
       if (memo->root_held[k]) {
         PyObject* v = read(r);
         size_t mark = cv.leaves.size();
+        bool quiet = memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k));
         if (v && v == values[r] && unchanged(k)) {
+          ++memo->passes[k][quiet ? 0 : 1];
           memo->root_clean[k] = events;
           continue;
         }
@@ -390,6 +397,7 @@ struct TreeEval {
       }
       memo->root_held[k] = 0;
       memo->quiet[k] = 0;
+      ++memo->passes[k][2];
       if (!visit(r, false)) return false;
       memo->root_held[k] = 1;
       memo->root_clean[k] = events;
@@ -614,7 +622,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
 }
 
 // Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
-std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params) {
   size_t n = tree.nodes.size();
   auto memo = std::make_unique<TreeMemo>();
   memo->values.assign(n, nullptr);
@@ -673,20 +681,36 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   // object may have taken a freed one's: what is not a container with a tag of its own is
   // checked again (a tuple's items, a constant's value).
   std::vector<uint8_t> held(n, 0);
+  // A shell: the *args tuple or **kwargs dict binding makes afresh at every call; what it holds
+  // are roots of their own (Note [Unchanged subtrees]).
+  std::vector<uint8_t> shell(n, 0);
+  for (size_t r = 0; r < n; r = memo->end[r]) {
+    const TreeNode& node = tree.nodes[r];
+    if (node.access != TRT_ACC_ARG || node.index < 0 ||
+        static_cast<size_t>(node.index) >= params.size())
+      continue;
+    int kind = params[static_cast<size_t>(node.index)].kind;
+    shell[r] = (kind == PARAM_VAR_POSITIONAL && node.check == TRT_CHK_SEQ &&
+                node.expect == reinterpret_cast<PyObject*>(&PyTuple_Type)) ||
+               (kind == PARAM_VAR_KEYWORD && node.check == TRT_CHK_DICT &&
+                node.expect == reinterpret_cast<PyObject*>(&PyDict_Type));
+  }
   for (size_t p = 0; p < n; ++p) {
     bool holds = memo->kind[p] == TreeMemo::kDict || memo->kind[p] == TreeMemo::kOrderedDict ||
                  memo->kind[p] == TreeMemo::kObject ||
                  (tree.nodes[p].check == TRT_CHK_SEQ && held[p] &&
                   tree.nodes[p].expect != reinterpret_cast<PyObject*>(&PyList_Type));
-    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds;
+    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds && !shell[p];
   }
   memo->root_of.assign(n, 0);
-  for (size_t r = 0; r < n; r = memo->end[r]) {
+  for (size_t r = 0; r < n; r = shell[r] ? r + 1 : memo->end[r]) {
     uint32_t k = static_cast<uint32_t>(memo->roots.size());
     memo->roots.push_back(static_cast<Py_ssize_t>(r));
+    memo->shell.push_back(shell[r]);
     memo->checks_begin.push_back(memo->checks.size());
     memo->quiet_begin.push_back(memo->quiet_checks.size());
-    for (size_t i = r; i < memo->end[r]; ++i) {
+    memo->root_of[r] = k;
+    for (size_t i = r; i < memo->end[r] && !shell[r]; ++i) {
       memo->root_of[i] = k;
       const TreeNode& node = tree.nodes[i];
       // `quiet`: the check's form in the quiet pass (kLeaf with `drop`: none)
@@ -726,6 +750,7 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree) {
   memo->root_events.assign(memo->roots.size(), 1);
   memo->root_clean.assign(memo->roots.size(), 0);
   memo->quiet.assign(memo->roots.size(), 0);
+  memo->passes.assign(memo->roots.size(), {0, 0, 0});
   return memo;
 }
 

@@ -11,9 +11,6 @@ namespace {
 // each installed tree is evaluated over the bound values: every node reads its value from its
 // parent and checks it; the LEAF nodes, after the tree's key, are the SCM's arguments.
 
-enum { PARAM_POSITIONAL_ONLY = 0, PARAM_POSITIONAL_OR_KEYWORD, PARAM_VAR_POSITIONAL,
-       PARAM_KEYWORD_ONLY, PARAM_VAR_KEYWORD };
-
 // Python's binding of positional and keyword arguments to parameters (inspect.Signature.bind
 // with defaults applied). false: the call does not bind; Python raises eager's TypeError.
 bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv) {

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TRT_MAX_DEVICES 16
 
@@ -386,6 +387,17 @@ static int trt_graph_outputs_busy(const int64_t* o, int noutputs, const trt_api*
   return 0;
 }
 
+/* trt_replay_clock (trident_rt.h): the time since the last lap goes to `part` (-1: none). */
+static inline void trt_replay_lap(const trt_api* rt, int part) {
+  trt_replay_clock* c = rt->replay_clock;
+  if (!c->on) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  if (part >= 0) c->ns[part] += now - c->last;
+  c->last = now;
+}
+
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: pick the graph of the call's sizes, copy in, launch, copy written inputs back,
  * hand out or copy out the outputs (Note [Graph outputs]). Returns TRT_GRAPH_CAPTURE when
@@ -397,6 +409,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
   if (g->state == TRT_GRAPH_PENDING) return TRT_GRAPH_CAPTURE;
+  trt_replay_lap(rt, -1);
   const int64_t* d = NULL;
   if (g->ndescs == 1 && g->descs[0][4] == 0) {
     d = g->descs[0]; /* a static specialization's one graph */
@@ -429,6 +442,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
     return TRT_GRAPH_NONE;
   }
   if (trt_cuda_load()) return TRT_GRAPH_FAILED;
+  trt_replay_lap(rt, TRT_REPLAY_CHECK);
   int pushed, failed = TRT_GRAPH_REPLAYED;
   CUresult rc;
   if (trt_cuda_enter(device, &pushed)) return TRT_GRAPH_FAILED;
@@ -454,8 +468,10 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
         trt_copy_buffers(device, (CUstream)stream, copies, ncopies, "graph input copy"))
       failed = TRT_GRAPH_FAILED;
     ncopies = 0;
+    trt_replay_lap(rt, back ? TRT_REPLAY_COPY_BACK : TRT_REPLAY_COPY_IN);
     if (!back && failed == TRT_GRAPH_REPLAYED && (rc = trt_cu.graph_launch(exec, (CUstream)stream)))
       failed = trt_cuda_fail("cuGraphLaunch", rc) ? TRT_GRAPH_FAILED : failed;
+    if (!back) trt_replay_lap(rt, TRT_REPLAY_LAUNCH);
   }
   const int64_t* o = in + 5 * ninputs;
   int k = 0;
@@ -509,6 +525,7 @@ static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, co
       if (out->outs[i].tag == TRT_TENSOR && out->outs[i].u.t) rt->release(out->outs[i].u.t);
     return failed;
   }
+  trt_replay_lap(rt, TRT_REPLAY_OUTPUTS);
   out->nouts = noutputs;
   g->bound = 1;
   g->stream = stream;

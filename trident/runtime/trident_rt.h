@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 6
+#define TRT_ABI_VERSION 7
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -249,6 +249,22 @@ enum {
 /* The runtime's services, handed to an SCM once by scm_init(). Note [No exception crosses the
  * ABI] in runtime.cpp: every entry point catches what PyTorch's C++ throws and reports it as
  * its return value (non-zero, or NULL), with the message pending for set_error(). */
+/* A CUDA graph replay's parts (trt_graph_replay in trident_cuda.h), timed only while
+ * Dispatcher._hit_profile runs (`on`): nanoseconds summed per part. */
+enum {
+  TRT_REPLAY_CHECK,     /* the graph for the call, its inputs' addresses, overlaps, outputs */
+  TRT_REPLAY_COPY_IN,   /* the context, the copied-in arguments' copy launches */
+  TRT_REPLAY_LAUNCH,    /* cuGraphLaunch */
+  TRT_REPLAY_COPY_BACK, /* the written arguments' copy launches back */
+  TRT_REPLAY_OUTPUTS,   /* outputs handed out or copied out */
+  TRT_REPLAY_PARTS
+};
+typedef struct trt_replay_clock {
+  int on;
+  uint64_t last;
+  uint64_t ns[TRT_REPLAY_PARTS];
+} trt_replay_clock;
+
 typedef struct trt_api {
   int32_t abi_version;
   /* Look an operator up in PyTorch's dispatcher ("aten::add", "Tensor"); NULL if absent. */
@@ -282,6 +298,7 @@ typedef struct trt_api {
    * geometry; NULL on failure. */
   int (*output_in_use)(const void* held);
   trt_tensor* (*graph_output)(const void* held);
+  trt_replay_clock* replay_clock; /* never NULL */
 } trt_api;
 
 /* Operand constructors used by generated launch sequences. */
