@@ -31,6 +31,11 @@ constexpr int kStateMemoRemakes = 16;  // Note [Quiet state]: then every node at
 // and whose tag held, so it is alive; a value read afresh is trusted only through a tag (a new
 // object at a freed one's address has a new dict, and so a new tag).
 //
+// The roots are each parameter's value and self, except that the *args tuple and the **kwargs
+// dict are new at every call (binding makes them): such a shell is checked alone (its type,
+// length and keys, in order), and each item it holds is a root of its own, so a model or a
+// cache passed as a keyword is not walked again at every call.
+//
 // The unchanged pass: a root (a parameter's value, or self) that is the memo's object, and
 // whose whole subtree held at its last walk, is checked by its flat list of what remains
 // (TreeMemo::checks, in pre-order, so that each value is read only once the container holding
