@@ -38,6 +38,35 @@ TWO_OPS = textwrap.dedent('''
     print("MLIR " + json.dumps("torch_mlir" in sys.modules))
 ''')
 
+# A launch whose grid and constexpr come from triton.cdiv and triton.next_power_of_2
+# (ConstexprFunction objects in triton 3.6, which a state guard checks by identity)
+CDIV = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch, triton, trident
+    import triton.language as tl
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs,
+                 mask=mask), mask=mask)
+
+    @trident.jit
+    def add(x, y):
+        out = torch.empty_like(x)
+        block = triton.next_power_of_2(48)
+        add_kernel[(triton.cdiv(x.numel(), block),)](x, y, out, x.numel(), BLOCK=block)
+        return out
+
+    x, y = torch.randn(100), torch.randn(100)
+    for _ in range(2):
+        assert torch.equal(add(x, y), x + y)
+    print("STATS " + json.dumps(dataclasses.asdict(add.stats)))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
+''')
+
 # Each door in turn on one tiny Llama, its output compared with eager generate's
 HF_DOORS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
     import sys
@@ -110,6 +139,20 @@ def test_a_backend_graph_loads_in_a_process_that_made_other_graphs_first(
         (0, 0, 0, 2)
     assert times["trace"] == times["C build"] == 0
     assert _contents(trident_cache) == stored  # nothing added, nothing rewritten
+
+
+def test_a_grid_of_triton_cdiv_restarts_warm(tmp_path, subprocess_env, trident_cache):
+    """triton.cdiv and triton.next_power_of_2 are described by their code, not their address
+    (a new process's state guards matched no stored specialization: a fresh user's finding)."""
+    script = tmp_path / "cdiv.py"
+    script.write_text(CDIV)
+    first, _ = _run(subprocess_env, script)
+    assert (first["traces"], first["compiles"], first["hits"]) == (1, 1, 1), first
+    stored = _no_duplicates(trident_cache)
+    second, times = _run(subprocess_env, script, forbid=True)
+    assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
+        (0, 0, 0, 2), second
+    assert _contents(trident_cache) == stored
 
 
 def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,

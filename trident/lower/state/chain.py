@@ -99,10 +99,14 @@ def _resolve_root(root: tuple, fn) -> Any:
 
 @functools.cache
 def _kernel_types() -> tuple:
+    """Triton's callables that wrap a Python function: kernels (autotuners and heuristics
+    around them) and, in triton 3.6, ``JITCallable``s such as the ``ConstexprFunction``s
+    ``triton.cdiv`` and ``triton.next_power_of_2`` that a launch's grid calls on the host."""
+    from triton.runtime import jit
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import KernelInterface
 
-    return (KernelInterface, InterpretedFunction)
+    return (jit.KernelInterface, InterpretedFunction) + (
+        (jit.JITCallable,) if hasattr(jit, "JITCallable") else ())
 
 
 def _kernel_fns(value) -> list:
