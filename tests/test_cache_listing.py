@@ -8,6 +8,7 @@ import inspect
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import trident
@@ -103,6 +104,23 @@ def test_clear_everything_lists_each_entry(trident_cache, capsys):
         f"deleted {path}", f"deleted {trident_cache / 'runtime'}",
         f"cleared 2 entries in {trident_cache}"]
     assert trident.list_cache() == [] and not (trident_cache / "runtime").exists()
+
+
+def listed_eager(x):
+    if x.sum() > 0:  # data-dependent control flow: every call runs eagerly
+        return x + 1
+    return x - 1
+
+
+def test_a_function_that_only_ran_eagerly_is_listed_by_name(trident_cache, capsys):
+    jf = trident.jit(listed_eager)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert torch.equal(jf(torch.ones(2)), listed_eager(torch.ones(2)))
+    assert jf.stats.fallbacks == 1, jf.stats
+    (row,) = trident.list_cache()
+    assert row["about"]["qualname"] == "listed_eager"
+    assert cli.main(["clear", "listed_eager"]) == 0
+    assert trident.list_cache() == []
 
 
 def test_folders_without_metadata_are_listed(trident_cache, capsys):

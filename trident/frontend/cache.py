@@ -102,6 +102,16 @@ class FunctionCache:
                 specs.append(spec)
         return specs
 
+    def _save_about(self) -> None:
+        """The function's origin, once, for ``python3 -m trident list`` (OSError where the
+        cache cannot be written)."""
+        about = self.directory / "function.json"
+        if not about.exists():
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.about, f)
+            os.replace(tmp, about)
+
     def save_spec(self, spec: Specialization, keep: int = 64) -> bool:
         """Store ``spec``, and delete the oldest stored ones past the newest ``keep`` (calls
         whose argument trees hold per-process values never match across processes, and would
@@ -111,12 +121,7 @@ class FunctionCache:
             if self.spec_dir.exists() and not self.spec_dir.is_dir():
                 _discard(self.spec_dir, "not a folder")
             self.spec_dir.mkdir(parents=True, exist_ok=True)
-            about = self.directory / "function.json"  # for `python3 -m trident list`
-            if not about.exists():
-                fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
-                    json.dump(self.about, f)
-                os.replace(tmp, about)
+            self._save_about()
             if any(self.spec_dir.glob(f"*-{spec.key}.json")):
                 return True
             fd, tmp = tempfile.mkstemp(dir=self.spec_dir, suffix=".tmp")
@@ -161,6 +166,7 @@ class FunctionCache:
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
         try:
             self.eager_dir.mkdir(parents=True, exist_ok=True)
+            self._save_about()
             if any(self.eager_dir.glob(f"*-{digest}.json")):
                 return
             fd, tmp = tempfile.mkstemp(dir=self.eager_dir, suffix=".tmp")
