@@ -243,6 +243,27 @@ def test_a_change_below_a_new_kwargs_dict_is_seen(change):
         assert python_calls(jf, (x,), 3, m=m) == []
 
 
+def count_kwargs(x, **kw):
+    return x + len(kw)
+
+
+@pytest.mark.parametrize("kwargs", [{1: 2}, {"a": 1, 2: 3}, {(): 1}],
+                         ids=["int", "str and int", "tuple"])
+def test_a_keyword_that_is_not_a_str_raises_as_eager_after_hits(kwargs):
+    """Python's binding raises TypeError for a keyword that is not a str; the native binding
+    left an error set on its way to the slow path (an adversarial pass's finding)."""
+    x = torch.ones(3)
+    jf = trident.jit(count_kwargs)
+    for _ in range(3):
+        assert torch.equal(jf(x, a=1), count_kwargs(x, a=1))
+    with pytest.raises(TypeError) as eager:
+        count_kwargs(x, **kwargs)
+    with pytest.raises(TypeError) as mine:
+        jf(x, **kwargs)
+    assert str(mine.value) == str(eager.value)
+    assert torch.equal(jf(x, a=1), count_kwargs(x, a=1))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_cache_object_replaced_or_edited_is_seen(device):
     torch.manual_seed(0)

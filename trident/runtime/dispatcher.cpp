@@ -230,6 +230,7 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
   Py_ssize_t found = -1;
   for (size_t k = 0; k < t.trees.size() && found < 0; ++k)
     if (eval_tree(t, t.trees[k], cv, failed)) found = static_cast<Py_ssize_t>(k);
+  if (found < 0) PyErr_Clear();  // a miss: the slow path decides, with no error pending
   if (clock) clock->lap(HitClock::kTree);
   return found;
 }

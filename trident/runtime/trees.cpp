@@ -32,6 +32,7 @@ bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues&
         PyObject *k, *item;
         Py_ssize_t pos = 0;
         while (PyDict_Next(kwargs, &pos, &k, &item)) {
+          if (!PyUnicode_Check(k)) return false;  // Python raises TypeError: the slow path's
           bool named = false;
           for (const Param& q : t.params)
             if ((q.kind == PARAM_POSITIONAL_OR_KEYWORD || q.kind == PARAM_KEYWORD_ONLY) &&
