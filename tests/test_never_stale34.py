@@ -1,0 +1,87 @@
+"""Never stale, by construction (issue 28): each kind of read that a specialization depends on
+is guarded or makes the call eager. Each case jits a function, calls it, changes what it reads,
+and compares the next calls with eager (``torch.equal``), with exact counts."""
+
+from __future__ import annotations
+
+import abc
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+
+def _classes():
+    """Classes with no importable name (``<locals>``), and an ``abc.ABC``."""
+    class Base:
+        K = 2.0
+
+        def __init__(self):
+            self.a = 3.0
+
+    class Sub(Base):
+        pass
+
+    class Abstract(abc.ABC):
+        K = 2.0
+
+        def __init__(self):
+            self.a = 3.0
+
+    return Base, Sub, Abstract
+
+
+def reads_k(x, cfg):
+    return x * cfg.K
+
+
+def reads_a(x, cfg):
+    return x * cfg.a
+
+
+def reads_maybe_b(x, cfg):
+    return x * (cfg.b if hasattr(cfg, "b") else 1.0)
+
+
+def reads_type_k(x, cfg):
+    return x * type(cfg).K
+
+
+# case -> (function, the class instantiated, the change: (classes) -> None)
+CLASS_CASES = {
+    "a <locals> class attribute": (reads_k, 0, lambda b, s, a: setattr(b, "K", 5.0)),
+    "a <locals> class attribute through type()": (reads_type_k, 0,
+                                                  lambda b, s, a: setattr(b, "K", 5.0)),
+    "a <locals> subclass shadowing its base": (reads_k, 1, lambda b, s, a: setattr(s, "K", 7.0)),
+    "an ABC class attribute": (reads_k, 2, lambda b, s, a: setattr(a, "K", 5.0)),
+    "a property on a <locals> class shadowing the instance": (
+        reads_a, 0, lambda b, s, a: setattr(b, "a", property(lambda self: 11.0))),
+    "a property on a <locals> base shadowing the instance": (
+        reads_a, 1, lambda b, s, a: setattr(b, "a", property(lambda self: 11.0))),
+    "a property on an ABC shadowing the instance": (
+        reads_a, 2, lambda b, s, a: setattr(a, "a", property(lambda self: 11.0))),
+    "an ABC class attribute for a name the instance lacks": (
+        reads_maybe_b, 2, lambda b, s, a: setattr(a, "b", 13.0)),
+    "a __getattr__ added to a <locals> class": (
+        reads_maybe_b, 0, lambda b, s, a: setattr(b, "__getattr__", lambda self, n: 9.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASS_CASES))
+def test_a_class_without_an_importable_name_is_guarded(case):
+    # Note [Instance lookups] in lower/state/reads.py: a <locals> class and an ABC were
+    # skipped, so a class change that changes the lookup was not seen (a stale hit)
+    fn, which, change = CLASS_CASES[case]
+    classes = _classes()
+    cfg, x = classes[which](), torch.ones(2)
+    jf = trident.jit(fn)
+    before = fn(x, cfg)
+    assert torch.equal(jf(x, cfg), before) and torch.equal(jf(x, cfg), before)
+    change(*classes)
+    after = fn(x, cfg)
+    assert not torch.equal(after, before), "the change must change eager's result"
+    assert torch.equal(jf(x, cfg), after) and torch.equal(jf(x, cfg), after)
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
