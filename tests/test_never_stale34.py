@@ -85,3 +85,37 @@ def test_a_class_without_an_importable_name_is_guarded(case):
     assert torch.equal(jf(x, cfg), after) and torch.equal(jf(x, cfg), after)
     s = jf.stats
     assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
+
+
+class BigHolder:
+    items = [float(i) for i in range(100)]  # more than a guard checks of a class used whole
+    table = {i: float(i) for i in range(65)}
+
+
+def _pick_big():
+    return BigHolder
+
+
+def _reads_big(x):
+    c = _pick_big()  # a class returned by a call: used whole (Note [State guards])
+    return x * c.items[7] + c.table[3]
+
+
+def test_a_class_used_whole_with_a_container_too_big_to_guard_runs_eagerly():
+    # its containers of more than 64 items were skipped: a constant of the trace, stale once
+    # an item changed
+    jf = trident.jit(_reads_big)
+    x = torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            assert torch.equal(jf(x), _reads_big(x))
+            BigHolder.items[7] = -1.0
+            BigHolder.table[3] = 30.0
+            assert torch.equal(jf(x), _reads_big(x)) and torch.equal(jf(x), _reads_big(x))
+        finally:
+            BigHolder.items[7], BigHolder.table[3] = 7.0, 3.0
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits, s.traces) == (3, 0, 0, 1), s  # decided once
+    said = [str(w.message) for w in caught if "more than the 64 a guard checks" in str(w.message)]
+    assert len(said) == 1, said
