@@ -5,6 +5,7 @@ and compares the next calls with eager (``torch.equal``), with exact counts."""
 from __future__ import annotations
 
 import abc
+import itertools
 import warnings
 
 import pytest
@@ -119,3 +120,64 @@ def test_a_class_used_whole_with_a_container_too_big_to_guard_runs_eagerly():
     assert (s.fallbacks, s.compiles, s.hits, s.traces) == (3, 0, 0, 1), s  # decided once
     said = [str(w.message) for w in caught if "more than the 64 a guard checks" in str(w.message)]
     assert len(said) == 1, said
+
+
+def _counting():
+    i = 0
+    while True:
+        i += 1
+        yield float(i)
+
+
+class _Box:
+    def __init__(self):
+        self.it = _counting()
+
+
+ITERATORS = {"GEN": _counting(), "COUNT": itertools.count(1), "BOX": _Box()}
+
+
+def _get_gen():
+    return ITERATORS["GEN"]
+
+
+def _get_count():
+    return ITERATORS["COUNT"]
+
+
+def _get_box():
+    return ITERATORS["BOX"]
+
+
+def _next_of_a_call(x):
+    return x * next(_get_gen())
+
+
+def _next_of_a_c_iterator(x):
+    return x * next(_get_count())
+
+
+def _next_of_an_attribute_of_a_call(x):
+    return x * next(_get_box().it)
+
+
+def _loop_over_a_call(x):
+    for v in _get_gen():
+        return x * v
+
+
+@pytest.mark.parametrize("fn", [_next_of_a_call, _next_of_a_c_iterator,
+                                _next_of_an_attribute_of_a_call, _loop_over_a_call])
+def test_a_global_iterator_returned_by_a_call_runs_eagerly_and_is_not_advanced_by_a_trace(fn):
+    # the write walk did not name the iterator: the trace advanced it once (the first call
+    # returned x * 2), then the state tree refused it; now the write walk follows what the
+    # called function returns, and the call runs eagerly before any trace
+    ITERATORS.update(GEN=_counting(), COUNT=itertools.count(1), BOX=_Box())
+    jf = trident.jit(fn)
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for want in (1.0, 2.0, 3.0):
+            assert torch.equal(jf(x), x * want), want
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
