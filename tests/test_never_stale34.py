@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import logging
 import warnings
 
 import pytest
@@ -179,5 +180,44 @@ def test_a_global_iterator_returned_by_a_call_runs_eagerly_and_is_not_advanced_b
         warnings.simplefilter("ignore")
         for want in (1.0, 2.0, 3.0):
             assert torch.equal(jf(x), x * want), want
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
+
+
+LOG = logging.getLogger("test_never_stale34")
+
+
+def _logs_through_a_global(x):
+    LOG.info("step of %d", x.shape[0])
+    return x + 1
+
+
+def _logs_through_get_logger(x):
+    logging.getLogger("test_never_stale34").warning("step")
+    return x + 2
+
+
+@pytest.mark.parametrize("fn", [_logs_through_a_global, _logs_through_get_logger])
+def test_a_logging_call_runs_eagerly_and_logs_at_every_call(fn):
+    # Note [Logging calls] in lower/state/writes.py: the trace logged once and hits never
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Keep()
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    try:
+        jf = trident.jit(fn)
+        x = torch.ones(3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                assert torch.equal(jf(x), fn(x))
+    finally:
+        LOG.removeHandler(handler)
+    assert len(records) == 6, records  # three calls each, jitted and eager
     s = jf.stats
     assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
