@@ -221,3 +221,36 @@ def test_a_logging_call_runs_eagerly_and_logs_at_every_call(fn):
     assert len(records) == 6, records  # three calls each, jitted and eager
     s = jf.stats
     assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
+
+
+def _asks_function_mode(x):
+    return x * 2 if torch._C._is_torch_function_mode_enabled() else x * 3
+
+
+def _asks_function_stack(x):
+    return x * 2 if torch._C._len_torch_function_stack() > 0 else x * 3
+
+
+def _asks_fx_tracing(x):
+    return x * 2 if torch.fx._symbolic_trace.is_fx_tracing() else x * 3
+
+
+def _asks_compiling(x):
+    return x * 2 if torch.compiler.is_compiling() or torch.jit.is_scripting() or \
+        torch.jit.is_tracing() or torch._C._get_tracing_state() is not None else x * 3
+
+
+@pytest.mark.parametrize("fn, eager", [(_asks_function_mode, True), (_asks_function_stack, True),
+                                       (_asks_fx_tracing, True), (_asks_compiling, False)])
+def test_reads_of_the_traces_own_state_answer_as_in_eager(fn, eager):
+    # Note [Trace state] in lower/state/recording.py: the trace's answer (a TorchFunctionMode
+    # and FX's tracer are active) was baked: x * 2 where eager gives x * 3. Those calls run
+    # eagerly; is_compiling() and the others answer in the trace as in eager and compile
+    jf = trident.jit(fn)
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            assert torch.equal(jf(x), fn(x)) and torch.equal(fn(x), x * 3)
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == ((3, 0, 0) if eager else (0, 1, 2)), s

@@ -35,7 +35,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
-                           "torch.Generator's, the clock, the OS)")
+                           "torch.Generator's, the clock, the OS, the trace's own state)")
     if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
         raise TridentError(rec.refused)  # entry]; the error was caught by user code)
     for code, (g, params) in rec.codes.items():
