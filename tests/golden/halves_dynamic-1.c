@@ -55,26 +55,26 @@ static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   if (!(a[1].device_type == 0)) return bad ? -1 : 0;  /* x.device.type == cpu */
   if (!(a[1].device_index == -1)) return bad ? -1 : 0;  /* x.device.index == -1 */
   if (!(a[1].dim == 2)) return bad ? -1 : 0;  /* x.dim() == 2 */
-  if (!(a[1].sizes[0] >= 2LL && !bad)) return bad ? -1 : 0;  /* x.size(0) >= 2 */
-  if (!(a[1].sizes[1] == 3LL && !bad)) return bad ? -1 : 0;  /* x.size(1) == 3 */
-  if (!(a[1].strides[0] == 3LL && !bad)) return bad ? -1 : 0;  /* x.stride(0) == 3 */
-  if (!(a[1].strides[1] == 1LL && !bad)) return bad ? -1 : 0;  /* x.stride(1) == 1 */
-  if (!((trt_mod_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) % (x.size(0) // 2)) == 0 */
-  if (!((trt_mul_x(3LL, a[1].sizes[0], &bad)) == (trt_mul_x(trt_floordiv_x(a[1].sizes[0], 2LL, &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) && !bad)) return bad ? -1 : 0;  /* (3*x.size(0)) == ((x.size(0) // 2)*((3*x.size(0)) // (x.size(0) // 2))) */
-  if (!((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != a[1].sizes[0] && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != x.size(0) */
-  if (!((trt_mod_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL && !bad)) return bad ? -1 : 0;  /* (x.size(0) % (x.size(0) // 2)) == 0 */
-  if (!((trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != (trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) // (x.size(0) // 2)) != (x.size(0) // (x.size(0) // 2)) */
-  if (!((trt_mod_x(trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL && !bad)) return bad ? -1 : 0;  /* ((x.size(0) // (x.size(0) // 2)) % ((3*x.size(0)) // (x.size(0) // 2))) != 0 */
-  if (!((trt_mod_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == 0LL && !bad)) return bad ? -1 : 0;  /* ((3*(x.size(0) // (x.size(0) // 2))) % ((3*x.size(0)) // (x.size(0) // 2))) == 0 */
-  if (!((trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2))) != 0 */
-  if (!((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 1LL && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 1 */
-  if (!((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 0LL && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 0 */
-  if (!((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == (trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) == ((3*x.size(0)) // (x.size(0) // 2)) */
-  if (!(trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2)) >= 2 */
-  if (!((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 1LL && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) != 1 */
-  if (!((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != 1LL && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != 1 */
-  if (!(((1LL) > (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) ? (1LL) : (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) == (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) && !bad)) return bad ? -1 : 0;  /* max(1, 3*(x.size(0) // (x.size(0) // 2))) == (3*(x.size(0) // (x.size(0) // 2))) */
-  if (!(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // (x.size(0) // 2)) >= 2 */
+  if (!((a[1].sizes[0] >= 2LL) && !bad)) return bad ? -1 : 0;  /* x.size(0) >= 2 */
+  if (!((a[1].sizes[1] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.size(1) == 3 */
+  if (!((a[1].strides[0] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.stride(0) == 3 */
+  if (!((a[1].strides[1] == 1LL) && !bad)) return bad ? -1 : 0;  /* x.stride(1) == 1 */
+  if (!(((trt_mod_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) % (x.size(0) // 2)) == 0 */
+  if (!(((trt_mul_x(3LL, a[1].sizes[0], &bad)) == (trt_mul_x(trt_floordiv_x(a[1].sizes[0], 2LL, &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* (3*x.size(0)) == ((x.size(0) // 2)*((3*x.size(0)) // (x.size(0) // 2))) */
+  if (!(((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != a[1].sizes[0]) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != x.size(0) */
+  if (!(((trt_mod_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) % (x.size(0) // 2)) == 0 */
+  if (!(((trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != (trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) // (x.size(0) // 2)) != (x.size(0) // (x.size(0) // 2)) */
+  if (!(((trt_mod_x(trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* ((x.size(0) // (x.size(0) // 2)) % ((3*x.size(0)) // (x.size(0) // 2))) != 0 */
+  if (!(((trt_mod_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* ((3*(x.size(0) // (x.size(0) // 2))) % ((3*x.size(0)) // (x.size(0) // 2))) == 0 */
+  if (!(((trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2))) != 0 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 1 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 0 */
+  if (!(((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == (trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) == ((3*x.size(0)) // (x.size(0) // 2)) */
+  if (!((trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL) && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2)) >= 2 */
+  if (!(((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) != 1 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != 1 */
+  if (!((((1LL) > (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) ? (1LL) : (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) == (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* max(1, 3*(x.size(0) // (x.size(0) // 2))) == (3*(x.size(0) // (x.size(0) // 2))) */
+  if (!((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL) && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // (x.size(0) // 2)) >= 2 */
   if (!((a[1].flags & TRT_ALIGNED16))) return bad ? -1 : 0;  /* x.data_ptr() % 16 == 0 */
   if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return bad ? -1 : 0;  /* x.requires_grad is False */
   if (!(!(a[1].flags & TRT_INFERENCE))) return bad ? -1 : 0;  /* x.is_inference() is False */

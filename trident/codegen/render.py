@@ -440,7 +440,7 @@ class _SpecRenderer:
         checked = any(isinstance(g, SizeRelation) for g in self.spec.guards)
         return {
             "signature": c_comment(self.spec.signature),
-            "guards": [(guard_c(g) + (" && !bad" if isinstance(g, SizeRelation) else ""),
+            "guards": [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
                         c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards],
             # Note [Checked size steps]: a size relation int64 cannot decide: eager
             "checked_guards": checked,

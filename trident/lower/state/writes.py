@@ -31,9 +31,9 @@ def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | 
 def terminal_output(code: types.CodeType, g: dict) -> str | None:
     """A call in ``code`` that prints or warns (``print``, ``warnings.warn`` or
     ``warn_explicit``, ``sys.stdout.write``, ``sys.stderr.write``, named by a global or a
-    builtin, through modules) or logs (Note [Logging calls]), or None. Only the trace runs the function's Python code: eager
-    prints and warns at every call (as Python's warning filters allow), a hit would not, so such
-    a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
+    builtin, through modules) or logs (Note [Logging calls]), or None. Only the trace runs the
+    function's Python code: eager prints and warns at every call (as Python's warning filters
+    allow), a hit would not, so such a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
     not taken makes the function run eagerly too."""
     streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
