@@ -191,3 +191,16 @@ def test_a_size_guard_past_int64_runs_eagerly():
     assert (s.compiles, s.fallbacks, s.hits) == (1, 1, 2), s
     said = [str(w.message) for w in caught if "int64 cannot decide" in str(w.message)]
     assert len(said) == 1, said
+
+
+def test_a_first_call_whose_size_guard_is_past_int64_runs_eagerly():
+    # the specialization traced from the call cannot decide its own guard in C: the call runs
+    # eagerly (it was an internal error), the next such call too, and a small one hits
+    jf = trident.jit(_branch, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for length, m in ((BIG, 4), (BIG, 5), (30, 6)):
+            x, y = torch.ones(1).expand(length), torch.ones(m)
+            assert torch.equal(jf(x, y), _branch(x, y)), (length, m)
+    s = jf.stats
+    assert (s.compiles, s.fallbacks, s.hits) == (1, 2, 1), s
