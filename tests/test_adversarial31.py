@@ -46,12 +46,11 @@ def _modulo(x, n):
     return x * 2, n % 4
 
 
-@pytest.mark.parametrize("fn", [_negated, pytest.param(_modulo, marks=pytest.mark.xfail(
-    strict=True, reason="aten::fmod.int is no size step: its divisor may be 0, which the guards "
-    "do not exclude (tests/test_errors.py's division by zero); each n compiles"))])
+@pytest.mark.parametrize("fn", [_negated, _modulo])
 def test_an_int_dynamo_made_symbolic_negated_or_modulo_is_compiled_once(fn):
     # -n and n % 4 reached the plan as aten::neg.int and aten::fmod.int (Torch-MLIR's import of
-    # Python's %), no size step: the symbolic trace failed, silently, and every new n compiled
+    # Python's %), no size step: the symbolic trace failed, silently, and every new n compiled.
+    # Both are checked size steps (Note [Checked size steps]: a zero divisor runs eagerly)
     torch._dynamo.reset()
     f = torch.compile(fn, backend="trident")
     x = torch.arange(4.0)
@@ -71,9 +70,9 @@ class Counter:
         self.n = n
 
 
-@pytest.mark.xfail(strict=True, reason="size steps compute in int64 in C: no overflow check")
 def test_an_int_written_past_int64_is_eager_python_int():
-    # the symbolic int's product is computed in C in int64: it wrapped around silently
+    # the symbolic int's product was computed in C in int64 and wrapped around silently: now
+    # checked (Note [Checked size steps] in codegen/render.py), the call past int64 runs eagerly
     def grow(x, c):
         c.n = c.n * 1000003
         return x + 1
@@ -86,9 +85,8 @@ def test_an_int_written_past_int64_is_eager_python_int():
         assert type(mine.n) is int and mine.n == theirs.n, (mine.n, theirs.n)
 
 
-@pytest.mark.xfail(strict=True, reason="size steps compute in int64 in C: no overflow check")
 def test_an_int_dynamo_made_symbolic_returned_past_int64_is_exact():
-    # 2**62 * 4 came back as 0
+    # 2**62 * 4 came back as 0; checked, the call runs eagerly and returns 2**64
     def scaled(x, n):
         return x + 1, n * 4
 

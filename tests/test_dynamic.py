@@ -117,7 +117,8 @@ def test_size_arithmetic_runs_in_c():
     assert f.stats.compiles == 1
     source = f.source()
     assert "s[0] = TRT_I(a[1].sizes[0]);" in source  # x.shape[0], read from the argument
-    assert "trt_floordiv(" in source and "TRT_IL(il" in source  # rows // 4; a computed list
+    assert "trt_floordiv_ck(" in source and "TRT_IL(il" in source  # rows // 4, checked (Note
+    # [Checked size steps]); a computed list
 
 
 def branches_on_size(x):

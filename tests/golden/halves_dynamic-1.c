@@ -33,50 +33,53 @@ static const char* const op_names[][2] = {
 /* ---- halves(x: float32[?, 3] cpu, n=2) ---- */
 static const int64_t k0[] = {0LL};
 
+/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py) */
 static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
-  if (!(n == 3)) return 0;  /* 3 positional arguments */
-  if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
-  if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
-  if (!(env->autocast == 0)) return 0;  /* autocast is off */
-  if (!(env->aliased == 0)) return 0;  /* one tensor in two argument positions is False */
-  if (!(env->default_dtype == 6)) return 0;  /* torch.get_default_dtype() == float32 */
-  if (!(env->transforms == 0)) return 0;  /* a torch.func transform is active is False */
-  if (!(env->function_modes == 0)) return 0;  /* a TorchFunctionMode is active is False */
-  if (!(trt_streq(env->process_group, ""))) return 0;  /* no default process group is initialized */
-  if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
-  if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
-  if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
-  if (!(a[2].kind == TRT_ARG_INT)) return 0;  /* n is int */
-  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 2)) return 0;  /* x.dim() == 2 */
-  if (!(a[1].sizes[0] >= 2LL)) return 0;  /* x.size(0) >= 2 */
-  if (!(a[1].sizes[1] == 3LL)) return 0;  /* x.size(1) == 3 */
-  if (!(a[1].strides[0] == 3LL)) return 0;  /* x.stride(0) == 3 */
-  if (!(a[1].strides[1] == 1LL)) return 0;  /* x.stride(1) == 1 */
-  if (!((trt_mod(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) == 0LL)) return 0;  /* ((3*x.size(0)) % (x.size(0) // 2)) == 0 */
-  if (!((3LL*a[1].sizes[0]) == ((trt_floordiv(a[1].sizes[0], 2LL))*(trt_floordiv(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))))) return 0;  /* (3*x.size(0)) == ((x.size(0) // 2)*((3*x.size(0)) // (x.size(0) // 2))) */
-  if (!((trt_floordiv(a[1].sizes[0], 2LL)) != a[1].sizes[0])) return 0;  /* (x.size(0) // 2) != x.size(0) */
-  if (!((trt_mod(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) == 0LL)) return 0;  /* (x.size(0) % (x.size(0) // 2)) == 0 */
-  if (!((trt_floordiv(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) != (trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))))) return 0;  /* ((3*x.size(0)) // (x.size(0) // 2)) != (x.size(0) // (x.size(0) // 2)) */
-  if (!((trt_mod(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)), trt_floordiv(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) != 0LL)) return 0;  /* ((x.size(0) // (x.size(0) // 2)) % ((3*x.size(0)) // (x.size(0) // 2))) != 0 */
-  if (!((trt_mod(3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))), trt_floordiv(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) == 0LL)) return 0;  /* ((3*(x.size(0) // (x.size(0) // 2))) % ((3*x.size(0)) // (x.size(0) // 2))) == 0 */
-  if (!((3LL*(trt_floordiv(a[1].sizes[0], 2LL))*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) != 0LL)) return 0;  /* (3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2))) != 0 */
-  if (!((trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) != 1LL)) return 0;  /* (x.size(0) // (x.size(0) // 2)) != 1 */
-  if (!((trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) != 0LL)) return 0;  /* (x.size(0) // (x.size(0) // 2)) != 0 */
-  if (!((3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) == (trt_floordiv(3LL*a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))))) return 0;  /* (3*(x.size(0) // (x.size(0) // 2))) == ((3*x.size(0)) // (x.size(0) // 2)) */
-  if (!(3LL*(trt_floordiv(a[1].sizes[0], 2LL))*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) >= 2LL)) return 0;  /* 3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2)) >= 2 */
-  if (!((3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) != 1LL)) return 0;  /* (3*(x.size(0) // (x.size(0) // 2))) != 1 */
-  if (!((trt_floordiv(a[1].sizes[0], 2LL)) != 1LL)) return 0;  /* (x.size(0) // 2) != 1 */
-  if (!(((1LL) > (3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))) ? (1LL) : (3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))))) == (3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL)))))) return 0;  /* max(1, 3*(x.size(0) // (x.size(0) // 2))) == (3*(x.size(0) // (x.size(0) // 2))) */
-  if (!(3LL*(trt_floordiv(a[1].sizes[0], trt_floordiv(a[1].sizes[0], 2LL))) >= 2LL)) return 0;  /* 3*(x.size(0) // (x.size(0) // 2)) >= 2 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
-  if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
-  if (!(a[2].i == 2LL)) return 0;  /* n == 2 */
+  int bad = 0;  /* set where Python's answer is no int64, or Python raises */
+  if (!(n == 3)) return bad ? -1 : 0;  /* 3 positional arguments */
+  if (!(env->grad_enabled == 1)) return bad ? -1 : 0;  /* torch.is_grad_enabled() is True */
+  if (!(env->inference_mode == 0)) return bad ? -1 : 0;  /* torch.is_inference_mode_enabled() is False */
+  if (!(env->autocast == 0)) return bad ? -1 : 0;  /* autocast is off */
+  if (!(env->aliased == 0)) return bad ? -1 : 0;  /* one tensor in two argument positions is False */
+  if (!(env->default_dtype == 6)) return bad ? -1 : 0;  /* torch.get_default_dtype() == float32 */
+  if (!(env->transforms == 0)) return bad ? -1 : 0;  /* a torch.func transform is active is False */
+  if (!(env->function_modes == 0)) return bad ? -1 : 0;  /* a TorchFunctionMode is active is False */
+  if (!(trt_streq(env->process_group, ""))) return bad ? -1 : 0;  /* no default process group is initialized */
+  if (!(env->num_threads == 2)) return bad ? -1 : 0;  /* torch.get_num_threads() == 2 */
+  if (!(env->flags == 252ULL)) return bad ? -1 : 0;  /* torch's global flags == 0xfc */
+  if (!(a[0].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* <call structure> is int */
+  if (!(a[1].kind == TRT_ARG_TENSOR)) return bad ? -1 : 0;  /* x is Tensor */
+  if (!(a[2].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* n is int */
+  if (!(a[1].dtype == 6)) return bad ? -1 : 0;  /* x.dtype == float32 */
+  if (!(a[1].device_type == 0)) return bad ? -1 : 0;  /* x.device.type == cpu */
+  if (!(a[1].device_index == -1)) return bad ? -1 : 0;  /* x.device.index == -1 */
+  if (!(a[1].dim == 2)) return bad ? -1 : 0;  /* x.dim() == 2 */
+  if (!((a[1].sizes[0] >= 2LL) && !bad)) return bad ? -1 : 0;  /* x.size(0) >= 2 */
+  if (!((a[1].sizes[1] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.size(1) == 3 */
+  if (!((a[1].strides[0] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.stride(0) == 3 */
+  if (!((a[1].strides[1] == 1LL) && !bad)) return bad ? -1 : 0;  /* x.stride(1) == 1 */
+  if (!(((trt_mod_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) % (x.size(0) // 2)) == 0 */
+  if (!(((trt_mul_x(3LL, a[1].sizes[0], &bad)) == (trt_mul_x(trt_floordiv_x(a[1].sizes[0], 2LL, &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* (3*x.size(0)) == ((x.size(0) // 2)*((3*x.size(0)) // (x.size(0) // 2))) */
+  if (!(((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != a[1].sizes[0]) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != x.size(0) */
+  if (!(((trt_mod_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) % (x.size(0) // 2)) == 0 */
+  if (!(((trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != (trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* ((3*x.size(0)) // (x.size(0) // 2)) != (x.size(0) // (x.size(0) // 2)) */
+  if (!(((trt_mod_x(trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* ((x.size(0) // (x.size(0) // 2)) % ((3*x.size(0)) // (x.size(0) // 2))) != 0 */
+  if (!(((trt_mod_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad), trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == 0LL) && !bad)) return bad ? -1 : 0;  /* ((3*(x.size(0) // (x.size(0) // 2))) % ((3*x.size(0)) // (x.size(0) // 2))) == 0 */
+  if (!(((trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2))) != 0 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 1 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad)) != 0LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // (x.size(0) // 2)) != 0 */
+  if (!(((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) == (trt_floordiv_x(trt_mul_x(3LL, a[1].sizes[0], &bad), trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) == ((3*x.size(0)) // (x.size(0) // 2)) */
+  if (!((trt_mul_x(trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL) && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // 2)*(x.size(0) // (x.size(0) // 2)) >= 2 */
+  if (!(((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (3*(x.size(0) // (x.size(0) // 2))) != 1 */
+  if (!(((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != 1 */
+  if (!((((1LL) > (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) ? (1LL) : (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) == (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* max(1, 3*(x.size(0) // (x.size(0) // 2))) == (3*(x.size(0) // (x.size(0) // 2))) */
+  if (!((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL) && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // (x.size(0) // 2)) >= 2 */
+  if (!((a[1].flags & TRT_ALIGNED16))) return bad ? -1 : 0;  /* x.data_ptr() % 16 == 0 */
+  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return bad ? -1 : 0;  /* x.requires_grad is False */
+  if (!(!(a[1].flags & TRT_INFERENCE))) return bad ? -1 : 0;  /* x.is_inference() is False */
+  if (!(a[0].i == 3003920957382489136LL)) return bad ? -1 : 0;  /* <call structure> == 3003920957382489136 */
+  if (!(a[2].i == 2LL)) return bad ? -1 : 0;  /* n == 2 */
   return 1;
 }
 
@@ -96,8 +99,9 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   }
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
-    if (2LL == 0) { rt->set_error("test_golden.py:41 (floordiv)", "integer division by zero in a size expression"); goto eager; }
-    s[1] = TRT_I(trt_floordiv(s[0].u.i, 2LL));
+    int64_t z;
+    if (trt_floordiv_ck(s[0].u.i, 2LL, &z)) { rt->set_error("test_golden.py:41 (floordiv)", "integer division by zero or a quotient past int64 in a size expression"); goto eager; }
+    s[1] = TRT_I(z);
   }
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
@@ -149,11 +153,17 @@ fail:
 /* ---- entry points ---- */
 
 static int scm_match(const trt_arg* a, int32_t n, const trt_env* env) {
-  return guard(a, n, env) ? 0 : TRT_MISS;
+  int held = guard(a, n, env);
+  return held > 0 ? 0 : held < 0 ? TRT_EAGER : TRT_MISS;
 }
 
 static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result* out) {
-  if (!guard(a, n, env)) return TRT_MISS;
+  int held = guard(a, n, env);
+  if (held == 0) return TRT_MISS;
+  if (held < 0) {  /* Note [Checked size steps]: the call runs eagerly */
+    rt->set_error("the guards of halves(x: float32[?, 3] cpu, n=2)", "a size relation int64 cannot decide");
+    return TRT_EAGER;
+  }
   switch (run(a, env, out)) {
     case 0: return 0;
     case 2: return TRT_EAGER;

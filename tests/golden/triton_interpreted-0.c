@@ -30,6 +30,8 @@ static const char* const op_names[][2] = {
 
 /* ---- triton_add(x: float32[100] cpu, y: float32[100] cpu) ---- */
 
+/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py) */
 static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   if (!(n == 3)) return 0;  /* 3 positional arguments */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
@@ -121,11 +123,17 @@ fail:
 /* ---- entry points ---- */
 
 static int scm_match(const trt_arg* a, int32_t n, const trt_env* env) {
-  return guard(a, n, env) ? 0 : TRT_MISS;
+  int held = guard(a, n, env);
+  return held > 0 ? 0 : held < 0 ? TRT_EAGER : TRT_MISS;
 }
 
 static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result* out) {
-  if (!guard(a, n, env)) return TRT_MISS;
+  int held = guard(a, n, env);
+  if (held == 0) return TRT_MISS;
+  if (held < 0) {  /* Note [Checked size steps]: the call runs eagerly */
+    rt->set_error("the guards of triton_add(x: float32[100] cpu, y: float32[100] cpu)", "a size relation int64 cannot decide");
+    return TRT_EAGER;
+  }
   switch (run(a, env, out)) {
     case 0: return 0;
     case 2: return TRT_EAGER;

@@ -10,24 +10,52 @@ import sympy
 from torch.utils._pytree import TreeSpec
 from torch.utils._sympy.printers import ExprPrinter
 
+from trident.errors import TridentError
 from trident.ir import sizes
 from trident.ir.plan import spec_children
 
 
 def c_int(v: int) -> str:
-    """A C literal for an int64, INT64_MIN included."""
+    """A C literal for an int64, INT64_MIN included.
+
+    Raises:
+        TridentError: ``v`` is no int64 (a constant the trace computed past 2**63, Note
+            [Checked size steps] in render.py): the call runs eagerly."""
+    if not -2**63 <= v < 2**63:
+        raise TridentError(f"the int {v} is past int64: the generated C has no such int")
     return "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
 
 
 class CPrinter(ExprPrinter):
     """A size expression as a C int64 expression over the SCM's ``trt_arg a[]`` (torch's
-    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees)."""
+    ``ExprPrinter`` parenthesizes by precedence; C's precedence of these operators agrees).
+    ``checked``: ``+``, ``*``, ``//`` and ``%`` through trident_rt.h's ``trt_*_x``, which set the
+    C int ``bad`` where Python's answer is no int64 or Python raises (Note [Checked size steps]
+    in render.py)."""
+
+    def __init__(self, checked: bool = False):
+        super().__init__()
+        self.checked = checked
+
+    def _call(self, name: str, expr) -> str:  # a binary operator folded left, checked
+        out = self.doprint(expr.args[0])
+        for b in expr.args[1:]:
+            out = f"trt_{name}_x({out}, {self.doprint(b)}, &bad)"
+        return out
+
+    def _print_Add(self, expr, order=None) -> str:
+        return self._call("add", expr) if self.checked else super()._print_Add(expr, order)
+
+    def _print_Mul(self, expr) -> str:
+        return self._call("mul", expr) if self.checked else super()._print_Mul(expr)
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         kind, arg, dim = sizes.where(expr)
         return f"a[{arg}].{sizes.PLACES[kind]}" + ("" if dim is None else f"[{dim}]")
 
     def _print_Integer(self, expr: sympy.Integer) -> str:
+        if self.checked and not -2**63 <= int(expr) < 2**63:
+            return "(bad = 1, 0LL)"  # a literal past int64: Python's answer is no int64's
         return c_int(int(expr))
 
     def _print_BooleanTrue(self, expr) -> str:
@@ -37,9 +65,13 @@ class CPrinter(ExprPrinter):
         return "0"
 
     def _print_FloorDiv(self, expr) -> str:
+        if self.checked:
+            return self._call("floordiv", expr)
         return f"trt_floordiv({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
 
     def _print_PythonMod(self, expr) -> str:
+        if self.checked:
+            return self._call("mod", expr)
         return f"trt_mod({self.doprint(expr.args[0])}, {self.doprint(expr.args[1])})"
 
     _print_Mod = _print_PythonMod

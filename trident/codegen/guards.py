@@ -51,6 +51,7 @@ def guard_c(g: Guard) -> str:
             return f"a[{g.arg}].i == {c_int(g.value)}"
         case FloatBits():
             return f"trt_f64_bits(a[{g.arg}].f) == {g.value}ULL"
-        case SizeRelation():  # Note [Symbolic guards] in lower/guards.py
-            return CPrinter().doprint(g.expr)
+        case SizeRelation():  # Note [Symbolic guards] in lower/guards.py; sets `bad` where
+            # int64 cannot decide it (Note [Checked size steps] in render.py)
+            return CPrinter(checked=True).doprint(g.expr)
     raise ValueError(f"not a guard kind with a C check: {g!r}")

@@ -18,6 +18,7 @@ from trident.codegen.guards import guard_c
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
                                  NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
+from trident.ir.guards import SizeRelation
 from trident.ir.launch import TritonLaunch
 from trident.ir.plan import OpCall, SizeStep, Step, TritonStep
 from trident.lower import passes
@@ -52,10 +53,39 @@ class Rendered(NamedTuple):
     cubins: list[bytes]
 
 
-# Size steps (Note [Symbolic sizes] in plan.py): Python's int operators in C
-_C_INT_OPS = {"mul": "{} * {}", "add": "{} + {}", "sub": "{} - {}",
-              "floordiv": "trt_floordiv({}, {})", "remainder": "trt_mod({}, {})",
-              "neg": "-({})"}
+# Note [Checked size steps]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# Size steps (Note [Symbolic sizes] in plan.py) are Python's int operators computed in C on
+# int64, and Python's ints do not wrap: ``n * 4`` with ``n = 2**62`` is 2**64 in eager, and a
+# counter an attribute write multiplies (Note [Attribute writes]) grows past 2**63. So each step
+# is checked (trident_rt.h's ``trt_add_ck`` ... ``trt_mod_ck``, GCC's and Clang's
+# ``__builtin_*_overflow``): where Python's answer is no int64, or Python raises (a zero divisor
+# of ``//`` or ``%``: ZeroDivisionError), the step jumps to the eager label and the call runs
+# eagerly (TRT_EAGER), which gives Python's big int or raises eager's exception; never a wrapped
+# value, never C's SIGFPE (``INT64_MIN // -1`` included). Size steps read only the call's sizes,
+# int arguments and earlier size steps, so the renderer puts them before the first step whose
+# effect the caller could see (``_size_steps_first``): a failing check always leaves nothing
+# done. The guards' size relations (Note [Symbolic guards] in lower/guards.py) are computed the
+# same way (``CPrinter(checked=True)``, the ``trt_*_x`` forms, which set ``bad``): a relation
+# int64 cannot decide makes ``guard()`` return -1 and the call eager, not a miss that would
+# trace again. A launch's symbolic grid and int arguments (Note [Symbolic launches]) are range
+# guarded by such relations over the same expressions, so they are computed unchecked.
+_C_INT_OPS = {"mul": "trt_mul_ck", "add": "trt_add_ck", "sub": "trt_sub_ck",
+              "floordiv": "trt_floordiv_ck", "remainder": "trt_mod_ck", "neg": "trt_neg_ck"}
+
+
+def _size_steps_first(steps: list[Step]) -> list[int]:
+    """Note [Checked size steps]: the order the steps are rendered in, size steps over the
+    call's sizes and ints first (in their own order), then the rest in theirs."""
+    pure: set[int] = set()  # the scalars those size steps compute
+    first = []
+    for i, s in enumerate(steps):
+        if isinstance(s, SizeStep) and all(
+                isinstance(a, (Arg, Int)) or (isinstance(a, Scalar) and a.i in pure)
+                for a in s.args):
+            pure.update(r.i for r in s.results)
+            first.append(i)
+    return first + [i for i in range(len(steps)) if i not in set(first)]
 
 
 class _SpecRenderer:
@@ -143,13 +173,17 @@ class _SpecRenderer:
             expr = f"a[{tensor.i}].sizes[{dim.v}]"
         elif s.op == "value":  # an int argument traced as a symbol (Note [Symbolic ints])
             expr = f"a[{s.args[0].i}].i"
-        else:
-            expr = _C_INT_OPS[s.op].format(*(self.int_expr(a) for a in s.args))
+        else:  # Note [Checked size steps]
+            args = ", ".join(self.int_expr(a) for a in s.args)
+            why = ("integer division by zero or a quotient past int64" if s.op in (
+                "floordiv", "remainder") else "a result past int64")
+            return CStep("int", s.where, c_comment(s.text), f"int {s.op}", [
+                "int64_t z;",
+                f"if ({_C_INT_OPS[s.op]}({args}, &z)) {{ rt->set_error("
+                f"{c_string(s.where + ' (' + s.op + ')')}, \"{why} in a size expression\"); "
+                f"goto {self.on_error}; }}",
+                f"s[{r}] = TRT_I(z);"], [], [])
         lines = [f"s[{r}] = TRT_I({expr});"]
-        if s.op in ("floordiv", "remainder"):
-            lines.insert(0, f"if ({self.int_expr(s.args[1])} == 0) {{ rt->set_error("
-                            f"{c_string(s.where + ' (' + s.op + ')')}, \"integer division "
-                            f"by zero in a size expression\"); goto {self.on_error}; }}")
         return CStep("int", s.where, c_comment(s.text), f"int {s.op}", lines, [], [])
 
     def releases(self, s) -> list[Release]:
@@ -394,17 +428,24 @@ class _SpecRenderer:
     def render(self) -> dict:
         plan = self.spec.plan
         steps = []
-        for i, (s, clean) in enumerate(zip(plan.steps, passes.rerun_eagerly(plan))):
+        order = _size_steps_first(plan.steps)  # Note [Checked size steps]
+        in_order = [plan.steps[i] for i in order]
+        for i, s, clean in zip(order, in_order, passes.rerun_eagerly(in_order)):
             self.on_error = "eager" if clean else "fail"  # Note [Errors inside try]
             steps.append(self.step(i, s))
             steps[-1].on_error = self.on_error
         self.on_error = "fail"  # the outputs: after the last step
         prologue = self.prologue()
         self.statics += prologue.statics
+        checked = any(isinstance(g, SizeRelation) for g in self.spec.guards)
         return {
             "signature": c_comment(self.spec.signature),
-            "guards": [(guard_c(g), c_comment(g.words(self.spec.arg_names))) for g in
-                       self.spec.guards],
+            "guards": [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
+                        c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards],
+            # Note [Checked size steps]: a size relation int64 cannot decide: eager
+            "checked_guards": checked,
+            "guard_failed": "bad ? -1 : 0" if checked else "0",
+            "guard_error": c_string(f"the guards of {self.spec.signature}"),
             "statics": self.statics,
             "num_values": plan.num_values,
             "num_lists": plan.num_lists,

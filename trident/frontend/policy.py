@@ -193,6 +193,9 @@ class MissPolicy:
                 if saved:
                     cache.evict(self._cache.directory)  # Note [Cache size]
         if self._installed_match(call) < 0:
+            if any(s.tree == call.tree.key and first_failure(s.guards, call.leaves) is None
+                   for s in self._specs):  # Note [Checked size steps] in codegen/render.py
+                return self._eager(call.args, call.kwargs, "a size relation int64 cannot decide")
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
         return self._capture_path(call, hit=False)

@@ -53,13 +53,14 @@ def is_composite(op: str, overload: str) -> bool:
         f"{op}.{overload}" if overload else op, torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
-def rerun_eagerly(plan: Plan) -> list[bool]:
-    """Note [Errors inside try] in source_lines.py: per step, whether a call that fails there may
-    run again eagerly: nothing the steps before it did is visible to the caller (no write to a
-    tensor, no random draw, no Triton launch or Python custom op, which may write or keep a
-    tensor). Writes into a reused buffer (Note [Buffer reuse]) are the plan's own."""
+def rerun_eagerly(steps: list[Step]) -> list[bool]:
+    """Note [Errors inside try] in source_lines.py: per step of ``steps`` (a plan's, in the order
+    they run), whether a call that fails there may run again eagerly: nothing the steps before it
+    did is visible to the caller (no write to a tensor, no random draw, no Triton launch or
+    Python custom op, which may write or keep a tensor). Writes into a reused buffer (Note
+    [Buffer reuse]) are the plan's own."""
     clean, out = True, []
-    for step in plan.steps:
+    for step in steps:
         out.append(clean)
         clean = clean and not _visible_effect(step)
     return out

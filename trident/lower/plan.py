@@ -80,12 +80,11 @@ from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, 
                                  Item, List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors,
                                  Val)
 
-# Integer arithmetic on sizes (Note [Symbolic sizes]), computed by size steps: op name -> the
-# size step's operator. (Python's ``%`` on ints reaches the plan as ``aten.fmod.int``, which is
-# not one: its divisor may be 0, which the specialization's guards do not exclude.)
-_INT_OPS = {"torch.aten.mul.int": "mul", "torch.aten.add.int": "add",
+# Size steps (Note [Symbolic sizes]; checked: Note [Checked size steps] in render.py). Python's
+# ``%`` on ints is ``aten.fmod.int`` (Torch-MLIR's fx_importer), Python's sign: ``"remainder"``.
+_INT_OPS = {"torch.aten.mul.int": "mul", "torch.aten.add.int": "add", "torch.aten.neg.int": "neg",
             "torch.aten.sub.int": "sub", "torch.aten.floordiv.int": "floordiv",
-            "torch.aten.remainder.int": "remainder", "torch.aten.neg.int": "neg"}
+            "torch.aten.remainder.int": "remainder", "torch.aten.fmod.int": "remainder"}
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
 # The dtypes of the tensors whose rank and dtype the plan reasons about (a view computed in C,
 # Note [Scalar operands]' promotion); a tensor of another dtype (float8, uint16) is neither.
@@ -191,6 +190,9 @@ class _Walker:
         outputs = None
         for op in block.operations:
             name = op.operation.name
+            if name == "torch.operator" and (named := ir.StringAttr(op.attributes["name"]).value) \
+                    in _INT_OPS:  # fmod.int: not in Torch-MLIR's dialect
+                name = named
             where, text = location(op)
             if name.startswith("torch.constant."):
                 self.env[op.result] = self.constant(op.operation, name)

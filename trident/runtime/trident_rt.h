@@ -328,14 +328,51 @@ static inline int trt_streq(const char* a, const char* b) {
   return *a == *b;
 }
 
-/* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/lower/plan.py). */
+/* Python's // and % on ints, for size arithmetic (Note [Symbolic sizes] in trident/lower/plan.py).
+   A divisor of 0 gives 0 and INT64_MIN // -1 wraps, where C would trap: the callers that may
+   meet them check first (Note [Checked size steps] in trident/codegen/render.py). */
 static inline int64_t trt_floordiv(int64_t a, int64_t b) {
+  if (b == 0 || b == -1) return b ? (int64_t)(0 - (uint64_t)a) : 0;
   int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 static inline int64_t trt_mod(int64_t a, int64_t b) {
+  if (b == 0 || b == -1) return 0;
   int64_t m = a % b;
   return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+}
+
+/* Note [Checked size steps] in trident/codegen/render.py: Python's int operators on int64.
+   A size step's form writes *r and returns non-zero where Python's answer is no int64 (it grew
+   past 2**63) or Python raises (a zero divisor): the call runs eagerly. A guard's form returns
+   the value and sets *bad instead: the guard is undecidable in C. */
+static inline int trt_add_ck(int64_t a, int64_t b, int64_t* r) { return __builtin_add_overflow(a, b, r); }
+static inline int trt_sub_ck(int64_t a, int64_t b, int64_t* r) { return __builtin_sub_overflow(a, b, r); }
+static inline int trt_mul_ck(int64_t a, int64_t b, int64_t* r) { return __builtin_mul_overflow(a, b, r); }
+static inline int trt_neg_ck(int64_t a, int64_t* r) { return __builtin_sub_overflow((int64_t)0, a, r); }
+static inline int trt_floordiv_ck(int64_t a, int64_t b, int64_t* r) {
+  if (b == 0 || (b == -1 && a == INT64_MIN)) return 1;
+  *r = trt_floordiv(a, b);
+  return 0;
+}
+static inline int trt_mod_ck(int64_t a, int64_t b, int64_t* r) {
+  if (b == 0) return 1;
+  *r = trt_mod(a, b);
+  return 0;
+}
+static inline int64_t trt_add_x(int64_t a, int64_t b, int* bad) { int64_t r; *bad |= trt_add_ck(a, b, &r); return r; }
+static inline int64_t trt_mul_x(int64_t a, int64_t b, int* bad) { int64_t r; *bad |= trt_mul_ck(a, b, &r); return r; }
+static inline int64_t trt_floordiv_x(int64_t a, int64_t b, int* bad) { int64_t r = 0; *bad |= trt_floordiv_ck(a, b, &r); return r; }
+static inline int64_t trt_mod_x(int64_t a, int64_t b, int* bad) { int64_t r = 0; *bad |= trt_mod_ck(a, b, &r); return r; }
+static inline int64_t trt_pow_x(int64_t a, int64_t e, int* bad) {  /* by squaring */
+  int64_t r = 1;
+  if (e < 0) { *bad = 1; return 0; }
+  while (e > 0) {
+    if (e & 1) *bad |= trt_mul_ck(r, a, &r);
+    e >>= 1;
+    if (e) *bad |= trt_mul_ck(a, a, &a);
+  }
+  return r;
 }
 
 /* The entry points every SCM exports. An SCM holds one specialization (Note [Incremental

@@ -233,6 +233,8 @@ class Flow:
             return self.g[name] if name in self.g else vars(builtins).get(name, _UNKNOWN)
         if i.opname == "LOAD_CONST":
             return i.argval
+        if i.opname == "CALL" and slot == 0:  # get_gen(): what a user function always returns
+            return self._static_result(k)
         if i.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and i.argval in self.values:
             return self.values[i.argval]
         if i.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and i.argval not in self.params and \
@@ -350,6 +352,21 @@ class Flow:
         if callee is upper and upper is not _UNKNOWN:
             depths.append(argc)  # a method's self
         return callee, [self.origin(k, d) for d in depths], depths
+
+    def _static_result(self, k: int):
+        """The object the user function called at ``ins[k]`` returns on every path when its
+        code alone says so (``return GEN``, ``return BOX.it``), else ``_UNKNOWN``: an iterator
+        it hands out is advanced where it is consumed (Note [Write targets])."""
+        parts = self.call_parts(k)
+        user = _user_function(parts[0]) if parts is not None else None
+        if user is None or self.depth >= 4:
+            return _UNKNOWN
+        inner = Flow(user.__code__, user.__globals__, user, self.depth + 1)
+        values = [inner.static(r, 0) for r, o in enumerate(inner.ins)
+                  if o.opname == "RETURN_VALUE"]
+        if not values or any(v is _UNKNOWN or v is not values[0] for v in values):
+            return _UNKNOWN
+        return values[0]
 
     def _call_result(self, k: int) -> tuple:
         parts = self.call_parts(k)

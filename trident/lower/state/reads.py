@@ -35,7 +35,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
-                           "torch.Generator's, the clock, the OS)")
+                           "torch.Generator's, the clock, the OS, the trace's own state)")
     if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
         raise TridentError(rec.refused)  # entry]; the error was caught by user code)
     for code, (g, params) in rec.codes.items():
@@ -226,7 +226,10 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
     shadows it; the tree checks the class by identity, not its contents); a name that is absent
     stays absent only while no class gains it or a ``__getattr__``. So each such step of a user
     class's instance reads the class's ``a`` (``ABSENT``, through its MRO in C), and for an
-    absent name its ``__getattr__`` too."""
+    absent name its ``__getattr__`` too. A class with no importable name (defined in a
+    function's body, ``<locals>``) is read as the class object itself (``_root_of``), and a
+    class of another metaclass that looks names up as ``type`` does (``abc.ABC``'s
+    ``ABCMeta``) is read like any other: neither is taken as fixed."""
     out: list = []
     for step in steps[:16]:
         if step[0] != "attr" or not isinstance(step[1], str) or isinstance(
@@ -236,11 +239,9 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
         if not any(frames.user_class(c) for c in cls.__mro__) or any(
                 name in vars(c) for c in cls.__mro__):
             break  # a library's class (fixed), or one that holds it: _param_read's
-        if type(cls) is not type or "<locals>" in cls.__qualname__:
+        if not _plain_lookup(type(cls)):
             break
-        root, path = _root_of(cls)
-        if root[0] != "module":
-            break
+        root, path = _root_of(cls)  # (a class with no importable name: the class itself)
         out.append(Read(root, path + (("attr", name),)))
         try:  # (not through a __getattr__)
             own = object.__getattribute__(value, "__dict__")
@@ -252,6 +253,13 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
             break
         value = held
     return out
+
+
+def _plain_lookup(meta: type) -> bool:
+    """Whether classes of metaclass ``meta`` find attributes as ``type`` does (``abc.ABCMeta``,
+    an ``nn.Module``'s ``type``): the lookup through the MRO that the reads follow in C."""
+    return meta.__getattribute__ is type.__getattribute__ and not any(
+        "__getattr__" in vars(m) for m in meta.__mro__)
 
 
 def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:

@@ -31,7 +31,7 @@ _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
 # so no id is reused meanwhile. The cheap test of a frame's module comes before the walk up its
 # callers.
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
-_USER, _IMPURE, _OS, _MODULE_CALL = 1, 2, 4, 8  # what a code object's frames may record
+_USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE = 1, 2, 4, 8, 16  # what a code's frames record
 
 
 @dataclasses.dataclass
@@ -71,8 +71,34 @@ def _module_call_codes() -> frozenset:
                      if hasattr(getattr(m, n, None), "__code__"))
 
 
+# Note [Trace state]: torch's answers about the trace itself, which differ while Trident traces
+# (a TorchFunctionMode and FX's tracer are active) from an eager call's: a function that asks
+# runs eagerly, as one that reads the clock does. torch.compiler.is_compiling(),
+# torch.jit.is_scripting() and torch.jit.is_tracing() answer in the trace as in eager.
+_TRACE_STATE_C = ("_is_torch_function_mode_enabled", "_len_torch_function_stack",
+                  "_get_function_stack_at", "_is_torch_function_enabled",
+                  "_is_torch_function_all_disabled", "_len_torch_dispatch_stack")
+
+
+@functools.cache
+def _trace_state_codes() -> frozenset:
+    """The ids of the code objects of torch's Python functions of Note [Trace state]."""
+    import torch.fx._symbolic_trace as fx_trace
+    import torch.overrides
+    import torch.utils._python_dispatch as dispatch
+
+    fns = [fx_trace.is_fx_tracing, getattr(fx_trace, "is_fx_symbolic_tracing", None),
+           torch.overrides._get_current_function_mode_stack,
+           getattr(torch.overrides, "_get_current_function_mode", None),
+           dispatch._get_current_dispatch_mode, dispatch._get_current_dispatch_mode_stack,
+           getattr(dispatch, "is_in_torch_dispatch_mode", None)]
+    return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
+
+
 def _impure_name(fn) -> str | None:
     owner = getattr(fn, "__self__", None)
+    if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C:  # Note [Trace
+        return f"torch._C.{fn.__name__}"  # state]
     import random
 
     module = getattr(fn, "__module__", None) or type(owner).__module__
@@ -119,6 +145,7 @@ def record(fn):
                            f"({type(previous).__name__}): its calls run eagerly")
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
     module_codes = _module_call_codes()
+    trace_codes = _trace_state_codes()
     kinds: dict = {}  # id of a file's code object -> its _USER | _IMPURE | ... bits
     kept: list = []  # those code objects (Note [Recording cost])
 
@@ -130,7 +157,8 @@ def record(fn):
             kind = (_USER if frames.user_frame(frame) else 0) | \
                 (_IMPURE if module in _IMPURE_MODULES else 0) | \
                 (_OS if module in _OS_WRAPPERS else 0) | \
-                (_MODULE_CALL if id(code) in module_codes else 0)
+                (_MODULE_CALL if id(code) in module_codes else 0) | \
+                (_TRACE_STATE if id(code) in trace_codes else 0)
             if not code.co_filename.startswith("<"):
                 kinds[id(code)] = kind
                 kept.append(code)
@@ -188,7 +216,7 @@ def record(fn):
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      code.co_varnames[:nparams] if n in local})
                 entry(frame, rec)  # raises (the frame unwinds) for a write outside
-        elif kind & _IMPURE and frame.f_back is not None and \
+        elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
 

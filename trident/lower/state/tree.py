@@ -397,11 +397,17 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
             # a user class used whole may reach a local the scan does not follow (returned
             # by a call: c = pick(); c.k, getattr(self, name)): its numbers and strings, and
             # its lists, tuples, dicts and sets of up to CLASS_CONTAINER items, whole,
-            # through its MRO
+            # through its MRO; a larger one is more than a guard checks per call: the call
+            # runs eagerly (it was taken as fixed: stale once it changed)
             names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
                      if not (n.startswith("__") and n.endswith("__"))}
             for name in sorted(names):
                 data = _step(value, ("attr", name))
+                if type(data) in (list, tuple, dict, set, frozenset) and \
+                        len(data) > CLASS_CONTAINER:
+                    raise TridentError(f"the function uses the class {path} whole, and its "
+                                       f"{name} holds {len(data)} items, more than the "
+                                       f"{CLASS_CONTAINER} a guard checks")
                 if (type(data) in _CONSTS or (type(data) in (list, tuple, dict, set, frozenset)
                                               and len(data) <= CLASS_CONTAINER)) and \
                         (whole + ("attr", name)) not in trie:

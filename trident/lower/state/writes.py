@@ -7,6 +7,7 @@ import builtins
 import dis
 import functools
 import inspect
+import logging
 import sys
 import types
 import warnings
@@ -30,9 +31,9 @@ def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | 
 def terminal_output(code: types.CodeType, g: dict) -> str | None:
     """A call in ``code`` that prints or warns (``print``, ``warnings.warn`` or
     ``warn_explicit``, ``sys.stdout.write``, ``sys.stderr.write``, named by a global or a
-    builtin, through modules), or None. Only the trace runs the function's Python code: eager
-    prints and warns at every call (as Python's warning filters allow), a hit would not, so such
-    a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
+    builtin, through modules) or logs (Note [Logging calls]), or None. Only the trace runs the
+    function's Python code: eager prints and warns at every call (as Python's warning filters
+    allow), a hit would not, so such a function runs eagerly. Every instruction counts, as for writes: a ``print`` in a branch
     not taken makes the function run eagerly too."""
     streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
@@ -48,9 +49,30 @@ def terminal_output(code: types.CodeType, g: dict) -> str | None:
             obj, name = getattr(obj, step.argval, None), f"{name}.{step.argval}"
         if any(obj is f for f in (print, warnings.warn, warnings.warn_explicit)) or (
                 name.endswith(".write") and any(getattr(obj, "__self__", None) is s
-                                                for s in streams)):
+                                                for s in streams)) or _logs(obj, ins[j + 1:]):
             return f"{name} at {code.co_filename.rsplit('/', 1)[-1]}:{i.positions.lineno}"
     return None
+
+
+# Note [Logging calls]: a logging call (``LOG.info(...)``, ``logging.warning(...)``,
+# ``logging.getLogger(name).debug(...)``) emits a record at every eager call, through handlers
+# that write files and streams, and what it emits depends on levels and handlers set at any
+# time; a hit would emit nothing. So a function that names one (by a global: the logger, or the
+# ``logging`` module) runs eagerly, decided from the bytecode like a print. A logger the
+# function reaches otherwise (``self.log``, a parameter) is not seen.
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
+                          "fatal", "log"})
+
+
+def _logs(obj, after: list) -> bool:
+    """Whether the global ``obj``, followed by the instructions ``after``, is a logging call."""
+    if isinstance(obj, (logging.Logger, logging.LoggerAdapter)) or obj is logging:
+        for step in after[:12]:  # LOG.info, logging.info, logging.getLogger("x").info
+            if step.opname in ("LOAD_ATTR", "LOAD_METHOD") and step.argval in _LOG_METHODS:
+                return True
+            if step.opname in ("LOAD_ATTR", "LOAD_METHOD") and step.argval != "getLogger":
+                return False
+    return False
 
 
 def check_write(code: types.CodeType, g: dict, fn=None, values=None,
