@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -29,7 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trident.lower import rng
 from trident import config, frames
 from trident.lower import decompositions
-from trident.lower.source_lines import _SourceLines, _tag_nodes, _user_frame, source_line
+from trident.lower.source_lines import _SourceLines, source_line
 from trident.errors import TridentError
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
@@ -160,7 +161,7 @@ class _TritonLaunches:
                 for p in launch.params),
             grid=tuple(size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
                        for g in launch.grid))
-        _tag_nodes(_user_frame())
+        self.mode.tag(sys._getframe(1))
         triton_kernel_wrapper_mutation(
             kernel_idx=kernel_side_table.add_kernel(jit_fn),
             constant_args_idx=kernel_side_table.add_constant_args(
