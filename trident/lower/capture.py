@@ -30,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trident.lower import rng
 from trident import config, frames
 from trident.lower import decompositions
+from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, source_line
 from trident.errors import TridentError
 from trident.ir.launch import ScalarParam
@@ -268,7 +269,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     """
     name = name or getattr(fn, "__qualname__", repr(fn))
     holder: dict[str, Any] = {}
-    mode = _SourceLines()
+    mode = _SourceLines(pause)
     launches = _TritonLaunches(args, mode)
 
     def flat_forward(*flat_args):

@@ -101,6 +101,20 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
                for j, v in enumerate(now))
 
 
+# Note [Unrecorded ops]: the state recording (Note [State guards] in lower/state) watches a
+# trace with a Python profile hook, which runs at every Python and C call, and nearly all the
+# calls of a trace are torch's own, made while an op runs on fake tensors (the dispatcher's
+# Python: the proxy and fake tensor modes, meta functions, decompositions). The hook keeps
+# only what runs for the traced function: a frame whose callers reach the function's frame
+# with no Trident frame between them (``under_fn`` in recording.py). Every op the function
+# calls goes through this mode's ``__torch_function__``, a Trident frame, so nothing that
+# runs inside an op, or inside the mode's own bookkeeping, is ever the function's: not
+# torch's Python, and not what an op may call back (a subclass's or a mode's handler, a
+# kernel registered from Python). So the mode sets the hook aside for its whole call
+# (``recording.pause``), and the profile function the hook chains to, if any, runs in its
+# place; the hook is set back when the op returns or raises. Nothing the hook would have
+# kept is lost, none of its answers changes (no guard is lost and none goes stale), and the
+# function's own code between its ops (where its reads are) is watched as before.
 class _SourceLines(TorchFunctionMode):
     """Tags every node created inside a torch call with the user's line that made the call.
 
@@ -111,8 +125,9 @@ class _SourceLines(TorchFunctionMode):
     ``exec``); torch's own reads while making fake tensors happen outside that window.
     """
 
-    def __init__(self):
+    def __init__(self, pause=lambda: None):
         super().__init__()
+        self.pause = pause  # Note [Unrecorded ops]: the recording's ``pause``
         self.in_user_code = False
         self.rng: bytes | None = None  # the generators' state when the function was entered
         self.rng_set = False  # a torch call ran while they were in another state
@@ -122,6 +137,14 @@ class _SourceLines(TorchFunctionMode):
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        hook = self.pause()  # Note [Unrecorded ops]
+        try:
+            return self._call(func, args, kwargs or {})
+        finally:
+            if hook is not None:
+                sys.setprofile(hook)
+
+    def _call(self, func, args, kwargs):
         if self.in_user_code:
             self.calls += 1
             if self.calls == self.next_check:  # Note [Early assignment check]
@@ -140,12 +163,12 @@ class _SourceLines(TorchFunctionMode):
                         where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
-            remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
+            remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
             func = _bool_results().get(func, func)  # Note [Bool results]
         self.tag(sys._getframe(1))
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
     def tag(self, frame) -> None:
         """Note [Source lines]: the nodes made next are tagged with the user's line from
