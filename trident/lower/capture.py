@@ -276,10 +276,14 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
         mode.in_user_code = True
+        if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
+            sys.setprofile(hook)
         try:
             result = fn(*flat_args)
         finally:
             mode.in_user_code = False
+            if hook is not None:
+                pause()
         recipe = None
         if outputs is not None:
             leaves, recipe = outputs(result)
@@ -298,6 +302,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     state = _global_state()
     grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
                                         and not a.is_inference() for a in args))
+    hook = pause()  # Note [Unrecorded ops]: make_fx's set-up and code generation are torch's
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, \
                 decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
@@ -313,6 +318,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     finally:
         decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
+        if hook is not None:
+            sys.setprofile(hook)
 
     changed = _changed(state, _global_state())
     if changed_rng is not None:  # this thread's calls decide the generators' (other threads

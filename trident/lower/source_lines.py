@@ -112,9 +112,12 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
 # torch's Python, and not what an op may call back (a subclass's or a mode's handler, a
 # kernel registered from Python). So the mode sets the hook aside for its whole call
 # (``recording.pause``), and the profile function the hook chains to, if any, runs in its
-# place; the hook is set back when the op returns or raises. Nothing the hook would have
-# kept is lost, none of its answers changes (no guard is lost and none goes stale), and the
-# function's own code between its ops (where its reads are) is watched as before.
+# place; the hook is set back when the op returns or raises. Likewise ``capture.trace`` sets
+# it aside for make_fx's own work before and after the function runs (fake arguments,
+# placeholders, the graph's code), which no frame of the function's is under. Nothing the
+# hook would have kept is lost, none of its answers changes (no guard is lost and none goes
+# stale), and the function's own code between its ops (where its reads are) is watched as
+# before.
 class _SourceLines(TorchFunctionMode):
     """Tags every node created inside a torch call with the user's line that made the call.
 
