@@ -128,7 +128,10 @@ class FunctionCache:
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump(spec.to_json(), f)
-                os.replace(tmp, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
+                path = self.spec_dir / f"{time.time_ns()}-{spec.key}.json"
+                os.replace(tmp, path)
+                stat = path.stat()  # this process's own file: not parsed again (load_specs)
+                self._parsed[path] = ((stat.st_ino, stat.st_size, stat.st_mtime_ns), spec)
             finally:
                 Path(tmp).unlink(missing_ok=True)
             for old in sorted(self.spec_dir.glob("*.json"))[:-keep]:

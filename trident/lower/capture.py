@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -29,7 +30,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trident.lower import rng
 from trident import config, frames
 from trident.lower import decompositions
-from trident.lower.source_lines import _SourceLines, _tag_nodes, _user_frame, source_line
+from trident.lower.state import pause
+from trident.lower.source_lines import _SourceLines, source_line
 from trident.errors import TridentError
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
@@ -160,7 +162,7 @@ class _TritonLaunches:
                 for p in launch.params),
             grid=tuple(size_expr(g, self.sources) if isinstance(g, torch.SymInt) else g
                        for g in launch.grid))
-        _tag_nodes(_user_frame())
+        self.mode.tag(sys._getframe(1))
         triton_kernel_wrapper_mutation(
             kernel_idx=kernel_side_table.add_kernel(jit_fn),
             constant_args_idx=kernel_side_table.add_constant_args(
@@ -267,17 +269,21 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     """
     name = name or getattr(fn, "__qualname__", repr(fn))
     holder: dict[str, Any] = {}
-    mode = _SourceLines()
+    mode = _SourceLines(pause)
     launches = _TritonLaunches(args, mode)
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
         mode.in_user_code = True
+        if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
+            sys.setprofile(hook)
         try:
             result = fn(*flat_args)
         finally:
             mode.in_user_code = False
+            if hook is not None:
+                pause()
         recipe = None
         if outputs is not None:
             leaves, recipe = outputs(result)
@@ -296,6 +302,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     state = _global_state()
     grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
                                         and not a.is_inference() for a in args))
+    hook = pause()  # Note [Unrecorded ops]: make_fx's set-up and code generation are torch's
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, \
                 decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
@@ -311,6 +318,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     finally:
         decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
+        if hook is not None:
+            sys.setprofile(hook)
 
     changed = _changed(state, _global_state())
     if changed_rng is not None:  # this thread's calls decide the generators' (other threads

@@ -398,7 +398,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
             if i not in replayed and source_lines.new_tensor(now, expected[i]):
                 raise _assigned(_changed_entry(nodes[i].path, now, expected[i]), values[i])
     try:
-        with source_lines.every_32_torch_calls(check):
+        with source_lines.at_torch_calls(check):
             yield roots
     finally:
         found: list = []

@@ -21,18 +21,32 @@ from trident.errors import TridentError
 from trident.lower import collectives, rng
 
 
+_USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
+
+
+def _user_line_frame(frame):
+    """The innermost frame from ``frame`` out whose line is the user's (``frames.user_line_file``
+    of its file name, which depends on the name alone: kept per name), or None."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        user = _USER_LINE_FILES.get(filename)
+        if user is None:
+            user = _USER_LINE_FILES[filename] = frames.user_line_file(filename)
+        if user:
+            return frame
+        frame = frame.f_back
+    return None
+
+
 def _user_frame() -> traceback.FrameSummary | None:
     """The user's line (Note [User code] in frames.py): the innermost frame, from the caller's
     caller out, that is neither Trident's, torch's nor a frozen module's."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if frames.user_line_file(filename):
-            line = linecache.getline(filename, frame.f_lineno).strip()
-            return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
-                                          line=line)
-        frame = frame.f_back
-    return None
+    frame = _user_line_frame(sys._getframe(2))
+    if frame is None:
+        return None
+    filename = frame.f_code.co_filename
+    return traceback.FrameSummary(filename, frame.f_lineno, frame.f_code.co_name,
+                                  line=linecache.getline(filename, frame.f_lineno).strip())
 
 
 # Facts of a tensor's memory that no guard covers (guards.py guards sizes, strides and 16-byte
@@ -51,20 +65,26 @@ _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.g
 # Note [Early assignment check]: a function that assigns to the Python state of its arguments
 # cannot be compiled (flatten.substituted finds it when the trace ends), and a Hugging Face
 # model's first call assigns a new tensor into its cache object at its first layer. While the
-# traced function runs, every 32nd torch call it makes asks the check of the trace in progress
-# (``every_32_torch_calls``), which raises where an argument's container already holds a
-# tensor that it did not hold at the start: the trace of a model stops at a layer, not after
-# all of them. Other values a function may assign and put back before it returns (a flag) are
-# left to the check at the end, and so are the attributes of objects whose writes a
-# specialization replays (Note [Attribute writes] in writes.py: a static cache's lazily
-# allocated tensors).
+# traced function runs, its 32nd, 64th, 128th, ... torch call (each power of two from 32 on)
+# asks the check of the trace in progress (``at_torch_calls``), which raises where an
+# argument's container already holds a tensor that it did not hold at the start: the trace of
+# a model stops at a layer, not after all of them. The check snapshots every mutable object of
+# the argument tree (each module of a model), so its cost grows with the model: asked at every
+# 32nd call it was about a third of a 16-layer tiny Llama's trace (py-spy); at doubling counts
+# a trace of n calls asks it about log2(n / 16) times, and one that assigns at its k-th call
+# still stops by its 2k-th. The check is only the early exit: the check at the end sees every
+# assignment whatever the schedule. Other values a function may assign and put back before it
+# returns (a flag) are left to the check at the end, and so are the attributes of objects
+# whose writes a specialization replays (Note [Attribute writes] in writes.py: a static
+# cache's lazily allocated tensors).
 _CHECKS: list = []  # the checks of the traces in progress (compiles hold a lock: one a time)
+FIRST_CHECK = 32  # the torch call that asks the check first; then every doubled count
 
 
 @contextlib.contextmanager
-def every_32_torch_calls(check):
-    """While active, ``check()`` runs at every 32nd torch call of the traced function's own code
-    (Note [Early assignment check]); what it raises ends the trace."""
+def at_torch_calls(check):
+    """While active, ``check()`` runs at the traced function's own 32nd, 64th, 128th, ... torch
+    call (Note [Early assignment check]); what it raises ends the trace."""
     _CHECKS.append(check)
     try:
         yield
@@ -81,6 +101,23 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
                for j, v in enumerate(now))
 
 
+# Note [Unrecorded ops]: the state recording (Note [State guards] in lower/state) watches a
+# trace with a Python profile hook, which runs at every Python and C call, and nearly all the
+# calls of a trace are torch's own, made while an op runs on fake tensors (the dispatcher's
+# Python: the proxy and fake tensor modes, meta functions, decompositions). The hook keeps
+# only what runs for the traced function: a frame whose callers reach the function's frame
+# with no Trident frame between them (``under_fn`` in recording.py). Every op the function
+# calls goes through this mode's ``__torch_function__``, a Trident frame, so nothing that
+# runs inside an op, or inside the mode's own bookkeeping, is ever the function's: not
+# torch's Python, and not what an op may call back (a subclass's or a mode's handler, a
+# kernel registered from Python). So the mode sets the hook aside for its whole call
+# (``recording.pause``), and the profile function the hook chains to, if any, runs in its
+# place; the hook is set back when the op returns or raises. Likewise ``capture.trace`` sets
+# it aside for make_fx's own work before and after the function runs (fake arguments,
+# placeholders, the graph's code), which no frame of the function's is under. Nothing the
+# hook would have kept is lost, none of its answers changes (no guard is lost and none goes
+# stale), and the function's own code between its ops (where its reads are) is watched as
+# before.
 class _SourceLines(TorchFunctionMode):
     """Tags every node created inside a torch call with the user's line that made the call.
 
@@ -91,19 +128,32 @@ class _SourceLines(TorchFunctionMode):
     ``exec``); torch's own reads while making fake tensors happen outside that window.
     """
 
-    def __init__(self):
+    def __init__(self, pause=lambda: None):
         super().__init__()
+        self.pause = pause  # Note [Unrecorded ops]: the recording's ``pause``
         self.in_user_code = False
         self.rng: bytes | None = None  # the generators' state when the function was entered
         self.rng_set = False  # a torch call ran while they were in another state
         self.catching = ""  # Note [Errors inside try]
         self.calls = 0  # the function's torch calls (Note [Early assignment check])
+        self.next_check = FIRST_CHECK  # the call that asks the check next
+        self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        hook = self.pause()  # Note [Unrecorded ops]
+        try:
+            return self._call(func, args, kwargs or {})
+        finally:
+            if hook is not None:
+                sys.setprofile(hook)
+
+    def _call(self, func, args, kwargs):
         if self.in_user_code:
             self.calls += 1
-            if self.calls % 32 == 0 and _CHECKS:
-                _CHECKS[-1]()
+            if self.calls == self.next_check:  # Note [Early assignment check]
+                self.next_check *= 2
+                if _CHECKS:
+                    _CHECKS[-1]()
             if not self.rng_set and self.rng is not None:  # Note [Global side effects]
                 self.rng_set = rng.generator_states() != self.rng
             if not self.catching:
@@ -116,12 +166,25 @@ class _SourceLines(TorchFunctionMode):
                         where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
-            remapped = collectives.remap(func, args, kwargs or {})  # Note [Collectives]
+            remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
             func = _bool_results().get(func, func)  # Note [Bool results]
-        _tag_nodes(_user_frame())
-        return func(*args, **(kwargs or {}))
+        self.tag(sys._getframe(1))
+        return func(*args, **kwargs)
+
+    def tag(self, frame) -> None:
+        """Note [Source lines]: the nodes made next are tagged with the user's line from
+        ``frame`` out (its tag made once per file and line in this trace)."""
+        frame = _user_line_frame(frame)
+        if frame is None or not fx_traceback.has_preserved_node_meta():
+            return
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        tag = self.tags.get(key)
+        if tag is None:
+            tag = self.tags[key] = (f"{Path(key[0]).name}:{key[1]}",
+                                    linecache.getline(*key).strip())
+        fx_traceback.current_meta["custom"] = {SOURCE: tag}
 
 
 @functools.cache
@@ -209,12 +272,6 @@ def _catching_ranges(code) -> tuple[tuple[int, int], ...]:
 # importer makes it each op's MLIR location (a name location whose child holds the text) and
 # plan reads both names back; nothing parses a formatted stack trace.
 SOURCE = "trident.source"
-
-
-def _tag_nodes(summary: traceback.FrameSummary | None) -> None:
-    if summary is not None and fx_traceback.has_preserved_node_meta():
-        fx_traceback.current_meta["custom"] = {
-            SOURCE: (f"{Path(summary.filename).name}:{summary.lineno}", summary.line or "")}
 
 
 def source_line(node: torch.fx.Node) -> tuple[str, str]:

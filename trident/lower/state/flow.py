@@ -149,6 +149,7 @@ class Flow:
             self.handlers.add(self.at.get(entry.target))
         self._locals: dict | None = None
         self._busy: set = set()  # locals whose static value is being found
+        self._stores: dict | None = None  # Flow._fast_stores
 
     # -- the walk back ---------------------------------------------------------------------
     def _effect(self, k: int, taken: bool = False) -> tuple[int, int]:
@@ -239,8 +240,7 @@ class Flow:
             return self.values[i.argval]
         if i.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and i.argval not in self.params and \
                 i.argval not in self._busy:
-            stores = [s for s, o in enumerate(self.ins) if o.opname == "STORE_FAST" and
-                      o.argval == i.argval]
+            stores = self._fast_stores().get(i.argval, ())
             if len(stores) == 1:  # lst = list.append
                 self._busy.add(i.argval)
                 try:
@@ -263,6 +263,17 @@ class Flow:
             except (KeyError, IndexError, TypeError):
                 pass
         return _UNKNOWN
+
+    def _fast_stores(self) -> dict:
+        """{local name: the indices of its ``STORE_FAST`` instructions}, made once: ``static``
+        asks for a local's stores at each of its loads (a long generated function, as a
+        torch.compile graph's, has thousands)."""
+        if self._stores is None:
+            self._stores = {}
+            for k, o in enumerate(self.ins):
+                if o.opname == "STORE_FAST":
+                    self._stores.setdefault(o.argval, []).append(k)
+        return self._stores
 
     def _origin_of(self, k: int, slot: int) -> tuple:
         i, op = self.ins[k], self.ins[k].opname

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import sys
+import types
 
 import torch
 
@@ -31,6 +32,7 @@ _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
 # so no id is reused meanwhile. The cheap test of a frame's module comes before the walk up its
 # callers.
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
+_CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE = 1, 2, 4, 8, 16  # what a code's frames record
 
 
@@ -237,14 +239,27 @@ def record(fn):
                     rec.impure.append(f"{outer.f_globals['__name__']}."
                                       f"{outer.f_code.co_name}, which calls {name}")
 
+    _CHAINED[hook] = previous
     sys.setprofile(hook)
     rec.active = True
     try:
         yield rec
     finally:
         sys.setprofile(previous)
+        del _CHAINED[hook]
         if suspended is not None:
             suspended.enable()
+
+
+def pause():
+    """Note [Unrecorded ops] (trident/lower/source_lines.py): where this thread's profile
+    function is a recording's hook, set the profile function that the hook chains to (or none)
+    in its place and return the hook, for the caller to set back; else return None."""
+    hook = sys.getprofile()
+    if type(hook) is not types.FunctionType or hook not in _CHAINED:
+        return None
+    sys.setprofile(_CHAINED[hook])
+    return hook
 
 
 @contextlib.contextmanager
