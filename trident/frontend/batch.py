@@ -9,15 +9,27 @@ symbolic because it changed (or traces int leaves, Note [Int leaves] in policy.p
 makes the call's batch dims symbolic: dim 0 of the first tensor the call binds to a parameter
 (``input_ids``: not an attribute of an object, not a module's parameter or buffer), the
 batch, and dim 0 of every other tensor leaf of the same size there that is no module's
-parameter or buffer (``attention_mask``, ``position_ids``, a cache's keys and values). An int
+parameter or buffer (``attention_mask``, ``position_ids``, a cache's keys and values); a dim 0
+no other tensor shares is no batch (a function of one tensor keeps automatic dynamic's own
+rules). An int
 attribute that a specialization writes (a static cache layer's ``batch_size``, from the
 prefill's ``key_states.shape[0]``) is an int leaf from then on (Note [Int leaves]), so the next
-call of another batch finds its tree known. A size 1 stays static, as every size 1 does (a
-batch of one compiles its own prefill and decode step): the ShapeEnv specializes it, and a
-graph traced for batches of two or more is not proven to hold for one (broadcasting, views and
-the choice between a view and a copy read whether a size is 1). A dim made symbolic that the
-trace ties to a constant (a size equal to a weight's) is guarded as such: a call that breaks
-the tie misses, never runs a graph traced for other sizes.
+call of another batch finds its tree known.
+
+A batch of one: torch's ShapeEnv specializes a size 1 (a symbol of range >= 2), since
+broadcasting, views and some decompositions read whether a size is 1. So a batch symbol is
+traced with range >= 1 instead, and the trace runs size-oblivious (torch's
+``backed_size_oblivious``, as ``torch.export`` runs): a check that torch's own code makes
+obliviously (``guard_or_false(size == 1)`` in broadcasting) takes the general path with no
+guard, one that any code makes explicitly is a guard as ever. Where the general path differs
+for one, the guard excludes one: ``aten::matmul`` folds a batch of one into a single ``mm`` and
+others into ``bmm`` (other bits on the CPU), so the rotary embedding of a transformers prefill
+guards ``position_ids.size(0) != 1`` and a batch of one compiles its own prefill; its decode
+step shares the symbolic one. Only batch dims of a call of 2 or more rows are traced so (a
+batch of one before any other stays static, as every size 1 does), and torch's oblivious
+checks are those it makes for unbacked sizes, whose general path must hold at any size.
+A batch dim the trace ties to a constant (a size equal to a weight's) is guarded as such: a
+call that breaks the tie misses, and never runs a graph traced for other sizes.
 """
 
 from __future__ import annotations
@@ -61,4 +73,5 @@ def batch_dims(call: _Call) -> dict[int, set[int]]:
     if first is None or leaves[first].shape[0] < 2:
         return {}
     batch = leaves[first].shape[0]
-    return {i: {0} for i in free if leaves[i].shape[0] == batch}
+    dims = {i: {0} for i in free if leaves[i].shape[0] == batch}
+    return dims if len(dims) > 1 else {}  # a batch is a dim 0 that tensors share

@@ -11,6 +11,7 @@ import torch
 
 from trident import config
 from trident.errors import TridentError
+from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
@@ -51,7 +52,9 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None)
+                         recording.active else None, ones=frozenset(
+                             i for i in batch.batch_dims(call) if 0 in dynamic.get(i, ()))
+                         if self._dynamic is None and dynamic else frozenset())
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
