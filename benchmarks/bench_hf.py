@@ -22,7 +22,8 @@ Models: ``llama-3.2-1b-like``, ``qwen2.5-0.5b-like``, and either with ``+liger``
 RMSNorm and SwiGLU replaced by Liger-Kernel's Triton kernels: the workload Trident is for; one
 process per such model). ``TRIDENT_BENCH_BATCH=4`` generates for 4 prompts at once.
 ``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_TTFT=0`` skips the time to first
-token (16-, 128- and 512-token prompts, eager and ``trident.jit``); ``TRIDENT_BENCH_PROFILE=1``
+token (16-, 128- and 512-token prompts, eager and ``trident.jit``, and its floor: the eager
+prefill replayed from one CUDA graph); ``TRIDENT_BENCH_PROFILE=1``
 prints a cProfile of one ``trident.jit`` generate (and of one through the backend) and a torch
 profile (GPU kernel time per token);
 ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
@@ -107,6 +108,51 @@ def _first_token(model, lengths=(16, 128, 512), reps: int = 3) -> dict:
             torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
         rows[str(n)] = {"first_ms": round(times[0], 2), "ms": round(min(times[1:]), 2)}
+    return rows
+
+
+def _first_token_floor(model, lengths=(16, 128, 512), reps: int = 5) -> dict:
+    """The floor for time to first token (ms) at each prompt length: the eager prefill forward
+    (a static cache of the prompt's length plus one, the logits of the last position, their
+    argmax) captured once in a CUDA graph (``torch.cuda.graph``) and replayed, the GPU
+    synchronized around each replay; the fastest of ``reps``. No ``generate``, no guards: the
+    GPU's own pace for the prefill's kernels, against which ``_first_token``'s rows are read."""
+    import transformers
+
+    rows = {}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (BATCH, n), device="cuda", generator=g)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=n + 1)
+        positions = torch.arange(n, device="cuda")
+
+        def prefill():
+            return model(input_ids=ids, past_key_values=cache, cache_position=positions,
+                         logits_to_keep=1).logits.argmax(-1)
+
+        def restore():  # the prefill advances the cache's token counts
+            for layer in cache.layers:
+                layer.cumulative_length.zero_()
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(3):  # (the first allocates the cache's tensors)
+                prefill()
+                restore()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            prefill()
+        times = []
+        for _ in range(reps):
+            restore()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        rows[str(n)] = {"ms": round(min(times), 3)}
     return rows
 
 
@@ -433,6 +479,12 @@ def run(name: str, reps: int = 3) -> dict:
     model.forward = forward
     if os.environ.get("TRIDENT_BENCH_TTFT", "1") != "0":
         rows["eager, time to first token (ms)"] = _first_token(model)
+        try:
+            rows["floor: time to first token, CUDA-graph replay of the eager prefill (ms)"] = \
+                _first_token_floor(model)
+        except Exception as e:  # an op that cannot be captured
+            rows["floor: time to first token, CUDA-graph replay of the eager prefill (ms)"] = \
+                {"error": str(e)[:300]}
     return rows
 
 

@@ -113,3 +113,21 @@ def test_bench_doors_cpu_runs_every_door_bit_equal_with_exact_counts(tmp_path, c
     jit = rows["trident.jit"]
     assert f"{jit['/ eager']:8.2f}" in next(line for line in out.splitlines()
                                             if line.startswith("trident.jit"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bench_hf_first_token_floor_replays_the_eager_prefill():
+    """bench_hf's floor for time to first token: the eager prefill of a static cache captured
+    in one CUDA graph, replayed at each prompt length."""
+    import transformers
+
+    from benchmarks import bench_hf
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=96, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    rows = bench_hf._first_token_floor(model, lengths=(4, 16), reps=2)
+    assert list(rows) == ["4", "16"]
+    assert all(row["ms"] > 0 for row in rows.values())

@@ -198,6 +198,48 @@ def test_new_prompt_lengths_and_token_counts_do_not_compile_again():
     assert stats.hits == sum((4, 3, 5, 2, 7)) - 4, stats
 
 
+SWEEP = [(2, 7, 3), (2, 11, 4), (4, 5, 2), (2, 20, 3), (4, 9, 1), (1, 6, 3), (1, 13, 2),
+         (4, 3, 3)]  # (batch, prompt length, max_new_tokens) of each generate
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_times(arch):
+    """A server's generates: new prompt lengths, token counts and batches (2, 4, then 1), a
+    static cache per request (Mistral's default ``sliding_window=4096`` makes it a
+    ``StaticSlidingWindowLayer`` cache). The first generate compiles the prefill and the decode
+    step at exact sizes; the second with the lengths and the batch symbolic (Note [Batch dims]
+    in trident/frontend/batch.py), so the batch of 4 hits, and so does the decode step of a
+    batch of one; its prefill compiles once more (the rotary embedding's ``matmul`` folds a
+    batch of one into one ``mm``: the trace guards the batch ``!= 1``); every other call hits,
+    every token and logit as eager's."""
+    model = tiny_model(arch)
+    model.config.max_position_embeddings = 64
+    if arch == "mistral":
+        model.config.sliding_window = 4096
+    forward = model.forward
+    jf = trident.jit(forward)
+    compiles = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch, length, new in SWEEP:
+            ids = torch.randint(0, 96, (batch, length))
+            kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                      cache_implementation="static", output_logits=True,
+                      return_dict_in_generate=True, disable_compile=True,
+                      attention_mask=torch.ones_like(ids))
+            model.forward = forward
+            ref = model.generate(ids, **kw)
+            model.forward = jf
+            out = model.generate(ids, **kw)
+            assert torch.equal(out.sequences, ref.sequences)
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+            compiles.append(jf.stats.compiles)
+    assert not [w for w in caught if "trident" in str(w.message)]
+    assert compiles == [2, 4, 4, 4, 4, 5, 5, 5], (compiles, jf.stats.miss_reasons)
+    assert jf.stats.fallbacks == 0
+    assert jf.stats.hits == sum(new for _, _, new in SWEEP) - 5
+
+
 SLIDING = {  # transformers' defaults: sliding_window=4096 (StaticSlidingWindowLayer)
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
@@ -233,13 +275,14 @@ def test_sliding_window_and_hybrid_caches_are_served_natively(arch):
             before = (jf.stats.misses, jf.stats.hits)
             assert_same_generation(generate(model, ids, disable_compile=True), ref)
     stats = jf.stats
-    # compiles: the prefill and the decode step at exact sizes, the decode step with the
-    # token count symbolic; at the second length the prefill with the prompt length symbolic
-    # and the decode step of the new argument structure (the model's
+    # compiles: the prefill and the decode step at exact sizes (the count the prefill wrote
+    # is an int leaf of the decode step from its first call: Note [Batch dims] in
+    # trident/frontend/batch.py); at the second length the prefill with the prompt length and
+    # the batch symbolic, and the decode step of the new argument structure (the model's
     # _previous_max_cache_length a leaf); at the third length every call is a hit, the
     # prefill's included
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (5, 5, 0), stats
-    assert (stats.misses, stats.hits) == (before[0], before[1] + NEW_TOKENS) == (5, 10), stats
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (4, 4, 0), stats
+    assert (stats.misses, stats.hits) == (before[0], before[1] + NEW_TOKENS) == (4, 11), stats
     assert not [w for w in caught if "trident" in str(w.message)]
 
 
@@ -277,3 +320,41 @@ def test_a_prefill_leaves_the_cache_as_eager_leaves_it(arch):
             assert _layer_state(a) == _layer_state(b)
     # at exact sizes, then the prompt length symbolic; the third and fourth prompts hit
     assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (2, 0, 2), jf.stats
+
+
+class _LoggedLayer(transformers.StaticLayer):
+    """A static cache layer whose class sets attributes itself: writes no specialization
+    replays (Note [Attribute writes] in trident/lower/writes.py)."""
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+
+
+def test_a_cache_whose_writes_cannot_be_replayed_runs_eagerly_with_one_warning():
+    """A cache class that falls back (here a layer class with its own ``__setattr__``, whose
+    prefill assigns its tensors lazily): each prefill runs eagerly, over every generate, with
+    one warning naming the path and the class, never one per call; the decode steps, which
+    write nothing, are served natively."""
+    model = tiny_model("llama")
+    forward = model.forward
+    jf = trident.jit(forward)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for length in (6, 9, 12):
+            ids = torch.randint(0, 96, (1, length))
+            outs = []
+            for fn in (forward, jf):
+                cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+                for layer in cache.layers:
+                    layer.__class__ = _LoggedLayer
+                model.forward = fn
+                outs.append(model.generate(ids, past_key_values=cache, max_new_tokens=NEW_TOKENS,
+                                           do_sample=False, output_logits=True,
+                                           return_dict_in_generate=True, disable_compile=True))
+            assert_same_generation(outs[1], outs[0])
+    ours = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(ours) == 1, ours
+    assert "_LoggedLayer" in ours[0] and "layers[0]" in ours[0], ours[0]
+    assert jf.stats.fallbacks == 3, jf.stats
+    # the decode step compiles once (exact sizes: every cache holds 32 positions), then hits
+    assert (jf.stats.compiles, jf.stats.hits) == (1, 3 * (NEW_TOKENS - 1) - 1), jf.stats

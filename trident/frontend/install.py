@@ -238,6 +238,10 @@ class Installer:
         self._specs = specs
         self._left_out = None
         self._reset_graphs(len(specs))
+        if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
+            self._int_leaves = self._int_leaves | {
+                s.arg_names[int(i)] for s in specs for i in s.dynamic
+                if s.shapes is not None and s.shapes[int(i)] is None}
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()

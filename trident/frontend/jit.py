@@ -113,6 +113,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._dynamic_failed = False
         self._int_leaves: frozenset[str] = frozenset()  # Note [Int leaves] in policy.py
         self._int_trees: dict[int, set[int]] = {}  # tree key: the trees it generalized
+        self._written_ints: frozenset[str] = frozenset()  # Note [Batch dims], the last trace's
         self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones
         self._modules: dict[str, types.ModuleType] = {}  # their modules, in guard order
         self._module_names: dict[str, str] = {}  # by Specialization.key (Note [Pruning])

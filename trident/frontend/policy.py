@@ -18,7 +18,7 @@ import torch
 
 from trident import config, interrupts
 from trident.errors import CompileForbidden, TridentError
-from trident.frontend import cache
+from trident.frontend import batch, cache
 from trident.frontend.install import _Call, _user_stacklevel
 from trident.ir.guards import (IntValue, Size, SizeRelation, explain_failure, failures,
                                first_failure)
@@ -347,6 +347,7 @@ class MissPolicy:
                     raise TridentError(f"trident.jit: dynamic dims {sorted(asked)} of "
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
+        asked = {i: set(d) for i, d in dims.items() if d}
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
                 _differing_dims(dims, spec, call)  # Note [Int leaves]: by leaf path
@@ -362,6 +363,9 @@ class MissPolicy:
             for i, a in enumerate(args):
                 if type(a) is int and names[i] in self._int_leaves:
                     dims[i] = {0}
+            if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
+                for i, d in batch.batch_dims(call).items():
+                    dims[i] = dims.get(i, set()) | d
         return {i: d for i, d in dims.items() if d}
 
     def _compile_dynamic_or_static(self, call: _Call) -> Specialization:

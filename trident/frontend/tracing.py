@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from trident import config
 from trident.errors import TridentError
+from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
@@ -45,11 +48,18 @@ class Tracer:
             with substituted(call.tree, call.values, leaves, rebuilt, writes) as roots:
                 return self._binding.call(self._fn, roots)
 
-        return trace(run, call.leaves, dynamic, name=self.__qualname__,
-                     outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                           rebuilt, writes),
-                     changed_rng=recording.changed_rng if recording is not None and
-                     recording.active else None)
+        captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
+                         outputs=lambda result: flatten_output(result, call.tree, call.values,
+                                                               rebuilt, writes),
+                         changed_rng=recording.changed_rng if recording is not None and
+                         recording.active else None, ones=frozenset(
+                             i for i in batch.batch_dims(call) if 0 in dynamic.get(i, ()))
+                         if self._dynamic is None and dynamic else frozenset())
+        # Note [Batch dims] in batch.py: the int attributes the specialization writes
+        self._written_ints = frozenset(
+            f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
+            if type(value) is int or isinstance(value, torch.SymInt))
+        return captured
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
@@ -78,6 +88,8 @@ class Tracer:
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
             self._code_fn)
         self._counters.compiles += 1
+        if self._dynamic is None:  # Note [Batch dims]: written ints are int leaves from now on
+            self._int_leaves = self._int_leaves | self._written_ints
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.words(names) for g in spec.guards))
         _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,

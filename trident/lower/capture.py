@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+import torch.fx.experimental._config
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -71,16 +72,29 @@ class Capture:
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _fake_args(args: tuple, dynamic: dict[int, set[int]]):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = frozenset()):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
-    a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants)."""
+    a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
+    ``ones``: the args whose dim 0 is a batch symbol of range >= 1 (Note [Batch dims] in
+    frontend/batch.py; the trace runs size-oblivious, ``trace``)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                        StatelessSymbolicContext)
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
 
     shape_env = ShapeEnv()
+    if ones:
+        fakes, shape_env = _fake_args(args, dynamic)  # (symbols of range >= 2)
+        for i in ones:
+            size = fakes[i].shape[0]
+            if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
+                shape_env.var_to_range[size.node._expr] = ValueRanges(1, int_oo)
+                shape_env.size_like.add(size.node._expr)
+        return fakes, shape_env
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
     for i, a in enumerate(args):
@@ -253,7 +267,8 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None) -> Capture:
+          changed_rng: Callable[[], bool] | None = None, ones: frozenset = frozenset()
+          ) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
@@ -298,14 +313,15 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                                       for leaf in leaves)
         return tuple(leaf for leaf in leaves if isinstance(leaf, _GRAPH_OUTPUTS))
 
-    fake_args, shape_env = _fake_args(args, dynamic) if dynamic else (None, None)
+    fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
     state = _global_state()
     grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
                                         and not a.is_inference() for a in args))
     hook = pause()  # Note [Unrecorded ops]: make_fx's set-up and code generation are torch's
     try:
         with fx_traceback.preserve_node_meta(), mode, launches, \
-                decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident():
+                decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident(), \
+                torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
             # Fake mode either way: fake arguments with symbolic dims carry their own
             # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
             gm = make_fx(flat_forward, tracing_mode="fake",
