@@ -219,3 +219,19 @@ def check_change_is_seen(fn, change) -> None:
         assert torch.equal(jf(x), before)
     st = jf.stats
     assert (st.compiles, st.fallbacks, st.hits) == (2, 0, 3), st
+
+
+def count_traced_calls(monkeypatch) -> list:
+    """Count the torch calls the trace's mode sees (True: the function's own)."""
+    from trident.lower import source_lines
+
+    traced = []
+    torch_function = source_lines._SourceLines.__torch_function__
+    # compiled as Trident's code: its frames are not the function's (Note [Writes at entry])
+    space = {"torch_function": torch_function, "traced": traced}
+    exec(compile("def counted(mode, func, types, args=(), kwargs=None):\n"
+                 "    traced.append(mode.in_user_code)\n"
+                 "    return torch_function(mode, func, types, args, kwargs)\n",
+                 source_lines.__file__, "exec"), space)
+    monkeypatch.setattr(source_lines._SourceLines, "__torch_function__", space["counted"])
+    return traced

@@ -167,6 +167,20 @@ def test_a_changed_attribute_recompiles_and_names_its_path():
     assert "self.model.layers[1].self_attn.scaling" in jf.stats.miss_reasons[-1]
 
 
+def generate_as_eager(model, forward, jf, ids, new: int, **kwargs) -> None:
+    """A greedy generate of exactly ``new`` tokens (static cache) through ``jf``, its tokens
+    and every step's logits equal to eager's (``model.forward`` set to ``forward``)."""
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+              cache_implementation="static", output_logits=True, return_dict_in_generate=True,
+              disable_compile=True, **kwargs)
+    model.forward = forward
+    ref = model.generate(ids, **kw)
+    model.forward = jf
+    out = model.generate(ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+
+
 def test_new_prompt_lengths_and_token_counts_do_not_compile_again():
     """A server never sees the same prompt twice: each generate builds a static cache sized by
     its prompt and max_new_tokens (at least the largest before: ``_previous_max_cache_length``),
@@ -179,17 +193,8 @@ def test_new_prompt_lengths_and_token_counts_do_not_compile_again():
     jf = trident.jit(forward)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for i, (length, new) in enumerate([(6, 4), (9, 3), (20, 5), (13, 2), (3, 7)]):
-            ids = torch.randint(0, 96, (1, length))
-            kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                      cache_implementation="static", output_logits=True,
-                      return_dict_in_generate=True, disable_compile=True)
-            model.forward = forward
-            ref = model.generate(ids, **kw)
-            model.forward = jf
-            out = model.generate(ids, **kw)
-            assert torch.equal(out.sequences, ref.sequences)
-            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+        for length, new in [(6, 4), (9, 3), (20, 5), (13, 2), (3, 7)]:
+            generate_as_eager(model, forward, jf, torch.randint(0, 96, (1, length)), new)
     stats = jf.stats
     # the first generate's prefill and decode step compile with exact sizes, the second's with
     # symbolic lengths (the prompt's, the cache's); every later call hits
@@ -223,16 +228,7 @@ def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_tim
         warnings.simplefilter("always")
         for batch, length, new in SWEEP:
             ids = torch.randint(0, 96, (batch, length))
-            kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                      cache_implementation="static", output_logits=True,
-                      return_dict_in_generate=True, disable_compile=True,
-                      attention_mask=torch.ones_like(ids))
-            model.forward = forward
-            ref = model.generate(ids, **kw)
-            model.forward = jf
-            out = model.generate(ids, **kw)
-            assert torch.equal(out.sequences, ref.sequences)
-            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+            generate_as_eager(model, forward, jf, ids, new, attention_mask=torch.ones_like(ids))
             compiles.append(jf.stats.compiles)
     assert not [w for w in caught if "trident" in str(w.message)]
     assert compiles == [2, 4, 4, 4, 4, 5, 5, 5], (compiles, jf.stats.miss_reasons)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import trident
-from tests._trident_helpers import check_change_is_seen
+from _trident_helpers import check_change_is_seen, count_traced_calls
 
 SCALE = 2.0
 OFFSET = 1.0
@@ -98,20 +98,6 @@ def test_the_hook_is_set_back_after_each_op_that_returns_or_raises():
     assert sys.getprofile() is None
 
 
-def _counting(monkeypatch) -> list:
-    """Count the torch calls the trace's mode sees (True: the function's own)."""
-    from trident.lower import source_lines
-
-    traced = []
-    torch_function = source_lines._SourceLines.__torch_function__
-    # compiled as Trident's code: its frames are not the function's (Note [Writes at entry])
-    space = {"torch_function": torch_function, "traced": traced}
-    exec(compile("def counted(mode, func, types, args=(), kwargs=None):\n"
-                 "    traced.append(mode.in_user_code)\n"
-                 "    return torch_function(mode, func, types, args, kwargs)\n",
-                 source_lines.__file__, "exec"), space)
-    monkeypatch.setattr(source_lines._SourceLines, "__torch_function__", space["counted"])
-    return traced
 
 
 def assigns_at(d, x, at: int, n: int):
@@ -130,7 +116,7 @@ def assigns_at(d, x, at: int, n: int):
 ])
 def test_an_assignment_is_found_at_the_next_doubled_call_or_at_the_end(
         monkeypatch, at, n, traced_calls):
-    traced = _counting(monkeypatch)
+    traced = count_traced_calls(monkeypatch)
     jf = trident.jit(assigns_at)
     d, x = {"t": torch.zeros(2)}, torch.ones(2)
     with pytest.warns(UserWarning, match=r"assigns to d\.t \(Python state of its arguments"):

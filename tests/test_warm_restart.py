@@ -17,7 +17,7 @@ import torch
 
 import trident
 from trident.errors import CompileForbidden, TridentError
-from _trident_helpers import TINY_LLAMA_SCRIPT, run_python
+from _trident_helpers import TINY_LLAMA_SCRIPT, count_traced_calls, run_python
 
 TWO_OPS = textwrap.dedent('''
     import dataclasses, json, sys
@@ -259,21 +259,7 @@ def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cach
                                                                      monkeypatch):
     """Note [Early assignment check] (trident/lower/source_lines.py): the trace ends at the
     function's 32nd torch call, not after its 101; the call runs eagerly, as eager does."""
-    from trident.lower import source_lines
-
-    traced = []
-    torch_function = source_lines._SourceLines.__torch_function__
-
-    # Trident's own mode method, counting: compiled as Trident's code (its frames are not the
-    # function's, whose writes outside its arguments would make it eager: Note [Writes at entry])
-    space = {"torch_function": torch_function, "traced": traced}
-    exec(compile("def counted(mode, func, types, args=(), kwargs=None):\n"
-                 "    traced.append(mode.in_user_code)\n"
-                 "    return torch_function(mode, func, types, args, kwargs)\n",
-                 source_lines.__file__, "exec"), space)
-    counted = space["counted"]
-
-    monkeypatch.setattr(source_lines._SourceLines, "__torch_function__", counted)
+    traced = count_traced_calls(monkeypatch)
 
     def f(d, x):
         d["t"] = x + 1  # a new tensor in the argument's dict: cannot be compiled
