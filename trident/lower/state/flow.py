@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import inspect
 import types
 from typing import Any
@@ -56,16 +57,12 @@ _OUTSIDE_RESULT = {globals: "globals()", __import__: "an imported module",
                    __import__("importlib").import_module: "an imported module",
                    __import__("sys")._getframe: "a frame"}
 # Library functions that change their first argument.
-_MUTATING_FUNCTIONS = frozenset(
-    f for f in (setattr, delattr, object.__setattr__, object.__delattr__,
-                *(getattr(__import__("operator"), n) for n in (
-                    "setitem", "delitem", "iadd", "iand", "iconcat", "ior", "imul", "isub",
-                    "ixor")),
-                *(getattr(__import__("heapq"), n) for n in (
-                    "heappush", "heappop", "heapify", "heapreplace", "heappushpop")),
-                *(getattr(__import__("bisect"), n) for n in ("insort", "insort_left",
-                                                            "insort_right")),
-                __import__("random").shuffle))
+_MUTATING_FUNCTIONS = frozenset((
+    setattr, delattr, object.__setattr__, object.__delattr__, __import__("random").shuffle,
+    *(getattr(__import__(module), n) for module, names in (
+        ("operator", "setitem delitem iadd iand iconcat ior imul isub ixor"),
+        ("heapq", "heappush heappop heapify heapreplace heappushpop"),
+        ("bisect", "insort insort_left insort_right")) for n in names.split())))
 _OUTSIDE_LOADS = frozenset({"LOAD_NAME", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
                             "LOAD_FROM_DICT_OR_DEREF", "IMPORT_NAME", "IMPORT_FROM"})
 _NO_PUSH = ("STORE_", "DELETE_", "POP_JUMP", "JUMP", "RETURN_", "RAISE_", "RERAISE", "POP_TOP",
@@ -119,7 +116,7 @@ def _static_attr(obj, name):
 
 
 _UNKNOWN = object()
-
+_NO_INSTRUCTION = ("CACHE", "PRECALL")  # dis's entries that are no instruction
 
 class Flow:
     """The origins of the values on ``code``'s stack (Note [Write targets]). ``g``: its globals;
@@ -131,8 +128,7 @@ class Flow:
         self.code, self.g, self.fn, self.depth = code, g, fn, depth
         self.values = values or {}
         self.cells = cells or {}  # a nested code's free variable: the origin its maker bound
-        self.ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE",
-                                                                              "PRECALL")]
+        self.ins = [i for i in dis.get_instructions(code) if i.opname not in _NO_INSTRUCTION]
         self.at = {i.offset: k for k, i in enumerate(self.ins)}
         nparams = code.co_argcount + code.co_kwonlyargcount + \
             bool(code.co_flags & inspect.CO_VARARGS) + \
@@ -144,12 +140,10 @@ class Flow:
                 t = self.at.get(i.argval)
                 if t is not None:
                     self.preds.setdefault(t, []).append(k)
-        self.handlers = set()
-        for entry in getattr(dis, "_parse_exception_table", lambda c: [])(code):
-            self.handlers.add(self.at.get(entry.target))
+        self.handlers = {self.at.get(entry.target) for entry in getattr(
+            dis, "_parse_exception_table", lambda c: [])(code)}
         self._locals: dict | None = None
         self._busy: set = set()  # locals whose static value is being found
-        self._stores: dict | None = None  # Flow._fast_stores
 
     # -- the walk back ---------------------------------------------------------------------
     def _effect(self, k: int, taken: bool = False) -> tuple[int, int]:
@@ -240,7 +234,7 @@ class Flow:
             return self.values[i.argval]
         if i.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and i.argval not in self.params and \
                 i.argval not in self._busy:
-            stores = self._fast_stores().get(i.argval, ())
+            stores = self._fast_stores.get(i.argval, ())
             if len(stores) == 1:  # lst = list.append
                 self._busy.add(i.argval)
                 try:
@@ -264,16 +258,15 @@ class Flow:
                 pass
         return _UNKNOWN
 
+    @functools.cached_property
     def _fast_stores(self) -> dict:
-        """{local name: the indices of its ``STORE_FAST`` instructions}, made once: ``static``
-        asks for a local's stores at each of its loads (a long generated function, as a
-        torch.compile graph's, has thousands)."""
-        if self._stores is None:
-            self._stores = {}
-            for k, o in enumerate(self.ins):
-                if o.opname == "STORE_FAST":
-                    self._stores.setdefault(o.argval, []).append(k)
-        return self._stores
+        """{local name: the indices of its ``STORE_FAST`` instructions}: ``static`` asks at each
+        of a local's loads (a torch.compile graph's generated forward has thousands)."""
+        stores: dict = {}
+        for k, o in enumerate(self.ins):
+            if o.opname == "STORE_FAST":
+                stores.setdefault(o.argval, []).append(k)
+        return stores
 
     def _origin_of(self, k: int, slot: int) -> tuple:
         i, op = self.ins[k], self.ins[k].opname
@@ -370,14 +363,11 @@ class Flow:
         it hands out is advanced where it is consumed (Note [Write targets])."""
         parts = self.call_parts(k)
         user = _user_function(parts[0]) if parts is not None else None
-        if user is None or self.depth >= 4:
-            return _UNKNOWN
-        inner = Flow(user.__code__, user.__globals__, user, self.depth + 1)
-        values = [inner.static(r, 0) for r, o in enumerate(inner.ins)
-                  if o.opname == "RETURN_VALUE"]
-        if not values or any(v is _UNKNOWN or v is not values[0] for v in values):
-            return _UNKNOWN
-        return values[0]
+        inner = Flow(user.__code__, user.__globals__, user, self.depth + 1) \
+            if user is not None and self.depth < 4 else None
+        values = {id(v): v for v in (inner.static(r, 0) for r, o in enumerate(inner.ins)
+                                     if o.opname == "RETURN_VALUE")} if inner else {}
+        return next(iter(values.values())) if len(values) == 1 else _UNKNOWN
 
     def _call_result(self, k: int) -> tuple:
         parts = self.call_parts(k)

@@ -247,6 +247,7 @@ def record(fn):
     finally:
         sys.setprofile(previous)
         del _CHAINED[hook]
+        called.clear()  # the frames, and what their locals hold (a closure may outlive this)
         if suspended is not None:
             suspended.enable()
 
