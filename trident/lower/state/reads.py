@@ -17,8 +17,8 @@ from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
 from trident.lower.state.bytecode import _chains, tensor_type_read
-from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter, _kernel_fns,
-                                       _resolve_root, _root_of, _step, _values_along)
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
+                                       _kernel_fns, _resolve_root, _root_of, _step, _values_along)
 from trident.lower.state.recording import Recording
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
 
@@ -76,6 +76,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     def add(read: Read) -> None:
         """A chain, and the functions (their closure cells) and kernels it reaches."""
         reads.append(read)
+        served = _module_getattr(read, fn)
+        if served is not None:  # a module's __getattr__ serves a name: the function too
+            add(served)
         for value in _values_along(read, fn):
             for f in _functions_in(value):
                 functions.setdefault(f.__code__, f)
@@ -120,9 +123,10 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                         steps0 = ((kind, name),)
                     read = _resolve_calls(root, steps0 + steps, fn)
                 elif start == "param":
-                    for shadow in _lookup_reads(params.get(name, _MISSING), steps):
+                    value, steps = _through_items(params.get(name, _MISSING), steps)
+                    for shadow in _lookup_reads(value, steps):
                         add(shadow)
-                    read = _param_read(params.get(name, _MISSING), steps, fn)
+                    read = _param_read(value, steps, fn) if steps else None
                 else:
                     pending.append((code, name, steps))
                     continue
@@ -178,6 +182,23 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     return list(dict.fromkeys(reads))
 
 
+def _module_getattr(read: Read, fn) -> Read | None:
+    """The chain to the ``__getattr__`` (PEP 562) of the module where ``read`` reads a name
+    that it serves, or None. The state tree holds the name as absent (tree.py), and this chain
+    the function (by identity; its code, defaults and cells as any function that ran): a
+    ``__getattr__`` swapped, edited or deleted is seen."""
+    obj = _resolve_root(read.root, fn)
+    for n, step in enumerate(read.steps):
+        value = _step(obj, step)
+        if value is _STOP and type(obj) is types.ModuleType and step[0] == "attr" and \
+                "__getattr__" in obj.__dict__:
+            return Read(read.root, read.steps[:n] + (("attr", "__getattr__"),))
+        if value is _MISSING or value is _STOP:
+            return None
+        obj = value
+    return None
+
+
 def _functions_in(value) -> list:
     if isinstance(value, types.FunctionType):
         return [value]
@@ -217,6 +238,26 @@ def _instance_value(value, d, name: str):
             if isinstance(held, dict) and name in held:
                 return held[name]
     return _MISSING
+
+
+def _through_items(value, steps: tuple) -> tuple:
+    """(value, the steps after) of an argument read through its items first (``kw["o"].k``,
+    ``args[0].k``, ``d.get("o").k``): the items of a plain dict, list or tuple are the
+    argument tree's (checked by identity); what is read through them, a class's attribute
+    above all, is the chains' (:func:`_lookup_reads`, :func:`_param_read`)."""
+    while steps and type(value) in (dict, list, tuple):
+        if steps[0][0] == "item":
+            key, steps = steps[0][1], steps[1:]
+        elif type(value) is dict and steps[:1] == (("attr", "get"),) and \
+                len(steps) > 1 and steps[1][0] == "call1":
+            key, steps = steps[1][1], steps[2:]
+        else:
+            break
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING, ()
+    return value, steps
 
 
 def _lookup_reads(value, steps: tuple) -> list[Read]:
