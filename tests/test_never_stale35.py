@@ -4,8 +4,10 @@ and compares the next calls with eager (``torch.equal``), with exact counts."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -148,5 +150,120 @@ def test_a_module_getattr_that_serves_a_read_is_guarded(change, monkeypatch):
         assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
     finally:
         undo()
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
+
+
+def _act(x, b=0.0):
+    return x * 2 + b
+
+
+def _act_other(x, b=0.0):
+    return x * 3 - b
+
+
+class _Holder:
+    def __init__(self):
+        self.k = 2.0
+
+    def meth(self, x):
+        return x * self.k
+
+
+def _calls_pos(x, fn):
+    return fn(x)
+
+
+def _calls_kw(x, **kw):
+    return kw["fn"](x)
+
+
+def _calls_list(x, fns):
+    return fns[0](x)
+
+
+CALLERS = {"pos": (_calls_pos, lambda jf, x, c: jf(x, c)),
+           "kw": (_calls_kw, lambda jf, x, c: jf(x, fn=c)),
+           "list": (_calls_list, lambda jf, x, c: jf(x, [c]))}
+
+
+def _defaults_change():
+    _act.__defaults__ = (1.0,)
+    return lambda: setattr(_act, "__defaults__", (0.0,))
+
+
+def _code_change():
+    saved, _act.__code__ = _act.__code__, _act_other.__code__
+    return lambda: setattr(_act, "__code__", saved)
+
+
+@pytest.mark.parametrize("change", [_defaults_change, _code_change])
+@pytest.mark.parametrize("how", sorted(CALLERS))
+def test_a_function_passed_in_and_called_is_guarded(how, change):
+    # Note [Callable arguments] in lower/state/reads.py: a function argument was checked by
+    # identity only; its __defaults__ or __code__ changed was not seen (stale)
+    fn, call = CALLERS[how]
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    before = call(fn, x, _act)
+    assert torch.equal(call(jf, x, _act), before) and torch.equal(call(jf, x, _act), before)
+    undo = change()
+    try:
+        after = call(fn, x, _act)
+        assert not torch.equal(after, before), "the change must change eager's result"
+        assert torch.equal(call(jf, x, _act), after) and torch.equal(call(jf, x, _act), after)
+    finally:
+        undo()
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
+
+
+@pytest.mark.parametrize("what", ["bound method", "partial"])
+@pytest.mark.parametrize("how", sorted(CALLERS))
+def test_a_bound_method_or_partial_passed_in_and_called_runs_eagerly(how, what):
+    # what a bound method or a partial binds (its object, its keywords) is no argument
+    # tree's: a change of it was not seen (stale); the call runs eagerly, with one warning
+    fn, call = CALLERS[how]
+    holder = _Holder()
+    part = functools.partial(_act_other, b=1.0)
+    make = (lambda: holder.meth) if what == "bound method" else (lambda: part)
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(call(jf, x, make()), call(fn, x, make()))
+        if what == "bound method":
+            holder.k = 4.0
+        else:
+            part.keywords["b"] = 2.0
+        after = call(fn, x, make())
+        assert torch.equal(call(jf, x, make()), after)
+        assert torch.equal(call(jf, x, make()), after)
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
+    said = [str(w.message) for w in caught if "passed as an argument" in str(w.message)]
+    assert len(said) == 1, said
+
+
+@pytest.mark.parametrize("where", ["its own __builtins__ dict", "the builtins module"])
+def test_a_builtin_of_exec_d_code_is_guarded(where, monkeypatch):
+    # code exec'd with globals of its own reads builtins from its __builtins__: neither a
+    # replacement in its own dict nor one in the builtins module was seen (stale)
+    import builtins
+
+    custom = {"abs": lambda v: 2.0}
+    g = {"__builtins__": custom} if where.startswith("its own") else {}
+    exec("def reads_abs(x):\n    return x * abs(-2.0)", g)
+    fn, x = g["reads_abs"], torch.ones(3)
+    jf = trident.jit(fn)
+    before = fn(x)
+    assert torch.equal(jf(x), before) and torch.equal(jf(x), before)
+    if where.startswith("its own"):
+        custom["abs"] = lambda v: 3.0
+    else:
+        monkeypatch.setattr(builtins, "abs", lambda v: 3.0)
+    after = fn(x)
+    assert not torch.equal(after, before), "the change must change eager's result"
+    assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
     s = jf.stats
     assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
