@@ -4,6 +4,7 @@ and compares the next calls with eager (``torch.equal``), with exact counts."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import sys
 import types
@@ -249,8 +250,6 @@ def test_a_bound_method_or_partial_passed_in_and_called_runs_eagerly(how, what):
 def test_a_builtin_of_exec_d_code_is_guarded(where, monkeypatch):
     # code exec'd with globals of its own reads builtins from its __builtins__: neither a
     # replacement in its own dict nor one in the builtins module was seen (stale)
-    import builtins
-
     custom = {"abs": lambda v: 2.0}
     g = {"__builtins__": custom} if where.startswith("its own") else {}
     exec("def reads_abs(x):\n    return x * abs(-2.0)", g)
@@ -262,6 +261,28 @@ def test_a_builtin_of_exec_d_code_is_guarded(where, monkeypatch):
         custom["abs"] = lambda v: 3.0
     else:
         monkeypatch.setattr(builtins, "abs", lambda v: 3.0)
+    after = fn(x)
+    assert not torch.equal(after, before), "the change must change eager's result"
+    assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
+    s = jf.stats
+    assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
+
+
+class _Missing(dict):
+    def __missing__(self, key):
+        return 2.0 if key == "Z" else builtins.__dict__[key]
+
+
+def test_a_global_that_a_dict_subclass_serves_is_guarded():
+    # globals of a dict subclass: LOAD_GLOBAL finds Z through __missing__; the value served
+    # is guarded (Z set in the dict later is seen)
+    g = _Missing()
+    exec("def reads_z(x):\n    return x * Z", g)
+    fn, x = g["reads_z"], torch.ones(3)
+    jf = trident.jit(fn)
+    before = fn(x)
+    assert torch.equal(jf(x), before) and torch.equal(jf(x), before)
+    g["Z"] = 6.0
     after = fn(x)
     assert not torch.equal(after, before), "the change must change eager's result"
     assert torch.equal(jf(x), after) and torch.equal(jf(x), after)

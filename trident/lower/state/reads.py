@@ -120,7 +120,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 if start == "global":
                     root, kind = _globals_root(g)
                     if name not in g:
-                        reads.append(Read(root, ((kind, name),), False))  # ABSENT: unbound
+                        # ABSENT: unbound (a dict subclass's __missing__ may serve it: whole)
+                        reads.append(Read(root, ((kind, name),), kind == "item"))
                         root, steps0 = _builtins_root(functions.get(code), g, name)
                     else:
                         steps0 = ((kind, name),)
