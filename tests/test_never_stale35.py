@@ -183,7 +183,17 @@ def _calls_list(x, fns):
     return fns[0](x)
 
 
+class _HoldsFn:
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _calls_attr(x, holder):
+    return holder.fn(x)
+
+
 CALLERS = {"pos": (_calls_pos, lambda jf, x, c: jf(x, c)),
+           "attr": (_calls_attr, lambda jf, x, c: jf(x, _HoldsFn(c))),
            "kw": (_calls_kw, lambda jf, x, c: jf(x, fn=c)),
            "list": (_calls_list, lambda jf, x, c: jf(x, [c]))}
 

@@ -207,12 +207,13 @@ def _builtins_root(f, g: dict, name: str) -> tuple[tuple, tuple]:
 
 def _called_arguments(rec: Recording, fn) -> list:
     """Note [Callable arguments]: the user functions that ran which the jitted function was
-    passed (a parameter, or an item of a list, tuple or dict argument, ``*args`` and
-    ``**kwargs`` included). The argument tree checks such a function by identity; its
-    ``__code__``, defaults and closure cells are read as a global helper's are. A bound method
-    or a ``functools.partial`` passed in is checked by identity too, but what it binds (the
-    method's object, the partial's arguments and keywords) is no argument tree's and no
-    chain's: the call runs eagerly.
+    passed (a parameter, an item of a list, tuple or dict argument, ``*args`` and
+    ``**kwargs`` included, or an attribute of a user class's instance there: ``cfg.act``).
+    The argument tree checks such a function by identity; its ``__code__``, defaults and
+    closure cells are read as a global helper's are. A bound method or a ``functools.partial``
+    passed in is checked by identity too, but what it binds (the method's object, the
+    partial's arguments and keywords) is no argument tree's and no chain's: the call runs
+    eagerly.
 
     Raises:
         TridentError: a bound method of an object, or a partial, passed in and called."""
@@ -223,7 +224,7 @@ def _called_arguments(rec: Recording, fn) -> list:
     if code not in rec.codes:
         return []
     todo, out, seen = list(rec.codes[code][1].values()), [], set()
-    while todo and len(seen) < 256:
+    while todo and len(seen) < 4096:
         value = todo.pop()
         if id(value) in seen:
             continue
@@ -232,6 +233,8 @@ def _called_arguments(rec: Recording, fn) -> list:
             todo += value
         elif type(value) is dict:
             todo += value.values()
+        elif frames.user_class(type(value)) and type(getattr(value, "__dict__", None)) is dict:
+            todo += vars(value).values()  # (cfg.act: an instance's attributes)
         elif isinstance(value, types.FunctionType) and value.__code__ in rec.codes:
             out.append(value)
         elif isinstance(value, types.MethodType) and any(
