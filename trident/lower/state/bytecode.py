@@ -38,8 +38,9 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
     bound once to a chain (``log = LOG``, ``import mod``) continues that chain where it is
     loaded."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
-    nparams = code.co_argcount + code.co_kwonlyargcount
-    params = set(code.co_varnames[:nparams])
+    nparams = code.co_argcount + code.co_kwonlyargcount + \
+        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    params = set(code.co_varnames[:nparams])  # (*args and **kwargs too: read through items)
     single = _single_stores(code, ins)
     aliases: dict = {}  # local -> (start kind, name, steps)
     out: list = []

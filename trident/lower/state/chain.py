@@ -53,10 +53,10 @@ _OBJECTS: dict[str, Any] = {}  # ("object", token) roots: objects no module path
 
 
 def _root_of(obj) -> tuple[tuple, tuple]:
-    """(root, steps) naming ``obj``: its module, then its qualified name, when that path
-    reaches it; else the object itself, in this process only."""
-    if isinstance(obj, types.ModuleType):
-        return ("module", obj.__name__), ()
+    """(root, steps) naming ``obj``: its module (one that ``sys.modules`` holds), then its
+    qualified name, when that path reaches it; else the object itself, in this process only."""
+    if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
+        return ("module", obj.__name__), ()  # (one not in sys.modules: the object itself)
     name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     module = sys.modules.get(name) if isinstance(name, str) else None
     if module is not None and "<locals>" not in qualname:

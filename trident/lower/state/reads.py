@@ -17,8 +17,9 @@ from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
 from trident.lower.state.bytecode import _chains, tensor_type_read
-from trident.lower.state.chain import (_MISSING, Read, _globals_root, _is_getter, _kernel_fns,
-                                       _resolve_root, _root_of, _step, _values_along)
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
+                                       _kernel_fns, _resolve_root, _root_of, _root_of_dict,
+                                       _step, _values_along)
 from trident.lower.state.recording import Recording
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
 
@@ -46,6 +47,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
+    for value in _called_arguments(rec, fn):  # functions passed in: their code, defaults
+        functions.setdefault(value.__code__, value)  # and cells, as a global helper's
     parents = {}  # nested code -> the code that makes it
     reads: list[Read] = []
     todo = list(rec.codes.items())
@@ -76,6 +79,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     def add(read: Read) -> None:
         """A chain, and the functions (their closure cells) and kernels it reaches."""
         reads.append(read)
+        served = _module_getattr(read, fn)
+        if served is not None:  # a module's __getattr__ serves a name: the function too
+            add(served)
         for value in _values_along(read, fn):
             for f in _functions_in(value):
                 functions.setdefault(f.__code__, f)
@@ -113,16 +119,18 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     continue
                 if start == "global":
                     root, kind = _globals_root(g)
-                    if kind == "attr" and name not in g:
-                        reads.append(Read(root, (("attr", name),), False))  # ABSENT: unbound
-                        root, steps0 = ("builtins",), (("attr", name),)
+                    if name not in g:
+                        # ABSENT: unbound (a dict subclass's __missing__ may serve it: whole)
+                        reads.append(Read(root, ((kind, name),), kind == "item"))
+                        root, steps0 = _builtins_root(functions.get(code), g, name)
                     else:
                         steps0 = ((kind, name),)
                     read = _resolve_calls(root, steps0 + steps, fn)
                 elif start == "param":
-                    for shadow in _lookup_reads(params.get(name, _MISSING), steps):
+                    value, steps = _through_items(params.get(name, _MISSING), steps)
+                    for shadow in _lookup_reads(value, steps):
                         add(shadow)
-                    read = _param_read(params.get(name, _MISSING), steps, fn)
+                    read = _param_read(value, steps, fn) if steps else None
                 else:
                     pending.append((code, name, steps))
                     continue
@@ -178,6 +186,89 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     return list(dict.fromkeys(reads))
 
 
+def _builtins_root(f, g: dict, name: str) -> tuple[tuple, tuple]:
+    """(root, steps) of the builtin ``name`` that a function of globals ``g`` finds there:
+    the function's own ``__builtins__`` (Python takes it from ``g["__builtins__"]`` when the
+    function is made), the ``builtins`` module's or a dict of its own (code exec'd with
+    ``{"__builtins__": {...}}``), read by item.
+
+    Raises:
+        TridentError: builtins of another kind (a mapping that Python code serves)."""
+    held = getattr(f, "__builtins__", None) if f is not None else None
+    if held is None:
+        held = g.get("__builtins__", builtins)
+    if held is builtins or held is builtins.__dict__:
+        return ("builtins",), (("attr", name),)
+    if type(held) is dict:
+        return _root_of_dict(held), (("item", name),)
+    raise TridentError(f"the function reads the builtin {name} from a {type(held).__name__} "
+                       "as its __builtins__: state no guard follows")
+
+
+def _called_arguments(rec: Recording, fn) -> list:
+    """Note [Callable arguments]: the user functions that ran which the jitted function was
+    passed (a parameter, an item of a list, tuple or dict argument, ``*args`` and
+    ``**kwargs`` included, or an attribute of a user class's instance there: ``cfg.act``).
+    The argument tree checks such a function by identity; its ``__code__``, defaults and
+    closure cells are read as a global helper's are. A bound method or a ``functools.partial``
+    passed in is checked by identity too, but what it binds (the method's object, the
+    partial's arguments and keywords) is no argument tree's and no chain's: the call runs
+    eagerly.
+
+    Raises:
+        TridentError: a bound method of an object, or a partial, passed in and called."""
+    top = getattr(fn, "__func__", fn)
+    if isinstance(top, torch.nn.Module):
+        top = getattr(type(top).forward, "__func__", type(top).forward)
+    code = getattr(top, "__code__", None)
+    if code not in rec.codes:
+        return []
+    todo, out, seen = list(rec.codes[code][1].values()), [], set()
+    while todo and len(seen) < 4096:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if type(value) in (list, tuple):
+            todo += value
+        elif type(value) is dict:
+            todo += value.values()
+        elif frames.user_class(type(value)) and type(getattr(value, "__dict__", None)) is dict:
+            todo += vars(value).values()  # (cfg.act: an instance's attributes)
+        elif isinstance(value, types.FunctionType) and value.__code__ in rec.codes:
+            out.append(value)
+        elif isinstance(value, types.MethodType) and any(
+                f.__code__ in rec.codes for f in _functions_in(value)):
+            if not isinstance(value.__self__, (type, types.ModuleType)):
+                raise TridentError(f"the function calls the bound method {value.__qualname__} "
+                                   "passed as an argument: its object is no argument's that "
+                                   "a guard reads")
+            out += _functions_in(value)
+        elif isinstance(value, functools.partial) and any(
+                f.__code__ in rec.codes for f in _functions_in(value)):
+            raise TridentError("the function calls a functools.partial passed as an argument: "
+                               "its arguments and keywords are no argument's that a guard "
+                               "reads")
+    return out
+
+
+def _module_getattr(read: Read, fn) -> Read | None:
+    """The chain to the ``__getattr__`` (PEP 562) of the module where ``read`` reads a name
+    that it serves, or None. The state tree holds the name as absent (tree.py), and this chain
+    the function (by identity; its code, defaults and cells as any function that ran): a
+    ``__getattr__`` swapped, edited or deleted is seen."""
+    obj = _resolve_root(read.root, fn)
+    for n, step in enumerate(read.steps):
+        value = _step(obj, step)
+        if value is _STOP and type(obj) is types.ModuleType and step[0] == "attr" and \
+                "__getattr__" in obj.__dict__:
+            return Read(read.root, read.steps[:n] + (("attr", "__getattr__"),))
+        if value is _MISSING or value is _STOP:
+            return None
+        obj = value
+    return None
+
+
 def _functions_in(value) -> list:
     if isinstance(value, types.FunctionType):
         return [value]
@@ -217,6 +308,26 @@ def _instance_value(value, d, name: str):
             if isinstance(held, dict) and name in held:
                 return held[name]
     return _MISSING
+
+
+def _through_items(value, steps: tuple) -> tuple:
+    """(value, the steps after) of an argument read through its items first (``kw["o"].k``,
+    ``args[0].k``, ``d.get("o").k``): the items of a plain dict, list or tuple are the
+    argument tree's (checked by identity); what is read through them, a class's attribute
+    above all, is the chains' (:func:`_lookup_reads`, :func:`_param_read`)."""
+    while steps and type(value) in (dict, list, tuple):
+        if steps[0][0] == "item":
+            key, steps = steps[0][1], steps[1:]
+        elif type(value) is dict and steps[:1] == (("attr", "get"),) and \
+                len(steps) > 1 and steps[1][0] == "call1":
+            key, steps = steps[1][1], steps[2:]
+        else:
+            break
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING, ()
+    return value, steps
 
 
 def _lookup_reads(value, steps: tuple) -> list[Read]:
