@@ -224,7 +224,7 @@ def _called_arguments(rec: Recording, fn) -> list:
     if code not in rec.codes:
         return []
     todo, out, seen = list(rec.codes[code][1].values()), [], set()
-    while todo and len(seen) < 4096:
+    while todo and len(seen) < 4096:  # (a function held deeper: checked by identity alone)
         value = todo.pop()
         if id(value) in seen:
             continue
@@ -272,12 +272,9 @@ def _module_getattr(read: Read, fn) -> Read | None:
 def _functions_in(value) -> list:
     if isinstance(value, types.FunctionType):
         return [value]
-    if isinstance(value, types.MethodType):
-        return _functions_in(value.__func__)
-    if isinstance(value, functools.partial):
-        return _functions_in(value.func)
-    if isinstance(value, (staticmethod, classmethod)):
-        return _functions_in(value.__func__)
+    if isinstance(value, (types.MethodType, functools.partial, staticmethod, classmethod)):
+        return _functions_in(value.func if isinstance(value, functools.partial)
+                             else value.__func__)
     if isinstance(value, property):  # its getter's cells (it is read by identity)
         return [f for f in (value.fget, value.fset, value.fdel)
                 if isinstance(f, types.FunctionType)]
@@ -298,15 +295,11 @@ _TENSOR_STATE = frozenset({"data", "grad", "requires_grad", "is_leaf", "grad_fn"
 def _instance_value(value, d, name: str):
     """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
     parameter or buffer, which its argument tree reads), or ``_MISSING``."""
-    if not isinstance(d, dict):
-        return _MISSING
-    if name in d:
-        return d[name]
+    if not isinstance(d, dict) or name in d:
+        return d[name] if isinstance(d, dict) else _MISSING
     if isinstance(value, torch.nn.Module):
-        for kind in ("_modules", "_parameters", "_buffers"):
-            held = d.get(kind)
-            if isinstance(held, dict) and name in held:
-                return held[name]
+        return next((h[name] for h in map(d.get, ("_modules", "_parameters", "_buffers"))
+                     if isinstance(h, dict) and name in h), _MISSING)
     return _MISSING
 
 
