@@ -22,6 +22,7 @@ Note [User code]: two questions, each answered here and nowhere else.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import sysconfig
@@ -124,3 +125,10 @@ def user_class(c: type) -> bool:
     """A class of user code: its module's file is :func:`user_file`'s."""
     return c.__module__ != "builtins" and user_file(
         getattr(sys.modules.get(c.__module__), "__file__", "") or "")
+
+
+def parameter_names(code: types.CodeType) -> tuple[str, ...]:
+    """The names of ``code``'s parameters, ``*args`` and ``**kwargs`` included (the first of
+    ``co_varnames``, CPython 3.11-3.13)."""
+    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + bool(
+        code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dis
-import inspect
 import types
 from typing import Any
 
 import torch
 
+from trident import frames
 from trident.lower.state import flow
 
 _LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
@@ -17,13 +17,12 @@ _LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
 def _single_stores(code: types.CodeType, ins: list) -> set:
     """The locals (not parameters) that ``code`` binds exactly once: a local bound to a chain
     there is an alias of that chain wherever it is loaded (``log = LOG``, ``import mod``)."""
-    nparams = code.co_argcount + code.co_kwonlyargcount + \
-        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    params = frames.parameter_names(code)
     counts: dict = {}
     for i in ins:
         if i.opname in ("STORE_FAST", "DELETE_FAST"):
             counts[i.argval] = counts.get(i.argval, 0) + 1
-    return {n for n, c in counts.items() if c == 1 and n not in code.co_varnames[:nparams]}
+    return {n for n, c in counts.items() if c == 1 and n not in params}
 
 
 def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
@@ -38,9 +37,7 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
     bound once to a chain (``log = LOG``, ``import mod``) continues that chain where it is
     loaded."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
-    nparams = code.co_argcount + code.co_kwonlyargcount + \
-        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-    params = set(code.co_varnames[:nparams])  # (*args and **kwargs too: read through items)
+    params = set(frames.parameter_names(code))  # (*args and **kwargs too: read through items)
     single = _single_stores(code, ins)
     aliases: dict = {}  # local -> (start kind, name, steps)
     out: list = []

@@ -130,10 +130,7 @@ class Flow:
         self.cells = cells or {}  # a nested code's free variable: the origin its maker bound
         self.ins = [i for i in dis.get_instructions(code) if i.opname not in _NO_INSTRUCTION]
         self.at = {i.offset: k for k, i in enumerate(self.ins)}
-        nparams = code.co_argcount + code.co_kwonlyargcount + \
-            bool(code.co_flags & inspect.CO_VARARGS) + \
-            bool(code.co_flags & inspect.CO_VARKEYWORDS)
-        self.params = set(code.co_varnames[:nparams])
+        self.params = set(frames.parameter_names(code))
         self.preds: dict = {}  # index -> [(index, taken)] of the jumps into it
         for k, i in enumerate(self.ins):
             if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:

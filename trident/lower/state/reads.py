@@ -217,10 +217,7 @@ def _called_arguments(rec: Recording, fn) -> list:
 
     Raises:
         TridentError: a bound method of an object, or a partial, passed in and called."""
-    top = getattr(fn, "__func__", fn)
-    if isinstance(top, torch.nn.Module):
-        top = getattr(type(top).forward, "__func__", type(top).forward)
-    code = getattr(top, "__code__", None)
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)  # (fn: the jit's _code_fn)
     if code not in rec.codes:
         return []
     todo, out, seen = list(rec.codes[code][1].values()), [], set()
@@ -295,8 +292,10 @@ _TENSOR_STATE = frozenset({"data", "grad", "requires_grad", "is_leaf", "grad_fn"
 def _instance_value(value, d, name: str):
     """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
     parameter or buffer, which its argument tree reads), or ``_MISSING``."""
-    if not isinstance(d, dict) or name in d:
-        return d[name] if isinstance(d, dict) else _MISSING
+    if not isinstance(d, dict):
+        return _MISSING
+    if name in d:
+        return d[name]
     if isinstance(value, torch.nn.Module):
         return next((h[name] for h in map(d.get, ("_modules", "_parameters", "_buffers"))
                      if isinstance(h, dict) and name in h), _MISSING)

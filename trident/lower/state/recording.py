@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import sys
 import types
 
@@ -214,12 +213,9 @@ def record(fn):
                 rec.module_call = True
         elif kind & _USER and under_fn(frame):
             if code not in rec.codes:
-                nparams = code.co_argcount + code.co_kwonlyargcount + bool(
-                    code.co_flags & inspect.CO_VARARGS) + bool(
-                    code.co_flags & inspect.CO_VARKEYWORDS)
                 local = frame.f_locals
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
-                                                     code.co_varnames[:nparams] if n in local})
+                                                     frames.parameter_names(code) if n in local})
                 entry(frame, rec)  # raises (the frame unwinds) for a write outside
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
