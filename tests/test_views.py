@@ -376,3 +376,38 @@ def test_decode_step_views_on_cuda_equal_eager_without_dispatcher_calls(trident_
     assert (f.stats.hits, f.stats.compiles) == (2, 1)
     calls = dispatcher_calls(f, x, kc, vc, wq, wo)
     assert "aten::transpose" not in calls and "aten::slice" not in calls, calls
+
+
+def _overflow_cases():
+    """(op code, the tensor, C args, eager call): ints that the call may pass (``x.view(n,
+    -1)``, ``x[::k]``) whose products or sums int64 cannot hold."""
+    big, e = 2**62, torch.empty(0)
+    row = torch.empty(3)
+    one = torch.as_strided(torch.empty(1), (0, 5), (1, big))  # an empty tensor's any stride
+    tall = torch.as_strided(torch.empty(4), (4, 1), (1, big))  # a size-1 dim's any stride
+    return [
+        (0, e, [2**32, 2**32], lambda: e.view(2**32, 2**32)),  # wraps to 0: numel 0
+        (0, e, [0, big, big], lambda: e.view(0, big, big)),  # the empty view's strides
+        (0, e, [0, 2**31, 2**31, 2**31, 4], lambda: e.view(0, 2**31, 2**31, 2**31, 4)),
+        (0, tall, [2, 2], lambda: tall.view(2, 2)),  # a size-1 dim's stride
+        (1, row, [big, big, 3], lambda: row.expand(big, big, 3)),  # a new dim's stride
+        (4, one, [2], lambda: one.unsqueeze(2)),  # size * stride
+        (6, row, [0, 0, 2**63 - 1, 2**63 - 1], lambda: row[::2**63 - 1]),  # len + step - 1
+        (6, row, [0, 1, 3, 2**62], lambda: row[1::2**62]),
+        (6, one, [1, 0, 5, 4], lambda: one[:, ::4]),  # stride * step
+        (7, tall, [0, 3], lambda: tall.select(0, 3)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_overflow_cases())))
+def test_view_arithmetic_that_int64_cannot_hold_gives_up_or_equals_aten(harness, case):
+    # Note [Checked size steps]: the view arithmetic read the call's ints unchecked; a product
+    # that wrapped made a wrong view (x.view(2**32, 2**32) of an empty tensor was accepted)
+    op, x, c_args, eager = _overflow_cases()[case]
+    try:
+        want = eager()
+    except (RuntimeError, IndexError, ValueError, OverflowError):
+        want = None
+    got = run_c(harness, op, x, c_args)
+    if got is not None:  # (None: the step calls the op, which gives eager's view or error)
+        assert want is not None and got == (want.shape, want.stride(), want.storage_offset())

@@ -37,7 +37,7 @@ import cffi
 from filelock import FileLock, Timeout
 
 from trident import config
-from trident.errors import TridentError
+from trident.errors import TridentError, transient
 from trident.runtime import HEADER
 
 # The symbols every SCM exports (see templates/scm.c.jinja).
@@ -93,11 +93,11 @@ def build(source: str, directory: Path) -> ModuleType:
             module = _load(name, target)
         return module
     except Timeout as e:
-        raise TridentError(f"another process has held {lock.lock_file} for over "
-                           f"{lock.timeout:g} s (TRIDENT_LOCK_TIMEOUT) while {name} is not "
-                           "built") from e
+        raise transient(TridentError(
+            f"another process has held {lock.lock_file} for over {lock.timeout:g} s "
+            f"(TRIDENT_LOCK_TIMEOUT) while {name} is not built")) from e
     except (OSError, ImportError, cffi.VerificationError) as e:
-        raise TridentError(f"building {name} in {directory} failed: {e}") from e
+        raise transient(TridentError(f"building {name} in {directory} failed: {e}")) from e
 
 
 def prune(directory: Path, keep: set[str], before_ns: int) -> list[str]:

@@ -186,7 +186,8 @@ class MissPolicy:
                         raise
                     failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
                     self._eager_signatures.append(failed)
-                    if spec is None and getattr(e, "static_trace", False):
+                    if spec is None and getattr(e, "static_trace", False) and not \
+                            getattr(e, "transient", False):
                         self._cache.save_eager(*failed)  # Note [Stored eager decisions]
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
@@ -254,7 +255,9 @@ class MissPolicy:
     # eagerly where it could compile: a stored decision only ever makes a call eager, never
     # serves a result, and its warning says it came from the cache. Only a static trace's
     # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
-    # nor dims that ``dynamic=`` asked for (that JitFunction's options). A JitFunction with
+    # nor dims that ``dynamic=`` asked for (that JitFunction's options), nor a failure of this
+    # moment (``errors.transient``: memory, the OS, the recursion limit, a lock, a profiler, an
+    # exception user code raised in the trace: what made it raise is state). A JitFunction with
     # ``fallback=False`` reads no stored decision: it traces, and raises the error.
 
     def _failed_guards(self, call: _Call, why: str) -> list:

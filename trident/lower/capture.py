@@ -33,7 +33,7 @@ from trident import config, frames
 from trident.lower import decompositions
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, source_line
-from trident.errors import TridentError
+from trident.errors import TridentError, transient
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
 
@@ -330,8 +330,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         raise
     except Exception as e:  # make_fx reports unsupported Python as many exception types
         where = _innermost_user_line(e)
-        raise TridentError(f"cannot trace {name}{where}: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        error = TridentError(f"cannot trace {name}{where}: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise (transient(error) if _transient(e) else error) from e
     finally:
         decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
         if hook is not None:
@@ -433,6 +434,16 @@ def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> N
         copy.replace_all_uses_with(made)
         graph.erase_node(copy)
     graph.erase_node(constant)
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether the trace's exception ``e`` says nothing lasting of the code and the call
+    (``errors.transient``): the environment's (memory, the OS, the recursion limit), or raised
+    by user code itself (its last frame is the user's)."""
+    if isinstance(e, (MemoryError, OSError, RecursionError, torch.OutOfMemoryError)):
+        return True
+    tb = traceback.extract_tb(e.__traceback__)
+    return bool(tb) and frames.user_line_file(tb[-1].filename)
 
 
 def _innermost_user_line(e: BaseException) -> str:

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from trident import frames
 from trident.errors import TridentError
 from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower import source_lines
@@ -152,6 +153,13 @@ class _Flattener:
             first = self.seen[id(value)]
             self.add(value, node(SAME, first), f"the object at {self.nodes[first].path}")
             return
+        if isinstance(value, functools._lru_cache_wrapper) and frames.user_file(getattr(
+                getattr(getattr(value, "__wrapped__", None), "__code__", None), "co_filename",
+                "")):
+            # a user function whose results are cached: a hit would keep the value its code
+            # returned at the trace, whatever the cache returns (its code may not run at all)
+            raise TridentError(f"{self.what} {path} is a {_type_name(t)} of a user function, "
+                               "whose cache Trident cannot guard")
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import config
-from trident.errors import ERROR_TYPES, TridentError
+from trident.errors import ERROR_TYPES, TridentError, transient
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "trident_rt.h"
@@ -110,9 +110,10 @@ def load():
         build_dir = config.cache_dir() / "runtime" / build_key()
         module = _load_intact(build_dir) or _build(build_dir)
     except TimeoutError as e:  # filelock's Timeout: another process holds the build lock
-        raise TridentError(f"the native runtime for torch {torch.__version__} is not built in "
-                           f"{build_dir}, and another process has held its lock for over "
-                           f"{config.lock_timeout():g} s (TRIDENT_LOCK_TIMEOUT)") from e
+        raise transient(TridentError(
+            f"the native runtime for torch {torch.__version__} is not built in "
+            f"{build_dir}, and another process has held its lock for over "
+            f"{config.lock_timeout():g} s (TRIDENT_LOCK_TIMEOUT)")) from e
     except (OSError, ImportError, RuntimeError) as e:  # cpp_extension: RuntimeError
         raise TridentError(f"the native runtime for torch {torch.__version__} cannot be built "
                            f"or loaded in {build_dir}: {type(e).__name__}: {e}") from e

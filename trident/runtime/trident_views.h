@@ -9,6 +9,12 @@
  * what it can check: the launch sequence then calls the op itself through the dispatcher, which
  * raises eager's exception (or returns the view). tests/test_views.py checks every function
  * against eager PyTorch.
+ *
+ * The sizes, strides and ints a view step reads may be the call's ints (`x.view(n, -1)`,
+ * `x[::k]`), any int64: every product and sum that such a value reaches is checked
+ * (GCC's and Clang's __builtin_*_overflow, as Note [Checked size steps] in
+ * trident/codegen/render.py checks size steps), and one that int64 cannot hold returns 1: the
+ * op itself then gives eager's view or raises eager's exception, never a wrapped size.
  */
 #ifndef TRIDENT_VIEWS_H
 #define TRIDENT_VIEWS_H
@@ -28,8 +34,13 @@ static inline void trt_view_header(const trt_view* in, trt_view* out, int32_t di
 
 static inline int64_t trt_view_numel(const trt_view* v) {
   int64_t n = 1;
-  for (int32_t d = 0; d < v->dim; ++d) n *= v->sizes[d];
+  for (int32_t d = 0; d < v->dim; ++d) n *= v->sizes[d]; /* a tensor's: ATen checked it */
   return n;
+}
+
+/* a * b + c, or 1 where int64 cannot hold a step of it (Note [Checked size steps]). */
+static inline int trt_view_muladd(int64_t a, int64_t b, int64_t c, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out) || __builtin_add_overflow(*out, c, out);
 }
 
 /* aten::transpose.int; aten::t is transpose(0, dim < 2 ? 0 : 1). */
@@ -60,7 +71,8 @@ static inline int trt_view_unsqueeze(const trt_view* in, int32_t dim, trt_view* 
   for (int32_t d = 0, o = 0; d <= in->dim; ++d, ++o) {
     if (d == dim) {
       out->sizes[o] = 1;
-      out->strides[o] = dim >= in->dim ? 1 : in->sizes[dim] * in->strides[dim];
+      if (dim >= in->dim) out->strides[o] = 1;
+      else if (trt_view_muladd(in->sizes[dim], in->strides[dim], 0, &out->strides[o])) return 1;
       ++o;
     }
     if (d < in->dim) {
@@ -101,9 +113,12 @@ static inline int trt_view_slice(const trt_view* in, int32_t dim, int64_t start,
     out->sizes[d] = in->sizes[d];
     out->strides[d] = in->strides[d];
   }
-  out->offset = in->offset + start * in->strides[dim];
-  out->sizes[dim] = (end - start + step - 1) / step;
-  out->strides[dim] = in->strides[dim] * step;
+  int64_t len; /* end - start + step - 1 (0 <= start <= end <= size) */
+  if (trt_view_muladd(start, in->strides[dim], in->offset, &out->offset) ||
+      trt_view_muladd(in->strides[dim], step, 0, &out->strides[dim]) ||
+      __builtin_add_overflow(end - start, step - 1, &len))
+    return 1;
+  out->sizes[dim] = len / step;
   return 0;
 }
 
@@ -120,8 +135,7 @@ static inline int trt_view_select(const trt_view* in, int32_t dim, int64_t index
     out->strides[o] = in->strides[d];
     ++o;
   }
-  out->offset = in->offset + index * in->strides[dim];
-  return 0;
+  return trt_view_muladd(index, in->strides[dim], in->offset, &out->offset);
 }
 
 /* aten::view, aten::_unsafe_view: infer_size (a -1) and at::detail::computeStride. */
@@ -135,7 +149,7 @@ static inline int trt_view_view(const trt_view* in, const int64_t* shape, int32_
       if (infer >= 0) return 1;
       infer = d;
     } else if (shape[d] >= 0) {
-      known *= shape[d];
+      if (__builtin_mul_overflow(known, shape[d], &known)) return 1;
     } else {
       return 1;
     }
@@ -156,21 +170,25 @@ static inline int trt_view_view(const trt_view* in, const int64_t* shape, int32_
     int same = in->dim == n;
     for (int32_t d = 0; same && d < n; ++d) same = in->sizes[d] == out->sizes[d];
     for (int32_t d = n - 1; d >= 0; --d)
-      out->strides[d] = same ? in->strides[d]
-                        : d == n - 1 ? 1
-                        : (out->sizes[d + 1] > 1 ? out->sizes[d + 1] : 1) * out->strides[d + 1];
+      if (same || d == n - 1) out->strides[d] = same ? in->strides[d] : 1;
+      else if (trt_view_muladd(out->sizes[d + 1] > 1 ? out->sizes[d + 1] : 1,
+                               out->strides[d + 1], 0, &out->strides[d]))
+        return 1;
     return 0;
   }
   int32_t view_d = n - 1;
   int64_t chunk_base_stride = in->strides[in->dim - 1];
   int64_t tensor_numel = 1, view_numel = 1;
   for (int32_t tensor_d = in->dim - 1; tensor_d >= 0; --tensor_d) {
+    int64_t contiguous; /* (a size-1 dim's stride may be any int64) */
     tensor_numel *= in->sizes[tensor_d];
+    if (trt_view_muladd(tensor_numel, chunk_base_stride, 0, &contiguous)) return 1;
     if (tensor_d == 0 || (in->sizes[tensor_d - 1] != 1 &&
-                          in->strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+                          in->strides[tensor_d - 1] != contiguous)) {
       while (view_d >= 0 && (view_numel < tensor_numel || out->sizes[view_d] == 1)) {
-        out->strides[view_d] = view_numel * chunk_base_stride;
-        view_numel *= out->sizes[view_d];
+        if (trt_view_muladd(view_numel, chunk_base_stride, 0, &out->strides[view_d]) ||
+            __builtin_mul_overflow(view_numel, out->sizes[view_d], &view_numel))
+          return 1;
         --view_d;
       }
       if (view_numel != tensor_numel) return 1; /* not viewable: ATen raises */
@@ -192,8 +210,10 @@ static inline int trt_view_expand(const trt_view* in, const int64_t* shape, int3
   for (int32_t i = n - 1; i >= 0; --i) {
     int32_t dim = in->dim - 1 - (n - 1 - i);
     int64_t size = dim >= 0 ? in->sizes[dim] : 1;
-    int64_t stride = dim >= 0 ? in->strides[dim]
-                     : i == n - 1 ? 1 : out->sizes[i + 1] * out->strides[i + 1];
+    int64_t stride = dim >= 0 || i == n - 1 ? (dim >= 0 ? in->strides[dim] : 1) : 0;
+    if (dim < 0 && i < n - 1 &&
+        trt_view_muladd(out->sizes[i + 1], out->strides[i + 1], 0, &stride))
+      return 1;
     int64_t target = shape[i];
     if (target < -1) return 1;
     if (target == -1) {

@@ -6,12 +6,15 @@ chain may reach."""
 from __future__ import annotations
 
 import builtins
+import collections
 import dataclasses
 import functools
 import inspect
+import itertools
 import os
 import sys
 import types
+import weakref
 from typing import Any
 
 _MISSING = object()  # a read of a name or item that is absent
@@ -49,7 +52,48 @@ def _key_from_json(k):
     return bytes.fromhex(k["bytes"]) if isinstance(k, dict) else k
 
 
-_OBJECTS: dict[str, Any] = {}  # ("object", token) roots: objects no module path reaches
+# Note [Object roots]: ("object", token) roots name objects no module path reaches (a class
+# defined in a function, the globals dict of exec'd code). A token is never reused (a serial
+# number: a new object at a dead one's address gets a new token), and the table does not keep
+# its objects alive: it holds a weak reference, which the object's death drops, and an object
+# that takes none (a dict) strongly, the newest _STRONG_BOUND of them. The state trees of the
+# specializations hold their roots themselves while they live; a stored chain whose root has
+# gone no longer evaluates, and its specialization is not installed (install.py).
+_OBJECTS: dict[str, Any] = {}  # token -> a weak reference to the object, or the object
+_TOKENS: dict[int, str] = {}  # id of a live object -> its token
+_STRONG: collections.OrderedDict = collections.OrderedDict()  # tokens held strongly, oldest first
+_STRONG_BOUND = 1024
+_SERIAL = itertools.count()
+
+
+def _object_root(obj) -> tuple:
+    """The ("object", token) root of ``obj`` (Note [Object roots])."""
+    token = _TOKENS.get(id(obj))
+    if token is not None and _resolve_object(token) is obj:
+        return ("object", token)
+    token = f"{type(obj).__name__}@{id(obj)}#{next(_SERIAL)}"
+
+    def dead(_ref, token=token, key=id(obj)):
+        _OBJECTS.pop(token, None)
+        if _TOKENS.get(key) == token:
+            del _TOKENS[key]
+
+    try:
+        _OBJECTS[token] = weakref.ref(obj, dead)
+    except TypeError:  # (a dict, a list: no weak reference)
+        _OBJECTS[token] = obj
+        _STRONG[token] = None
+        while len(_STRONG) > _STRONG_BOUND:
+            old = _STRONG.popitem(last=False)[0]
+            dead(None, old, id(_OBJECTS.get(old)))
+    _TOKENS[id(obj)] = token
+    return ("object", token)
+
+
+def _resolve_object(token: str) -> Any:
+    held = _OBJECTS.get(token, _MISSING)
+    held = held() if isinstance(held, weakref.ref) else held
+    return _MISSING if held is None else held
 
 
 def _root_of(obj) -> tuple[tuple, tuple]:
@@ -65,9 +109,7 @@ def _root_of(obj) -> tuple[tuple, tuple]:
             target = getattr(target, part, None)
         if target is obj:
             return ("module", name), tuple(("attr", part) for part in qualname.split("."))
-    token = f"{type(obj).__name__}@{id(obj)}"
-    _OBJECTS[token] = obj
-    return ("object", token), ()
+    return _object_root(obj), ()
 
 
 def _globals_root(g: dict) -> tuple[tuple, str]:
@@ -80,9 +122,7 @@ def _globals_root(g: dict) -> tuple[tuple, str]:
 
 
 def _root_of_dict(g: dict) -> tuple:
-    token = f"dict@{id(g)}"
-    _OBJECTS[token] = g
-    return ("object", token)
+    return _object_root(g)
 
 
 def _resolve_root(root: tuple, fn) -> Any:
@@ -94,7 +134,7 @@ def _resolve_root(root: tuple, fn) -> Any:
         return builtins
     if kind == "module":
         return sys.modules.get(root[1], _MISSING)
-    return _OBJECTS.get(root[1], _MISSING)
+    return _resolve_object(root[1])
 
 
 @functools.cache

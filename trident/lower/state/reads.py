@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import builtins
 import dis
-import functools
 import importlib
 import os
 import sys
@@ -17,6 +16,7 @@ from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
 from trident.lower.state.bytecode import _chains, tensor_type_read
+from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _functions_in
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
                                        _kernel_fns, _resolve_root, _root_of, _root_of_dict,
                                        _step, _values_along)
@@ -36,7 +36,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
-                           "torch.Generator's, the clock, the OS, the trace's own state)")
+                           "torch.Generator's, the clock, the OS, a file, the interpreter's "
+                           "frames, eval'd code, the trace's own state)")
     if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
         raise TridentError(rec.refused)  # entry]; the error was caught by user code)
     for code, (g, params) in rec.codes.items():
@@ -47,8 +48,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn
-    for value in _called_arguments(rec, fn):  # functions passed in: their code, defaults
-        functions.setdefault(value.__code__, value)  # and cells, as a global helper's
+    called, truncated = _called_arguments(rec, fn)
+    for value in called:  # functions passed in: their code, defaults and cells, as a global
+        functions.setdefault(value.__code__, value)  # helper's
     parents = {}  # nested code -> the code that makes it
     reads: list[Read] = []
     todo = list(rec.codes.items())
@@ -175,6 +177,12 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     owner else owner
                 root, steps = _root_of(where)
                 reads.append(Read(root, steps + (("attr", name),)))
+    unfound = [c for c in rec.codes if c not in functions and c not in parents and
+               not c.co_filename.startswith("<")] if truncated else []
+    if unfound:  # Note [Callable arguments]: past the scan's bound
+        raise TridentError(f"the function calls {unfound[0].co_qualname}, which Trident did not "
+                           f"find in the first {_SCAN_BOUND} objects of its arguments: its "
+                           "code, defaults and cells are no guard's")
     if rec.module_call:  # Module.__call__ reads torch's global hooks (Note [Library state]
         # in tree.py)
         reads += [Read(("module", "torch.nn.modules.module"), (("attr", name),))
@@ -205,50 +213,6 @@ def _builtins_root(f, g: dict, name: str) -> tuple[tuple, tuple]:
                        "as its __builtins__: state no guard follows")
 
 
-def _called_arguments(rec: Recording, fn) -> list:
-    """Note [Callable arguments]: the user functions that ran which the jitted function was
-    passed (a parameter, an item of a list, tuple or dict argument, ``*args`` and
-    ``**kwargs`` included, or an attribute of a user class's instance there: ``cfg.act``).
-    The argument tree checks such a function by identity; its ``__code__``, defaults and
-    closure cells are read as a global helper's are. A bound method or a ``functools.partial``
-    passed in is checked by identity too, but what it binds (the method's object, the
-    partial's arguments and keywords) is no argument tree's and no chain's: the call runs
-    eagerly.
-
-    Raises:
-        TridentError: a bound method of an object, or a partial, passed in and called."""
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)  # (fn: the jit's _code_fn)
-    if code not in rec.codes:
-        return []
-    todo, out, seen = list(rec.codes[code][1].values()), [], set()
-    while todo and len(seen) < 4096:  # (a function held deeper: checked by identity alone)
-        value = todo.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if type(value) in (list, tuple):
-            todo += value
-        elif type(value) is dict:
-            todo += value.values()
-        elif frames.user_class(type(value)) and type(getattr(value, "__dict__", None)) is dict:
-            todo += vars(value).values()  # (cfg.act: an instance's attributes)
-        elif isinstance(value, types.FunctionType) and value.__code__ in rec.codes:
-            out.append(value)
-        elif isinstance(value, types.MethodType) and any(
-                f.__code__ in rec.codes for f in _functions_in(value)):
-            if not isinstance(value.__self__, (type, types.ModuleType)):
-                raise TridentError(f"the function calls the bound method {value.__qualname__} "
-                                   "passed as an argument: its object is no argument's that "
-                                   "a guard reads")
-            out += _functions_in(value)
-        elif isinstance(value, functools.partial) and any(
-                f.__code__ in rec.codes for f in _functions_in(value)):
-            raise TridentError("the function calls a functools.partial passed as an argument: "
-                               "its arguments and keywords are no argument's that a guard "
-                               "reads")
-    return out
-
-
 def _module_getattr(read: Read, fn) -> Read | None:
     """The chain to the ``__getattr__`` (PEP 562) of the module where ``read`` reads a name
     that it serves, or None. The state tree holds the name as absent (tree.py), and this chain
@@ -264,23 +228,6 @@ def _module_getattr(read: Read, fn) -> Read | None:
             return None
         obj = value
     return None
-
-
-def _functions_in(value) -> list:
-    if isinstance(value, types.FunctionType):
-        return [value]
-    if isinstance(value, (types.MethodType, functools.partial, staticmethod, classmethod)):
-        return _functions_in(value.func if isinstance(value, functools.partial)
-                             else value.__func__)
-    if isinstance(value, property):  # its getter's cells (it is read by identity)
-        return [f for f in (value.fget, value.fset, value.fdel)
-                if isinstance(f, types.FunctionType)]
-    if isinstance(value, type) and frames.user_file(
-            getattr(sys.modules.get(value.__module__), "__file__", "") or ""):
-        # a user class's methods (an autograd.Function's decorated forward): their cells
-        return [f for v in vars(value).values() if not isinstance(v, type)
-                for f in _functions_in(v)]
-    return []
 
 
 # A tensor's attributes that are its own state (its argument guards' or the trace's), not

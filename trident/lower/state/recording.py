@@ -3,25 +3,33 @@ and the calls whose results no guard keeps."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import functools
+import logging
 import sys
 import types
 
 import torch
 
 from trident import frames
-from trident.errors import TridentError
+from trident.errors import TridentError, transient
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
 # The running thread (threading.get_ident(), current_thread()) and the collector's state
 # (gc.get_count(), sys.getrefcount) differ from call to call too.
+# A file's contents (``open``: the io module's), the interpreter's frames (``sys._getframe``,
+# ``inspect.currentframe()``: a frame's globals and locals, read by no chain) and code that
+# ``eval`` or ``exec`` runs from a string (its reads are in no bytecode that ran as a file's)
+# are such state too.
 _IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt",
-                             "_thread", "threading", "gc"})
+                             "_thread", "threading", "gc", "io", "_io"})
 _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
-                         "_current_exceptions", "getswitchinterval_"})
+                         "_current_exceptions", "getswitchinterval_", "_getframe",
+                         "_getframemodulename"})
+_IMPURE_BUILTINS = frozenset({"eval", "exec"})
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
 # dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
@@ -33,7 +41,8 @@ _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
 # callers.
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
-_USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE = 1, 2, 4, 8, 16  # what a code's frames record
+_USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
+# frames record
 
 
 @dataclasses.dataclass
@@ -97,6 +106,19 @@ def _trace_state_codes() -> frozenset:
     return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
 
 
+@functools.cache
+def _logging_codes() -> frozenset:
+    """Note [Logging calls] (writes.py): the ids of the code objects of ``logging``'s calls
+    that emit a record or ask a level (a ``Logger``'s, a ``LoggerAdapter``'s, the module's
+    own ``logging.info`` ...), whichever way user code reached the logger."""
+    from trident.lower.state.writes import _LOG_METHODS
+
+    names = _LOG_METHODS | {"isEnabledFor", "getEffectiveLevel"}
+    fns = [getattr(owner, n, None) for owner in (logging.Logger, logging.LoggerAdapter,
+                                                 logging) for n in names]
+    return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
+
+
 def _impure_name(fn) -> str | None:
     owner = getattr(fn, "__self__", None)
     if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C:  # Note [Trace
@@ -109,6 +131,8 @@ def _impure_name(fn) -> str | None:
         return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
     if owner is sys and getattr(fn, "__name__", "") in _IMPURE_SYS:
         return f"sys.{fn.__name__}"
+    if owner is builtins and getattr(fn, "__name__", "") in _IMPURE_BUILTINS:
+        return fn.__name__
     if isinstance(owner, type) and owner.__module__ == "datetime" and \
             getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
         return f"datetime.{owner.__name__}.{fn.__name__}"
@@ -119,9 +143,10 @@ def _impure_name(fn) -> str | None:
 # (os.path.exists, os.path.abspath's getcwd, pathlib): a C call of posix they make for user
 # code is the user's read of OS state.
 _OS_WRAPPERS = frozenset({"os", "genericpath", "posixpath", "ntpath", "pathlib", "shutil",
-                          "glob", "fnmatch"})
+                          "glob", "fnmatch", "inspect"})
 _OS_READS = frozenset({"stat", "lstat", "fstat", "listdir", "scandir", "getcwd", "getcwdb",
-                       "access", "readlink", "statvfs", "getpid", "cpu_count", "urandom"})
+                       "access", "readlink", "statvfs", "getpid", "cpu_count", "urandom",
+                       "open", "_getframe"})
 
 
 @contextlib.contextmanager
@@ -143,11 +168,12 @@ def record(fn):
         suspended.disable()
         previous = None
     elif previous is not None and not callable(previous):
-        raise TridentError("a profiler that Trident cannot chain to is active "
-                           f"({type(previous).__name__}): its calls run eagerly")
+        raise transient(TridentError("a profiler that Trident cannot chain to is active "
+                                     f"({type(previous).__name__}): its calls run eagerly"))
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
     module_codes = _module_call_codes()
     trace_codes = _trace_state_codes()
+    log_codes = _logging_codes()
     kinds: dict = {}  # id of a file's code object -> its _USER | _IMPURE | ... bits
     kept: list = []  # those code objects (Note [Recording cost])
 
@@ -160,7 +186,8 @@ def record(fn):
                 (_IMPURE if module in _IMPURE_MODULES else 0) | \
                 (_OS if module in _OS_WRAPPERS else 0) | \
                 (_MODULE_CALL if id(code) in module_codes else 0) | \
-                (_TRACE_STATE if id(code) in trace_codes else 0)
+                (_TRACE_STATE if id(code) in trace_codes else 0) | \
+                (_LOGS if id(code) in log_codes else 0)
             if not code.co_filename.startswith("<"):
                 kinds[id(code)] = kind
                 kept.append(code)
@@ -217,6 +244,15 @@ def record(fn):
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      frames.parameter_names(code) if n in local})
                 entry(frame, rec)  # raises (the frame unwinds) for a write outside
+        elif kind & _LOGS:
+            caller = frame.f_back  # (logging.info calls root.info: from its caller)
+            while caller is not None and kind_of(caller) & _LOGS:
+                caller = caller.f_back
+            if caller is not None and kind_of(caller) & _USER and under_fn(caller):
+                entry.refuse(f"the function logs ({code.co_qualname} called at "
+                             f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:"
+                             f"{caller.f_lineno}): eager emits a record at every call, a "
+                             "hit would not")  # raises before the call's body runs
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")

@@ -16,7 +16,7 @@ import types
 import torch
 
 from trident import frames
-from trident.errors import TridentError
+from trident.errors import TridentError, transient
 from trident.identity import PROCESS, hash_code, identity_words
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
@@ -149,7 +149,7 @@ def _root_words(root: tuple, fn) -> str:
 def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
     obj = _resolve_root(read.root, fn)
     if obj is _MISSING:
-        raise TridentError(f"the state root {read.root} is gone")
+        raise transient(TridentError(f"the state root {read.root} is gone"))
     key = (read.root,)
     if key not in trie:
         if read.root[0] in ("fn", "builtins"):

@@ -59,7 +59,10 @@ def terminal_output(code: types.CodeType, g: dict) -> str | None:
 # that write files and streams, and what it emits depends on levels and handlers set at any
 # time; a hit would emit nothing. So a function that names one (by a global: the logger, or the
 # ``logging`` module) runs eagerly, decided from the bytecode like a print. A logger the
-# function reaches otherwise (``self.log``, a parameter) is not seen.
+# function reaches otherwise (``self.log``, a parameter, a closure's, ``getLogger(__name__)``
+# through a local) is seen when the trace calls it: the recording's profile hook refuses the
+# trace at the ``call`` event of logging's method (``_logging_codes`` in recording.py), before
+# its body runs, so the trace emits nothing and the call runs eagerly, emitting once.
 _LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
                           "fatal", "log"})
 
@@ -164,9 +167,15 @@ class EntryCheck:
             check_write(code, frame.f_globals, writes=code not in self.nested)
             self.parameter_write(code, frame, rec)
         except TridentError as e:
-            self.refused = str(e)
-            e.any_sizes = True  # (policy.py: a trace of other sizes would be refused alike)
-            raise
+            self.refuse(str(e))
+
+    def refuse(self, why: str) -> None:
+        """Raises:
+            TridentError: ``why``, kept in case user code catches it."""
+        self.refused = why
+        e = TridentError(why)
+        e.any_sizes = True  # (policy.py: a trace of other sizes would be refused alike)
+        raise e
 
     def parameter_write(self, code, frame, rec) -> None:
         """Raises:
