@@ -390,7 +390,9 @@ def _overflow_cases():
         (0, e, [0, big, big], lambda: e.view(0, big, big)),  # the empty view's strides
         (0, e, [0, 2**31, 2**31, 2**31, 4], lambda: e.view(0, 2**31, 2**31, 2**31, 4)),
         (0, tall, [2, 2], lambda: tall.view(2, 2)),  # a size-1 dim's stride
-        (1, row, [big, big, 3], lambda: row.expand(big, big, 3)),  # a new dim's stride
+        (1, row, [big, big, 3], lambda: row.expand(big, big, 3)),  # numel past int64
+        (1, torch.empty(1, 3), [big, 3], lambda: torch.empty(1, 3).expand(big, 3)),
+        (8, row, [2, 1, 0, big, big, 0, 0], lambda: torch.as_strided(row, (big, big), (0, 0), 0)),
         (4, one, [2], lambda: one.unsqueeze(2)),  # size * stride
         (6, row, [0, 0, 2**63 - 1, 2**63 - 1], lambda: row[::2**63 - 1]),  # len + step - 1
         (6, row, [0, 1, 3, 2**62], lambda: row[1::2**62]),

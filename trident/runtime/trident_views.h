@@ -43,6 +43,14 @@ static inline int trt_view_muladd(int64_t a, int64_t b, int64_t c, int64_t* out)
   return __builtin_mul_overflow(a, b, out) || __builtin_add_overflow(*out, c, out);
 }
 
+/* 1 where the number of elements of the sizes `out` holds is no int64 (ATen raises). */
+static inline int trt_view_too_many(const trt_view* out) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < out->dim; ++d)
+    if (__builtin_mul_overflow(n, out->sizes[d], &n)) return 1;
+  return 0;
+}
+
 /* aten::transpose.int; aten::t is transpose(0, dim < 2 ? 0 : 1). */
 static inline int trt_view_transpose(const trt_view* in, int32_t d0, int32_t d1, trt_view* out) {
   trt_view_header(in, out, in->dim);
@@ -230,7 +238,7 @@ static inline int trt_view_expand(const trt_view* in, const int64_t* shape, int3
   }
   if (in->dim == 0)
     for (int32_t i = 0; i < n; ++i) out->strides[i] = 0;
-  return 0;
+  return trt_view_too_many(out);
 }
 
 /* aten::as_strided (has_offset 0: the input's storage offset): setStrided's checks. */
@@ -259,7 +267,7 @@ static inline int trt_view_as_strided(const trt_view* in, const int64_t* sizes,
     out->sizes[d] = sizes[d];
     out->strides[d] = strides[d];
   }
-  return 0;
+  return trt_view_too_many(out);
 }
 
 /* A view step that the arithmetic above does not compute: the op itself, through the

@@ -53,6 +53,7 @@ _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, to
 _PASS_THROUGH = frozenset({getattr, vars, iter, next, reversed, min, max, sorted, filter, map,
                            zip, enumerate, list, tuple, set, frozenset, dict,
                            types.MappingProxyType})
+_HELD = frozenset({"BINARY_SUBSCR", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_DEREF"})  # read from state
 _OUTSIDE_RESULT = {globals: "globals()", __import__: "an imported module",
                    __import__("importlib").import_module: "an imported module",
                    __import__("sys")._getframe: "a frame"}
@@ -426,9 +427,11 @@ class Flow:
             elif op in ("CALL", "CALL_FUNCTION_EX"):
                 callee, args, depths = self.call_parts(k)
                 star = op == "CALL_FUNCTION_EX"
-                for d, origin in zip(depths, args):  # next(GEN), list(GEN): it advances
-                    if origin[0] is not None and _iterator(self.static(k, d)):
-                        yield k, "an iterator", origin
+                for n, (d, origin) in enumerate(zip(depths, args)):  # next(GEN), list(GEN):
+                    if origin[0] is not None and (_iterator(self.static(k, d)) or (
+                            n == 0 and callee is next and not star and all(  # next(GENS[i])
+                                self.ins[p].opname in _HELD for p, _ in self.producers(k, d)))):
+                        yield k, "an iterator", origin  # it advances
                 try:
                     mutating = callee in _MUTATING_FUNCTIONS
                 except TypeError:
