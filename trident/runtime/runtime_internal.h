@@ -230,6 +230,7 @@ struct CallTrees {
   bool has_self = false;
   bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
   std::vector<Tree> trees;
+  mutable size_t last_held = 0;  // the tree that held at the last call (the GIL guards it)
   ~CallTrees() {  // the GIL is held wherever the last holder lets go
     Py_XDECREF(source);
     Py_XDECREF(programs);

@@ -34,7 +34,11 @@ constexpr int kStateMemoRemakes = 16;  // Note [Quiet state]: then every node at
 // The roots are each parameter's value and self, except that the *args tuple and the **kwargs
 // dict are new at every call (binding makes them): such a shell is checked alone (its type,
 // length and keys, in order), and each item it holds is a root of its own, so a model or a
-// cache passed as a keyword is not walked again at every call.
+// cache passed as a keyword is not walked again at every call. The shells are checked before
+// any other root, and the hit path tries first the tree that held at the last call
+// (flatten_args): a prefill's tree and a decode step's differ in their **kwargs keys, and the
+// decode step would otherwise pass the whole model's checks of the prefill's tree before its
+// shell failed, then the same checks again in its own tree.
 //
 // The unchanged pass: a root (a parameter's value, or self) that is the memo's object, and
 // whose whole subtree held at its last walk, is checked by its flat list of what remains
@@ -378,13 +382,17 @@ struct TreeEval {
   }
 
   bool memoized() {
+    // the shells first: a new tuple or dict, its type, length and keys (its items are roots
+    // below), so that a call of another structure fails there before a model's subtree is read
     for (size_t k = 0; k < memo->roots.size(); ++k) {
       size_t r = static_cast<size_t>(memo->roots[k]);
-      if (memo->shell[k]) {  // a new tuple or dict: its type, length and keys; then its items
-        PyObject* v = read(r);
-        if (!v || !check(r, v)) return fail(r);
-        continue;
-      }
+      if (!memo->shell[k]) continue;
+      PyObject* v = read(r);
+      if (!v || !check(r, v)) return fail(r);
+    }
+    for (size_t k = 0; k < memo->roots.size(); ++k) {
+      size_t r = static_cast<size_t>(memo->roots[k]);
+      if (memo->shell[k]) continue;
       // the events before this pass: once it held, the root is clean up to them (an event
       // during the pass, from Python code a check ran, leaves it dirty)
       uint64_t events = memo->root_events[k];
