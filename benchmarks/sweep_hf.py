@@ -1,8 +1,12 @@
 """A serving sweep: many ``generate`` calls of new prompt lengths, token counts and batches
 through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallbacks and hits.
 
-``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION]]]`` (defaults: ``llama``, 50,
-``static``). Tiny random configs (hidden 64, 2 layers, no download) of transformers'
+``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION [DOOR]]]]`` (defaults: ``llama``,
+50, ``static``, ``jit``). DOOR ``jit`` is ``trident.jit(model.forward)``, compared with eager;
+``backend`` is ``torch.compile(model.forward, backend="trident")``, compared with Dynamo's own
+``eager`` backend (Dynamo's graph differs from plain eager in the last ulp on the CPU), its
+compiles Trident's (``trident.backend_stats``), ``dynamo=`` the graphs Dynamo captured for the
+served calls. Tiny random configs (hidden 64, 2 layers, no download) of transformers'
 architectures at their default configs: ``llama``, ``mistral`` (``sliding_window=4096``),
 ``qwen2sw`` (``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2
 and 4, a prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly
@@ -41,18 +45,34 @@ def tiny_model(arch: str, device: str):
     return getattr(transformers, model_name)(config).eval().to(device)
 
 
-def main(arch: str = "llama", n: int = 50, cache: str = "static") -> None:
-    import os
-
+def _doors(forward, door: str):
+    """(the reference forward, the served forward, its Stats as a function)."""
     import trident
+
+    if door == "jit":
+        jf = trident.jit(forward)
+        return forward, jf, lambda: jf.stats
+    torch._dynamo.reset()
+    ref = torch.compile(forward, backend="eager", dynamic=None)
+    served = torch.compile(forward, backend="trident", dynamic=None)
+    return ref, served, lambda: trident.backend_stats(served)
+
+
+def _dynamo_frames() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "jit") -> None:
+    import os
 
     device = os.environ.get("TRIDENT_SWEEP_DEVICE", "cpu")
     model = tiny_model(arch, device)
-    forward = model.forward
-    jf = trident.jit(forward)
+    reference, jf, stats = _doors(model.forward, door)
     rng = random.Random(0)
     calls = [(rng.choice([1, 2, 4]), rng.randint(1, 512), rng.randint(1, 128)) for _ in range(n)]
-    start, wrong = time.perf_counter(), 0
+    start, wrong, frames = time.perf_counter(), 0, 0
     for i, (batch, length, new) in enumerate(calls):
         torch.manual_seed(i)
         ids = torch.randint(0, 96, (batch, length), device=device)
@@ -60,25 +80,28 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static") -> None:
                   cache_implementation=cache, output_logits=True,
                   return_dict_in_generate=True, disable_compile=True,
                   attention_mask=torch.ones_like(ids))
-        model.forward = forward
+        model.forward = reference
         ref = model.generate(ids, **kw)
         model.forward = jf
+        before = _dynamo_frames()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = model.generate(ids, **kw)
+        frames += _dynamo_frames() - before
         same = torch.equal(out.sequences, ref.sequences) and all(
             torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
         wrong += not same
-        s = jf.stats
+        s = stats()
         print(f"{i} batch={batch} prompt={length} new={new} equal={same} compiles={s.compiles} "
+              f"dynamo={frames} "
               f"traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
               f"t={time.perf_counter() - start:.1f}s", flush=True)
-    s = jf.stats
-    print(f"{arch} {cache}: {n} generates, compiles={s.compiles} traces={s.traces} "
-          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong}")
+    s = stats()
+    print(f"{arch} {cache} {door}: {n} generates, compiles={s.compiles} traces={s.traces} "
+          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames}")
     for reason in dict.fromkeys(s.miss_reasons):
         print("  ", reason[:300])
 
 
 if __name__ == "__main__":
-    main(*(t(a) for t, a in zip((str, int, str), sys.argv[1:])))
+    main(*(t(a) for t, a in zip((str, int, str, str), sys.argv[1:])))

@@ -111,6 +111,53 @@ def _cpp_composite(op, *args, **kwargs):
     return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
+def _product_shape(op, a, b) -> list | None:
+    """Note [Kept products]: the shape of ``linear(a, b)`` or ``matmul(a, b)`` where both
+    operands have 2 or more dims of one dtype and device, batches of one shape (or a 2-D
+    operand) and matching inner sizes; else None (the op's own body answers, errors too)."""
+    if a.dim() < 2 or b.dim() != 2 and (op != "matmul" or b.dim() < 2):
+        return None
+    if (a.dtype, a.device) != (b.dtype, b.device):
+        return None
+    if op == "linear":
+        b = b.t()
+    batch = a.shape[:-2] if b.dim() == 2 else b.shape[:-2] if a.dim() == 2 else None
+    if batch is None and list(a.shape[:-2]) == list(b.shape[:-2]):
+        batch = a.shape[:-2]
+    if batch is None:
+        return None
+    torch._check(a.shape[-1] == b.shape[-2])
+    return [*batch, a.shape[-2], b.shape[-1]]
+
+
+def _kept_product(op: str, original, fake_mode, func, *args, **kwargs):
+    """Note [Kept products]: the fake result of a kept ``linear`` or ``matmul``."""
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    shape = None if kwargs.keys() - {"bias"} else _product_shape(op, args[0], args[1])
+    if shape is None or bias is not None and (
+            bias.dim() != 1 or (bias.dtype, bias.device) != (args[0].dtype, args[0].device)):
+        return original(fake_mode, func, *args, **kwargs)
+    if bias is not None:
+        torch._check(bias.shape[0] == shape[-1])
+    with fake_mode:
+        return args[0].new_empty(shape)
+
+
+# Note [Kept products]: a trace with symbolic sizes keeps ``linear`` and ``matmul`` whole (Note
+# [Composite ops]); ATen's body picks its kernels at call time, as in eager. The trace needs
+# only the result's shape and strides, and torch's rule for them runs the body on the fake
+# operands: its choice between one ``mm`` and ``bmm`` (``should_fold``: whether the batch
+# dims fold without a copy, true for a batch of one) guards the batch ``!= 1``, although both
+# kernels return a fresh contiguous tensor of the same shape (ATen 2.11-2.13: ``mm`` viewed,
+# ``bmm`` viewed, a transposed fold made ``contiguous``; ``addmm`` for a bias). So a batch of
+# one shares the specialization of other batches (Note [Batch dims] in frontend/batch.py)
+# where a transformers prefill's ``lm_head`` reads the last position of a 3-D hidden state
+# (strided: a batch of one folds into ``mm``, others run ``bmm``, and ATen still does so at
+# call time). Operands of other kinds (1-D, broadcast batches, mixed dtypes, a bias not 1-D)
+# keep torch's rule.
+_KEPT_PRODUCTS = ("linear", "matmul")
+
+
 @contextlib.contextmanager
 def eager_decompositions(symbolic: bool):
     """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
@@ -124,6 +171,13 @@ def eager_decompositions(symbolic: bool):
     with state.unrecorded():
         stack.enter_context(_override_composite_implicit_decomp(_composite_ops(symbolic)))
         stack.enter_context(enable_python_dispatcher())
+        if symbolic:  # Note [Kept products] (the override's exit removes these rules)
+            from torch._subclasses.fake_impls import op_implementations_dict as rules
+
+            for name in _KEPT_PRODUCTS:
+                op = getattr(torch.ops.aten, name).default
+                if op in rules:
+                    rules[op] = functools.partial(_kept_product, name, rules[op])
     try:
         yield
     finally:
