@@ -211,7 +211,7 @@ def _code_change():
 @pytest.mark.parametrize("change", [_defaults_change, _code_change])
 @pytest.mark.parametrize("how", sorted(CALLERS))
 def test_a_function_passed_in_and_called_is_guarded(how, change):
-    # Note [Callable arguments] in lower/state/reads.py: a function argument was checked by
+    # Note [Callable arguments] in lower/state/callables.py: a function argument was checked by
     # identity only; its __defaults__ or __code__ changed was not seen (stale)
     fn, call = CALLERS[how]
     x = torch.ones(3)

@@ -179,7 +179,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 reads.append(Read(root, steps + (("attr", name),)))
     unfound = [c for c in rec.codes if c not in functions and c not in parents and
                not c.co_filename.startswith("<")] if truncated else []
-    if unfound:  # Note [Callable arguments]: past the scan's bound
+    if unfound:  # Note [Callable arguments] (callables.py): past the scan's bound
         raise TridentError(f"the function calls {unfound[0].co_qualname}, which Trident did not "
                            f"find in the first {_SCAN_BOUND} objects of its arguments: its "
                            "code, defaults and cells are no guard's")
