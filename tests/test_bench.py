@@ -131,3 +131,19 @@ def test_bench_hf_first_token_floor_replays_the_eager_prefill():
     rows = bench_hf._first_token_floor(model, lengths=(4, 16), reps=2)
     assert list(rows) == ["4", "16"]
     assert all(row["ms"] > 0 for row in rows.values())
+
+
+def test_hit_parts_cpu_runs_a_decode_hit_with_no_python():
+    """benchmarks/hit_parts_cpu.py on a 2-layer Llama: every decode step of three generates
+    after the two compiles (prefill, decode) and every timed call is a native hit, and 5 hits
+    run no Python (sys.setprofile); the parts are printed and positive."""
+    from benchmarks import hit_parts_cpu
+
+    threads = torch.get_num_threads()
+    out = hit_parts_cpu.main(["llama", "2", "--rounds", "1"])
+    assert torch.get_num_threads() == threads
+    assert out["python"] == {}
+    stats = out["stats"]
+    # 3 generates of 40 forward calls, two of them misses; 20 profiled, 20 timed, 5 profiled
+    assert (stats.hits, stats.misses, stats.fallbacks) == (118 + 45, 2, 0), stats
+    assert out["parts"]["argument tree"] > 0 and out["parts"]["hits"] == 20

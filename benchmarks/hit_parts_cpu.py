@@ -1,0 +1,130 @@
+"""A decode hit of a Hugging Face forward split into its parts, on the CPU (issue 25).
+
+``python3 -m benchmarks.hit_parts_cpu [llama|qwen2] [layers] [--rounds N] [--wall]``. A tiny
+random model (hidden 64, the given depth), ``model.forward`` behind ``trident.jit`` (through a
+wrapper that records ``generate``'s third forward call: a decode step), three greedy
+``generate`` calls with a static cache, then that decode step called again, its cache
+positions put back before each round of 20 calls:
+
+- ``Dispatcher._hit_profile`` (the native hit path with a clock between its parts), µs per
+  call, the fastest round; by default in the thread's CPU time (on a machine shared with other
+  work, the wall clock counts the time other processes held the core), ``--wall`` for the
+  wall clock;
+- the whole call and the eager forward, the fastest round, on the same clock;
+- ``tree_passes()``: per argument tree root, how many checks took the quiet pass, the
+  unchanged pass and a walk (Note [Unchanged subtrees]), summed over the installed trees;
+- the Python functions that 5 hits run (``sys.setprofile``): none on a native hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import sys
+import time
+
+import torch
+
+
+def main(argv=None) -> dict:
+    import transformers
+
+    import trident
+
+    p = argparse.ArgumentParser()
+    p.add_argument("arch", nargs="?", default="llama", choices=("llama", "qwen2"))
+    p.add_argument("layers", nargs="?", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--wall", action="store_true")
+    a = p.parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(a, transformers, trident)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(a, transformers, trident) -> dict:
+    names = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[a.arch]
+    config = getattr(transformers, names[0])(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=a.layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = getattr(transformers, names[1])(config).eval()
+    eager, jf = model.forward, trident.jit(model.forward)
+    seen = {"n": 0, "call": None}
+
+    def recorded(*args, **kwargs):  # one wrapper for every generate: model.forward is guarded
+        seen["n"] += 1
+        if seen["n"] == 3:
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))  # 5.25, 5.17
+            tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)] + [
+                layer.cumulative_length for layer in getattr(cache, "layers", ())
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+            seen["call"] = (args, kwargs, [(t, t.clone()) for t in tensors])
+        return jf(*args, **kwargs)
+
+    model.forward = recorded
+    ids = torch.randint(0, 96, (1, 6))
+    for _ in range(3):
+        seen["n"] = 0
+        model.generate(ids, max_new_tokens=40, do_sample=False, cache_implementation="static",
+                       disable_compile=True)
+    args, kwargs, values = seen["call"]
+
+    def restore():
+        for t, v in values:
+            t.copy_(v)
+
+    clock = time.perf_counter_ns if a.wall else time.thread_time_ns
+    best: dict = {}
+    whole, alone = [], []
+    gc.disable()
+    with torch.no_grad():
+        for _ in range(a.rounds):
+            restore()
+            for k, v in jf._hit_profile(args, kwargs, 20, not a.wall).items():
+                best[k] = min(best.get(k, v), v)
+            for fn, out in ((jf, whole), (eager, alone)):
+                restore()
+                start = clock()
+                for _ in range(20):
+                    fn(*args, **kwargs)
+                out.append((clock() - start) / 20e3)
+        calls = collections.Counter()
+
+        def profiler(frame, event, arg):
+            if event == "call":
+                calls[f"{frame.f_code.co_filename}:{frame.f_code.co_name}"] += 1
+
+        restore()
+        sys.setprofile(profiler)
+        for _ in range(5):
+            jf(*args, **kwargs)
+        sys.setprofile(None)
+    print(f"{a.arch}, {a.layers} layers, Python {sys.version.split()[0]}, torch "
+          f"{torch.__version__}, transformers {transformers.__version__}; "
+          f"{'wall clock' if a.wall else 'thread CPU time'}, µs per call, fastest of {a.rounds}")
+    print(f"  {jf.stats}".split(", miss_reasons")[0])
+    total = 0.0
+    for k, v in best.items():
+        if k.startswith("replay") or k == "hits":
+            continue
+        print(f"  {k:42s} {v:9.2f}")
+        total += v if k != "guards" else 0.0  # the run checks the guards again
+    print(f"  {'parts, guards alone excluded':42s} {total:9.2f}")
+    print(f"  {'whole call':42s} {min(whole):9.2f}")
+    print(f"  {'eager forward':42s} {min(alone):9.2f}")
+    print("  tree passes (quiet, unchanged, walked):")
+    for path, passes in jf.tree_passes().items():
+        print(f"    {path}: {passes}")
+    print(f"  Python run by 5 hits: {dict(calls) or 'none'}")
+    return {"parts": best, "python": dict(calls), "stats": jf.stats,
+            "passes": jf.tree_passes()}
+
+
+if __name__ == "__main__":
+    main()
