@@ -22,12 +22,15 @@ traced with range >= 1 instead, and the trace runs size-oblivious (torch's
 ``backed_size_oblivious``, as ``torch.export`` runs): a check that torch's own code makes
 obliviously (``guard_or_false(size == 1)`` in broadcasting) takes the general path with no
 guard, one that any code makes explicitly is a guard as ever. Where the general path differs
-for one, the guard excludes one: ``aten::matmul`` folds a batch of one into a single ``mm`` and
-others into ``bmm`` (other bits on the CPU), so the rotary embedding of a transformers prefill
-guards ``position_ids.size(0) != 1`` and a batch of one compiles its own prefill; its decode
-step shares the symbolic one. Only batch dims of a call of 2 or more rows are traced so (a
-batch of one before any other stays static, as every size 1 does), and torch's oblivious
-checks are those it makes for unbacked sizes, whose general path must hold at any size.
+for one, the guard excludes one and a batch of one compiles its own specialization. A kept
+``linear`` or ``matmul`` (the prefill's ``lm_head`` of a strided last position: ATen folds a
+batch of one into one ``mm`` and runs ``bmm`` for others) picks its kernel at call time, as in
+eager, and its fake result comes from its shape alone (Note [Kept products] in
+lower/decompositions.py), so it guards nothing about the batch: a transformers prefill and
+decode step of a batch of one share the symbolic ones. Only batch dims of a call of 2 or more
+rows are traced so (a batch of one before any other stays static, as every size 1 does), and
+torch's oblivious checks are those it makes for unbacked sizes, whose general path must hold
+at any size.
 A batch dim the trace ties to a constant (a size equal to a weight's) is guarded as such: a
 call that breaks the tie misses, and never runs a graph traced for other sizes.
 """
