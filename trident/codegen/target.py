@@ -47,7 +47,7 @@ class Renderer(Protocol):
     spec: Specialization
     kernels: Any  # cuda.Kernels: the module's cubins
     views: dict[int, tuple[int, bool]]  # Note [Views in C] in plan.py: value -> (slot, eager)
-    on_error: str  # how a failing step leaves: FAIL, EAGER (Note [Step exits] in build.py)
+    on_error: str  # the label a failing step jumps to (Note [Errors inside try] in source_lines.py)
 
     def operand(self, o: Operand) -> str: ...
 
@@ -143,7 +143,7 @@ class CStep:
     buffer: str = ""  # aten_out: the static buffer the .out overload writes
     out_op_index: int = 0
     reuse: str = ""  # aten_out: the C condition under which the buffer is reused
-    on_error: str = "FAIL"  # how an error leaves: "EAGER" (Note [Errors inside try])
+    on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
     @property
     def comment(self) -> str:
