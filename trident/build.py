@@ -62,6 +62,7 @@ def module_name(source: str) -> str:
     h = hashlib.sha256()
     for part in (source, HEADER.read_text(), (HEADER.parent / "trident_cuda.h").read_text(),
                  (HEADER.parent / "trident_views.h").read_text(),
+                 (HEADER.parent / "trident_steps.h").read_text(),
                  " ".join(CFLAGS), cffi.__version__, sys.version):
         h.update(part.encode())
     return f"trident_scm_{h.hexdigest()[:20]}"

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 
 static const trt_api* rt;
 
@@ -72,29 +73,15 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
 
   /* test_golden.py:54: return x.pow(-2) + 1 */
   {
-    if (buffer0 && !env->inference_mode) {  /* write into an earlier call's result */
-      const trt_value args[] = {TRT_T(a[1].tensor), TRT_I(-2LL), TRT_T(buffer0)};
-      if (rt->call(ops[1], args, 3, r, 1)) {
-        rt->set_error("test_golden.py:54 (aten::pow.Tensor_Scalar, out)", NULL);
-        goto eager;
-      }
-    } else {
-      const trt_value args[] = {TRT_T(a[1].tensor), TRT_I(-2LL)};
-      if (rt->call(ops[0], args, 2, r, 1)) {
-        rt->set_error("test_golden.py:54 (aten::pow.Tensor_Scalar)", NULL);
-        goto eager;
-      }
-      if (!env->inference_mode && !buffer0) buffer0 = rt->retain(r[0].u.t);  /* NULL: not reused */
-    }
+    /* into buffer0, an earlier call's result, once made (Note [Buffer reuse]) */
+    const trt_value args[] = {TRT_T(a[1].tensor), TRT_I(-2LL), TRT_T(buffer0)};
+    if (trt_call_into(rt, ops[0], ops[1], args, 2, &buffer0, !env->inference_mode, r, 1, "test_golden.py:54 (aten::pow.Tensor_Scalar)", "test_golden.py:54 (aten::pow.Tensor_Scalar, out)")) goto eager;
     v[0] = r[0].u.t;
   }
   /* test_golden.py:54: return x.pow(-2) + 1 */
   {
     const trt_value args[] = {TRT_T(v[0]), TRT_I(1LL), TRT_I(1LL)};
-    if (rt->call(ops[2], args, 3, r, 1)) {
-      rt->set_error("test_golden.py:54 (aten::add.Scalar)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[2], args, 3, r, 1, "test_golden.py:54 (aten::add.Scalar)")) goto eager;
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
   }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 #include "trident_views.h"
 
 static const trt_api* rt;
@@ -117,20 +118,14 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   {
     if (!v[0] && !(v[0] = rt->view_tensor(&w[0], TRT_VIEW_KERNEL))) { rt->set_error("test_golden.py:41 (view)", NULL); goto eager; }
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (rt->call(ops[1], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:41 (aten::mul.Scalar)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:41 (aten::mul.Scalar)")) goto eager;
     v[1] = r[0].u.t;
     if (v[0]) { rt->release(v[0]); v[0] = NULL; }
   }
   /* test_golden.py:42: return y.sum(0), y.shape[0] */
   {
     const trt_value args[] = {TRT_T(v[1]), TRT_IL(k0, 1), TRT_B(0), TRT_NONE_V};
-    if (rt->call(ops[2], args, 4, r, 1)) {
-      rt->set_error("test_golden.py:42 (aten::sum.dim_IntList)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[2], args, 4, r, 1, "test_golden.py:42 (aten::sum.dim_IntList)")) goto eager;
     v[2] = r[0].u.t;
     rt->release(v[1]); v[1] = NULL;
   }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 #include "trident_views.h"
 
 static const trt_api* rt;
@@ -116,57 +117,34 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor)};
-    if (rt->call(ops[0], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:35 (aten::matmul)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[0], args, 2, r, 1, "test_golden.py:35 (aten::matmul)")) goto eager;
     v[0] = r[0].u.t;
   }
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
-    if (buffer1 && !env->inference_mode) {  /* write into an earlier call's result */
-      const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer1)};
-      if (rt->call(ops[2], args, 4, r, 1)) {
-        rt->set_error("test_golden.py:35 (aten::add.Tensor, out)", NULL);
-        goto eager;
-      }
-    } else {
-      const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL)};
-      if (rt->call(ops[1], args, 3, r, 1)) {
-        rt->set_error("test_golden.py:35 (aten::add.Tensor)", NULL);
-        goto eager;
-      }
-      if (!env->inference_mode && !buffer1) buffer1 = rt->retain(r[0].u.t);  /* NULL: not reused */
-    }
+    /* into buffer1, an earlier call's result, once made (Note [Buffer reuse]) */
+    const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer1)};
+    if (trt_call_into(rt, ops[1], ops[2], args, 3, &buffer1, !env->inference_mode, r, 1, "test_golden.py:35 (aten::add.Tensor)", "test_golden.py:35 (aten::add.Tensor, out)")) goto eager;
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
   }
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
     const trt_value args[] = {TRT_T(v[1])};
-    if (rt->call(ops[3], args, 1, r, 1)) {
-      rt->set_error("test_golden.py:35 (aten::relu)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[3], args, 1, r, 1, "test_golden.py:35 (aten::relu)")) goto eager;
     v[2] = r[0].u.t;
     rt->release(v[1]); v[1] = NULL;
   }
   /* test_golden.py:36: y = torch.nn.functional.linear(h, w2) */
   {
     const trt_value args[] = {TRT_T(v[2]), TRT_T(a[4].tensor), TRT_NONE_V};
-    if (rt->call(ops[4], args, 3, r, 1)) {
-      rt->set_error("test_golden.py:36 (aten::linear)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[4], args, 3, r, 1, "test_golden.py:36 (aten::linear)")) goto eager;
     v[3] = r[0].u.t;
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     const trt_value args[] = {TRT_T(v[3]), TRT_I(-1LL), TRT_NONE_V};
-    if (rt->call(ops[5], args, 3, r, 1)) {
-      rt->set_error("test_golden.py:37 (aten::softmax.int)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[5], args, 3, r, 1, "test_golden.py:37 (aten::softmax.int)")) goto eager;
     v[4] = r[0].u.t;
     rt->release(v[3]); v[3] = NULL;
   }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 
 static const trt_api* rt;
 
@@ -81,10 +82,7 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   /* test_golden.py:46: out = torch.empty_like(x) */
   {
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_NONE_V, TRT_NONE_V, TRT_NONE_V, TRT_B(0), TRT_NONE_V};
-    if (rt->call(ops[0], args, 6, r, 1)) {
-      rt->set_error("test_golden.py:46 (aten::empty_like)", NULL);
-      goto eager;
-    }
+    if (trt_call_at(rt, ops[0], args, 6, r, 1, "test_golden.py:46 (aten::empty_like)")) goto eager;
     v[0] = r[0].u.t;
   }
   /* test_golden.py:48: add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64) */
@@ -98,10 +96,7 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   /* test_golden.py:49: return out * 2 */
   {
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (rt->call(ops[1], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:49 (aten::mul.Scalar)", NULL);
-      goto fail;
-    }
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:49 (aten::mul.Scalar)")) goto fail;
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
   }

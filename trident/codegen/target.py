@@ -158,9 +158,18 @@ class CStep:
         return f"rt->call(ops[{self.op_index}], args, {len(self.args)}, r, {self.nrets})"
 
     @property
-    def call_out(self) -> str:
-        """aten_out: the ``.out`` call that writes the reused buffer."""
-        return f"rt->call(ops[{self.out_op_index}], args, {len(self.args) + 1}, r, 1)"
+    def call_at(self) -> str:
+        """aten: the step's call, which on failure sets the error (trident_steps.h)."""
+        return (f"trt_call_at(rt, ops[{self.op_index}], args, {len(self.args)}, r, "
+                f"{self.nrets}, {self.error_at})")
+
+    @property
+    def call_into(self) -> str:
+        """aten_out: the call that writes the reused buffer, or makes it (trident_steps.h's
+        ``trt_call_into``; Note [Buffer reuse] in plan.py)."""
+        return (f"trt_call_into(rt, ops[{self.op_index}], ops[{self.out_op_index}], args, "
+                f"{len(self.args)}, &{self.buffer}, {self.reuse}, r, 1, {self.error_at}, "
+                f"{self.error_at_out})")
 
     @property
     def error_at(self) -> str:
