@@ -51,13 +51,6 @@ int scm_set_cubin(int index, const char* data, size_t size);
 # -O0: an SCM is straight-line calls into the runtime, which optimization makes no faster, and
 # GCC's time at -Og and above grows faster than a function's length (docs/benchmarks.md, "Facts
 # moved out of code comments").
-# Note [Step exits]: a launch sequence leaves on an error by ``return FAIL`` or ``return EAGER``
-# from its ``steps()`` function, and ``run()`` releases what the steps made (templates/
-# scm.c.jinja), not by ``goto`` a shared label: GCC's C front end updates every forward
-# ``goto`` still waiting for its label at the end of each block (``update_label_decls``), so a
-# sequence of N steps, each a block with its own ``goto``s, parsed in time quadratic in N: a
-# 16-layer Llama's 1 MB decode step spent 4.4 s of its 7.2 s of GCC there, 0.5 s after
-# (docs/benchmarks.md, "The C build").
 CFLAGS = ["-O0", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unused-variable",
           "-Wno-unused-but-set-variable"]
 
@@ -69,6 +62,7 @@ def module_name(source: str) -> str:
     h = hashlib.sha256()
     for part in (source, HEADER.read_text(), (HEADER.parent / "trident_cuda.h").read_text(),
                  (HEADER.parent / "trident_views.h").read_text(),
+                 (HEADER.parent / "trident_steps.h").read_text(),
                  " ".join(CFLAGS), cffi.__version__, sys.version):
         h.update(part.encode())
     return f"trident_scm_{h.hexdigest()[:20]}"

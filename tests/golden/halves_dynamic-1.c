@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 #include "trident_views.h"
 
 static const trt_api* rt;
@@ -83,16 +84,15 @@ static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   return 1;
 }
 
-/* How the launch sequence leaves on an error: FAIL an error, EAGER the call runs eagerly
-   (Note [Errors inside try]); run() releases what the steps made (Note [Step exits] in
-   trident/build.py). */
-enum { FAIL = 1, EAGER = 2 };
-
-/* The launch sequence: 0, or FAIL or EAGER with the error set. Values live in run()'s
-   arrays, not locals: run() releases them with one loop. */
-static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tensor** v,
-                 trt_value* l, trt_value* s, trt_view* w) {
+static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
+  /* Values live in arrays, not locals: the error path releases them with one loop, which
+     keeps large launch sequences cheap to optimize. */
+  trt_tensor* v[4] = {0};  /* tensors the steps own */
+  trt_value l[1] = {{0}};  /* tensor lists the steps own */
+  trt_value s[3] = {{0}};  /* int/float/bool returns */
   trt_value r[1];  /* an op's returns */
+  trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
+  int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
 
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
@@ -101,7 +101,7 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
     int64_t z;
-    if (trt_floordiv_ck(s[0].u.i, 2LL, &z)) { rt->set_error("test_golden.py:41 (floordiv)", "integer division by zero or a quotient past int64 in a size expression"); return EAGER; }
+    if (trt_floordiv_ck(s[0].u.i, 2LL, &z)) { rt->set_error("test_golden.py:41 (floordiv)", "integer division by zero or a quotient past int64 in a size expression"); goto eager; }
     s[1] = TRT_I(z);
   }
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
@@ -111,27 +111,21 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
     int64_t il2[] = {s[1].u.i, -1LL};
     if (rt->view_of(a[1].tensor, &in) || trt_view_view(&in, z0, 2, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_IL(il2, 2)};
-      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0])) { rt->set_error("test_golden.py:41 (aten::view)", NULL); return EAGER; }
+      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0])) { rt->set_error("test_golden.py:41 (aten::view)", NULL); goto eager; }
     }
   }
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
-    if (!v[0] && !(v[0] = rt->view_tensor(&w[0], TRT_VIEW_KERNEL))) { rt->set_error("test_golden.py:41 (view)", NULL); return EAGER; }
+    if (!v[0] && !(v[0] = rt->view_tensor(&w[0], TRT_VIEW_KERNEL))) { rt->set_error("test_golden.py:41 (view)", NULL); goto eager; }
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (rt->call(ops[1], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:41 (aten::mul.Scalar)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:41 (aten::mul.Scalar)")) goto eager;
     v[1] = r[0].u.t;
     if (v[0]) { rt->release(v[0]); v[0] = NULL; }
   }
   /* test_golden.py:42: return y.sum(0), y.shape[0] */
   {
     const trt_value args[] = {TRT_T(v[1]), TRT_IL(k0, 1), TRT_B(0), TRT_NONE_V};
-    if (rt->call(ops[2], args, 4, r, 1)) {
-      rt->set_error("test_golden.py:42 (aten::sum.dim_IntList)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[2], args, 4, r, 1, "test_golden.py:42 (aten::sum.dim_IntList)")) goto eager;
     v[2] = r[0].u.t;
     rt->release(v[1]); v[1] = NULL;
   }
@@ -142,17 +136,12 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
   out->nouts = 2;
   out->spec = "(vv)";
   return 0;
-}
 
-static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
-  trt_tensor* v[4] = {0};  /* tensors the steps own */
-  trt_value l[1] = {{0}};  /* tensor lists the steps own */
-  trt_value s[3] = {{0}};  /* int/float/bool returns */
-  trt_view w[2];  /* views computed in C (Note [Views in C] in plan.py) */
-  int failed = steps(a, env, out, v, l, s, w);
-  if (failed)  /* FAIL, EAGER: release what the steps made (Note [Errors inside try]) */
-    for (int i = 0; i < 3; ++i)
-      if (v[i]) rt->release(v[i]);
+eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
+  failed = 2;
+fail:
+  for (int i = 0; i < 3; ++i)
+    if (v[i]) rt->release(v[i]);
   return failed;
 }
 
@@ -172,7 +161,7 @@ static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result*
   }
   switch (run(a, env, out)) {
     case 0: return 0;
-    case EAGER: return TRT_EAGER;
+    case 2: return TRT_EAGER;
     default: return TRT_ERROR;
   }
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 #include "trident_views.h"
 
 static const trt_api* rt;
@@ -103,71 +104,47 @@ static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   return 1;
 }
 
-/* How the launch sequence leaves on an error: FAIL an error, EAGER the call runs eagerly
-   (Note [Errors inside try]); run() releases what the steps made (Note [Step exits] in
-   trident/build.py). */
-enum { FAIL = 1, EAGER = 2 };
-
-/* The launch sequence: 0, or FAIL or EAGER with the error set. Values live in run()'s
-   arrays, not locals: run() releases them with one loop. */
-static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tensor** v,
-                 trt_value* l, trt_value* s, trt_view* w) {
+static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
+  /* Values live in arrays, not locals: the error path releases them with one loop, which
+     keeps large launch sequences cheap to optimize. */
+  trt_tensor* v[8] = {0};  /* tensors the steps own */
+  trt_value l[1] = {{0}};  /* tensor lists the steps own */
+  trt_value s[1] = {{0}};  /* int/float/bool returns */
   trt_value r[1];  /* an op's returns */
+  trt_view w[2];  /* views computed in C (Note [Views in C] in plan.py) */
+  int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
 
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor)};
-    if (rt->call(ops[0], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:35 (aten::matmul)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[0], args, 2, r, 1, "test_golden.py:35 (aten::matmul)")) goto eager;
     v[0] = r[0].u.t;
   }
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
-    if (buffer1 && !env->inference_mode) {  /* write into an earlier call's result */
-      const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer1)};
-      if (rt->call(ops[2], args, 4, r, 1)) {
-        rt->set_error("test_golden.py:35 (aten::add.Tensor, out)", NULL);
-        return EAGER;
-      }
-    } else {
-      const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL)};
-      if (rt->call(ops[1], args, 3, r, 1)) {
-        rt->set_error("test_golden.py:35 (aten::add.Tensor)", NULL);
-        return EAGER;
-      }
-      if (!env->inference_mode && !buffer1) buffer1 = rt->retain(r[0].u.t);  /* NULL: not reused */
-    }
+    /* into buffer1, an earlier call's result, once made (Note [Buffer reuse]) */
+    const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer1)};
+    if (trt_call_into(rt, ops[1], ops[2], args, 3, &buffer1, !env->inference_mode, r, 1, "test_golden.py:35 (aten::add.Tensor)", "test_golden.py:35 (aten::add.Tensor, out)")) goto eager;
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
   }
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
     const trt_value args[] = {TRT_T(v[1])};
-    if (rt->call(ops[3], args, 1, r, 1)) {
-      rt->set_error("test_golden.py:35 (aten::relu)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[3], args, 1, r, 1, "test_golden.py:35 (aten::relu)")) goto eager;
     v[2] = r[0].u.t;
     rt->release(v[1]); v[1] = NULL;
   }
   /* test_golden.py:36: y = torch.nn.functional.linear(h, w2) */
   {
     const trt_value args[] = {TRT_T(v[2]), TRT_T(a[4].tensor), TRT_NONE_V};
-    if (rt->call(ops[4], args, 3, r, 1)) {
-      rt->set_error("test_golden.py:36 (aten::linear)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[4], args, 3, r, 1, "test_golden.py:36 (aten::linear)")) goto eager;
     v[3] = r[0].u.t;
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     const trt_value args[] = {TRT_T(v[3]), TRT_I(-1LL), TRT_NONE_V};
-    if (rt->call(ops[5], args, 3, r, 1)) {
-      rt->set_error("test_golden.py:37 (aten::softmax.int)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[5], args, 3, r, 1, "test_golden.py:37 (aten::softmax.int)")) goto eager;
     v[4] = r[0].u.t;
     rt->release(v[3]); v[3] = NULL;
   }
@@ -176,19 +153,19 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
     trt_view in;
     if (rt->view_of(v[2], &in) || trt_view_transpose(&in, 0, 1, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_NONE_V};
-      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0])) { rt->set_error("test_golden.py:37 (aten::t)", NULL); return EAGER; }
+      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0])) { rt->set_error("test_golden.py:37 (aten::t)", NULL); goto eager; }
     }
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     if (trt_view_select(&w[0], 0, 0LL, &w[1])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_I(0LL), TRT_I(0LL)};
-      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1])) { rt->set_error("test_golden.py:37 (aten::select.int)", NULL); return EAGER; }
+      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1])) { rt->set_error("test_golden.py:37 (aten::select.int)", NULL); goto eager; }
     }
   }
 
   /* outputs */
-  if (!v[6] && !(v[6] = rt->view_tensor(&w[1], TRT_VIEW_EAGER))) { rt->set_error("output (view)", NULL); return FAIL; }
+  if (!v[6] && !(v[6] = rt->view_tensor(&w[1], TRT_VIEW_EAGER))) { rt->set_error("output (view)", NULL); goto fail; }
   out->outs[0] = TRT_T(v[4]); v[4] = NULL;
   out->outs[1] = TRT_T(v[6]); v[6] = NULL;
   if (v[2]) { rt->release(v[2]); v[2] = NULL; }  /* the base of a returned view */
@@ -196,17 +173,12 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
   out->nouts = 2;
   out->spec = "(vv)";
   return 0;
-}
 
-static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
-  trt_tensor* v[8] = {0};  /* tensors the steps own */
-  trt_value l[1] = {{0}};  /* tensor lists the steps own */
-  trt_value s[1] = {{0}};  /* int/float/bool returns */
-  trt_view w[3];  /* views computed in C (Note [Views in C] in plan.py) */
-  int failed = steps(a, env, out, v, l, s, w);
-  if (failed)  /* FAIL, EAGER: release what the steps made (Note [Errors inside try]) */
-    for (int i = 0; i < 7; ++i)
-      if (v[i]) rt->release(v[i]);
+eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
+  failed = 2;
+fail:
+  for (int i = 0; i < 7; ++i)
+    if (v[i]) rt->release(v[i]);
   return failed;
 }
 
@@ -226,7 +198,7 @@ static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result*
   }
   switch (run(a, env, out)) {
     case 0: return 0;
-    case EAGER: return TRT_EAGER;
+    case 2: return TRT_EAGER;
     default: return TRT_ERROR;
   }
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "trident_rt.h"
+#include "trident_steps.h"
 
 static const trt_api* rt;
 
@@ -69,24 +70,19 @@ static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   return 1;
 }
 
-/* How the launch sequence leaves on an error: FAIL an error, EAGER the call runs eagerly
-   (Note [Errors inside try]); run() releases what the steps made (Note [Step exits] in
-   trident/build.py). */
-enum { FAIL = 1, EAGER = 2 };
-
-/* The launch sequence: 0, or FAIL or EAGER with the error set. Values live in run()'s
-   arrays, not locals: run() releases them with one loop. */
-static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tensor** v,
-                 trt_value* l, trt_value* s, trt_view* w) {
+static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
+  /* Values live in arrays, not locals: the error path releases them with one loop, which
+     keeps large launch sequences cheap to optimize. */
+  trt_tensor* v[3] = {0};  /* tensors the steps own */
+  trt_value l[1] = {{0}};  /* tensor lists the steps own */
+  trt_value s[1] = {{0}};  /* int/float/bool returns */
   trt_value r[1];  /* an op's returns */
+  int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
 
   /* test_golden.py:46: out = torch.empty_like(x) */
   {
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_NONE_V, TRT_NONE_V, TRT_NONE_V, TRT_B(0), TRT_NONE_V};
-    if (rt->call(ops[0], args, 6, r, 1)) {
-      rt->set_error("test_golden.py:46 (aten::empty_like)", NULL);
-      return EAGER;
-    }
+    if (trt_call_at(rt, ops[0], args, 6, r, 1, "test_golden.py:46 (aten::empty_like)")) goto eager;
     v[0] = r[0].u.t;
   }
   /* test_golden.py:48: add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64) */
@@ -94,16 +90,13 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
     const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor), TRT_T(v[0]), TRT_I(100LL), TRT_I(2), TRT_I(1), TRT_I(1)};
     if (rt->python_callback(callbacks[0], args, 7)) {
       rt->set_error("test_golden.py:48 (triton add_kernel, interpreted)", NULL);
-      return EAGER;
+      goto eager;
     }
   }
   /* test_golden.py:49: return out * 2 */
   {
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (rt->call(ops[1], args, 2, r, 1)) {
-      rt->set_error("test_golden.py:49 (aten::mul.Scalar)", NULL);
-      return FAIL;
-    }
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:49 (aten::mul.Scalar)")) goto fail;
     v[1] = r[0].u.t;
     rt->release(v[0]); v[0] = NULL;
   }
@@ -113,17 +106,12 @@ static int steps(const trt_arg* a, const trt_env* env, trt_result* out, trt_tens
   out->nouts = 1;
   out->spec = "v";
   return 0;
-}
 
-static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
-  trt_tensor* v[3] = {0};  /* tensors the steps own */
-  trt_value l[1] = {{0}};  /* tensor lists the steps own */
-  trt_value s[1] = {{0}};  /* int/float/bool returns */
-  trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
-  int failed = steps(a, env, out, v, l, s, w);
-  if (failed)  /* FAIL, EAGER: release what the steps made (Note [Errors inside try]) */
-    for (int i = 0; i < 2; ++i)
-      if (v[i]) rt->release(v[i]);
+eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
+  failed = 2;
+fail:
+  for (int i = 0; i < 2; ++i)
+    if (v[i]) rt->release(v[i]);
   return failed;
 }
 
@@ -143,7 +131,7 @@ static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result*
   }
   switch (run(a, env, out)) {
     case 0: return 0;
-    case EAGER: return TRT_EAGER;
+    case 2: return TRT_EAGER;
     default: return TRT_ERROR;
   }
 }

@@ -85,7 +85,7 @@ def prologue(r: Renderer) -> Prologue:
          f"static int {stream}_set;"),
         ("void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
          f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
-         f"NULL); return FAIL; }}",
+         f"NULL); goto fail; }}",
          f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
          f"const int reuse = !env->inference_mode && stream == {stream};"))
 
@@ -101,7 +101,7 @@ def _pointer(r: Renderer, var: str, o: Arg | Val | Item, where: str) -> list[str
     tensor = r.tensor(o)
     return [f"void* {var}_data;",
             f"if (rt->data_ptr({tensor}, &{var}_data)) {{ rt->set_error({c_string(where)}, "
-            f"NULL); return {r.on_error}; }}",
+            f"NULL); goto {r.on_error}; }}",
             f"CUdeviceptr {var} = (CUdeviceptr){var}_data;"]
 
 

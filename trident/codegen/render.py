@@ -60,7 +60,7 @@ class Rendered(NamedTuple):
 # counter an attribute write multiplies (Note [Attribute writes]) grows past 2**63. So each step
 # is checked (trident_rt.h's ``trt_add_ck`` ... ``trt_mod_ck``, GCC's and Clang's
 # ``__builtin_*_overflow``): where Python's answer is no int64, or Python raises (a zero divisor
-# of ``//`` or ``%``: ZeroDivisionError), the step returns EAGER and the call runs
+# of ``//`` or ``%``: ZeroDivisionError), the step jumps to the eager label and the call runs
 # eagerly (TRT_EAGER), which gives Python's big int or raises eager's exception; never a wrapped
 # value, never C's SIGFPE (``INT64_MIN // -1`` included). Size steps read only the call's sizes,
 # int arguments and earlier size steps, so the renderer puts them before the first step whose
@@ -100,7 +100,7 @@ class _SpecRenderer:
         self.targets = {self.target}  # and its Triton launches'
         self.statics: list[str] = []
         self.locals: list[str] = []
-        self.on_error = "FAIL"  # how a failing step leaves (Note [Step exits] in build.py)
+        self.on_error = "fail"  # the label a failing step jumps to (Note [Errors inside try])
         # Note [Views in C] in plan.py: views not yet made into tensors live in w[slot]; a slot
         # is free again once its view is released
         self.views: dict[int, tuple[int, bool]] = {}  # value -> (slot, made as eager makes it)
@@ -181,7 +181,7 @@ class _SpecRenderer:
                 "int64_t z;",
                 f"if ({_C_INT_OPS[s.op]}({args}, &z)) {{ rt->set_error("
                 f"{c_string(s.where + ' (' + s.op + ')')}, \"{why} in a size expression\"); "
-                f"return {self.on_error}; }}",
+                f"goto {self.on_error}; }}",
                 f"s[{r}] = TRT_I(z);"], [], [])
         lines = [f"s[{r}] = TRT_I({expr});"]
         return CStep("int", s.where, c_comment(s.text), f"int {s.op}", lines, [], [])
@@ -262,7 +262,7 @@ class _SpecRenderer:
         how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
         where = c_string(f"{s.where} (view)" if s else "output (view)")
         return [f"if (!v[{o.i}] && !(v[{o.i}] = rt->view_tensor(&w[{slot}], {how}))) "
-                f"{{ rt->set_error({where}, NULL); return {self.on_error}; }}"]
+                f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"]
 
     def view_step(self, s) -> CStep | None:
         """Note [Views in C] in plan.py: a view's geometry in C (trident_views.h); where the
@@ -272,7 +272,7 @@ class _SpecRenderer:
         lines = self.locals
         source, result = s.args[0], s.results[0].i
         where = c_string(f"{s.where} ({s.qualified_name})")
-        fail = f"{{ rt->set_error({where}, NULL); return {self.on_error}; }}"
+        fail = f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"
         if call is None and not (isinstance(source, Val) and source.i in self.views):
             return None  # an ordinary dispatcher call
         if call is None:  # the op itself, on its input made as eager makes it
@@ -408,7 +408,7 @@ class _SpecRenderer:
                 inner = f"out->outs[{moved[o.i]}].u.t" if isinstance(o, Val) else self.tensor(o)
                 lines += [f"out->outs[{k}] = TRT_T(rt->retain({inner}));",
                           f"if (!out->outs[{k}].u.t) {{ rt->set_error(\"output {k}\", NULL); "
-                          f"return FAIL; }}"]
+                          f"goto fail; }}"]
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
         for i in kept:
@@ -431,10 +431,10 @@ class _SpecRenderer:
         order = _size_steps_first(plan.steps)  # Note [Checked size steps]
         in_order = [plan.steps[i] for i in order]
         for i, s, clean in zip(order, in_order, passes.rerun_eagerly(in_order)):
-            self.on_error = "EAGER" if clean else "FAIL"  # Note [Errors inside try]
+            self.on_error = "eager" if clean else "fail"  # Note [Errors inside try]
             steps.append(self.step(i, s))
             steps[-1].on_error = self.on_error
-        self.on_error = "FAIL"  # the outputs: after the last step
+        self.on_error = "fail"  # the outputs: after the last step
         prologue = self.prologue()
         self.statics += prologue.statics
         checked = any(isinstance(g, SizeRelation) for g in self.spec.guards)
@@ -459,6 +459,7 @@ class _SpecRenderer:
             "out_spec": c_string(out_spec_code(plan.out_spec)),
             "graph": passes.graph_device(self.spec) is not None,  # Note [CUDA graphs]
             "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
+            "eager": any(step.on_error == "eager" for step in steps),
         }
 
 

@@ -47,7 +47,7 @@ class Renderer(Protocol):
     spec: Specialization
     kernels: Any  # cuda.Kernels: the module's cubins
     views: dict[int, tuple[int, bool]]  # Note [Views in C] in plan.py: value -> (slot, eager)
-    on_error: str  # how a failing step leaves: FAIL, EAGER (Note [Step exits] in build.py)
+    on_error: str  # the label a failing step jumps to (Note [Errors inside try] in source_lines.py)
 
     def operand(self, o: Operand) -> str: ...
 
@@ -143,7 +143,7 @@ class CStep:
     buffer: str = ""  # aten_out: the static buffer the .out overload writes
     out_op_index: int = 0
     reuse: str = ""  # aten_out: the C condition under which the buffer is reused
-    on_error: str = "FAIL"  # how an error leaves: "EAGER" (Note [Errors inside try])
+    on_error: str = "fail"  # the label an error jumps to: "eager" (Note [Errors inside try])
 
     @property
     def comment(self) -> str:
@@ -158,9 +158,18 @@ class CStep:
         return f"rt->call(ops[{self.op_index}], args, {len(self.args)}, r, {self.nrets})"
 
     @property
-    def call_out(self) -> str:
-        """aten_out: the ``.out`` call that writes the reused buffer."""
-        return f"rt->call(ops[{self.out_op_index}], args, {len(self.args) + 1}, r, 1)"
+    def call_at(self) -> str:
+        """aten: the step's call, which on failure sets the error (trident_steps.h)."""
+        return (f"trt_call_at(rt, ops[{self.op_index}], args, {len(self.args)}, r, "
+                f"{self.nrets}, {self.error_at})")
+
+    @property
+    def call_into(self) -> str:
+        """aten_out: the call that writes the reused buffer, or makes it (trident_steps.h's
+        ``trt_call_into``; Note [Buffer reuse] in plan.py)."""
+        return (f"trt_call_into(rt, ops[{self.op_index}], ops[{self.out_op_index}], args, "
+                f"{len(self.args)}, &{self.buffer}, {self.reuse}, r, 1, {self.error_at}, "
+                f"{self.error_at_out})")
 
     @property
     def error_at(self) -> str:
