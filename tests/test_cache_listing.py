@@ -3,6 +3,7 @@ deleted and can take one function."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import time
@@ -41,6 +42,41 @@ def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
     assert out[g_line + 1:g_line + 4] == [
         "  0: listed_g(x: float32[2] cpu, n=2)", "  1: listed_g(x: float32[2] cpu, n=3)",
         f"  in {rows['listed_g']['path']}"]
+
+
+def _decorator(fn):  # as transformers' @can_return_tuple wraps a model's forward
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@_decorator
+def listed_wrapped(x):
+    return x * 3
+
+
+def test_list_names_the_wrapped_function_not_its_decorator(trident_cache, capsys):
+    """A function under a ``functools.wraps`` decorator is listed at its own ``def``; a Hugging
+    Face model's ``forward`` (under ``@can_return_tuple``) at the model file's."""
+    trident.jit(listed_wrapped)(torch.ones(2))
+    (row,) = trident.list_cache()
+    line = inspect.getsourcelines(listed_wrapped.__wrapped__)[1]
+    assert row["about"]["line"] == line and row["about"]["file"] == __file__
+    assert cli.main(["list"]) == 0
+    assert f"{__name__}.listed_wrapped ({__file__}:{line}): 1 specialization" in \
+        capsys.readouterr().out
+    import transformers
+    from trident.identity import describe
+
+    forward = describe(transformers.LlamaForCausalLM.forward)
+    inner = inspect.unwrap(transformers.LlamaForCausalLM.forward)
+    assert inner is not transformers.LlamaForCausalLM.forward  # decorated in transformers 5
+    assert forward == {"qualname": "LlamaForCausalLM.forward",
+                       "module": "transformers.models.llama.modeling_llama",
+                       "file": inspect.getsourcefile(inner),
+                       "line": inspect.getsourcelines(inner)[1]}
+    assert forward["file"].endswith("modeling_llama.py")
 
 
 def listed_many(*xs):

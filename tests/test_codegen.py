@@ -142,12 +142,29 @@ def test_lines_inside_helper_functions_are_attributed_to_the_helper():
     assert where.get(f"{HERE}:{first + 1}") == "y = x - 1"
 
 
-def test_mlir_names_the_source_file():
+def test_mlir_names_the_source_file_and_line_of_each_op():
+    """Each op's location is the user's file:line (Torch-MLIR's file location) named by its
+    line's text; the function's arguments and its return take the locations Torch-MLIR gives
+    (the first op's, the last op's), never the caller's line or torch's generated code."""
     jf = trident.jit(mlp)
     text = jf.mlir(*mlp_args())
     assert "func.func @main" in text and "torch.aten.mm" in text  # matmul's C++ body calls mm
-    assert HERE in text
     assert jf.stats.compiles == 0  # mlir() does not install anything
+    source, first = inspect.getsourcelines(mlp)
+    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", text, re.MULTILINE))
+
+    def resolved(loc: str) -> str:  # an alias by what it stands for
+        return re.sub(r"#loc\d*", lambda m: resolved(aliases[m[0]]), loc)
+
+    where = [(m[1], resolved(m[2])) for m in re.finditer(
+        r"= (torch\.aten\.[\w.]+) .* (loc\(.*\))$", text, re.MULTILINE)]
+    assert where[:3] == [(op, f'loc("{source[i].strip()}"("{__file__}":{first + i}:0))')
+                         for op, i in (("torch.aten.mm", 1), ("torch.aten.add.Tensor", 2),
+                                       ("torch.aten.relu", 3))], where
+    for _, loc in where:  # every op, F.linear's and softmax's among them
+        m = re.fullmatch(r'loc\("(.*)"\("(.*)":(\d+):0\)\)', loc)
+        assert m[2] == __file__ and source[int(m[3]) - first].strip() == m[1], loc
+    assert "<string>" not in text and "jf.mlir(" not in text  # no generated code, no caller
 
 
 def test_output_count_never_overflows_the_result_buffer():

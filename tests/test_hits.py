@@ -200,6 +200,38 @@ def test_miss_reasons_text_and_bound():
         "n == 0 expected, got 2 (specialization 0); n == 1 expected, got 2 (specialization 1)")
 
 
+def gather_scaled(x, i, n):
+    return x[i] * n
+
+
+def test_every_call_is_a_hit_or_a_miss_with_one_reason():
+    """Note [Miss counts]: each call is a hit or a miss, and each miss has one entry in
+    ``miss_reasons`` (the last 32): one that compiled, ran eagerly (autograd, past the limit)
+    or whose step failed on a specialization that accepted it (an index out of range)."""
+    jf = trident.jit(max_specializations=1)(gather_scaled)
+    x, good, bad = torch.randn(4, 3), torch.tensor([0, 3]), torch.tensor([0, 9])
+    w = x.clone().requires_grad_()
+    calls = [(x, good, 2), (x, good, 2), (w, good, 2), (w, good, 2), (x, good, 3), (x, bad, 2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, args in enumerate(calls):
+            try:
+                assert torch.equal(jf(*args), gather_scaled(*args))
+            except IndexError:  # eager's own error, raised by the eager run
+                assert args[1] is bad
+            s = jf.stats
+            assert s.hits + s.misses == i + 1 and len(s.miss_reasons) == s.misses, s
+        assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 5, 1, 4), s
+        assert s.miss_reasons[0] == "first call"
+        assert [r.split(":")[0] for r in s.miss_reasons[1:]] == ["eager"] * 4
+        assert "reached its limit of 1" in s.miss_reasons[3]
+        assert "a step failed before the call changed anything" in s.miss_reasons[4]
+        for n in range(40):  # past the limit: each call a miss, the last 32 kept
+            jf(x, good, 10 + n)
+    s = jf.stats
+    assert s.misses == 45 and s.hits == 1 and len(s.miss_reasons) == 32
+
+
 def test_max_specializations_bound_runs_eagerly_with_one_warning():
     jf = trident.jit(max_specializations=2)(scale)
     x = torch.arange(3.0)

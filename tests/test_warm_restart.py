@@ -207,6 +207,11 @@ def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
     assert set(trident.config.compile_times().values()) == {0.0}
     stages = [re.fullmatch(r"\S+\.g: (\w+|C build) [\d.]+ s", m) for m in caplog.messages]
     assert [m[1] for m in stages if m] == ["trace", "import", "plan", "render", "C build"]
+    # chronological: the miss, its stages as each ends, then the whole compile's line
+    said = [m.split(": ", 1)[1] for m in caplog.messages]
+    assert said[0] == "miss: first call" and said[-2].startswith("C build ")
+    assert re.fullmatch(r"compiled specialization \S*g\(x: float32\[4\] cpu\) in [\d.]+ s",
+                        said[-1])
     assert "trident: " not in capfd.readouterr().err
 
 

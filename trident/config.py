@@ -92,8 +92,9 @@ def cuda_graph_sizes() -> int:
 # Note [Progress]: a first compile shows which stage it is in (Note [Compile stages]) once it has
 # run 2 s, on one terminal line ("trident: Block.forward [00:04, C build]") that a thread refreshes
 # each second (a trace may run for a minute without reaching a stage's end), cleared at its end;
-# each stage's seconds also go to the ``recompiles`` log. Compiles run one at a time in a process
-# (policy.py's lock), so one display is active at most.
+# each stage's seconds also go to the ``recompiles`` log as the stage ends (after the call's
+# ``miss`` line, before the whole compile's ``compiled specialization`` line). Compiles run one
+# at a time in a process (policy.py's lock), so one display is active at most.
 _progress: list = []  # the active display: (function name, tqdm bar)
 
 

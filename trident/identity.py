@@ -18,6 +18,7 @@ import enum
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import re
 import sys
 import types
@@ -237,10 +238,12 @@ def function_key(fn) -> str:
 
 def describe(fn) -> dict:
     """What ``python -m trident list`` says of a function: ``qualname``, ``module``, ``file``
-    and ``line`` (of its ``def``); for the ``forward`` of a graph that ``torch.compile`` handed to
-    Trident's backend, ``graph_of``: the user function and line of the graph's first op, read
+    and ``line`` (of its ``def``: of the innermost function of its ``__wrapped__`` chain, so a
+    Hugging Face model's ``forward`` under ``@can_return_tuple`` is the model file's, not the
+    decorator's); for the ``forward`` of a graph that ``torch.compile`` handed to Trident's
+    backend, ``graph_of``: the user function and line of the graph's first op, read
     from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(_unwrapped(fn), "__code__", None)
     about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
              "module": getattr(fn, "__module__", None),
              "file": code.co_filename if code else None,
@@ -254,6 +257,15 @@ def describe(fn) -> dict:
                 about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
                 break
     return about
+
+
+def _unwrapped(fn):
+    """``fn`` past its ``__wrapped__`` chain (``inspect.unwrap``), or ``fn`` where the chain
+    loops."""
+    try:
+        return inspect.unwrap(fn)
+    except ValueError:  # a cycle of __wrapped__
+        return fn
 
 
 # An identity-checked function's words, fixed at its first sight in this process: the native

@@ -371,7 +371,7 @@ class GraphControl:
         try:
             out = self._finish(call, index, self._run(*args))
         except EagerCall as e:  # Note [Errors inside try] in source_lines.py
-            return self._eager_path(call.args, call.kwargs, e)
+            return self._eager_path(call.args, call.kwargs, e, missed=not hit)
         self.hits += hit
         self._install_graph(index, spec)  # after a warm-up: capture at the next call
         if spec.symbolic and self._cuda_graphs:

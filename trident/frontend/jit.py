@@ -40,17 +40,22 @@ class Stats:
 
     Attributes:
         hits: calls served by the native hit path.
-        misses: calls no specialization's guards accepted (each compiles or falls back).
+        misses: every other call that bound to the parameters (``hits + misses`` is the
+            calls): one no specialization's guards accepted (it compiles or runs eagerly), or
+            one whose specialization's step failed before it changed anything (it runs
+            eagerly: Note [Errors inside try] in trident/lower/source_lines.py).
         compiles: specializations traced and compiled in this process.
-        fallbacks: calls run by eager PyTorch (unsupported input or code, autograd, limit).
+        fallbacks: misses run by eager PyTorch (unsupported input or code, autograd, limit).
         traces: times the function was traced (``compiles`` plus failed attempts).
         interpreted_launches: Triton launches on CPU tensors, run through Triton's interpreter
             by a callback from the SCM (the only Python on a hit).
         graph_captures: CUDA graphs captured (Note [CUDA graphs] in trident/frontend/graphs.py).
         graph_replays: hits served by replaying a CUDA graph (counted in the SCM).
-        miss_reasons: for recent misses and fallbacks (the last 32), the first guard or
-            argument path each specialization failed, e.g. ``"x.size(0) == 4 expected, got 8
-            (specialization 0)"``, or why a call ran eagerly (``"eager: ..."``).
+        miss_reasons: one entry per miss, the last ``min(misses, 32)`` in call order (Note
+            [Miss counts] in policy.py): for one that compiled, the first guard or argument
+            path each specialization failed, e.g. ``"x.size(0) == 4 expected, got 8
+            (specialization 0)"`` (``"first call"`` for the first); for one that ran eagerly,
+            why (``"eager: ..."``).
     """
 
     hits: int = 0

@@ -10,6 +10,7 @@ and warned once per reason. The native dispatcher enters here (``_slow_path``, `
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -58,7 +59,6 @@ class MissPolicy:
         except TypeError:
             return self._fn(*args, **kwargs)  # raises the TypeError eager raises
         except TridentError as e:
-            self._counters.misses += 1
             return self._eager(args, kwargs, str(e))
         if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
@@ -108,7 +108,6 @@ class MissPolicy:
         limit; any other call takes the whole miss path."""
         known = self._eager_trees.get(leaves[0])
         if known is not None and self._defaults_unchanged() and known[1](leaves):
-            self._counters.misses += 1
             return self._eager(args, kwargs, known[0])
         # Note [Specialization limit]: past the limit, a call of an installed tree that no
         # stored specialization fits runs eagerly on the leaves C read, without flattening its
@@ -118,23 +117,23 @@ class MissPolicy:
                 or not self._defaults_unchanged() or self._state_failure() >= 0
                 or self._stored_fit(tree.key, leaves) is not None):
             return self._slow_path(args, kwargs)
-        self._counters.misses += 1
         why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
         return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
 
-    def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception):
-        """Called from the native dispatcher (and the miss path) when a step of a specialization
-        failed before anything the call did was visible: the call runs eagerly, which raises
-        eager's exception or takes the ``except`` branch as eager does (Note [Errors inside
-        try] in source_lines.py)."""
+    def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception,
+                    missed: bool = False):
+        """Called from the native dispatcher (and the miss path: ``missed``, the miss already
+        counted) when a step of a specialization failed before anything the call did was
+        visible: the call runs eagerly, which raises eager's exception or takes the ``except``
+        branch as eager does (Note [Errors inside try] in source_lines.py)."""
         return self._eager(args, kwargs, f"{error} (a step failed before the call changed "
-                           "anything: eager raises or recovers as it does)")
+                           "anything: eager raises or recovers as it does)", miss=not missed)
 
     # ---- the miss path ----------------------------------------------------------------------
 
     def _on_miss(self, call: _Call):
-        stats = self._counters
-        stats.misses += 1
+        """A miss: counted once, with one ``miss_reasons`` entry (Note [Miss counts]), by the
+        ``_eager`` call that runs it eagerly or, for one that compiles or raises, here."""
         why = self._eager_reason(call)
         if why is not None:
             return self._eager(call.args, call.kwargs, why)
@@ -144,7 +143,6 @@ class MissPolicy:
         if stored is None and self._at_limit():
             return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
-        stats.miss_reasons = (stats.miss_reasons + [reason])[-32:]
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
         # Note [Specialization limit]: the limit bounds compiles in this process (as
         # torch.compile's recompile limit does) and the size of the module: the newest stored
@@ -163,7 +161,7 @@ class MissPolicy:
                 stored = stored or self._stored_fit(call.tree.key, call.leaves)
                 if stored is None and self._at_limit():
                     return self._past_limit(call.args, call.kwargs)
-                spec = None
+                spec, start = None, time.perf_counter()
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
@@ -176,6 +174,10 @@ class MissPolicy:
                         keep = self._max_specializations - 1
                         specs = specs[max(0, len(specs) - keep):] + [spec]
                         self._install_module(specs)
+                        # Note [Progress]: after its stages' lines (render and C build too)
+                        _recompiles.info("%s: %s specialization %s in %.2f s", self.__qualname__,
+                                         "installed the stored" if stored else "compiled",
+                                         spec.signature, time.perf_counter() - start)
                         # only a specialization that built and installed is stored
                         saved = stored is None and self._cache.save_spec(
                             spec, keep=2 * self._max_specializations)
@@ -183,6 +185,7 @@ class MissPolicy:
                             self._prune(spec)
                 except TridentError as e:
                     if not self._fallback or isinstance(e, CompileForbidden):
+                        self._count_miss(reason)
                         raise
                     failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
                     self._eager_signatures.append(failed)
@@ -197,8 +200,10 @@ class MissPolicy:
             if any(s.tree == call.tree.key and first_failure(s.guards, call.leaves) is None
                    for s in self._specs):  # Note [Checked size steps] in codegen/render.py
                 return self._eager(call.args, call.kwargs, "a size relation int64 cannot decide")
+            self._count_miss(reason)
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
+        self._count_miss(reason)
         return self._capture_path(call, hit=False)
 
     # ---- the specialization limit (Note [Specialization limit]) -----------------------------
@@ -313,11 +318,26 @@ class MissPolicy:
                    for i, spec in enumerate(self._specs) if spec.tree in self._trees]
         return "; ".join(reasons) or "a new argument structure"
 
-    def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True):
-        """Run the call eagerly: counted, logged, and warned once per reason (never a silent
-        fallback), at the user's line."""
+    # Note [Miss counts]: a miss is a call the native hit path did not serve: no specialization
+    # accepted it (it compiles, installs a stored one, or runs eagerly), or a step of the one
+    # that did failed before the call changed anything (Note [Errors inside try]). Each is
+    # counted once, by ``_count_miss``, with one entry in ``miss_reasons``: the failing guard
+    # (or "first call") of a miss that compiled, "eager: why" of one that ran eagerly. So
+    # ``hits + misses`` is the calls that bound to the parameters, and ``miss_reasons`` holds
+    # the last ``min(misses, 32)``, in call order.
+
+    def _count_miss(self, reason: str) -> None:
+        """Note [Miss counts]."""
+        self._counters.misses += 1
+        self._counters.miss_reasons = (self._counters.miss_reasons + [reason])[-32:]
+
+    def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True,
+               miss: bool = True):
+        """Run the call eagerly: counted (``miss``: as a miss too, Note [Miss counts]), logged,
+        and warned once per reason (never a silent fallback), at the user's line."""
         self._counters.fallbacks += 1
-        self._counters.miss_reasons = (self._counters.miss_reasons + [f"eager: {why}"])[-32:]
+        if miss:
+            self._count_miss(f"eager: {why}")
         _recompiles.info("%s: eager: %s", self.__qualname__, why)
         if warn and why not in self._warned_reasons:
             self._warned_reasons.add(why)

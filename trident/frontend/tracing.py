@@ -5,7 +5,6 @@ what it read outside its arguments recorded as state (Note [State guards]), the 
 
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -68,7 +67,6 @@ class Tracer:
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
         self._counters.traces += 1
-        start = time.perf_counter()
         args, names = call.leaves, call.names
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
@@ -92,6 +90,4 @@ class Tracer:
             self._int_leaves = self._int_leaves | self._written_ints
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.words(names) for g in spec.guards))
-        _recompiles.info("%s: compiled specialization %s in %.2f s", self.__qualname__,
-                         spec.signature, time.perf_counter() - start)
         return spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -22,7 +23,7 @@ import torch
 
 from trident import config
 from trident.ir.launch import TensorParam, TritonLaunch
-from trident.lower.source_lines import source_line
+from trident.lower.source_lines import source_line, source_place
 
 
 TRITON_LAUNCH = "trident.triton_launch"
@@ -70,8 +71,8 @@ class Imported(NamedTuple):
 
 class _SourceLocations(ContextCache):
     """Note [Source lines] in source_lines.py: a node's location is its user line as data,
-    ``loc("file.py:12"("y = x + 1"))``; a node without one keeps the previous node's location,
-    as Torch-MLIR does. ``launches``: the Triton launches imported so far; ``types``: the
+    ``loc("y = x + 1"("/path/file.py":12:0))``; a node without one (the graph's inputs and
+    output among them) keeps the previous node's location, as Torch-MLIR does. ``launches``: the Triton launches imported so far; ``types``: the
     vtensor types made so far (``Types``)."""
 
     def __init__(self, *args, **kwargs):
@@ -92,20 +93,20 @@ class _SourceLocations(ContextCache):
         return t
 
     def get_node_location(self, node: fx.Node) -> ir.Location | None:
-        where, text = source_line(node)
-        if where == "?":
+        place = source_place(node)
+        if place is None:
             return None
-        return ir.Location.name(where, childLoc=ir.Location.name(text, context=self._c),
-                                context=self._c)
+        return ir.Location.name(source_line(node)[1], context=self._c,
+                                childLoc=ir.Location.file(*place, 0, context=self._c))
 
 
 def location(op: ir.Operation) -> tuple[str, str]:
     """``("file.py:12", "y = x + 1")`` of an op that ``_SourceLocations`` placed, or
     ``("?", "")``."""
     loc = op.location
-    if not isinstance(loc, ir.NameLoc):
+    if not isinstance(loc, ir.NameLoc) or not isinstance(loc.child_loc, ir.FileLineColLoc):
         return "?", ""
-    return loc.name_str, loc.child_loc.name_str
+    return f"{Path(loc.child_loc.filename).name}:{loc.child_loc.start_line}", loc.name_str
 
 
 class NodeImporter(GraphNodeImporter):

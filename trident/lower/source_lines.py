@@ -183,7 +183,7 @@ class _SourceLines(TorchFunctionMode):
         tag = self.tags.get(key)
         if tag is None:
             tag = self.tags[key] = (f"{Path(key[0]).name}:{key[1]}",
-                                    linecache.getline(*key).strip())
+                                    linecache.getline(*key).strip(), *key)
         fx_traceback.current_meta["custom"] = {SOURCE: tag}
 
 
@@ -267,14 +267,25 @@ def _catching_ranges(code) -> tuple[tuple[int, int], ...]:
 
 
 # Note [Source lines]: every node made inside a torch call is tagged with the user's line that
-# made the call, as data: ``("file.py:12", "y = x + 1")`` in the node's ``custom`` metadata,
-# which ``make_fx`` copies onto the nodes it creates (torch.fx.proxy's _COPY_META_FIELDS). The
-# importer makes it each op's MLIR location (a name location whose child holds the text) and
-# plan reads both names back; nothing parses a formatted stack trace.
+# made the call, as data: ``("file.py:12", "y = x + 1", "/path/file.py", 12)`` in the node's
+# ``custom`` metadata, which ``make_fx`` copies onto the nodes it creates (torch.fx.proxy's
+# _COPY_META_FIELDS). The importer makes it each op's MLIR location (a name location, the text,
+# whose child is the file:line location Torch-MLIR's own importer gives) and plan reads both
+# back; nothing parses a formatted stack trace. The graph's inputs and output are made by
+# torch's tracing machinery, not by a user line: they take none.
 SOURCE = "trident.source"
 
 
 def source_line(node: torch.fx.Node) -> tuple[str, str]:
     """``("file.py:12", "y = x + 1")``: the line Note [Source lines] tagged ``node`` with, or
     ``("?", "")``."""
-    return tuple((node.meta.get("custom") or {}).get(SOURCE, ("?", "")))
+    return tuple((node.meta.get("custom") or {}).get(SOURCE, ("?", "")))[:2]
+
+
+def source_place(node: torch.fx.Node) -> tuple[str, int] | None:
+    """``("/path/file.py", 12)``: the file and line Note [Source lines] tagged ``node`` with
+    (None for the graph's inputs and output, and an untagged node)."""
+    tag = (node.meta.get("custom") or {}).get(SOURCE)
+    if node.op in ("placeholder", "output") or tag is None or len(tag) < 4:
+        return None
+    return tag[2], tag[3]
