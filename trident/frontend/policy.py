@@ -155,8 +155,9 @@ class MissPolicy:
         # torch.compile's recompile limit does) and the size of the module: the most recently
         # used stored specializations are installed (Note [Stored int leaves] in install.py), a
         # stored one that fits a miss replaces the oldest installed, and a cache that earlier
-        # processes filled never turns a new signature eager for good. Past the limit a miss costs about an eager call: the stored specializations
-        # the module left out are read from disk once per installed module, not per call.
+        # processes filled never turns a new signature eager for good. Past the limit a miss
+        # costs about an eager call: the stored specializations the module left out are read
+        # from disk once per installed module, not per call.
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
         with _COMPILE_LOCK, interrupts.imports_uninterrupted(), \
