@@ -230,9 +230,14 @@ class MissPolicy:
         return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
 
     def _past_limit(self, args: tuple, kwargs: dict | None):
-        return self._eager(args, kwargs, f"reached its limit of "
-                           f"{self._max_specializations} compiled specializations; further new "
-                           "signatures run eagerly")
+        own = self._counters.compiles
+        total = max(own, _FUNCTION_COMPILES.get(self._cache.directory, 0))
+        return self._eager(args, kwargs, f"reached its limit of {self._max_specializations} "
+                           f"compiled specializations in this process ({own} by this trident.jit "
+                           f"object, {total - own} by others over the same function; those "
+                           "installed from the cache do not count); further new signatures run "
+                           "eagerly (max_specializations= or TRIDENT_MAX_SPECIALIZATIONS raises "
+                           "the limit)")
 
     # ---- eager calls ------------------------------------------------------------------------
 
