@@ -62,8 +62,11 @@ def test_past_the_limit_costs_about_an_eager_call():
     eager = time.perf_counter() - start
     s = g.stats
     assert (s.compiles, s.fallbacks, s.traces) == (2, n + 1, 2)
-    assert s.miss_reasons[-1] == ("eager: reached its limit of 2 compiled specializations; "
-                                  "further new signatures run eagerly")
+    assert s.miss_reasons[-1] == (
+        "eager: reached its limit of 2 compiled specializations in this process (2 by this "
+        "trident.jit object, 0 by others over the same function; those installed from the cache "
+        "do not count); further new signatures run eagerly (max_specializations= or "
+        "TRIDENT_MAX_SPECIALIZATIONS raises the limit)")
     # it used to read and hash every stored specialization per call (~200x eager)
     assert served < 20 * eager + 0.05, (served, eager)
 
@@ -94,8 +97,11 @@ def test_past_the_limit_a_known_argument_tree_is_not_flattened_again(monkeypatch
     assert flattened == []
     s = g.stats
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 8, 2, 6)
-    assert s.miss_reasons[-1] == ("eager: reached its limit of 2 compiled specializations; "
-                                  "further new signatures run eagerly")
+    assert s.miss_reasons[-1] == (
+        "eager: reached its limit of 2 compiled specializations in this process (2 by this "
+        "trident.jit object, 0 by others over the same function; those installed from the cache "
+        "do not count); further new signatures run eagerly (max_specializations= or "
+        "TRIDENT_MAX_SPECIALIZATIONS raises the limit)")
 
 
 def test_threads_respect_the_limit():

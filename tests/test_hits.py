@@ -252,6 +252,26 @@ def test_max_specializations_bound_runs_eagerly_with_one_warning():
     assert jf.stats.hits == 2 and len(jf.specializations) == 2
 
 
+def test_the_limit_warning_says_which_wrappers_compiled(trident_cache):
+    """Note [Specialization limit]: the limit counts the function's compiles in this process
+    over every trident.jit object of it, not the stored specializations a new object installs
+    from the cache; the warning says how many each made (a fresh user saw it at
+    ``stats.compiles == 0``)."""
+    first = trident.jit(max_specializations=2)(scale)
+    x = torch.arange(3.0)
+    first(x, 1)
+    first(x, 2)
+    second = trident.jit(max_specializations=2)(scale)
+    assert torch.equal(second(x, 1), x)  # installed from the cache: not a compile
+    with pytest.warns(UserWarning) as record:
+        assert torch.equal(second(x, 3), x * 3)
+    (warning,) = [str(w.message) for w in record if "limit" in str(w.message)]
+    assert ("reached its limit of 2 compiled specializations in this process (0 by this "
+            "trident.jit object, 2 by others over the same function; those installed from the "
+            "cache do not count)") in warning, warning
+    assert counts(second) == dict(hits=1, misses=1, compiles=0, fallbacks=1, traces=0)
+
+
 def test_max_specializations_from_environment(monkeypatch):
     monkeypatch.setenv("TRIDENT_MAX_SPECIALIZATIONS", "1")
     jf = trident.jit(scale)

@@ -280,3 +280,48 @@ def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cach
     expected_d = {"t": torch.zeros(2)}
     assert torch.equal(out, f(expected_d, x)) and torch.equal(d["t"], expected_d["t"])
     assert (jf.stats.fallbacks, jf.stats.compiles) == (1, 0)
+
+
+# Calls whose argument trees differ in an int attribute (a cache's length): the second makes
+# ``c.n`` an int leaf (Note [Int leaves]), so the first one's specialization keeps it constant
+INT_LEAVES = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch, trident
+
+    class Cache:
+        def __init__(self, n):
+            self.n = n
+
+    @trident.jit
+    def f(x, c):
+        return x[: c.n] * 2
+
+    x32, x64 = torch.randn(8), torch.randn(8, dtype=torch.float64)
+    calls = {"a": (x32, Cache(1)), "b": (x32, Cache(5)), "c": (x64, Cache(5))}
+    for name in sys.argv[1]:
+        x, c = calls[name]
+        assert torch.equal(f(x, c), x[: c.n] * 2)
+    print("STATS " + json.dumps(dataclasses.asdict(f.stats)))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
+''')
+
+
+def test_a_stored_specialization_the_limit_left_out_serves_a_new_process(
+        tmp_path, subprocess_env, trident_cache):
+    """More specializations stored than a new process installs (``max_specializations``): a
+    call that a stored one accepts never traces, also where it was stored before its process
+    made an int a leaf (Note [Stored int leaves] in trident/frontend/install.py), and the one
+    installed from disk is the most recently used for the next process (a fresh user's
+    finding: Llama's forward traced again after a warm restart)."""
+    script = tmp_path / "int_leaves.py"
+    script.write_text(INT_LEAVES)
+    first, _ = _run(subprocess_env, script, "abc")
+    assert (first["traces"], first["compiles"]) == (3, 3), first
+    env = dict(subprocess_env, TRIDENT_MAX_SPECIALIZATIONS="2")  # installs b and c
+    second, times = _run(env, script, "ab", forbid=True)
+    assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
+        (0, 0, 2, 0), second
+    assert times["trace"] == times["C build"] == 0
+    third, _ = _run(env, script, "ab", forbid=True)  # installs the two it used: both hit
+    assert (third["traces"], third["misses"], third["hits"]) == (0, 0, 2), third

@@ -143,6 +143,16 @@ class FunctionCache:
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
             return False
 
+    def renew(self, spec: Specialization) -> None:
+        """Record that ``spec`` was installed from disk to serve a call: its file is named
+        anew, as the newest, so that a new process installs the most recently used stored
+        specializations first and ``save_spec`` deletes the least recently used (a cache that
+        cannot be written keeps the order it has)."""
+        for path in self.spec_dir.glob(f"*-{spec.key}.json"):
+            try:
+                os.replace(path, self.spec_dir / f"{time.time_ns()}-{spec.key}.json")
+            except OSError:
+                pass
 
     def load_eager(self) -> list[tuple[int, list, str]]:
         """Note [Stored eager decisions]: (tree key, guards, why) of each signature whose

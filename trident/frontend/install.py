@@ -26,6 +26,7 @@ from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
 from trident.identity import function_key
+from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TENSOR, ArgTree, Binding
 from trident.lower import kernels, rng, state, uses
@@ -189,6 +190,31 @@ class Installer:
                 if (self._dynamic is not False or not s.symbolic) and allowed(s)
                 and rng.installable(s.plan)]
 
+    def _stored_call(self, call: _Call, specs: list[Specialization]) -> _Call:
+        """Note [Stored int leaves]: ``call`` flattened again with the int leaves of one of
+        ``specs`` (installed or stored ones), where its tree and guards then accept the call;
+        else ``call`` itself. The int leaves a process learns differ between processes (and
+        grow within one), so a specialization stored before its process made an int a leaf
+        keeps that int constant in its tree: a new process, whose int leaves come from the
+        specializations it installed, would flatten such a call to another tree and trace it
+        again although the stored specialization accepts it."""
+        for paths in dict.fromkeys(_int_leaves_of(s) for s in specs):
+            if paths == self._int_leaves:
+                continue
+            try:
+                tree, leaves, values = flatten_call(self._binding, call.args, call.kwargs, paths)
+            except (TypeError, TridentError):
+                continue
+            if any(s.tree == tree.key and _int_leaves_of(s) == paths
+                   and first_failure(s.guards, tuple(leaves)) is None for s in specs):
+                if tree.key not in self._trees:
+                    self._trees[tree.key] = tree
+                    if any(s.tree == tree.key for s in self._specs):
+                        self._set_trees()
+                return _Call(call.args, call.kwargs, self._trees[tree.key], tuple(leaves),
+                             values)
+        return call
+
     def _state_tree(self, reads: list) -> state.StateTree:
         return state.build([state.Read.from_json(r) for r in reads], self._code_fn)
 
@@ -239,9 +265,7 @@ class Installer:
         self._left_out = None
         self._reset_graphs(len(specs))
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
-            self._int_leaves = self._int_leaves | {
-                s.arg_names[int(i)] for s in specs for i in s.dynamic
-                if s.shapes is not None and s.shapes[int(i)] is None}
+            self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in specs))
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()
@@ -327,6 +351,13 @@ def _weakly(method: Callable[[], None]) -> Callable[[], None]:
             bound()
 
     return call
+
+
+def _int_leaves_of(spec: Specialization) -> frozenset[str]:
+    """The paths of the int attributes ``spec`` was traced with as leaves (Note [Int leaves]
+    in policy.py): its symbolic ints."""
+    return frozenset(spec.arg_names[int(i)] for i in spec.dynamic
+                     if spec.shapes is not None and spec.shapes[int(i)] is None)
 
 
 def _defaults_of(fn) -> tuple:

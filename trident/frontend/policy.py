@@ -65,6 +65,11 @@ class MissPolicy:
         again = self._with_int_leaves(call)
         if again is not call and self._installed_match(again) >= 0:
             return self._capture_path(again)
+        if self._dynamic is None and self._stored_fit(again.tree.key, again.leaves) is None:
+            stored = self._stored_call(again, self._specs + self._left_out[1])
+            if stored is not again and self._installed_match(stored) >= 0:
+                return self._capture_path(stored)  # Note [Stored int leaves] in install.py
+            again = stored
         return self._on_miss(again)
 
     # Note [Int leaves]: an int attribute of an object the call reaches (a cache's
@@ -145,11 +150,12 @@ class MissPolicy:
         reason = self._miss_reason(call)
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
         # Note [Specialization limit]: the limit bounds compiles in this process (as
-        # torch.compile's recompile limit does) and the size of the module: the newest stored
-        # specializations are installed, a stored one that fits a miss replaces the oldest
-        # installed, and a cache that earlier processes filled never turns a new signature eager
-        # for good. Past the limit a miss costs about an eager call: the stored specializations
-        # the module left out are read from disk once per installed module, not per call.
+        # torch.compile's recompile limit does) and the size of the module: the most recently
+        # used stored specializations are installed (Note [Stored int leaves] in install.py), a
+        # stored one that fits a miss replaces the oldest installed, and a cache that earlier
+        # processes filled never turns a new signature eager for good. Past the limit a miss
+        # costs about an eager call: the stored specializations the module left out are read
+        # from disk once per installed module, not per call.
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
         with _COMPILE_LOCK, interrupts.imports_uninterrupted(), \
@@ -183,6 +189,8 @@ class MissPolicy:
                             spec, keep=2 * self._max_specializations)
                         if saved:
                             self._prune(spec)
+                        elif stored is not None:  # the most recently used, for a new process
+                            self._cache.renew(stored)
                 except TridentError as e:
                     if not self._fallback or isinstance(e, CompileForbidden):
                         self._count_miss(reason)
@@ -227,9 +235,14 @@ class MissPolicy:
         return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
 
     def _past_limit(self, args: tuple, kwargs: dict | None):
-        return self._eager(args, kwargs, f"reached its limit of "
-                           f"{self._max_specializations} compiled specializations; further new "
-                           "signatures run eagerly")
+        own = self._counters.compiles
+        total = max(own, _FUNCTION_COMPILES.get(self._cache.directory, 0))
+        return self._eager(args, kwargs, f"reached its limit of {self._max_specializations} "
+                           f"compiled specializations in this process ({own} by this trident.jit "
+                           f"object, {total - own} by others over the same function; those "
+                           "installed from the cache do not count); further new signatures run "
+                           "eagerly (max_specializations= or TRIDENT_MAX_SPECIALIZATIONS raises "
+                           "the limit)")
 
     # ---- eager calls ------------------------------------------------------------------------
 
