@@ -474,3 +474,31 @@ def test_state_read_through_files_frames_or_eval_runs_eagerly(case, tmp_path):
     s = jf.stats
     assert (s.fallbacks, s.compiles, s.hits) == (3, 0, 0), s
     assert len([w for w in caught if "runs eagerly" in str(w.message)]) == 1
+
+
+# ---- a known limit: a write through ``.data`` -----------------------------------------------
+
+_W = torch.tensor(2.0)
+
+
+def _reads_w(x):
+    return x * _W.item()
+
+
+@pytest.mark.xfail(strict=True, reason="a global tensor read as Python values is guarded by its "
+                   "identity and version counter (TENSOR in lower/state/__init__.py); a write "
+                   "through .data goes to another version counter, which no guard reads")
+@pytest.mark.parametrize("write", ["fill", "assign"])
+def test_a_write_through_data_to_a_global_tensor_read_as_a_value(write):
+    global _W
+    _W = torch.tensor(2.0)
+    x = torch.ones(3)
+    jf = trident.jit(_reads_w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(jf(x), _reads_w(x)) and torch.equal(jf(x), _reads_w(x))
+        if write == "fill":
+            _W.data.fill_(5.0)
+        else:
+            _W.data = torch.tensor(5.0)
+        assert torch.equal(jf(x), _reads_w(x))
