@@ -207,7 +207,7 @@ SWEEP = [(2, 7, 3), (2, 11, 4), (4, 5, 2), (2, 20, 3), (4, 9, 1), (1, 6, 3), (1,
          (4, 3, 3)]  # (batch, prompt length, max_new_tokens) of each generate
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2-sliding", "gemma2", "gemma3"])
 def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_times(arch):
     """A server's generates: new prompt lengths, token counts and batches (2, 4, then 1), a
     static cache per request (Mistral's default ``sliding_window=4096`` makes it a
@@ -217,7 +217,7 @@ def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_tim
     step of a batch of one (the prefill's ``lm_head`` of the last position runs ``mm`` for a
     batch of one and ``bmm`` for others, chosen by ATen at call time: Note [Kept products] in
     trident/lower/decompositions.py); every other call hits, every token and logit as eager's."""
-    model = tiny_model(arch)
+    model = tiny_model(arch) if arch in ARCHS else sliding_model(arch)
     model.config.max_position_embeddings = 64
     if arch == "mistral":
         model.config.sliding_window = 4096
@@ -245,6 +245,15 @@ SLIDING = {  # transformers' defaults: sliding_window=4096 (StaticSlidingWindowL
 }
 
 
+def sliding_model(arch: str):
+    config_name, model_name, extra = SLIDING[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval()
+
+
 @pytest.mark.parametrize("arch", sorted(SLIDING))
 def test_sliding_window_and_hybrid_caches_are_served_natively(arch):
     """Mistral, Gemma 2, Gemma 3 and Qwen2 with ``use_sliding_window`` at their default configs:
@@ -253,12 +262,7 @@ def test_sliding_window_and_hybrid_caches_are_served_natively(arch):
     tensors and sets them on it. Both writes are outputs of the graph that the runtime sets on
     the layers (Note [Attribute writes] in trident/lower/writes.py); the count is a symbolic
     int after one change, the prompt length a symbolic size at the second length."""
-    config_name, model_name, extra = SLIDING[arch]
-    config = getattr(transformers, config_name)(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_name)(config).eval()
+    model = sliding_model(arch)
     forward = model.forward
     jf = trident.jit(forward)
     with warnings.catch_warnings(record=True) as caught:
@@ -354,3 +358,6 @@ def test_a_cache_whose_writes_cannot_be_replayed_runs_eagerly_with_one_warning()
     assert jf.stats.fallbacks == 3, jf.stats
     # the decode step compiles once (exact sizes: every cache holds 32 positions), then hits
     assert (jf.stats.compiles, jf.stats.hits) == (1, 3 * (NEW_TOKENS - 1) - 1), jf.stats
+    # the failed trace is not repeated at every prefill: once at exact sizes, once with the
+    # prompt length symbolic (the same failure at two sizes), never again; plus the decode step
+    assert jf.stats.traces == 3, jf.stats
