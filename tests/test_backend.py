@@ -1,6 +1,7 @@
 """torch.compile(fn, backend="trident") on CPU graphs of ATen ops."""
 
 import dataclasses
+import functools
 
 import torch
 
@@ -165,3 +166,29 @@ def test_a_new_number_of_threads_compiles_again():
     assert row["signatures"][0] == row["signatures"][1]
     assert row["apart"] == [[f"torch.get_num_threads() == {threads}"],
                             [f"torch.get_num_threads() == {threads + 1}"]]
+
+
+def _passes_through(fn):  # as transformers' decorators wrap a model's forward
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@_passes_through
+def _decorated(ids, scale=2):
+    return torch.relu(ids) * scale
+
+
+def test_backend_explain_takes_arguments_either_way_through_a_decorator():
+    """A decorator's ``wrapper(*args, **kwargs)`` is the frame Dynamo compiles: a graph
+    compiled from a keyword call reads ``L['kwargs']['ids']``; explain with the same argument
+    by position (or the other way round) answers for that graph, with no KeyError."""
+    x = torch.randn(4)
+    f = torch.compile(_decorated, backend="trident")
+    assert torch.equal(f(ids=x), _decorated(ids=x))
+    for args, kwargs, accepts in (((x,), {}, True), ((), {"ids": x}, True),
+                                  ((x[:2],), {}, False)):
+        text = trident.backend_explain(_decorated, *args, **kwargs).splitlines()
+        assert text[0].startswith("graph 0 (of ") and "KeyError" not in "\n".join(text)
+        assert text[1].endswith("accepts these arguments") == accepts, text

@@ -5,6 +5,7 @@ import math
 import threading
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,6 +274,34 @@ def test_reading_unguarded_tensor_facts_runs_eagerly(read):
     for x in (base[4:12], torch.ones(8), base[0:8]):
         assert torch.equal(f(x), read(x))
     assert f.stats.compiles == 0 and f.stats.fallbacks == 4
+
+
+_ARRAY = np.arange(8, dtype=np.float32)
+
+
+def _adds_numpy(x):
+    return x + torch.from_numpy(_ARRAY)
+
+
+def test_a_tensor_over_numpy_memory_says_what_the_function_did():
+    """A tensor the function makes from a NumPy array is read by torch's tracer (its
+    ``storage_offset()``), not by the user: the warning says the function made a tensor over
+    memory it does not own, at its line, and what to do, and the call equals eager's."""
+    f = trident.jit(_adds_numpy)
+    x = torch.ones(8)
+    line = _adds_numpy.__code__.co_firstlineno + 1
+    with pytest.warns(UserWarning) as caught:
+        assert torch.equal(f(x), _adds_numpy(x))
+    (message,) = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert message == (
+        f"trident: _adds_numpy runs eagerly: the function makes a tensor over memory it does "
+        f"not own (test_edge_cases.py:{line}): return x + torch.from_numpy(_ARRAY) (as "
+        "torch.from_numpy or torch.frombuffer do: the tensor shares a NumPy array's or a "
+        "buffer's memory, which no guard watches); pass the tensor as an argument for the call "
+        "to compile")
+    assert "storage_offset" not in message
+    _ARRAY[0] = 5.0  # eager reads the array's memory at every call
+    assert torch.equal(f(x), _adds_numpy(x)) and f.stats.fallbacks == 2
 
 
 def _assigns_data(x):

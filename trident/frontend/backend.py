@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import types
 import weakref
 
@@ -229,10 +230,11 @@ def explain(fn, *args, **kwargs) -> str:
             blocks.append(f"{head}: after a graph break; its inputs are values of the frame "
                           "at the break, which explain() does not compute")
             continue
-        bound = inspect.signature(function, follow_wrapped=False).bind(
-            *((owner,) if owner is not None else ()), *args, **kwargs)
+        given = (*((owner,) if owner is not None else ()), *args)
+        bound = inspect.signature(function, follow_wrapped=False).bind(*given, **kwargs)
         bound.apply_defaults()
-        scope = {**_get_closure_vars(), "L": dict(bound.arguments), "G": function.__globals__}
+        scope = {**_get_closure_vars(), "L": {**bound.arguments, **_as_wrapped(
+            function, bound, given, kwargs)}, "G": function.__globals__}
         try:
             inputs = [eval(source, scope) for source in g._input_sources]  # Dynamo's text
         except Exception as e:  # a source this call's arguments do not have
@@ -241,3 +243,27 @@ def explain(fn, *args, **kwargs) -> str:
             continue
         blocks.append(f"{head}:\n  " + g.explain(*inputs).replace("\n", "\n  "))
     return "\n".join(blocks) or "no graphs compiled by the trident backend for this function"
+
+
+def _as_wrapped(function, bound: inspect.BoundArguments, given: tuple, kwargs: dict) -> dict:
+    """For a decorator's ``wrapper(*args, **kwargs)`` frame (transformers' ``forward``), its
+    ``args`` and ``kwargs`` holding each argument both ways, as the wrapped function binds it:
+    Dynamo's inputs of a graph compiled from ``forward(input_ids=ids)`` are
+    ``L['kwargs']['input_ids']``, of one from ``forward(ids)`` ``L['args'][0]``, and
+    ``explain(model, ids)`` answers for either; {} for a frame of no such wrapper.
+
+    Raises:
+        TypeError: the arguments do not bind to the wrapped function's parameters."""
+    inner = inspect.unwrap(function)
+    parameters = inspect.signature(function, follow_wrapped=False).parameters
+    varargs = [p.name for p in parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if inner is function or len(varargs) != 2:
+        return {}
+    named = inspect.signature(inner).bind(*given, **kwargs).arguments
+    skip = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)  # self, before *args
+               for p in parameters.values())
+    positional = [n for n, p in inspect.signature(inner).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][skip:]
+    values = tuple(named[n] for n in itertools.takewhile(named.__contains__, positional))
+    return {varargs[0]: values, varargs[1]: {**{n: named[n] for n in positional if n in named},
+                                             **bound.arguments[varargs[1]]}}

@@ -38,6 +38,22 @@ def _user_line_frame(frame):
     return None
 
 
+_TRACER_MODULES = ("torch.fx.", "torch._subclasses.")  # make_fx's and fake tensors'
+
+
+def _made_outside(where: str, frame: traceback.FrameSummary | None) -> str:
+    """Why a call runs eagerly whose trace met a real tensor that no argument holds and no
+    traced op made (``torch.from_numpy(array)``, ``torch.frombuffer``): torch reads where it
+    lies in its memory (its ``storage_offset()``, a read the user did not write) to trace it
+    as a constant,
+    and Trident guards no memory that is neither an argument's nor a traced op's."""
+    line = f": {frame.line}" if frame and frame.line else ""
+    return (f"the function makes a tensor over memory it does not own{where}{line} (as "
+            "torch.from_numpy or torch.frombuffer do: the tensor shares a NumPy array's or "
+            "a buffer's memory, which no guard watches); pass the tensor as an argument for "
+            "the call to compile")
+
+
 def _user_frame() -> traceback.FrameSummary | None:
     """The user's line (Note [User code] in frames.py): the innermost frame, from the caller's
     caller out, that is neither Trident's, torch's nor a frozen module's."""
@@ -164,6 +180,12 @@ class _SourceLines(TorchFunctionMode):
                     if func == unguarded:
                         frame = _user_frame()
                         where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                        caller = sys._getframe(2)  # who reads: the user, or torch's tracer
+                        while caller and caller.f_code.co_name == "__torch_function__":
+                            caller = caller.f_back  # (another mode's dispatch)
+                        if caller and caller.f_globals.get("__name__", "").startswith(
+                                _TRACER_MODULES):
+                            raise TridentError(_made_outside(where, frame))
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
             remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
