@@ -2,6 +2,8 @@
 
 import dataclasses
 import functools
+import gc
+import types
 
 import torch
 
@@ -16,6 +18,12 @@ def compiled_graph_count() -> int:
 def mlp(x, w, b):
     h = torch.relu(x @ w + b)
     return h.sum(-1) * 2, h
+
+
+def fresh(fn):
+    """``fn`` with a code object of its own: ``backend_stats`` counts per frame code, and the
+    freed graphs of other tests' calls of ``fn`` still count (Note [Backend graphs])."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
 def test_backend_is_found_without_importing_trident(subprocess_env):
@@ -115,15 +123,16 @@ def test_stats_and_explain_of_every_graph_of_a_compiled_function():
     """Note [Backend graphs]: the graphs of one compiled function, after a graph break too,
     counted together; explain reads each graph's inputs from the call's arguments."""
     torch._dynamo.reset()
-    earlier = trident.backend_stats().compiles  # graphs of earlier tests that still live
-    f = torch.compile(mlp, backend="trident")
+    earlier = trident.backend_stats().compiles  # graphs of earlier tests, freed ones too
+    own = fresh(mlp)
+    f = torch.compile(own, backend="trident")
     x, w, b = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16)
     for _ in range(3):
         assert_same(f(x, w, b), mlp(x, w, b))
     s = trident.backend_stats(f)
     assert (s.hits, s.misses, s.compiles, s.traces, s.fallbacks) == (2, 1, 1, 1, 0)
     assert s.miss_reasons == ["graph 0: first call"]
-    assert trident.backend_stats(mlp) == s  # the compiled function, or what it compiled
+    assert trident.backend_stats(own) == s  # the compiled function, or what it compiled
     (graph,) = trident.backend_graphs(f)
     assert graph.stats == dataclasses.replace(s, miss_reasons=["first call"])
     lines = trident.backend_explain(f, x[:2], w, b).splitlines()
@@ -149,7 +158,7 @@ def test_stats_and_explain_of_every_graph_of_a_compiled_function():
 
 def test_a_new_number_of_threads_compiles_again():
     torch._dynamo.reset()
-    f = torch.compile(mlp, backend="trident")
+    f = torch.compile(fresh(mlp), backend="trident")
     x, w, b = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16)
     threads = torch.get_num_threads()
     try:
@@ -192,3 +201,29 @@ def test_backend_explain_takes_arguments_either_way_through_a_decorator():
         text = trident.backend_explain(_decorated, *args, **kwargs).splitlines()
         assert text[0].startswith("graph 0 (of ") and "KeyError" not in "\n".join(text)
         assert text[1].endswith("accepts these arguments") == accepts, text
+
+
+def test_stats_count_what_ran_before_a_dynamo_reset():
+    """Note [Backend graphs]: ``torch._dynamo.reset()`` frees the graphs (docs/huggingface.md
+    calls it between doors); their counters still count in ``backend_stats``, of the function
+    and of the process, and the next graphs' counts add to them."""
+    torch._dynamo.reset()
+    own = fresh(mlp)
+    f = torch.compile(own, backend="trident")
+    x, w, b = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16)
+    for _ in range(3):
+        assert_same(f(x, w, b), mlp(x, w, b))
+    before, process = trident.backend_stats(f), trident.backend_stats()
+    assert (before.hits, before.misses, before.compiles, before.fallbacks) == (2, 1, 1, 0)
+    torch._dynamo.reset()
+    gc.collect()
+    assert trident.backend_graphs(f) == []
+    after = trident.backend_stats(f)
+    assert after == dataclasses.replace(before, miss_reasons=["dropped: first call"])
+    assert trident.backend_stats().hits == process.hits
+    f = torch.compile(own, backend="trident")
+    for _ in range(2):
+        assert_same(f(x, w, b), mlp(x, w, b))
+    s = trident.backend_stats(own)
+    # the new graph's first call loads the freed one's specialization from the cache: a hit
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (4, 1, 1, 0), s

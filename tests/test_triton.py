@@ -861,3 +861,36 @@ def test_symbolic_guards_state_each_condition_once():
     words = [g.words(spec.arg_names) for g in spec.guards if g.field == "sym"]
     assert [w for w in words if "214748364" in w] == ["x.size(0) <= 2147483647"], words
     assert len(set(words)) == len(words)
+
+
+@triton.jit
+def _double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+def _double(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    _double_kernel[(1,)](x, out, n, BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+def test_a_constexpr_of_next_power_of_2_of_a_size_is_reported_briefly(caplog):
+    """Automatic dynamic cannot make ``n`` symbolic where ``triton.next_power_of_2(n)`` is a
+    constexpr (its guard is bitwise ors of ``n``, which the C guards do not compute): the
+    recompiles log says so in a bounded line naming the constexpr and the user's line (it
+    printed the ~3 KB sympy expression), and every size compiles statically."""
+    jf = trident.jit(_double)
+    with caplog.at_level("INFO", logger="trident.recompiles"):
+        for n in (5, 7, 9):
+            x = torch.randn(n)
+            assert torch.equal(jf(x), x * 2)
+    (line,) = [r.getMessage() for r in caplog.records if "dynamic dims" in r.getMessage()]
+    assert len(line) < 500, line
+    assert "_double_kernel's constexpr BLOCK at test_triton.py:" in line, line
+    assert "BLOCK=triton.next_power_of_2(n)" in line and "BitwiseFn_bitwise_or" in line, line
+    s = jf.stats
+    assert (s.compiles, s.misses, s.fallbacks) == (3, 3, 0), s
+    assert all(len(r) < 500 for r in s.miss_reasons), s.miss_reasons

@@ -38,7 +38,7 @@ static const int64_t k0[] = {0LL};
    [Checked size steps] in trident/codegen/render.py) */
 static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   int bad = 0;  /* set where Python's answer is no int64, or Python raises */
-  if (!(n == 3)) return bad ? -1 : 0;  /* 3 positional arguments */
+  if (!(n == 3)) return bad ? -1 : 0;  /* the call's structure and 2 leaves (x, n) */
   if (!(env->grad_enabled == 1)) return bad ? -1 : 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return bad ? -1 : 0;  /* torch.is_inference_mode_enabled() is False */
   if (!(env->autocast == 0)) return bad ? -1 : 0;  /* autocast is off */

@@ -22,8 +22,11 @@ graph input (Dynamo's ``GraphArg.source``: ``L['x']``, ``L['self']._modules['lin
 ``graphs(fn)`` finds the graphs of ``fn``'s frames (its code, and the resume functions Dynamo
 makes after a graph break, named after it); ``stats(fn)`` sums their counters; ``explain(fn,
 *args)`` reads each graph's inputs from the call's arguments by those sources, as Dynamo's
-guards read them, and asks the graph's ``explain``. The references are weak: a graph counts
-while its JitFunction lives (Dynamo's cache holds it; ``torch._dynamo.reset()`` drops it).
+guards read them, and asks the graph's ``explain``. The references are weak: ``graphs`` lists
+a graph while its JitFunction lives (Dynamo's cache holds it; ``torch._dynamo.reset()`` drops
+it). A graph's counters outlive it: when it is freed they are added to its frame's record
+(``_DROPPED``, one per frame code and ``self``), which ``stats`` sums with the live graphs', so
+stats read after a reset still say what ran.
 
 Note [Backend hit cost]: a call through this door is Dynamo's part, then the graph's hit.
 Dynamo's: its guard tree (for a transformers decode step, every module's and the config's
@@ -43,6 +46,7 @@ depend on which guards each torch version's Dynamo installs and on no other call
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import types
@@ -56,6 +60,43 @@ from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
 _GRAPHS: list[weakref.ref] = []
+
+
+@dataclasses.dataclass
+class _Dropped:
+    """The counters of the freed graphs of one frame (Note [Backend graphs])."""
+
+    _frame_code: types.CodeType | None
+    _frame_self: weakref.ref | None
+    stats: Stats
+
+
+_DROPPED: dict[tuple[int, int], _Dropped] = {}  # by id of (frame code, weak ref to self)
+
+
+def _drop(graph) -> None:
+    """``__del__`` of a graph's JitFunction: its counters go to its frame's record."""
+    try:
+        code, owner, s = graph._frame_code, graph._frame_self, graph.stats
+    except Exception:  # set up only in part, or the interpreter's shutdown
+        return
+    record = _DROPPED.setdefault((id(code), id(owner)), _Dropped(code, owner, Stats()))
+    _add(record.stats, s, "dropped")
+
+
+def _add(total: Stats, s: Stats, name: str) -> None:
+    for field in dataclasses.fields(Stats):
+        if field.name != "miss_reasons":
+            setattr(total, field.name, getattr(total, field.name) + getattr(s, field.name))
+    total.miss_reasons = (total.miss_reasons + [f"{name}: {r}" if name else r
+                                                for r in s.miss_reasons])[-32:]
+
+
+@functools.cache
+def _graph_class() -> type:
+    """``JitFunction`` whose counters outlive it (Note [Backend graphs])."""
+    return type("JitFunction", (jit_function_class(),), {"__module__": "trident",
+                                                        "__del__": _drop})
 
 
 def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs):
@@ -106,7 +147,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     # The cache key of the bound GraphModule.forward is its generated code: the graph itself.
     # The GraphModule is Trident's own (Dynamo passes parameters as graph inputs): its state is
     # not an argument tree to read on every call.
-    fn = jit_function_class()()
+    fn = _graph_class()()
     fn._constant_self = True
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -193,19 +234,22 @@ def graphs(fn=None) -> list:
 
 
 def stats(fn=None) -> Stats:
-    """The counters of ``graphs(fn)`` summed (``trident.jit``'s ``Stats``); ``miss_reasons``
-    the last 32 of every graph's, each prefixed with its graph's index (``"graph 1: ..."``).
+    """The counters of ``graphs(fn)`` and of the graphs of ``fn``'s frames freed before
+    (``torch._dynamo.reset()``: Note [Backend graphs]) summed (``trident.jit``'s ``Stats``);
+    ``miss_reasons`` the last 32 of every graph's, each prefixed with its graph's index
+    (``"graph 1: ..."``) or ``"dropped: "``.
 
     Raises:
         TypeError: ``fn`` is not a function, method or module."""
-    total, reasons = Stats(), []
+    total = Stats()
+    dropped = list(_DROPPED.values())
+    if fn is not None:
+        frames, owner = _frames(fn)
+        dropped = [d for d in dropped if _of(d, frames, owner)]
+    for d in dropped:
+        _add(total, d.stats, "")
     for i, g in enumerate(graphs(fn)):
-        s = g.stats
-        for field in dataclasses.fields(Stats):
-            if field.name != "miss_reasons":
-                setattr(total, field.name, getattr(total, field.name) + getattr(s, field.name))
-        reasons += [f"graph {i}: {r}" for r in s.miss_reasons]
-    total.miss_reasons = reasons[-32:]
+        _add(total, g.stats, f"graph {i}")
     return total
 
 

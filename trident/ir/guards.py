@@ -84,7 +84,11 @@ class ArgCount(Guard):
         return call.nargs
 
     def words(self, names: list[str]) -> str:
-        return f"{self.value} positional arguments"
+        """``names[0]`` is the call's structure (the tree key), the rest the leaves' paths."""
+        leaves = names[1:self.value]
+        shown = ", ".join(leaves[:4]) + (f" and {len(leaves) - 4} more" if len(leaves) > 4 else "")
+        count = f"{len(leaves)} leaf" if len(leaves) == 1 else f"{self.value - 1} leaves"
+        return f"the call's structure and {count}" + (f" ({shown})" if shown else "")
 
 
 @dataclasses.dataclass(frozen=True)

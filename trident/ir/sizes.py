@@ -84,8 +84,10 @@ def check(expr: sympy.Basic) -> None:
     """Raises TridentError for an expression the generated C does not compute as Python does."""
     for e in sympy.preorder_traversal(expr):
         if not isinstance(e, _ACCEPTED):
-            raise TridentError(f"cannot guard the size expression {expr} "
-                               f"({type(e).__name__})")
+            text = str(expr)  # (kilobytes for triton.next_power_of_2 of a size: bounded)
+            text = text if len(text) <= 160 else f"{text[:160]}... ({len(text)} characters)"
+            raise TridentError(f"cannot guard a size expression that calls "
+                               f"{type(e).__name__}: {text}")
 
 
 def dumps(expr: sympy.Basic) -> str:

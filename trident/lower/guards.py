@@ -3,9 +3,14 @@ with symbolic sizes and strides guarded by relations (Note [Symbolic guards]).""
 
 from __future__ import annotations
 
+import traceback
+
 import sympy
 import torch
 
+from trident import frames
+
+from trident.errors import TridentError
 from trident.ir import sizes
 from trident.ir.guards import (Aligned16, Aliased, ArgCount, Autocast, DefaultDtype, DeviceIndex,
                                DeviceType, Dim, Dtype, FloatBits, FunctionModes, GlobalFlags,
@@ -166,5 +171,38 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
         guards.setdefault(expr, SizeRelation(True, i, expr))
     last = max((i for i, _, _ in places), default=0)
     for g in shape_env.guards:
-        guard(g.expr, last)
+        try:
+            guard(g.expr, last)
+        except TridentError as e:  # where the trace guarded it
+            raise TridentError(f"{e}, guarded at {_where(g.sloc)}") from e
     return list(guards.values())
+
+
+def _where(sloc) -> str:
+    """A shape guard's location (torch's ``SLoc``): the user's line where Dynamo knows it, else
+    the frame that guarded (``kernels.py:162 in resolve_launch``: a Triton launch's grid or
+    constexpr)."""
+    if sloc.maybe_user_loc is not None:
+        return sloc.maybe_user_loc
+    frame = sloc.framework_loc
+    if frame is None or isinstance(frame, str):
+        return frame or "an unknown place"
+    return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+
+
+def guardable(value: torch.SymInt, what: str) -> torch.SymInt:
+    """``value``, an int of symbolic sizes that the trace is about to guard (a Triton launch's
+    constexpr).
+
+    Raises:
+        TridentError: the generated C cannot compute its guard (``triton.next_power_of_2(n)``:
+            bitwise ors of ``n``), naming ``what`` and the user's line, before the guard's
+            expression (kilobytes) reaches ``symbolic_guards``."""
+    try:
+        sizes.check(value.node.expr)
+    except TridentError as e:
+        where = next((f" at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} ({f.line})"
+                      for f in reversed(traceback.extract_stack())
+                      if frames.user_line_file(f.filename)), "")
+        raise TridentError(f"{what}{where}: {e}") from None
+    return value

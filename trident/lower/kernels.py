@@ -35,6 +35,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from trident.errors import TridentError
+from trident.lower.guards import guardable
 from trident.ir.launch import (ConstexprParam, KernelRef, PreHook, ScalarParam, TensorParam,
                                  TritonLaunch)
 
@@ -159,7 +160,8 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
             devices.add(str(value.device))
             params.append(TensorParam(p.name, str(value.dtype), bool(alignment(value))))
         elif p.is_constexpr:
-            value = int(value) if isinstance(value, torch.SymInt) else value  # guards the value
+            if isinstance(value, torch.SymInt):  # guards the value
+                value = int(guardable(value, f"{fn.__name__}'s constexpr {p.name}"))
             params.append(ConstexprParam(p.name, _plain(value, fn, p)))
         elif isinstance(value, torch.SymInt) and not is_concrete_int(value):
             params.append(ScalarParam(p.name, _triton_int_class(value, fn, p), value))
@@ -486,3 +488,4 @@ def _helpers_interpreted():
         yield
     finally:
         JITFunction.__call__ = original
+
