@@ -136,9 +136,7 @@ class MissPolicy:
 
     # ---- the miss path ----------------------------------------------------------------------
 
-    def _on_miss(self, call: _Call):
-        """A miss: counted once, with one ``miss_reasons`` entry (Note [Miss counts]), by the
-        ``_eager`` call that runs it eagerly or, for one that compiles or raises, here."""
+    def _on_miss(self, call: _Call):  # counted once (Note [Miss counts]): by _eager, or here
         why = self._eager_reason(call)
         if why is not None:
             return self._eager(call.args, call.kwargs, why)
@@ -149,6 +147,15 @@ class MissPolicy:
             return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
+        misses = self._counters.misses
+        try:
+            return self._compile_miss(call, stored, reason)
+        except BaseException:  # a compile that raised (fallback=False, Ctrl-C)
+            if self._counters.misses == misses:
+                self._count_miss(reason)
+            raise
+
+    def _compile_miss(self, call: _Call, stored: Specialization | None, reason: str):
         # Note [Specialization limit]: the limit bounds compiles in this process (as
         # torch.compile's recompile limit does) and the size of the module: the most recently
         # used stored specializations are installed (Note [Stored int leaves] in install.py), a
@@ -193,7 +200,6 @@ class MissPolicy:
                             self._cache.renew(stored)
                 except TridentError as e:
                     if not self._fallback or isinstance(e, CompileForbidden):
-                        self._count_miss(reason)
                         raise
                     failed = (call.tree.key, self._failed_guards(call, str(e)), str(e))
                     self._eager_signatures.append(failed)
@@ -208,7 +214,6 @@ class MissPolicy:
             if any(s.tree == call.tree.key and first_failure(s.guards, call.leaves) is None
                    for s in self._specs):  # Note [Checked size steps] in codegen/render.py
                 return self._eager(call.args, call.kwargs, "a size relation int64 cannot decide")
-            self._count_miss(reason)
             raise TridentError(f"internal error: the new specialization of {self.__qualname__} "
                                "does not accept the call it was traced from")
         self._count_miss(reason)
