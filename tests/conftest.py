@@ -10,7 +10,8 @@ Cache layout during a test session:
   test_cache.py starts.
 
 Set ``TRIDENT_TEST_RUNTIME_CACHE=/some/dir`` to keep the session cache (and its runtime build)
-between pytest runs. Under pytest-xdist (``-n 2``) the workers share the session folder that
+between pytest runs; without it, a runtime the user's own cache already holds (the demo built it)
+is linked into the session folder rather than built again (``reuse_users_runtime``). Under pytest-xdist (``-n 2``) the workers share the session folder that
 the controller made.
 """
 
@@ -43,6 +44,7 @@ def pytest_configure(config):
     else:
         root = Path(tempfile.mkdtemp(prefix="trident-test-session-"))
         _SESSION["owned"] = True
+        reuse_users_runtime(root)
         # pytest-xdist's workers (started after this, with this environment) share it
         os.environ["TRIDENT_TEST_RUNTIME_CACHE"] = str(root)
     _SESSION["root"] = root
@@ -52,6 +54,26 @@ def pytest_configure(config):
     os.environ.pop("TRIDENT_MAX_SPECIALIZATIONS", None)
     if not hasattr(config, "workerinput") and not (root / "runtime").exists():
         _SESSION["builder"] = _build_runtime_meanwhile(root)
+
+
+def reuse_users_runtime(root: Path) -> Path | None:
+    """Link the runtime that the user's cache (``TRIDENT_CACHE_DIR`` or the platform's) already
+    holds for this torch and these sources into the session folder ``root``, rather than build
+    it again (1-15 min on a loaded 2-core machine; a fresh user's first test files rebuilt what
+    the demo had built). Tests only load it: an intact build is imported without writing
+    (Note [Runtime integrity] in trident/runtime/__init__.py). Returns the linked folder, or
+    None where the user's cache holds no intact build."""
+    import platformdirs
+
+    from trident import runtime
+
+    users = Path(os.environ.get("TRIDENT_CACHE_DIR") or platformdirs.user_cache_dir("trident"))
+    build = users / "runtime" / runtime.build_key()
+    if not runtime._intact(build):
+        return None
+    (root / "runtime").mkdir(exist_ok=True)
+    (root / "runtime" / build.name).symlink_to(build.resolve(), target_is_directory=True)
+    return build
 
 
 def _build_runtime_meanwhile(root: Path) -> subprocess.Popen:

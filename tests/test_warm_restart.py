@@ -200,18 +200,22 @@ def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="trident.recompiles"):
         assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
     after = trident.config.compile_times(reset=True)
-    assert list(after) == ["trace", "import", "plan", "kernels", "render", "C build"]
+    assert list(after) == ["trace", "state", "import", "plan", "buffers", "kernels", "guards",
+                           "render", "C build"]
     grew = {k for k in after if after[k] > before[k]}
-    assert {"trace", "import", "plan", "render", "C build"} <= grew
+    assert {"trace", "state", "import", "plan", "buffers", "guards", "render", "C build"} <= grew
     assert "kernels" not in grew  # no Triton kernel for CUDA here
     assert set(trident.config.compile_times().values()) == {0.0}
     stages = [re.fullmatch(r"\S+\.g: (\w+|C build) [\d.]+ s", m) for m in caplog.messages]
-    assert [m[1] for m in stages if m] == ["trace", "import", "plan", "render", "C build"]
+    assert [m[1] for m in stages if m] == ["trace", "state", "import", "plan", "buffers",
+                                           "guards", "render", "C build"]
     # chronological: the miss, its stages as each ends, then the whole compile's line
     said = [m.split(": ", 1)[1] for m in caplog.messages]
     assert said[0] == "miss: first call" and said[-2].startswith("C build ")
-    assert re.fullmatch(r"compiled specialization \S*g\(x: float32\[4\] cpu\) in [\d.]+ s",
-                        said[-1])
+    total = float(re.fullmatch(r"compiled specialization \S*g\(x: float32\[4\] cpu\) in "
+                               r"([\d.]+) s", said[-1])[1])
+    # the stages cover the compile's time (issue: 35 s of 104 s were in no stage)
+    assert total - sum(after[k] for k in after) < 0.1 * total + 0.05, (total, after)
     assert "trident: " not in capfd.readouterr().err
 
 

@@ -170,15 +170,21 @@ def lock_timeout() -> float:
 
 
 # Note [Compile stages]: a first compile's time, by stage, summed over this process: ``trace``
-# (the function on fake tensors, tracing.py), ``import`` (Torch-MLIR, importer.py), ``plan``
-# (plan.py), ``kernels`` (Triton compiles for CUDA, cubins.py), ``render`` (the C source,
+# (the function on fake tensors, tracing.py), ``state`` (the digest of the state the trace
+# read, lower/state/), ``import`` (Torch-MLIR, importer.py; a first compile's includes
+# loading Torch-MLIR, seconds on a busy machine), ``plan`` (plan.py), ``buffers``
+# (buffer reuse, Note [Buffer reuse]), ``kernels`` (Triton compiles for CUDA, cubins.py),
+# ``guards`` (the specialization's guards, lower/guards.py), ``render`` (the C source,
 # codegen) and ``C build`` (the C compiler, build.py). A stage inside another counts in both.
+# Together they cover the "compiled specialization in N s" of the recompiles log (render and
+# C build included), but for the signature and Python's bookkeeping.
 # A warm restart loads stored specializations and their built modules: it renders, and neither
 # traces nor builds; with ``TRIDENT_FORBID_COMPILE=1`` a trace or a build raises
 # ``errors.CompileForbidden`` instead, so a test can prove it. Each stage's CPU seconds are
 # counted too (``compile_times(cpu=True)``: this process's threads and the children it waited
 # for, the C compiler), steadier than wall time on a busy machine.
-STAGES = ("trace", "import", "plan", "kernels", "render", "C build")
+STAGES = ("trace", "state", "import", "plan", "buffers", "kernels", "guards", "render",
+          "C build")
 _FORBIDDEN = ("trace", "C build")
 _stage_seconds = dict.fromkeys(STAGES, 0.0)
 _stage_cpu = dict.fromkeys(STAGES, 0.0)

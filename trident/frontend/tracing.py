@@ -81,7 +81,8 @@ class Tracer:
                 # [Writes at entry] in lower/state/writes.py)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
-        spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
+        with config.stage("state"):
+            spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
         spec = compiler.compile_specialization(
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
             self._code_fn)

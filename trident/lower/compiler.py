@@ -48,12 +48,12 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     # Note [Lazy Torch-MLIR]: importing Torch-MLIR takes 0.75 s of CPU (its ml_dtypes most of
     # it), and only a compile uses it (importer.py, and plan.py that reads its module): a
     # restarted process that loads what the cache holds never imports it.
-    from trident.lower.importer import import_graph
-    from trident.lower.plan import build_plan
-
     start = time.perf_counter()
     try:
-        with config.stage("import"):
+        with config.stage("import"):  # (with Torch-MLIR's own import, in a first compile)
+            from trident.lower.importer import import_graph
+            from trident.lower.plan import build_plan
+
             imported = import_graph(captured.graph_module, shape_env=captured.shape_env)
         with config.stage("plan"):
             plan = build_plan(imported, captured.out_leaves, captured.out_spec)
@@ -69,8 +69,8 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if not dynamic and (all(d.type == "cpu" for d in devices) or (
             len(devices) == 1 and next(iter(devices)).type == "cuda")):
-        reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices)
-                      else "CPU")  # Note [Buffer reuse]
+        with config.stage("buffers"):  # Note [Buffer reuse]
+            reuse_buffers(plan, "CUDA" if any(d.type == "cuda" for d in devices) else "CPU")
     for i, step in enumerate(plan.steps):
         if isinstance(step, TritonStep) and step.launch.on_cuda:
             binary = next((b for known, b in binaries if known == step.launch), None)
@@ -83,8 +83,9 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
             plan.steps[i] = dataclasses.replace(step, binary=binary)
     _recompiles.info("%s: import and plan %.2f s, %d kernels %.2f s", name, planned - start,
                      len(binaries), time.perf_counter() - planned)
-    return Specialization(signature(name, args, names, captured.fake_args), names,
-                          guards_for(args, captured.fake_args, captured.shape_env), plan,
+    with config.stage("guards"):
+        guards = guards_for(args, captured.fake_args, captured.shape_env)
+    return Specialization(signature(name, args, names, captured.fake_args), names, guards, plan,
                           {str(i): sorted(d) for i, d in dynamic.items()},
                           [list(a.shape) if isinstance(a, torch.Tensor) else None
                            for a in args], tree, captured.recipe, captured.catching, state)
