@@ -17,7 +17,7 @@ def transient(error: TridentError) -> TridentError:
     """``error``, marked as decided by this moment, not by the code and the call: an error of
     the environment (out of memory, the OS, the recursion limit, a build lock another process
     holds, a profiler), or one that user code raised in the trace (what made it raise is
-    state). Note [Stored eager decisions] in frontend/policy.py: such a failure makes this call
+    state). Note [Stored eager decisions] in frontend/cache.py: such a failure makes this call
     eager but is never stored for later processes."""
     error.transient = True
     return error

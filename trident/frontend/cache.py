@@ -154,6 +154,22 @@ class FunctionCache:
             except OSError:
                 pass
 
+    # Note [Stored eager decisions]: a signature whose trace or compile failed (a
+    # data-dependent branch, Python state the function assigns, an op the plan cannot call) is
+    # decided by what the keys cover: the function key the code, the globals it names and the
+    # versions, the tree key the arguments' structure, the guards the leaves. So the decision
+    # is stored in the function's folder (``eager/``) and a later process runs that signature
+    # eagerly without tracing it (a Hugging Face prefill, whose static cache assigns its
+    # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
+    # global that a helper in another module reads) may have changed since; then the call runs
+    # eagerly where it could compile: a stored decision only ever makes a call eager, never
+    # serves a result, and its warning says it came from the cache. Only a static trace's
+    # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
+    # nor dims that ``dynamic=`` asked for (that JitFunction's options), nor a failure of this
+    # moment (``errors.transient``: memory, the OS, the recursion limit, a lock, a profiler, an
+    # exception user code raised in the trace: what made it raise is state). A JitFunction with
+    # ``fallback=False`` reads no stored decision: it traces, and raises the error.
+
     def load_eager(self) -> list[tuple[int, list, str]]:
         """Note [Stored eager decisions]: (tree key, guards, why) of each signature whose
         compile failed in an earlier process, oldest first; a damaged entry is dropped with a

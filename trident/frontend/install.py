@@ -144,7 +144,7 @@ class Installer:
         known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
                  self._eager_signatures}
         stored = self._cache.load_eager() if self._fallback else []  # fallback=False raises
-        for key, guards, why in stored:  # Note [Stored eager decisions] in policy.py
+        for key, guards, why in stored:  # Note [Stored eager decisions] in cache.py
             if (key, json.dumps([g.to_json() for g in guards])) not in known:
                 self._eager_signatures.append(
                     (key, guards, f"{why} (as an earlier process found: `python3 -m "

@@ -205,7 +205,7 @@ class MissPolicy:
                     self._eager_signatures.append(failed)
                     if spec is None and getattr(e, "static_trace", False) and not \
                             getattr(e, "transient", False):
-                        self._cache.save_eager(*failed)  # Note [Stored eager decisions]
+                        self._cache.save_eager(*failed)  # Note [Stored eager decisions] in cache.py
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
                     return self._eager(call.args, call.kwargs, str(e))
                 if saved:
@@ -266,22 +266,6 @@ class MissPolicy:
     # Python flattens as leaves too (a tensor, or a value of the decided leaf's own type): the
     # native tree also accepts a call whose own tree differs (a tensor passed twice, a list
     # where a tensor was), which the whole miss path flattens as its own.
-
-    # Note [Stored eager decisions]: a signature whose trace or compile failed (a
-    # data-dependent branch, Python state the function assigns, an op the plan cannot call) is
-    # decided by what the keys cover: the function key the code, the globals it names and the
-    # versions, the tree key the arguments' structure, the guards the leaves. So the decision
-    # is stored in the function's folder (``eager/``) and a later process runs that signature
-    # eagerly without tracing it (a Hugging Face prefill, whose static cache assigns its
-    # tensors lazily, would otherwise trace in every process). What the keys do not cover (a
-    # global that a helper in another module reads) may have changed since; then the call runs
-    # eagerly where it could compile: a stored decision only ever makes a call eager, never
-    # serves a result, and its warning says it came from the cache. Only a static trace's
-    # failure is stored: not a build that failed (the compiler, a full disk: the machine's),
-    # nor dims that ``dynamic=`` asked for (that JitFunction's options), nor a failure of this
-    # moment (``errors.transient``: memory, the OS, the recursion limit, a lock, a profiler, an
-    # exception user code raised in the trace: what made it raise is state). A JitFunction with
-    # ``fallback=False`` reads no stored decision: it traces, and raises the error.
 
     def _failed_guards(self, call: _Call, why: str) -> list:
         """The guards of the signature whose compile failed for ``why`` (Note [Eager
