@@ -211,6 +211,9 @@ def run(name: str, layers: int | None = None, calls: int = 200, repeats: int = 3
     try:
         for round_ in range(repeats):
             for contender, (setup, reference) in contenders(model, call).items():
+                # backend_stats counts the graphs torch._dynamo.reset() freed too: a door's
+                # counts are what its round added
+                before = trident.backend_stats(forward)
                 start = time.perf_counter()
                 fn, made = setup()
                 made.restore()
@@ -237,7 +240,7 @@ def run(name: str, layers: int | None = None, calls: int = 200, repeats: int = 3
                 if contender in ("trident.jit", "backend", "CompileConfig"):
                     jitted = contender == "trident.jit"
                     stats = model.forward.stats if jitted else trident.backend_stats(forward)
-                    row["stats"] = {k: getattr(stats, k)
+                    row["stats"] = {k: getattr(stats, k) - (0 if jitted else getattr(before, k))
                                     for k in ("hits", "misses", "compiles", "fallbacks")}
                     row["stats"]["graphs"] = 1 if jitted else len(backend.graphs(forward))
                 model.forward = forward
