@@ -23,6 +23,12 @@ def transient(error: TridentError) -> TridentError:
     return error
 
 
+def environmental(e: BaseException) -> bool:
+    """Whether ``e`` is the machine's, not the code's: out of memory, the OS, the recursion
+    limit (what ``transient`` marks a failure for)."""
+    return isinstance(e, (MemoryError, OSError, RecursionError))
+
+
 class TridentIndexError(TridentError, IndexError):
     """An op in the launch sequence raised ``IndexError`` (e.g. an index out of bounds)."""
 

@@ -303,10 +303,11 @@ def _as_wrapped(function, bound: inspect.BoundArguments, given: tuple, kwargs: d
     varargs = [p.name for p in parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if inner is function or len(varargs) != 2:
         return {}
-    named = inspect.signature(inner).bind(*given, **kwargs).arguments
+    signature = inspect.signature(inner)
+    named = signature.bind(*given, **kwargs).arguments
     skip = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)  # self, before *args
                for p in parameters.values())
-    positional = [n for n, p in inspect.signature(inner).parameters.items()
+    positional = [n for n, p in signature.parameters.items()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][skip:]
     values = tuple(named[n] for n in itertools.takewhile(named.__contains__, positional))
     return {varargs[0]: values, varargs[1]: {**{n: named[n] for n in positional if n in named},

@@ -33,7 +33,7 @@ from trident import config, frames
 from trident.lower import decompositions
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, source_line
-from trident.errors import TridentError, transient
+from trident.errors import TridentError, environmental, transient
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
 
@@ -440,7 +440,7 @@ def _transient(e: BaseException) -> bool:
     """Whether the trace's exception ``e`` says nothing lasting of the code and the call
     (``errors.transient``): the environment's (memory, the OS, the recursion limit), or raised
     by user code itself (its last frame is the user's)."""
-    if isinstance(e, (MemoryError, OSError, RecursionError, torch.OutOfMemoryError)):
+    if environmental(e) or isinstance(e, torch.OutOfMemoryError):
         return True
     tb = traceback.extract_tb(e.__traceback__)
     return bool(tb) and frames.user_line_file(tb[-1].filename)

@@ -17,7 +17,7 @@ import torch
 from trident import config
 from trident.lower import cubins, kernels
 from trident.lower.capture import Capture
-from trident.errors import TridentError, transient
+from trident.errors import TridentError, environmental, transient
 from trident.lower.guards import guards_for
 from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
@@ -62,8 +62,7 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
         error = TridentError(f"{name}: Torch-MLIR cannot import or plan the graph: "
                              f"{type(e).__name__}: {e}")
-        raise (transient(error) if isinstance(e, (MemoryError, OSError, RecursionError))
-               else error) from e
+        raise (transient(error) if environmental(e) else error) from e
     planned = time.perf_counter()
     binaries: list[tuple[TritonLaunch, CompiledBinary]] = []  # one per distinct launch
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
