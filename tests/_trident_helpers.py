@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import itertools
@@ -235,3 +236,12 @@ def count_traced_calls(monkeypatch) -> list:
                  source_lines.__file__, "exec"), space)
     monkeypatch.setattr(source_lines._SourceLines, "__torch_function__", space["counted"])
     return traced
+
+
+def passes_through(fn):
+    """A ``functools.wraps`` decorator whose ``wrapper(*args, **kwargs)`` calls ``fn``, as
+    transformers' decorators (``@can_return_tuple``) wrap a model's forward."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper

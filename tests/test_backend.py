@@ -1,14 +1,13 @@
 """torch.compile(fn, backend="trident") on CPU graphs of ATen ops."""
 
 import dataclasses
-import functools
 import gc
 import types
 
 import torch
 
 import trident
-from _trident_helpers import assert_same, run_python
+from _trident_helpers import assert_same, passes_through, run_python
 
 
 def compiled_graph_count() -> int:
@@ -177,14 +176,7 @@ def test_a_new_number_of_threads_compiles_again():
                             [f"torch.get_num_threads() == {threads + 1}"]]
 
 
-def _passes_through(fn):  # as transformers' decorators wrap a model's forward
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return fn(*args, **kwargs)
-    return wrapper
-
-
-@_passes_through
+@passes_through
 def _decorated(ids, scale=2):
     return torch.relu(ids) * scale
 

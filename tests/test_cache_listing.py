@@ -3,7 +3,6 @@ deleted and can take one function."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import time
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import passes_through
 from trident import __main__ as cli
 
 
@@ -44,14 +44,7 @@ def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
         f"  in {rows['listed_g']['path']}"]
 
 
-def _decorator(fn):  # as transformers' @can_return_tuple wraps a model's forward
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return fn(*args, **kwargs)
-    return wrapper
-
-
-@_decorator
+@passes_through  # (its wrapper is in another file)
 def listed_wrapped(x):
     return x * 3
 
