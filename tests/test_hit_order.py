@@ -83,7 +83,8 @@ def test_the_tree_that_held_last_is_tried_first(device):
         m.blocks[0].weight.add_(1.0)  # an in-place edit: seen in either tree
         assert torch.equal(jf(m, x, mask), with_mask(m, x, mask))
         m.blocks[0] = nn.Linear(4, 4).to(device)  # a submodule swapped
-        assert torch.equal(jf(m, x), with_mask(m, x))
-        assert torch.equal(jf(m, x, mask), with_mask(m, x, mask))
+        for _ in range(2):  # on CUDA its weights moved: the graph is warmed up and recaptured
+            assert torch.equal(jf(m, x), with_mask(m, x))
+            assert torch.equal(jf(m, x, mask), with_mask(m, x, mask))
         assert python_calls(jf, (m, x, mask), 3) == []
     assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
