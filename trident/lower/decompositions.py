@@ -158,6 +158,33 @@ def _kept_product(op: str, original, fake_mode, func, *args, **kwargs):
 _KEPT_PRODUCTS = ("linear", "matmul")
 
 
+# Note [Clamped slice ends]: a symbolic slice end that the trace cannot compare with the size
+# it slices, as transformers' SDPA prefill cuts an empty static cache to the prompt
+# (``key[:, :, :q_length]``, the cache's length an int leaf: Note [Int leaves] in
+# frontend/policy.py), is clamped to the size (``sym_min(end, size)``, eager's own rule) where
+# it is known non-negative, and ``sym_max(end + size, 0)`` where known negative. torch 2.13's
+# fake rule for ``slice`` does so; torch 2.11's gives the slice a new unbacked size instead,
+# which the next op that branches on it (``scaled_dot_product_attention``'s ``Eq(u0, 0)``)
+# cannot trace: the dims went static for good and a serving sweep compiled once per length.
+# Under a size-oblivious trace (Note [Batch dims] in frontend/batch.py) the guard that the
+# code itself added (``kv_length > q_length``) does not decide the comparison either, on both
+# versions. So while tracing with symbolic sizes the rule's index helper clamps the indices
+# it leaves undecided, on torch versions whose helper does not.
+def _clamped_slice_index(original, size, index):
+    """Note [Clamped slice ends]: ``original(size, index)``, or the clamped index where it
+    decides nothing."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    decided = original(size, index)
+    if decided is not None:
+        return decided
+    if guard_or_false(index >= 0):
+        return torch.sym_min(index, size)
+    if guard_or_false(index < 0):
+        return torch.sym_max(index + size, 0)
+    return None
+
+
 @contextlib.contextmanager
 def eager_decompositions(symbolic: bool):
     """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
@@ -178,6 +205,12 @@ def eager_decompositions(symbolic: bool):
                 op = getattr(torch.ops.aten, name).default
                 if op in rules:
                     rules[op] = functools.partial(_kept_product, name, rules[op])
+            from torch._subclasses import fake_impls  # Note [Clamped slice ends]
+
+            index = getattr(fake_impls, "_compute_slice_index", None)
+            if index is not None:
+                fake_impls._compute_slice_index = functools.partial(_clamped_slice_index, index)
+                stack.callback(setattr, fake_impls, "_compute_slice_index", index)
     try:
         yield
     finally:
