@@ -44,6 +44,9 @@ void clear_descs(trt_graph& g) {
   for (int32_t i = 0; i < g.ndescs; ++i) std::free(g.descs[i]);
   std::free(g.descs);
   std::free(g.hashes);
+  std::free(g.checked);  // (trt_graph_hides_write's, malloc'd by an SCM: the same C heap)
+  g.checked = nullptr;
+  g.checked_room = 0;
   g.descs = nullptr;
   g.hashes = nullptr;
   g.ndescs = 0;
@@ -320,15 +323,16 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   return hit(self, args, kwargs, nullptr);
 }
 
-// _hit_profile(args, kwargs, n, thread=False) -> dict: n calls as the hit path makes them, each
+// _hit_profile(args, kwargs, n, thread=False, keep=False) -> dict: n calls as the hit path makes them, each
 // part's mean time in microseconds (benchmarks/bench_hf.py; a call that is not a hit is timed as
 // far as it gets). The guards are timed alone, then again inside the module's call ("run").
-// `thread`: the thread's CPU time (HitClock).
+// `thread`: the thread's CPU time (HitClock). `keep`: return (parts, the last call's result), so
+// that a caller can stand it in for the call itself (a decode step timed inside `generate`).
 PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   PyObject *call_args, *kwargs;
   Py_ssize_t n;
-  int thread = 0;
-  if (!PyArg_ParseTuple(args, "O!On|p", &PyTuple_Type, &call_args, &kwargs, &n, &thread))
+  int thread = 0, keep = 0;
+  if (!PyArg_ParseTuple(args, "O!On|pp", &PyTuple_Type, &call_args, &kwargs, &n, &thread, &keep))
     return nullptr;
   if (kwargs != Py_None && !PyDict_Check(kwargs))
     return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
@@ -337,14 +341,16 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   unsigned long long hits = self->hits;
   g_replay_clock = {};
   g_replay_clock.on = 1;
+  PyObject* last = nullptr;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* out = hit(self, call_args, kwargs == Py_None ? nullptr : kwargs, &clock);
     if (!out) {
       g_replay_clock.on = 0;
+      Py_XDECREF(last);
       return nullptr;
     }
     clock.lap(HitClock::kOutput);
-    Py_DECREF(out);
+    Py_XSETREF(last, out);
   }
   g_replay_clock.on = 0;
   static const char* const names[HitClock::kParts] = {
@@ -369,7 +375,11 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   PyObject* h = PyLong_FromUnsignedLongLong(self->hits - hits);
   if (d && (!h || PyDict_SetItemString(d, "hits", h) < 0)) Py_CLEAR(d);
   Py_XDECREF(h);
-  return d;
+  if (!keep || !d) {
+    Py_XDECREF(last);
+    return d;
+  }
+  return Py_BuildValue("(NN)", d, last ? last : Py_NewRef(Py_None));
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
@@ -675,7 +685,8 @@ PyMethodDef Dispatcher_methods[] = {
     {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
      "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_hit_profile", reinterpret_cast<PyCFunction>(Dispatcher_hit_profile), METH_VARARGS,
-     "_hit_profile(args, kwargs, n, thread=False) -> dict: mean microseconds per part of n hits."},
+     "_hit_profile(args, kwargs, n, thread=False, keep=False) -> dict (keep: (dict, the last "
+     "result)): mean microseconds per part of n hits."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},
