@@ -11,6 +11,9 @@ positions put back before each round of 20 calls:
   work, the wall clock counts the time other processes held the core), ``--wall`` for the
   wall clock;
 - the whole call and the eager forward, the fastest round, on the same clock;
+- flushed: the same parts of single calls, each after a 16 MiB write evicted the CPU's caches,
+  the median (on the CPU the run part flushes them too: compare on the GPU machine, where a
+  replay leaves the host's caches warm);
 - in situ: the same parts and the whole call of each decode step inside ``generate`` (the
   wrapper times the call, or makes it through ``_hit_profile(..., keep=True)``), the median over
   3 more ``generate`` calls each; a decode step's arguments are new objects at each step, and
@@ -107,11 +110,18 @@ def _run(a, transformers, trident) -> dict:
 
     best: dict = {}
     whole, alone = [], []
+    cold: dict = collections.defaultdict(list)
+    flush = torch.empty(16 << 20, dtype=torch.uint8)  # 16 MiB: past the CPU's caches
     with torch.no_grad():
         for _ in range(a.rounds):
             restore()
             for k, v in jf._hit_profile(args, kwargs, 20, not a.wall).items():
                 best[k] = min(best.get(k, v), v)
+            restore()
+            for _ in range(20):  # each call after the caches were flushed
+                flush.add_(1)
+                for k, v in jf._hit_profile(args, kwargs, 1, not a.wall).items():
+                    cold[k].append(v)
             for fn, out in ((jf, whole), (eager, alone)):
                 restore()
                 start = clock()
@@ -133,23 +143,24 @@ def _run(a, transformers, trident) -> dict:
           f"{torch.__version__}, transformers {transformers.__version__}; "
           f"{'wall clock' if a.wall else 'thread CPU time'}, µs per call, fastest of {a.rounds}")
     print(f"  {jf.stats}".split(", miss_reasons")[0])
-    print(f"  {'':42s} {'repeated':>9s} {'in situ':>9s}")
-    total, total_in_situ = 0.0, 0.0
+    cold = {k: statistics.median(v) for k, v in cold.items()}
+    print(f"  {'':42s} {'repeated':>9s} {'flushed':>9s} {'in situ':>9s}")
+    totals = [0.0, 0.0, 0.0]
     for k, v in best.items():
         if k.startswith("replay") or k == "hits":
             continue
-        print(f"  {k:42s} {v:9.2f} {in_situ[k]:9.2f}")
+        print(f"  {k:42s} {v:9.2f} {cold[k]:9.2f} {in_situ[k]:9.2f}")
         if k != "guards":  # the run checks the guards again
-            total += v
-            total_in_situ += in_situ[k]
-    print(f"  {'parts, guards alone excluded':42s} {total:9.2f} {total_in_situ:9.2f}")
-    print(f"  {'whole call':42s} {min(whole):9.2f} {in_situ['whole call']:9.2f}")
+            totals = [t + x for t, x in zip(totals, (v, cold[k], in_situ[k]))]
+    print(f"  {'parts, guards alone excluded':42s} {totals[0]:9.2f} {totals[1]:9.2f} "
+          f"{totals[2]:9.2f}")
+    print(f"  {'whole call':42s} {min(whole):9.2f} {'':9s} {in_situ['whole call']:9.2f}")
     print(f"  {'eager forward':42s} {min(alone):9.2f}")
     print("  tree passes (quiet, unchanged, walked):")
     for path, passes in jf.tree_passes().items():
         print(f"    {path}: {passes}")
     print(f"  Python run by 5 hits: {dict(calls) or 'none'}")
-    return {"parts": best, "in situ": in_situ, "python": dict(calls), "stats": jf.stats,
+    return {"parts": best, "flushed": cold, "in situ": in_situ, "python": dict(calls), "stats": jf.stats,
             "passes": jf.tree_passes()}
 
 

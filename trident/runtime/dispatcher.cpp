@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 
+#include <algorithm>
 #include <ctime>
 #include <cstdlib>
 #include <cstring>
@@ -275,9 +276,17 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   CallValues cv;
   Py_ssize_t k = flatten_args(*t, args, kwargs, cv, nullptr, clock);
   if (k < 0) return slow_path(self, args, kwargs);
-  // A result may return the call's own objects (R_INPUT): keep this call's node values, which
-  // another call may write into the memo while this one's launch sequence releases the GIL.
-  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) cv.values = memo->values;
+  // A result may return the call's own objects (R_INPUT): keep this call's values of the nodes
+  // the recipes read, which another call may write into the memo while this one's launch
+  // sequence releases the GIL (without a memo, cv.values holds them all).
+  NodeValues nv;
+  nv.dense = &cv.values;
+  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) {
+    nv.dense = nullptr;
+    for (Py_ssize_t node : t->recipe_nodes)
+      if (node >= 0 && node < static_cast<Py_ssize_t>(memo->values.size()))
+        nv.sparse.emplace_back(node, memo->values[node]);
+  }
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
   // The leaves are the containers' own (borrowed); the launch sequence may run Python (a custom
@@ -314,7 +323,7 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
                          ? PyTuple_GET_ITEM(t->recipes, rc) : Py_None;
   if (recipe == Py_None) return out;
-  PyObject* built = apply_recipe(recipe, out, cv.values);
+  PyObject* built = apply_recipe(recipe, out, nv);
   Py_DECREF(out);
   return built;
 }
@@ -506,8 +515,22 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
     tree.memo = make_memo(tree, t->params);
     t->trees.push_back(std::move(tree));
   }
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k)
-    t->any_recipe |= PyTuple_GET_ITEM(recipes, k) != Py_None;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k) {
+    PyObject* ops = PyTuple_GET_ITEM(recipes, k);
+    if (ops == Py_None) continue;
+    t->any_recipe = true;
+    if (!PyTuple_Check(ops)) return fail("recipe");
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i) {  // the nodes it reads
+      PyObject* op = PyTuple_GET_ITEM(ops, i);
+      if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) return fail("recipe op");
+      long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+      if (code != TRT_R_INPUT && code != TRT_R_WRITE) continue;
+      Py_ssize_t node = PyTuple_GET_SIZE(op) >= 2 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1)) : -1;
+      if (node < 0) return fail("recipe node");
+      if (std::find(t->recipe_nodes.begin(), t->recipe_nodes.end(), node) == t->recipe_nodes.end())
+        t->recipe_nodes.push_back(node);
+    }
+  }
   t->source = binding;
   t->programs = programs;
   t->recipes = recipes;
