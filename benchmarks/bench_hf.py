@@ -247,6 +247,7 @@ def _timed(forward):
     marks = []
 
     def timed(*args, **kwargs):
+        forward = timed.forward
         if not timed.on:
             return forward(*args, **kwargs)
         if timed.keep == len(marks):  # a decode step's call, and its tensors' values then
@@ -263,7 +264,32 @@ def _timed(forward):
         return result
 
     timed.on, timed.marks, timed.keep, timed.last = False, marks, NEW // 2, None
+    timed.forward, timed.parts = forward, None
     return timed
+
+
+def _in_situ_parts(model, ids) -> dict:
+    """A decode hit's parts where ``generate`` makes it (:func:`_hit_parts`' on one saved call,
+    repeated, keep the host's caches warm and its arguments the same objects): each decode step
+    of one ``generate`` made through ``_hit_profile(..., keep=True)``, the median per part."""
+    timed = model.forward
+    jf, parts = timed.forward, []
+
+    def profiled(*args, **kwargs):
+        out = jf._hit_profile(args, kwargs, 1, False, True)
+        parts.append(out[0])
+        return out[1]
+
+    timed.forward = profiled  # (only the wrapper's attribute: model.forward stays the same)
+    try:
+        _step_times(model, ids)
+    finally:
+        timed.forward = jf
+    decode = parts[1:]
+    best = {k: round(statistics.median(p[k] for p in decode), 2) for k in decode[0]}
+    best["total"] = round(sum(v for k, v in best.items()
+                              if k not in ("hits", "guards") and not k.startswith("replay")), 2)
+    return best
 
 
 def _step_times(model, ids) -> dict:
@@ -413,6 +439,7 @@ def run(name: str, reps: int = 3) -> dict:
         "stats": str(stats).split(", miss_reasons")[0], "last reasons": stats.miss_reasons[-3:]}
     if _wanted("jit"):
         rows["trident.jit, a decode hit's parts (us)"] = _hit_parts(jf, model.forward.last)
+        rows["trident.jit, a decode hit's parts in generate (us)"] = _in_situ_parts(model, ids)
         rows["trident.jit, argument tree roots (quiet, unchanged, walked)"] = jf.tree_passes()
     if _wanted("jit") and os.environ.get("TRIDENT_BENCH_PROFILE"):
         _profile(model, ids)

@@ -11,6 +11,13 @@ positions put back before each round of 20 calls:
   work, the wall clock counts the time other processes held the core), ``--wall`` for the
   wall clock;
 - the whole call and the eager forward, the fastest round, on the same clock;
+- flushed: the same parts of single calls, each after a 16 MiB write evicted the CPU's caches,
+  the median (on the CPU the run part flushes them too: compare on the GPU machine, where a
+  replay leaves the host's caches warm);
+- in situ: the same parts and the whole call of each decode step inside ``generate`` (the
+  wrapper times the call, or makes it through ``_hit_profile(..., keep=True)``), the median over
+  3 more ``generate`` calls each; a decode step's arguments are new objects at each step, and
+  ``generate``'s own Python runs between two steps;
 - ``tree_passes()``: per argument tree root, how many checks took the quiet pass, the
   unchanged pass and a walk (Note [Unchanged subtrees]), summed over the installed trees;
 - the Python functions that 5 hits run (``sys.setprofile``): none on a native hit.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import statistics
 import sys
 import time
 
@@ -55,7 +63,8 @@ def _run(a, transformers, trident) -> dict:
     torch.manual_seed(0)
     model = getattr(transformers, names[1])(config).eval()
     eager, jf = model.forward, trident.jit(model.forward)
-    seen = {"n": 0, "call": None}
+    clock = time.perf_counter_ns if a.wall else time.thread_time_ns
+    seen = {"n": 0, "call": None, "mode": None, "whole": [], "parts": []}
 
     def recorded(*args, **kwargs):  # one wrapper for every generate: model.forward is guarded
         seen["n"] += 1
@@ -65,29 +74,54 @@ def _run(a, transformers, trident) -> dict:
                 layer.cumulative_length for layer in getattr(cache, "layers", ())
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
             seen["call"] = (args, kwargs, [(t, t.clone()) for t in tensors])
+        if seen["mode"] == "whole" and seen["n"] > 1:  # a decode step, timed where it runs
+            start = clock()
+            out = jf(*args, **kwargs)
+            seen["whole"].append((clock() - start) / 1e3)
+            return out
+        if seen["mode"] == "parts" and seen["n"] > 1:
+            parts, out = jf._hit_profile(args, kwargs, 1, not a.wall, True)
+            seen["parts"].append(parts)
+            return out
         return jf(*args, **kwargs)
+
+    def generate():
+        seen["n"] = 0
+        model.generate(ids, max_new_tokens=40, do_sample=False, cache_implementation="static",
+                       disable_compile=True)
 
     model.forward = recorded
     ids = torch.randint(0, 96, (1, 6))
     for _ in range(3):
-        seen["n"] = 0
-        model.generate(ids, max_new_tokens=40, do_sample=False, cache_implementation="static",
-                       disable_compile=True)
+        generate()
     args, kwargs, values = seen["call"]
+    gc.disable()
+    with torch.no_grad():  # as generate's own calls
+        for mode in ("whole", "parts") * 3:  # in situ: each decode step of a greedy generate
+            seen["mode"] = mode
+            generate()
+    seen["mode"] = None
+    in_situ = {k: statistics.median(p[k] for p in seen["parts"]) for k in seen["parts"][0]}
+    in_situ["whole call"] = statistics.median(seen["whole"])
 
     def restore():
         for t, v in values:
             t.copy_(v)
 
-    clock = time.perf_counter_ns if a.wall else time.thread_time_ns
     best: dict = {}
     whole, alone = [], []
-    gc.disable()
+    cold: dict = collections.defaultdict(list)
+    flush = torch.empty(16 << 20, dtype=torch.uint8)  # 16 MiB: past the CPU's caches
     with torch.no_grad():
         for _ in range(a.rounds):
             restore()
             for k, v in jf._hit_profile(args, kwargs, 20, not a.wall).items():
                 best[k] = min(best.get(k, v), v)
+            restore()
+            for _ in range(20):  # each call after the caches were flushed
+                flush.add_(1)
+                for k, v in jf._hit_profile(args, kwargs, 1, not a.wall).items():
+                    cold[k].append(v)
             for fn, out in ((jf, whole), (eager, alone)):
                 restore()
                 start = clock()
@@ -109,20 +143,24 @@ def _run(a, transformers, trident) -> dict:
           f"{torch.__version__}, transformers {transformers.__version__}; "
           f"{'wall clock' if a.wall else 'thread CPU time'}, µs per call, fastest of {a.rounds}")
     print(f"  {jf.stats}".split(", miss_reasons")[0])
-    total = 0.0
+    cold = {k: statistics.median(v) for k, v in cold.items()}
+    print(f"  {'':42s} {'repeated':>9s} {'flushed':>9s} {'in situ':>9s}")
+    totals = [0.0, 0.0, 0.0]
     for k, v in best.items():
         if k.startswith("replay") or k == "hits":
             continue
-        print(f"  {k:42s} {v:9.2f}")
-        total += v if k != "guards" else 0.0  # the run checks the guards again
-    print(f"  {'parts, guards alone excluded':42s} {total:9.2f}")
-    print(f"  {'whole call':42s} {min(whole):9.2f}")
+        print(f"  {k:42s} {v:9.2f} {cold[k]:9.2f} {in_situ[k]:9.2f}")
+        if k != "guards":  # the run checks the guards again
+            totals = [t + x for t, x in zip(totals, (v, cold[k], in_situ[k]))]
+    print(f"  {'parts, guards alone excluded':42s} {totals[0]:9.2f} {totals[1]:9.2f} "
+          f"{totals[2]:9.2f}")
+    print(f"  {'whole call':42s} {min(whole):9.2f} {'':9s} {in_situ['whole call']:9.2f}")
     print(f"  {'eager forward':42s} {min(alone):9.2f}")
     print("  tree passes (quiet, unchanged, walked):")
     for path, passes in jf.tree_passes().items():
         print(f"    {path}: {passes}")
     print(f"  Python run by 5 hits: {dict(calls) or 'none'}")
-    return {"parts": best, "python": dict(calls), "stats": jf.stats,
+    return {"parts": best, "flushed": cold, "in situ": in_situ, "python": dict(calls), "stats": jf.stats,
             "passes": jf.tree_passes()}
 
 

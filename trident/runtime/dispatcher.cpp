@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 
+#include <algorithm>
 #include <ctime>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,9 @@ void clear_descs(trt_graph& g) {
   for (int32_t i = 0; i < g.ndescs; ++i) std::free(g.descs[i]);
   std::free(g.descs);
   std::free(g.hashes);
+  std::free(g.checked);  // (trt_graph_hides_write's, malloc'd by an SCM: the same C heap)
+  g.checked = nullptr;
+  g.checked_room = 0;
   g.descs = nullptr;
   g.hashes = nullptr;
   g.ndescs = 0;
@@ -272,9 +276,17 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   CallValues cv;
   Py_ssize_t k = flatten_args(*t, args, kwargs, cv, nullptr, clock);
   if (k < 0) return slow_path(self, args, kwargs);
-  // A result may return the call's own objects (R_INPUT): keep this call's node values, which
-  // another call may write into the memo while this one's launch sequence releases the GIL.
-  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) cv.values = memo->values;
+  // A result may return the call's own objects (R_INPUT): keep this call's values of the nodes
+  // the recipes read, which another call may write into the memo while this one's launch
+  // sequence releases the GIL (without a memo, cv.values holds them all).
+  NodeValues nv;
+  nv.dense = &cv.values;
+  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) {
+    nv.dense = nullptr;
+    for (Py_ssize_t node : t->recipe_nodes)
+      if (node >= 0 && node < static_cast<Py_ssize_t>(memo->values.size()))
+        nv.sparse.emplace_back(node, memo->values[node]);
+  }
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
   // The leaves are the containers' own (borrowed); the launch sequence may run Python (a custom
@@ -311,7 +323,7 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   PyObject* recipe = t->recipes && rc < PyTuple_GET_SIZE(t->recipes)
                          ? PyTuple_GET_ITEM(t->recipes, rc) : Py_None;
   if (recipe == Py_None) return out;
-  PyObject* built = apply_recipe(recipe, out, cv.values);
+  PyObject* built = apply_recipe(recipe, out, nv);
   Py_DECREF(out);
   return built;
 }
@@ -320,15 +332,16 @@ PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs) {
   return hit(self, args, kwargs, nullptr);
 }
 
-// _hit_profile(args, kwargs, n, thread=False) -> dict: n calls as the hit path makes them, each
+// _hit_profile(args, kwargs, n, thread=False, keep=False) -> dict: n calls as the hit path makes them, each
 // part's mean time in microseconds (benchmarks/bench_hf.py; a call that is not a hit is timed as
 // far as it gets). The guards are timed alone, then again inside the module's call ("run").
-// `thread`: the thread's CPU time (HitClock).
+// `thread`: the thread's CPU time (HitClock). `keep`: return (parts, the last call's result), so
+// that a caller can stand it in for the call itself (a decode step timed inside `generate`).
 PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   PyObject *call_args, *kwargs;
   Py_ssize_t n;
-  int thread = 0;
-  if (!PyArg_ParseTuple(args, "O!On|p", &PyTuple_Type, &call_args, &kwargs, &n, &thread))
+  int thread = 0, keep = 0;
+  if (!PyArg_ParseTuple(args, "O!On|pp", &PyTuple_Type, &call_args, &kwargs, &n, &thread, &keep))
     return nullptr;
   if (kwargs != Py_None && !PyDict_Check(kwargs))
     return PyErr_Format(PyExc_TypeError, "kwargs must be a dict or None");
@@ -337,14 +350,16 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   unsigned long long hits = self->hits;
   g_replay_clock = {};
   g_replay_clock.on = 1;
+  PyObject* last = nullptr;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* out = hit(self, call_args, kwargs == Py_None ? nullptr : kwargs, &clock);
     if (!out) {
       g_replay_clock.on = 0;
+      Py_XDECREF(last);
       return nullptr;
     }
     clock.lap(HitClock::kOutput);
-    Py_DECREF(out);
+    Py_XSETREF(last, out);
   }
   g_replay_clock.on = 0;
   static const char* const names[HitClock::kParts] = {
@@ -369,7 +384,11 @@ PyObject* Dispatcher_hit_profile(Dispatcher* self, PyObject* args) {
   PyObject* h = PyLong_FromUnsignedLongLong(self->hits - hits);
   if (d && (!h || PyDict_SetItemString(d, "hits", h) < 0)) Py_CLEAR(d);
   Py_XDECREF(h);
-  return d;
+  if (!keep || !d) {
+    Py_XDECREF(last);
+    return d;
+  }
+  return Py_BuildValue("(NN)", d, last ? last : Py_NewRef(Py_None));
 }
 
 // _run(*args): run the installed SCM without counting a hit; TridentError if no guard holds.
@@ -496,8 +515,22 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
     tree.memo = make_memo(tree, t->params);
     t->trees.push_back(std::move(tree));
   }
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k)
-    t->any_recipe |= PyTuple_GET_ITEM(recipes, k) != Py_None;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(recipes); ++k) {
+    PyObject* ops = PyTuple_GET_ITEM(recipes, k);
+    if (ops == Py_None) continue;
+    t->any_recipe = true;
+    if (!PyTuple_Check(ops)) return fail("recipe");
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i) {  // the nodes it reads
+      PyObject* op = PyTuple_GET_ITEM(ops, i);
+      if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) return fail("recipe op");
+      long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+      if (code != TRT_R_INPUT && code != TRT_R_WRITE) continue;
+      Py_ssize_t node = PyTuple_GET_SIZE(op) >= 2 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1)) : -1;
+      if (node < 0) return fail("recipe node");
+      if (std::find(t->recipe_nodes.begin(), t->recipe_nodes.end(), node) == t->recipe_nodes.end())
+        t->recipe_nodes.push_back(node);
+    }
+  }
   t->source = binding;
   t->programs = programs;
   t->recipes = recipes;
@@ -675,7 +708,8 @@ PyMethodDef Dispatcher_methods[] = {
     {"_graph_replays", reinterpret_cast<PyCFunction>(Dispatcher_graph_replays), METH_NOARGS,
      "_graph_replays() -> int: hits served by a CUDA graph."},
     {"_hit_profile", reinterpret_cast<PyCFunction>(Dispatcher_hit_profile), METH_VARARGS,
-     "_hit_profile(args, kwargs, n, thread=False) -> dict: mean microseconds per part of n hits."},
+     "_hit_profile(args, kwargs, n, thread=False, keep=False) -> dict (keep: (dict, the last "
+     "result)): mean microseconds per part of n hits."},
     {"_match", reinterpret_cast<PyCFunction>(Dispatcher_match), METH_VARARGS,
      "_match(*args) -> int: index of the specialization the native guards select, -1 if none."},
     {nullptr, nullptr, 0, nullptr},

@@ -28,7 +28,9 @@ PyObject* build_result(PyObject*, PyObject* args) {
                         &values))
     return nullptr;
   std::vector<PyObject*> v(tuple_items(values), tuple_items(values) + PyTuple_GET_SIZE(values));
-  return apply_recipe(ops, flat, v);
+  NodeValues nv;
+  nv.dense = &v;
+  return apply_recipe(ops, flat, nv);
 }
 
 PyObject* last_error(PyObject*, PyObject*) { return PyUnicode_FromString(g_error.c_str()); }

@@ -8,10 +8,10 @@ namespace {
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
 // `built[k]`: the object op k made (borrowed: the result holds it), for R_BUILT.
 PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                   const std::vector<PyObject*>& values, std::vector<PyObject*>& built);
+                   const NodeValues& values, std::vector<PyObject*>& built);
 
 PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                       const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
+                       const NodeValues& values, std::vector<PyObject*>& built) {
   Py_ssize_t here = pc;
   PyObject* out = build_op(ops, pc, flat, next, values, built);
   if (out) built[here] = out;
@@ -19,7 +19,7 @@ PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t
 }
 
 PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                   const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
+                   const NodeValues& values, std::vector<PyObject*>& built) {
   if (pc >= PyTuple_GET_SIZE(ops))
     return PyErr_Format(PyExc_RuntimeError, "trident: output recipe ends early");
   PyObject* op = PyTuple_GET_ITEM(ops, pc++);
@@ -55,10 +55,9 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
     }
     case TRT_R_INPUT: {
       Py_ssize_t node = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
-      if (node < 0 || node >= static_cast<Py_ssize_t>(values.size()))
-        return PyErr_Format(PyExc_RuntimeError, "trident: no call value %zd", node);
-      Py_INCREF(values[node]);
-      return values[node];
+      PyObject* v = values.get(node);
+      if (!v) return PyErr_Format(PyExc_RuntimeError, "trident: no call value %zd", node);
+      return Py_NewRef(v);
     }
     case TRT_R_TUPLE:
     case TRT_R_LIST:
@@ -150,14 +149,15 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
 // set again with the value this call computed (a STORE_ATTR, as eager's), after the constant
 // attributes the function set on that value (a tensor). 0, or -1 with an exception set.
 int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                    const std::vector<PyObject*>& values, std::vector<PyObject*>& built) {
+                    const NodeValues& values, std::vector<PyObject*>& built) {
   PyObject* op = PyTuple_GET_ITEM(ops, pc++);
   if (PyLong_AsLong(PyTuple_GET_ITEM(op, 0)) != TRT_R_WRITE) {
     PyErr_SetString(PyExc_RuntimeError, "trident: output recipe has ops after its result");
     return -1;
   }
   Py_ssize_t node = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
-  if (node < 0 || node >= static_cast<Py_ssize_t>(values.size())) {
+  PyObject* target = values.get(node);
+  if (!target) {
     PyErr_Format(PyExc_RuntimeError, "trident: no call value %zd", node);
     return -1;
   }
@@ -169,12 +169,12 @@ int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& n
     PyObject* pair = PyTuple_GET_ITEM(attrs, i);
     rc = PyObject_SetAttr(value, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
   }
-  if (rc == 0) rc = PyObject_SetAttr(values[node], PyTuple_GET_ITEM(op, 2), value);
+  if (rc == 0) rc = PyObject_SetAttr(target, PyTuple_GET_ITEM(op, 2), value);
   Py_DECREF(value);
   return rc;
 }
 
-PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values) {
+PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values) {
   Py_ssize_t pc = 0, next = 0;
   std::vector<PyObject*> built(static_cast<size_t>(PyTuple_GET_SIZE(ops)), nullptr);
   PyObject* out = build_recipe(ops, pc, flat, next, values, built);

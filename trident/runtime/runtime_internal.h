@@ -229,6 +229,7 @@ struct CallTrees {
   PyObject* self_obj = nullptr;
   bool has_self = false;
   bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
+  std::vector<Py_ssize_t> recipe_nodes;  // the nodes the recipes read (R_INPUT, R_WRITE)
   std::vector<Tree> trees;
   mutable size_t last_held = 0;  // the tree that held at the last call (the GIL guards it)
   ~CallTrees() {  // the GIL is held wherever the last holder lets go
@@ -265,8 +266,23 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
 
+// The call's node values an output recipe reads (R_INPUT, R_WRITE): every node's (`dense`), or
+// the (node, value) pairs of the nodes the installed recipes read (the hit path's: a model's
+// tree has thousands of nodes, a recipe reads one or two).
+struct NodeValues {
+  const std::vector<PyObject*>* dense = nullptr;
+  std::vector<std::pair<Py_ssize_t, PyObject*>> sparse;
+  PyObject* get(Py_ssize_t node) const {  // nullptr: none
+    if (dense)
+      return node >= 0 && node < static_cast<Py_ssize_t>(dense->size()) ? (*dense)[node] : nullptr;
+    for (const auto& [k, v] : sparse)
+      if (k == node) return v;
+    return nullptr;
+  }
+};
+
 // recipes.cpp: output recipes
-PyObject* apply_recipe(PyObject* ops, PyObject* flat, const std::vector<PyObject*>& values);
+PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values);
 
 // dispatcher.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
 PyTypeObject* dispatcher_type();

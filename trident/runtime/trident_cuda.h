@@ -333,26 +333,52 @@ static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a
 
 /* trt_copy_hides_write, remembered per slot: its answer is decided by the arguments' addresses
  * and the descriptor's spans, and a replay has checked that each by-pointer argument is at the
- * graph's address, so the copied-in arguments' addresses decide it (they change once per new
- * cache, not per call). */
+ * graph's address, so the copied-in arguments' addresses decide it. A decode step's copied-in
+ * arguments are mostly at the last call's addresses (a KV cache's tensors, which move once per
+ * new cache), a few not (a new token's tensor): when the last answer was no overlap, only the
+ * arguments that moved can make one, so each is checked against every other argument
+ * (`TRT_GRAPH_MOVED` at most; more take the sort). The whole check sorts every argument's range,
+ * which for a few hundred arguments costs more than the rest of the replay's host work. */
 static int trt_graph_hides_write(trt_graph* g, const int64_t* d, const int64_t* in, int ninputs,
                                  const trt_arg* a) {
-  uintptr_t now[TRT_GRAPH_CHECKED];
-  int32_t n = 0;
+  if (g->checked_room < ninputs) {
+    uintptr_t* room = (uintptr_t*)realloc(g->checked, sizeof(uintptr_t) * (size_t)ninputs);
+    if (!room) return trt_copy_hides_write(in, ninputs, a);
+    g->checked = room;
+    g->checked_room = ninputs;
+  }
+  int same = g->checked_desc == d, moved[TRT_GRAPH_MOVED];
+  int32_t n = 0, nmoved = 0;
   for (int i = 0; i < ninputs; ++i) {
     const int64_t* x = in + 5 * i;
     if (x[1] != TRT_GRAPH_COPY_IN) continue;
-    if (n == TRT_GRAPH_CHECKED) return trt_copy_hides_write(in, ninputs, a);
-    now[n++] = (uintptr_t)a[x[0]].data_ptr;
+    uintptr_t now = (uintptr_t)a[x[0]].data_ptr;
+    if (same && n < g->nchecked && g->checked[n] != now) {
+      if (nmoved < TRT_GRAPH_MOVED) moved[nmoved] = i;
+      ++nmoved;
+    }
+    g->checked[n++] = now;
   }
-  if (g->checked_desc == d && g->nchecked == n &&
-      memcmp(now, g->checked, (size_t)n * sizeof(uintptr_t)) == 0)
-    return g->checked_hidden;
-  int hidden = trt_copy_hides_write(in, ninputs, a);
+  if (same && n == g->nchecked && nmoved == 0) return g->checked_hidden;
+  int hidden = 0;
+  if (same && n == g->nchecked && !g->checked_hidden && nmoved <= TRT_GRAPH_MOVED) {
+    for (int k = 0; k < nmoved && !hidden; ++k) { /* each moved one against every other */
+      const int64_t* q = in + 5 * moved[k];
+      uintptr_t qs = (uintptr_t)a[q[0]].data_ptr, qe = qs + (uintptr_t)q[3];
+      if (q[3] <= 0) continue;
+      for (int i = 0; i < ninputs && !hidden; ++i) {
+        const int64_t* x = in + 5 * i;
+        uintptr_t s = (uintptr_t)a[x[0]].data_ptr;
+        hidden = i != moved[k] && x[3] > 0 && (q[4] || x[4]) && qs < s + (uintptr_t)x[3] &&
+                 s < qe;
+      }
+    }
+  } else {
+    hidden = trt_copy_hides_write(in, ninputs, a);
+  }
   g->checked_desc = d;
   g->nchecked = n;
   g->checked_hidden = hidden;
-  memcpy(g->checked, now, (size_t)n * sizeof(uintptr_t));
   return hidden;
 }
 

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 7
+#define TRT_ABI_VERSION 8
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -112,7 +112,7 @@ typedef struct trt_result {
  *                      sizes[dim], strides[dim]; an int/float/bool/None: its value (a float's
  *                      bits). */
 #define TRT_GRAPH_SEEN 1024 /* slots of trt_graph.seen; cleared when 3/4 full */
-#define TRT_GRAPH_CHECKED 64 /* copied-in arguments whose overlap check a slot remembers */
+#define TRT_GRAPH_MOVED 8 /* moved copied-in arguments checked alone (trt_graph_hides_write) */
 
 typedef struct trt_graph {
   int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
@@ -130,11 +130,13 @@ typedef struct trt_graph {
   int32_t nseen;
   uint64_t seen[TRT_GRAPH_SEEN];
   /* the last overlap check (trt_graph_hides_write): the descriptor and the copied-in
-   * arguments' addresses it was made for, and its answer; checked_desc NULL: none */
+   * arguments' addresses it was made for (`checked`, malloc'd, room for `checked_room`; freed
+   * with the slot's descriptors), and its answer; checked_desc NULL: none */
   const int64_t* checked_desc;
   int32_t nchecked;
   int32_t checked_hidden;
-  uintptr_t checked[TRT_GRAPH_CHECKED];
+  int32_t checked_room;
+  uintptr_t* checked;
 } trt_graph;
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
