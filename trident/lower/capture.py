@@ -313,91 +313,96 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                                       for leaf in leaves)
         return tuple(leaf for leaf in leaves if isinstance(leaf, _GRAPH_OUTPUTS))
 
-    fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
-    state = _global_state()
-    grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(isinstance(a, torch.Tensor) and a.requires_grad
-                                        and not a.is_inference() for a in args))
-    hook = pause()  # Note [Unrecorded ops]: make_fx's set-up and code generation are torch's
+    # Note [Unrecorded ops]: all but the function's own run is torch's and Trident's
+    hook = pause()
     try:
-        with fx_traceback.preserve_node_meta(), mode, launches, \
-                decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), _trace_logs_to_trident(), \
-                torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
-            # Fake mode either way: fake arguments with symbolic dims carry their own
-            # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
-            gm = make_fx(flat_forward, tracing_mode="fake",
-                         _allow_non_fake_inputs=True)(*(fake_args or args))
-    except TridentError:
-        raise
-    except Exception as e:  # make_fx reports unsupported Python as many exception types
-        where = _innermost_user_line(e)
-        error = TridentError(f"cannot trace {name}{where}: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        raise (transient(error) if _transient(e) else error) from e
+        fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
+        state = _global_state()
+        grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(
+            isinstance(a, torch.Tensor) and a.requires_grad and not a.is_inference()
+            for a in args))
+        try:
+            with fx_traceback.preserve_node_meta(), mode, launches, \
+                    decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), \
+                    _trace_logs_to_trident(), \
+                    torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
+                # Fake mode either way: fake arguments with symbolic dims carry their own
+                # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
+                gm = make_fx(flat_forward, tracing_mode="fake",
+                             _allow_non_fake_inputs=True)(*(fake_args or args))
+        except TridentError:
+            raise
+        except Exception as e:  # make_fx reports unsupported Python as many exception types
+            where = _innermost_user_line(e)
+            error = TridentError(f"cannot trace {name}{where}: "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise (transient(error) if _transient(e) else error) from e
+        finally:
+            decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
+
+        changed = _changed(state, _global_state())
+        if changed_rng is not None:  # this thread's calls decide the generators' (other threads
+            moved = any(k in changed for k in ("rng", "cuda"))  # draw meanwhile)
+            changed = [k for k in changed if k not in ("rng", "cuda")]
+            if changed_rng() and moved:
+                changed.append("rng")
+            elif changed_rng():  # set and put back
+                mode.rng_set = True
+        if changed:  # Note [Global side effects]
+            _restore_global_state(state)
+            raise TridentError(f"{name} changes global torch state "
+                               f"({', '.join(changed)}), which a compiled call would not replay")
+        if mode.rng_set:  # Note [Global side effects]
+            raise TridentError(f"{name} calls torch with the random generator in another state "
+                               "that it puts back before returning (through a torch.Generator's "
+                               "own methods), which a compiled call would not replay")
+        if holder["requires_grad"]:
+            raise TridentError(f"{name} returns a tensor that requires grad (made with "
+                               "requires_grad=True or under torch.enable_grad()); Trident serves "
+                               "inference")
+        out_leaves = []
+        for leaf in holder["leaves"]:
+            if isinstance(leaf, _GRAPH_OUTPUTS):  # a tensor, or a scalar an op returned (.item())
+                out_leaves.append(None)
+            elif leaf is None or type(leaf) in (int, float, bool):
+                out_leaves.append(("const", leaf))
+            else:
+                raise TridentError(f"{name} returns a {type(leaf).__name__}; expected "
+                                   "tensors, tuples and lists of them, None, int, float or bool")
+        out_spec = holder["spec"]
+        if not plain_spec(out_spec):
+            raise TridentError(f"{name} returns a {out_spec.type.__name__}; "
+                               "expected tensors in tuples and lists")
+        for node in list(gm.graph.nodes):
+            # A small tensor the function makes from Python data (``y[i] = 0.5``,
+            # ``torch.tensor(3)``, an index list ``x[[1, 2]]``: make_fx lifts it and copies it
+            # with lift_fresh_copy) is baked into the plan. Any other tensor that is not an
+            # argument (a global, a closure) is live state and must become an argument.
+            if node.op != "get_attr":
+                continue
+            attr = getattr(gm, node.target)
+            if not isinstance(attr, torch.Tensor):  # a while_loop body, a torch.Generator, ...
+                where, text = source_line(node)
+                raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
+                                   "Trident does not compile (control-flow ops and generators run "
+                                   "eagerly)")
+            literal = attr.numel() <= _LITERAL_ELEMENTS and all(
+                u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
+            if not literal:
+                where, text = source_line(node)
+                raise TridentError(f"{name} reads a tensor that is not an argument "
+                                   f"({where}: {text}); pass it as an argument")
+            if attr.numel() > 1:
+                if attr.dtype.is_complex or attr.is_quantized:
+                    raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
+                                       "which Trident does not compile")
+                _build_literal(gm.graph, node, attr)
+        gm.recompile()
+        return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
+                       mode.catching)
     finally:
-        decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
         if hook is not None:
             sys.setprofile(hook)
-
-    changed = _changed(state, _global_state())
-    if changed_rng is not None:  # this thread's calls decide the generators' (other threads
-        moved = any(k in changed for k in ("rng", "cuda"))  # draw meanwhile)
-        changed = [k for k in changed if k not in ("rng", "cuda")]
-        if changed_rng() and moved:
-            changed.append("rng")
-        elif changed_rng():  # set and put back
-            mode.rng_set = True
-    if changed:  # Note [Global side effects]
-        _restore_global_state(state)
-        raise TridentError(f"{name} changes global torch state "
-                           f"({', '.join(changed)}), which a compiled call would not replay")
-    if mode.rng_set:  # Note [Global side effects]
-        raise TridentError(f"{name} calls torch with the random generator in another state "
-                           "that it puts back before returning (through a torch.Generator's "
-                           "own methods), which a compiled call would not replay")
-    if holder["requires_grad"]:
-        raise TridentError(f"{name} returns a tensor that requires grad (made with "
-                           "requires_grad=True or under torch.enable_grad()); Trident serves "
-                           "inference")
-    out_leaves = []
-    for leaf in holder["leaves"]:
-        if isinstance(leaf, _GRAPH_OUTPUTS):  # a tensor, or a scalar an op returned (.item())
-            out_leaves.append(None)
-        elif leaf is None or type(leaf) in (int, float, bool):
-            out_leaves.append(("const", leaf))
-        else:
-            raise TridentError(f"{name} returns a {type(leaf).__name__}; expected "
-                               "tensors, tuples and lists of them, None, int, float or bool")
-    out_spec = holder["spec"]
-    if not plain_spec(out_spec):
-        raise TridentError(f"{name} returns a {out_spec.type.__name__}; "
-                           "expected tensors in tuples and lists")
-    for node in list(gm.graph.nodes):
-        # A small tensor the function makes from Python data (``y[i] = 0.5``, ``torch.tensor(3)``,
-        # an index list ``x[[1, 2]]``: make_fx lifts it and copies it with lift_fresh_copy) is
-        # baked into the plan. Any other tensor that is not an argument (a global, a closure)
-        # is live state and must become an argument.
-        if node.op != "get_attr":
-            continue
-        attr = getattr(gm, node.target)
-        if not isinstance(attr, torch.Tensor):  # a while_loop body, a torch.Generator, ...
-            where, text = source_line(node)
-            raise TridentError(f"{name} uses a {type(attr).__name__} ({where}: {text}), which "
-                               "Trident does not compile (control-flow ops and generators run "
-                               "eagerly)")
-        literal = attr.numel() <= _LITERAL_ELEMENTS and all(
-            u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
-        if not literal:
-            where, text = source_line(node)
-            raise TridentError(f"{name} reads a tensor that is not an argument "
-                               f"({where}: {text}); pass it as an argument")
-        if attr.numel() > 1:
-            if attr.dtype.is_complex or attr.is_quantized:
-                raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
-                                   "which Trident does not compile")
-            _build_literal(gm.graph, node, attr)
-    gm.recompile()
-    return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
-                   mode.catching)
 
 
 # Literals of up to this many elements are baked into the plan (each element is a step).

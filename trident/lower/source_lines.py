@@ -129,8 +129,9 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
 # kernel registered from Python). So the mode sets the hook aside for its whole call
 # (``recording.pause``), and the profile function the hook chains to, if any, runs in its
 # place; the hook is set back when the op returns or raises. Likewise ``capture.trace`` sets
-# it aside for make_fx's own work before and after the function runs (fake arguments,
-# placeholders, the graph's code), which no frame of the function's is under. Nothing the
+# it aside for all but the function's own run: the fake arguments (a process's first symbol
+# imports torch.export's and inductor's modules, a second of CPU under the hook), make_fx's
+# placeholders and the graph's code, the checks of the graph after it. Nothing the
 # hook would have kept is lost, none of its answers changes (no guard is lost and none goes
 # stale), and the function's own code between its ops (where its reads are) is watched as
 # before.
