@@ -61,7 +61,7 @@ from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower import source_lines
 from trident.lower.writes import (constant, fake_keys, plain_setattr, replayable,
                                   tensor_attributes)
-from trident.lower.uses import WHOLE, Uses, attributes_read, items_read
+from trident.lower.uses import WHOLE, Uses, attributes_read, covers, items_read, merge
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
                               SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree,
                               Binding, Node)
@@ -87,6 +87,10 @@ class _Flattener:
         self.leaf_nodes: list[int] = []
         self.values: list = []
         self.seen: dict[int, int] = {}
+        # Note [Objects reached twice]: per object, the uses its node's subtree was made with,
+        # and the uses an earlier attempt found it reached with beyond those
+        self.seen_uses: dict[int, Uses] = {}
+        self.more: dict[int, Uses] = {}
 
     def add(self, value, node: Node, words: str) -> int:
         if len(self.nodes) >= MAX_NODES:
@@ -151,6 +155,10 @@ class _Flattener:
             return
         if id(value) in self.seen:
             first = self.seen[id(value)]
+            had = self.seen_uses.get(id(value), WHOLE)
+            if not covers(had, uses):  # Note [Objects reached twice]
+                self.more[id(value)] = merge(had, uses)
+                raise _ReachedAgain
             self.add(value, node(SAME, first), f"the object at {self.nodes[first].path}")
             return
         if isinstance(value, functools._lru_cache_wrapper) and frames.user_file(getattr(
@@ -176,6 +184,9 @@ class _Flattener:
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
                                "cannot guard")
         self.seen[id(value)] = len(self.nodes)
+        if id(value) in self.more:
+            uses = merge(uses, self.more[id(value)])
+        self.seen_uses[id(value)] = uses
         if t in (tuple, list) or _is_namedtuple(t):
             me = self.add(value, node(SEQ, t, len(value)), f"{_type_name(t)} of {len(value)}")
             items = items_read(uses, range(len(value)))
@@ -284,9 +295,33 @@ def flatten_call(binding: Binding, args: tuple, kwargs: dict,
         raise TridentError("an argument is nested too deeply to guard") from None
 
 
+class _ReachedAgain(Exception):
+    """An object reached again with uses its first node's subtree does not cover."""
+
+
+# Note [Objects reached twice]: an object the tree reaches twice has one node, the first, and a
+# SAME node at the second place, which checks only that it is the same object; so the first
+# node's subtree must hold all that either place reads (Note [Parameter reads]). ``def f(m, h,
+# x): return F.linear(x, m.head.weight, m.head.bias) + h.m(x)`` reaches the model first through
+# ``m``, pruned to ``head``'s parameters, then whole as ``h.m``: a subtree made with ``m``'s
+# uses alone would leave out ``h.m(x)``'s reads (its hooks, its float attributes), and an edit
+# of them would go unseen. Where the second place reads more, the flattening starts again with
+# that object's uses merged (each start adds uses, so it ends; in practice once or twice).
+
 def _flatten_bound(binding: Binding, bound: list,
                    int_leaves: frozenset = frozenset()) -> tuple[ArgTree, list, list]:
-    f = _Flattener(int_leaves)
+    more: dict[int, Uses] = {}
+    while True:
+        f = _Flattener(int_leaves)
+        f.more = more
+        try:
+            return _flatten_once(f, binding, bound)
+        except _ReachedAgain:
+            more = f.more
+
+
+def _flatten_once(f: _Flattener, binding: Binding,
+                  bound: list) -> tuple[ArgTree, list, list]:
     uses = list(binding.uses) or [WHOLE] * (binding.has_self + len(binding.params))
     if binding.has_self:
         f.visit(binding.self_obj, -1, SELF, None, "self", False, uses.pop(0))

@@ -119,6 +119,15 @@ def merge(a: Uses, b: Uses) -> Uses:
     return out
 
 
+def covers(a: Uses, b: Uses) -> bool:
+    """Whether ``a`` holds every path of ``b``."""
+    if a is WHOLE:
+        return True
+    if b is WHOLE:
+        return False
+    return all(k in a and covers(a[k], sub) for k, sub in b.items())
+
+
 def items_read(uses: Uses, keys) -> dict | None:
     """{key: its uses} of a dict's or a sequence's items that ``uses`` reads, or ``WHOLE``:
     an attribute of a container (a method: ``d.get``, ``t.index``; a namedtuple's field) reads

@@ -1,0 +1,102 @@
+"""Never stale on the hit path (issues 25 and 28): faults an adversarial pass found where a hit
+returned an old result after a change of what the call reads, each with a test of its kind.
+
+Every case jits a function, hits it, makes a change, and compares the next calls with eager
+(``torch.equal``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trident
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 4)
+        self.k = 2.0
+
+    def forward(self, x):
+        return self.head(x) * self.k
+
+
+class Holder:
+    def __init__(self, m):
+        self.m = m
+
+
+# ---- Note [Objects reached twice] (lower/flatten.py) -----------------------------------------
+# The first place a model is reached reads a part of it (its head's parameters), the second
+# reads it whole (calls it): the tree's node for the model must hold what both read.
+
+def pruned_then_whole(m, h, x):
+    return F.linear(x, m.head.weight, m.head.bias) + h.m(x)
+
+
+def whole_then_pruned(h, m, x):
+    return h.m(x) + F.linear(x, m.head.weight, m.head.bias)
+
+
+def pruned_in_holder_then_whole(h, m, x):
+    return F.linear(x, h.m.head.weight, h.m.head.bias) + m(x)
+
+
+def pruned_then_other_path(m, h, x):
+    return F.linear(x, m.head.weight, m.head.bias) * h.m.k
+
+
+def through_shells(*args, **kwargs):
+    m = args[0]
+    return F.linear(args[1], m.head.weight, m.head.bias) + kwargs["h"].m(args[1])
+
+
+CALLS = {
+    "pruned_then_whole": lambda fn, m, h, x: fn(m, h, x),
+    "whole_then_pruned": lambda fn, m, h, x: fn(h, m, x),
+    "pruned_in_holder_then_whole": lambda fn, m, h, x: fn(h, m, x),
+    "pruned_then_other_path": lambda fn, m, h, x: fn(m, h, x),
+    "through_shells": lambda fn, m, h, x: fn(m, x, h=h),
+}
+
+
+def _float(m):
+    m.k = 5.0
+
+
+def _hook(m):
+    m.head.register_forward_hook(lambda mod, args, out: out * 3)
+
+
+def _swap(m):
+    m.head = nn.Linear(4, 4)
+
+
+def _vars(m):
+    vars(m)["k"] = -1.0
+
+
+@pytest.mark.parametrize("change", [_float, _hook, _swap, _vars],
+                         ids=lambda c: c.__name__.strip("_"))
+@pytest.mark.parametrize("fn", [pruned_then_whole, whole_then_pruned,
+                                pruned_in_holder_then_whole, pruned_then_other_path,
+                                through_shells], ids=lambda f: f.__name__)
+def test_an_object_reached_twice_is_checked_for_what_both_places_read(fn, change):
+    torch.manual_seed(0)
+    m = Head().eval()
+    h, x = Holder(m), torch.randn(2, 4)
+    call = CALLS[fn.__name__]
+    jf = trident.jit(fn)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert torch.equal(call(jf, m, h, x), call(fn, m, h, x))
+        change(m)
+        for _ in range(2):
+            assert torch.equal(call(jf, m, h, x), call(fn, m, h, x)), change.__name__
+    assert jf.stats.fallbacks == 0 and jf.stats.hits >= 3, jf.stats
