@@ -334,7 +334,10 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             raise
         except Exception as e:  # make_fx reports unsupported Python as many exception types
             where = _innermost_user_line(e)
-            error = TridentError(f"cannot trace {name}{where}: "
+            what = (" (Python control flow or a Python number that depends on a tensor's values:"
+                    " a trace sees shapes, not values)"
+                    if type(e).__name__ == "GuardOnDataDependentSymNode" else "")
+            error = TridentError(f"cannot trace {name}{where}{what}: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             raise (transient(error) if _transient(e) else error) from e
         finally:
