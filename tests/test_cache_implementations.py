@@ -3,7 +3,8 @@
 
 A tiny Mistral at its default ``sliding_window=4096``, three generates of new prompt lengths,
 tokens and every step's logits equal to eager's (``torch.equal``). ``offloaded`` and
-``offloaded_static`` need CUDA (skipped on the CPU); ``quantized`` needs optimum-quanto or hqq
+``offloaded_static`` need CUDA (skipped on the CPU; they run eagerly, deliberately: Note
+[Unflattenable values] in trident/lower/flatten.py); ``quantized`` needs optimum-quanto or hqq
 (skipped where neither is importable).
 """
 
@@ -21,10 +22,10 @@ transformers = pytest.importorskip("transformers")
 NEW_TOKENS = 4
 
 
-def tiny_mistral(device: str = "cpu"):
+def tiny_mistral(device: str = "cpu", **extra):
     config = transformers.MistralConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
     torch.manual_seed(0)
     return transformers.MistralForCausalLM(config).eval().to(device)
 
@@ -65,11 +66,58 @@ def test_cache_implementations_are_served_natively(cache):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offloaded caches need CUDA")
-@pytest.mark.parametrize("cache", ["offloaded", "offloaded_static"])
-def test_offloaded_caches_are_served_natively_on_cuda(cache):
-    """An offloaded cache moves each layer's tensors between the GPU and pinned host memory
-    around every layer's forward: tokens and logits as eager's, and no call runs eagerly."""
-    jf, ours = generate_three(tiny_mistral("cuda"), cache, device="cuda")
-    assert not ours, ours
-    assert jf.stats.fallbacks == 0, jf.stats
-    assert jf.stats.hits >= 8, jf.stats
+@pytest.mark.parametrize("cache, cls", [("offloaded", "DynamicCache"),
+                                        ("offloaded_static", "StaticCache")])
+def test_offloaded_caches_run_eagerly_with_one_warning_on_cuda(cache, cls):
+    """An offloaded cache moves each layer's tensors between the GPU and pinned host memory on
+    a side stream around every layer's forward, its order kept by ``prefetch_stream`` (a
+    ``torch.Stream``), which no trace records: every call runs eagerly, deliberately, with one
+    warning naming the cache's class and the reason; nothing is traced, and no call flattens
+    the model again (Note [Unflattenable values] in trident/lower/flatten.py). Tokens and
+    logits as eager's. ``sliding_window=None``: with transformers 5.17's sliding layers (every
+    layer at the default 4096) the static offloaded cache offloads no layer, and eager
+    ``generate`` fails in its ``prefetch``."""
+    jf, ours = generate_three(tiny_mistral("cuda", sliding_window=None), cache, device="cuda")
+    assert len(ours) == 1, ours
+    assert f"torch.Stream of a {cls}:" in ours[0] and ".prefetch_stream" in ours[0], ours[0]
+    stats = jf.stats
+    # three generates of NEW_TOKENS forward calls each, every one eager
+    assert (stats.compiles, stats.traces, stats.hits) == (0, 0, 0), stats
+    assert stats.fallbacks == stats.misses == 3 * NEW_TOKENS, stats
+
+
+def test_a_cache_holding_a_stream_runs_eagerly_and_another_cache_natively():
+    """The CPU's view of the offloaded caches' path: a ``DynamicCache`` holding the
+    ``prefetch_stream`` that ``offloading=True`` sets (a CPU stream here; offloading itself
+    needs CUDA) runs eagerly, one warning naming the class and the reason over three generates,
+    tokens and logits as eager's; a later generate with a cache without one is served
+    natively (the eager decision tests the stream's path, Note [Unflattenable values] in
+    trident/lower/flatten.py)."""
+    model = tiny_mistral()
+    forward = model.forward
+    jf = trident.jit(forward)
+    kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+              output_logits=True, return_dict_in_generate=True, disable_compile=True)
+    ours = []
+    for length, stream in ((6, True), (9, True), (12, True), (7, False), (7, False)):
+        ids = torch.randint(0, 96, (1, length))
+        outs = []
+        for fn in (forward, jf):
+            cache = transformers.DynamicCache(config=model.config)
+            if stream:
+                cache.prefetch_stream = torch.Stream("cpu")
+            model.forward = fn
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outs.append(model.generate(ids, past_key_values=cache, **kw))
+            ours += [str(w.message) for w in caught if "trident" in str(w.message)]
+        assert torch.equal(outs[1].sequences, outs[0].sequences)
+        assert all(torch.equal(a, b) for a, b in zip(outs[1].logits, outs[0].logits))
+    model.forward = forward
+    assert len(ours) == 1, ours
+    assert "torch.Stream of a DynamicCache:" in ours[0] and ".prefetch_stream" in ours[0], ours
+    stats = jf.stats
+    assert stats.fallbacks == 3 * NEW_TOKENS, stats
+    # the caches without a stream: the prefill and the decode step compile once each (a
+    # DynamicCache's decode step once more, with its length symbolic), then every call hits
+    assert (stats.compiles, stats.hits) == (3, 2 * NEW_TOKENS - 3), stats

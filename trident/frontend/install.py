@@ -139,6 +139,7 @@ class Installer:
             self._binding = self._make_binding()
             self._trees.clear()
             self._eager_trees.clear()
+            self._unflattenable.clear()
         self._defaults_bound = _defaults_of(self._code_fn)
         self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
         known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in

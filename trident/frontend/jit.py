@@ -111,6 +111,8 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         # per tree, why its last eager call ran eagerly and a test that a call still does
         self._eager_signatures: list[tuple[int, list, str]] = []
         self._eager_trees: dict[int, tuple[str, Callable[[tuple], bool]]] = {}
+        # Note [Unflattenable values] in lower/flatten.py: {steps: why} of values no tree holds
+        self._unflattenable: dict[tuple, str] = {}
         self._cache: FunctionCache | None = None
         self._defaults_bound: tuple = ()  # (__defaults__, __kwdefaults__) the binding has
         self._state: state.StateTree | None = None  # what the installed specializations read

@@ -25,7 +25,7 @@ from trident.ir.guards import (IntValue, Size, SizeRelation, explain_failure, fa
                                first_failure)
 from trident.ir.facts import MAX_ARGS, OTHER, arg_facts
 from trident.ir.specialization import Specialization
-from trident.lower import kernels
+from trident.lower import flatten, kernels
 from trident.ir.trees import CONST, LEAF
 from trident.lower.guards import guards_for
 
@@ -54,11 +54,16 @@ class MissPolicy:
         kwargs = kwargs or {}
         if self._cache is None or self._state_failure() >= 0 or not self._defaults_unchanged():
             self._ensure_loaded()  # (first, so that reassigned defaults bind this call)
+        for steps, why in self._unflattenable.items():  # Note [Unflattenable values]
+            if flatten.reaches(self._binding, args, kwargs, steps):
+                return self._eager(args, kwargs, why)
         try:
             call = self._flatten(args, kwargs)
         except TypeError:
             return self._fn(*args, **kwargs)  # raises the TypeError eager raises
         except TridentError as e:
+            if getattr(e, "steps", None):  # in flatten.py
+                self._unflattenable[e.steps] = str(e)
             return self._eager(args, kwargs, str(e))
         if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)

@@ -158,6 +158,75 @@ def _kept_product(op: str, original, fake_mode, func, *args, **kwargs):
 _KEPT_PRODUCTS = ("linear", "matmul")
 
 
+# Note [Kept attention]: ``scaled_dot_product_attention`` is kept whole (torch.export's rule,
+# Note [Composite ops]); ATen picks its kernel at call time, as in eager. Its fake result comes
+# from running its C++ body on the fake operands, and torch 2.11's body checks explicitly
+# whether the mask's batch and the query's are 1 (2.13's does not): a guard ``!= 1`` on the
+# batch symbol, so a batch of one missed the decode step traced for other batches (Note
+# [Batch dims] in frontend/batch.py). So while tracing with symbolic sizes, where the query's
+# dim 0 is a symbol that no other size or stride of the operands reads, the body runs twice:
+# once with that batch a fresh unbacked size of range >= 2 (a check that its range decides
+# adds no guard; any other check of it raises, and the body runs as ever), once with a batch
+# of 1. Where both give a result of the same other sizes and strides, none of which reads the
+# batch, the result is that layout at the call's batch: the kernel eager picks at any batch
+# lays its result out alike (on the CPU, ``_scaled_dot_product_flash_attention_for_cpu`` at
+# every batch). Anywhere else the body runs on the operands as ever, guards and all.
+def _kept_attention(original, fake_mode, func, *args, **kwargs):
+    """Note [Kept attention]: the fake result of a kept ``scaled_dot_product_attention``."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    env = fake_mode.shape_env
+    query = args[0] if args else None
+    if (env is None or not isinstance(query, torch.Tensor) or not query.dim()
+            or not isinstance(query.shape[0], torch.SymInt)
+            or any(isinstance(a, torch.Tensor) for a in kwargs.values())):
+        return original(fake_mode, func, *args, **kwargs)
+    batch = query.shape[0]
+    symbol = env.simplify(batch.node.expr)
+
+    def reads(x, symbol) -> bool:
+        return isinstance(x, torch.SymInt) and symbol in env.simplify(x.node.expr).free_symbols
+
+    def batched(a) -> bool:
+        return statically_known_true(a.shape[0] == batch)
+
+    operands = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    for a in operands.values():  # the batches the body compares with the query's (as eager)
+        if a.dim() and isinstance(a.shape[0], torch.SymInt) and not batched(a) and \
+                env.size_hint(a.shape[0].node.expr) == env.size_hint(batch.node.expr):
+            torch._check(a.shape[0] == batch)
+    if any(not a.dim() or any(reads(x, symbol) for x in (*a.shape[1:], *a.stride()))
+           or (reads(a.shape[0], symbol) and not batched(a)) for a in operands.values()):
+        return original(fake_mode, func, *args, **kwargs)
+
+    def at_batch(n):
+        with fake_mode:
+            return [a.new_empty_strided((n, *a.shape[1:]), a.stride())
+                    if i in operands and batched(a) else a for i, a in enumerate(args)]
+
+    try:
+        with env.ignore_fresh_unbacked_symbols():
+            wide = env.create_unbacked_symint()
+            env.var_to_range[wide.node.expr] = ValueRanges(2, int_oo)
+            many = original(fake_mode, func, *at_batch(wide), **kwargs)
+    except Exception:  # a check its range does not decide: the body's own guards, as ever
+        return original(fake_mode, func, *args, **kwargs)
+    one = original(fake_mode, func, *at_batch(1), **kwargs)
+    alike = (many.dim() == one.dim() and many.dim() and (many.dtype, many.device) == (
+        one.dtype, one.device) and statically_known_true(many.shape[0] == wide)
+        and one.shape[0] == 1 and not any(reads(x, wide.node.expr) for x in (
+            *many.shape[1:], *many.stride()))
+        and all(statically_known_true(a == b) for a, b in zip(
+            (*many.shape[1:], *many.stride()), (*one.shape[1:], *one.stride()))))
+    if not alike:
+        return original(fake_mode, func, *args, **kwargs)
+    with fake_mode:
+        return torch.empty_strided((batch, *many.shape[1:]), many.stride(), dtype=many.dtype,
+                                   device=many.device)
+
+
 # Note [Clamped slice ends]: a symbolic slice end that the trace cannot compare with the size
 # it slices, as transformers' SDPA prefill cuts an empty static cache to the prompt
 # (``key[:, :, :q_length]``, the cache's length an int leaf: Note [Int leaves] in
@@ -205,6 +274,9 @@ def eager_decompositions(symbolic: bool):
                 op = getattr(torch.ops.aten, name).default
                 if op in rules:
                     rules[op] = functools.partial(_kept_product, name, rules[op])
+            attention = torch.ops.aten.scaled_dot_product_attention.default
+            if attention in rules:  # Note [Kept attention]
+                rules[attention] = functools.partial(_kept_attention, rules[attention])
             from torch._subclasses import fake_impls  # Note [Clamped slice ends]
 
             index = getattr(fake_impls, "_compute_slice_index", None)

@@ -119,6 +119,24 @@ class _Flattener:
             return f"trident.jit of {stable_words(fn)}"
         return stable_words(value)
 
+    def held(self, parent: int) -> str:
+        """``" of a DynamicCache"``: the class of the object whose attribute the
+        value at a node under ``parent`` is, or ``""``."""
+        if parent < 0 or self.nodes[parent].check != OBJECT:
+            return ""
+        holder = self.nodes[parent]
+        return f" of a {holder.expect.__qualname__}"
+
+    def steps(self, value, parent: int, access: int, key) -> tuple:
+        """Note [Unflattenable values]: ``((access, key, type), ...)``, the way from the call's
+        bound parameters to ``value`` (at a new node under ``parent``) and each value's type."""
+        chain = [(access, key, type(value))]
+        while parent >= 0:
+            node = self.nodes[parent]
+            chain.append((node.access, node.key, type(self.values[parent])))
+            parent = node.parent
+        return tuple(reversed(chain))
+
     def tensor(self, value: torch.Tensor, node: Node) -> None:
         """A tensor first reached at ``node``: a leaf of the specialization."""
         self.leaf_nodes.append(self.add(value, node, "a leaf"))
@@ -181,8 +199,16 @@ class _Flattener:
             # a numpy array, a deque, an object with __slots__ (those beside a __dict__ too:
             # no guard reads them, and a trace's write to one would not be undone), a thread's
             # own attributes (another thread reads other ones): contents no check can see
-            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents Trident "
-                               "cannot guard")
+            if isinstance(value, (torch.Stream, torch.Event)):
+                error = TridentError(f"{self.what} {path} is a {_type_name(t)}{self.held(parent)}"
+                                     ": work that streams order (an offloaded cache copies its "
+                                     "layers between the GPU and host memory on a side stream "
+                                     "around each layer) is not traced")
+            else:
+                error = TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents "
+                                     "Trident cannot guard")
+            error.steps = self.steps(value, parent, access, key)  # Note [Unflattenable values]
+            raise error
         self.seen[id(value)] = len(self.nodes)
         if id(value) in self.more:
             uses = merge(uses, self.more[id(value)])
@@ -332,6 +358,40 @@ def _flatten_once(f: _Flattener, binding: Binding,
     key = int.from_bytes(digest[:8], "little") >> 2  # a positive int64
     tree = ArgTree(f.nodes, f.leaf_nodes, key, f.description)
     return tree, [key] + [f.values[i] for i in f.leaf_nodes], f.values
+
+
+# Note [Unflattenable values]: a value that no argument tree can hold, decided by its type
+# alone (a ``torch.Stream``: an offloaded cache's ``prefetch_stream``), makes every call that
+# reaches it run eagerly. Flattening the call up to it (a model's modules and parameters come
+# first) costs about what the eager call does, at every call: so its error carries the way to
+# it from the bound parameters and the type of every value on that way (``steps``), and the
+# JitFunction tests a later call on that way alone (:func:`reaches`) before it flattens
+# anything. A call whose values there have other types (another cache) is flattened as ever.
+
+
+def reaches(binding: Binding, args: tuple, kwargs: dict, steps: tuple) -> bool:
+    """Note [Unflattenable values]: the values of the call at ``steps`` have the types they
+    had where flattening failed."""
+    try:
+        bound = binding.bind(args, kwargs)
+    except TypeError:
+        return False
+    value = None
+    for access, key, t in steps:
+        if access == SELF:
+            value = binding.self_obj
+        elif access == ARG:
+            value = bound[key]
+        elif access == ATTR:
+            value = getattr(value, "__dict__", {}).get(key, _MISSING)
+        else:
+            try:
+                value = value[key]
+            except (KeyError, IndexError, TypeError):
+                return False
+        if type(value) is not t:
+            return False
+    return True
 
 
 # ---- tracing with fake leaves ----------------------------------------------------------------
