@@ -317,6 +317,18 @@ typedef struct trt_api {
 #define TRT_TL(p, n) ((trt_value){TRT_TENSOR_LIST, (n), {.items = (p)}})
 #define TRT_OTL(p, n) ((trt_value){TRT_OPT_TENSOR_LIST, (n), {.items = (p)}})
 
+/* Note [Optimized guards]: an SCM is built at -O0 (trident/build.py), but its guard() runs at
+ * every hit and is thousands of compare-and-return lines for a model (a 24-layer Qwen2's decode
+ * step: 2,500 checks, 108 KB of -O0 code that reloads `a` from the stack for each, past the
+ * instruction cache). Only that function is optimized (GCC; other compilers build it as the
+ * rest): -O1 halves its code and its instructions for about half a second more of GCC's time
+ * per such specialization (docs/benchmarks.md, issue 25). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define TRT_OPTIMIZED __attribute__((optimize("O1")))
+#else
+#define TRT_OPTIMIZED
+#endif
+
 /* Float guards compare bit patterns, so NaN and -0.0 guard like any other value. */
 static inline uint64_t trt_f64_bits(double f) {
   union { double f; uint64_t u; } v;
