@@ -14,6 +14,8 @@ tensors and the ids copied in) and a Qwen2.5-0.5B-like decode step (290 and 72 +
   than 64 copied-in arguments (before commit d37143a);
 - ``moved``: the slot's check when the ids moved since the last call;
 - ``same``: the slot's check when nothing moved.
+
+Built with the SCMs' flags (``build.CFLAGS``: -O0; Note [Optimized guards] in trident_rt.h).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def _module():
              "int moving, int calls);")
     ffi.set_source("graph_checks", SOURCE, include_dirs=[
         str(Path(trident.__file__).parent / "runtime"), build._cuda_include()],
-        extra_compile_args=["-O2"])
+        extra_compile_args=list(build.CFLAGS))  # as an SCM is built
     built = ffi.compile(tmpdir=tempfile.mkdtemp(prefix="graph-checks-"))
     spec = importlib.util.spec_from_file_location("graph_checks", built)
     module = importlib.util.module_from_spec(spec)
