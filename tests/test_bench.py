@@ -144,6 +144,9 @@ def test_hit_parts_cpu_runs_a_decode_hit_with_no_python():
     assert torch.get_num_threads() == threads
     assert out["python"] == {}
     stats = out["stats"]
-    # 3 generates of 40 forward calls, two of them misses; 20 profiled, 20 timed, 5 profiled
-    assert (stats.hits, stats.misses, stats.fallbacks) == (118 + 45, 2, 0), stats
+    # 3 generates of 40 forward calls, two of them misses; 6 generates in situ; 20 profiled,
+    # 20 flushed, 20 timed, 5 profiled
+    assert (stats.hits, stats.misses, stats.fallbacks) == (118 + 240 + 65, 2, 0), stats
     assert out["parts"]["argument tree"] > 0 and out["parts"]["hits"] == 20
+    assert out["in situ"]["hits"] == 1 and out["in situ"]["argument tree"] > 0
+    assert out["flushed"]["hits"] == 1 and out["in situ"]["whole call"] > 0

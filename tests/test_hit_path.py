@@ -222,3 +222,18 @@ def test_concurrent_hits_from_threads_are_correct():
         t.join()
     assert errors == []
     assert jf.stats.hits == 1200 and jf.stats.compiles == 1
+
+
+def test_hit_profile_keeps_the_result():
+    """``_hit_profile(args, kwargs, n, thread, keep=True)`` (benchmarks: a decode step timed
+    inside ``generate``) returns the parts and the last call's result, a hit's as eager's."""
+    jf = trident.jit(block)
+    args = block_args()
+    jf(*args)
+    jf(*args)
+    parts, out = jf._hit_profile(args, None, 3, False, True)
+    assert parts["hits"] == 3 and parts["argument tree"] >= 0
+    expect = block(*args)
+    assert torch.equal(out[0], expect[0]) and torch.equal(out[1][0], expect[1][0])
+    assert out[2:] == expect[2:]
+    assert isinstance(jf._hit_profile(args, None, 1), dict)

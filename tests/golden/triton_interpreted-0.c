@@ -32,8 +32,8 @@ static const char* const op_names[][2] = {
 /* ---- triton_add(x: float32[100] cpu, y: float32[100] cpu) ---- */
 
 /* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
-   [Checked size steps] in trident/codegen/render.py) */
-static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
+   [Checked size steps] in trident/codegen/render.py). Note [Optimized guards] in trident_rt.h. */
+TRT_OPTIMIZED static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
   if (!(n == 3)) return 0;  /* the call's structure and 2 leaves (x, y) */
   if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
   if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */

@@ -291,7 +291,7 @@ typedef struct trt_span {
   int copied, written;
 } trt_span;
 
-static int trt_span_order(const void* a, const void* b) {
+TRT_OPTIMIZED static int trt_span_order(const void* a, const void* b) {
   uintptr_t x = ((const trt_span*)a)->start, y = ((const trt_span*)b)->start;
   return x < y ? -1 : x > y;
 }
@@ -301,7 +301,7 @@ static int trt_span_order(const void* a, const void* b) {
  * arguments. One sort of the byte ranges, then a sweep that keeps, for each kind of range seen
  * so far, the furthest end: a range overlaps an earlier one exactly when that end passes its
  * start. 1 also when there is no memory to sort in (the caller then runs step by step). */
-static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a) {
+TRT_OPTIMIZED static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a) {
   trt_span local[256];
   trt_span* spans = ninputs <= 256 ? local : (trt_span*)malloc(sizeof(trt_span) * (size_t)ninputs);
   if (!spans) return 1;
@@ -339,7 +339,7 @@ static int trt_copy_hides_write(const int64_t* in, int ninputs, const trt_arg* a
  * arguments that moved can make one, so each is checked against every other argument
  * (`TRT_GRAPH_MOVED` at most; more take the sort). The whole check sorts every argument's range,
  * which for a few hundred arguments costs more than the rest of the replay's host work. */
-static int trt_graph_hides_write(trt_graph* g, const int64_t* d, const int64_t* in, int ninputs,
+TRT_OPTIMIZED static int trt_graph_hides_write(trt_graph* g, const int64_t* d, const int64_t* in, int ninputs,
                                  const trt_arg* a) {
   if (g->checked_room < ninputs) {
     uintptr_t* room = (uintptr_t*)realloc(g->checked, sizeof(uintptr_t) * (size_t)ninputs);
@@ -384,7 +384,7 @@ static int trt_graph_hides_write(trt_graph* g, const int64_t* d, const int64_t* 
 
 /* Whether the call's arguments `a` have the sizes, strides and offsets of a graph's size key
  * (`nkey` words at `key`, trt_graph in trident_rt.h). */
-static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg* a) {
+TRT_OPTIMIZED static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg* a) {
   for (int64_t p = 0; p < nkey;) {
     const trt_arg* t = &a[key[p]];
     int64_t dim = key[p + 1];
@@ -400,7 +400,7 @@ static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg
 /* Note [Graph outputs] (frontend/graphs.py): whether a replay of the descriptor whose outputs
  * start at `o` would overwrite a static output it hands out that a tensor other than the
  * graph's own holds (an earlier replay's result, still alive). */
-static int trt_graph_outputs_busy(const int64_t* o, int noutputs, const trt_api* rt) {
+TRT_OPTIMIZED static int trt_graph_outputs_busy(const int64_t* o, int noutputs, const trt_api* rt) {
   for (int k = 0; k < noutputs; ++k) {
     int32_t tag = (int32_t)*o++;
     if (tag != TRT_TENSOR) {
@@ -431,7 +431,7 @@ static inline void trt_replay_lap(const trt_api* rt, int part) {
  * more), TRT_GRAPH_NONE when no graph applies to this call (none for its size, an input at a
  * new address, another stream, a copied input overlapping another where either may be
  * written, a handed-out output still held): the caller then runs the launch sequence. */
-static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, const trt_api* rt,
+TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, const trt_api* rt,
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
   if (g->state == TRT_GRAPH_PENDING) return TRT_GRAPH_CAPTURE;

@@ -97,6 +97,20 @@ typedef struct trt_result {
   trt_value outs[TRT_MAX_OUTS];
 } trt_result;
 
+/* Note [Optimized guards]: an SCM is built at -O0 (trident/build.py), but its guard() runs at
+ * every hit and is thousands of compare-and-return lines for a model (a 24-layer Qwen2's decode
+ * step: 2,500 checks, 108 KB of -O0 code that reloads `a` from the stack for each, past the
+ * instruction cache). So that function is optimized (GCC; other compilers build it as the
+ * rest): -O1 halves its code and cuts its time 7x for about 0.4 s more of GCC's CPU time per
+ * such specialization (docs/benchmarks.md, issue 25). So are the headers' functions a graph
+ * replay runs (trt_graph_replay and what it calls: loops over every argument of the graph),
+ * which each SCM compiles too. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define TRT_OPTIMIZED __attribute__((optimize("O1")))
+#else
+#define TRT_OPTIMIZED
+#endif
+
 /* One specialization's CUDA graphs (Note [CUDA graphs] in trident/frontend/graphs.py): one graph for a
  * static specialization, one per concrete size for a symbolic one. Owned by the function's
  * Dispatcher, not by the SCM: two functions built from the same source share one SCM.
@@ -148,7 +162,7 @@ enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1 };
  * (trt_graph_key_hash), equal when the key fits the call. Never 0, which marks an empty slot. */
 #define TRT_FNV(h, w) ((h) = ((h) ^ (uint64_t)(w)) * 1099511628211ull)
 
-static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32_t n) {
+TRT_OPTIMIZED static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32_t n) {
   uint64_t h = 1469598103934665603ull;
   for (int32_t k = 0; k < n; ++k) {
     const trt_arg* t = &a[k];
@@ -161,7 +175,7 @@ static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32_t n) {
   return h | 1;
 }
 
-static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
+TRT_OPTIMIZED static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t p = 0; p < nkey; p += 3 + 2 * key[p + 1]) {
     TRT_FNV(h, key[p]);
@@ -172,7 +186,7 @@ static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
 
 /* Whether `g` saw a call whose trt_graph_call_hash is `h` before, remembering it if not. A
  * collision only captures a size one call early. */
-static inline int trt_graph_seen_before(trt_graph* g, uint64_t h) {
+TRT_OPTIMIZED static inline int trt_graph_seen_before(trt_graph* g, uint64_t h) {
   uint32_t i = (uint32_t)(h ^ (h >> 32)) % TRT_GRAPH_SEEN;
   for (; g->seen[i]; i = (i + 1) % TRT_GRAPH_SEEN)
     if (g->seen[i] == h) return 1;
@@ -316,6 +330,7 @@ typedef struct trt_api {
 #define TRT_BL(p, n) ((trt_value){TRT_BOOL_LIST, (n), {.ints = (p)}})
 #define TRT_TL(p, n) ((trt_value){TRT_TENSOR_LIST, (n), {.items = (p)}})
 #define TRT_OTL(p, n) ((trt_value){TRT_OPT_TENSOR_LIST, (n), {.items = (p)}})
+
 
 /* Float guards compare bit patterns, so NaN and -0.0 guard like any other value. */
 static inline uint64_t trt_f64_bits(double f) {
