@@ -171,7 +171,7 @@ class MissPolicy:
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
         with _COMPILE_LOCK, interrupts.imports_uninterrupted(), \
-                config.progress(self.__qualname__):  # Note [Progress] in config.py
+                config.progress(self.__qualname__), config.frozen_heap():  # (config.py)
             # a thread that waited here may find its signature compiled by the one before it
             # (through this JitFunction or another one over the same function, which stored
             # it), or the limit reached by the threads before it
