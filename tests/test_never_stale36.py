@@ -477,7 +477,7 @@ def test_state_read_through_files_frames_or_eval_runs_eagerly(case, tmp_path):
     assert len([w for w in caught if "runs eagerly" in str(w.message)]) == 1
 
 
-# ---- a known limit: a write through ``.data`` -----------------------------------------------
+# ---- a write through ``.data`` (Note [Global tensor values] in lower/state/tree.py) ---------
 
 _W = torch.tensor(2.0)
 
@@ -486,20 +486,54 @@ def _reads_w(x):
     return x * _W.item()
 
 
-@pytest.mark.xfail(strict=True, reason="a global tensor read as Python values is guarded by its "
-                   "identity and version counter (TENSOR in lower/state/__init__.py); a write "
-                   "through .data goes to another version counter, which no guard reads")
-@pytest.mark.parametrize("write", ["fill", "assign"])
+def _reads_w_list(x):
+    return x * sum(_W.tolist())
+
+
+@pytest.mark.parametrize("write", ["fill", "assign", "assign_bits", "item", "unchanged"])
 def test_a_write_through_data_to_a_global_tensor_read_as_a_value(write):
+    """``.data`` is a tensor of its own version counter, and ``.data =`` keeps the old one: the
+    global's contents are what shows the write."""
     global _W
-    _W = torch.tensor(2.0)
+    _W = torch.tensor([2.0, 3.0]) if write == "item" else torch.tensor(2.0)
+    fn = _reads_w_list if write == "item" else _reads_w
     x = torch.ones(3)
-    jf = trident.jit(_reads_w)
+    jf = trident.jit(fn)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert torch.equal(jf(x), _reads_w(x)) and torch.equal(jf(x), _reads_w(x))
+        warnings.simplefilter("error")
+        assert torch.equal(jf(x), fn(x)) and torch.equal(jf(x), fn(x))
         if write == "fill":
             _W.data.fill_(5.0)
-        else:
+        elif write == "assign":
             _W.data = torch.tensor(5.0)
+        elif write == "assign_bits":  # the same bytes as another dtype: .item() is an int
+            _W.data = torch.tensor(2.0).view(torch.int32)
+        elif write == "item":
+            _W.data[1] = 7.0
+        else:
+            _W.data = torch.tensor(2.0)
+        for _ in range(2):
+            assert torch.equal(jf(x), fn(x))
+    s = jf.stats
+    assert (s.compiles, s.hits, s.fallbacks) == ((1, 3, 0) if write == "unchanged" else
+                                                 (2, 2, 0)), s
+    if write != "unchanged":
+        assert s.miss_reasons[-1] == "_W changed since the last call", s.miss_reasons
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_global_cuda_tensor_read_as_a_value_runs_eagerly_with_one_warning():
+    """A CUDA tensor's contents cannot be compared on the hit path without a copy to the host:
+    the call runs eagerly, and a write through ``.data`` is eager's."""
+    global _W
+    _W = torch.tensor(2.0, device="cuda")
+    x = torch.ones(3, device="cuda")
+    jf = trident.jit(_reads_w)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert torch.equal(jf(x), _reads_w(x))
+        _W.data.fill_(5.0)
+        assert torch.equal(jf(x), _reads_w(x))
+    said = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(said) == 1 and "read as Python values" in said[0], said
+    assert jf.stats.fallbacks == 2 and jf.stats.hits == 0, jf.stats

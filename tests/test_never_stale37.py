@@ -6,6 +6,8 @@ Every case jits a function, hits it, makes a change, and compares the next calls
 
 from __future__ import annotations
 
+import array
+import collections
 import warnings
 
 import pytest
@@ -100,3 +102,52 @@ def test_an_object_reached_twice_is_checked_for_what_both_places_read(fn, change
         for _ in range(2):
             assert torch.equal(call(jf, m, h, x), call(fn, m, h, x)), change.__name__
     assert jf.stats.fallbacks == 0 and jf.stats.hits >= 3, jf.stats
+
+
+# ---- an object whose C base holds its contents -----------------------------------------------
+
+class Deque(collections.deque):
+    pass
+
+
+class Bytes(bytearray):
+    pass
+
+
+class Doubles(array.array):
+    pass
+
+
+def first_item(x, d):
+    return x * d[0]
+
+
+_GLOBAL = {}
+
+
+def first_item_of_global(x):
+    return x * _GLOBAL["d"][0]
+
+
+@pytest.mark.parametrize("make", [lambda: Deque([2.0]), lambda: Bytes(b"\x02"),
+                                  lambda: Doubles("d", [2.0])],
+                         ids=["deque", "bytearray", "array"])
+@pytest.mark.parametrize("where", ["argument", "global"])
+def test_a_subclass_of_a_c_container_runs_eagerly_with_one_warning(make, where):
+    """A Python subclass of a C container has a ``__dict__``, but its items live in the C
+    object, which no node of the tree checks: a hit returned the old item after an edit."""
+    d = make()
+    x = torch.ones(3)
+    fn = first_item if where == "argument" else first_item_of_global
+    _GLOBAL["d"] = d
+    call = (lambda f: f(x, d)) if where == "argument" else (lambda f: f(x))
+    jf = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert torch.equal(call(jf), call(fn))
+        d[0] = 5
+        assert torch.equal(call(jf), call(fn))
+    assert jf.stats.hits == 0 and jf.stats.fallbacks == 3, jf.stats
+    said = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(said) == 1 and "cannot guard" in said[0], said

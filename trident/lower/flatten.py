@@ -193,12 +193,14 @@ class _Flattener:
             raise TridentError(f"{self.what} {path} is a {_type_name(t)}, a subclass of "
                                f"{next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
                                ", whose value Trident cannot guard")
-        if (not hasattr(value, "__dict__") and t not in (tuple, list, dict, OrderedDict)
-                and not _is_namedtuple(t)) or isinstance(value, threading.local) \
-                or _slotted(t):
+        if ((not hasattr(value, "__dict__") or _c_state(t))
+                and t not in (tuple, list, dict, OrderedDict) and not _is_namedtuple(t)) \
+                or isinstance(value, threading.local) or _slotted(t):
             # a numpy array, a deque, an object with __slots__ (those beside a __dict__ too:
             # no guard reads them, and a trace's write to one would not be undone), a thread's
-            # own attributes (another thread reads other ones): contents no check can see
+            # own attributes (another thread reads other ones), a Python subclass of a C type
+            # that holds its own contents (a deque's, a bytearray's items): contents no check
+            # can see; a stream or an event (Note [Unflattenable values])
             if isinstance(value, (torch.Stream, torch.Event)):
                 error = TridentError(f"{self.what} {path} is a {_type_name(t)}{self.held(parent)}"
                                      ": work that streams order (an offloaded cache copies its "
@@ -275,8 +277,21 @@ _OPAQUE = (functools.partial, torch._ops.OpOverload, torch._ops.OpOverloadPacket
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
     JitFunction, a ``functools.partial``, a torch operator such as ``torch.ops.aten.add.Tensor``,
-    whose ``__dict__`` holds the dispatcher's caches)."""
+    whose ``__dict__`` holds the dispatcher's caches). A stream or an event is not one: the
+    work it orders is not traced (Note [Unflattenable values])."""
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
+
+
+class _Plain:
+    pass
+
+
+def _c_state(t: type) -> bool:
+    """Instances of ``t`` hold more than a plain Python object's ``__dict__`` and weak
+    references: a base written in C keeps contents of its own (``class Q(collections.deque)``,
+    a subclass of ``bytearray``, ``array.array`` or ``Exception``), which the object's node
+    does not check."""
+    return t.__basicsize__ > _Plain.__basicsize__ or t.__itemsize__ != 0
 
 
 def _slotted(t: type) -> bool:

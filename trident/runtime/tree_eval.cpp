@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
 namespace {
@@ -132,6 +133,16 @@ TreeMemo::~TreeMemo() {  // with the GIL (CallTrees' last holder has it)
 #endif
 }
 
+// Whether `t` holds what `copy` (a contiguous CPU tensor) does: its dtype, sizes and bytes. A
+// write through `.data` moves no version counter of `t` (Note [Global tensor values]).
+bool same_contents(const at::Tensor& t, const at::Tensor& copy) {
+  if (t.scalar_type() != copy.scalar_type() || t.sizes() != copy.sizes() || !t.is_cpu() ||
+      t.layout() != at::kStrided || !t.is_contiguous() || t.is_conj() || t.is_neg())
+    return false;
+  size_t n = copy.nbytes();
+  return n == 0 || std::memcmp(t.const_data_ptr(), copy.const_data_ptr(), n) == 0;
+}
+
 // One tree's evaluation: where values go (the memo's arrays for argument trees, so that the next
 // call finds them; the call's own for state trees).
 struct TreeEval {
@@ -198,9 +209,11 @@ struct TreeEval {
       case TRT_CHK_ID: ok = v == node.expect; break;
       case TRT_CHK_SAME: ok = v == values[node.same]; break;
       case TRT_CHK_TYPE: ok = Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(node.expect); break;
-      case TRT_CHK_TENSOR:  // the same tensor, not written since (its version counter)
+      case TRT_CHK_TENSOR:  // the same tensor, not written since (its version counter), with
+        // the same contents (Note [Global tensor values] in lower/state/tree.py)
         ok = v == node.expect && THPVariable_Check(v) &&
-             static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length;
+             static_cast<Py_ssize_t>(THPVariable_Unpack(v)._version()) == node.length &&
+             same_contents(THPVariable_Unpack(v), THPVariable_Unpack(node.keys));
         break;
     }
     return ok;

@@ -3,6 +3,8 @@
 
 #include "runtime_internal.h"
 
+#include <torch/csrc/autograd/python_variable.h>
+
 namespace {
 
 // ---- Note [Argument trees] (trident/lower/flatten.py) --------------------------------------------
@@ -215,8 +217,11 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
     node.expect = PyTuple_GET_ITEM(n, 4);
     node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
     node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
-    if (node.keys && (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+    if (node.keys && node.check != TRT_CHK_TENSOR &&
+        (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
       return false;
+    if (node.check == TRT_CHK_TENSOR && (!node.keys || !THPVariable_Check(node.keys)))
+      return false;  // its contents' copy (Note [Global tensor values] in lower/state/tree.py)
     node.index = (node.access == TRT_ACC_ARG || node.access == TRT_ACC_INDEX)
                      ? PyLong_AsSsize_t(node.key)
                      : 0;

@@ -32,8 +32,10 @@ Dynamo's guard kinds:
 * ``ID`` (ID_MATCH): modules, classes, functions (their code runs, so their own reads are
   chains of their own), builtins, Triton kernels;
 * ``CONST`` (EQUALS_MATCH): numbers (floats by bit pattern), str, bytes, None, dtypes;
-* ``TENSOR``: a tensor's identity and its version counter (a version tag: an in-place write
-  bumps it), for a global tensor read as Python values (``.tolist()``, ``.item()``);
+* ``TENSOR``: a tensor's identity, its version counter (a version tag: an in-place write
+  bumps it) and its contents against a copy (a write through ``.data`` bumps none: Note
+  [Global tensor values] in tree.py), for a global CPU tensor read as Python values
+  (``.tolist()``, ``.item()``);
 * ``TYPE``: the exact type of a container or object a chain goes through;
 * ``ABSENT``: a name that must stay unbound (a global that would shadow the builtin ``abs``);
 * a value used whole (a list iterated, a config passed on): its whole contents, as an argument

@@ -94,11 +94,26 @@ class _StateFlattener(_Flattener):
         return _words(value)
 
     def tensor(self, value, node: Node) -> None:
+        """Note [Global tensor values]: a global tensor read as Python values (``.item()``,
+        ``.tolist()``) is checked by its identity, its version counter, and its contents
+        against a copy: a write through ``.data`` (``t.data.fill_(5)``, ``t.data = u``) goes
+        to another version counter or none, so only the contents show it. The check compares
+        bytes in place, which a CPU tensor of plain dense layout allows; any other runs the
+        call eagerly."""
         if value.is_inference():  # (torch.inference_mode): written there without a trace
             raise TridentError(f"the global {node.path} is an inference tensor, which has no "
                                "version counter to guard its values by; pass it as an argument")
+        if value.device.type != "cpu" or value.layout != torch.strided or \
+                not value.is_contiguous() or value.is_conj() or value.is_neg():
+            raise TridentError(f"the global {node.path} is a {value.device.type} tensor "
+                               f"{'' if value.device.type != 'cpu' else 'not of dense layout '}"
+                               "read as Python values, whose contents no check reads on the hit "
+                               "path (a write through .data moves no version counter); pass "
+                               "it as an argument")
         self.add(value, dataclasses.replace(node, check=TENSOR, expect=value,
-                                            length=value._version), _tensor_words(value))
+                                            length=value._version,
+                                            keys=value.detach().clone()),
+                 _tensor_words(value))
 
 
 @functools.cache
