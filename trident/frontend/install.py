@@ -177,19 +177,29 @@ class Installer:
         (Note [State guards]); with ``dynamic=False`` only static ones, even where another jit
         of the same code stored symbolic ones."""
         digests: dict[str, str | None] = {}
+        why: list[str] = []  # why a stored one's state is not this process's
 
         def allowed(spec: Specialization) -> bool:
             text = json.dumps(spec.state.reads)
             if text not in digests:
                 try:
                     digests[text] = self._state_tree(spec.state.reads).digest
-                except (TridentError, ValueError, TypeError, KeyError, IndexError):
+                except (TridentError, ValueError, TypeError, KeyError, IndexError) as e:
                     digests[text] = None  # a chain that no longer evaluates
-            return digests[text] == spec.state.digest
+                    why.append(str(e))
+            if digests[text] != spec.state.digest:
+                why.append("the state it read differs from this process's")
+                return False
+            return True
 
-        return [s for s in self._cache.load_specs()
-                if (self._dynamic is not False or not s.symbolic) and allowed(s)
-                and rng.installable(s.plan)]
+        specs = [s for s in self._cache.load_specs()
+                 if (self._dynamic is not False or not s.symbolic) and allowed(s)
+                 and rng.installable(s.plan)]
+        # for the miss reason (policy.py): the stored specializations the state turned away
+        rejected = sum(1 for w in why if w.startswith("the state it read"))
+        self._state_rejected = (f"{rejected} stored specialization(s) not installed: "
+                                f"{'; '.join(dict.fromkeys(why))}" if rejected else None)
+        return specs
 
     def _stored_call(self, call: _Call, specs: list[Specialization]) -> _Call:
         """Note [Stored int leaves]: ``call`` flattened again with the int leaves of one of

@@ -117,6 +117,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._defaults_bound: tuple = ()  # (__defaults__, __kwdefaults__) the binding has
         self._state: state.StateTree | None = None  # what the installed specializations read
         self._load_reason = "first call"
+        self._state_rejected: str | None = None  # stored ones the state turned away (install.py)
         self._dynamic_failed = False
         self._int_leaves: frozenset[str] = frozenset()  # Note [Int leaves] in policy.py
         self._int_trees: dict[int, set[int]] = {}  # tree key: the trees it generalized

@@ -155,6 +155,10 @@ class MissPolicy:
         misses = self._counters.misses
         try:
             return self._compile_miss(call, stored, reason)
+        except CompileForbidden as e:  # why no stored specialization accepted the call
+            if self._counters.misses == misses:
+                self._count_miss(reason)
+            raise CompileForbidden(f"{self.__qualname__}: {e}; the miss: {reason}") from None
         except BaseException:  # a compile that raised (fallback=False, Ctrl-C)
             if self._counters.misses == misses:
                 self._count_miss(reason)
@@ -317,13 +321,15 @@ class MissPolicy:
     def _miss_reason(self, call: _Call) -> str:
         """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
         failing guard or argument path, not the (possibly long) signature."""
+        rejected = getattr(self, "_state_rejected", None)
+        stored = f"; {rejected}" if rejected else ""
         if not self._specs:
-            return self._load_reason
+            return self._load_reason + stored
         # specializations of argument structures no call of this process had (stored by
         # another front door or process) are not named one by one
         reasons = [f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
                    for i, spec in enumerate(self._specs) if spec.tree in self._trees]
-        return "; ".join(reasons) or "a new argument structure"
+        return ("; ".join(reasons) or "a new argument structure") + stored
 
     # Note [Miss counts]: a miss is a call the native hit path did not serve: no specialization
     # accepted it (it compiles, installs a stored one, or runs eagerly), or a step of the one

@@ -98,7 +98,9 @@ def _resolve_object(token: str) -> Any:
 
 def _root_of(obj) -> tuple[tuple, tuple]:
     """(root, steps) naming ``obj``: its module (one that ``sys.modules`` holds), then its
-    qualified name, when that path reaches it; else the object itself, in this process only."""
+    qualified name, when that path reaches it, or else the module's own name for it (a
+    ``namedtuple`` bound under another name: ``functools._CacheInfo``, qualname
+    ``CacheInfo``); else the object itself, in this process only (Note [Object roots])."""
     if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
         return ("module", obj.__name__), ()  # (one not in sys.modules: the object itself)
     name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
@@ -109,6 +111,11 @@ def _root_of(obj) -> tuple[tuple, tuple]:
             target = getattr(target, part, None)
         if target is obj:
             return ("module", name), tuple(("attr", part) for part in qualname.split("."))
+    if module is not None and isinstance(obj, (type, types.FunctionType)):
+        held = sorted(k for k, v in list(vars(module).items())
+                      if v is obj and isinstance(k, str))
+        if held:
+            return ("module", name), (("attr", held[0]),)
     return _object_root(obj), ()
 
 

@@ -78,13 +78,18 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             return None  # cells of the code that made it, fixed
         return _MISSING
 
+    reached: dict = {}  # id of an object -> (root, steps) of a chain that reached it
+    # (Note [Reached roots])
+
     def add(read: Read) -> None:
         """A chain, and the functions (their closure cells) and kernels it reaches."""
         reads.append(read)
         served = _module_getattr(read, fn)
         if served is not None:  # a module's __getattr__ serves a name: the function too
             add(served)
-        for value in _values_along(read, fn):
+        for n, value in enumerate(_values_along(read, fn)):
+            if read.root[0] == "module" and id(value) not in reached:
+                reached[id(value)] = (read.root, read.steps[:n])
             for f in _functions_in(value):
                 functions.setdefault(f.__code__, f)
             for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
@@ -177,6 +182,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     owner else owner
                 root, steps = _root_of(where)
                 reads.append(Read(root, steps + (("attr", name),)))
+                if root[0] == "module":
+                    reached.setdefault(id(functions[code]), (root, steps + (("attr", name),)))
     unfound = [c for c in rec.codes if c not in functions and c not in parents and
                not c.co_filename.startswith("<")] if truncated else []
     if unfound:  # Note [Callable arguments] (callables.py): past the scan's bound
@@ -191,7 +198,39 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         root, steps = (("fn",), ()) if f is fn else _root_of(f)
         for attr in ("__code__", "__defaults__", "__kwdefaults__"):
             reads.append(Read(root, steps + (("attr", attr),)))
+    reads = [_reached_root(r, reached, functions, fn) for r in reads]
     return list(dict.fromkeys(reads))
+
+
+# Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in
+# chain.py) holds in no other process: a specialization whose state reads one is never found
+# again by a new process. So such a root is named, where it can be, by a path from a module
+# that another process evaluates the same way: the chain by which the reads reached the object
+# (the ``__new__`` of a ``namedtuple``, whose ``__module__`` names no module, read as
+# ``torch._guards.ShapeGuard.__new__``), or, for the globals dict of exec'd code, the
+# ``__globals__`` of a function of that code that such a path reaches. The new path is kept
+# only where it evaluates to the very object now; what it reads is then guarded along that
+# path (a library's class and function by identity, Note [Library state] in tree.py). An
+# object that no such path reaches keeps its root: the specialization serves this process,
+# and is not stored (Note [Process-only state] in frontend/policy.py).
+
+
+def _reached_root(read: Read, reached: dict, functions: dict, fn) -> Read:
+    if read.root[0] != "object":
+        return read
+    obj = _resolve_root(read.root, fn)
+    paths = [reached.get(id(obj))]
+    if type(obj) is dict:
+        paths += [(p[0], p[1] + (("attr", "__globals__"),)) for f in functions.values()
+                  if f.__globals__ is obj for p in [reached.get(id(f))] if p is not None]
+    for path in paths:
+        if path is None:
+            continue
+        at = Read(path[0], path[1], True)
+        values = list(_values_along(at, fn))
+        if len(values) == len(path[1]) + 1 and values[-1] is obj:
+            return Read(path[0], path[1] + read.steps, read.whole)
+    return read
 
 
 def _builtins_root(f, g: dict, name: str) -> tuple[tuple, tuple]:

@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import types
@@ -72,7 +73,26 @@ def _words(obj) -> str:
         return f"logger {obj.name}"
     if isinstance(obj, _op_types()[0]):  # a custom op: one per name, in every process
         return f"custom op {obj._namespace}::{obj._name}"
-    return identity_words(obj)
+    return _library_value_words(obj) or identity_words(obj)
+
+
+def _library_value_words(obj) -> str | None:
+    """Words for an object of a library's class that its ``repr`` names (``tl.int32``, a
+    triton ``dtype``: ``int32``): the class and the repr, the same in every process where the
+    library makes the same value (a library's state is taken as fixed, Note [Library state]);
+    None for a repr that shows an address or none of its own (the object, this process
+    only)."""
+    cls = type(obj)
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    if module is None or cls.__repr__ is object.__repr__ or not frames.library_module(module):
+        return None
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 (the library's repr failed: no words of its own)
+        return None
+    if len(text) > 200 or re.search(r"0x[0-9a-fA-F]{4,}|@\d{6,}", text):
+        return None
+    return f"object {cls.__module__}.{cls.__qualname__} {text}"
 
 
 def _tensor_words(t: torch.Tensor) -> str:
