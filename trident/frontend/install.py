@@ -79,7 +79,7 @@ class Installer:
 
     def _set_trees(self) -> None:
         """Install the argument trees the installed specializations use, then those of calls
-        that ran eagerly (Note [Eager decisions] in policy.py), and the specializations' output
+        that ran eagerly (Note [Eager decisions] in eager.py), and the specializations' output
         recipes (Note [Argument trees])."""
         recipes = tuple(tuple(s.recipe.ops) if s.recipe else None for s in self._specs)
         self._set_call_trees(self._binding_program,

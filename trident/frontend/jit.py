@@ -27,7 +27,8 @@ from trident.frontend import graphs
 from trident.frontend.cache import FunctionCache
 from trident.frontend.graphs import GraphControl
 from trident.frontend.install import Installer
-from trident.frontend.policy import MissPolicy, _eager_decision
+from trident.frontend.eager import _eager_decision
+from trident.frontend.policy import MissPolicy
 from trident.frontend.tracing import Tracer
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ArgTree

@@ -15,7 +15,7 @@ from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.lower import compiler, state
 from trident.lower.capture import trace
-from trident.lower.flatten import substituted
+from trident.lower.substitute import substituted
 from trident.lower.outputs import flatten_output
 
 _recompiles = config.logger("recompiles")

@@ -40,7 +40,7 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
     """(flat outputs, recipe or None): ``recipe`` is None when the result is tensors, scalars
     and None in tuples and lists, which the SCM's output spec builds itself. ``writes``:
     ``(node, name, value, tensor attributes)`` of the attributes the function set
-    (``flatten.substituted``; Note [Attribute writes] in writes.py), replayed after the
+    (``substitute.substituted``; Note [Attribute writes] in writes.py), replayed after the
     result is built: their values are flat outputs too.
 
     Raises:

@@ -79,7 +79,7 @@ _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.g
 
 
 # Note [Early assignment check]: a function that assigns to the Python state of its arguments
-# cannot be compiled (flatten.substituted finds it when the trace ends), and a Hugging Face
+# cannot be compiled (substitute.substituted finds it when the trace ends), and a Hugging Face
 # model's first call assigns a new tensor into its cache object at its first layer. While the
 # traced function runs, its 32nd, 64th, 128th, ... torch call (each power of two from 32 on)
 # asks the check of the trace in progress (``at_torch_calls``), which raises where an

@@ -1,5 +1,5 @@
 """Attribute writes that a specialization replays (Note [Attribute writes]): which assignments
-to the arguments' Python state ``flatten.substituted`` hands to the output recipe."""
+to the arguments' Python state ``substitute.substituted`` hands to the output recipe."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 # layer's ``cumulative_length_int += 1`` at every decode step; a static cache layer's lazy
 # ``self.keys = torch.zeros(...)``, ``self.is_initialized = True`` at its first call) changes
 # Python state that no launch sequence touches. The trace sees the write in the object's
-# ``__dict__`` when the function returns (``flatten.substituted``). Where the object's class sets
+# ``__dict__`` when the function returns (``substitute.substituted``). Where the object's class sets
 # attributes as ``object.__setattr__`` does (no ``__setattr__`` of its own, no data descriptor
 # of that name: the write was a plain store into ``__dict__``), no key was deleted, and the
 # value is one the specialization makes (a tensor of the trace, an int, float or bool, a SymInt

@@ -254,7 +254,7 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
   return found;
 }
 
-// Note [Eager decisions] in frontend/policy.py: a call an installed tree accepted that no
+// Note [Eager decisions] in frontend/eager.py: a call an installed tree accepted that no
 // installed SCM accepts (or none is installed) goes to Python with the leaves the tree read:
 // _tree_miss(args, kwargs, leaves).
 PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const CallValues& cv) {
