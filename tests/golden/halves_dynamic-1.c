@@ -111,23 +111,23 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
     int64_t il2[] = {s[1].u.i, -1LL};
     if (rt->view_of(a[1].tensor, &in) || trt_view_view(&in, z0, 2, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_IL(il2, 2)};
-      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0])) { rt->set_error("test_golden.py:41 (aten::view)", NULL); goto eager; }
+      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0], "test_golden.py:41 (aten::view)")) goto eager;
     }
   }
   /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
   {
-    if (!v[0] && !(v[0] = rt->view_tensor(&w[0], TRT_VIEW_KERNEL))) { rt->set_error("test_golden.py:41 (view)", NULL); goto eager; }
+    if (trt_view_at(rt, &v[0], &w[0], TRT_VIEW_KERNEL, "test_golden.py:41 (view)")) goto eager;
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
     if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:41 (aten::mul.Scalar)")) goto eager;
     v[1] = r[0].u.t;
-    if (v[0]) { rt->release(v[0]); v[0] = NULL; }
+    trt_drop(rt, &v[0]);
   }
   /* test_golden.py:42: return y.sum(0), y.shape[0] */
   {
     const trt_value args[] = {TRT_T(v[1]), TRT_IL(k0, 1), TRT_B(0), TRT_NONE_V};
     if (trt_call_at(rt, ops[2], args, 4, r, 1, "test_golden.py:42 (aten::sum.dim_IntList)")) goto eager;
     v[2] = r[0].u.t;
-    rt->release(v[1]); v[1] = NULL;
+    trt_drop(rt, &v[1]);
   }
 
   /* outputs */

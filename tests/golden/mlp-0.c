@@ -126,14 +126,14 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[0]), TRT_T(a[3].tensor), TRT_I(1LL), TRT_T(buffer1)};
     if (trt_call_into(rt, ops[1], ops[2], args, 3, &buffer1, !env->inference_mode, r, 1, "test_golden.py:35 (aten::add.Tensor)", "test_golden.py:35 (aten::add.Tensor, out)")) goto eager;
     v[1] = r[0].u.t;
-    rt->release(v[0]); v[0] = NULL;
+    trt_drop(rt, &v[0]);
   }
   /* test_golden.py:35: h = torch.relu(x @ w1 + b1) */
   {
     const trt_value args[] = {TRT_T(v[1])};
     if (trt_call_at(rt, ops[3], args, 1, r, 1, "test_golden.py:35 (aten::relu)")) goto eager;
     v[2] = r[0].u.t;
-    rt->release(v[1]); v[1] = NULL;
+    trt_drop(rt, &v[1]);
   }
   /* test_golden.py:36: y = torch.nn.functional.linear(h, w2) */
   {
@@ -146,30 +146,30 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[3]), TRT_I(-1LL), TRT_NONE_V};
     if (trt_call_at(rt, ops[5], args, 3, r, 1, "test_golden.py:37 (aten::softmax.int)")) goto eager;
     v[4] = r[0].u.t;
-    rt->release(v[3]); v[3] = NULL;
+    trt_drop(rt, &v[3]);
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     trt_view in;
     if (rt->view_of(v[2], &in) || trt_view_transpose(&in, 0, 1, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_NONE_V};
-      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0])) { rt->set_error("test_golden.py:37 (aten::t)", NULL); goto eager; }
+      if (trt_view_by_op(rt, ops[6], v[2], &in, rest, 0, &v[5], &w[0], "test_golden.py:37 (aten::t)")) goto eager;
     }
   }
   /* test_golden.py:37: return torch.softmax(y, -1), h.t()[0] */
   {
     if (trt_view_select(&w[0], 0, 0LL, &w[1])) {  /* ATen raises here, or the view is not computed in C: the op itself */
       const trt_value rest[] = {TRT_I(0LL), TRT_I(0LL)};
-      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1])) { rt->set_error("test_golden.py:37 (aten::select.int)", NULL); goto eager; }
+      if (trt_view_by_op(rt, ops[7], NULL, &w[0], rest, 2, &v[6], &w[1], "test_golden.py:37 (aten::select.int)")) goto eager;
     }
   }
 
   /* outputs */
-  if (!v[6] && !(v[6] = rt->view_tensor(&w[1], TRT_VIEW_EAGER))) { rt->set_error("output (view)", NULL); goto fail; }
+  if (trt_view_at(rt, &v[6], &w[1], TRT_VIEW_EAGER, "output (view)")) goto fail;
   out->outs[0] = TRT_T(v[4]); v[4] = NULL;
   out->outs[1] = TRT_T(v[6]); v[6] = NULL;
-  if (v[2]) { rt->release(v[2]); v[2] = NULL; }  /* the base of a returned view */
-  if (v[5]) { rt->release(v[5]); v[5] = NULL; }  /* the base of a returned view */
+  trt_drop(rt, &v[2]);  /* the base of a returned view */
+  trt_drop(rt, &v[5]);  /* the base of a returned view */
   out->nouts = 2;
   out->spec = "(vv)";
   return 0;

@@ -98,7 +98,7 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
     const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
     if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:49 (aten::mul.Scalar)")) goto fail;
     v[1] = r[0].u.t;
-    rt->release(v[0]); v[0] = NULL;
+    trt_drop(rt, &v[0]);
   }
 
   /* outputs */

@@ -191,9 +191,7 @@ class _SpecRenderer:
         for rel in s.release:
             if isinstance(rel, Val) and rel.i in self.views:  # a tensor only if one was made
                 self.free_slots.append(self.views.pop(rel.i)[0])
-                out.append(Release(rel, unmade=True))
-            else:
-                out.append(Release(rel))
+            out.append(Release(rel))
         return out
 
     def triton(self, index: int, s: TritonStep) -> CStep:
@@ -261,8 +259,8 @@ class _SpecRenderer:
         slot, eager = self.views[o.i]
         how = "TRT_VIEW_EAGER" if eager else "TRT_VIEW_KERNEL"
         where = c_string(f"{s.where} (view)" if s else "output (view)")
-        return [f"if (!v[{o.i}] && !(v[{o.i}] = rt->view_tensor(&w[{slot}], {how}))) "
-                f"{{ rt->set_error({where}, NULL); goto {self.on_error}; }}"]
+        return [f"if (trt_view_at(rt, &v[{o.i}], &w[{slot}], {how}, {where})) "
+                f"goto {self.on_error};"]
 
     def view_step(self, s) -> CStep | None:
         """Note [Views in C] in plan.py: a view's geometry in C (trident_views.h); where the
@@ -279,8 +277,8 @@ class _SpecRenderer:
             rest = [self.operand(a) for a in s.args[1:]]
             lines += [f"const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
                       f"if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], NULL, "
-                      f"&w[{self.views[source.i][0]}], rest, {len(rest)}, &v[{result}], NULL"
-                      f")) {fail}"]
+                      f"&w[{self.views[source.i][0]}], rest, {len(rest)}, &v[{result}], NULL, "
+                      f"{where})) goto {self.on_error};"]
             return CStep("view", s.where, c_comment(s.text), s.qualified_name, lines, [],
                          self.releases(s))
         if isinstance(source, Val) and source.i in self.views:
@@ -305,7 +303,7 @@ class _SpecRenderer:
                   f"  const trt_value rest[] = {{{', '.join(rest) or 'TRT_NONE_V'}}};",
                   f"  if (trt_view_by_op(rt, ops[{self.op_index(s.op, s.overload)}], {tensor}, "
                   f"{view_in}, rest, {len(rest)}, &v[{result}], {'NULL' if alias else view_out}"
-                  f")) {fail}"]
+                  f", {where})) goto {self.on_error};"]
         if alias:
             lines.append(f"}} else if (!(v[{result}] = rt->view_tensor(&out, TRT_VIEW_ALIAS))) "
                          f"{fail}")
@@ -412,7 +410,7 @@ class _SpecRenderer:
             else:
                 lines.append(f"out->outs[{k}] = {self.operand(o)};")
         for i in kept:
-            lines.append(f"{Release(Val(i), unmade=True).statement}  "
+            lines.append(f"{Release(Val(i)).statement}  "
                          f"/* the base of a returned view */")
         return lines
 

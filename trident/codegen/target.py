@@ -104,20 +104,17 @@ class Take:
 @dataclasses.dataclass(frozen=True)
 class Release:
     """A value released once dead (Note [Handle ownership] in trident_rt.h): tensor ``v[i]``
-    (``Val``) or list ``l[i]`` (``List``). ``unmade``: a view computed in C, whose tensor exists
-    only if a step made it (Note [Views in C] in plan.py)."""
+    (``Val``; NULL, a view computed in C that no step made into a tensor, is left: Note [Views
+    in C] in plan.py) or list ``l[i]`` (``List``)."""
 
     value: Val | List
-    unmade: bool = False
 
     @property
     def statement(self) -> str:
         i = self.value.i
         if isinstance(self.value, List):
             return f"rt->release_list(&l[{i}]);"
-        if self.unmade:
-            return f"if (v[{i}]) {{ rt->release(v[{i}]); v[{i}] = NULL; }}"
-        return f"rt->release(v[{i}]); v[{i}] = NULL;"
+        return f"trt_drop(rt, &v[{i}]);"  # (trident_steps.h; a NULL is a view never made)
 
 
 @dataclasses.dataclass

@@ -29,4 +29,20 @@ static int trt_call_into(const trt_api* rt, trt_op* op, trt_op* op_out, const tr
   return 0;
 }
 
+/* A tensor a step owns, released where it was made (Note [Handle ownership] in trident_rt.h),
+ * and forgotten. */
+static inline void trt_drop(const trt_api* rt, trt_tensor** t) {
+  if (*t) rt->release(*t);
+  *t = NULL;
+}
+
+/* Note [Views in C] in trident/lower/plan.py: the tensor of view `w` made `how` into `*t`,
+ * unless a step made it; on failure the error names `at`. */
+static inline int trt_view_at(const trt_api* rt, trt_tensor** t, const trt_view* w, int32_t how,
+                              const char* at) {
+  if (*t || (*t = rt->view_tensor(w, how))) return 0;
+  rt->set_error(at, NULL);
+  return 1;
+}
+
 #endif

@@ -272,20 +272,24 @@ static inline int trt_view_as_strided(const trt_view* in, const int64_t* sizes,
 
 /* A view step that the arithmetic above does not compute: the op itself, through the
  * dispatcher, on `tensor` (or, when NULL, on view `in` made as eager makes it) and the op's other
- * arguments `rest`. Its result goes to *result and, unless `out` is NULL, its geometry to *out. */
+ * arguments `rest`. Its result goes to *result and, unless `out` is NULL, its geometry to *out.
+ * On failure (non-zero) the error names the step: `at`, the user's "file.py:LINE (aten::op)". */
 static inline int trt_view_by_op(const trt_api* rt, trt_op* op, trt_tensor* tensor,
                                  const trt_view* in, const trt_value* rest, int32_t nrest,
-                                 trt_tensor** result, trt_view* out) {
+                                 trt_tensor** result, trt_view* out, const char* at) {
   trt_value args[8], r;
   trt_tensor* src = tensor ? tensor : rt->view_tensor(in, TRT_VIEW_EAGER);
-  if (!src || nrest > 7) return 1;
+  if (!src || nrest > 7) goto failed;
   args[0] = TRT_T(src);
   for (int32_t i = 0; i < nrest; ++i) args[i + 1] = rest[i];
-  int failed = rt->call(op, args, nrest + 1, &r, 1);
+  int called = rt->call(op, args, nrest + 1, &r, 1);
   if (!tensor) rt->release(src);
-  if (failed) return 1;
+  if (called) goto failed;
   *result = r.u.t;
-  return out ? rt->view_of(*result, out) : 0;
+  if (!out || !rt->view_of(*result, out)) return 0;
+failed:
+  rt->set_error(at, NULL);
+  return 1;
 }
 
 #endif /* TRIDENT_VIEWS_H */
