@@ -178,7 +178,7 @@ def test_a_forbidden_compile_raises_rather_than_running_eagerly(monkeypatch, tri
     def f(x):
         return x * 2
 
-    with pytest.raises(CompileForbidden, match="TRIDENT_FORBID_COMPILE=1"):
+    with pytest.raises(CompileForbidden, match="TRIDENT_FORBID_COMPILE=1.*the miss: first call"):
         f(torch.ones(3))
     assert issubclass(CompileForbidden, TridentError)
     assert f.stats.fallbacks == 0
@@ -329,3 +329,86 @@ def test_a_stored_specialization_the_limit_left_out_serves_a_new_process(
     assert times["trace"] == times["C build"] == 0
     third, _ = _run(env, script, "ab", forbid=True)  # installs the two it used: both hit
     assert (third["traces"], third["misses"], third["hits"]) == (0, 0, 2), third
+
+
+# A kernel calling tl.sum, whose code reads triton's dtypes (tl.int32: a state guard named it
+# by its address, so no new process found the stored specialization: a fresh user's finding);
+# the launch is on CUDA only, its state guards are read on every device
+TL_SUM = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch, trident, triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale_by_sum(x_ptr, BLOCK: tl.constexpr):
+        v = tl.load(x_ptr + tl.arange(0, BLOCK)).to(tl.float32)
+        tl.store(x_ptr + tl.arange(0, BLOCK), v * tl.sum(v, axis=0))
+
+    @trident.jit
+    def f(x):
+        if x.is_cuda:
+            scale_by_sum[(1,)](x, BLOCK=16)
+        return x * 2 + 1
+
+    x = torch.randn(16)
+    assert torch.equal(f(x), x * 2 + 1)
+    print("STATS " + json.dumps(dataclasses.asdict(f.stats)))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
+''')
+
+
+def test_a_kernel_using_tl_sum_restarts_warm(tmp_path, subprocess_env, trident_cache):
+    """Note [Library state] in lower/state/tree.py: a library's value checked by identity
+    (``tl.int32``) is named by its class and repr, not its address."""
+    script = tmp_path / "tl_sum.py"
+    script.write_text(TL_SUM)
+    first, _ = _run(subprocess_env, script)
+    assert (first["traces"], first["compiles"]) == (1, 1), first
+    stored = _no_duplicates(trident_cache)
+    second, times = _run(subprocess_env, script, forbid=True)
+    assert (second["traces"], second["compiles"], second["misses"], second["hits"]) == \
+        (0, 0, 0, 1), second
+    assert _contents(trident_cache) == stored
+
+
+# generate at each prompt length of argv: the second length makes the prefill symbolic, whose
+# trace runs the __new__ of library namedtuples (torch._guards.ShapeGuard: code exec'd into a
+# dict of its own, read as objects of the process: a fresh user's finding)
+HF_LENGTHS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
+    import sys
+
+    eager = {}
+    for n in map(int, sys.argv[1:]):
+        ids = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(n))
+        eager[n] = model.generate(ids, max_new_tokens=3, do_sample=False,
+                                  cache_implementation="static", disable_compile=True)
+    warnings.simplefilter("ignore")
+    model.forward = trident.jit(model.forward)
+    for n in map(int, sys.argv[1:]):
+        ids = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(n))
+        assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False,
+                                          cache_implementation="static",
+                                          disable_compile=True), eager[n])
+    print("STATS " + json.dumps(dataclasses.asdict(model.forward.stats)))
+    print("TIMES " + json.dumps(trident.config.compile_times()))
+    print("MLIR " + json.dumps("torch_mlir" in sys.modules))
+''')
+
+
+def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
+                                                                   trident_cache):
+    """Note [Reached roots] in lower/state/reads.py: each specialization the first process
+    compiled (static and symbolic prefill, decode) serves the second, which traces and builds
+    nothing, and the cache gains no file."""
+    script = tmp_path / "hf_lengths.py"
+    script.write_text(HF_LENGTHS)
+    first, _ = _run(subprocess_env, script, "6", "9")
+    assert first["compiles"] >= 3, first  # a symbolic prefill among them
+    stored = _no_duplicates(trident_cache)
+    assert not [p for p in (trident_cache / "functions").rglob("specs/*.json")
+                if '"object"' in p.read_text()]  # no chain rooted at an object's address
+    second, times = _run(subprocess_env, script, "6", "9", forbid=True)
+    assert (second["traces"], second["compiles"], second["misses"]) == (0, 0, 0), second
+    assert times["trace"] == times["C build"] == 0
+    assert _contents(trident_cache) == stored
