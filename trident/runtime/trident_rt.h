@@ -99,10 +99,10 @@ typedef struct trt_result {
 
 /* Note [Optimized guards]: an SCM is built at -O0 (trident/build.py), but its guard() runs at
  * every hit and is thousands of compare-and-return lines for a model (a 24-layer Qwen2's decode
- * step: 2,500 checks, 108 KB of -O0 code that reloads `a` from the stack for each, past the
+ * step: 4,506 checks, 217 KB of -O0 code that reloads `a` from the stack for each, past the
  * instruction cache). So that function is optimized (GCC; other compilers build it as the
- * rest): -O1 halves its code and cuts its time 7x for about 0.4 s more of GCC's CPU time per
- * such specialization (docs/benchmarks.md, issue 25). So are the headers' functions a graph
+ * rest): at -O1 its code is 61 KB and its time on a hit 7x shorter, for 0.6 s more of GCC's
+ * CPU time (docs/benchmarks.md, issue 25). So are the headers' functions a graph
  * replay runs (trt_graph_replay and what it calls: loops over every argument of the graph),
  * which each SCM compiles too. */
 #if defined(__GNUC__) && !defined(__clang__)
