@@ -274,3 +274,20 @@ def test_int_attributes_become_symbols_after_one_change():
         assert torch.equal(sliced(x, _Counter(n)), sliced.__wrapped__(x, _Counter(n)))
     assert (sliced.stats.compiles, sliced.stats.hits) == (3, 5), sliced.stats
     assert branch.explain(x, _Counter(300)).count("c.n") >= 1
+
+
+def test_a_batch_of_one_shares_the_attention_traced_for_other_batches():
+    """Note [Kept attention] (trident/lower/decompositions.py): a decode step's attention with
+    a boolean mask of the batch, at batches 2, then 4 (the batch symbolic), then 1: torch
+    2.11's SDPA body checks the mask's batch against 1, which no longer guards the batch of
+    the kept op, so the batch of one hits; every output equals eager's."""
+    @trident.jit
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    for batch in (2, 4, 1):
+        q, k, v = (torch.randn(batch, 4, n, 16) for n in (1, 9, 9))
+        mask = torch.rand(batch, 1, 1, 9) > 0.3
+        assert torch.equal(attend(q, k, v, mask), attend.__wrapped__(q, k, v, mask))
+    assert (attend.stats.compiles, attend.stats.hits, attend.stats.fallbacks) == (2, 1, 0), \
+        attend.stats
