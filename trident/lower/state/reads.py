@@ -211,8 +211,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
 # ``__globals__`` of a function of that code that such a path reaches. The new path is kept
 # only where it evaluates to the very object now; what it reads is then guarded along that
 # path (a library's class and function by identity, Note [Library state] in tree.py). An
-# object that no such path reaches keeps its root: the specialization serves this process,
-# and is not stored (Note [Process-only state] in frontend/policy.py).
+# object that no such path reaches keeps its root: the specialization serves this process
+# only (its digest names the process, tree.py's ``_root_words``).
 
 
 def _reached_root(read: Read, reached: dict, functions: dict, fn) -> Read:

@@ -263,7 +263,11 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 # that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
 # `ContextProp`) is read by calling its getter in C; any other value a library module serves
 # through Python code (a config module's `__getattr__`, a module-level `__getattr__`) is not
-# followed: the function runs eagerly.
+# followed: the function runs eagerly. An object checked by identity is named in the digest by
+# words that hold in every process where they can (``_words``): a function by its code, a
+# library's value by its class and repr (`tl.int32`: `triton.language.core.dtype
+# triton.language.int32`), never by its address where its repr names it, so that a new
+# process finds the specializations stored by an earlier one (issue 27).
 _WHOLE_LIBRARY_STATE = {
     "torch.nn.modules.module": ("_global_backward_pre_hooks", "_global_backward_hooks",
                                 "_global_forward_hooks", "_global_forward_hooks_always_called",
