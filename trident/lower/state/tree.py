@@ -45,6 +45,17 @@ class StateTree:
         return (0, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length, n.keys)
                          for n in self.nodes))
 
+    def process_only(self) -> str | None:
+        """The path of the first node whose words name this process (an object no path from
+        a module reaches, checked by identity: Note [Reached roots] in reads.py), or None. A
+        digest with such words matches in no other process."""
+        for node, words in zip(self.nodes, self.description):
+            if PROCESS in words:
+                if node.parent < 0:  # a root: its path text is its token
+                    return f"a {type(node.expect).__name__} that no module's path reaches"
+                return node.path
+        return None
+
     @property
     def digest(self) -> str:
         return hashlib.sha256("\n".join(self.description).encode()).hexdigest()[:32]
