@@ -196,7 +196,7 @@ class MissPolicy:
                                          "installed the stored" if stored else "compiled",
                                          spec.signature, time.perf_counter() - start)
                         # only a specialization that built and installed is stored
-                        # Note [Process-only state]
+                        # Note [Process-only state] in install.py
                         only = self._process_only(spec) if stored is None else None
                         if only is not None:
                             _recompiles.info("%s: specialization %s kept in this process, not "
