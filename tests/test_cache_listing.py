@@ -205,3 +205,31 @@ def test_backend_graph_names_the_compiled_function(trident_cache):
     first_op = inspect.getsourcelines(block)[1] + 1
     assert row["about"]["qualname"].endswith("forward")
     assert row["about"]["graph_of"] == f"block ({__file__}:{first_op})"
+
+
+class ListedKnobs:
+    scale = 2.0
+
+
+def listed_k(x):
+    return x * ListedKnobs.scale
+
+
+def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cache,
+                                                                     monkeypatch):
+    """Two specializations with the same signature and guards, compiled for two values of a
+    class attribute (their state guards, Note [State guards]): the listing names the state's
+    digest and the chain it reads."""
+    k = trident.jit(listed_k)
+    x = torch.randn(4)
+    assert torch.equal(k(x), x * 2.0)
+    monkeypatch.setattr(ListedKnobs, "scale", 3.0)
+    assert torch.equal(k(x), x * 3.0)
+    assert k.stats.compiles == 2
+    (row,) = trident.list_cache()
+    assert row["signatures"][0] == row["signatures"][1]
+    first, second = row["apart"]
+    assert first != second
+    for told in (first, second):
+        assert len(told) == 1 and told[0].startswith("state ")
+        assert f" of {__name__}.ListedKnobs.scale" in told[0]

@@ -54,6 +54,11 @@ from trident.ir.specialization import Specialization
 
 _log = config.logger("cache")
 
+# Note [Process-only state] (install.py): per function folder, the specializations this
+# process keeps in memory rather than on disk, by key.
+_IN_PROCESS: dict[Path, dict[str, Specialization]] = {}
+
+
 class FunctionCache:
     """The cache folder of one function."""
 
@@ -65,17 +70,18 @@ class FunctionCache:
         self.about = describe(fn)
         self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
         self.vanished = False  # a spec file was deleted while load_specs read it
+        self.from_disk = False  # load_specs read a spec file (not only this process's ones)
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an
         operator this Trident does not know, contents that do not hash to the key in the file's
         name, a folder where a file belongs, a file where the ``specs`` folder belongs) is
         dropped with a warning, so that the next compile of that signature stores it again."""
+        specs, keys = [], set()
         if not self.spec_dir.is_dir():
             if self.spec_dir.exists() or self.spec_dir.is_symlink():
                 _discard(self.spec_dir, "not a folder")
-            return []
-        specs, keys = [], set()
+            return list(_IN_PROCESS.get(self.directory, {}).values())
         for path in sorted(self.spec_dir.glob("*.json")):
             try:
                 stat = path.stat()
@@ -100,7 +106,14 @@ class FunctionCache:
             if spec.key not in keys:
                 keys.add(spec.key)
                 specs.append(spec)
-        return specs
+        self.from_disk = bool(specs)
+        return specs + [s for k, s in _IN_PROCESS.get(self.directory, {}).items()
+                        if k not in keys]
+
+    def keep_in_process(self, spec: Specialization) -> None:
+        """Note [Process-only state]: ``spec`` is found again by this process's loads (after
+        its state changed back), never written to disk."""
+        _IN_PROCESS.setdefault(self.directory, {})[spec.key] = spec
 
     def _save_about(self) -> None:
         """The function's origin, once, for ``python3 -m trident list`` (OSError where the
@@ -365,7 +378,7 @@ def list_entries() -> list[dict]:
             about = json.loads((d / "function.json").read_text())
         except (OSError, ValueError):
             about = {}
-        signatures, words = [], []
+        signatures, words, states = [], [], []
         for path in sorted(d.glob("specs/*.json")):
             try:
                 data = json.loads(path.read_text())
@@ -375,13 +388,21 @@ def list_entries() -> list[dict]:
                                   for g in data["guards"]])
                 except (KeyError, TypeError, ValueError, AttributeError):
                     words.append([])
+                states.append(_state_words(data))
             except (OSError, ValueError, KeyError, TypeError):
                 signatures.append("(unreadable: dropped at the next load)")
                 words.append([])
+                states.append([])
         apart = []
         for i, signature in enumerate(signatures):
-            alike = [w for j, w in enumerate(words) if j != i and signatures[j] == signature]
-            apart.append([w for w in words[i] if alike and any(w not in o for o in alike)])
+            alike = [j for j in range(len(signatures)) if j != i and signatures[j] == signature]
+            told = [w for w in words[i] if alike and any(w not in words[j] for j in alike)]
+            if alike and not told:  # the same guards: the state guards tell them apart
+                told = [w for w in states[i] if any(w not in states[j] for j in alike)]
+                if [w[:6] for w in told] == ["state "]:  # the same chains, other values
+                    read = [w[6:] for w in states[i] if w.startswith("reads ")]
+                    told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
+            apart.append(told)
         try:
             last_use = d.stat().st_mtime
         except OSError:
@@ -390,6 +411,24 @@ def list_entries() -> list[dict]:
                      "specializations": len(signatures), "bytes": entry_size(d),
                      "last_use": last_use, "apart": apart})
     return rows
+
+
+def _state_words(data: dict) -> list[str]:
+    """What ``list`` says of a stored specialization's state guards (Note [State guards]):
+    each chain it reads (``reads torch.get_num_threads``), and the digest of their values
+    then (``state 1c40227b``), which tells apart two that read the same chains."""
+    from trident.lower.state.chain import Read
+
+    state = data.get("state") or {}
+    out = []
+    for r in state.get("reads", []):
+        read = Read.from_json(r)
+        text = read.root[1] if read.root[0] in ("module", "object") else read.root[0]
+        for step in read.steps:
+            text += {"attr": f".{step[-1]}", "cell": ".cell_contents",
+                     "call": "()"}.get(step[0], f"[{step[-1]!r}]")
+        out.append(f"reads {text}")
+    return out + [f"state {str(state.get('digest'))[:8]}"]
 
 
 def full_name(about: dict) -> str | None:

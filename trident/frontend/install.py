@@ -163,7 +163,8 @@ class Installer:
                     self._set_trees()
                     return
                 cache.touch(self._cache.directory)
-                if self._cache.vanished or not self._cache.spec_dir.is_dir():
+                if self._cache.vanished or (self._cache.from_disk and
+                                            not self._cache.spec_dir.is_dir()):
                     warnings.warn(f"trident: {self.__qualname__}: its cache entry "
                                   f"{self._cache.directory} was deleted while this process "
                                   "loaded it; the specializations read serve this process "
@@ -225,6 +226,23 @@ class Installer:
                 return _Call(call.args, call.kwargs, self._trees[tree.key], tuple(leaves),
                              values)
         return call
+
+    # Note [Process-only state]: a specialization whose state guards check an object that no
+    # path from a module reaches (Note [Reached roots] in lower/state/reads.py: a class made
+    # in a function's body, the globals dict of code exec'd by hand) is keyed by that object's
+    # identity, which no other process shares: its digest names the process. It serves this
+    # process, which keeps it in memory (``FunctionCache.keep_in_process``: installed again
+    # when the state changes back, as a stored one is), and is not written to disk (logged in
+    # ``trident.recompiles``): the cache would only gain an entry per process that none
+    # finds again, its chains naming objects by their address.
+
+    def _process_only(self, spec: Specialization) -> str | None:
+        """Note [Process-only state]: the path of what ties ``spec`` to this process, or
+        None."""
+        try:
+            return self._state_tree(spec.state.reads).process_only()
+        except (TridentError, ValueError, TypeError, KeyError, IndexError):
+            return None
 
     def _state_tree(self, reads: list) -> state.StateTree:
         return state.build([state.Read.from_json(r) for r in reads], self._code_fn)

@@ -199,7 +199,15 @@ class MissPolicy:
                                          "installed the stored" if stored else "compiled",
                                          spec.signature, time.perf_counter() - start)
                         # only a specialization that built and installed is stored
-                        saved = stored is None and self._cache.save_spec(
+                        # Note [Process-only state] in install.py
+                        only = self._process_only(spec) if stored is None else None
+                        if only is not None:
+                            _recompiles.info("%s: specialization %s kept in this process, not "
+                                             "stored: its state guards check %s, an object "
+                                             "of this process only, by identity",
+                                             self.__qualname__, spec.signature, only)
+                            self._cache.keep_in_process(spec)
+                        saved = stored is None and only is None and self._cache.save_spec(
                             spec, keep=2 * self._max_specializations)
                         if saved:
                             self._prune(spec)

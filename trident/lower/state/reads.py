@@ -88,7 +88,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         if served is not None:  # a module's __getattr__ serves a name: the function too
             add(served)
         for n, value in enumerate(_values_along(read, fn)):
-            if read.root[0] == "module" and id(value) not in reached:
+            if read.root[0] != "object" and id(value) not in reached:
                 reached[id(value)] = (read.root, read.steps[:n])
             for f in _functions_in(value):
                 functions.setdefault(f.__code__, f)
@@ -182,7 +182,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     owner else owner
                 root, steps = _root_of(where)
                 reads.append(Read(root, steps + (("attr", name),)))
-                if root[0] == "module":
+                if root[0] != "object":
                     reached.setdefault(id(functions[code]), (root, steps + (("attr", name),)))
     unfound = [c for c in rec.codes if c not in functions and c not in parents and
                not c.co_filename.startswith("<")] if truncated else []
@@ -205,14 +205,15 @@ def reads_of(rec: Recording, fn) -> list[Read]:
 # Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in
 # chain.py) holds in no other process: a specialization whose state reads one is never found
 # again by a new process. So such a root is named, where it can be, by a path from a module
-# that another process evaluates the same way: the chain by which the reads reached the object
-# (the ``__new__`` of a ``namedtuple``, whose ``__module__`` names no module, read as
-# ``torch._guards.ShapeGuard.__new__``), or, for the globals dict of exec'd code, the
+# (or the jitted function) that another process evaluates the same way: the chain by which the
+# reads reached the object (the ``__new__`` of a ``namedtuple``, whose ``__module__`` names no
+# module, read as ``torch._guards.ShapeGuard.__new__``; the function a decorator wraps, read
+# as a cell of the wrapper's closure), or, for the globals dict of exec'd code, the
 # ``__globals__`` of a function of that code that such a path reaches. The new path is kept
 # only where it evaluates to the very object now; what it reads is then guarded along that
 # path (a library's class and function by identity, Note [Library state] in tree.py). An
-# object that no such path reaches keeps its root: the specialization serves this process,
-# and is not stored (Note [Process-only state] in frontend/policy.py).
+# object that no such path reaches keeps its root: the specialization serves this process
+# only (its digest names the process, tree.py's ``_root_words``).
 
 
 def _reached_root(read: Read, reached: dict, functions: dict, fn) -> Read:

@@ -45,6 +45,17 @@ class StateTree:
         return (0, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length, n.keys)
                          for n in self.nodes))
 
+    def process_only(self) -> str | None:
+        """The path of the first node whose words name this process (an object no path from
+        a module reaches, checked by identity: Note [Reached roots] in reads.py), or None. A
+        digest with such words matches in no other process."""
+        for node, words in zip(self.nodes, self.description):
+            if PROCESS in words:
+                if node.parent < 0:  # a root: its path text is its token
+                    return f"a {type(node.expect).__name__} that no module's path reaches"
+                return node.path
+        return None
+
     @property
     def digest(self) -> str:
         return hashlib.sha256("\n".join(self.description).encode()).hexdigest()[:32]
@@ -278,7 +289,11 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 # that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
 # `ContextProp`) is read by calling its getter in C; any other value a library module serves
 # through Python code (a config module's `__getattr__`, a module-level `__getattr__`) is not
-# followed: the function runs eagerly.
+# followed: the function runs eagerly. An object checked by identity is named in the digest by
+# words that hold in every process where they can (``_words``): a function by its code, a
+# library's value by its class and repr (`tl.int32`: `triton.language.core.dtype
+# triton.language.int32`), never by its address where its repr names it, so that a new
+# process finds the specializations stored by an earlier one (issue 27).
 _WHOLE_LIBRARY_STATE = {
     "torch.nn.modules.module": ("_global_backward_pre_hooks", "_global_backward_hooks",
                                 "_global_forward_hooks", "_global_forward_hooks_always_called",
