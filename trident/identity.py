@@ -287,47 +287,11 @@ def stable_words(obj: Any) -> str:
     return identity_words(obj)
 
 
-# Note [Class names]: a class's words are its module and qualified name, the same in every
-# process, where that name finds the class. Two classes of one name are otherwise told apart by
-# nothing: a notebook cell run again, or a factory function, makes a new class of the same name
-# (with other class attributes, another forward), and a tree or state digest made with the old
-# one's words would stand for the new one, whose calls then ran the old class's specialization.
-# A class its name does not find (defined in a function, or redefined since) is named with a
-# token of this process, never given to another class (a new class at a freed one's address
-# gets a new one).
-_CLASS_TOKENS: "weakref.WeakKeyDictionary[type, int]" = weakref.WeakKeyDictionary()
-_next_token = iter(range(1, 1 << 62))
-
-
-def _found_by_name(t: type) -> bool:
-    obj: Any = sys.modules.get(t.__module__)
-    try:
-        for part in t.__qualname__.split("."):
-            if obj is None or part == "<locals>":
-                return False
-            obj = inspect.getattr_static(obj, part, None)
-    except Exception:  # a class whose module or attributes cannot be read statically
-        return False
-    return obj is t
-
-
-def class_words(t: type) -> str:
-    """``module.qualname`` of ``t``, and a token of this process where that name does not find
-    ``t`` (Note [Class names])."""
-    name = f"{t.__module__}.{t.__qualname__}"
-    if _found_by_name(t):
-        return name
-    token = _CLASS_TOKENS.get(t)
-    if token is None:
-        token = _CLASS_TOKENS[t] = next(_next_token)
-    return f"{name}#{token}:{PROCESS}"
-
-
 def identity_words(obj: Any) -> str:
     """Words for a class, a module, a builtin, an enum member (the same in every process) or
     any other object checked by identity (this process only)."""
     if isinstance(obj, type):
-        return f"class {class_words(obj)}"
+        return f"class {obj.__module__}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
         return f"module {obj.__name__}"
     if isinstance(obj, types.BuiltinFunctionType):
@@ -335,5 +299,5 @@ def identity_words(obj: Any) -> str:
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch operator {obj}"  # one object per operator, in every process
     if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
-        return f"enum {class_words(type(obj))}.{obj.name}"
+        return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
     return f"object {type(obj).__qualname__}@{id(obj)}:{PROCESS}"  # this process only

@@ -57,7 +57,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError
-from trident.identity import class_words, identity_words, jitted_code, stable_words
+from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower import source_lines
 from trident.lower.writes import (constant, fake_keys, plain_setattr, replayable,
                                   tensor_attributes)
@@ -190,7 +190,7 @@ class _Flattener:
             uses = merge(uses, self.more[id(value)])
         self.seen_uses[id(value)] = uses
         if t in (tuple, list) or _is_namedtuple(t):
-            me = self.add(value, node(SEQ, t, len(value)), f"{class_words(t)} of {len(value)}")
+            me = self.add(value, node(SEQ, t, len(value)), f"{_type_name(t)} of {len(value)}")
             items = items_read(uses, range(len(value)))
             for i, item in enumerate(value):
                 if items is WHOLE or i in items:
@@ -222,7 +222,7 @@ class _Flattener:
                                "flatten (a subclass of a built-in container)")
         entries = vars(value)
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
-                      f"{class_words(t)} with {list(entries)}")
+                      f"{_type_name(t)} with {list(entries)}")
         unread = _PER_PROCESS_ATTRIBUTES.get(_type_name(t), ())
         attrs = attributes_read(value, entries, uses)
         for k, item in list(entries.items()):

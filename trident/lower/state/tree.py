@@ -17,7 +17,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.identity import PROCESS, class_words, hash_code, identity_words
+from trident.identity import PROCESS, hash_code, identity_words
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
@@ -372,7 +372,7 @@ def _through_words(value) -> str:
     if isinstance(value, (types.ModuleType, type, types.FunctionType, types.CellType)) or \
             _by_id(value):
         return "cell" if isinstance(value, types.CellType) else _words(value)
-    return f"type {class_words(type(value))}"
+    return f"type {type(value).__module__}.{type(value).__qualname__}"
 
 
 def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access, k,
