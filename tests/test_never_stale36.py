@@ -518,7 +518,9 @@ def test_a_write_through_data_to_a_global_tensor_read_as_a_value(write):
     assert (s.compiles, s.hits, s.fallbacks) == ((1, 3, 0) if write == "unchanged" else
                                                  (2, 2, 0)), s
     if write != "unchanged":
-        assert s.miss_reasons[-1] == "_W changed since the last call", s.miss_reasons
+        # (a stored specialization of the old contents may be named after it: Note [Process-only
+        # state] in frontend/install.py)
+        assert s.miss_reasons[-1].startswith("_W changed since the last call"), s.miss_reasons
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
