@@ -374,15 +374,19 @@ def test_a_kernel_using_tl_sum_restarts_warm(tmp_path, subprocess_env, trident_c
 
 # generate at each prompt length of argv: the second length makes the prefill symbolic, whose
 # trace runs the __new__ of library namedtuples (torch._guards.ShapeGuard: code exec'd into a
-# dict of its own, read as objects of the process: a fresh user's finding)
+# dict of its own, read as objects of the process: a fresh user's finding). Eager generates on
+# a copy: generate sizes a static cache by the model's _previous_max_cache_length (the longest
+# before): eager runs on the jitted model first would size each of its calls' caches by the
+# last length, which then never changes within a process and stays a constant of every stored
+# specialization (a new length in a new process, its cache longer, traced again rightly)
 HF_LENGTHS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
-    import sys
+    import copy, sys
 
-    eager = {}
+    reference, eager = copy.deepcopy(model), {}
     for n in map(int, sys.argv[1:]):
         ids = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(n))
-        eager[n] = model.generate(ids, max_new_tokens=3, do_sample=False,
-                                  cache_implementation="static", disable_compile=True)
+        eager[n] = reference.generate(ids, max_new_tokens=3, do_sample=False,
+                                      cache_implementation="static", disable_compile=True)
     warnings.simplefilter("ignore")
     model.forward = trident.jit(model.forward)
     for n in map(int, sys.argv[1:]):
@@ -399,8 +403,10 @@ HF_LENGTHS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
 def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
                                                                    trident_cache):
     """Note [Reached roots] in lower/state/reads.py: each specialization the first process
-    compiled (static and symbolic prefill, decode) serves the second, which traces and builds
-    nothing, and the cache gains no file."""
+    compiled (static and symbolic prefill and decode) serves the second, which traces and
+    builds nothing, and the cache gains no file; a third at a length neither ran too (its
+    static cache longer: the symbolic ones, whose int leaves Note [Stored int leaves] in
+    install.py flattens the call with, accept it)."""
     script = tmp_path / "hf_lengths.py"
     script.write_text(HF_LENGTHS)
     first, _ = _run(subprocess_env, script, "6", "9")
@@ -411,4 +417,8 @@ def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, sub
     second, times = _run(subprocess_env, script, "6", "9", forbid=True)
     assert (second["traces"], second["compiles"], second["misses"]) == (0, 0, 0), second
     assert times["trace"] == times["C build"] == 0
+    assert _contents(trident_cache) == stored
+    third, times = _run(subprocess_env, script, "13", forbid=True)
+    assert (third["traces"], third["compiles"], third["misses"]) == (0, 0, 0), third
+    assert third["hits"] == 3 and times["trace"] == times["C build"] == 0, third
     assert _contents(trident_cache) == stored
