@@ -67,6 +67,22 @@ def test_dynamic_shapes_stay_exact():
         assert_same(f(x, w, b), mlp(x, w, b))
 
 
+def test_a_dim_dynamo_made_symbolic_is_symbolic_from_the_first_call():
+    """Note [Graph dims]: a prefill-like graph whose input's length Dynamo made symbolic (and
+    passes as an int too) compiles once, not once more at the second length on a guard that
+    ties the int to the length traced static (``s27 >= 498``)."""
+    def prefill(ids, n):
+        return ids[:, :n].cumsum(1) + torch.arange(ids.shape[1])
+
+    torch._dynamo.reset()
+    f = torch.compile(fresh(prefill), backend="trident", dynamic=True)
+    for n in (9, 7, 12, 5):
+        ids = torch.arange(2 * n).reshape(2, n)
+        assert_same(f(ids, n), prefill(ids, n))
+    s = trident.backend_stats(f)
+    assert (s.compiles, s.fallbacks, s.hits) == (1, 0, 3), s
+
+
 def test_an_int_dynamo_made_symbolic_is_compiled_once():
     """Dynamo passes an int it saw change as a SymInt graph input: one specialization serves
     every later value (the fresh-user trial's DynamicCache: a recompile per token)."""

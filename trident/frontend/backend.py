@@ -8,6 +8,14 @@ path. Symbolic sizes (``dynamic=True``) reach the SCM as ints: a graph input tha
 int of the graph's specializations from its first call (Note [Int leaves] in policy.py), so a
 new value is a hit, not a recompile; Dynamo's other inputs are specialized by value.
 
+Note [Graph dims]: likewise a tensor dim that Dynamo made symbolic (its example input's size a
+``SymInt``) is symbolic in the graph's specializations from its first call, as a dim marked
+with ``torch._dynamo.mark_dynamic`` is (Note [Automatic dynamic] in policy.py). Dynamo passes
+such a size both in the tensor and as a ``SymInt`` input (a prefill's ``input_ids.shape[1]``,
+``s27``); traced with the tensor's dim static, the graph tied the int to the static size (``s27
+>= 498``), and the next prompt length missed on that guard and compiled the graph once more,
+with the dim symbolic only then.
+
 User Triton kernels appear in Dynamo's graph as ``triton_kernel_wrapper_mutation`` nodes; they
 are rewritten to ordinary launches of the same kernel, which Trident's capture then records like
 a launch written in the user's function.
@@ -170,6 +178,12 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     params = list(inspect.signature(gm.forward).parameters)
     fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
                                if isinstance(example, torch.SymInt))
+    # Note [Graph dims]: Dynamo's symbolic tensor dims, symbolic from the graph's first call
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    fn._graph_dims = {name: frozenset(d for d, n in enumerate(fake.shape)
+                                      if isinstance(n, torch.SymInt))
+                      for name, fake in zip(params, fakes) if isinstance(fake, torch.Tensor)}
+    fn._graph_dims = {name: dims for name, dims in fn._graph_dims.items() if dims}
     fn._graph_of = describe(gm.forward).get("graph_of", "?")
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn

@@ -363,7 +363,8 @@ class MissPolicy:
         size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
         args, names = call.leaves, call.names
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-        dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) for i, a in tensors.items()}
+        dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) | self._graph_dims.get(
+            names[i], set()) for i, a in tensors.items()}  # Note [Graph dims] in backend.py
         if self._dynamic is True:
             dims = {i: set(range(a.dim())) for i, a in tensors.items()}
         elif isinstance(self._dynamic, dict):
