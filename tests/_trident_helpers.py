@@ -22,6 +22,15 @@ _SESSION: dict = {"root": None, "owned": False}  # set by conftest.pytest_config
 _counter = itertools.count()
 
 
+def counting():
+    """An endless generator of 1.0, 2.0, ...: state that a call consumes (the never-stale
+    tests' iterators)."""
+    i = 0
+    while True:
+        i += 1
+        yield float(i)
+
+
 def run_python(env: dict, *argv: str) -> subprocess.CompletedProcess:
     """Run this interpreter with ``argv`` (``"-c", code`` or a script and its arguments) in
     ``env``; assert it exits 0 (its stderr's tail in the message) and return it."""

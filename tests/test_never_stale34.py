@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import counting
 
 
 def _classes():
@@ -123,19 +124,12 @@ def test_a_class_used_whole_with_a_container_too_big_to_guard_runs_eagerly():
     assert len(said) == 1, said
 
 
-def _counting():
-    i = 0
-    while True:
-        i += 1
-        yield float(i)
-
-
 class _Box:
     def __init__(self):
-        self.it = _counting()
+        self.it = counting()
 
 
-ITERATORS = {"GEN": _counting(), "COUNT": itertools.count(1), "BOX": _Box()}
+ITERATORS = {"GEN": counting(), "COUNT": itertools.count(1), "BOX": _Box()}
 
 
 def _get_gen():
@@ -173,7 +167,7 @@ def test_a_global_iterator_returned_by_a_call_runs_eagerly_and_is_not_advanced_b
     # the write walk did not name the iterator: the trace advanced it once (the first call
     # returned x * 2), then the state tree refused it; now the write walk follows what the
     # called function returns, and the call runs eagerly before any trace
-    ITERATORS.update(GEN=_counting(), COUNT=itertools.count(1), BOX=_Box())
+    ITERATORS.update(GEN=counting(), COUNT=itertools.count(1), BOX=_Box())
     jf = trident.jit(fn)
     x = torch.ones(2)
     with warnings.catch_warnings():

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import run_python
+from _trident_helpers import counting, run_python
 
 # ---- Note [Logging calls]: a logger however reached ------------------------------------------
 
@@ -125,13 +125,6 @@ def test_a_level_asked_of_a_logger_runs_eagerly():
 
 # ---- iterators: what the first call consumes -------------------------------------------------
 
-def _numbers():
-    i = 0
-    while True:
-        i += 1
-        yield float(i)
-
-
 class _Counter:
     def __init__(self):
         self.i = 0
@@ -144,7 +137,7 @@ class _Counter:
         return float(self.i)
 
 
-_GLOBAL_IT = {"jit": _numbers(), "eager": _numbers()}
+_GLOBAL_IT = {"jit": counting(), "eager": counting()}
 
 
 def _next_of(x, it):
@@ -174,11 +167,11 @@ class _Holder:
 
 
 ITERATORS = {
-    "generator": (_next_of, lambda: (_numbers(),)),
+    "generator": (_next_of, lambda: (counting(),)),
     "list iterator": (_next_of, lambda: (iter([1.0, 2.0, 3.0, 4.0]),)),
     "map": (_next_of, lambda: (map(float, range(1, 9)),)),
-    "for over a generator": (_first_of, lambda: (_numbers(),)),
-    "an attribute's": (_next_in_attr, lambda: (_Holder(_numbers()),)),
+    "for over a generator": (_first_of, lambda: (counting(),)),
+    "an attribute's": (_next_in_attr, lambda: (_Holder(counting()),)),
     "an iterator class": (_next_of, lambda: (_Counter(),)),
 }
 
@@ -201,7 +194,7 @@ def test_an_iterator_passed_in_is_advanced_as_eager_advances_it(case):
     assert (s.fallbacks, s.compiles, s.hits) == want, s
 
 
-_GENS = {"jit": [_numbers()], "eager": [_numbers()]}
+_GENS = {"jit": [counting()], "eager": [counting()]}
 
 
 def _next_of_item_jit(x, i):
