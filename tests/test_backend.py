@@ -235,3 +235,19 @@ def test_stats_count_what_ran_before_a_dynamo_reset():
     s = trident.backend_stats(own)
     # the new graph's first call loads the freed one's specialization from the cache: a hit
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (4, 1, 1, 0), s
+
+
+def test_the_batch_goes_symbolic_with_the_lengths():
+    """Note [Door batch dims]: a server's step of a batch of tokens and a mask; the second graph
+    Dynamo traces (at a new length) has the batch symbolic too, so a new batch is served by it:
+    two graphs, two compiles (three before: static, the length symbolic, then the batch)."""
+    def step(ids, mask):
+        return (ids * mask).cumsum(1) + ids.shape[1]
+
+    torch._dynamo.reset()
+    f = torch.compile(fresh(step), backend="trident")
+    for batch, n in [(2, 5), (2, 7), (4, 9), (3, 4), (2, 5)]:
+        ids, mask = torch.arange(batch * n).reshape(batch, n), torch.ones(batch, n, dtype=torch.long)
+        assert_same(f(ids, mask), step(ids, mask))
+    s = trident.backend_stats(f)
+    assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 3), s

@@ -236,6 +236,46 @@ def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_tim
     assert jf.stats.hits == sum(new for _, _, new in SWEEP) - 4
 
 
+def test_the_backend_doors_serving_sweep_compiles_each_step_twice():
+    """The sweep through ``torch.compile(model.forward, backend="trident")``: Dynamo traces the
+    prefill and the decode step at exact sizes, then (Note [Door batch dims] in
+    trident/frontend/backend.py) with the lengths and the batch symbolic, so the batch of 4
+    is served by the second graphs; a batch of one gets graphs of its own (Dynamo specializes a
+    size 1). One Trident compile per graph, every token and logit as Dynamo's ``eager``
+    backend's (the references first: Dynamo's recompile limit counts every backend's graphs
+    of a code object)."""
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 64
+    forward = model.forward
+    kw = dict(do_sample=False, cache_implementation="static", output_logits=True,
+              return_dict_in_generate=True, disable_compile=True)
+    calls = [torch.randint(0, 96, (batch, length)) for batch, length, _ in SWEEP]
+    torch._dynamo.reset()
+    model.forward = torch.compile(forward, backend="eager")
+    refs, lengths = [], []
+    for ids, (_, _, new) in zip(calls, SWEEP):
+        lengths.append(getattr(model, "_previous_max_cache_length", -1))
+        refs.append(model.generate(ids, max_new_tokens=new, min_new_tokens=new,
+                                   attention_mask=torch.ones_like(ids), **kw))
+    torch._dynamo.reset()
+    model.forward = served = torch.compile(forward, backend="trident")
+    compiles = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for ids, (_, _, new), ref, length in zip(calls, SWEEP, refs, lengths):
+            model._previous_max_cache_length = length  # the cache its reference had
+            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new,
+                                 attention_mask=torch.ones_like(ids), **kw)
+            assert torch.equal(out.sequences, ref.sequences)
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+            compiles.append(trident.backend_stats(served).compiles)
+    assert not [str(w.message) for w in caught if "trident" in str(w.message)]
+    s = trident.backend_stats(served)
+    assert compiles == [2, 4, 4, 4, 4, 6, 6, 6], (compiles, s.miss_reasons)
+    assert (s.traces, s.fallbacks, len(trident.backend_graphs(served))) == (6, 0, 6), s
+    assert s.hits == sum(new for _, _, new in SWEEP) - 6, s
+
+
 SLIDING = {  # transformers' defaults: sliding_window=4096 (StaticSlidingWindowLayer)
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),

@@ -16,6 +16,23 @@ such a size both in the tensor and as a ``SymInt`` input (a prefill's ``input_id
 >= 498``), and the next prompt length missed on that guard and compiled the graph once more,
 with the dim symbolic only then.
 
+Note [Door batch dims]: Dynamo makes a dim symbolic only once it saw it change (automatic
+dynamic), tensor by tensor, so a server's prefill and decode step each became three graphs:
+exact sizes, the lengths symbolic (batch 2 still a constant of the graph's code), then the
+lengths and the batch (``sweep_hf llama 10 static backend``: 6 graphs, each compiled by
+Trident). ``trident.jit`` makes the batch dims symbolic together with the lengths (Note [Batch
+dims] in batch.py); the door does the same through Dynamo's own record of the sizes it saw
+(``torch._dynamo.pgo``'s frame state, which ``mark_dynamic`` and automatic dynamic feed): when it
+compiles a graph, it records dim 0 of the graph's batch tensors (the first tensor input that is
+no parameter or buffer, of 2 or more rows, and every other such input of that dim 0) as dynamic
+for that frame. The graph itself is already traced and keeps its sizes; the frame's next graph,
+which Dynamo traces only when a guard of the earlier ones failed (a new length or batch), has
+the batch symbolic with the lengths that changed. So the prefill and the decode step are two
+graphs each (4 Trident compiles for the sweep). Dynamo's guards are the new graph's, so this
+changes what is traced, never what a graph accepts. A batch of one still gets graphs of its
+own: Dynamo specializes a size 1 (a symbol's range is 2 and up). The record is per process
+(persisted only under ``TORCH_COMPILE_JOB_ID``, Dynamo's profile-guided mode).
+
 User Triton kernels appear in Dynamo's graph as ``triton_kernel_wrapper_mutation`` nodes; they
 are rewritten to ordinary launches of the same kernel, which Trident's capture then records like
 a launch written in the user's function.
@@ -168,6 +185,8 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
         owner = tx.f_locals.get("self") if isinstance(tx.f_locals, dict) else None
     except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
         fn._frame_code, owner = None, None
+    else:
+        _record_batch_dims(tx, gm, example_inputs)
     try:
         fn._frame_self = weakref.ref(owner) if owner is not None else None
     except TypeError:  # a self without weak references
@@ -187,6 +206,35 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._graph_of = describe(gm.forward).get("graph_of", "?")
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
+
+
+def _record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
+    """Note [Door batch dims]: record dim 0 of the graph's batch tensors as dynamic in the
+    frame state Dynamo merges its next graph's sizes with."""
+    if not torch._dynamo.config.automatic_dynamic_shapes:
+        return
+    free = []  # (source name, dim 0) of the tensor inputs that are no parameter or buffer
+    for node, example in zip([n for n in gm.graph.nodes if n.op == "placeholder"],
+                             example_inputs):
+        name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        if isinstance(name, str) and isinstance(example, torch.Tensor) and example.dim() and \
+                not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name:
+            free.append((name, example.shape[0]))
+    if not free or free[0][1] < 2:
+        return
+    names = [name for name, rows in free if rows == free[0][1]]
+    if len(names) < 2:  # a batch is a dim 0 that tensors share
+        return
+    from torch._dynamo import pgo
+
+    # torch 2.11's CodeId.make takes the code; 2.13's the closure too
+    closure = (tx.closure,) if "closure" in inspect.signature(pgo.CodeId.make).parameters \
+        else ()
+    entries = pgo.get_code_state()[pgo.CodeId.make(tx.f_code, *closure)].automatic_dynamic
+    for name in names:
+        entry = entries.get(name)
+        if entry is not None and isinstance(entry.size, tuple) and entry.size:
+            entry.size = (pgo.auto_dynamic, *entry.size[1:])
 
 
 def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
