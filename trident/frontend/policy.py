@@ -311,8 +311,7 @@ class MissPolicy:
     def _miss_reason(self, call: _Call) -> str:
         """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the
         failing guard or argument path, not the (possibly long) signature."""
-        rejected = getattr(self, "_state_rejected", None)
-        stored = f"; {rejected}" if rejected else ""
+        stored = f"; {self._state_rejected}" if self._state_rejected else ""
         if not self._specs:
             return self._load_reason + stored
         # specializations of argument structures no call of this process had (stored by

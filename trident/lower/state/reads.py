@@ -314,9 +314,12 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
     nn.Module's submodules, parameters, buffers: the argument tree's), is found there only while
     no class of its MRO holds ``a`` as a data descriptor or the like (``Cfg.a = property(...)``
     shadows it; the tree checks the class by identity, not its contents); a name that is absent
-    stays absent only while no class gains it or a ``__getattr__``. So each such step of a user
-    class's instance reads the class's ``a`` (``ABSENT``, through its MRO in C), and for an
-    absent name its ``__getattr__`` too. A class with no importable name (defined in a
+    stays absent only while no class gains it or a ``__getattr__``; and either holds only while
+    the class's ``__getattribute__`` is the one the trace ran (``Cfg.__getattribute__ = ...``
+    assigned later serves every name). So each such step of a user class's instance reads the
+    class's ``a`` (``ABSENT``, through its MRO in C) and its ``__getattribute__`` (``ID``:
+    ``object``'s slot wrapper, named the same in every process), and for an absent name its
+    ``__getattr__`` too. A class with no importable name (defined in a
     function's body, ``<locals>``) is read as the class object itself (``_root_of``), and a
     class of another metaclass that looks names up as ``type`` does (``abc.ABC``'s
     ``ABCMeta``) is read like any other: neither is taken as fixed."""
@@ -333,6 +336,7 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
             break
         root, path = _root_of(cls)  # (a class with no importable name: the class itself)
         out.append(Read(root, path + (("attr", name),)))
+        out.append(Read(root, path + (("attr", "__getattribute__"),)))  # assigned later
         try:  # (not through a __getattr__)
             own = object.__getattribute__(value, "__dict__")
         except Exception:
