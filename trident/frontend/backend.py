@@ -80,6 +80,7 @@ import weakref
 import torch
 import torch.fx as fx
 
+from trident import config
 from trident.errors import TridentError
 from trident.frontend.jit import Stats, jit_function_class
 
@@ -143,8 +144,8 @@ def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs
                            f"{len(configs or ())} autotune configs")
 
     def grid_of_config(meta):
-        for config, g in zip(configs, grid):
-            if all(meta.get(k) == v for k, v in config.kwargs.items()):
+        for tuned, g in zip(configs, grid):
+            if all(meta.get(k) == v for k, v in tuned.kwargs.items()):
                 return tuple(g)
         raise TridentError(f"no grid recorded for the autotune config {meta}")
 
@@ -186,7 +187,10 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
         fn._frame_code, owner = None, None
     else:
-        _record_batch_dims(tx, gm, example_inputs)
+        try:
+            _record_batch_dims(tx, gm, example_inputs)
+        except Exception as e:  # Dynamo's private frame state moved: only more graphs follow
+            config.logger("recompiles").info("batch dims not recorded for Dynamo: %r", e)
     try:
         fn._frame_self = weakref.ref(owner) if owner is not None else None
     except TypeError:  # a self without weak references
