@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 import trident
-from _trident_helpers import passes_through
+from _trident_helpers import passes_through, run_python
 from trident import __main__ as cli
 
 
@@ -116,13 +115,59 @@ def test_clear_takes_the_module_when_a_name_is_in_several(trident_cache, capsys,
     assert f"moda.f ({tmp_path / 'moda.py'}:1)" in listed and "modb.f (" in listed
     assert cli.main(["clear", "f"]) == 2
     out = capsys.readouterr().out
-    assert out.startswith("'f' names 2 functions (2 cache entries: a function's earlier code "
-                          "has its own); name one by module.qualname or by folder:")
-    assert all(Path(p).name in out for p in paths.values()) and len(trident.list_cache()) == 2
+    assert out.splitlines() == [
+        "'f' names 2 functions (2 cache entries: a function's earlier code has its own); pick "
+        "one by the name after its colon:",
+        f"  moda.f ({tmp_path / 'moda.py'}): moda.f", f"  modb.f ({tmp_path / 'modb.py'}): modb.f"]
+    assert len(trident.list_cache()) == 2
     assert cli.main(["clear", "moda.f"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"deleted {paths['moda']}"
     assert [r["about"]["module"] for r in trident.list_cache()] == ["modb"]
     assert cli.main(["clear", "f"]) == 0 and trident.list_cache() == []
+
+
+def test_clear_tells_two_scripts_main_f_apart_by_file(trident_cache, capsys, tmp_path):
+    """Two scripts' ``__main__.f`` (run as ``python a.py``): ``clear __main__.f`` names each
+    with what picks it alone, its file's name before the colon (``a.py:__main__.f``), which
+    deletes that one; an absolute path and a folder name pick one too."""
+    for name, body in (("a", "x + 1"), ("b", "x + 2")):
+        path = tmp_path / name / "serve.py" if name == "b" else tmp_path / "serve.py"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"def f(x):\n    return {body}\n")
+        script = {"__name__": "__main__"}  # as runpy runs a script
+        exec(compile(path.read_text(), str(path), "exec"), script)
+        trident.jit(script["f"])(torch.ones(2))
+    paths = {r["about"]["file"]: r["path"] for r in trident.list_cache()}
+    assert cli.main(["clear", "f"]) == 2
+    assert sorted(capsys.readouterr().out.splitlines()[1:]) == [
+        f"  __main__.f ({tmp_path / 'b' / 'serve.py'}): b/serve.py:__main__.f",
+        f"  __main__.f ({tmp_path / 'serve.py'}): {tmp_path.name}/serve.py:__main__.f"]
+    assert cli.main(["clear", "serve.py:f"]) == 2 and len(trident.list_cache()) == 2
+    capsys.readouterr()
+    assert cli.main(["clear", "b/serve.py:__main__.f"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"deleted {paths[str(tmp_path / 'b' / 'serve.py')]}"
+    assert cli.main(["clear", f"{tmp_path / 'serve.py'}:f"]) == 0
+    assert trident.list_cache() == []
+
+
+def test_help_list_and_clear_import_no_torch(trident_cache, subprocess_env):
+    """Note [Listing without torch] in trident/frontend/entries.py: ``python -m trident
+    --help``, ``list`` and ``clear NAME`` start without torch (its import was most of
+    ``--help``'s 4.5 s), over a cache with an entry; the listing is the one this process makes."""
+    trident.jit(listed_f)(torch.ones(2))
+    code = ("import contextlib, io, sys\n"
+            "from trident.__main__ import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['--help'])\n"
+            "main(['list'])\n"
+            "main(['clear', 'no_such_function'])\n"
+            "print('torch' in sys.modules)\n")
+    out = run_python(subprocess_env, "-c", code).stdout.splitlines()
+    assert out[-1] == "False"
+    assert out[0].startswith(f"{__name__}.listed_f (") and out[-2].startswith("no cached function")
+    help_ = run_python(subprocess_env, "-m", "trident", "--help").stdout
+    assert help_.startswith("usage: trident") and "clear" in help_
 
 
 def test_clear_everything_lists_each_entry(trident_cache, capsys):

@@ -8,8 +8,8 @@ import sys
 import textwrap
 import time
 
-from trident.frontend import cache
 from trident import config
+from trident.frontend import entries as cache  # Note [Listing without torch]
 
 
 def _origin(about: dict) -> str:
@@ -41,7 +41,9 @@ def _main(argv: list[str] | None) -> int:
                                          "module and runtime build")
     clear.add_argument("name", nargs="?", help="a function's module.qualname (as `list` shows "
                                                "it), its qualified name alone when no other "
-                                               "module has one alike, or its folder name; "
+                                               "module has one alike, either after its file "
+                                               "and a colon (serve.py:__main__.f: two "
+                                               "scripts' __main__.f), or its folder name; "
                                                "default: everything")
     args = parser.parse_args(argv)
     if args.command == "cache-dir":

@@ -48,6 +48,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from trident import config
+from trident.frontend.entries import entry_size
 from trident.identity import describe
 from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
@@ -267,24 +268,6 @@ def touch(directory: Path) -> None:
                    "it serves what it holds, and evicts by the times it has")
 
 
-def entry_size(directory: Path) -> int:
-    """The bytes of a function folder's entries: its files and those of ``specs/`` and
-    ``eager/``; not a build in progress (cffi's temporary folder beside them), whose module
-    counts once it is in place. Files that vanish meanwhile count 0."""
-    size = 0
-    for folder in (directory, directory / "specs", directory / "eager"):
-        try:
-            for entry in os.scandir(folder):
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        size += entry.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-        except OSError:
-            continue
-    return size
-
-
 def evict(keep: Path) -> list[Path]:
     """Note [Cache size]: delete the least recently used function folders until the cache fits
     ``config.cache_size()``, never ``keep`` (the folder just stored into) nor a folder in use by
@@ -360,120 +343,3 @@ def _discard(path: Path, why: str) -> None:
             path.unlink(missing_ok=True)
     except OSError:
         pass
-
-
-def list_entries() -> list[dict]:
-    """One row per cached function folder: ``path``, ``about`` (describe(); empty for folders
-    made before Trident wrote it), ``signatures`` of its stored specializations in creation
-    order, their number ``specializations``, ``bytes`` on disk, ``last_use`` (seconds since
-    the epoch: Note [Cache size]) and ``apart``: per signature, the words of the guards that
-    tell it from the others of the same signature (the number of threads, grad mode; empty
-    where its signature is its own)."""
-    from trident.ir.guards import Guard
-
-    root = config.cache_dir() / "functions"
-    rows = []
-    for d in sorted(root.glob("*")) if root.is_dir() else []:
-        try:
-            about = json.loads((d / "function.json").read_text())
-        except (OSError, ValueError):
-            about = {}
-        signatures, words, states = [], [], []
-        for path in sorted(d.glob("specs/*.json")):
-            try:
-                data = json.loads(path.read_text())
-                signatures.append(data["signature"])
-                try:
-                    words.append([Guard.from_json(g).words(data["arg_names"])
-                                  for g in data["guards"]])
-                except (KeyError, TypeError, ValueError, AttributeError):
-                    words.append([])
-                states.append(_state_words(data))
-            except (OSError, ValueError, KeyError, TypeError):
-                signatures.append("(unreadable: dropped at the next load)")
-                words.append([])
-                states.append([])
-        apart = []
-        for i, signature in enumerate(signatures):
-            alike = [j for j in range(len(signatures)) if j != i and signatures[j] == signature]
-            told = [w for w in words[i] if alike and any(w not in words[j] for j in alike)]
-            if alike and not told:  # the same guards: the state guards tell them apart
-                told = [w for w in states[i] if any(w not in states[j] for j in alike)]
-                if [w[:6] for w in told] == ["state "]:  # the same chains, other values
-                    read = [w[6:] for w in states[i] if w.startswith("reads ")]
-                    told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
-            apart.append(told)
-        try:
-            last_use = d.stat().st_mtime
-        except OSError:
-            last_use = None
-        rows.append({"path": str(d), "about": about, "signatures": signatures,
-                     "specializations": len(signatures), "bytes": entry_size(d),
-                     "last_use": last_use, "apart": apart})
-    return rows
-
-
-def _state_words(data: dict) -> list[str]:
-    """What ``list`` says of a stored specialization's state guards (Note [State guards]):
-    each chain it reads (``reads torch.get_num_threads``), and the digest of their values
-    then (``state 1c40227b``), which tells apart two that read the same chains."""
-    from trident.lower.state.chain import Read
-
-    state = data.get("state") or {}
-    out = []
-    for r in state.get("reads", []):
-        read = Read.from_json(r)
-        text = read.root[1] if read.root[0] in ("module", "object") else read.root[0]
-        for step in read.steps:
-            text += {"attr": f".{step[-1]}", "cell": ".cell_contents",
-                     "call": "()"}.get(step[0], f"[{step[-1]!r}]")
-        out.append(f"reads {text}")
-    return out + [f"state {str(state.get('digest'))[:8]}"]
-
-
-def full_name(about: dict) -> str | None:
-    """``module.qualname`` of a cached function (``describe()``), as ``list`` names it."""
-    if not about.get("qualname"):
-        return None
-    return f"{about['module']}.{about['qualname']}" if about.get("module") else about["qualname"]
-
-
-def clear(name: str | None = None) -> list[str]:
-    """Delete the cache entries of the function ``name`` names, or, without a name, every cached
-    function and runtime build. ``name`` is a folder name, ``module.qualname`` as ``list`` shows
-    it (``app.model.Block.forward``), or a bare qualified name (``Block.forward``) when one
-    function has it; entries of one function made by earlier versions of its code go with it.
-    Returns the deleted folders.
-
-    Raises:
-        ValueError: ``name`` fits functions of several modules or files (its text lists them,
-            with the folder name that picks each one); nothing is deleted."""
-    root = config.cache_dir()
-    if name is not None:
-        rows = list_entries()
-        rows = [r for r in rows if Path(r["path"]).name == name] or [
-            r for r in rows if name in (r["about"].get("qualname"), full_name(r["about"]))]
-        origins = {(r["about"].get("module"), r["about"].get("file")) for r in rows}
-        if len(origins) > 1:
-            raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
-                             "entries: a function's earlier code has its own); name one by "
-                             "module.qualname or by folder:\n" + "\n".join(
-                                 f"  {full_name(r['about'])} ({r['about'].get('file')}): "
-                                 f"{Path(r['path']).name}" for r in rows))
-        doomed = [Path(r["path"]) for r in rows]
-    else:
-        functions, runtime = root / "functions", root / "runtime"
-        doomed = sorted(functions.iterdir()) if functions.is_dir() else []
-        if runtime.is_symlink():  # a shared build (the test suite's): drop the link only
-            doomed.append(runtime)
-        elif runtime.is_dir():
-            doomed += sorted(runtime.iterdir())
-    for d in doomed:
-        if d.is_symlink():
-            d.unlink()
-        else:
-            shutil.rmtree(d, ignore_errors=True)
-    if name is None:
-        for sub in ("functions", "runtime", "locks"):
-            shutil.rmtree(root / sub, ignore_errors=True)
-    return [str(d) for d in doomed]

@@ -1,0 +1,203 @@
+"""The cache's entries as ``python -m trident list`` and ``clear`` see them: each function
+folder's origin, stored signatures, size and last use (cache.py keeps and evicts them).
+
+Note [Listing without torch]: ``list`` and ``clear`` read JSON and the folders only, so this
+module imports no torch, and neither do ``trident``'s package and ``python -m trident``
+(``trident/__init__.py`` imports the rest on first use): ``--help`` took 4.5 s, the import of
+torch. The words of the guards that tell two alike signatures apart need the guard classes
+(torch); they are imported only for a function with two alike signatures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from trident import config
+
+
+def entry_size(directory: Path) -> int:
+    """The bytes of a function folder's entries: its files and those of ``specs/`` and
+    ``eager/``; not a build in progress (cffi's temporary folder beside them), whose module
+    counts once it is in place. Files that vanish meanwhile count 0."""
+    size = 0
+    for folder in (directory, directory / "specs", directory / "eager"):
+        try:
+            for entry in os.scandir(folder):
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        size += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return size
+
+
+
+
+def list_entries() -> list[dict]:
+    """One row per cached function folder: ``path``, ``about`` (describe(); empty for folders
+    made before Trident wrote it), ``signatures`` of its stored specializations in creation
+    order, their number ``specializations``, ``bytes`` on disk, ``last_use`` (seconds since
+    the epoch: Note [Cache size] in cache.py) and ``apart``: per signature, the words of the
+    guards that tell it from the others of the same signature (the number of threads, grad
+    mode; empty where its signature is its own)."""
+    root = config.cache_dir() / "functions"
+    rows = []
+    for d in sorted(root.glob("*")) if root.is_dir() else []:
+        try:
+            about = json.loads((d / "function.json").read_text())
+        except (OSError, ValueError):
+            about = {}
+        signatures, stored = [], []
+        for path in sorted(d.glob("specs/*.json")):
+            try:
+                data = json.loads(path.read_text())
+                signatures.append(data["signature"])
+                stored.append(data)
+            except (OSError, ValueError, KeyError, TypeError):
+                signatures.append("(unreadable: dropped at the next load)")
+                stored.append(None)
+        try:
+            last_use = d.stat().st_mtime
+        except OSError:
+            last_use = None
+        rows.append({"path": str(d), "about": about, "signatures": signatures,
+                     "specializations": len(signatures), "bytes": entry_size(d),
+                     "last_use": last_use, "apart": _apart(signatures, stored)})
+    return rows
+
+
+def _apart(signatures: list[str], stored: list) -> list[list[str]]:
+    """Per signature, the words that tell it from the others of the same signature (Note
+    [Listing without torch]: the guard classes are imported only where two are alike)."""
+    if len(set(signatures)) == len(signatures):
+        return [[] for _ in signatures]
+    from trident.ir.guards import Guard
+
+    words, states = [], []
+    for data in stored:
+        try:
+            words.append([Guard.from_json(g).words(data["arg_names"]) for g in data["guards"]])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            words.append([])
+        states.append(_state_words(data) if data is not None else [])
+    apart = []
+    for i, signature in enumerate(signatures):
+        alike = [j for j in range(len(signatures)) if j != i and signatures[j] == signature]
+        told = [w for w in words[i] if alike and any(w not in words[j] for j in alike)]
+        if alike and not told:  # the same guards: the state guards tell them apart
+            told = [w for w in states[i] if any(w not in states[j] for j in alike)]
+            if [w[:6] for w in told] == ["state "]:  # the same chains, other values
+                read = [w[6:] for w in states[i] if w.startswith("reads ")]
+                told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
+        apart.append(told)
+    return apart
+
+
+def _state_words(data: dict) -> list[str]:
+    """What ``list`` says of a stored specialization's state guards (Note [State guards]):
+    each chain it reads (``reads torch.get_num_threads``), and the digest of their values
+    then (``state 1c40227b``), which tells apart two that read the same chains."""
+    from trident.lower.state.chain import Read
+
+    state = data.get("state") or {}
+    out = []
+    for r in state.get("reads", []):
+        read = Read.from_json(r)
+        text = read.root[1] if read.root[0] in ("module", "object") else read.root[0]
+        for step in read.steps:
+            text += {"attr": f".{step[-1]}", "cell": ".cell_contents",
+                     "call": "()"}.get(step[0], f"[{step[-1]!r}]")
+        out.append(f"reads {text}")
+    return out + [f"state {str(state.get('digest'))[:8]}"]
+
+
+
+def full_name(about: dict) -> str | None:
+    """``module.qualname`` of a cached function (``describe()``), as ``list`` names it."""
+    if not about.get("qualname"):
+        return None
+    return f"{about['module']}.{about['qualname']}" if about.get("module") else about["qualname"]
+
+
+def clear(name: str | None = None) -> list[str]:
+    """Delete the cache entries of the function ``name`` names, or, without a name, every cached
+    function and runtime build. ``name`` is a folder name, ``module.qualname`` as ``list`` shows
+    it (``app.model.Block.forward``), a bare qualified name (``Block.forward``) when one
+    function has it, or either after its file and a colon (``serve.py:f``, ``/srv/serve.py:
+    __main__.f``: the file as ``list`` shows it, or its last parts), which tells apart two
+    scripts' ``__main__.f``; entries of one function made by earlier versions of its code go
+    with it. Returns the deleted folders.
+
+    Raises:
+        ValueError: ``name`` fits functions of several modules or files (its text lists them,
+            each with the name that picks it alone); nothing is deleted."""
+    root = config.cache_dir()
+    if name is not None:
+        rows = _named(list_entries(), name)
+        origins = {(r["about"].get("module"), r["about"].get("file")) for r in rows}
+        if len(origins) > 1:
+            raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
+                             "entries: a function's earlier code has its own); pick one by "
+                             "the name after its colon:\n" + "\n".join(
+                                 f"  {full_name(r['about'])} ({r['about'].get('file')}): "
+                                 f"{_selector(r, rows)}" for r in rows))
+        doomed = [Path(r["path"]) for r in rows]
+    else:
+        functions, runtime = root / "functions", root / "runtime"
+        doomed = sorted(functions.iterdir()) if functions.is_dir() else []
+        if runtime.is_symlink():  # a shared build (the test suite's): drop the link only
+            doomed.append(runtime)
+        elif runtime.is_dir():
+            doomed += sorted(runtime.iterdir())
+    for d in doomed:
+        if d.is_symlink():
+            d.unlink()
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    if name is None:
+        for sub in ("functions", "runtime", "locks"):
+            shutil.rmtree(root / sub, ignore_errors=True)
+    return [str(d) for d in doomed]
+
+
+def _named(rows: list[dict], name: str) -> list[dict]:
+    """The rows ``name`` selects (``clear``'s forms)."""
+    by_folder = [r for r in rows if Path(r["path"]).name == name]
+    if by_folder:
+        return by_folder
+    file, _, function = name.rpartition(":")
+    if file:
+        rows = [r for r in rows if _same_file(r["about"].get("file"), file)]
+    return [r for r in rows if function in (r["about"].get("qualname"), full_name(r["about"]))]
+
+
+def _same_file(recorded: str | None, given: str) -> bool:
+    """``given`` is the recorded file, or its last parts (``serve.py``, ``app/serve.py``)."""
+    if not recorded:
+        return False
+    parts, tail = Path(recorded).parts, Path(given).parts
+    return Path(given).is_absolute() and Path(recorded) == Path(given) or \
+        (not Path(given).is_absolute() and parts[-len(tail):] == tail)
+
+
+def _selector(row: dict, rows: list[dict]) -> str:
+    """The shortest name ``clear`` takes that selects ``row``'s function alone among
+    ``rows``: its module.qualname, then after its file's last parts, else its folder."""
+    about = row["about"]
+    mine = {(r["about"].get("module"), r["about"].get("file")) for r in rows
+            if r["about"] == about}
+    qualname = full_name(about) or "?"
+    candidates = [qualname]
+    if about.get("file"):
+        parts = Path(about["file"]).parts
+        candidates += [f"{Path(*parts[-n:])}:{qualname}" for n in range(1, len(parts) + 1)]
+    for candidate in candidates:
+        if {(r["about"].get("module"), r["about"].get("file"))
+                for r in _named(rows, candidate)} == mine:
+            return candidate
+    return Path(row["path"]).name
