@@ -122,14 +122,15 @@ void Dispatcher_dealloc(Dispatcher* self) {
 }
 
 // Argument records: on the C stack for the common case; a call with more arguments takes a heap
-// buffer (not a thread-local one: a Python callback inside a launch sequence may re-enter).
+// buffer (not a thread-local one: a Python callback inside a launch sequence may re-enter),
+// uninitialized: read_args writes every record (a model's 400 records are 32 KB to clear).
 struct ArgBuffer {
   trt_arg local[64];
-  std::vector<trt_arg> heap;
+  std::unique_ptr<trt_arg[]> heap;
   trt_arg* get(Py_ssize_t n) {
     if (n <= 64) return local;
-    heap.resize(n);
-    return heap.data();
+    heap.reset(new trt_arg[static_cast<size_t>(n)]);
+    return heap.get();
   }
 };
 
@@ -285,7 +286,7 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
     nv.dense = nullptr;
     for (Py_ssize_t node : t->recipe_nodes)
       if (node >= 0 && node < static_cast<Py_ssize_t>(memo->values.size()))
-        nv.sparse.emplace_back(node, memo->values[node]);
+        nv.add(node, memo->values[node]);
   }
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);

@@ -5,13 +5,29 @@
 
 namespace {
 
+// The objects a recipe's ops made, by op (R_BUILT reads them): in place for a recipe of up to
+// kLocal ops (a ModelOutput's: a handful), so that a hit allocates none.
+struct Built {
+  static constexpr Py_ssize_t kLocal = 32;
+  PyObject* local[kLocal] = {};
+  std::vector<PyObject*> heap;
+  PyObject** items;
+  Py_ssize_t n;
+  explicit Built(Py_ssize_t size) : n(size) {
+    if (size > kLocal) heap.assign(static_cast<size_t>(size), nullptr);
+    items = size > kLocal ? heap.data() : local;
+  }
+  PyObject*& operator[](Py_ssize_t k) { return items[k]; }
+  Py_ssize_t size() const { return n; }
+};
+
 // Note [Argument trees]: the result of a recipe op sequence, from the SCM's flat outputs.
 // `built[k]`: the object op k made (borrowed: the result holds it), for R_BUILT.
 PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                   const NodeValues& values, std::vector<PyObject*>& built);
+                   const NodeValues& values, Built& built);
 
 PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                       const NodeValues& values, std::vector<PyObject*>& built) {
+                       const NodeValues& values, Built& built) {
   Py_ssize_t here = pc;
   PyObject* out = build_op(ops, pc, flat, next, values, built);
   if (out) built[here] = out;
@@ -19,7 +35,7 @@ PyObject* build_recipe(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t
 }
 
 PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                   const NodeValues& values, std::vector<PyObject*>& built) {
+                   const NodeValues& values, Built& built) {
   if (pc >= PyTuple_GET_SIZE(ops))
     return PyErr_Format(PyExc_RuntimeError, "trident: output recipe ends early");
   PyObject* op = PyTuple_GET_ITEM(ops, pc++);
@@ -35,7 +51,7 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
     }
     case TRT_R_BUILT: {  // a container or object the result holds a second time
       Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
-      if (k < 0 || k >= static_cast<Py_ssize_t>(built.size()) || !built[k])
+      if (k < 0 || k >= built.size() || !built[k])
         return PyErr_Format(PyExc_RuntimeError, "trident: no object built by op %zd", k);
       Py_INCREF(built[k]);
       return built[k];
@@ -149,7 +165,7 @@ PyObject* build_op(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& ne
 // set again with the value this call computed (a STORE_ATTR, as eager's), after the constant
 // attributes the function set on that value (a tensor). 0, or -1 with an exception set.
 int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& next,
-                    const NodeValues& values, std::vector<PyObject*>& built) {
+                    const NodeValues& values, Built& built) {
   PyObject* op = PyTuple_GET_ITEM(ops, pc++);
   if (PyLong_AsLong(PyTuple_GET_ITEM(op, 0)) != TRT_R_WRITE) {
     PyErr_SetString(PyExc_RuntimeError, "trident: output recipe has ops after its result");
@@ -176,7 +192,7 @@ int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& n
 
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values) {
   Py_ssize_t pc = 0, next = 0;
-  std::vector<PyObject*> built(static_cast<size_t>(PyTuple_GET_SIZE(ops)), nullptr);
+  Built built(PyTuple_GET_SIZE(ops));
   PyObject* out = build_recipe(ops, pc, flat, next, values, built);
   while (out && pc < PyTuple_GET_SIZE(ops))
     if (write_attribute(ops, pc, flat, next, values, built) < 0) Py_CLEAR(out);

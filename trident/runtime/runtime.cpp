@@ -25,6 +25,7 @@
 #include "args.cpp"         // reading arguments and the environment, building results
 #include "trees.cpp"        // Note [Argument trees]: binding, node reads and checks, programs
 #include "tree_eval.cpp"    // evaluating trees, Note [Unchanged subtrees]
+#include "tree_memo.cpp"    // an argument tree's memo, Note [Quiet table]
 #include "recipes.cpp"      // output recipes
 #include "dispatcher.cpp"   // the Dispatcher type and its hit path
 #include "operators.cpp"    // the trident:: operators (Note [Random state steps], Note [Bool

@@ -149,8 +149,9 @@ struct TreeMemo {
   // when its value is the memo's, in pre-order (a container's before what it holds).
   struct Check {
     // kObjectQuiet: an object's exact type and instance dict's identity (its dict is watched)
+    // kEmptySet: a set constant that was empty, its exact type and size (the quiet table's)
     enum Op : uint8_t {
-      kLeaf, kObject, kObjectQuiet, kDict, kOrderedDict, kItems, kConst, kSame, kNode
+      kLeaf, kObject, kObjectQuiet, kDict, kOrderedDict, kItems, kConst, kSame, kNode, kEmptySet
     };
     Op op;
     uint32_t node;
@@ -166,6 +167,16 @@ struct TreeMemo {
   // subtree is watched and none changed since they last held.
   std::vector<size_t> quiet_begin;
   std::vector<Check> quiet_checks;
+  // Note [Quiet table] (tree_memo.cpp): per quiet check, in quiet_checks' order, what it
+  // reads of the memo, copied into one record when its root turns quiet
+  struct QuietStep {
+    PyObject* value;     // the node's value
+    PyTypeObject* type;  // kObjectQuiet, kDict, kEmptySet: the exact type
+    PyObject* dict;      // kObjectQuiet: the instance dict
+    uint32_t node;
+    Check::Op op;
+  };
+  std::vector<QuietStep> quiet_table;
   std::vector<uint32_t> root_of;       // per node: its root's index in `roots`
   // per root: events on the watched dicts of its subtree, and their count when its last pass
   // began that then held (it is dirty while they differ: a watched dict may have changed)
@@ -265,17 +276,28 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 // tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
+void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root);
 
 // The call's node values an output recipe reads (R_INPUT, R_WRITE): every node's (`dense`), or
 // the (node, value) pairs of the nodes the installed recipes read (the hit path's: a model's
-// tree has thousands of nodes, a recipe reads one or two).
+// tree has thousands of nodes, a recipe reads one or two), in place up to kLocal of them (no
+// allocation on the hit path), in `more` beyond.
 struct NodeValues {
+  static constexpr size_t kLocal = 8;
   const std::vector<PyObject*>* dense = nullptr;
-  std::vector<std::pair<Py_ssize_t, PyObject*>> sparse;
+  std::pair<Py_ssize_t, PyObject*> local[kLocal];
+  size_t nlocal = 0;
+  std::vector<std::pair<Py_ssize_t, PyObject*>> more;
+  void add(Py_ssize_t node, PyObject* v) {
+    if (nlocal < kLocal) local[nlocal++] = {node, v};
+    else more.emplace_back(node, v);
+  }
   PyObject* get(Py_ssize_t node) const {  // nullptr: none
     if (dense)
       return node >= 0 && node < static_cast<Py_ssize_t>(dense->size()) ? (*dense)[node] : nullptr;
-    for (const auto& [k, v] : sparse)
+    for (size_t i = 0; i < nlocal; ++i)
+      if (local[i].first == node) return local[i].second;
+    for (const auto& [k, v] : more)
       if (k == node) return v;
     return nullptr;
   }

@@ -325,65 +325,93 @@ struct TreeEval {
     return true;
   }
 
+  // One check of the unchanged pass (below), v being node step.node's value in the memo.
+  // `all_watched`: cleared by a dict that is not watched.
+  bool holds(const TreeMemo::Check& step, PyObject* v, bool& all_watched) {
+    size_t i = step.node;
+    switch (step.op) {
+      case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
+      case TreeMemo::Check::kObject: {
+        if (Py_TYPE(v) != memo->types[i]) return false;
+        PyObject** dict = _PyObject_GetDictPtr(v);
+        if (!dict || *dict != dicts[i] || !same_dict(i, *dict)) return false;
+        all_watched = all_watched && memo->watched[i];
+        break;
+      }
+      case TreeMemo::Check::kObjectQuiet: {
+        if (Py_TYPE(v) != memo->types[i]) return false;
+        PyObject** dict = _PyObject_GetDictPtr(v);
+        if (!dict || *dict != dicts[i]) return false;
+        break;
+      }
+      case TreeMemo::Check::kDict:
+      case TreeMemo::Check::kOrderedDict:  // move_to_end reorders it without a new tag
+        if (Py_TYPE(v) != memo->types[i] || !same_dict(i, v) ||
+            (step.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
+          return false;
+        all_watched = all_watched && memo->watched[i];
+        break;
+      case TreeMemo::Check::kItems: {  // a list's or a tuple's type, length and items
+        const TreeNode& node = tree.nodes[i];
+        if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect) ||
+            Py_SIZE(v) != node.length)
+          return false;
+        bool list = PyList_Check(v);
+        for (size_t c = i + 1; c < memo->end[i]; c = memo->end[c])
+          if ((list ? PyList_GET_ITEM(v, tree.nodes[c].index)
+                    : PyTuple_GET_ITEM(v, tree.nodes[c].index)) != values[c])
+            return false;
+        break;
+      }
+      case TreeMemo::Check::kConst:
+      case TreeMemo::Check::kEmptySet:
+        if (!const_equal(tree.nodes[i], v)) return false;
+        break;
+      case TreeMemo::Check::kNode:
+        if (!check(i, v)) return false;
+        break;
+      case TreeMemo::Check::kSame:
+        if (v != values[tree.nodes[i].same]) return false;
+        break;
+    }
+    return true;
+  }
+
   // Note [Unchanged subtrees]: the unchanged pass over root k's checks, its value being the
-  // memo's. false: a check failed (the leaves it pushed are the caller's to drop).
+  // memo's; a quiet one through its table (Note [Quiet table]). false: a check failed (the
+  // leaves it pushed are the caller's to drop).
   bool unchanged(size_t k) {
 #ifdef TRT_DICT_TAGS
-    bool quiet = memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k));
-    const std::vector<TreeMemo::Check>& list = quiet ? memo->quiet_checks : memo->checks;
-    const std::vector<size_t>& begin = quiet ? memo->quiet_begin : memo->checks_begin;
     bool all_watched = true;  // every dict of the subtree is watched: quiet from now on
-    for (size_t c = begin[k]; c < begin[k + 1]; ++c) {
-      const TreeMemo::Check& step = list[c];
-      size_t i = step.node;
-      PyObject* v = values[i];
-      switch (step.op) {
-        case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
-        case TreeMemo::Check::kObject: {
-          if (Py_TYPE(v) != memo->types[i]) return false;
-          PyObject** dict = _PyObject_GetDictPtr(v);
-          if (!dict || *dict != dicts[i] || !same_dict(i, *dict)) return false;
-          all_watched = all_watched && memo->watched[i];
-          break;
+    if (memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k))) {
+      const TreeMemo::QuietStep* table = memo->quiet_table.data();
+      for (size_t c = memo->quiet_begin[k]; c < memo->quiet_begin[k + 1]; ++c) {
+        const TreeMemo::QuietStep& step = table[c];
+        PyObject* v = step.value;
+        switch (step.op) {
+          case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
+          case TreeMemo::Check::kObjectQuiet: {
+            if (Py_TYPE(v) != step.type) return false;
+            PyObject** dict = _PyObject_GetDictPtr(v);
+            if (!dict || *dict != step.dict) return false;
+            break;
+          }
+          case TreeMemo::Check::kEmptySet:  // const_equal's answer for an empty set
+            if (Py_TYPE(v) != step.type || PySet_GET_SIZE(v) != 0) return false;
+            break;
+          default:
+            if (!holds(memo->quiet_checks[c], v, all_watched)) return false;
         }
-        case TreeMemo::Check::kObjectQuiet: {
-          if (Py_TYPE(v) != memo->types[i]) return false;
-          PyObject** dict = _PyObject_GetDictPtr(v);
-          if (!dict || *dict != dicts[i]) return false;
-          break;
-        }
-        case TreeMemo::Check::kDict:
-        case TreeMemo::Check::kOrderedDict:  // move_to_end reorders it without a new tag
-          if (Py_TYPE(v) != memo->types[i] || !same_dict(i, v) ||
-              (step.op == TreeMemo::Check::kOrderedDict && !same_keys(v, tree.nodes[i].keys)))
-            return false;
-          all_watched = all_watched && memo->watched[i];
-          break;
-        case TreeMemo::Check::kItems: {  // a list's or a tuple's type, length and items
-          const TreeNode& node = tree.nodes[i];
-          if (Py_TYPE(v) != reinterpret_cast<PyTypeObject*>(node.expect) ||
-              Py_SIZE(v) != node.length)
-            return false;
-          bool list = PyList_Check(v);
-          for (size_t c = i + 1; c < memo->end[i]; c = memo->end[c])
-            if ((list ? PyList_GET_ITEM(v, tree.nodes[c].index)
-                      : PyTuple_GET_ITEM(v, tree.nodes[c].index)) != values[c])
-              return false;
-          break;
-        }
-        case TreeMemo::Check::kConst:
-          if (!const_equal(tree.nodes[i], v)) return false;
-          break;
-        case TreeMemo::Check::kNode:
-          if (!check(i, v)) return false;
-          break;
-        case TreeMemo::Check::kSame:
-          if (v != values[tree.nodes[i].same]) return false;
-          break;
       }
+      return true;
+    }
+    for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1]; ++c) {
+      const TreeMemo::Check& step = memo->checks[c];
+      if (!holds(step, values[step.node], all_watched)) return false;
     }
 #ifdef TRT_DICT_WATCHERS
-    if (!quiet) memo->quiet[k] = all_watched;
+    memo->quiet[k] = all_watched;
+    if (all_watched) fill_quiet_table(*memo, tree, k);
 #else
     (void)all_watched;
 #endif
@@ -645,139 +673,6 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   memo->busy = false;
   if (collecting) PyGC_Enable();
   return ok;
-}
-
-// Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
-std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params) {
-  size_t n = tree.nodes.size();
-  auto memo = std::make_unique<TreeMemo>();
-  memo->values.assign(n, nullptr);
-  memo->dicts.assign(n, nullptr);
-  memo->tags.assign(n, 0);
-  memo->end.assign(n, 0);
-  for (size_t i = n; i-- > 0;) {  // a subtree ends where its last child's does
-    if (memo->end[i] == 0) memo->end[i] = i + 1;
-    Py_ssize_t p = tree.nodes[i].parent;
-    if (p >= 0 && memo->end[p] == 0) memo->end[p] = memo->end[i];
-  }
-  memo->kind.assign(n, TreeMemo::kOther);
-  memo->watched.assign(n, 0);
-  memo->types.assign(n, nullptr);
-  for (size_t i = 0; i < n; ++i) {
-    const TreeNode& node = tree.nodes[i];
-    auto* type = reinterpret_cast<PyTypeObject*>(node.expect);
-    switch (node.check) {
-      case TRT_CHK_LEAF: memo->kind[i] = TreeMemo::kLeaf; break;
-      case TRT_CHK_ID: memo->kind[i] = TreeMemo::kImmutable; break;
-      case TRT_CHK_CONST:
-        if (!PyAnySet_Check(node.expect)) memo->kind[i] = TreeMemo::kImmutable;
-        break;
-      case TRT_CHK_DICT:
-        memo->kind[i] = type == &PyODict_Type && node.length >= 2 ? TreeMemo::kOrderedDict
-                                                                 : TreeMemo::kDict;
-        memo->types[i] = type;
-        break;
-      case TRT_CHK_OBJECT:
-        memo->kind[i] = TreeMemo::kObject;
-        memo->types[i] = type;
-        break;
-      case TRT_CHK_SEQ:
-        if (type == &PyTuple_Type) memo->kind[i] = TreeMemo::kTuple;
-        break;
-    }
-  }
-  memo->work_begin.assign(n + 1, 0);
-  for (size_t p = 0; p < n; ++p) {
-    memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
-    uint8_t kind = memo->kind[p];  // the containers an unchanged value of holds its children
-    if (kind != TreeMemo::kDict && kind != TreeMemo::kOrderedDict && kind != TreeMemo::kObject &&
-        kind != TreeMemo::kTuple)
-      continue;
-    for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
-      const TreeNode& child = tree.nodes[k];
-      if (memo->kind[k] != TreeMemo::kImmutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
-    }
-  }
-  memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
-  // the unchanged pass's checks, per root (Note [Unchanged subtrees])
-  using Check = TreeMemo::Check;
-  // held[i]: node i's value is held by a container whose tag proves it unchanged (a dict, an
-  // object's dict, or a tuple such a container holds), so it is the same object as at the last
-  // walk. Elsewhere (a root, a list's item) only its address is known to be the same, and a new
-  // object may have taken a freed one's: what is not a container with a tag of its own is
-  // checked again (a tuple's items, a constant's value).
-  std::vector<uint8_t> held(n, 0);
-  // A shell: the *args tuple or **kwargs dict binding makes afresh at every call; what it holds
-  // are roots of their own (Note [Unchanged subtrees]).
-  std::vector<uint8_t> shell(n, 0);
-  for (size_t r = 0; r < n; r = memo->end[r]) {
-    const TreeNode& node = tree.nodes[r];
-    if (node.access != TRT_ACC_ARG || node.index < 0 ||
-        static_cast<size_t>(node.index) >= params.size())
-      continue;
-    int kind = params[static_cast<size_t>(node.index)].kind;
-    shell[r] = (kind == PARAM_VAR_POSITIONAL && node.check == TRT_CHK_SEQ &&
-                node.expect == reinterpret_cast<PyObject*>(&PyTuple_Type)) ||
-               (kind == PARAM_VAR_KEYWORD && node.check == TRT_CHK_DICT &&
-                node.expect == reinterpret_cast<PyObject*>(&PyDict_Type));
-  }
-  for (size_t p = 0; p < n; ++p) {
-    bool holds = memo->kind[p] == TreeMemo::kDict || memo->kind[p] == TreeMemo::kOrderedDict ||
-                 memo->kind[p] == TreeMemo::kObject ||
-                 (tree.nodes[p].check == TRT_CHK_SEQ && held[p] &&
-                  tree.nodes[p].expect != reinterpret_cast<PyObject*>(&PyList_Type));
-    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds && !shell[p];
-  }
-  memo->root_of.assign(n, 0);
-  for (size_t r = 0; r < n; r = shell[r] ? r + 1 : memo->end[r]) {
-    uint32_t k = static_cast<uint32_t>(memo->roots.size());
-    memo->roots.push_back(static_cast<Py_ssize_t>(r));
-    memo->shell.push_back(shell[r]);
-    memo->checks_begin.push_back(memo->checks.size());
-    memo->quiet_begin.push_back(memo->quiet_checks.size());
-    memo->root_of[r] = k;
-    for (size_t i = r; i < memo->end[r] && !shell[r]; ++i) {
-      memo->root_of[i] = k;
-      const TreeNode& node = tree.nodes[i];
-      // `quiet`: the check's form in the quiet pass (kLeaf with `drop`: none)
-      auto add_both = [&](Check::Op op, Check::Op quiet, bool drop) {
-        memo->checks.push_back({op, static_cast<uint32_t>(i)});
-        if (!drop) memo->quiet_checks.push_back({quiet, static_cast<uint32_t>(i)});
-      };
-      auto add = [&](Check::Op op) { add_both(op, op, false); };
-      switch (node.check) {
-        case TRT_CHK_LEAF: add(Check::kLeaf); break;  // the SCM guards it
-        case TRT_CHK_OBJECT: add_both(Check::kObject, Check::kObjectQuiet, false); break;
-        case TRT_CHK_DICT:  // a watched dict freed and another at its address: an event
-          if (memo->kind[i] == TreeMemo::kOrderedDict)
-            add(Check::kOrderedDict);
-          else  // a dict subclass that is a heap type can have its class assigned
-            add_both(Check::kDict, Check::kDict,
-                     !(memo->types[i]->tp_flags & Py_TPFLAGS_HEAPTYPE));
-          break;
-        case TRT_CHK_SEQ:
-          if (node.expect == reinterpret_cast<PyObject*>(&PyList_Type) || !held[i])
-            add(Check::kItems);  // a list (no tag), or a tuple not known to be the same
-          break;
-        case TRT_CHK_CONST:  // a set's contents can change; a constant elsewhere may be new
-          if (memo->kind[i] != TreeMemo::kImmutable || !held[i]) add(Check::kConst);
-          break;
-        case TRT_CHK_ID:  // the tree holds the object: an equal address is the same object
-        case TRT_CHK_ABSENT:  // only in a dict, whose tag covers it
-          break;
-        case TRT_CHK_SAME: add(Check::kSame); break;  // its first node may be another root's
-        default: add(Check::kNode); break;  // a type, a tensor's version: checked every call
-      }
-    }
-  }
-  memo->checks_begin.push_back(memo->checks.size());
-  memo->quiet_begin.push_back(memo->quiet_checks.size());
-  memo->root_held.assign(memo->roots.size(), 0);
-  memo->root_events.assign(memo->roots.size(), 1);
-  memo->root_clean.assign(memo->roots.size(), 0);
-  memo->quiet.assign(memo->roots.size(), 0);
-  memo->passes.assign(memo->roots.size(), {0, 0, 0});
-  return memo;
 }
 
 }  // namespace

@@ -1,0 +1,176 @@
+// tree_memo.cpp: making an argument tree's memo (Note [Unchanged subtrees] in tree_eval.cpp)
+// and its quiet table (Note [Quiet table]).
+
+#include "runtime_internal.h"
+
+namespace {
+
+// Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
+std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params) {
+  size_t n = tree.nodes.size();
+  auto memo = std::make_unique<TreeMemo>();
+  memo->values.assign(n, nullptr);
+  memo->dicts.assign(n, nullptr);
+  memo->tags.assign(n, 0);
+  memo->end.assign(n, 0);
+  for (size_t i = n; i-- > 0;) {  // a subtree ends where its last child's does
+    if (memo->end[i] == 0) memo->end[i] = i + 1;
+    Py_ssize_t p = tree.nodes[i].parent;
+    if (p >= 0 && memo->end[p] == 0) memo->end[p] = memo->end[i];
+  }
+  memo->kind.assign(n, TreeMemo::kOther);
+  memo->watched.assign(n, 0);
+  memo->types.assign(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const TreeNode& node = tree.nodes[i];
+    auto* type = reinterpret_cast<PyTypeObject*>(node.expect);
+    switch (node.check) {
+      case TRT_CHK_LEAF: memo->kind[i] = TreeMemo::kLeaf; break;
+      case TRT_CHK_ID: memo->kind[i] = TreeMemo::kImmutable; break;
+      case TRT_CHK_CONST:
+        if (!PyAnySet_Check(node.expect)) memo->kind[i] = TreeMemo::kImmutable;
+        break;
+      case TRT_CHK_DICT:
+        memo->kind[i] = type == &PyODict_Type && node.length >= 2 ? TreeMemo::kOrderedDict
+                                                                 : TreeMemo::kDict;
+        memo->types[i] = type;
+        break;
+      case TRT_CHK_OBJECT:
+        memo->kind[i] = TreeMemo::kObject;
+        memo->types[i] = type;
+        break;
+      case TRT_CHK_SEQ:
+        if (type == &PyTuple_Type) memo->kind[i] = TreeMemo::kTuple;
+        break;
+    }
+  }
+  memo->work_begin.assign(n + 1, 0);
+  for (size_t p = 0; p < n; ++p) {
+    memo->work_begin[p] = static_cast<Py_ssize_t>(memo->work.size());
+    uint8_t kind = memo->kind[p];  // the containers an unchanged value of holds its children
+    if (kind != TreeMemo::kDict && kind != TreeMemo::kOrderedDict && kind != TreeMemo::kObject &&
+        kind != TreeMemo::kTuple)
+      continue;
+    for (size_t k = p + 1; k < memo->end[p]; k = memo->end[k]) {
+      const TreeNode& child = tree.nodes[k];
+      if (memo->kind[k] != TreeMemo::kImmutable) memo->work.push_back(static_cast<Py_ssize_t>(k));
+    }
+  }
+  memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
+  // the unchanged pass's checks, per root (Note [Unchanged subtrees])
+  using Check = TreeMemo::Check;
+  // held[i]: node i's value is held by a container whose tag proves it unchanged (a dict, an
+  // object's dict, or a tuple such a container holds), so it is the same object as at the last
+  // walk. Elsewhere (a root, a list's item) only its address is known to be the same, and a new
+  // object may have taken a freed one's: what is not a container with a tag of its own is
+  // checked again (a tuple's items, a constant's value).
+  std::vector<uint8_t> held(n, 0);
+  // A shell: the *args tuple or **kwargs dict binding makes afresh at every call; what it holds
+  // are roots of their own (Note [Unchanged subtrees]).
+  std::vector<uint8_t> shell(n, 0);
+  for (size_t r = 0; r < n; r = memo->end[r]) {
+    const TreeNode& node = tree.nodes[r];
+    if (node.access != TRT_ACC_ARG || node.index < 0 ||
+        static_cast<size_t>(node.index) >= params.size())
+      continue;
+    int kind = params[static_cast<size_t>(node.index)].kind;
+    shell[r] = (kind == PARAM_VAR_POSITIONAL && node.check == TRT_CHK_SEQ &&
+                node.expect == reinterpret_cast<PyObject*>(&PyTuple_Type)) ||
+               (kind == PARAM_VAR_KEYWORD && node.check == TRT_CHK_DICT &&
+                node.expect == reinterpret_cast<PyObject*>(&PyDict_Type));
+  }
+  for (size_t p = 0; p < n; ++p) {
+    bool holds = memo->kind[p] == TreeMemo::kDict || memo->kind[p] == TreeMemo::kOrderedDict ||
+                 memo->kind[p] == TreeMemo::kObject ||
+                 (tree.nodes[p].check == TRT_CHK_SEQ && held[p] &&
+                  tree.nodes[p].expect != reinterpret_cast<PyObject*>(&PyList_Type));
+    for (size_t c = p + 1; c < memo->end[p]; c = memo->end[c]) held[c] = holds && !shell[p];
+  }
+  memo->root_of.assign(n, 0);
+  for (size_t r = 0; r < n; r = shell[r] ? r + 1 : memo->end[r]) {
+    uint32_t k = static_cast<uint32_t>(memo->roots.size());
+    memo->roots.push_back(static_cast<Py_ssize_t>(r));
+    memo->shell.push_back(shell[r]);
+    memo->checks_begin.push_back(memo->checks.size());
+    memo->quiet_begin.push_back(memo->quiet_checks.size());
+    memo->root_of[r] = k;
+    for (size_t i = r; i < memo->end[r] && !shell[r]; ++i) {
+      memo->root_of[i] = k;
+      const TreeNode& node = tree.nodes[i];
+      // `quiet`: the check's form in the quiet pass (kLeaf with `drop`: none)
+      auto add_both = [&](Check::Op op, Check::Op quiet, bool drop) {
+        memo->checks.push_back({op, static_cast<uint32_t>(i)});
+        if (!drop) memo->quiet_checks.push_back({quiet, static_cast<uint32_t>(i)});
+      };
+      auto add = [&](Check::Op op) { add_both(op, op, false); };
+      switch (node.check) {
+        case TRT_CHK_LEAF: add(Check::kLeaf); break;  // the SCM guards it
+        case TRT_CHK_OBJECT: add_both(Check::kObject, Check::kObjectQuiet, false); break;
+        case TRT_CHK_DICT:  // a watched dict freed and another at its address: an event
+          if (memo->kind[i] == TreeMemo::kOrderedDict)
+            add(Check::kOrderedDict);
+          else  // a dict subclass that is a heap type can have its class assigned
+            add_both(Check::kDict, Check::kDict,
+                     !(memo->types[i]->tp_flags & Py_TPFLAGS_HEAPTYPE));
+          break;
+        case TRT_CHK_SEQ:
+          if (node.expect == reinterpret_cast<PyObject*>(&PyList_Type) || !held[i])
+            add(Check::kItems);  // a list (no tag), or a tuple not known to be the same
+          break;
+        case TRT_CHK_CONST:  // a set's contents can change; a constant elsewhere may be new
+          if (memo->kind[i] != TreeMemo::kImmutable || !held[i]) add(Check::kConst);
+          break;
+        case TRT_CHK_ID:  // the tree holds the object: an equal address is the same object
+        case TRT_CHK_ABSENT:  // only in a dict, whose tag covers it
+          break;
+        case TRT_CHK_SAME: add(Check::kSame); break;  // its first node may be another root's
+        default: add(Check::kNode); break;  // a type, a tensor's version: checked every call
+      }
+    }
+  }
+  memo->checks_begin.push_back(memo->checks.size());
+  memo->quiet_begin.push_back(memo->quiet_checks.size());
+  memo->root_held.assign(memo->roots.size(), 0);
+  memo->root_events.assign(memo->roots.size(), 1);
+  memo->root_clean.assign(memo->roots.size(), 0);
+  memo->quiet.assign(memo->roots.size(), 0);
+  memo->passes.assign(memo->roots.size(), {0, 0, 0});
+  memo->quiet_table.resize(memo->quiet_checks.size());
+  return memo;
+}
+
+// ---- Note [Quiet table] ----------------------------------------------------------------------
+//
+// The quiet pass (Note [Unchanged subtrees]) of a model's subtree reads, per module, its exact
+// type and instance dict's identity, its `_non_persistent_buffers_set` (a set constant: no tag
+// covers a set), and its leaves' places: a handful of words per module, but each from another
+// place: the node's value, type and dict in three per-node arrays of the memo (thousands of
+// nodes apart), the 80-byte TreeNode and the constant's own set object for a set's check. Inside
+// `generate` a decode hit finds those cold (generate's own Python runs between two hits), and
+// each of them is a cache miss. The quiet table holds, per quiet check in the same order, the
+// words it compares in one 32-byte record: the value, its expected type and instance dict; an
+// empty set constant (every module's `_non_persistent_buffers_set` but those holding a buffer
+// that state_dict leaves out) is checked as its exact type and size 0, which is what
+// const_equal decides of it, without reading the tree's copy of the set. So a quiet pass
+// scans one array in order and reads, beyond it, only the objects it checks (their headers,
+// and a managed dict's pointer beside it). The rest (a list's items, an OrderedDict's key order,
+// a non-empty set, a SAME node, a type, a tensor's version) runs the check of the unchanged pass.
+// The records are copied from the memo when the root's unchanged pass finds it quiet, and the
+// memo's values change only in a walk, which ends the root's quiet run first (a watched dict
+// changed or freed: an event; anything else a check sees fails it): while the root is quiet,
+// its records are the memo's values, alive as they are (held by watched, unchanged dicts).
+void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
+  for (size_t c = memo.quiet_begin[root]; c < memo.quiet_begin[root + 1]; ++c) {
+    const TreeMemo::Check& check = memo.quiet_checks[c];
+    uint32_t i = check.node;
+    PyObject* expect = tree.nodes[i].expect;
+    TreeMemo::Check::Op op = check.op;
+    if (op == TreeMemo::Check::kConst && expect && PyAnySet_CheckExact(expect) &&
+        PySet_GET_SIZE(expect) == 0)
+      op = TreeMemo::Check::kEmptySet;
+    PyTypeObject* type = op == TreeMemo::Check::kEmptySet ? Py_TYPE(expect) : memo.types[i];
+    memo.quiet_table[c] = {memo.values[i], type, memo.dicts[i], i, op};
+  }
+}
+
+}  // namespace
