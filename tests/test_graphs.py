@@ -97,11 +97,12 @@ def test_graph_code_builds_without_a_gpu(tmp_path):
     assert "trt_graph" not in codegen.render(cpu, "reads_only").source
     # the signature (quotes, a backslash) is escaped where a C string holds it
     cuda = dataclasses.replace(cuda, signature='reads_only(x: "a\\b")')
-    source = codegen.render(cuda, "reads_only").source
+    rendered = codegen.render(cuda, "reads_only")
+    source = rendered.source
     assert 'rt->set_error("CUDA graph of reads_only(x: \\"a\\\\b\\")", ' in source
     assert source.count("trt_graph_replay(") == 1
     assert "trt_graph_replay(env->graphs, a, n, rt, out)" in source
-    module = build.build(source, tmp_path / "graph-build")
+    module = build.build(rendered.sources, tmp_path / "graph-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
 

@@ -16,12 +16,33 @@ source, so two functions with the same specialization share its module in a proc
 function whose specialization was built before (by an earlier compile or process) finds it.
 Triton cubins are not in the source: the module holds each one's size and SHA-256, and the
 bytes, stored with the specialization, are handed over at install (``scm_set_cubin``).
+
+Note [Parallel C build]
+~~~~~~~~~~~~~~~~~~~~~~~
+A model's specialization is thousands of steps, and one C file of them is one compiler process:
+one core, however many the machine has (Qwen2.5-0.5B's two specializations on an H100 host:
+18.6 s of a 30.7 s first ``generate``, one ``gcc`` at a time). So codegen writes a module as
+several translation units (``codegen.Rendered.sources``): the main one (the tables, ``run()``,
+the entry points, and cffi's wrappers around them), the guard's (built at -O1: Note [Optimized
+guards] in trident_rt.h), and the launch sequence in parts of ``render.PART_STEPS`` steps, each
+a function over one frame of values (``trt_frame``: the arrays ``v``, ``l``, ``s``, ``w`` that
+``run()`` held) that returns to ``run()``'s shared error path. ``_compile`` compiles the guard
+and the parts to objects in a pool of compiler processes, one per core this process may run on
+(``os.sched_getaffinity``), with the compiler, flags and include folders that cffi's own build
+(setuptools' ``build_ext``) uses, then cffi compiles the main unit and links it with them
+(``extra_objects``). What units share is ``TRT_SHARED`` (hidden: not exported, reached without
+the GOT), so a hit runs the code it ran as one unit, a call per part more. The layout is the
+spec's alone, not the machine's: the same module name everywhere (Note [Build key] hashes every
+unit). The compiler's time at -O0 grows about linearly with a unit's length, so splitting alone
+buys little on one core; the cores do (docs/benchmarks.md, "Issue 27, branch build38").
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import os
@@ -32,6 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Sequence
 
 import cffi
 from filelock import FileLock, Timeout
@@ -57,10 +79,14 @@ CFLAGS = ["-O0", "-g0", "-fno-strict-aliasing", "-Wno-unused-label", "-Wno-unuse
 _log = config.logger("cache")
 
 
-def module_name(source: str) -> str:
-    """Note [Build key]: the C source, the runtime ABI header, the flags, cffi and Python."""
+def module_name(sources: str | Sequence[str]) -> str:
+    """Note [Build key]: the C sources (every translation unit: Note [Parallel C build]), the
+    runtime ABI header, the flags, cffi and Python."""
     h = hashlib.sha256()
-    for part in (source, HEADER.read_text(), (HEADER.parent / "trident_cuda.h").read_text(),
+    for source in _units(sources):
+        h.update(f"{len(source)}:".encode())  # where one unit ends and the next begins
+        h.update(source.encode())
+    for part in (HEADER.read_text(), (HEADER.parent / "trident_cuda.h").read_text(),
                  (HEADER.parent / "trident_views.h").read_text(),
                  (HEADER.parent / "trident_steps.h").read_text(),
                  " ".join(CFLAGS), cffi.__version__, sys.version):
@@ -68,12 +94,14 @@ def module_name(source: str) -> str:
     return f"trident_scm_{h.hexdigest()[:20]}"
 
 
-def build(source: str, directory: Path) -> ModuleType:
-    """Compile (or find) and import the SCM for ``source`` in ``directory``.
+def build(sources: str | Sequence[str], directory: Path) -> ModuleType:
+    """Compile (or find) and import the SCM of ``sources`` in ``directory``: its translation
+    units, the main one first (``codegen.Rendered.sources``), or one C source.
 
     Raises:
         TridentError: the C compiler or the file system failed.
     """
+    source = _units(sources)
     name = module_name(source)
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     digest = directory / f"{name}.sha256"
@@ -140,6 +168,10 @@ def prune(directory: Path, keep: set[str], before_ns: int) -> list[str]:
     return deleted
 
 
+def _units(sources: str | Sequence[str]) -> tuple[str, ...]:
+    return (sources,) if isinstance(sources, str) else tuple(sources)
+
+
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -152,27 +184,64 @@ def _intact(target: Path, digest: Path) -> bool:
         return False
 
 
-def _compile(name: str, source: str, directory: Path, target: Path, digest: Path) -> None:
+def _compile(name: str, sources: tuple[str, ...], directory: Path, target: Path,
+             digest: Path) -> None:
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=directory))
     try:
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        ffi.set_source(name, source, include_dirs=[str(HEADER.parent), _cuda_include()],
-                       extra_compile_args=CFLAGS, libraries=["dl"])
+        include_dirs = [str(HEADER.parent), _cuda_include()]
+        files = [tmp / f"{name}.{i}.c" for i in range(1, len(sources))]
+        for path, text in zip(files, sources[1:]):
+            path.write_text(text)
         # (the stage outside the compiler's output: Note [Progress] logs its end)
         with config.stage("C build"), _compiler_output(name) as output:  # Note [Compile stages]
             try:
+                objects = _compile_units(files, tmp, include_dirs)
+                ffi = cffi.FFI()
+                ffi.cdef(CDEF)
+                ffi.set_source(name, sources[0], include_dirs=include_dirs,
+                               extra_compile_args=CFLAGS, libraries=["dl"],
+                               extra_objects=objects)
                 built = ffi.compile(tmpdir=str(tmp), verbose=False)
             except cffi.VerificationError as e:  # the compiler's own words say why
                 raise cffi.VerificationError(f"{e}\n{output()}") from e
-        (directory / f"{name}.c").write_text(source)
+        (directory / f"{name}.c").write_text(sources[0])
+        for path in files:
+            shutil.copyfile(path, directory / path.name)
         (tmp / "sha256").write_text(_sha256(Path(built)))
         os.replace(built, target)
         os.replace(tmp / "sha256", digest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log.info("built %s in %.2f s", target, time.perf_counter() - start)
+
+
+def _compile_units(files: list[Path], tmp: Path, include_dirs: list[str]) -> list[str]:
+    """Note [Parallel C build]: ``files`` compiled to objects in ``tmp``, as many at a time as
+    this process has cores, by the compiler cffi's build runs (setuptools' ``build_ext``: the
+    ``CC``, ``CFLAGS`` and ``-fPIC`` that Python was built with, then ``CFLAGS``).
+
+    Raises:
+        cffi.VerificationError: a file does not compile."""
+    importlib.import_module("setuptools")  # its distutils: the one cffi's build runs
+    from distutils import ccompiler, errors, sysconfig as dist_sysconfig
+
+    def one(path: Path) -> str:
+        compiler = ccompiler.new_compiler()
+        dist_sysconfig.customize_compiler(compiler)
+        try:
+            (obj,) = compiler.compile([str(path)], output_dir=str(tmp),
+                                      include_dirs=include_dirs, extra_postargs=CFLAGS)
+        except errors.CompileError as e:
+            raise cffi.VerificationError(f"CompileError: {e}") from e
+        return str(Path(tmp) / obj) if not os.path.isabs(obj) else obj
+
+    if not files:
+        return []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    jobs = min(len(files), cores or 1)
+    with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="trident-cc") as pool:
+        return list(pool.map(one, files))
 
 
 @contextlib.contextmanager

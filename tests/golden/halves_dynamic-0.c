@@ -5,7 +5,9 @@
  * scm_call() checks the specialization's guards (Note [Guard order] in trident/guards.py) and
  * runs it when they hold; the function's dispatcher tries its modules in order (Note
  * [Incremental modules] in trident/build.py). Handles follow Note [Handle ownership] in
- * trident_rt.h.
+ * trident_rt.h. The parts of the guards (1) and of the launch
+ * sequence (1) are translation units of their own, compiled in parallel
+ * (Note [Parallel C build] in trident/build.py).
  */
 #include <math.h>
 #include <stddef.h>
@@ -17,13 +19,13 @@
 #include "trident_steps.h"
 #include "trident_views.h"
 
-static const trt_api* rt;
+TRT_SHARED const trt_api* rt;
 
 /* Python callbacks (Triton kernels on CPU tensors run in Triton's interpreter). */
-static int64_t callbacks[1];
+TRT_SHARED int64_t callbacks[1];
 
 /* Operators, looked up once in PyTorch's dispatcher by scm_init(). */
-static trt_op* ops[4];
+TRT_SHARED trt_op* ops[4];
 static const char* const op_names[][2] = {
   {"aten::view", ""},  /* 0: aten::view */
   {"aten::mul", "Scalar"},  /* 1: aten::mul.Scalar */
@@ -32,76 +34,31 @@ static const char* const op_names[][2] = {
 };
 
 /* ---- halves(x: float32[4, 3] cpu, n=2) ---- */
-static const int64_t k0[] = {2LL, -1LL};
-static const int64_t k1[] = {0LL};
 
-/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
-   [Checked size steps] in trident/codegen/render.py). Note [Optimized guards] in trident_rt.h. */
-TRT_OPTIMIZED static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
-  if (!(n == 3)) return 0;  /* the call's structure and 2 leaves (x, n) */
-  if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
-  if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
-  if (!(env->autocast == 0)) return 0;  /* autocast is off */
-  if (!(env->aliased == 0)) return 0;  /* one tensor in two argument positions is False */
-  if (!(env->default_dtype == 6)) return 0;  /* torch.get_default_dtype() == float32 */
-  if (!(env->transforms == 0)) return 0;  /* a torch.func transform is active is False */
-  if (!(env->function_modes == 0)) return 0;  /* a TorchFunctionMode is active is False */
-  if (!(trt_streq(env->process_group, ""))) return 0;  /* no default process group is initialized */
-  if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
-  if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
-  if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
-  if (!(a[2].kind == TRT_ARG_INT)) return 0;  /* n is int */
-  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 2)) return 0;  /* x.dim() == 2 */
-  if (!(a[1].sizes[0] == 4)) return 0;  /* x.size(0) == 4 */
-  if (!(a[1].sizes[1] == 3)) return 0;  /* x.size(1) == 3 */
-  if (!(a[1].strides[0] == 3)) return 0;  /* x.stride(0) == 3 */
-  if (!(a[1].strides[1] == 1)) return 0;  /* x.stride(1) == 1 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
-  if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
-  if (!(a[2].i == 2LL)) return 0;  /* n == 2 */
-  return 1;
-}
+typedef struct trt_frame {
+  trt_tensor* v[4];  /* tensors the steps own */
+  trt_value l[1];  /* tensor lists the steps own */
+  trt_value s[1];  /* int/float/bool returns */
+  trt_view w[2];  /* views computed in C (Note [Views in C] in plan.py) */
+} trt_frame;
+
+TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env* env);
+TRT_SHARED int part1(trt_frame* f, const trt_arg* a, const trt_env* env);
 
 static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
-  /* Values live in arrays, not locals: the error path releases them with one loop, which
-     keeps large launch sequences cheap to optimize. */
-  trt_tensor* v[4] = {0};  /* tensors the steps own */
-  trt_value l[1] = {{0}};  /* tensor lists the steps own */
-  trt_value s[1] = {{0}};  /* int/float/bool returns */
-  trt_value r[1];  /* an op's returns */
-  trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
-  int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
+  trt_frame frame;
+  trt_frame* f = &frame;
+  trt_tensor** v = f->v;
+  trt_value* l = f->l;
+  trt_value* s = f->s;
+  trt_view* w = f->w;
+  memset(f->v, 0, sizeof f->v);
+  memset(f->l, 0, sizeof f->l);
+  memset(f->s, 0, sizeof f->s);
+  int failed;  /* what the error path returns: 1 an error, 2 run the call eagerly */
 
-  /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
-  {
-    const int64_t z0[] = {2LL, -1LL};
-    trt_view in;
-    if (rt->view_of(a[1].tensor, &in) || trt_view_view(&in, z0, 2, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
-      const trt_value rest[] = {TRT_IL(k0, 2)};
-      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0], "test_golden.py:41 (aten::view)")) goto eager;
-    }
-  }
-  /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
-  {
-    if (trt_view_at(rt, &v[0], &w[0], TRT_VIEW_KERNEL, "test_golden.py:41 (view)")) goto eager;
-    const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:41 (aten::mul.Scalar)")) goto eager;
-    v[1] = r[0].u.t;
-    trt_drop(rt, &v[0]);
-  }
-  /* test_golden.py:42: return y.sum(0), y.shape[0] */
-  {
-    const trt_value args[] = {TRT_T(v[1]), TRT_IL(k1, 1), TRT_B(0), TRT_NONE_V};
-    if (trt_call_at(rt, ops[2], args, 4, r, 1, "test_golden.py:42 (aten::sum.dim_IntList)")) goto eager;
-    v[2] = r[0].u.t;
-    trt_drop(rt, &v[1]);
-  }
+  /* the steps, in parts of a few hundred (Note [Parallel C build]) */
+  if ((failed = part1(f, a, env))) goto release;  /* steps 1 to 3: test_golden.py:41 to test_golden.py:42 */
 
   /* outputs */
   out->outs[0] = TRT_T(v[2]); v[2] = NULL;
@@ -110,12 +67,20 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->spec = "(vv)";
   return 0;
 
-eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
-  failed = 2;
 fail:
+  failed = 1;
+release:
   for (int i = 0; i < 3; ++i)
     if (v[i]) rt->release(v[i]);
   return failed;
+}
+
+/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py): their parts in order. */
+TRT_OPTIMIZED static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
+  int held;
+  if ((held = guards1(a, n, env)) != 1) return held;
+  return 1;
 }
 
 /* ---- entry points ---- */
@@ -162,3 +127,123 @@ int scm_set_cubin(int index, const char* data, size_t size) {
 
 uintptr_t scm_call_address(void) { return (uintptr_t)&scm_call; }
 uintptr_t scm_match_address(void) { return (uintptr_t)&scm_match; }
+
+/*
+ * Specialization Cache Module for halves_dynamic: part 1 of 1
+ * of the guards of halves(x: float32[4, 3] cpu, n=2)
+ * Generated by Trident from templates/scm_guard.c.jinja. Do not edit.
+ *
+ * A translation unit of the module (Note [Parallel C build] in trident/build.py).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trident_rt.h"
+#include "trident_steps.h"
+#include "trident_views.h"
+
+/* 1: these guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py). Note [Optimized guards] in trident_rt.h. */
+TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env* env) {
+  if (!(n == 3)) return 0;  /* the call's structure and 2 leaves (x, n) */
+  if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
+  if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
+  if (!(env->autocast == 0)) return 0;  /* autocast is off */
+  if (!(env->aliased == 0)) return 0;  /* one tensor in two argument positions is False */
+  if (!(env->default_dtype == 6)) return 0;  /* torch.get_default_dtype() == float32 */
+  if (!(env->transforms == 0)) return 0;  /* a torch.func transform is active is False */
+  if (!(env->function_modes == 0)) return 0;  /* a TorchFunctionMode is active is False */
+  if (!(trt_streq(env->process_group, ""))) return 0;  /* no default process group is initialized */
+  if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
+  if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
+  if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
+  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
+  if (!(a[2].kind == TRT_ARG_INT)) return 0;  /* n is int */
+  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
+  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
+  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
+  if (!(a[1].dim == 2)) return 0;  /* x.dim() == 2 */
+  if (!(a[1].sizes[0] == 4)) return 0;  /* x.size(0) == 4 */
+  if (!(a[1].sizes[1] == 3)) return 0;  /* x.size(1) == 3 */
+  if (!(a[1].strides[0] == 3)) return 0;  /* x.stride(0) == 3 */
+  if (!(a[1].strides[1] == 1)) return 0;  /* x.stride(1) == 1 */
+  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
+  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
+  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
+  if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
+  if (!(a[2].i == 2LL)) return 0;  /* n == 2 */
+  return 1;
+}
+
+/*
+ * Specialization Cache Module for halves_dynamic: part 1 of 1
+ * of the launch sequence of halves(x: float32[4, 3] cpu, n=2)
+ * Generated by Trident from templates/scm_part.c.jinja. Do not edit.
+ *
+ * A translation unit of the module (Note [Parallel C build] in trident/build.py).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trident_rt.h"
+#include "trident_steps.h"
+#include "trident_views.h"
+
+extern TRT_SHARED const trt_api* rt;
+extern TRT_SHARED int64_t callbacks[];
+extern TRT_SHARED trt_op* ops[];
+
+typedef struct trt_frame {
+  trt_tensor* v[4];  /* tensors the steps own */
+  trt_value l[1];  /* tensor lists the steps own */
+  trt_value s[1];  /* int/float/bool returns */
+  trt_view w[2];  /* views computed in C (Note [Views in C] in plan.py) */
+} trt_frame;
+
+static const int64_t k0[] = {2LL, -1LL};
+static const int64_t k1[] = {0LL};
+
+/* 0: done; 1: an error; 2: run the call eagerly (Note [Errors inside try]). */
+TRT_SHARED int part1(trt_frame* f, const trt_arg* a, const trt_env* env) {
+  trt_tensor** v = f->v;
+  trt_value* l = f->l;
+  trt_value* s = f->s;
+  trt_view* w = f->w;
+  trt_value r[1];  /* an op's returns */
+
+  /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
+  {
+    const int64_t z0[] = {2LL, -1LL};
+    trt_view in;
+    if (rt->view_of(a[1].tensor, &in) || trt_view_view(&in, z0, 2, &w[0])) {  /* ATen raises here, or the view is not computed in C: the op itself */
+      const trt_value rest[] = {TRT_IL(k0, 2)};
+      if (trt_view_by_op(rt, ops[0], a[1].tensor, &in, rest, 1, &v[0], &w[0], "test_golden.py:41 (aten::view)")) goto eager;
+    }
+  }
+  /* test_golden.py:41: y = x.view(x.shape[0] // 2, -1) * n */
+  {
+    if (trt_view_at(rt, &v[0], &w[0], TRT_VIEW_KERNEL, "test_golden.py:41 (view)")) goto eager;
+    const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:41 (aten::mul.Scalar)")) goto eager;
+    v[1] = r[0].u.t;
+    trt_drop(rt, &v[0]);
+  }
+  /* test_golden.py:42: return y.sum(0), y.shape[0] */
+  {
+    const trt_value args[] = {TRT_T(v[1]), TRT_IL(k1, 1), TRT_B(0), TRT_NONE_V};
+    if (trt_call_at(rt, ops[2], args, 4, r, 1, "test_golden.py:42 (aten::sum.dim_IntList)")) goto eager;
+    v[2] = r[0].u.t;
+    trt_drop(rt, &v[1]);
+  }
+  return 0;
+eager:
+  return 2;
+fail:
+  return 1;
+}

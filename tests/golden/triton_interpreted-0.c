@@ -5,7 +5,9 @@
  * scm_call() checks the specialization's guards (Note [Guard order] in trident/guards.py) and
  * runs it when they hold; the function's dispatcher tries its modules in order (Note
  * [Incremental modules] in trident/build.py). Handles follow Note [Handle ownership] in
- * trident_rt.h.
+ * trident_rt.h. The parts of the guards (1) and of the launch
+ * sequence (1) are translation units of their own, compiled in parallel
+ * (Note [Parallel C build] in trident/build.py).
  */
 #include <math.h>
 #include <stddef.h>
@@ -16,13 +18,13 @@
 #include "trident_rt.h"
 #include "trident_steps.h"
 
-static const trt_api* rt;
+TRT_SHARED const trt_api* rt;
 
 /* Python callbacks (Triton kernels on CPU tensors run in Triton's interpreter). */
-static int64_t callbacks[2];
+TRT_SHARED int64_t callbacks[2];
 
 /* Operators, looked up once in PyTorch's dispatcher by scm_init(). */
-static trt_op* ops[3];
+TRT_SHARED trt_op* ops[3];
 static const char* const op_names[][2] = {
   {"aten::empty_like", ""},  /* 0: aten::empty_like */
   {"aten::mul", "Scalar"},  /* 1: aten::mul.Scalar */
@@ -31,75 +33,30 @@ static const char* const op_names[][2] = {
 
 /* ---- triton_add(x: float32[100] cpu, y: float32[100] cpu) ---- */
 
-/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
-   [Checked size steps] in trident/codegen/render.py). Note [Optimized guards] in trident_rt.h. */
-TRT_OPTIMIZED static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
-  if (!(n == 3)) return 0;  /* the call's structure and 2 leaves (x, y) */
-  if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
-  if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
-  if (!(env->autocast == 0)) return 0;  /* autocast is off */
-  if (!(env->aliased == 0)) return 0;  /* one tensor in two argument positions is False */
-  if (!(env->default_dtype == 6)) return 0;  /* torch.get_default_dtype() == float32 */
-  if (!(env->transforms == 0)) return 0;  /* a torch.func transform is active is False */
-  if (!(env->function_modes == 0)) return 0;  /* a TorchFunctionMode is active is False */
-  if (!(trt_streq(env->process_group, ""))) return 0;  /* no default process group is initialized */
-  if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
-  if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
-  if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
-  if (!(a[2].kind == TRT_ARG_TENSOR)) return 0;  /* y is Tensor */
-  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 1)) return 0;  /* x.dim() == 1 */
-  if (!(a[2].dtype == 6)) return 0;  /* y.dtype == float32 */
-  if (!(a[2].device_type == 0)) return 0;  /* y.device.type == cpu */
-  if (!(a[2].device_index == -1)) return 0;  /* y.device.index == -1 */
-  if (!(a[2].dim == 1)) return 0;  /* y.dim() == 1 */
-  if (!(a[1].sizes[0] == 100)) return 0;  /* x.size(0) == 100 */
-  if (!(a[1].strides[0] == 1)) return 0;  /* x.stride(0) == 1 */
-  if (!(a[2].sizes[0] == 100)) return 0;  /* y.size(0) == 100 */
-  if (!(a[2].strides[0] == 1)) return 0;  /* y.stride(0) == 1 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
-  if (!((a[2].flags & TRT_ALIGNED16))) return 0;  /* y.data_ptr() % 16 == 0 */
-  if (!(!(a[2].flags & TRT_REQUIRES_GRAD))) return 0;  /* y.requires_grad is False */
-  if (!(!(a[2].flags & TRT_INFERENCE))) return 0;  /* y.is_inference() is False */
-  if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
-  return 1;
-}
+typedef struct trt_frame {
+  trt_tensor* v[3];  /* tensors the steps own */
+  trt_value l[1];  /* tensor lists the steps own */
+  trt_value s[1];  /* int/float/bool returns */
+  trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
+} trt_frame;
+
+TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env* env);
+TRT_SHARED int part1(trt_frame* f, const trt_arg* a, const trt_env* env);
 
 static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
-  /* Values live in arrays, not locals: the error path releases them with one loop, which
-     keeps large launch sequences cheap to optimize. */
-  trt_tensor* v[3] = {0};  /* tensors the steps own */
-  trt_value l[1] = {{0}};  /* tensor lists the steps own */
-  trt_value s[1] = {{0}};  /* int/float/bool returns */
-  trt_value r[1];  /* an op's returns */
-  int failed = 1;  /* what the error path returns: 1 an error, 2 run the call eagerly */
+  trt_frame frame;
+  trt_frame* f = &frame;
+  trt_tensor** v = f->v;
+  trt_value* l = f->l;
+  trt_value* s = f->s;
+  trt_view* w = f->w;
+  memset(f->v, 0, sizeof f->v);
+  memset(f->l, 0, sizeof f->l);
+  memset(f->s, 0, sizeof f->s);
+  int failed;  /* what the error path returns: 1 an error, 2 run the call eagerly */
 
-  /* test_golden.py:46: out = torch.empty_like(x) */
-  {
-    const trt_value args[] = {TRT_T(a[1].tensor), TRT_NONE_V, TRT_NONE_V, TRT_NONE_V, TRT_B(0), TRT_NONE_V};
-    if (trt_call_at(rt, ops[0], args, 6, r, 1, "test_golden.py:46 (aten::empty_like)")) goto eager;
-    v[0] = r[0].u.t;
-  }
-  /* test_golden.py:48: add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64) */
-  {
-    const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor), TRT_T(v[0]), TRT_I(100LL), TRT_I(2), TRT_I(1), TRT_I(1)};
-    if (rt->python_callback(callbacks[0], args, 7)) {
-      rt->set_error("test_golden.py:48 (triton add_kernel, interpreted)", NULL);
-      goto eager;
-    }
-  }
-  /* test_golden.py:49: return out * 2 */
-  {
-    const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
-    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:49 (aten::mul.Scalar)")) goto fail;
-    v[1] = r[0].u.t;
-    trt_drop(rt, &v[0]);
-  }
+  /* the steps, in parts of a few hundred (Note [Parallel C build]) */
+  if ((failed = part1(f, a, env))) goto release;  /* steps 1 to 3: test_golden.py:46 to test_golden.py:49 */
 
   /* outputs */
   out->outs[0] = TRT_T(v[1]); v[1] = NULL;
@@ -107,12 +64,20 @@ static int run(const trt_arg* a, const trt_env* env, trt_result* out) {
   out->spec = "v";
   return 0;
 
-eager:  /* Note [Errors inside try]: nothing this call did is visible yet; it runs eagerly */
-  failed = 2;
 fail:
+  failed = 1;
+release:
   for (int i = 0; i < 2; ++i)
     if (v[i]) rt->release(v[i]);
   return failed;
+}
+
+/* 1: the guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py): their parts in order. */
+TRT_OPTIMIZED static int guard(const trt_arg* a, int32_t n, const trt_env* env) {
+  int held;
+  if ((held = guards1(a, n, env)) != 1) return held;
+  return 1;
 }
 
 /* ---- entry points ---- */
@@ -159,3 +124,122 @@ int scm_set_cubin(int index, const char* data, size_t size) {
 
 uintptr_t scm_call_address(void) { return (uintptr_t)&scm_call; }
 uintptr_t scm_match_address(void) { return (uintptr_t)&scm_match; }
+
+/*
+ * Specialization Cache Module for triton_interpreted: part 1 of 1
+ * of the guards of triton_add(x: float32[100] cpu, y: float32[100] cpu)
+ * Generated by Trident from templates/scm_guard.c.jinja. Do not edit.
+ *
+ * A translation unit of the module (Note [Parallel C build] in trident/build.py).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trident_rt.h"
+#include "trident_steps.h"
+
+/* 1: these guards hold; 0: one does not; -1: a size relation int64 cannot decide (Note
+   [Checked size steps] in trident/codegen/render.py). Note [Optimized guards] in trident_rt.h. */
+TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env* env) {
+  if (!(n == 3)) return 0;  /* the call's structure and 2 leaves (x, y) */
+  if (!(env->grad_enabled == 1)) return 0;  /* torch.is_grad_enabled() is True */
+  if (!(env->inference_mode == 0)) return 0;  /* torch.is_inference_mode_enabled() is False */
+  if (!(env->autocast == 0)) return 0;  /* autocast is off */
+  if (!(env->aliased == 0)) return 0;  /* one tensor in two argument positions is False */
+  if (!(env->default_dtype == 6)) return 0;  /* torch.get_default_dtype() == float32 */
+  if (!(env->transforms == 0)) return 0;  /* a torch.func transform is active is False */
+  if (!(env->function_modes == 0)) return 0;  /* a TorchFunctionMode is active is False */
+  if (!(trt_streq(env->process_group, ""))) return 0;  /* no default process group is initialized */
+  if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
+  if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
+  if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
+  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
+  if (!(a[2].kind == TRT_ARG_TENSOR)) return 0;  /* y is Tensor */
+  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
+  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
+  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
+  if (!(a[1].dim == 1)) return 0;  /* x.dim() == 1 */
+  if (!(a[2].dtype == 6)) return 0;  /* y.dtype == float32 */
+  if (!(a[2].device_type == 0)) return 0;  /* y.device.type == cpu */
+  if (!(a[2].device_index == -1)) return 0;  /* y.device.index == -1 */
+  if (!(a[2].dim == 1)) return 0;  /* y.dim() == 1 */
+  if (!(a[1].sizes[0] == 100)) return 0;  /* x.size(0) == 100 */
+  if (!(a[1].strides[0] == 1)) return 0;  /* x.stride(0) == 1 */
+  if (!(a[2].sizes[0] == 100)) return 0;  /* y.size(0) == 100 */
+  if (!(a[2].strides[0] == 1)) return 0;  /* y.stride(0) == 1 */
+  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
+  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
+  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
+  if (!((a[2].flags & TRT_ALIGNED16))) return 0;  /* y.data_ptr() % 16 == 0 */
+  if (!(!(a[2].flags & TRT_REQUIRES_GRAD))) return 0;  /* y.requires_grad is False */
+  if (!(!(a[2].flags & TRT_INFERENCE))) return 0;  /* y.is_inference() is False */
+  if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
+  return 1;
+}
+
+/*
+ * Specialization Cache Module for triton_interpreted: part 1 of 1
+ * of the launch sequence of triton_add(x: float32[100] cpu, y: float32[100] cpu)
+ * Generated by Trident from templates/scm_part.c.jinja. Do not edit.
+ *
+ * A translation unit of the module (Note [Parallel C build] in trident/build.py).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trident_rt.h"
+#include "trident_steps.h"
+
+extern TRT_SHARED const trt_api* rt;
+extern TRT_SHARED int64_t callbacks[];
+extern TRT_SHARED trt_op* ops[];
+
+typedef struct trt_frame {
+  trt_tensor* v[3];  /* tensors the steps own */
+  trt_value l[1];  /* tensor lists the steps own */
+  trt_value s[1];  /* int/float/bool returns */
+  trt_view w[1];  /* views computed in C (Note [Views in C] in plan.py) */
+} trt_frame;
+
+
+/* 0: done; 1: an error; 2: run the call eagerly (Note [Errors inside try]). */
+TRT_SHARED int part1(trt_frame* f, const trt_arg* a, const trt_env* env) {
+  trt_tensor** v = f->v;
+  trt_value* l = f->l;
+  trt_value* s = f->s;
+  trt_view* w = f->w;
+  trt_value r[1];  /* an op's returns */
+
+  /* test_golden.py:46: out = torch.empty_like(x) */
+  {
+    const trt_value args[] = {TRT_T(a[1].tensor), TRT_NONE_V, TRT_NONE_V, TRT_NONE_V, TRT_B(0), TRT_NONE_V};
+    if (trt_call_at(rt, ops[0], args, 6, r, 1, "test_golden.py:46 (aten::empty_like)")) goto eager;
+    v[0] = r[0].u.t;
+  }
+  /* test_golden.py:48: add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64) */
+  {
+    const trt_value args[] = {TRT_T(a[1].tensor), TRT_T(a[2].tensor), TRT_T(v[0]), TRT_I(100LL), TRT_I(2), TRT_I(1), TRT_I(1)};
+    if (rt->python_callback(callbacks[0], args, 7)) {
+      rt->set_error("test_golden.py:48 (triton add_kernel, interpreted)", NULL);
+      goto eager;
+    }
+  }
+  /* test_golden.py:49: return out * 2 */
+  {
+    const trt_value args[] = {TRT_T(v[0]), TRT_I(2LL)};
+    if (trt_call_at(rt, ops[1], args, 2, r, 1, "test_golden.py:49 (aten::mul.Scalar)")) goto fail;
+    v[1] = r[0].u.t;
+    trt_drop(rt, &v[0]);
+  }
+  return 0;
+eager:
+  return 2;
+fail:
+  return 1;
+}

@@ -19,7 +19,7 @@ from trident.ir.plan import TritonStep
 
 NAME = "cuda"
 HEADERS = ("trident_cuda.h",)
-REUSE = "reuse"  # set by the prologue: not in inference mode, on the buffers' stream
+REUSE = "f->reuse"  # set by the prologue: not in inference mode, on the buffers' stream
 _SCALARS = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
             "uint64_t"}
 
@@ -55,6 +55,7 @@ class Kernels:
     def __init__(self):
         self.names: dict[tuple, str] = {}
         self.decls: list[str] = []
+        self.externs: list[str] = []  # the parts' declarations (Note [Parallel C build])
         self.cubins: list[bytes] = []
 
     def add(self, kernel: str, binary: CompiledBinary) -> str:
@@ -67,9 +68,10 @@ class Kernels:
         self.decls.append(
             f"/* {kernel}: {binary.arch} cubin, {len(cubin)} bytes, sha256 "
             f"{hashlib.sha256(cubin).hexdigest()} */\n"
-            f"static trt_kernel {name} = {{{c_string(binary.name)}, NULL, "
+            f"TRT_SHARED trt_kernel {name} = {{{c_string(binary.name)}, NULL, "
             f"{binary.threads}, {binary.shared}, {binary.num_ctas}, "
             f"{int(binary.cooperative)}, {int(binary.pdl)}, {{0}}}};")
+        self.externs.append(f"extern TRT_SHARED trt_kernel {name};")
         self.names[key] = name
         self.cubins.append(cubin)
         return name
@@ -81,13 +83,14 @@ def prologue(r: Renderer) -> Prologue:
     device = r.spec.cuda_device
     stream = "buffer_stream"
     return Prologue(
+        ("int reuse;  /* Note [Buffer reuse]: the buffers are on this call's stream */",),
         (f"static void* {stream};  /* the stream the buffers are used on */",
          f"static int {stream}_set;"),
         ("void* stream;  /* Note [Buffer reuse]: buffers stay on the stream that made them */",
          f"if (rt->cuda_stream({device}, &stream)) {{ rt->set_error(\"current stream\", "
          f"NULL); goto fail; }}",
          f"if (!{stream}_set) {{ {stream} = stream; {stream}_set = 1; }}",
-         f"const int reuse = !env->inference_mode && stream == {stream};"))
+         f"f->reuse = !env->inference_mode && stream == {stream};"))
 
 
 def _pointer(r: Renderer, var: str, o: Arg | Val | Item, where: str) -> list[str]:

@@ -1,6 +1,8 @@
 """Codegen: render one specialization of a function into the C source of its module.
 
-Everything is decided here; ``templates/scm.c.jinja`` only loops over the prepared values.
+Everything is decided here; the templates (``templates/scm.c.jinja``, the main translation unit;
+``scm_guard.c.jinja``; ``scm_part.c.jinja``, a part of the launch sequence: Note [Parallel C
+build] in build.py) only loop over the prepared values.
 Each step of a launch sequence is commented with the user's source line that produced it.
 """
 
@@ -44,13 +46,26 @@ def _target_of_spec(spec: Specialization) -> Target:
 
 
 class Rendered(NamedTuple):
-    """A specialization's module: its C source; per callback slot, the index of the step it
-    launches; per kernel of the module, its cubin (``scm_set_cubin`` hands it over at install:
-    the source names only its size and SHA-256)."""
+    """A specialization's module: the C sources of its translation units (the main one first,
+    then the guard's and the parts': Note [Parallel C build] in build.py); per callback slot,
+    the index of the step it launches; per kernel of the module, its cubin (``scm_set_cubin``
+    hands it over at install: the source names only its size and SHA-256)."""
 
-    source: str
+    sources: tuple[str, ...]
     callbacks: list[int]
     cubins: list[bytes]
+
+    @property
+    def source(self) -> str:
+        """The module's C, its translation units one after another."""
+        return "\n".join(self.sources)
+
+
+# Note [Parallel C build] in build.py: steps per part of a launch sequence, and checks per
+# part of the guards (built at -O1: Note [Optimized guards]), each part a translation unit of
+# about the same compile time (a tenth of a second of GCC on a laptop core).
+PART_STEPS = 128
+GUARD_PART_CHECKS = 768
 
 
 # Note [Checked size steps]
@@ -428,37 +443,70 @@ class _SpecRenderer:
         steps = []
         order = _size_steps_first(plan.steps)  # Note [Checked size steps]
         in_order = [plan.steps[i] for i in order]
+        statics = []  # per step, the module-level declarations it added (its part's)
         for i, s, clean in zip(order, in_order, passes.rerun_eagerly(in_order)):
             self.on_error = "eager" if clean else "fail"  # Note [Errors inside try]
+            before = len(self.statics)
             steps.append(self.step(i, s))
             steps[-1].on_error = self.on_error
+            statics.append(self.statics[before:])
+        in_parts = len(self.statics)
         self.on_error = "fail"  # the outputs: after the last step
         prologue = self.prologue()
         self.statics += prologue.statics
         checked = any(isinstance(g, SizeRelation) for g in self.spec.guards)
+        outputs = self.outputs()
         return {
             "signature": c_comment(self.spec.signature),
-            "guards": [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
-                        c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards],
+            "guard_parts": _guard_parts(
+                [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
+                  c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards]),
             # Note [Checked size steps]: a size relation int64 cannot decide: eager
             "checked_guards": checked,
             "guard_failed": "bad ? -1 : 0" if checked else "0",
             "guard_error": c_string(f"the guards of {self.spec.signature}"),
-            "statics": self.statics,
+            "statics": self.statics[in_parts:],  # the prologue's and the outputs'
             "num_values": plan.num_values,
             "num_lists": plan.num_lists,
             "num_scalars": plan.num_scalars,
-            "steps": steps,
+            "parts": _parts(steps, statics),
+            "frame": list(prologue.frame),
             "prologue": list(prologue.lines),
             "num_views": self.num_slots,
             "max_rets": max([len(s.results) for s in plan.steps] + [1]),
-            "outputs": self.outputs(),
+            "outputs": outputs,
             "nouts": len(plan.outputs),
             "out_spec": c_string(out_spec_code(plan.out_spec)),
             "graph": passes.graph_device(self.spec) is not None,  # Note [CUDA graphs]
             "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
             "eager": any(step.on_error == "eager" for step in steps),
         }
+
+
+def _guard_parts(guards: list[tuple[str, str]]) -> list[dict]:
+    """Note [Parallel C build] in build.py: the guards (C expression, comment) in parts of
+    ``GUARD_PART_CHECKS``, checked one part after another in guard order (Note [Guard order]);
+    at least one part."""
+    return [{"name": f"guards{k + 1}", "number": k + 1,
+             "guards": guards[start:start + GUARD_PART_CHECKS]}
+            for k, start in enumerate(range(0, max(len(guards), 1), GUARD_PART_CHECKS))]
+
+
+def _parts(steps: list[CStep], statics: list[list[str]]) -> list[dict]:
+    """Note [Parallel C build] in build.py: the steps in parts of ``PART_STEPS``, each with the
+    module-level declarations its steps use (constant arrays, reused buffers) and a comment
+    naming the source lines of its first and last steps. A launch sequence without steps has
+    one empty part."""
+    parts = []
+    for start in range(0, max(len(steps), 1), PART_STEPS):
+        chunk = steps[start:start + PART_STEPS]
+        lines = f"{chunk[0].where} to {chunk[-1].where}" if chunk else "no steps"
+        parts.append({
+            "name": f"part{len(parts) + 1}", "number": len(parts) + 1, "steps": chunk,
+            "statics": [line for s in statics[start:start + PART_STEPS] for line in s],
+            "comment": c_comment(f"steps {start + 1} to {start + len(chunk)}: {lines}"),
+            "eager": any(step.on_error == "eager" for step in chunk)})
+    return parts
 
 
 class _NotComputed(Exception):
@@ -483,15 +531,20 @@ def render(spec: Specialization, function: str) -> Rendered:
     headers = sorted({h for target in used for h in target.HEADERS})
     if any(isinstance(s, OpCall) and s.view is not None for s in spec.plan.steps):
         headers.append("trident_views.h")
-    source = environment().get_template("scm.c.jinja").render(
-        function=c_comment(function),
-        spec=rendered,
+    env = environment()
+    context = dict(function=c_comment(function), spec=rendered, headers=headers,
+                   kernel_externs=kernels.externs)
+    main = env.get_template("scm.c.jinja").render(
+        context,
         ops=[{"name": c_string(n), "overload": c_string(o),
               "comment": c_comment(f"{n}.{o}" if o else n)}
              for (n, o) in ops],
-        headers=headers,
         kernels=kernels.decls,
         kernel_addresses=[f"&{name}" for name in kernels.names.values()],
         num_callbacks=len(callbacks),
     )
-    return Rendered(source, callbacks, kernels.cubins)
+    guards = [env.get_template("scm_guard.c.jinja").render(context, part=part)
+              for part in rendered["guard_parts"]]
+    parts = [env.get_template("scm_part.c.jinja").render(context, part=part)
+             for part in rendered["parts"]]
+    return Rendered((main, *guards, *parts), callbacks, kernels.cubins)

@@ -19,9 +19,11 @@ from trident.ir.specialization import Specialization
 
 @dataclasses.dataclass(frozen=True)
 class Prologue:
-    """What a target runs before the first step: module-level declarations (``statics``) and
-    statements at the top of ``run()`` (``lines``)."""
+    """What a target runs before the first step: members of the frame the steps share
+    (``frame``; Note [Parallel C build] in build.py), module-level declarations (``statics``)
+    and statements at the top of ``run()`` (``lines``)."""
 
+    frame: tuple[str, ...] = ()
     statics: tuple[str, ...] = ()
     lines: tuple[str, ...] = ()
 

@@ -308,7 +308,7 @@ class Installer:
         """``spec``'s module, built (or found in the cache), its operators looked up, its
         cubins and Python callbacks handed over."""
         rendered = self._rendered[spec.key]
-        module = build.build(rendered.source, self._cache.directory)
+        module = build.build(rendered.sources, self._cache.directory)
         rt = runtime.load()
         rc = module.lib.scm_init(rt.api_address())
         if rc < 0:
@@ -343,7 +343,7 @@ class Installer:
         names = set()
         for spec in self._cache.load_specs():
             if spec.key not in self._module_names:
-                self._module_names[spec.key] = build.module_name(self._render(spec).source)
+                self._module_names[spec.key] = build.module_name(self._render(spec).sources)
             names.add(self._module_names[spec.key])
         return names
 

@@ -1,11 +1,21 @@
-/* The calls of an SCM's launch sequence that every step shares (templates/scm.c.jinja), so a
- * step is one line of C, not a block of them: the C compiler's time grows with an SCM's length
- * (docs/benchmarks.md, "The C build"). Included by SCMs only, not by the runtime's build; the
- * Build key of an SCM (trident/build.py) hashes it. */
+/* The calls of an SCM's launch sequence that every step shares (templates/scm_common.jinja), so
+ * a step is one line of C, not a block of them: the C compiler's time grows with an SCM's
+ * length (docs/benchmarks.md, "The C build"). Included by SCMs only, not by the runtime's
+ * build; the Build key of an SCM (trident/build.py) hashes it. */
 #ifndef TRIDENT_STEPS_H
 #define TRIDENT_STEPS_H
 
 #include "trident_rt.h"
+
+/* Note [Parallel C build] in trident/build.py: what one translation unit of an SCM defines and
+ * another uses (the runtime's table, the operators, the guard, the parts of the launch
+ * sequence) is hidden: seen by the module's units, not exported, and reached without the
+ * global offset table. */
+#if defined(__GNUC__)
+#define TRT_SHARED __attribute__((visibility("hidden")))
+#else
+#define TRT_SHARED
+#endif
 
 /* `op` called on `args`; on failure (non-zero) the error names the step: `at`, the user's
  * "file.py:LINE (aten::op)" that codegen wrote. */
