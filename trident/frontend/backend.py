@@ -104,10 +104,10 @@ def _drop(graph) -> None:
     """``__del__`` of a graph's JitFunction: its counters go to its frame's record."""
     try:
         code, owner, s = graph._frame_code, graph._frame_self, graph.stats
-    except Exception:  # set up only in part, or the interpreter's shutdown
+        record = _DROPPED.setdefault((id(code), id(owner)), _Dropped(code, owner, Stats()))
+        _add(record.stats, s, "dropped")
+    except Exception:  # set up only in part, or the interpreter's shutdown (globals are None)
         return
-    record = _DROPPED.setdefault((id(code), id(owner)), _Dropped(code, owner, Stats()))
-    _add(record.stats, s, "dropped")
 
 
 def _add(total: Stats, s: Stats, name: str) -> None:
