@@ -5,6 +5,8 @@ eager (``torch.equal``) and counts hits, misses, compiles and fallbacks exactly.
 from __future__ import annotations
 
 import configparser
+import functools
+import types
 import warnings
 
 import numpy as np
@@ -63,3 +65,97 @@ def test_a_file_a_library_reads_is_read_at_every_call(reader, tmp_path):
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (0, 4, 0, 4), s
     said = _trident_warnings(caught)
     assert len(said) == 1 and "which opens a file" in said[0], said
+
+
+# ---- Note [Partials in arguments] (lower/flatten.py) -----------------------------------------
+
+def _mul(a, b):
+    return a * b
+
+
+def _add(a, b):
+    return a + b
+
+
+class _Holds(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x)
+
+
+_LIBRARY = functools.partial(torch.mul, other=2.0)
+_PLACES = {  # how the function reaches a partial of the call: (fn, args of the partial)
+    "a parameter": (lambda x, p: p(x), lambda x, p: (x, p)),
+    "a default": (None, lambda x, p: (x,)),
+    "an attribute of an argument": (lambda x, c: c.act(x),
+                                    lambda x, p: (x, types.SimpleNamespace(act=p))),
+    "a list item": (lambda x, fns: fns[0](x), lambda x, p: (x, [p])),
+    "a module's attribute": (lambda m, x: m(x), lambda x, p: (_Holds(p), x)),
+}
+
+
+@pytest.mark.parametrize("change", ["__setstate__", "keywords in place"])
+@pytest.mark.parametrize("library", [False, True], ids=["user function", "torch.mul"])
+@pytest.mark.parametrize("place", sorted(_PLACES))
+def test_a_partial_of_the_call_changed_in_place_is_seen(place, library, change):
+    """``partial.__setstate__`` replaces the function, arguments and keywords of the same
+    object; its keywords dict can be written in place: the argument tree reads neither, so a
+    call that reads a partial of its arguments runs eagerly, with one warning."""
+    part = functools.partial(torch.mul, other=2.0) if library else functools.partial(_mul, b=2.0)
+    fn, args = _PLACES[place]
+    if fn is None:
+        def fn(x, p=part):
+            return p(x)
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            if i == 2 and change == "__setstate__":
+                part.__setstate__((torch.add, (), {"other": 3.0}, None) if library else
+                                  (_add, (), {"b": 3.0}, None))
+            elif i == 2:
+                part.keywords["other" if library else "b"] = 5.0
+            assert torch.equal(jf(*args(x, part)), fn(*args(x, part))), i
+    s = jf.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (0, 4, 0, 4), s
+    said = _trident_warnings(caught)
+    assert len(said) == 1 and "functools.partial passed as an argument" in said[0], said
+
+
+GLOBAL_PARTIAL = functools.partial(_mul, b=2.0)
+
+
+class _Cfg:
+    act = functools.partial(_mul, b=2.0)
+
+
+def _reads_global(x):
+    return GLOBAL_PARTIAL(x)
+
+
+def _reads_class(x):
+    return _Cfg.act(x)
+
+
+@pytest.mark.parametrize("fn, part", [(_reads_global, GLOBAL_PARTIAL),
+                                      (_reads_class, _Cfg.__dict__["act"])],
+                         ids=["a global", "a class attribute"])
+def test_a_partial_of_the_state_changed_by_setstate_recompiles(fn, part):
+    """A partial that the function reads from a global or a class: its ``func``, ``args``
+    and ``keywords`` are chains (state/tree.py), read at every call: ``__setstate__`` is
+    seen, and setting the first state back reinstalls the first specialization."""
+    x, first = torch.ones(3), part.__reduce__()[2]
+    jf = trident.jit(fn)
+    try:
+        for state in (None, None, (_add, (), {"b": 3.0}, None), None, first):
+            if state is not None:
+                part.__setstate__(state)
+            assert torch.equal(jf(x), fn(x))
+    finally:
+        part.__setstate__(first)
+    s = jf.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (3, 2, 2, 0), s
