@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import as_in_a_new_process
 
 
 def _trident_warnings(caught) -> list[str]:
@@ -159,3 +160,30 @@ def test_a_partial_of_the_state_changed_by_setstate_recompiles(fn, part):
         part.__setstate__(first)
     s = jf.stats
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (3, 2, 2, 0), s
+
+
+# ---- miss reasons (issue 27) -----------------------------------------------------------------
+
+class _Cache:
+    def __init__(self, n):
+        self.n = n
+
+
+def _scaled(x, c):
+    return x * c.n
+
+
+def test_a_new_processs_miss_names_the_int_that_differs():
+    """Note [Stored int constants] (policy.py): a new process's call whose tree differs from
+    a stored specialization's only in an int names the int and both values, as a miss of the
+    process that compiled it does."""
+    x = torch.ones(3)
+    first = trident.jit(_scaled)
+    assert torch.equal(first(x, _Cache(2)), _scaled(x, _Cache(2)))
+    as_in_a_new_process()
+    jf = trident.jit(_scaled)
+    assert torch.equal(jf(x, _Cache(3)), _scaled(x, _Cache(3)))
+    assert torch.equal(jf(x, _Cache(2)), _scaled(x, _Cache(2)))  # the stored one
+    s = jf.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 1, 1, 0), s
+    assert s.miss_reasons == ["c.n: int 3 where int 2 was compiled (specialization 0)"], s

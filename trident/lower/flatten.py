@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import inspect
 import threading
 import types
@@ -56,7 +55,7 @@ from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower.uses import WHOLE, Uses, attributes_read, covers, items_read, merge
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
                               SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree,
-                              Binding, Node)
+                              Binding, Node, tree_key)
 
 # ---- flattening ------------------------------------------------------------------------------
 
@@ -372,8 +371,7 @@ def _flatten_once(f: _Flattener, binding: Binding,
     for index, ((name, kind, _), value) in enumerate(zip(binding.params, bound)):
         f.visit(value, -1, ARG, index,
                 "" if kind == inspect.Parameter.VAR_KEYWORD else name, False, uses[index])
-    digest = hashlib.sha256("\n".join(f.description).encode()).digest()
-    key = int.from_bytes(digest[:8], "little") >> 2  # a positive int64
+    key = tree_key(f.description)
     tree = ArgTree(f.nodes, f.leaf_nodes, key, f.description)
     return tree, [key] + [f.values[i] for i in f.leaf_nodes], f.values
 
