@@ -187,3 +187,35 @@ def test_a_new_processs_miss_names_the_int_that_differs():
     s = jf.stats
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 1, 1, 0), s
     assert s.miss_reasons == ["c.n: int 3 where int 2 was compiled (specialization 0)"], s
+
+
+class _Knobs:
+    factor = 2.0
+
+
+def _knobbed(x):
+    return x * _Knobs.factor
+
+
+def test_stored_specializations_the_state_turns_away_are_named_only_if_another_process_made_them():
+    """In-process, the specializations a state change sets aside are this process's own:
+    the reason names the change alone; a new process names those the state turned away."""
+    x = torch.ones(3)
+    jf = trident.jit(_knobbed)
+    try:
+        assert torch.equal(jf(x), _knobbed(x))
+        _Knobs.factor = 3.0
+        assert torch.equal(jf(x), _knobbed(x))
+        _Knobs.factor = 4.0
+        assert torch.equal(jf(x), _knobbed(x))
+        assert jf.stats.miss_reasons == ["first call"] + [
+            "_Knobs.factor changed since the last call"] * 2, jf.stats
+        as_in_a_new_process()
+        _Knobs.factor = 5.0
+        again = trident.jit(_knobbed)
+        assert torch.equal(again(x), _knobbed(x))
+        assert again.stats.miss_reasons == [
+            "first call; 3 specialization(s) that another process stored not installed: the "
+            "state they read differs from this process's"], again.stats
+    finally:
+        _Knobs.factor = 2.0

@@ -226,7 +226,8 @@ class Installer:
                     digests[text] = None  # a chain that no longer evaluates
                     why.append(str(e))
             if digests[text] != spec.state.digest:
-                why.append("the state it read differs from this process's")
+                if spec.key not in cache.COMPILED_HERE:  # (this process's: its reason says)
+                    why.append("the state they read differs from this process's")
                 return False
             return True
 
@@ -234,9 +235,10 @@ class Installer:
                  if (self._dynamic is not False or not s.symbolic) and allowed(s)
                  and rng.installable(s.plan)]
         # for the miss reason (policy.py): the stored specializations the state turned away
-        rejected = sum(1 for w in why if w.startswith("the state it read"))
-        self._state_rejected = (f"{rejected} stored specialization(s) not installed: "
-                                f"{'; '.join(dict.fromkeys(why))}" if rejected else None)
+        rejected = sum(1 for w in why if w.startswith("the state they read"))
+        self._state_rejected = (f"{rejected} specialization(s) that another process stored "
+                                f"not installed: {'; '.join(dict.fromkeys(why))}"
+                                if rejected else None)
         return specs
 
     def _stored_call(self, call: _Call, specs: list[Specialization]) -> _Call:

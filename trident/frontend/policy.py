@@ -185,6 +185,7 @@ class MissPolicy:
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
+                        cache.COMPILED_HERE.add(spec.key)
                         _FUNCTION_COMPILES[self._cache.directory] = \
                             _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
                     with cache.in_use(self._cache.directory):  # Note [Cache size]
