@@ -162,6 +162,31 @@ def test_a_partial_of_the_state_changed_by_setstate_recompiles(fn, part):
     assert (s.hits, s.misses, s.compiles, s.fallbacks) == (3, 2, 2, 0), s
 
 
+# ---- Note [Identity serials] (identity.py) ---------------------------------------------------
+
+def test_an_object_known_by_its_identity_is_named_by_a_serial_not_its_address():
+    """A global with nothing to hash but its identity (a lock, whose repr shows its address)
+    was named by its address in the function's key: the next lock at a dead one's address
+    took its key. A serial number is never reused."""
+    import threading
+
+    from trident import identity
+
+    space: dict = {}
+    exec("def uses_lock(x):\n    return x if LOCK else x", space)
+    fn = space["uses_lock"]
+    keys, addresses = set(), set()
+    for _ in range(50):
+        space["LOCK"] = threading.Lock()  # the one before dies: its address is free again
+        addresses.add(id(space["LOCK"]))
+        keys.add(identity.function_key(fn))
+        assert identity.function_key(fn) == identity.function_key(fn)
+    assert len(addresses) < 50 and len(keys) == 50, (len(addresses), len(keys))
+    held = object()  # (takes no weak reference: held by the table while it names it)
+    assert identity.identity_words(held) == identity.identity_words(held) != \
+        identity.identity_words(object())
+
+
 # ---- miss reasons (issue 27) -----------------------------------------------------------------
 
 class _Cache:
