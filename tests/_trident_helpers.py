@@ -80,9 +80,11 @@ def make_cache_dir(path: Path) -> Path:
 
 def as_in_a_new_process() -> None:
     """Forget this process's compiles per function (Note [Specialization limit]: every
-    ``trident.jit`` of a function shares its limit within a process), so that the next jit
-    object stands for a new process's; its cache folder stays."""
+    ``trident.jit`` of a function shares its limit within a process) and which
+    specializations it compiled, so that the next jit object stands for a new process's; its
+    cache folder stays."""
     sys.modules["trident.frontend.policy"]._FUNCTION_COMPILES.clear()
+    sys.modules["trident.frontend.cache"].COMPILED_HERE.clear()  # (another process compiled)
 
 
 def unique_cache_dir() -> Path:

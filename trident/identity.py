@@ -5,7 +5,7 @@ trees name what they check by identity with it.
 Note [Function key]: the function's bytecode and constants, nested code objects, default
 arguments, closure cells, the globals its code names (functions by their own key, modules by
 name, plain values by repr, other objects by their attributes, their ``__slots__``, or by
-repr, or, having none of these, by identity in this process only), a bound method's ``self``
+repr, or, having none of these, by identity in this process only: Note [Identity serials]), a bound method's ``self``
 likewise, and the versions of Python, torch, triton, torch-mlir and Trident's own source. A
 ``torch.compile`` graph (a ``GraphModule``'s ``forward``, backend.py) is keyed by what decides
 its code (``_hash_graph_module``), not by Dynamo's metadata, which holds a per-process uuid:
@@ -14,11 +14,13 @@ so identical runs find the graph's entry again.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import hashlib
 import importlib.metadata
 import inspect
+import itertools
 import re
 import sys
 import types
@@ -153,7 +155,8 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
     elif hasattr(value, "__dict__"):  # plain objects (configs, namespaces): their attributes
         h.update(f"object:{type(value).__module__}.{type(value).__qualname__}".encode())
         _hash_value(h, dict(vars(value)), seen, depth + 1)
-    elif type(value).__repr__ is not object.__repr__:  # numpy scalars, enums, ...: their repr
+    elif type(value).__repr__ is not object.__repr__ and not _ADDRESS.search(repr(value)):
+        # numpy scalars, enums, ...: their repr (not one that shows an address: a lock's)
         h.update(f"repr:{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
     elif _slots(type(value)):  # __slots__ objects: their slots' values
         h.update(f"slots:{type(value).__module__}.{type(value).__qualname__}".encode())
@@ -161,7 +164,48 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
             h.update(name.encode())
             _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
     else:  # no content to hash (a C object): this object, in this process only
-        h.update(f"object:{type(value).__qualname__}@{id(value)}:{PROCESS}".encode())
+        h.update(f"object:{type(value).__qualname__}#{object_serial(value)}:{PROCESS}".encode())
+
+
+# Note [Identity serials]: an object that has nothing to hash but its identity (a C object
+# without attributes, slots or a repr of its own, a lock whose repr shows its address) is named
+# by a serial number of this process, never by its address: an address is reused by the next
+# object once this one dies, and a function key or a tree's words that named the address would
+# then take the new object for the old. A serial is never reused; the table keeps a weak
+# reference (its object's death drops the entry) or, for an object that takes none, the
+# object itself (its address cannot be reused while it is held), the newest _STRONG_BOUND of
+# them: an object dropped from the table and named again gets a new serial (a new key, never
+# an old one). Names with a serial hold PROCESS too: no other process has them.
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}|@\d{6,}")
+_SERIALS: dict[int, tuple[bool, Any, int]] = {}  # id of a live object -> (weak, ref, serial)
+_STRONG: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+_STRONG_BOUND = 1024
+_NEXT_SERIAL = itertools.count()
+
+
+def object_serial(obj: Any) -> int:
+    """Note [Identity serials]: ``obj``'s serial number in this process."""
+    key = id(obj)
+    held = _SERIALS.get(key)
+    if held is not None and (held[1]() if held[0] else held[1]) is obj:
+        return held[2]
+    serial = next(_NEXT_SERIAL)
+
+    def dead(_ref, key=key, serial=serial):
+        if _SERIALS.get(key, (None, None, None))[2] == serial:
+            del _SERIALS[key]
+
+    try:
+        _SERIALS[key] = (True, weakref.ref(obj, dead), serial)
+    except TypeError:  # (no weak reference: held, so that its address stays its own)
+        _SERIALS[key] = (False, obj, serial)
+        _STRONG[key] = None
+        _STRONG.move_to_end(key)
+        while len(_STRONG) > _STRONG_BOUND:
+            old = _STRONG.popitem(last=False)[0]
+            if not _SERIALS.get(old, (True,))[0]:
+                _SERIALS.pop(old, None)
+    return serial
 
 
 class _Unset:  # an empty __slots__ slot
@@ -300,4 +344,5 @@ def identity_words(obj: Any) -> str:
         return f"torch operator {obj}"  # one object per operator, in every process
     if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
         return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
-    return f"object {type(obj).__qualname__}@{id(obj)}:{PROCESS}"  # this process only
+    # this process only (Note [Identity serials])
+    return f"object {type(obj).__qualname__}#{object_serial(obj)}:{PROCESS}"

@@ -58,6 +58,10 @@ _log = config.logger("cache")
 # Note [Process-only state] (install.py): per function folder, the specializations this
 # process keeps in memory rather than on disk, by key.
 _IN_PROCESS: dict[Path, dict[str, Specialization]] = {}
+# The keys of the specializations this process compiled: a stored one that the state turns
+# away is named in a miss reason only where another process compiled it (install.py's
+# _stored_specs), since this process's own were set aside by the change its reason names.
+COMPILED_HERE: set[str] = set()
 
 
 class FunctionCache:

@@ -10,6 +10,7 @@ more pruned. What a miss does is policy.py's; the CUDA graph slots are graphs.py
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import types
@@ -25,7 +26,7 @@ from trident.codegen import render as codegen
 from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
-from trident.identity import function_key
+from trident.identity import PROCESS, function_key
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TENSOR, ArgTree, Binding
@@ -65,11 +66,47 @@ class Installer:
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
         tree, leaves, values = flatten_call(self._binding, args, kwargs, self._int_leaves)
+        return self._known_call(_Call(args, kwargs, tree, tuple(leaves), values))
+
+    # Note [Classes of one name]: a tree's description names a class by its module and
+    # qualified name, the same in every process (a new process finds the stored
+    # specializations of a Hugging Face model, whose classes it made again, by that key). Two
+    # live classes of one name in one process (a notebook cell run again, a class a factory
+    # makes per call) are still two classes: their instances' trees describe alike, and the
+    # tree this process knew under that key checks the other class (exactly, in C), so the new
+    # class's call would be served by the old class's specializations (its attributes, its
+    # forward). So a call whose tree has the key of a known tree but other classes at its nodes
+    # (an object's exact class, a class checked by identity) takes another key, made from the
+    # key, this process and how many classes of that name came before: the first class of a
+    # name in a process keeps the stored key, each later one gets its own, in this process only
+    # (its specializations are kept in memory, not stored: Note [Process-only state]).
+
+    def _known_call(self, call: _Call) -> _Call:
+        """``call`` with the tree this process knows under its key (installed in the
+        dispatcher where a specialization uses it), or under a key of its own where the known
+        tree checks other classes (Note [Classes of one name])."""
+        call = self._keyed(call)
+        tree = call.tree
         if tree.key not in self._trees:
             self._trees[tree.key] = tree
             if any(s.tree == tree.key for s in self._specs):  # stored before this process
                 self._set_trees()  # knew the tree: the dispatcher evaluates it from now on
-        return _Call(args, kwargs, self._trees[tree.key], tuple(leaves), values)
+        return _Call(call.args, call.kwargs, self._trees[tree.key], call.leaves, call.values)
+
+    def _keyed(self, call: _Call) -> _Call:
+        """``call`` with its tree under a key of its own where the first tree of its key in
+        this process checks other classes (Note [Classes of one name])."""
+        tree, leaves = call.tree, call.leaves
+        for generation in range(1, 1 << 16):
+            known = self._first_trees.setdefault(tree.key, tree)  # (kept past _trees.clear())
+            if _same_classes(known, tree):
+                break
+            salted = int.from_bytes(hashlib.sha256(
+                f"{call.tree.key}|{PROCESS}|{generation}".encode()).digest()[:8], "little") >> 2
+            tree = dataclasses.replace(tree, key=salted)
+            leaves = (salted,) + leaves[1:]
+            self._process_trees.add(salted)
+        return _Call(call.args, call.kwargs, tree, leaves, call.values)
 
     def _installed_match(self, call: _Call) -> int:
         """The specialization the native guards pick for ``call``, or -1."""
@@ -189,7 +226,8 @@ class Installer:
                     digests[text] = None  # a chain that no longer evaluates
                     why.append(str(e))
             if digests[text] != spec.state.digest:
-                why.append("the state it read differs from this process's")
+                if spec.key not in cache.COMPILED_HERE:  # (this process's: its reason says)
+                    why.append("the state they read differs from this process's")
                 return False
             return True
 
@@ -197,9 +235,10 @@ class Installer:
                  if (self._dynamic is not False or not s.symbolic) and allowed(s)
                  and rng.installable(s.plan)]
         # for the miss reason (policy.py): the stored specializations the state turned away
-        rejected = sum(1 for w in why if w.startswith("the state it read"))
-        self._state_rejected = (f"{rejected} stored specialization(s) not installed: "
-                                f"{'; '.join(dict.fromkeys(why))}" if rejected else None)
+        rejected = sum(1 for w in why if w.startswith("the state they read"))
+        self._state_rejected = (f"{rejected} specialization(s) that another process stored "
+                                f"not installed: {'; '.join(dict.fromkeys(why))}"
+                                if rejected else None)
         return specs
 
     def _stored_call(self, call: _Call, specs: list[Specialization]) -> _Call:
@@ -217,14 +256,10 @@ class Installer:
                 tree, leaves, values = flatten_call(self._binding, call.args, call.kwargs, paths)
             except (TypeError, TridentError):
                 continue
-            if any(s.tree == tree.key and _int_leaves_of(s) == paths
-                   and first_failure(s.guards, tuple(leaves)) is None for s in specs):
-                if tree.key not in self._trees:
-                    self._trees[tree.key] = tree
-                    if any(s.tree == tree.key for s in self._specs):
-                        self._set_trees()
-                return _Call(call.args, call.kwargs, self._trees[tree.key], tuple(leaves),
-                             values)
+            again = self._keyed(_Call(call.args, call.kwargs, tree, tuple(leaves), values))
+            if any(s.tree == again.tree.key and _int_leaves_of(s) == paths
+                   and first_failure(s.guards, again.leaves) is None for s in specs):
+                return self._known_call(again)
         return call
 
     # Note [Process-only state]: a specialization whose state guards check an object that no
@@ -239,6 +274,8 @@ class Installer:
     def _process_only(self, spec: Specialization) -> str | None:
         """Note [Process-only state]: the path of what ties ``spec`` to this process, or
         None."""
+        if spec.tree in self._process_trees:  # Note [Classes of one name]
+            return "a class of the name of another that this process saw first"
         try:
             return self._state_tree(spec.state.reads).process_only()
         except (TridentError, ValueError, TypeError, KeyError, IndexError):
@@ -356,6 +393,13 @@ class Installer:
             return
         keep = self._stored_modules() | {m.__name__ for m in self._modules.values()}
         build.prune(self._cache.directory, keep, built)
+
+
+def _same_classes(known: ArgTree, tree: ArgTree) -> bool:
+    """Whether two trees of one description check the same classes (Note [Classes of one
+    name]): an object's exact class, a class checked by identity."""
+    return all(a.expect is b.expect for a, b in zip(known.nodes, tree.nodes)
+               if isinstance(a.expect, type) or isinstance(b.expect, type))
 
 
 def _user_stacklevel() -> int:

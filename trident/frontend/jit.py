@@ -100,6 +100,9 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._fn = fn
         self._binding = self._make_binding()
         self._trees: dict[int, ArgTree] = {}  # every tree a call had in this process, by key
+        # Note [Classes of one name] (install.py): the first tree of each key, the keys made
+        self._first_trees: dict[int, ArgTree] = {}
+        self._process_trees: set[int] = set()
         self._max_specializations = max_specializations or config.max_specializations()
         self._fallback = fallback
         self._cuda_graphs = config.cuda_graphs() if cuda_graphs is None else cuda_graphs

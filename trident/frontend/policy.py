@@ -185,6 +185,7 @@ class MissPolicy:
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
+                        cache.COMPILED_HERE.add(spec.key)
                         _FUNCTION_COMPILES[self._cache.directory] = \
                             _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
                     with cache.in_use(self._cache.directory):  # Note [Cache size]
@@ -314,10 +315,15 @@ class MissPolicy:
         stored = f"; {self._state_rejected}" if self._state_rejected else ""
         if not self._specs:
             return self._load_reason + stored
-        # specializations of argument structures no call of this process had (stored by
-        # another front door or process) are not named one by one
-        reasons = [f"{self._why_not(spec, call) or 'all guards hold'} (specialization {i})"
-                   for i, spec in enumerate(self._specs) if spec.tree in self._trees]
+        # Note [Stored int constants]: a specialization of an argument structure no call of
+        # this process had (stored by another front door or process) is named where the
+        # call's tree is its tree but for int constants (``Specialization.tree_ints``: a
+        # cache's length, a layer count), which are named with both values, as a tree of this
+        # process is (``ArgTree.first_difference``); others are not named one by one
+        reasons = [f"{why} (specialization {i})" for i, spec in enumerate(self._specs)
+                   if (why := self._why_not(spec, call) or "all guards hold"
+                       if spec.tree in self._trees else
+                       call.tree.int_difference(spec.tree_ints, spec.tree))]
         return ("; ".join(reasons) or "a new argument structure") + stored
 
     # Note [Miss counts]: a miss is a call the native hit path did not serve: no specialization

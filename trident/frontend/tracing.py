@@ -5,6 +5,7 @@ what it read outside its arguments recorded as state (Note [State guards]), the 
 
 from __future__ import annotations
 
+import dataclasses
 
 import torch
 
@@ -13,6 +14,7 @@ from trident.errors import TridentError
 from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
+from trident.ir.trees import int_constants
 from trident.lower import compiler, state
 from trident.lower.capture import trace
 from trident.lower.substitute import substituted
@@ -83,9 +85,9 @@ class Tracer:
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
-        spec = compiler.compile_specialization(
+        spec = dataclasses.replace(compiler.compile_specialization(
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
-            self._code_fn)
+            self._code_fn), tree_ints=int_constants(call.tree))  # Note [Stored int constants]
         self._counters.compiles += 1
         if self._dynamic is None:  # Note [Batch dims]: written ints are int leaves from now on
             self._int_leaves = self._int_leaves | self._written_ints

@@ -47,6 +47,8 @@ class Specialization:
         catching: "file.py:LINE" of a ``try`` whose ``except`` was active around a torch call
             of the trace, or "" (Note [Errors inside try] in source_lines.py).
         state: what the trace read outside the arguments (``StateGuard``).
+        tree_ints: Note [Stored int constants] (frontend/policy.py): ``{node index:
+            description}`` of the int constants of its argument tree.
     """
 
     signature: str
@@ -59,13 +61,17 @@ class Specialization:
     recipe: OutputRecipe | None = None
     catching: str = ""
     state: StateGuard = dataclasses.field(default_factory=StateGuard)
+    tree_ints: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"signature": self.signature, "arg_names": self.arg_names,
-                "guards": [g.to_json() for g in self.guards],
-                "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
-                "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
-                "catching": self.catching, "state": self.state.to_json()}
+        out = {"signature": self.signature, "arg_names": self.arg_names,
+               "guards": [g.to_json() for g in self.guards],
+               "plan": self.plan.to_json(), "dynamic": self.dynamic, "shapes": self.shapes,
+               "tree": self.tree, "recipe": self.recipe.to_json() if self.recipe else None,
+               "catching": self.catching, "state": self.state.to_json()}
+        if self.tree_ints:  # (absent where there are none: such a spec's key is as before)
+            out["tree_ints"] = self.tree_ints
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Specialization":
@@ -74,7 +80,7 @@ class Specialization:
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
-                   StateGuard.from_json(data["state"]))
+                   StateGuard.from_json(data["state"]), dict(data.get("tree_ints", {})))
 
     @property
     def symbolic(self) -> bool:

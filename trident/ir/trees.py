@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import types
@@ -90,6 +91,37 @@ class ArgTree:
             n = longer.nodes[min(len(self.nodes), len(other.nodes))]
             return f"{n.path} {'missing' if longer is self else 'added'}"
         return "same structure"
+
+
+    def int_difference(self, ints: dict, key: int) -> str | None:
+        """Where this tree (a call's) departs from a stored one that no call of this process
+        had, given the key and the int constants of that one (``Specialization.tree_ints``):
+        the paths and both values where this tree, with those ints, is that tree; else
+        None."""
+        description = list(self.description)
+        for index, line in ints.items():
+            if int(index) >= len(description):
+                return None
+            description[int(index)] = line
+        if description == self.description or tree_key(description) != key:
+            return None
+        return "; ".join(f"{self.nodes[i].path}: {_words(mine)} where {_words(theirs)} was "
+                         "compiled" for i, (mine, theirs) in enumerate(
+                             zip(self.description, description)) if mine != theirs)
+
+
+def tree_key(description: list[str]) -> int:
+    """The key of a tree of ``description`` (leaf 0 of its specializations): a positive
+    int64 of its hash."""
+    digest = hashlib.sha256("\n".join(description).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
+def int_constants(tree: ArgTree) -> dict[str, str]:
+    """Note [Stored int constants]: ``{node index: description}`` of ``tree``'s int
+    constants."""
+    return {str(i): line for i, (node, line) in enumerate(zip(tree.nodes, tree.description))
+            if node.check == CONST and type(node.expect) is int}
 
 
 def _words(description: str) -> str:

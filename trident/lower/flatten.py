@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import inspect
 import threading
 import types
@@ -56,7 +55,7 @@ from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower.uses import WHOLE, Uses, attributes_read, covers, items_read, merge
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
                               SAME, SELF, SEQ, _BY_ID, _CONSTS, _SCALARS, _SLICE_BOUNDS, ArgTree,
-                              Binding, Node)
+                              Binding, Node, tree_key)
 
 # ---- flattening ------------------------------------------------------------------------------
 
@@ -178,6 +177,17 @@ class _Flattener:
             # returned at the trace, whatever the cache returns (its code may not run at all)
             raise TridentError(f"{self.what} {path} is a {_type_name(t)} of a user function, "
                                "whose cache Trident cannot guard")
+        if isinstance(value, functools.partial):
+            # Note [Partials in arguments]: its function, arguments and keywords are no
+            # attribute of its __dict__, and __setstate__ replaces them in place (the same
+            # object): no node of a tree reads them (a partial that a chain reads, a global's,
+            # is read through them: _use in state/tree.py)
+            where = "passed as an argument" if self.what == "argument" else "used whole"
+            error = TridentError(f"the function reads a functools.partial {where} ({path}): "
+                                 "its function, arguments and keywords (__setstate__ replaces "
+                                 "them in the same object) are no tree's")
+            error.steps = self.steps(value, parent, access, key)  # Note [Unflattenable values]
+            raise error
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return
@@ -263,12 +273,12 @@ _PER_PROCESS_ATTRIBUTES = {
 }
 
 
-_OPAQUE = (functools.partial, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_OPAQUE = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
-    JitFunction, a ``functools.partial``, a torch operator such as ``torch.ops.aten.add.Tensor``,
+    JitFunction, a torch operator such as ``torch.ops.aten.add.Tensor``,
     whose ``__dict__`` holds the dispatcher's caches). A stream or an event is not one: the
     work it orders is not traced (Note [Unflattenable values])."""
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
@@ -361,8 +371,7 @@ def _flatten_once(f: _Flattener, binding: Binding,
     for index, ((name, kind, _), value) in enumerate(zip(binding.params, bound)):
         f.visit(value, -1, ARG, index,
                 "" if kind == inspect.Parameter.VAR_KEYWORD else name, False, uses[index])
-    digest = hashlib.sha256("\n".join(f.description).encode()).digest()
-    key = int.from_bytes(digest[:8], "little") >> 2  # a positive int64
+    key = tree_key(f.description)
     tree = ArgTree(f.nodes, f.leaf_nodes, key, f.description)
     return tree, [key] + [f.values[i] for i in f.leaf_nodes], f.values
 

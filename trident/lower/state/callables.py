@@ -16,10 +16,10 @@ def _called_arguments(rec: Recording, fn) -> list:
     passed (a parameter, an item of a list, tuple or dict argument, ``*args`` and
     ``**kwargs`` included, or an attribute of a user class's instance there: ``cfg.act``).
     The argument tree checks such a function by identity; its ``__code__``, defaults and
-    closure cells are read as a global helper's are. A bound method or a ``functools.partial``
-    passed in is checked by identity too, but what it binds (the method's object, the
-    partial's arguments and keywords) is no argument tree's and no chain's: the call runs
-    eagerly. The scan stops after ``_SCAN_BOUND`` objects (its cost, at every trace); then
+    closure cells are read as a global helper's are. A bound method passed in is checked by
+    identity too, but what it binds (the method's object) is no argument tree's and no
+    chain's: the call runs eagerly (a ``functools.partial`` makes the call eager before, as
+    its argument tree is made: Note [Partials in arguments] in lower/flatten.py). The scan stops after ``_SCAN_BOUND`` objects (its cost, at every trace); then
     ``truncated`` is True, and a user function that ran and that nothing else names makes the
     call eager (reads_of): it may be one passed in deeper, whose code no guard would read.
 

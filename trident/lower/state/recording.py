@@ -7,7 +7,9 @@ import builtins
 import contextlib
 import dataclasses
 import functools
+import io
 import logging
+import os
 import sys
 import types
 
@@ -149,6 +151,16 @@ _OS_READS = frozenset({"stat", "lstat", "fstat", "listdir", "scandir", "getcwd",
                        "open", "_getframe"})
 
 
+# Note [Files read by libraries]: a file a library reads for the function (``torch.load(path)``,
+# ``np.loadtxt``, ``configparser``'s ``read``, a config loaded from a file) is a value the trace
+# bakes in, as the user's own ``open`` is: no guard sees the file change. So ``open`` (and
+# ``os.open``) called by any code the function runs makes the call run eagerly, but for the
+# readers of source code that tracing itself runs (``linecache`` and ``tokenize`` for stack
+# traces and warnings' lines; imports open files by ``io.open_code``, not ``open``).
+_FILE_OPENERS = (io.open, os.open)
+_SOURCE_READERS = frozenset({"linecache", "tokenize", "traceback", "inspect"})
+
+
 @contextlib.contextmanager
 def record(fn):
     """Record the user code that ``fn``'s code runs in this thread (Note [State guards]);
@@ -230,6 +242,8 @@ def record(fn):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs
             if kind:
                 _c_call(frame, kind, arg)
+            elif arg is _FILE_OPENERS[0] or arg is _FILE_OPENERS[1]:
+                _library_open(frame, arg)
         if previous is not None:
             previous(frame, event, arg)
 
@@ -273,6 +287,17 @@ def record(fn):
                 if name:
                     rec.impure.append(f"{outer.f_globals['__name__']}."
                                       f"{outer.f_code.co_name}, which calls {name}")
+            elif arg is _FILE_OPENERS[0] or arg is _FILE_OPENERS[1]:
+                _library_open(frame, arg)
+        elif arg is _FILE_OPENERS[0] or arg is _FILE_OPENERS[1]:  # (io, _io's own frames)
+            _library_open(frame, arg)
+
+    def _library_open(frame, arg) -> None:
+        """Note [Files read by libraries]."""
+        module = frame.f_globals.get("__name__")
+        if module not in _SOURCE_READERS and under_fn(frame):
+            rec.impure.append(f"{module}.{frame.f_code.co_qualname}, which opens a file by "
+                              f"{arg.__module__}.{arg.__name__}")
 
     _CHAINED[hook] = previous
     sys.setprofile(hook)

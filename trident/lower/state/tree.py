@@ -18,7 +18,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.identity import PROCESS, hash_code, identity_words
+from trident.identity import PROCESS, hash_code, identity_words, object_serial
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
@@ -189,7 +189,7 @@ def _root_words(root: tuple, fn) -> str:
     globals) must not accept the specializations whose state was read from this one's."""
     if root[0] != "object":
         return "|".join(map(str, root))
-    return f"object {root[1]}:{PROCESS}:fn@{id(fn)}"
+    return f"object {root[1]}:{PROCESS}:fn#{object_serial(fn)}"  # (Note [Identity serials])
 
 
 def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
