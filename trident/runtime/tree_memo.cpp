@@ -159,6 +159,14 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
 // memo's values change only in a walk, which ends the root's quiet run first (a watched dict
 // changed or freed: an event; anything else a check sees fails it): while the root is quiet,
 // its records are the memo's values, alive as they are (held by watched, unchanged dicts).
+//
+// Not skipped in O(1) (one count of dict events, unchanged since the last hit): what the table
+// still reads is what no dict watcher sees. A module's class is assigned without a dict event
+// (object_set_class changes no dict); an instance dict replaced while the old one is held
+// elsewhere frees nothing (no event); a set's contents, a list's items, an OrderedDict's key
+// order (move_to_end) and a tensor's metadata (`.data =`, `requires_grad_`) have no watcher.
+// Each is a change the walk catches (tests/test_unchanged_subtrees.py, test_quiet_table.py),
+// so each stays a check: per module its header, its dict pointer, its set's header, its leaves.
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
   for (size_t c = memo.quiet_begin[root]; c < memo.quiet_begin[root + 1]; ++c) {
     const TreeMemo::Check& check = memo.quiet_checks[c];
