@@ -23,18 +23,21 @@ A model's specialization is thousands of steps, and one C file of them is one co
 one core, however many the machine has (Qwen2.5-0.5B's two specializations on an H100 host:
 18.6 s of a 30.7 s first ``generate``, one ``gcc`` at a time). So codegen writes a module as
 several translation units (``codegen.Rendered.sources``): the main one (the tables, ``run()``,
-the entry points, and cffi's wrappers around them), the guard's (built at -O1: Note [Optimized
-guards] in trident_rt.h), and the launch sequence in parts of ``render.PART_STEPS`` steps, each
-a function over one frame of values (``trt_frame``: the arrays ``v``, ``l``, ``s``, ``w`` that
-``run()`` held) that returns to ``run()``'s shared error path. ``_compile`` compiles the guard
-and the parts to objects in a pool of compiler processes, one per core this process may run on
-(``os.sched_getaffinity``), with the compiler, flags and include folders that cffi's own build
-(setuptools' ``build_ext``) uses, then cffi compiles the main unit and links it with them
-(``extra_objects``). What units share is ``TRT_SHARED`` (hidden: not exported, reached without
-the GOT), so a hit runs the code it ran as one unit, a call per part more. The layout is the
-spec's alone, not the machine's: the same module name everywhere (Note [Build key] hashes every
-unit). The compiler's time at -O0 grows about linearly with a unit's length, so splitting alone
-buys little on one core; the cores do (docs/benchmarks.md, "Issue 27, branch build38").
+``guard()``, the entry points, and cffi's wrappers around them), the guards in parts of
+``render.GUARD_PART_CHECKS`` checks (each built at -O1: Note [Optimized guards] in
+trident_rt.h; ``guard()`` calls them in guard order), and the launch sequence in parts of
+``render.PART_STEPS`` steps, each a function over one frame of values (``trt_frame``: the
+arrays ``v``, ``l``, ``s``, ``w`` that ``run()`` held) that returns to ``run()``'s shared error
+path. ``_compile`` compiles the parts to objects in a pool of compiler processes, one per core
+this process may run on (``os.sched_getaffinity``), with the compiler, flags and include
+folders that cffi's own build (setuptools' ``build_ext``) uses, then cffi compiles the main unit
+and links it with them (``extra_objects``). What units share is ``TRT_SHARED`` (hidden: not
+exported, reached without the GOT), so a hit runs the code it ran as one unit, and a call per
+part more. The layout is the specialization's alone, not the machine's: one module name
+everywhere (Note [Build key] hashes every unit, and where each ends). GCC's time at -O0 grows
+about linearly with a unit's length: ``run()`` split into functions in one unit took a seventh
+less of its time, and each unit's headers cost a few hundredths of a second; the cores do the
+rest (docs/benchmarks.md, "Parallel C build (issue 27, branch build38)").
 """
 
 from __future__ import annotations
