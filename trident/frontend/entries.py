@@ -145,7 +145,9 @@ def clear(name: str | None = None) -> list[str]:
                              "entries: a function's earlier code has its own); pick one by "
                              "the name after its colon:\n" + "\n".join(
                                  f"  {full_name(r['about'])} ({r['about'].get('file')}): "
-                                 f"{_selector(r, rows)}" for r in rows))
+                                 f"{_selector(r, rows)}" for r in sorted(
+                                     rows, key=lambda r: (full_name(r["about"]),
+                                                          str(r["about"].get("file"))))))
         doomed = [Path(r["path"]) for r in rows]
     else:
         functions, runtime = root / "functions", root / "runtime"
