@@ -6,6 +6,7 @@ what it read outside its arguments recorded as state (Note [State guards]), the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -83,6 +84,7 @@ class Tracer:
                 # [Writes at entry] in lower/state/writes.py)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
+            reads += [r.to_json() for r in _partials_of(call)]
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
         spec = dataclasses.replace(compiler.compile_specialization(
@@ -94,3 +96,22 @@ class Tracer:
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.words(names) for g in spec.guards))
         return spec
+
+
+# Note [Partials in arguments]: a ``functools.partial`` that the call's argument tree holds (a
+# parameter, a default, an item, a module's attribute: Gemma's ``GELUTanh.act``) is checked
+# there by identity, and its function, arguments and keywords are no attribute of its
+# ``__dict__``: ``__setstate__`` replaces them in the same object, and its keywords dict can be
+# written in place. So each one is also a state read of its own, used whole (an object root:
+# ``func``, ``args`` and ``keywords`` read at every call, as a global partial's are:
+# ``_use`` in lower/state/tree.py); such a specialization serves its process only (Note
+# [Process-only state] in install.py), as its argument tree's words already did.
+
+def _partials_of(call: _Call) -> list:
+    """Note [Partials in arguments]: a whole-value state read of each partial ``call``'s
+    tree holds."""
+    from trident.lower.state.chain import Read, _object_root
+
+    partials = {id(v): v for v in call.values if isinstance(v, functools.partial)}
+    return [Read(_object_root(p), (("attr", name),), True) for p in partials.values()
+            for name in ("func", "args", "keywords")]

@@ -177,17 +177,6 @@ class _Flattener:
             # returned at the trace, whatever the cache returns (its code may not run at all)
             raise TridentError(f"{self.what} {path} is a {_type_name(t)} of a user function, "
                                "whose cache Trident cannot guard")
-        if isinstance(value, functools.partial):
-            # Note [Partials in arguments]: its function, arguments and keywords are no
-            # attribute of its __dict__, and __setstate__ replaces them in place (the same
-            # object): no node of a tree reads them (a partial that a chain reads, a global's,
-            # is read through them: _use in state/tree.py)
-            where = "passed as an argument" if self.what == "argument" else "used whole"
-            error = TridentError(f"the function reads a functools.partial {where} ({path}): "
-                                 "its function, arguments and keywords (__setstate__ replaces "
-                                 "them in the same object) are no tree's")
-            error.steps = self.steps(value, parent, access, key)  # Note [Unflattenable values]
-            raise error
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return
@@ -273,12 +262,14 @@ _PER_PROCESS_ATTRIBUTES = {
 }
 
 
-_OPAQUE = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_OPAQUE = (functools.partial, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
 def _opaque(value) -> bool:
     """Callables whose state lives outside their ``__dict__``: checked by identity (a
-    JitFunction, a torch operator such as ``torch.ops.aten.add.Tensor``,
+    JitFunction, a ``functools.partial``, whose function, arguments and keywords are the
+    specialization's state: Note [Partials in arguments] in frontend/tracing.py; a torch
+    operator such as ``torch.ops.aten.add.Tensor``,
     whose ``__dict__`` holds the dispatcher's caches). A stream or an event is not one: the
     work it orders is not traced (Note [Unflattenable values])."""
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
