@@ -6,12 +6,14 @@ through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallba
 ``backend`` is ``torch.compile(model.forward, backend="trident")``, compared with Dynamo's own
 ``eager`` backend (Dynamo's graph differs from plain eager in the last ulp on the CPU), its
 compiles Trident's (``trident.backend_stats``), ``dynamo=`` the graphs Dynamo captured for the
-served calls. Tiny random configs (hidden 64, 2 layers, no download) of transformers'
-architectures at their default configs: ``llama``, ``mistral`` (``sliding_window=4096``),
-``qwen2sw`` (``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2
-and 4, a prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly
-and through Trident, and compares every token and logit (``torch.equal``). Runs on the CPU or,
-with ``TRIDENT_SWEEP_DEVICE=cuda``, on a GPU. One line per call, then the totals and the
+served calls; ``config`` is transformers' ``CompileConfig(backend="trident")`` (generate
+compiles the forward of its decode steps), compared with ``CompileConfig(backend="eager")``.
+Tiny random configs (hidden 64, 2 layers, no download) of transformers' architectures at
+their default configs: ``llama``, ``mistral`` (``sliding_window=4096``), ``qwen2sw``
+(``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2 and 4, a
+prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly and through
+Trident, and compares every token and logit (``torch.equal``). Runs on the CPU or, with
+``TRIDENT_SWEEP_DEVICE=cuda``, on a GPU. One line per call, then the totals and the
 distinct miss reasons.
 """
 
@@ -45,17 +47,37 @@ def tiny_model(arch: str, device: str):
     return getattr(transformers, model_name)(config).eval().to(device)
 
 
-def _doors(forward, door: str):
-    """(the reference forward, the served forward, its Stats as a function)."""
+def _doors(model, door: str):
+    """(a function that sets up the reference, one that sets up the served door, its Stats as
+    a function)."""
     import trident
 
+    forward = model.forward
     if door == "jit":
         jf = trident.jit(forward)
-        return forward, jf, lambda: jf.stats
+        return (lambda: setattr(model, "forward", forward),
+                lambda: setattr(model, "forward", jf), lambda: jf.stats)
+    if door == "config":  # transformers compiles the forward itself (its decode steps)
+        import transformers
+
+        def use(backend: str) -> None:
+            torch._dynamo.reset()
+            model.__dict__.pop("_compiled_call", None)
+            config = transformers.CompileConfig(backend=backend)
+            config._compile_all_devices = True  # transformers compiles on GPUs only by default
+            model.generation_config.compile_config = config
+
+        return lambda: use("eager"), lambda: use("trident"), lambda: trident.backend_stats(model)
     torch._dynamo.reset()
     ref = torch.compile(forward, backend="eager", dynamic=None)
     served = torch.compile(forward, backend="trident", dynamic=None)
-    return ref, served, lambda: trident.backend_stats(served)
+
+    def use_served() -> None:
+        torch._dynamo.reset()
+        model.forward = served
+
+    return (lambda: setattr(model, "forward", ref), use_served,
+            lambda: trident.backend_stats(served))
 
 
 def _dynamo_frames() -> int:
@@ -69,7 +91,7 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
 
     device = os.environ.get("TRIDENT_SWEEP_DEVICE", "cpu")
     model = tiny_model(arch, device)
-    reference, jf, stats = _doors(model.forward, door)
+    use_reference, use_served, stats = _doors(model, door)
     rng = random.Random(0)
     calls = [(rng.choice([1, 2, 4]), rng.randint(1, 512), rng.randint(1, 128)) for _ in range(n)]
     def inputs(i, batch, length, new):
@@ -77,22 +99,20 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
         ids = torch.randint(0, 96, (batch, length), device=device)
         return ids, dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
                          cache_implementation=cache, output_logits=True,
-                         return_dict_in_generate=True, disable_compile=True,
+                         return_dict_in_generate=True, disable_compile=door != "config",
                          attention_mask=torch.ones_like(ids))
 
     # the references first: Dynamo's recompile limit (8) counts the entries of a frame's
     # code of every backend, so references between the served calls would take its entries.
     # A static cache is as long as the longest before it (``_previous_max_cache_length``),
     # so each served call starts from the length its reference started from.
-    model.forward = reference
+    use_reference()
     refs, lengths = [], []
     for i, call in enumerate(calls):
         lengths.append(getattr(model, "_previous_max_cache_length", -1))
         ids, kw = inputs(i, *call)
         refs.append(model.generate(ids, **kw))
-    if door != "jit":
-        torch._dynamo.reset()
-    model.forward = jf
+    use_served()
     start, wrong, frames = time.perf_counter(), 0, 0
     for i, (batch, length, new) in enumerate(calls):
         ids, kw = inputs(i, batch, length, new)

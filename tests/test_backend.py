@@ -182,8 +182,9 @@ def test_a_new_number_of_threads_compiles_again():
         assert_same(f(x, w, b), mlp(x, w, b))
     finally:
         torch.set_num_threads(threads)
-    # Dynamo guards the number of threads: a second graph, compiled by Trident
-    assert [g.stats.compiles for g in trident.backend_graphs(f)] == [1, 1]
+    # Dynamo guards the number of threads: a second graph of the same nodes, served by the
+    # first one's function (Note [Graphs of constants]), whose own guard compiles it again
+    assert [g.stats.compiles for g in trident.backend_graphs(f)] == [2]
     assert trident.backend_stats(f).hits == 0
     # one graph's code, so one cache entry: its two specializations told apart by their guard
     (row,) = trident.list_cache()
@@ -240,14 +241,16 @@ def test_stats_count_what_ran_before_a_dynamo_reset():
 def test_the_batch_goes_symbolic_with_the_lengths():
     """Note [Door batch dims]: a server's step of a batch of tokens and a mask; the second graph
     Dynamo traces (at a new length) has the batch symbolic too, so a new batch is served by it:
-    two graphs, two compiles (three before: static, the length symbolic, then the batch)."""
+    two graphs, two compiles (three before: static, the length symbolic, then the batch). A
+    batch of one, which Dynamo gives a graph of its own, is served by the symbolic graph's
+    function (Note [Graphs of constants]): the same nodes, the batch symbol's input its size."""
     def step(ids, mask):
         return (ids * mask).cumsum(1) + ids.shape[1]
 
     torch._dynamo.reset()
     f = torch.compile(fresh(step), backend="trident")
-    for batch, n in [(2, 5), (2, 7), (4, 9), (3, 4), (2, 5)]:
+    for batch, n in [(2, 5), (2, 7), (4, 9), (3, 4), (2, 5), (1, 6), (1, 3)]:
         ids, mask = torch.arange(batch * n).reshape(batch, n), torch.ones(batch, n, dtype=torch.long)
         assert_same(f(ids, mask), step(ids, mask))
     s = trident.backend_stats(f)
-    assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 3), s
+    assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 5), s

@@ -33,6 +33,17 @@ changes what is traced, never what a graph accepts. A batch of one still gets gr
 own: Dynamo specializes a size 1 (a symbol's range is 2 and up). The record is per process
 (persisted only under ``TORCH_COMPILE_JOB_ID``, Dynamo's profile-guided mode).
 
+Note [Graphs of constants]: Dynamo specializes a size 1 even where it made the dim symbolic
+(a symbol's range starts at 2), so a batch of one after the symbolic graphs makes a prefill and
+a decode step graph of its own: the symbolic graph's nodes with the constant 1 where the batch
+symbol was. A graph whose nodes are an earlier graph's of the same frame, op by op and argument
+by argument, but for ints where the earlier one has symbolic-int inputs, is served by that
+graph's JitFunction: its inputs are the new graph's by source, and each such symbol is passed
+as its constant. The earlier graph run with those ints computes what the new one computes, so
+the answer is the new graph's; whether a specialization of it holds the call is its guards'
+(a batch of one is in the range of a batch dim traced size-oblivious: Note [Batch dims] in
+batch.py). Graphs that read a submodule or an attribute of their GraphModule are not compared.
+
 User Triton kernels appear in Dynamo's graph as ``triton_kernel_wrapper_mutation`` nodes; they
 are rewritten to ordinary launches of the same kernel, which Trident's capture then records like
 a launch written in the user's function.
@@ -74,6 +85,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import re
 import types
 import weakref
 
@@ -170,13 +182,24 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     gm = _route_triton_launches(gm)
     if hasattr(gm, "real_recompile"):  # a _LazyGraphModule: generate forward's code now
         gm.real_recompile()
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    try:
+        code = InstructionTranslator.current_tx().f_code
+    except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
+        code = None
+    for earlier in (r() for r in reversed(_GRAPHS)):  # Note [Graphs of constants]
+        inputs = _as_constants_of(gm, earlier._gm, earlier._input_sources) if earlier is not \
+            None and code is not None and earlier._frame_code is code else None
+        if inputs is not None:
+            return _served_by(earlier, *inputs)
     # The cache key of the bound GraphModule.forward is its generated code: the graph itself.
     # The GraphModule is Trident's own (Dynamo passes parameters as graph inputs): its state is
     # not an argument tree to read on every call.
     fn = _graph_class()()
     fn._constant_self = True
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
-    from torch._dynamo.symbolic_convert import InstructionTranslator
+    fn._gm = gm
 
     from trident.identity import describe
 
@@ -195,8 +218,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
         fn._frame_self = weakref.ref(owner) if owner is not None else None
     except TypeError:  # a self without weak references
         fn._frame_self = None
-    fn._input_sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
-                         for n in gm.graph.nodes if n.op == "placeholder"]
+    fn._input_sources = [_source(n) for n in gm.graph.nodes if n.op == "placeholder"]
     # Dynamo's symbolic ints: symbolic in every specialization of this graph (Note [Int leaves])
     params = list(inspect.signature(gm.forward).parameters)
     fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
@@ -210,6 +232,104 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._graph_of = describe(gm.forward).get("graph_of", "?")
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
+
+
+def _source(node: fx.Node) -> str | None:
+    return getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+
+
+def _as_constants_of(gm: fx.GraphModule, earlier: fx.GraphModule,
+                     sources: list) -> tuple[list, list | None] | None:
+    """Note [Graphs of constants]: per input of ``earlier`` (whose inputs' ``sources`` were
+    recorded as it was compiled: Dynamo drops them then), the index of ``gm``'s input of the
+    same source or the int its symbol is in ``gm``, and the indices of the outputs of
+    ``earlier`` that ``gm`` has (None: all; ``gm`` lacks those that are such symbols, as a
+    cache's batch size the prefill writes); None where ``gm`` is not ``earlier`` with ints for
+    some of its symbolic-int inputs."""
+    ours = {_source(n): i for i, n in enumerate(n for n in gm.graph.nodes
+                                                 if n.op == "placeholder")}
+    theirs = [n for n in earlier.graph.nodes if n.op == "placeholder"]
+    if None in ours or len(ours) != sum(n.op == "placeholder" for n in gm.graph.nodes):
+        return None  # an input of no source, or two of one
+    pairs, ints, bound = {}, set(), {}  # earlier's node -> gm's; symbols gm has as ints
+    for n, source in zip(theirs, sources):
+        if source in ours:
+            pairs[n] = ours[source]
+        elif isinstance(n.meta.get("example_value"), torch.SymInt):
+            ints.add(n)
+        else:
+            return None
+    if len(pairs) != len(ours):
+        return None
+    placeholders = [m for m in gm.graph.nodes if m.op == "placeholder"]
+    mapped = {n: placeholders[pairs[n]] for n in pairs}
+
+    def same(a, b) -> bool:
+        if isinstance(a, fx.Node):
+            if a in ints and type(b) is int:
+                return bound.setdefault(a, b) == b
+            return isinstance(b, fx.Node) and mapped.get(a) is b
+        if isinstance(a, (tuple, list)):  # fx's immutable_list and immutable_dict included
+            return isinstance(b, tuple if isinstance(a, tuple) else list) and \
+                len(a) == len(b) and all(map(same, a, b))
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k])
+                                                                       for k in a)
+        if isinstance(a, slice):
+            return type(b) is slice and same((a.start, a.stop, a.step), (b.start, b.stop, b.step))
+        return type(a) is type(b) and not isinstance(a, float) and a == b or \
+            type(a) is type(b) is float and repr(a) == repr(b)
+
+    rest = [[n for n in g.graph.nodes if n.op != "placeholder"] for g in (earlier, gm)]
+    if len(rest[0]) != len(rest[1]):
+        return None
+    kept = None  # the earlier graph's outputs the new one has, where it returns such a symbol
+    for a, b in zip(*rest):
+        args = a.args
+        if a.op == b.op == "output" and isinstance(args[0], tuple) and not same(args, b.args):
+            kept = [i for i, x in enumerate(args[0]) if x not in ints]
+            args = (tuple(args[0][i] for i in kept),)
+        if a.op in ("get_attr", "call_module") or (a.op, a.target) != (b.op, b.target) or \
+                not same(args, b.args) or not same(a.kwargs, b.kwargs):
+            return None
+        mapped[a] = b
+    values = {n.meta["example_value"].node.expr: v for n, v in bound.items()}
+    inputs = []
+    for n, source in zip(theirs, sources):
+        if n in pairs:
+            inputs.append(pairs[n])
+            continue
+        value = n.meta["example_value"].node.expr.subs(values)
+        size = re.fullmatch(r"(.*)\.size\(\)\[(\d+)\]", source or "")
+        if value.is_Integer:
+            inputs.append(_Constant(int(value)))
+        elif size and size[1] in ours:  # a symbol the graph never reads: a size of an input
+            inputs.append(_Size(ours[size[1]], int(size[2])))
+        else:
+            return None
+    return inputs, kept
+
+
+@dataclasses.dataclass(frozen=True)
+class _Constant:
+    value: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Size:
+    input: int
+    dim: int
+
+
+def _served_by(graph, inputs: list, kept: list | None):
+    """Note [Graphs of constants]: ``graph``'s JitFunction called with a new graph's inputs,
+    its outputs ``kept`` (all where None)."""
+    def served(*args):
+        out = graph(*[i.value if isinstance(i, _Constant) else args[i.input].shape[i.dim]
+                      if isinstance(i, _Size) else args[i] for i in inputs])
+        return out if kept is None else tuple(out[i] for i in kept)
+
+    return served
 
 
 def _record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
