@@ -281,6 +281,15 @@ def test_max_specializations_from_environment(monkeypatch):
     assert counts(jf)["fallbacks"] == 1 and counts(jf)["compiles"] == 1
 
 
+@pytest.mark.parametrize("bad", [0, -3, 2.0, True, "a"])
+def test_max_specializations_must_be_a_positive_int(bad):
+    """0 read as unlimited, -3 made every call fall back, "a" failed at the first call."""
+    with pytest.raises(trident.TridentError, match=r"max_specializations must be an int >= 1"):
+        trident.jit(scale, max_specializations=bad)
+    with pytest.raises(trident.TridentError, match="max_specializations"):
+        trident.jit(max_specializations=bad)(scale)
+
+
 def add(x, y=2, z=None):
     return x + y if z is None else x + y + z
 

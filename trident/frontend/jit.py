@@ -289,7 +289,8 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
 
     Raises:
         TridentError: ``fn`` is not a Python function, method or ``nn.Module`` whose
-            ``forward`` is one (the cache key hashes its code).
+            ``forward`` is one (the cache key hashes its code); ``max_specializations`` or
+            ``cuda_graph_sizes`` is not an int >= 1; ``dynamic`` is malformed.
     """
     if fn is None:
         return functools.partial(jit, max_specializations=max_specializations,
@@ -315,9 +316,9 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
                     all(type(d) is int and d >= 0 for d in dims)):
                 raise TridentError(f"trident.jit: dynamic[{name!r}] must be a list of dims "
                                    f"(ints >= 0), got {dims!r}")
-    if cuda_graph_sizes is not None and not (type(cuda_graph_sizes) is int
-                                             and cuda_graph_sizes >= 1):
-        raise TridentError(f"trident.jit: cuda_graph_sizes must be an int >= 1, got "
-                           f"{cuda_graph_sizes!r}")
+    for name, value in (("max_specializations", max_specializations),
+                        ("cuda_graph_sizes", cuda_graph_sizes)):
+        if value is not None and not (type(value) is int and value >= 1):
+            raise TridentError(f"trident.jit: {name} must be an int >= 1, got {value!r}")
     obj._setup(fn, max_specializations, fallback, cuda_graphs, dynamic, cuda_graph_sizes)
     return obj
