@@ -12,7 +12,6 @@
 namespace {
 
 constexpr int kStateMemoRemakes = 16;  // Note [Quiet state]: then every node at every call
-constexpr size_t kQuietAhead = 8;      // Note [Quiet table]: records whose objects are prefetched
 
 // ---- Note [Unchanged subtrees] ---------------------------------------------------------------
 //
@@ -386,15 +385,9 @@ struct TreeEval {
     bool all_watched = true;  // every dict of the subtree is watched: quiet from now on
     if (memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k))) {
       const TreeMemo::QuietStep* table = memo->quiet_table.data();
-      size_t end = memo->quiet_begin[k + 1];
-      for (size_t c = memo->quiet_begin[k]; c < end; ++c) {
+      for (size_t c = memo->quiet_begin[k]; c < memo->quiet_begin[k + 1]; ++c) {
         const TreeMemo::QuietStep& step = table[c];
         PyObject* v = step.value;
-        if (c + kQuietAhead < end) {  // the header, and a managed dict's pointer before it
-          const char* ahead = reinterpret_cast<const char*>(table[c + kQuietAhead].value);
-          __builtin_prefetch(ahead);
-          __builtin_prefetch(ahead - 32);
-        }
         switch (step.op) {
           case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
           case TreeMemo::Check::kObjectQuiet: {

@@ -160,9 +160,6 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
 // changed or freed: an event; anything else a check sees fails it): while the root is quiet,
 // its records are the memo's values, alive as they are (held by watched, unchanged dicts).
 //
-// The loop asks for the objects of the record kQuietAhead ahead (their addresses are in the
-// table, so the misses overlap, as Note [Leaf prefetch] does for the leaves' tensors).
-//
 // Not skipped in O(1) (one count of dict events, unchanged since the last hit): what the table
 // still reads is what no dict watcher sees. A module's class is assigned without a dict event
 // (object_set_class changes no dict); an instance dict replaced while the old one is held
