@@ -331,6 +331,14 @@ def stable_words(obj: Any) -> str:
     return identity_words(obj)
 
 
+# Note [Enum values]: an enum member is one object per member in a process, checked by identity
+# where it is read (``E.A``, ``E.A.value``: a ``value`` that Python code serves, read through
+# the member whole), and named the same in every process. Its value is fixed in a process but
+# not between two: a source that edits ``A = 2.0`` into ``A = 3.0`` made the same words, and a
+# new process loaded the stored specialization of the old value. So a member's words hold its
+# value's hash (a value without contents to hash names this process only).
+
+
 def identity_words(obj: Any) -> str:
     """Words for a class, a module, a builtin, an enum member (the same in every process) or
     any other object checked by identity (this process only)."""
@@ -342,7 +350,11 @@ def identity_words(obj: Any) -> str:
         return f"builtin {getattr(obj, '__module__', '')}.{obj.__qualname__}"
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch operator {obj}"  # one object per operator, in every process
-    if isinstance(obj, enum.Enum):  # one object per member of its class, in every process
-        return f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
+    if isinstance(obj, enum.Enum):  # one object per member of its class, in every process;
+        # its value too (Note [Enum values])
+        h = hashlib.sha256()
+        _hash_value(h, obj._value_, set(), 0)
+        return (f"enum {type(obj).__module__}.{type(obj).__qualname__}.{obj.name} "
+                f"= {h.hexdigest()[:16]}")
     # this process only (Note [Identity serials])
     return f"object {type(obj).__qualname__}#{object_serial(obj)}:{PROCESS}"

@@ -254,6 +254,33 @@ def _clamped_slice_index(original, size, index):
     return None
 
 
+# Note [Fake results and flags]: FakeTensorMode keeps a process-wide cache of ops' fake results
+# (``FakeTensorMode.cache``), keyed by the op and its arguments' metadata, the default dtype and
+# device and inference mode, not by torch's global flags (torch 2.11-2.13). A kept composite
+# whose C++ body picks a kernel by those flags lays its result out by the kernel it picked:
+# ``scaled_dot_product_attention`` on the CPU returns the flash kernel's layout (the query's)
+# and the math kernel's (contiguous). So a trace under ``sdpa_kernel([SDPBackend.MATH])``, after
+# one with flash enabled, got the flash layout from the cache, left out the copy that a
+# ``.transpose(1, 2).contiguous()`` makes of the math result, and its plan's ``view`` failed on
+# the real one (a Hugging Face generate under the context raised TridentError where eager ran).
+# Torch's global flags (the guards' ``trt_env.flags``) that differ from the last trace's clear
+# that cache first.
+_TRACED_FLAGS: list = [None]  # trt_env.flags of the last trace in this process
+
+
+def _fake_cache_for_flags() -> None:
+    """Note [Fake results and flags]: clear FakeTensorMode's cache of fake results where torch's
+    global flags are not those of the last trace."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trident.ir.facts import _global_flags
+
+    flags = _global_flags()
+    if flags != _TRACED_FLAGS[0]:
+        FakeTensorMode.cache_clear()
+        _TRACED_FLAGS[0] = flags
+
+
 @contextlib.contextmanager
 def eager_decompositions(symbolic: bool):
     """Note [Composite ops]: while tracing, composite ops decompose as eager's would. Setting
@@ -265,6 +292,7 @@ def eager_decompositions(symbolic: bool):
 
     stack = contextlib.ExitStack()
     with state.unrecorded():
+        _fake_cache_for_flags()
         stack.enter_context(_override_composite_implicit_decomp(_composite_ops(symbolic)))
         stack.enter_context(enable_python_dispatcher())
         if symbolic:  # Note [Kept products] (the override's exit removes these rules)

@@ -178,6 +178,11 @@ PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv
   if (access == TRT_ACC_GETATTR && PyModule_CheckExact(parent)) {
     PyObject* d = PyModule_GetDict(parent);
     if (PyObject* v = PyDict_GetItemWithError(d, key)) return v;
+    // `m.__dict__`, `vars(m)`: the dict itself, which ModuleType serves (Note [Module dicts]
+    // in lower/state/chain.py)
+    if (!PyErr_Occurred() && PyUnicode_Check(key) &&
+        PyUnicode_CompareWithASCIIString(key, "__dict__") == 0)
+      return d;
     // absent, unless a module __getattr__ (PEP 562) makes it: no AttributeError to raise
     if (PyErr_Occurred() || !PyDict_GetItemWithError(d, module_getattr_name())) return nullptr;
   }

@@ -33,9 +33,9 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
     constant, constant)`` for a call with no argument or constant arguments (``globals()``,
     ``.get("k")``, ``os.getenv("k", "2")``), ``("gattr", global name)`` for ``getattr(obj,
     NAME)`` and ``("eager", why)`` for a read this scan cannot follow, resolved by
-    :func:`reads_of` (reads.py). ``type(v)`` is the step ``("attr", "__class__")``; a local
-    bound once to a chain (``log = LOG``, ``import mod``) continues that chain where it is
-    loaded."""
+    :func:`reads_of` (reads.py). ``type(v)`` is the step ``("attr", "__class__")`` and
+    ``vars(v)`` the step ``("attr", "__dict__")``; a local bound once to a chain (``log =
+    LOG``, ``import mod``) continues that chain where it is loaded."""
     ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL")]
     params = set(frames.parameter_names(code))  # (*args and **kwargs too: read through items)
     single = _single_stores(code, ins)
@@ -53,14 +53,17 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
         """(start, name, steps, next index) of the chain that starts at ``ins[i]``, or None."""
         op = ins[i]
         steps: list = []
-        if op.opname == "LOAD_GLOBAL" and op.argval in ("type", "getattr", "hasattr") and \
-                depth < 8 and i + 1 < len(ins):
+        if op.opname == "LOAD_GLOBAL" and op.argval in ("type", "vars", "getattr", "hasattr") \
+                and depth < 8 and i + 1 < len(ins):
             inner = chain_at(i + 1, depth + 1)
             if inner is not None:
                 kind, name, isteps, j = inner
                 if op.argval == "type" and call_at(j, 1):
                     return _more(kind, name, list(isteps) + [("attr", "__class__")], j + 1)
-                if op.argval != "type":
+                if op.argval == "vars" and call_at(j, 1):  # Note [Module dicts] (chain.py)
+                    out.append(("global", "vars", ()))  # the builtin's own read
+                    return _more(kind, name, list(isteps) + [("attr", "__dict__")], j + 1)
+                if op.argval not in ("type", "vars"):
                     nargs = 2 if op.argval == "hasattr" else None
                     if const_at(j) and isinstance(ins[j].argval, str):
                         step, k = ("attr", ins[j].argval), j + 1

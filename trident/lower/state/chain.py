@@ -205,6 +205,14 @@ def _values_along(read: Read, fn):
 
 
 
+# Note [Module dicts]: a module's attributes are read from its dict (in C too: ``read_state``
+# in runtime/trees.cpp), where ``__dict__`` itself is not: ModuleType serves it. So
+# ``m.__dict__["K"]``, ``vars(m)["K"]`` and ``m.__dict__.get("K")`` read ``__dict__`` as an
+# absent name, which held at every call, and K was no guard's: a hit returned the trace's K
+# after ``m.K = ...``. Both read ``__dict__`` of a plain module as the module's dict, whose
+# items are then read by key as any dict's.
+
+
 def _step(obj, step):
     """One step of a chain in Python: the value, ``_MISSING`` (absent), or ``_STOP``."""
     kind = step[0]
@@ -237,6 +245,8 @@ def _step(obj, step):
                 name in c.__dict__ for c in type(obj).__mro__[:-2]):
             return _STOP
         value = obj.__dict__.get(name, _MISSING)
+        if value is _MISSING and name == "__dict__":  # Note [Module dicts]
+            return obj.__dict__
         return _STOP if value is _MISSING and ("__getattr__" in obj.__dict__ or any(
             "__getattr__" in c.__dict__ for c in type(obj).__mro__[:-2])) else value
     if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \
