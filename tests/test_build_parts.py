@@ -100,3 +100,15 @@ def test_a_part_that_does_not_compile_names_the_compilers_words(tmp_path):
     with pytest.raises(TridentError, match="undeclared_name"):
         build.build(sources, tmp_path)
     assert not list(tmp_path.glob("trident_scm_*.so"))
+
+
+def test_the_build_of_a_module_warns_of_nothing(small_parts, caplog):
+    """The compiler's output (``TRIDENT_LOGS=cache``) of a module of several parts is empty:
+    the header's static helpers that a unit does not call are ``static inline``, which GCC's
+    ``-Wunused-function`` leaves alone."""
+    with caplog.at_level("INFO", logger="trident.cache"):
+        jf = trident.jit(fallback=False)(chain)
+        jf(torch.randn(6, 4), torch.randn(4, 8), 2)
+    built = [r.getMessage() for r in caplog.records if r.getMessage().startswith("built ")]
+    output = [r.getMessage() for r in caplog.records if "C compiler output" in r.getMessage()]
+    assert len(built) == 1 and output == []

@@ -1,5 +1,6 @@
 """The package's layout holds: every import (at module level or inside a function) points down
-the pipeline, no two modules import each other in a loop, and files stay small.
+the pipeline, no two modules import each other in a loop, files stay small, and every
+"Note [X] in path" points to a file that holds Note [X].
 
 Layers, from the base up: errors and config; identity, frames (Note [User code]), interrupts
 and the native runtime's loader; ``ir`` (pure data); ``lower`` (from a call to a specialization); ``codegen`` (the one
@@ -9,6 +10,7 @@ writer of C); ``build``; ``frontend``; the package's face and its command line.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from _trident_helpers import REPO
@@ -99,3 +101,25 @@ def test_files_stay_small():
            for n in [len(p.read_text().splitlines())]
            if n > (MAX_PYTHON_LINES if p.suffix == ".py" else MAX_C_LINES)]
     assert big == []
+
+
+# a line break inside a comment or docstring, with the next line's comment marker
+_LINE_BREAK = re.compile(r"\s*\n\s*(?:#|//|\*|\{#)?\s*")
+_NOTE_IN = re.compile(r"Note \[([^\]]+)\]\s+in\s+`?((?:[\w.-]+/)*[\w-]+\.(?:py|h|cpp|c|jinja|md))\b")
+
+
+def test_note_references_point_to_their_notes():
+    """``Note [X] in path`` in code, templates, tests and docs: ``path`` (from the repository's
+    root, or its tail, e.g. ``frontend/batch.py``) names a file that holds ``Note [X]``.
+    docs/benchmarks.md is left out: a record of past commits, its paths those of its time."""
+    files = [p for p in (*PACKAGE.rglob("*"), *(REPO / "templates").rglob("*"),
+                         *(REPO / "tests").glob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+                         *(REPO / "docs").glob("*.md"), REPO / "README.md")
+             if p.is_file() and p.suffix in (".py", ".h", ".cpp", ".c", ".jinja", ".md")
+             and p.name != "benchmarks.md"]
+    texts = {p.relative_to(REPO).as_posix(): _LINE_BREAK.sub(" ", p.read_text()) for p in files}
+    stale = [f"{where}: Note [{name}] in {path}"
+             for where, text in texts.items() for name, path in _NOTE_IN.findall(text)
+             if not any(f"Note [{name}]" in texts[p] for p in texts
+                        if p == path or p.endswith("/" + path))]
+    assert stale == []

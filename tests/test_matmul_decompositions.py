@@ -1,6 +1,6 @@
 """``linear`` and ``matmul`` decomposed through their C++ bodies in static traces (Note
-[Composite ops] in trident/lower/capture.py): the compiled call must equal eager bit for bit (values,
-dtype, strides, views), raise eager's exception type, and miss on a new layout.
+[Composite ops] in trident/lower/decompositions.py): the compiled call must equal eager bit for
+bit (values, dtype, strides, views), raise eager's exception type, and miss on a new layout.
 
 The bodies branch on ``isTensorSubclassLike``, which is true for the trace's fake tensors and
 false for eager's (ATen's ``linear``: ``add`` instead of ``add_`` for the bias; ``_matmul_impl``:

@@ -192,10 +192,12 @@ def _kept_attention(original, fake_mode, func, *args, **kwargs):
     def batched(a) -> bool:
         return statically_known_true(a.shape[0] == batch)
 
+    # torch 2.13 deprecates size_hint (a FutureWarning) for guarding_hint_or_throw; 2.11 lacks it
+    hint = getattr(env, "guarding_hint_or_throw", None) or env.size_hint
     operands = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     for a in operands.values():  # the batches the body compares with the query's (as eager)
         if a.dim() and isinstance(a.shape[0], torch.SymInt) and not batched(a) and \
-                env.size_hint(a.shape[0].node.expr) == env.size_hint(batch.node.expr):
+                hint(a.shape[0].node.expr) == hint(batch.node.expr):
             torch._check(a.shape[0] == batch)
     if any(not a.dim() or any(reads(x, symbol) for x in (*a.shape[1:], *a.stride()))
            or (reads(a.shape[0], symbol) and not batched(a)) for a in operands.values()):

@@ -125,7 +125,7 @@ def load():
 def operators():
     """The runtime's ``trident::`` operators (operators.cpp), with their fake kernels for traces:
     the random state steps (Note [Random state steps] in trident/lower/rng.py) and the bool results of
-    ``equal`` and ``allclose`` as 0-dim bool tensors (Note [Bool results] in capture.py).
+    ``equal`` and ``allclose`` as 0-dim bool tensors (Note [Bool results] in source_lines.py).
     Returns ``torch.ops.trident``."""
     load()
     states: dict[str, int] = {}  # device type -> bytes of its generators' state

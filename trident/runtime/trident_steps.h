@@ -19,8 +19,8 @@
 
 /* `op` called on `args`; on failure (non-zero) the error names the step: `at`, the user's
  * "file.py:LINE (aten::op)" that codegen wrote. */
-static int trt_call_at(const trt_api* rt, trt_op* op, const trt_value* args, int32_t nargs,
-                       trt_value* rets, int32_t nrets, const char* at) {
+static inline int trt_call_at(const trt_api* rt, trt_op* op, const trt_value* args, int32_t nargs,
+                              trt_value* rets, int32_t nrets, const char* at) {
   if (!rt->call(op, args, nargs, rets, nrets)) return 0;
   rt->set_error(at, NULL);
   return 1;
@@ -30,9 +30,10 @@ static int trt_call_at(const trt_api* rt, trt_op* op, const trt_value* args, int
  * earlier call's result, through its .out overload `op_out` where `reuse` holds and the buffer
  * is made; else `op` itself, whose result becomes the buffer (when `reuse` holds). `args` has
  * `nargs` operands and one more slot, the buffer's (read only by `op_out`). */
-static int trt_call_into(const trt_api* rt, trt_op* op, trt_op* op_out, const trt_value* args,
-                         int32_t nargs, trt_tensor** buffer, int reuse, trt_value* rets,
-                         int32_t nrets, const char* at, const char* at_out) {
+static inline int trt_call_into(const trt_api* rt, trt_op* op, trt_op* op_out,
+                                const trt_value* args, int32_t nargs, trt_tensor** buffer,
+                                int reuse, trt_value* rets, int32_t nrets, const char* at,
+                                const char* at_out) {
   if (*buffer && reuse) return trt_call_at(rt, op_out, args, nargs + 1, rets, nrets, at_out);
   if (trt_call_at(rt, op, args, nargs, rets, nrets, at)) return 1;
   if (reuse && !*buffer) *buffer = rt->retain(rets[0].u.t); /* NULL: not reused */
