@@ -152,16 +152,17 @@ uint64_t global_flags() {
 // Note [Leaf prefetch]: inside `generate` a decode hit finds its leaves cold (generate's own
 // Python runs between two hits), and each tensor it reads is four objects, each behind the
 // one before: the Python object, its TensorImpl (sizes, strides, dtype, device, key set: 4
-// cache lines), its StorageImpl (the data pointer) and its AutogradMeta (requires_grad). Read
-// one tensor at a time, a model's 200 tensors are 800 misses of which the core overlaps few.
+// cache lines), its StorageImpl (the data pointer) and its AutogradMeta (requires_grad): for a
+// 16-layer Llama's 195 tensors over a thousand lines, each tensor's behind a chain of loads.
 // So before reading them, two passes ask for every tensor's lines: the TensorImpls (their
 // Python objects were just touched by the caller's reference), then the objects the TensorImpls
-// point to; the loads of the passes are independent of each other. Nothing here is read for
-// its value: a prefetch of a wrong address does nothing.
+// point to; the loads of the passes are independent of each other. The passes read only the
+// pointers from one object to the next, of objects the caller holds; a prefetch never faults.
 void prefetch_leaves(PyObject* const* items, Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!THPVariable_CheckExact(items[i])) continue;
-    const char* impl = reinterpret_cast<const char*>(THPVariable_Unpack(items[i]).unsafeGetTensorImpl());
+    const auto* impl =
+        reinterpret_cast<const char*>(THPVariable_Unpack(items[i]).unsafeGetTensorImpl());
     for (int line = 0; line < 4; ++line) __builtin_prefetch(impl + 64 * line);
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
