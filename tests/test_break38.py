@@ -149,3 +149,183 @@ def test_an_enum_value_edited_between_processes_is_another_state(tmp_path):
         assert third[name] == ((0, 2, 0), first[name][1]), (name, third[name])
     assert second["by_value"] == ((1, 1, 0), 5.0)
     assert second["by_tuple_value"] == ((1, 1, 0), 4.0)
+
+
+# ---- Note [Module forwards] (lower/state/reads.py) --------------------------------------------
+# Module.__call__ finds forward through the module's class; a library class's forward was read
+# by no chain, so one patched on the class after the trace was never run by a hit.
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.norm = Norm(4)
+
+    def forward(self, x):
+        return self.norm(self.lin(x))
+
+
+class Norm(torch.nn.LayerNorm):  # a user class whose forward is the library's
+    pass
+
+
+def _doubled(forward):
+    def patched(self, x):
+        return forward(self, x) * 2
+    return patched
+
+
+@pytest.mark.parametrize("owner", [torch.nn.Linear, torch.nn.LayerNorm, Norm])
+def test_a_forward_patched_on_a_modules_class_after_the_trace_is_run(owner):
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 4)
+    jf = trident.jit(net)
+    had = "forward" in vars(owner)
+    original = owner.forward
+    try:
+        with torch.no_grad():
+            for patch in (False, True, False):
+                if patch:
+                    owner.forward = _doubled(original)
+                elif had:
+                    owner.forward = original
+                else:
+                    vars(owner).get("forward") and delattr(owner, "forward")
+                for _ in range(2):
+                    assert torch.equal(jf(x), net(x)), (owner, patch)
+    finally:
+        if had:
+            owner.forward = original
+        elif "forward" in vars(owner):
+            delattr(owner, "forward")
+    # unpatched, patched, unpatched again (its specialization reinstalled)
+    assert counts(jf) == (2, 4, 0), jf.stats.miss_reasons
+
+
+def test_a_transformers_layer_class_patched_between_generates_is_run():
+    """A kernel library's way: ``LlamaRMSNorm.forward`` replaced on the class after the first
+    generate (``model.forward = trident.jit(model.forward)``, static cache); every token and
+    logit as eager's, and the restored class hits the first specializations."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    forward = model.forward
+    jf = trident.jit(forward)
+    ids = torch.randint(0, 96, (1, 6))
+    kw = dict(max_new_tokens=3, do_sample=False, cache_implementation="static",
+              output_logits=True, return_dict_in_generate=True, disable_compile=True)
+    original = modeling_llama.LlamaRMSNorm.forward
+    try:
+        for patch in (False, True, False):
+            modeling_llama.LlamaRMSNorm.forward = _doubled(original) if patch else original
+            model.forward = forward
+            ref = model.generate(ids, **kw)
+            model.forward = jf
+            out = model.generate(ids, **kw)
+            assert torch.equal(out.sequences, ref.sequences), patch
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits)), patch
+    finally:
+        modeling_llama.LlamaRMSNorm.forward = original
+    # the prefill and the decode step per state; the restored class hits
+    assert counts(jf) == (4, 5, 0), jf.stats.miss_reasons
+
+
+# ---- Note [Object roots] (lower/state/chain.py): a property's getter ---------------------------
+# A function that ran is read by a path from its module; a property's getter (qualname
+# ``C.prop``, whose path finds the property) had none: its specialization served its process
+# only, and every new process compiled it again (issue 27).
+
+PROPERTY_SOURCE = textwrap.dedent('''
+    import typing
+
+    class Knobs:
+        @property
+        def scale(self):
+            return 2.0
+
+    class Pair(typing.NamedTuple):
+        a: float = 2.0
+
+    def by_property(knobs, x):
+        return x * knobs.scale
+
+    def by_namedtuple_default(x):
+        return x * Pair().a
+''')
+
+
+def _run_warm(folder, name: str) -> tuple:
+    x = torch.ones(3)
+    with fresh_imports(folder):
+        module = importlib.import_module("warm_user")
+        fn = getattr(module, name)
+        args = (module.Knobs(), x) if name == "by_property" else (x,)
+        jf = trident.jit(fn)
+        for _ in range(2):
+            assert torch.equal(jf(*args), fn(*args)), name
+        return counts(jf), fn(*args)[0].item()
+
+
+@pytest.mark.parametrize("name", [
+    "by_property",
+    pytest.param("by_namedtuple_default", marks=pytest.mark.xfail(
+        strict=True, reason="a typing.NamedTuple's __new__ is exec'd code whose globals no "
+        "module's path reaches (Note [Reached roots] finds collections.namedtuple's through "
+        "the chain that read it, not a class's __new__ that ran): the specialization is kept "
+        "in its process and a new one compiles again")),
+])
+def test_a_new_process_hits_what_a_user_class_serves(tmp_path, name):
+    """The second process hits the first's specialization; an edit of the value the class
+    serves compiles again, with eager's result."""
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "warm_user.py").write_text(PROPERTY_SOURCE)
+    assert _run_warm(folder, name) == ((1, 1, 0), 2.0)
+    assert _run_warm(folder, name) == ((0, 2, 0), 2.0)
+    (folder / "warm_user.py").write_text(PROPERTY_SOURCE.replace("2.0", "5.0"))
+    assert _run_warm(folder, name) == ((1, 1, 0), 5.0)
+
+
+# ---- a user function that library code finds in library state ---------------------------------
+
+def _attention_plain(module, q, k, v, mask, **kw):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, q, k, v, mask, **kw)
+
+
+def _attention_doubled(module, q, k, v, mask, **kw):
+    out, weights = _attention_plain(module, q, k, v, mask, **kw)
+    return out * 2, weights
+
+
+@pytest.mark.xfail(strict=True, reason="a user function that ran but that no chain names (here "
+                   "found by transformers in its AttentionInterface registry, library state) "
+                   "is guarded by nothing: registering another under the same name is not "
+                   "seen and the hit runs the old one; the scan of the arguments for functions "
+                   "(Note [Callable arguments]) makes such a call eager only past its bound")
+def test_an_attention_function_registered_again_under_its_name_is_run():
+    transformers = pytest.importorskip("transformers")
+    from transformers import AttentionInterface
+
+    plain, doubled = _attention_plain, _attention_doubled
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    AttentionInterface.register("break38", plain)
+    model.config._attn_implementation = "break38"
+    jf = trident.jit(model)
+    ids = torch.randint(0, 96, (1, 6))
+    with torch.no_grad():
+        for attn in (plain, doubled):
+            AttentionInterface.register("break38", attn)
+            for _ in range(2):
+                assert torch.equal(jf(ids).logits, model(ids).logits), attn.__name__

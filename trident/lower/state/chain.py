@@ -98,7 +98,8 @@ def _resolve_object(token: str) -> Any:
 
 def _root_of(obj) -> tuple[tuple, tuple]:
     """(root, steps) naming ``obj``: its module (one that ``sys.modules`` holds), then its
-    qualified name, when that path reaches it, or else the module's own name for it (a
+    qualified name, when that path reaches it (through a property to its getter, setter or
+    deleter: ``m.C.prop.fget``), or else the module's own name for it (a
     ``namedtuple`` bound under another name: ``functools._CacheInfo``, qualname
     ``CacheInfo``); else the object itself, in this process only (Note [Object roots])."""
     if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
@@ -111,6 +112,12 @@ def _root_of(obj) -> tuple[tuple, tuple]:
             target = getattr(target, part, None)
         if target is obj:
             return ("module", name), tuple(("attr", part) for part in qualname.split("."))
+        if isinstance(target, property):  # a property's getter, setter or deleter
+            found = next((a for a in ("fget", "fset", "fdel") if getattr(target, a) is obj),
+                         None)
+            if found is not None:
+                return ("module", name), tuple(("attr", part) for part in qualname.split(
+                    ".")) + (("attr", found),)
     if module is not None and isinstance(obj, (type, types.FunctionType)):
         held = sorted(k for k, v in list(vars(module).items())
                       if v is obj and isinstance(k, str))

@@ -98,6 +98,10 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     functions.setdefault(kfn.__code__, kfn)
                     todo.append((kfn.__code__, (kfn.__globals__, {})))
 
+    for cls in rec.module_classes.values():  # Note [Module forwards]
+        root, steps = _root_of(cls)
+        if root[0] == "module":
+            add(Read(root, steps + (("attr", "forward"),)))
     # closure chains need the function objects that other chains reach (a helper held by a
     # global or by another closure): they are resolved as those are found
     pending: list = []
@@ -200,6 +204,19 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             reads.append(Read(root, steps + (("attr", attr),)))
     reads = [_reached_root(r, reached, functions, fn) for r in reads]
     return list(dict.fromkeys(reads))
+
+
+# Note [Module forwards]: ``Module.__call__`` (torch's code, whose reads are not chains) finds
+# the module's ``forward`` through its class. A user class's forward that ran is read through
+# the class as every method that ran is; a library class's (``nn.Linear``, transformers'
+# ``LlamaRMSNorm``) was read by nothing, so a forward patched on the class after the trace
+# (``LlamaRMSNorm.forward = mine``, as kernel libraries patch models) was never run by a hit.
+# So the class of every module the trace called has its ``forward`` read, by its path
+# (``torch.nn.modules.linear.Linear.forward``): the library's function by identity, a user
+# function as any function that ran. A class that no module's path names (made by a factory,
+# as transformers' ``_create_func_module.<locals>.Func``) is left out: its chain would hold in
+# this process only and keep every specialization of the model from the cache (Note
+# [Process-only state] in frontend/install.py); such a class is not patched by its name.
 
 
 # Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in

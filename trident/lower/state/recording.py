@@ -55,6 +55,8 @@ class Recording:
     codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
     impure: list = dataclasses.field(default_factory=list)
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
+    module_classes: dict = dataclasses.field(default_factory=dict)  # id -> the class of each
+    # nn.Module called (Note [Module forwards] in reads.py)
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
@@ -250,8 +252,10 @@ def record(fn):
     def _call(frame, kind: int) -> None:
         code = frame.f_code
         if kind & _MODULE_CALL:
-            if not rec.module_call and under_fn(frame):
+            if under_fn(frame):
                 rec.module_call = True
+                cls = type(frame.f_locals.get("self"))
+                rec.module_classes.setdefault(id(cls), cls)
         elif kind & _USER and under_fn(frame):
             if code not in rec.codes:
                 local = frame.f_locals
