@@ -33,8 +33,8 @@ this process may run on (``os.sched_getaffinity``), with the compiler, flags and
 folders that cffi's own build (setuptools' ``build_ext``) uses, then cffi compiles the main unit
 and links it with them (``extra_objects``). What units share is ``TRT_SHARED`` (hidden: not
 exported, reached without the GOT), so a hit runs the code it ran as one unit, a call per
-part more, and at -O0 a load of an array's address where a step reads a value (0.2 ns a
-step). The layout is the specialization's alone, not the machine's: one module name everywhere
+part more, and at -O0 a load of an array's address where a step reads a value (0.2-0.4 ns
+a step). The layout is the specialization's alone, not the machine's: one module name everywhere
 (Note [Build key] hashes every unit, and where each ends). GCC's time at -O0 grows about
 linearly with a unit's length: ``run()`` split into functions in one unit took 9-12% less of
 its time, and each unit's headers cost a few hundredths of a second; the cores do the rest
