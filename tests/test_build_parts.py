@@ -1,9 +1,9 @@
 """A module of several translation units (Note [Parallel C build] in build.py): the guards and
 the launch sequence in parts, compiled in parallel and linked into one extension module.
 
-``render.PART_STEPS`` and ``GUARD_PART_CHECKS`` are set small here so that a few-step function
-is several parts; the module's name (Note [Build key]) covers every unit, so a change to one
-part builds the module again.
+``codegen.units.PART_STEPS`` and ``GUARD_PART_CHECKS`` are set small here so that a few-step
+function is several parts; the module's name (Note [Build key]) covers every unit, so a change
+to one part builds the module again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 import trident
 from trident import build, runtime
-from trident.codegen import render as codegen
+from trident.codegen import render as codegen, units
 from trident.errors import TridentError
 
 from _trident_helpers import assert_same
@@ -35,8 +35,8 @@ def chain(x, w, n: int):
 
 @pytest.fixture
 def small_parts(monkeypatch):
-    monkeypatch.setattr(codegen, "PART_STEPS", 3)
-    monkeypatch.setattr(codegen, "GUARD_PART_CHECKS", 10)
+    monkeypatch.setattr(units, "PART_STEPS", 3)
+    monkeypatch.setattr(units, "GUARD_PART_CHECKS", 10)
 
 
 def test_a_module_of_several_parts_gives_eager_results(small_parts, trident_cache):

@@ -83,12 +83,14 @@ def test_cuda_buffers_are_reused_on_the_stream_that_made_them_codegen(trident_ru
     # overloads are torchgen's (the functional op, then a copy): no kernel of their own
     assert reused == ["aten::mm", "aten::sin", "aten::mm", "aten::mul.Tensor",
                       "aten::add.Tensor"]  # the last mm is the output: a new tensor
-    source = codegen.render(spec, "chain").source
+    units = codegen.render(spec, "chain").sources
+    source = "\n".join(units)
     assert "if (rt->cuda_stream(0, &stream))" in source
-    assert "const int reuse = !env->inference_mode && stream == buffer_stream;" in source
-    # each reused buffer is written under the prologue's `reuse` (trident_steps.h)
-    assert len(re.findall(r"trt_call_into\(rt, [^;]*&buffer\d+, reuse, ", source)) == 5
-    module = build.build(source, tmp_path / "cuda-build")
+    assert "f->reuse = !env->inference_mode && stream == buffer_stream;" in source
+    # each reused buffer is written under the prologue's `reuse`, in the frame the parts share
+    # (trident_steps.h; Note [Parallel C build])
+    assert len(re.findall(r"trt_call_into\(rt, [^;]*&buffer\d+, f->reuse, ", source)) == 5
+    module = build.build(units, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
 

@@ -143,9 +143,10 @@ def test_superseded_modules_are_pruned(trident_cache):
     assert len(list(folder.glob("specs/*.json"))) == 2
     modules = {p.name.split(".")[0] for p in folder.glob("trident_scm_*")}
     assert len(modules) == 2
-    for name in modules:  # a module's files: source, library, its SHA-256, its build lock
+    for name in modules:  # a module's files: its units' sources (Note [Parallel C build]: the
+        # main one, a part of the guards, a part of the steps), library, SHA-256, build lock
         assert sorted(p.name.removeprefix(name) for p in folder.glob(f"{name}.*")) == sorted(
-            [".c", sysconfig.get_config_var("EXT_SUFFIX"), ".lock", ".sha256"])
+            [".c", ".1.c", ".2.c", sysconfig.get_config_var("EXT_SUFFIX"), ".lock", ".sha256"])
     assert {p.name for p in folder.iterdir() if not p.name.startswith("trident_scm_")} == \
         {"specs", "function.json", "prune.lock"}
     as_in_a_new_process()

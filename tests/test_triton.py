@@ -595,7 +595,7 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     assert cubin[:4] == b"\x7fELF"
 
     rendered = codegen.render(spec, "f")
-    source = rendered.source
+    source, units = rendered.source, rendered.sources
     assert rendered.callbacks == []  # nothing left for the interpreter
     assert "python_callback" not in source
     assert '#include "trident_cuda.h"' in source
@@ -604,7 +604,7 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     # the cubin is handed over at install (scm_set_cubin), not written into the C as text; the
     # source names its size and SHA-256, so that another cubin makes another module
     assert rendered.cubins == [cubin]
-    assert re.search(rf'static trt_kernel {kernel} = \{{"add_kernel", NULL, 128, ', source)
+    assert re.search(rf'TRT_SHARED trt_kernel {kernel} = \{{"add_kernel", NULL, 128, ', source)
     assert (f"/* add_kernel: sm_90 cubin, {len(cubin)} bytes, sha256 "
             f"{hashlib.sha256(cubin).hexdigest()} */") in source
     assert "unsigned char" not in source.split("scm_set_cubin", 1)[0]
@@ -620,7 +620,7 @@ def test_cuda_codegen_and_build_without_gpu(tmp_path):
     cuda_header = (runtime.HEADER.parent / "trident_cuda.h").read_text()
     assert "static int trt_cuda_launch(" in cuda_header and "cuLaunchKernelEx" in cuda_header
 
-    module = build.build(source, tmp_path / "cuda-build")
+    module = build.build(units, tmp_path / "cuda-build")
     # libcuda is opened at the first launch, so a module holding cubins loads without a GPU
     assert module.lib.scm_init(runtime.load().api_address()) == 0
     assert module.lib.scm_set_cubin(0, cubin, len(cubin)) == 0
@@ -650,10 +650,11 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     assert types["BLOCK"] is None
     assert types["n"] == "int32_t"
     assert binary.threads == 64  # num_warps=2 at the launch
-    source = codegen.render(spec, "f").source
+    units = codegen.render(spec, "f").sources
+    source = "\n".join(units)
     assert "/* x_stride */" not in source
     (kernel,) = re.findall(r"trt_cuda_launch\(&(\w+), 0, stream, 1, 1, 1, params\)", source)
-    assert re.search(rf'static trt_kernel {kernel} = \{{"strided_add_kernel", \w+, 64, ', source)
+    assert re.search(rf'TRT_SHARED trt_kernel {kernel} = \{{"strided_add_kernel", \w+, 64, ', source)
     launch_block = _launch_block(source, kernel)
     # x[1:] is a view computed in C (Note [Views in C]): the launch reads the storage's data at
     # the view's offset, and no tensor is made for it
@@ -664,7 +665,7 @@ def test_cuda_codegen_specializes_ones_and_unaligned_pointers(tmp_path):
     assert "CUdeviceptr p1 = (CUdeviceptr)a[2].data_ptr;  /* y_ptr */" in launch_block
     assert "int32_t p3 = 128;  /* n */" in launch_block
     assert "void* params[] = {&p0, &p1, &p2, &p3, &scratch[0], &scratch[1]};" in launch_block
-    module = build.build(source, tmp_path / "cuda-build")
+    module = build.build(units, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
     # the unaligned pointer compiles differently from an aligned one (no tt.divisibility, so
@@ -690,13 +691,14 @@ def test_cuda_codegen_of_a_symbolic_launch(tmp_path):
     spec = _retarget_to_cuda(f)
     (step,) = triton_steps_of(spec)
     assert step.binary.arg_types == ("CUdeviceptr",) * 3 + ("int32_t", None)
-    source = codegen.render(spec, "f").source
+    units = codegen.render(spec, "f").sources
+    source = "\n".join(units)
     grid = r"\(unsigned\)\(trt_floordiv\(63LL \+ a\[1\]\.sizes\[0\], 64LL\)\), 1, 1"
     (kernel,) = re.findall(rf"trt_cuda_launch\(&(\w+), 0, stream, {grid}, params\)", source)
     assert "int32_t p3 = (int32_t)a[1].sizes[0];  /* n = x.size(0) */" in _launch_block(source,
                                                                                       kernel)
     assert "% 16" in "".join(g.words(spec.arg_names) for g in spec.guards)
-    module = build.build(source, tmp_path / "cuda-build")
+    module = build.build(units, tmp_path / "cuda-build")
     assert module.lib.scm_init(runtime.load().api_address()) == 0
 
 

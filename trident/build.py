@@ -24,20 +24,21 @@ one core, however many the machine has (Qwen2.5-0.5B's two specializations on an
 18.6 s of a 30.7 s first ``generate``, one ``gcc`` at a time). So codegen writes a module as
 several translation units (``codegen.Rendered.sources``): the main one (the tables, ``run()``,
 ``guard()``, the entry points, and cffi's wrappers around them), the guards in parts of
-``render.GUARD_PART_CHECKS`` checks (each built at -O1: Note [Optimized guards] in
+``codegen.units.GUARD_PART_CHECKS`` checks (each built at -O1: Note [Optimized guards] in
 trident_rt.h; ``guard()`` calls them in guard order), and the launch sequence in parts of
-``render.PART_STEPS`` steps, each a function over one frame of values (``trt_frame``: the
+``codegen.units.PART_STEPS`` steps, each a function over one frame of values (``trt_frame``: the
 arrays ``v``, ``l``, ``s``, ``w`` that ``run()`` held) that returns to ``run()``'s shared error
 path. ``_compile`` compiles the parts to objects in a pool of compiler processes, one per core
 this process may run on (``os.sched_getaffinity``), with the compiler, flags and include
 folders that cffi's own build (setuptools' ``build_ext``) uses, then cffi compiles the main unit
 and links it with them (``extra_objects``). What units share is ``TRT_SHARED`` (hidden: not
-exported, reached without the GOT), so a hit runs the code it ran as one unit, and a call per
-part more. The layout is the specialization's alone, not the machine's: one module name
-everywhere (Note [Build key] hashes every unit, and where each ends). GCC's time at -O0 grows
-about linearly with a unit's length: ``run()`` split into functions in one unit took a seventh
-less of its time, and each unit's headers cost a few hundredths of a second; the cores do the
-rest (docs/benchmarks.md, "Parallel C build (issue 27, branch build38)").
+exported, reached without the GOT), so a hit runs the code it ran as one unit, a call per
+part more, and at -O0 a load of an array's address where a step reads a value (0.2-0.4 ns
+a step). The layout is the specialization's alone, not the machine's: one module name everywhere
+(Note [Build key] hashes every unit, and where each ends). GCC's time at -O0 grows about
+linearly with a unit's length: ``run()`` split into functions in one unit took 9-12% less of
+its time, and each unit's headers cost a few hundredths of a second; the cores do the rest
+(docs/benchmarks.md, "Parallel C build (issue 27, branch build38)").
 """
 
 from __future__ import annotations

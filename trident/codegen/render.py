@@ -9,8 +9,6 @@ Each step of a launch sequence is commented with the user's source line that pro
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
-
 import jinja2
 
 from trident import config
@@ -18,6 +16,7 @@ from trident.codegen import cpu as target_cpu, cuda as target_cuda
 from trident.codegen.cprint import c_comment, c_float, c_int, c_string, out_spec_code, size_c
 from trident.codegen.guards import guard_c
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
+from trident.codegen.units import Rendered, guard_parts, step_parts
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
                                  NoneConst, Operand, OptTensors, Scalar, Str, Tensors, Val)
 from trident.ir.guards import SizeRelation
@@ -43,29 +42,6 @@ def _target_of_spec(spec: Specialization) -> Target:
     """The target of a specialization's launch sequence: CUDA when its tensor arguments are all
     on one CUDA device, else the CPU's."""
     return _target_of("cuda" if spec.cuda_device is not None else "cpu")
-
-
-class Rendered(NamedTuple):
-    """A specialization's module: the C sources of its translation units (the main one first,
-    then the guard's and the parts': Note [Parallel C build] in build.py); per callback slot,
-    the index of the step it launches; per kernel of the module, its cubin (``scm_set_cubin``
-    hands it over at install: the source names only its size and SHA-256)."""
-
-    sources: tuple[str, ...]
-    callbacks: list[int]
-    cubins: list[bytes]
-
-    @property
-    def source(self) -> str:
-        """The module's C, its translation units one after another."""
-        return "\n".join(self.sources)
-
-
-# Note [Parallel C build] in build.py: steps per part of a launch sequence, and checks per
-# part of the guards (built at -O1: Note [Optimized guards]), each part a translation unit of
-# about the same compile time (a tenth of a second of GCC on a laptop core).
-PART_STEPS = 128
-GUARD_PART_CHECKS = 768
 
 
 # Note [Checked size steps]
@@ -458,7 +434,7 @@ class _SpecRenderer:
         outputs = self.outputs()
         return {
             "signature": c_comment(self.spec.signature),
-            "guard_parts": _guard_parts(
+            "guard_parts": guard_parts(
                 [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
                   c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards]),
             # Note [Checked size steps]: a size relation int64 cannot decide: eager
@@ -469,7 +445,7 @@ class _SpecRenderer:
             "num_values": plan.num_values,
             "num_lists": plan.num_lists,
             "num_scalars": plan.num_scalars,
-            "parts": _parts(steps, statics),
+            "parts": step_parts(steps, statics),
             "frame": list(prologue.frame),
             "prologue": list(prologue.lines),
             "num_views": self.num_slots,
@@ -481,32 +457,6 @@ class _SpecRenderer:
             "graph_error": c_string(f"CUDA graph of {self.spec.signature}"),
             "eager": any(step.on_error == "eager" for step in steps),
         }
-
-
-def _guard_parts(guards: list[tuple[str, str]]) -> list[dict]:
-    """Note [Parallel C build] in build.py: the guards (C expression, comment) in parts of
-    ``GUARD_PART_CHECKS``, checked one part after another in guard order (Note [Guard order]);
-    at least one part."""
-    return [{"name": f"guards{k + 1}", "number": k + 1,
-             "guards": guards[start:start + GUARD_PART_CHECKS]}
-            for k, start in enumerate(range(0, max(len(guards), 1), GUARD_PART_CHECKS))]
-
-
-def _parts(steps: list[CStep], statics: list[list[str]]) -> list[dict]:
-    """Note [Parallel C build] in build.py: the steps in parts of ``PART_STEPS``, each with the
-    module-level declarations its steps use (constant arrays, reused buffers) and a comment
-    naming the source lines of its first and last steps. A launch sequence without steps has
-    one empty part."""
-    parts = []
-    for start in range(0, max(len(steps), 1), PART_STEPS):
-        chunk = steps[start:start + PART_STEPS]
-        lines = f"{chunk[0].where} to {chunk[-1].where}" if chunk else "no steps"
-        parts.append({
-            "name": f"part{len(parts) + 1}", "number": len(parts) + 1, "steps": chunk,
-            "statics": [line for s in statics[start:start + PART_STEPS] for line in s],
-            "comment": c_comment(f"steps {start + 1} to {start + len(chunk)}: {lines}"),
-            "eager": any(step.on_error == "eager" for step in chunk)})
-    return parts
 
 
 class _NotComputed(Exception):
