@@ -212,6 +212,7 @@ def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
     # chronological: the miss, its stages as each ends, then the whole compile's line
     said = [m.split(": ", 1)[1] for m in caplog.messages]
     assert said[0] == "miss: first call" and said[-2].startswith("C build ")
+    assert all(stages[1:-1]), said  # each stage's time once (no "import and plan" line too)
     total = float(re.fullmatch(r"compiled specialization \S*g\(x: float32\[4\] cpu\) in "
                                r"([\d.]+) s", said[-1])[1])
     # the stages cover the compile's time (issue: 35 s of 104 s were in no stage)

@@ -10,7 +10,6 @@ end's (frontend/policy.py, frontend/tracing.py).
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
@@ -23,8 +22,6 @@ from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.plan import TritonStep
 from trident.ir.specialization import Specialization, StateGuard
-
-_recompiles = config.logger("recompiles")
 
 
 def compile_specialization(captured: Capture, args: tuple, names: list[str],
@@ -48,7 +45,6 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     # Note [Lazy Torch-MLIR]: importing Torch-MLIR takes 0.75 s of CPU (its ml_dtypes most of
     # it), and only a compile uses it (importer.py, and plan.py that reads its module): a
     # restarted process that loads what the cache holds never imports it.
-    start = time.perf_counter()
     try:
         with config.stage("import"):  # (with Torch-MLIR's own import, in a first compile)
             from trident.lower.importer import import_graph
@@ -63,7 +59,6 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
         error = TridentError(f"{name}: Torch-MLIR cannot import or plan the graph: "
                              f"{type(e).__name__}: {e}")
         raise (transient(error) if environmental(e) else error) from e
-    planned = time.perf_counter()
     binaries: list[tuple[TritonLaunch, CompiledBinary]] = []  # one per distinct launch
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if not dynamic and (all(d.type == "cpu" for d in devices) or (
@@ -80,8 +75,6 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
                         torch.cuda.get_device_capability(step.launch.device))
                 binaries.append((step.launch, binary))
             plan.steps[i] = dataclasses.replace(step, binary=binary)
-    _recompiles.info("%s: import and plan %.2f s, %d kernels %.2f s", name, planned - start,
-                     len(binaries), time.perf_counter() - planned)
     with config.stage("guards"):
         guards = guards_for(args, captured.fake_args, captured.shape_env)
     return Specialization(signature(name, args, names, captured.fake_args), names, guards, plan,
