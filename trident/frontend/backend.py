@@ -277,17 +277,20 @@ def _as_constants_of(gm: fx.GraphModule, earlier: fx.GraphModule,
                                                                        for k in a)
         if isinstance(a, slice):
             return type(b) is slice and same((a.start, a.stop, a.step), (b.start, b.stop, b.step))
-        return type(a) is type(b) and not isinstance(a, float) and a == b or \
-            type(a) is type(b) is float and repr(a) == repr(b)
+        if type(a) is not type(b) or isinstance(a, torch.Tensor):
+            return a is b
+        return repr(a) == repr(b) if isinstance(a, float) else bool(a == b)
 
     rest = [[n for n in g.graph.nodes if n.op != "placeholder"] for g in (earlier, gm)]
     if len(rest[0]) != len(rest[1]):
         return None
     kept = None  # the earlier graph's outputs the new one has, where it returns such a symbol
     for a, b in zip(*rest):
-        args = a.args
+        args, before = a.args, dict(bound)
         if a.op == b.op == "output" and isinstance(args[0], tuple) and not same(args, b.args):
-            kept = [i for i, x in enumerate(args[0]) if x not in ints]
+            bound.clear()
+            bound.update(before)
+            kept = [i for i, x in enumerate(args[0]) if not (isinstance(x, fx.Node) and x in ints)]
             args = (tuple(args[0][i] for i in kept),)
         if a.op in ("get_attr", "call_module") or (a.op, a.target) != (b.op, b.target) or \
                 not same(args, b.args) or not same(a.kwargs, b.kwargs):
