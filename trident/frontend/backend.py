@@ -347,16 +347,13 @@ def _record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
         if isinstance(name, str) and isinstance(example, torch.Tensor) and example.dim() and \
                 not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name:
             free.append((name, example.shape[0]))
-    if not free or free[0][1] < 2:
-        return
-    names = [name for name, rows in free if rows == free[0][1]]
-    if len(names) < 2:  # a batch is a dim 0 that tensors share
+    names = [name for name, rows in free if rows == free[0][1] >= 2]
+    if len(names) < 2:  # a batch is a dim 0 of 2 or more rows that tensors share
         return
     from torch._dynamo import pgo
 
     # torch 2.11's CodeId.make takes the code; 2.13's the closure too
-    closure = (tx.closure,) if "closure" in inspect.signature(pgo.CodeId.make).parameters \
-        else ()
+    closure = (tx.closure,) if "closure" in inspect.signature(pgo.CodeId.make).parameters else ()
     entries = pgo.get_code_state()[pgo.CodeId.make(tx.f_code, *closure)].automatic_dynamic
     for name in names:
         entry = entries.get(name)
