@@ -98,12 +98,10 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     functions.setdefault(kfn.__code__, kfn)
                     todo.append((kfn.__code__, (kfn.__globals__, {})))
 
-    for cls in rec.module_classes.values():  # Note [Module forwards]
-        root, steps = _root_of(cls)
+    for root, steps in map(_root_of, rec.module_classes.values()):  # Note [Module forwards]
         if root[0] == "module":
             add(Read(root, steps + (("attr", "forward"),)))
-    # closure chains need the function objects that other chains reach (a helper held by a
-    # global or by another closure): they are resolved as those are found
+    # closure chains need the functions other chains reach: resolved as those are found
     pending: list = []
     k = 0
     while True:
@@ -206,17 +204,14 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     return list(dict.fromkeys(reads))
 
 
-# Note [Module forwards]: ``Module.__call__`` (torch's code, whose reads are not chains) finds
-# the module's ``forward`` through its class. A user class's forward that ran is read through
-# the class as every method that ran is; a library class's (``nn.Linear``, transformers'
-# ``LlamaRMSNorm``) was read by nothing, so a forward patched on the class after the trace
-# (``LlamaRMSNorm.forward = mine``, as kernel libraries patch models) was never run by a hit.
-# So the class of every module the trace called has its ``forward`` read, by its path
-# (``torch.nn.modules.linear.Linear.forward``): the library's function by identity, a user
-# function as any function that ran. A class that no module's path names (made by a factory,
-# as transformers' ``_create_func_module.<locals>.Func``) is left out: its chain would hold in
-# this process only and keep every specialization of the model from the cache (Note
-# [Process-only state] in frontend/install.py); such a class is not patched by its name.
+# Note [Module forwards]: ``Module.__call__`` (torch's code: no chains) finds ``forward`` through
+# the module's class. A user class's forward that ran is read as every method that ran is; a
+# library class's (``nn.Linear``, transformers' ``LlamaRMSNorm``) was read by nothing, so a
+# forward patched on the class after the trace (as kernel libraries patch models) was never run
+# by a hit. So the class of every module the trace called has its ``forward`` read by its path
+# (``torch.nn.modules.linear.Linear.forward``). A class that no module's path names (made by a
+# factory: transformers' ``_create_func_module.<locals>.Func``) is left out: its chain would
+# hold in this process only (Note [Process-only state] in frontend/install.py).
 
 
 # Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in
@@ -336,10 +331,9 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
     assigned later serves every name). So each such step of a user class's instance reads the
     class's ``a`` (``ABSENT``, through its MRO in C) and its ``__getattribute__`` (``ID``:
     ``object``'s slot wrapper, named the same in every process), and for an absent name its
-    ``__getattr__`` too. A class with no importable name (defined in a
-    function's body, ``<locals>``) is read as the class object itself (``_root_of``), and a
-    class of another metaclass that looks names up as ``type`` does (``abc.ABC``'s
-    ``ABCMeta``) is read like any other: neither is taken as fixed."""
+    ``__getattr__`` too. A class with no importable name (``<locals>``) is read as the class
+    itself, one of a metaclass that looks names up as ``type`` does (``abc.ABC``'s) like any
+    other: neither is taken as fixed."""
     out: list = []
     for step in steps[:16]:
         if step[0] != "attr" or not isinstance(step[1], str) or isinstance(
