@@ -3,6 +3,7 @@ source line, and no crashes."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 import warnings
@@ -101,9 +102,10 @@ def test_containers_and_constants_are_arguments_served_natively(obj):
     assert (st.fallbacks, st.misses, st.compiles, st.hits) == (0, 1, 1, 2)
 
 
-@pytest.mark.parametrize("obj", [2**70, torch.ones(3).as_subclass(MyTensor)],
+@pytest.mark.parametrize("obj, kind", [(2**70, "an int"),
+                                       (torch.ones(3).as_subclass(MyTensor), "a MyTensor")],
                          ids=["bigint", "subclass"])
-def test_unsupported_argument_types_run_eagerly_with_one_warning(obj):
+def test_unsupported_argument_types_run_eagerly_with_one_warning(obj, kind):
     jf = trident.jit(uses)
     x = torch.arange(3.0)
     with warnings.catch_warnings(record=True) as caught:
@@ -115,9 +117,9 @@ def test_unsupported_argument_types_run_eagerly_with_one_warning(obj):
             assert (st.fallbacks, st.misses, st.compiles, st.traces, st.hits) == \
                 (i + 1, i + 1, 0, 0, 0)
     assert [str(w.message) for w in caught] == [
-        f"trident: uses runs eagerly: argument obj is a {type(obj).__name__} that the native "
+        f"trident: uses runs eagerly: argument obj is {kind} that the native "
         "guards do not read (expected a strided CPU/CUDA tensor, int, float, bool or None)"]
-    assert jf.stats.miss_reasons[-1].startswith("eager: argument obj is a ")
+    assert jf.stats.miss_reasons[-1].startswith(f"eager: argument obj is {kind} ")
     # the same function still compiles for supported arguments
     assert torch.equal(jf(x, 1.5), x * 2 + 1.5) and jf.stats.compiles == 1
 
@@ -150,7 +152,7 @@ def test_unsupported_tensor_kinds_run_eagerly():
 def test_unsupported_argument_types_run_eagerly_even_without_fallback():
     jf = trident.jit(fallback=False)(uses)
     x = torch.arange(3.0)
-    with pytest.warns(UserWarning, match="obj is a int that the native guards do not read"):
+    with pytest.warns(UserWarning, match="obj is an int that the native guards do not read"):
         assert torch.equal(jf(x, 2**70), uses(x, 2**70))
     assert jf.stats.fallbacks == 1
 
@@ -593,3 +595,40 @@ def test_the_runtime_build_key_covers_every_part():
     parts = {path.name for path in runtime.HERE.glob("*.cpp")}
     assert parts <= hashed
     assert {"runtime_internal.h", "trident_rt.h", "trident_trees.h"} <= hashed
+
+
+def yields(x):
+    yield x + 1
+
+
+def count_kwargs(x, **kw):
+    return x + len(kw)
+
+
+class Holder:
+    def __init__(self, n):
+        self.n = n
+
+
+def reads_n(x, c):
+    return x * (c.n % 7)
+
+
+@pytest.mark.parametrize("fn, args, kwargs, message", [
+    (yields, (), {}, "the result is a builtins.generator, which Trident cannot rebuild"),
+    (count_kwargs, (), {(): 1},
+     "argument **kwargs is a dict with a tuple key; Trident flattens dicts with str and int keys"),
+    (reads_n, (Holder(2**70),), {}, "argument c.n is an int that the native guards do not read"),
+], ids=["generator", "kwargs", "int"])
+def test_an_eager_calls_warning_reads_as_english(fn, args, kwargs, message):
+    """No doubled words ("the result result"), no empty names ("argument  is"), "an int"."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jf = trident.jit(fn)
+        if fn is reads_n:  # c.n becomes an int leaf once it changes (Note [Int leaves])
+            for n in (2, 3):
+                jf(torch.arange(3.0), Holder(n))
+        with contextlib.suppress(TypeError):  # Python's own binding refuses a tuple keyword
+            jf(torch.arange(3.0), *args, **kwargs)
+    said = [str(w.message) for w in caught]
+    assert [m for m in said if m.startswith(f"trident: {fn.__name__} runs eagerly: {message}")], said

@@ -63,7 +63,7 @@ def _autocast():
 def _bigint():
     x, n = torch.randn(3), [2**70]
     return (shift, lambda: (x, n[0]), contextlib.nullcontext, lambda: n.__setitem__(0, 3),
-            "argument n is a int that the native guards do not read")
+            "argument n is an int that the native guards do not read")
 
 
 def _dual():
@@ -170,7 +170,7 @@ def test_a_call_the_eager_tree_holds_but_python_flattens_otherwise_is_compiled()
     take the whole miss path, flattened in Python, and compile."""
     x, t = torch.randn(3), torch.randn(3)
     jf = trident.jit(pick)
-    with pytest.warns(UserWarning, match="argument y is a int"):
+    with pytest.warns(UserWarning, match="argument y is an int"):
         assert torch.equal(jf(x, 2**70), pick(x, 2**70))
     assert torch.equal(jf(x, [t]), x + t) and torch.equal(jf(x, [t]), x + t)
     assert (jf.stats.fallbacks, jf.stats.compiles, jf.stats.hits) == (1, 1, 1), jf.stats

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import as_in_a_new_process
 
 
 def counts(jf):
@@ -279,6 +280,23 @@ def test_max_specializations_from_environment(monkeypatch):
     with pytest.warns(UserWarning, match="limit of 1 compiled specializations"):
         jf(torch.ones(1), 2)
     assert counts(jf)["fallbacks"] == 1 and counts(jf)["compiles"] == 1
+
+
+def test_a_miss_may_install_a_stored_specialization_without_compiling():
+    """``Stats.misses`` (docs/torch-compile.md): a miss compiles, falls back, or installs a
+    specialization stored for the same code by an earlier process, counted in neither
+    ``compiles`` nor ``fallbacks``. In one process a second ``trident.jit`` object of the
+    function shares the first's installed specializations: only hits."""
+    first, second = trident.jit(scale), trident.jit(scale)
+    x = torch.arange(3.0)
+    assert torch.equal(first(x, 2), x * 2) and torch.equal(second(x, 2), x * 2)
+    assert counts(first) == dict(hits=0, misses=1, compiles=1, fallbacks=0, traces=1)
+    assert counts(second) == dict(hits=1, misses=0, compiles=0, fallbacks=0, traces=0)
+    first(x, 3)  # the newest stored specialization, which a later process installs first
+    as_in_a_new_process()  # (with a limit of one, that one alone: test_cache.py's limit test)
+    later = trident.jit(scale, max_specializations=1)
+    assert torch.equal(later(x, 2), x * 2) and torch.equal(later(x, 2), x * 2)
+    assert counts(later) == dict(hits=1, misses=1, compiles=0, fallbacks=0, traces=0)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "a"])

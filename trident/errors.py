@@ -23,6 +23,11 @@ def transient(error: TridentError) -> TridentError:
     return error
 
 
+def with_article(noun: str) -> str:
+    """``noun`` with its indefinite article, for messages: ``"an int"``, ``"a dict"``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def environmental(e: BaseException) -> bool:
     """Whether ``e`` is the machine's, not the code's: out of memory, the OS, the recursion
     limit (what ``transient`` marks a failure for)."""

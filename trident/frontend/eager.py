@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from trident.frontend.install import _Call
+from trident.errors import with_article
 from trident.ir.facts import MAX_ARGS, OTHER, arg_facts
 from trident.ir.guards import IntValue, Size, SizeRelation, first_failure
 
@@ -58,9 +59,9 @@ def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
             return (f"{names[i]} is a forward-mode AD dual tensor: its tangent is computed "
                     "eagerly", lambda leaves: arg_facts(leaves[i]).dual)
         if f.kind == OTHER:
-            return (f"argument {names[i]} is a {type(a).__name__} that the native guards do "
-                    "not read (expected a strided CPU/CUDA tensor, int, float, bool or "
-                    "None)", lambda leaves: type(leaves[i]) is type(a) and
+            return (f"argument {names[i]} is {with_article(type(a).__name__)} that the "
+                    "native guards do not read (expected a strided CPU/CUDA tensor, int, "
+                    "float, bool or None)", lambda leaves: type(leaves[i]) is type(a) and
                     arg_facts(leaves[i]).kind == OTHER)
         if f.requires_grad and grad:
             return (f"{names[i]} requires grad: Trident serves inference; autograd runs "

@@ -83,7 +83,7 @@ import time
 import torch
 
 from trident import config, runtime
-from trident.errors import EagerCall
+from trident.errors import EagerCall, with_article
 from trident.ir import operands
 from trident.ir.facts import dtype_codes
 from trident.lower import passes
@@ -310,7 +310,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
         elif isinstance(value, float):
             desc_out += [_TAGS["float"], struct.unpack("<q", struct.pack("<d", value))[0]]
         else:
-            return NoGraph(f"output {k} is a {type(value).__name__}")
+            return NoGraph(f"output {k} is {with_article(type(value).__name__)}")
 
     desc_in: list[int] = []
     tensor_args = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -42,7 +42,10 @@ class Stats:
     Attributes:
         hits: calls served by the native hit path.
         misses: every other call that bound to the parameters (``hits + misses`` is the
-            calls): one no specialization's guards accepted (it compiles or runs eagerly), or
+            calls): one no specialization's guards accepted (it compiles; or installs one
+            stored for the same code by an earlier process or another ``trident.jit`` object
+            of the function, counted in neither ``compiles`` nor ``fallbacks``; or runs
+            eagerly), or
             one whose specialization's step failed before it changed anything (it runs
             eagerly: Note [Errors inside try] in trident/lower/source_lines.py).
         compiles: specializations traced and compiled in this process.

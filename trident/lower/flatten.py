@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from trident import frames
-from trident.errors import TridentError
+from trident.errors import TridentError, with_article
 from trident.identity import identity_words, jitted_code, stable_words
 from trident.lower.uses import WHOLE, Uses, attributes_read, covers, items_read, merge
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
@@ -132,6 +132,11 @@ class _Flattener:
         """A tensor first reached at ``node``: a leaf of the specialization."""
         self.leaf_nodes.append(self.add(value, node, "a leaf"))
 
+    def named(self, path: str) -> str:
+        """``"argument c.n"``: the value at ``path`` in a message (``""``: the ``**kwargs``
+        dict, whose items' paths are their keys)."""
+        return f"{self.what} {path or '**kwargs'}"
+
     def visit(self, value: Any, parent: int, access: int, key: Any, path: str,
               in_object: bool, uses: Uses = WHOLE) -> None:
         """Adds ``value``'s node and, of its children, those ``uses`` reaches (all where it
@@ -153,8 +158,8 @@ class _Flattener:
             return
         if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)
             if not all(type(item) is str for item in value):
-                raise TridentError(f"{self.what} {path} is a {t.__name__} of other values than "
-                                   "str, which Trident cannot guard")
+                raise TridentError(f"{self.named(path)} is {with_article(t.__name__)} of "
+                                   "other values than str, which Trident cannot guard")
             self.add(value, node(CONST, set(value) if t is set else value),
                      f"{t.__name__} {sorted(value)}")
             return
@@ -175,14 +180,14 @@ class _Flattener:
                 "")):
             # a user function whose results are cached: a hit would keep the value its code
             # returned at the trace, whatever the cache returns (its code may not run at all)
-            raise TridentError(f"{self.what} {path} is a {_type_name(t)} of a user function, "
-                               "whose cache Trident cannot guard")
+            raise TridentError(f"{self.named(path)} is {with_article(_type_name(t))} of a "
+                               "user function, whose cache Trident cannot guard")
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return
         if isinstance(value, (int, float, complex, str, bytes)):  # its value is not in __dict__
-            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, a subclass of "
-                               f"{next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
+            raise TridentError(f"{self.named(path)} is {with_article(_type_name(t))}, a "
+                               f"subclass of {next(b for b in t.__mro__ if b.__module__ == 'builtins').__name__}"
                                ", whose value Trident cannot guard")
         if ((not hasattr(value, "__dict__") or _c_state(t))
                 and t not in (tuple, list, dict, OrderedDict) and not _is_namedtuple(t)) \
@@ -193,13 +198,15 @@ class _Flattener:
             # that holds its own contents (a deque's, a bytearray's items): contents no check
             # can see; a stream or an event (Note [Unflattenable values])
             if isinstance(value, (torch.Stream, torch.Event)):
-                error = TridentError(f"{self.what} {path} is a {_type_name(t)}{self.held(parent)}"
-                                     ": work that streams order (an offloaded cache copies its "
+                error = TridentError(f"{self.named(path)} is {with_article(_type_name(t))}"
+                                     f"{self.held(parent)}: work that streams order (an "
+                                     "offloaded cache copies its "
                                      "layers between the GPU and host memory on a side stream "
                                      "around each layer) is not traced")
             else:
-                error = TridentError(f"{self.what} {path} is a {_type_name(t)}, whose contents "
-                                     "Trident cannot guard")
+                error = TridentError(f"{self.named(path)} is "
+                                     f"{with_article(_type_name(t))}, whose "
+                                     "contents Trident cannot guard")
             error.steps = self.steps(value, parent, access, key)  # Note [Unflattenable values]
             raise error
         self.seen[id(value)] = len(self.nodes)
@@ -217,8 +224,9 @@ class _Flattener:
         if t in (dict, OrderedDict):
             for k in value:
                 if type(k) not in (str, int):
-                    raise TridentError(f"{self.what} {path} is a dict with a {type(k).__name__} "
-                                       "key; Trident flattens dicts with str and int keys")
+                    raise TridentError(f"{self.named(path)} is a dict with "
+                                       f"{with_article(type(k).__name__)} key; Trident "
+                                       "flattens dicts with str and int keys")
             me = self.add(value, node(DICT, t, len(value), tuple(value)),
                           f"{t.__name__} with keys {[str(k) for k in value]}")
             module_dict = (parent >= 0 and access == ATTR
@@ -235,8 +243,8 @@ class _Flattener:
                            WHOLE if items is WHOLE else items[k])
             return
         if isinstance(value, (dict, list, tuple, set)):
-            raise TridentError(f"{self.what} {path} is a {_type_name(t)}, which Trident cannot "
-                               "flatten (a subclass of a built-in container)")
+            raise TridentError(f"{self.named(path)} is {with_article(_type_name(t))}, "
+                               "which Trident cannot flatten (a subclass of a built-in container)")
         entries = vars(value)
         me = self.add(value, node(OBJECT, t, len(entries), tuple(entries)),
                       f"{_type_name(t)} with {list(entries)}")
@@ -244,7 +252,7 @@ class _Flattener:
         attrs = attributes_read(value, entries, uses)
         for k, item in list(entries.items()):
             if type(k) is not str:
-                raise TridentError(f"{self.what} {path} has a non-str attribute name {k!r}")
+                raise TridentError(f"{self.named(path)} has a non-str attribute name {k!r}")
             if k in unread or (attrs is not WHOLE and k not in attrs):
                 continue
             self.visit(item, me, ATTR, k, f"{path}.{k}" if path else k, True,

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from trident.errors import TridentError
+from trident.errors import TridentError, with_article
 from trident.lower.guards import guardable
 from trident.ir.launch import (ConstexprParam, KernelRef, PreHook, ScalarParam, TensorParam,
                                  TritonLaunch)
@@ -169,8 +169,9 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
             params.append(ScalarParam(p.name, int(value) if isinstance(value, torch.SymInt)
                                       else value))
         else:
-            raise TridentError(f"{fn.__name__}: argument {p.name!r} is a {type(value).__name__}; "
-                               "Trident passes tensors, ints, floats, bools and None to kernels")
+            raise TridentError(f"{fn.__name__}: argument {p.name!r} is "
+                               f"{with_article(type(value).__name__)}; Trident passes tensors, "
+                               "ints, floats, bools and None to kernels")
     if len(devices) > 1:
         raise TridentError(f"{fn.__name__}: tensor arguments on several devices {sorted(devices)}")
     device = devices.pop() if devices else "cpu"
@@ -257,7 +258,8 @@ def _plain(value, fn, p):
     if isinstance(value, (JITFunction, InterpretedFunction)):  # ACT=a @triton.jit function
         return {"triton_function": {"module": value.fn.__module__,
                                     "qualname": value.fn.__qualname__}}
-    raise TridentError(f"{fn.__name__}: constexpr {p.name!r} is a {type(value).__name__}")
+    raise TridentError(f"{fn.__name__}: constexpr {p.name!r} is "
+                       f"{with_article(type(value).__name__)}")
 
 
 def _constexpr(value, jit_fn):

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trident.errors import TridentError
+from trident.errors import TridentError, with_article
 from trident.ir.trees import (BASE_DICT, BASE_OBJECT, BASE_ODICT, DICT, ID, OBJECT, R_AGAIN,
                               R_BUILT, R_CONST, R_DICT, R_INPUT, R_LIST, R_NAMEDTUPLE, R_OBJECT,
                               R_STRUCTSEQ, R_TUPLE, R_VALUE, R_WRITE, SEQ, _SCALARS, ArgTree, OutputRecipe)
@@ -106,7 +106,7 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
             base = BASE_ODICT if isinstance(v, OrderedDict) else \
                 BASE_DICT if isinstance(v, dict) else BASE_OBJECT
             if isinstance(v, (list, tuple, set)):
-                raise TridentError(f"the result {path} is a {_type_name(t)}, which Trident "
+                raise TridentError(f"the {path} is {with_article(_type_name(t))}, which Trident "
                                    "cannot rebuild")
             attrs = tuple(vars(v))
             items = tuple(v) if base != BASE_OBJECT else ()
@@ -116,7 +116,7 @@ def flatten_output(result: Any, tree: ArgTree | None, values: list | None,
             for k in items:
                 walk(v[k], f"{path}[{k!r}]")
         else:
-            raise TridentError(f"the result {path} is a {_type_name(t)}, which Trident cannot "
+            raise TridentError(f"the {path} is {with_article(_type_name(t))}, which Trident cannot "
                                "rebuild (expected tensors, scalars, None, str, tuples, lists, "
                                "dicts, namedtuples, torch.return_types, torch.Size, "
                                "dataclasses, or an object of the call)")
