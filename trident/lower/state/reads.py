@@ -206,17 +206,15 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     return list(dict.fromkeys(reads))
 
 
-# Note [Module forwards]: ``Module.__call__`` (torch's code, whose reads are not chains) finds
-# the module's ``forward`` through its class. A user class's forward that ran is read through
-# the class as every method that ran is; a library class's (``nn.Linear``, transformers'
-# ``LlamaRMSNorm``) was read by nothing, so a forward patched on the class after the trace
-# (``LlamaRMSNorm.forward = mine``, as kernel libraries patch models) was never run by a hit.
-# So the class of every module the trace called has its ``forward`` read, by its path
-# (``torch.nn.modules.linear.Linear.forward``): the library's function by identity, a user
-# function as any function that ran. A class that no module's path names (made by a factory,
-# as transformers' ``_create_func_module.<locals>.Func``) is left out: its chain would hold in
-# this process only and keep every specialization of the model from the cache (Note
-# [Process-only state] in frontend/install.py); such a class is not patched by its name.
+# Note [Module forwards]: ``Module.__call__`` (torch's code: no chains) finds ``forward``
+# through the module's class. A user class's forward that ran is read through it as any method
+# that ran; a library class's (``nn.Linear``, transformers' ``LlamaRMSNorm``) was read by
+# nothing, so one patched on the class after the trace (as kernel libraries patch models) was
+# never run by a hit. So the class of every module the trace called has its ``forward`` read
+# by its path (``torch.nn.modules.linear.Linear.forward``): a library's function by identity, a
+# user's as any function that ran. A class no module's path names (a factory's, as
+# transformers' ``_create_func_module.<locals>.Func``) is left out: that chain would keep the
+# model's specializations from the cache (Note [Process-only state] in frontend/install.py).
 
 
 # Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in
