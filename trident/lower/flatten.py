@@ -283,16 +283,15 @@ def _opaque(value) -> bool:
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
 
 
-class _Plain:
-    pass
-
-
 def _c_state(t: type) -> bool:
     """Instances of ``t`` hold more than a plain Python object's ``__dict__`` and weak
     references: a base written in C keeps contents of its own (``class Q(collections.deque)``,
     a subclass of ``bytearray``, ``array.array`` or ``Exception``), which the object's node
-    does not check."""
-    return t.__basicsize__ > _Plain.__basicsize__ or t.__itemsize__ != 0
+    does not check. Bytes beyond ``object``'s that hold only the ``__dict__`` and weak-reference
+    pointers are no contents (``types.SimpleNamespace`` keeps its dict in such a slot; Python
+    3.12 moved a plain class's two pointers before the object, so its size is ``object``'s)."""
+    slots = 8 * ((t.__dictoffset__ > 0) + (t.__weakrefoffset__ > 0))
+    return t.__basicsize__ - slots > object.__basicsize__ or t.__itemsize__ != 0
 
 
 def _slotted(t: type) -> bool:
