@@ -187,7 +187,9 @@ def test_an_object_known_by_its_identity_is_named_by_a_serial_not_its_address():
         addresses.add(id(space["LOCK"]))
         keys.add(identity.function_key(fn))
         assert identity.function_key(fn) == identity.function_key(fn)
-    assert len(addresses) < 50 and len(keys) == 50, (len(addresses), len(keys))
+    # 50 keys whatever the addresses: where the allocator gives a dead lock's block to the next
+    # (CPython 3.11 on the CPU machine: fewer than 50 addresses), naming by address repeated keys
+    assert len(keys) == 50, (len(addresses), len(keys))
     held = object()  # (takes no weak reference: held by the table while it names it)
     assert identity.identity_words(held) == identity.identity_words(held) != \
         identity.identity_words(object())
