@@ -105,8 +105,13 @@ def pytest_unconfigure(config):
 _FIRST = ("test_property.py", "test_opinfo.py", "test_collectives.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m`'s selection
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in _FIRST)  # stable: the order otherwise
+    for item in items:  # `-m gpu` selects every CUDA test, those under a CUDA skipif too
+        if any(word in str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")
+               for word in ("CUDA", "GPU")):
+            item.add_marker(pytest.mark.gpu)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
