@@ -286,10 +286,13 @@ def test_the_backend_doors_serving_sweep_compiles_four_times():
             compiles.append(trident.backend_stats(served).compiles - base.compiles)
     assert not trident_warnings(caught)
     s = trident.backend_stats(served)
-    assert compiles == [2, 4, 4, 4, 4, 4, 4, 4], (compiles, s.miss_reasons)
+    # torch 2.11's trace of the symbolic prefill graph keeps a guard `position_ids.size(0) != 1`
+    # (2.13's does not): the first batch of one compiles that graph once more, soundly
+    extra = int(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13))
+    assert compiles == [2, 4, 4, 4, 4] + [4 + extra] * 3, (compiles, s.miss_reasons)
     assert (s.traces - base.traces, s.fallbacks - base.fallbacks,
-            len(trident.backend_graphs(served))) == (4, 0, 4), s
-    assert s.hits - base.hits == sum(new for _, _, new in SWEEP) - 4, s
+            len(trident.backend_graphs(served))) == (4 + extra, 0, 4), s
+    assert s.hits - base.hits == sum(new for _, _, new in SWEEP) - 4 - extra, s
 
 
 SLIDING = {  # transformers' defaults: sliding_window=4096 (StaticSlidingWindowLayer)
