@@ -185,9 +185,10 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     try:
-        code = InstructionTranslator.current_tx().f_code
+        tx = InstructionTranslator.current_tx()
+        code = tx.f_code
     except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
-        code = None
+        tx = code = None
     for earlier in (r() for r in reversed(_GRAPHS)):  # Note [Graphs of constants]
         inputs = _as_constants_of(gm, earlier._gm, earlier._input_sources) if earlier is not \
             None and code is not None and earlier._frame_code is code else None
@@ -203,13 +204,9 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
 
     from trident.identity import describe
 
-    try:
-        tx = InstructionTranslator.current_tx()
-        fn._frame_code = tx.f_code
-        owner = tx.f_locals.get("self") if isinstance(tx.f_locals, dict) else None
-    except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
-        fn._frame_code, owner = None, None
-    else:
+    fn._frame_code = code
+    owner = tx.f_locals.get("self") if tx is not None and isinstance(tx.f_locals, dict) else None
+    if tx is not None:
         try:
             _record_batch_dims(tx, gm, example_inputs)
         except Exception as e:  # Dynamo's private frame state moved: only more graphs follow
@@ -343,7 +340,7 @@ def _record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
     free = []  # (source name, dim 0) of the tensor inputs that are no parameter or buffer
     for node, example in zip([n for n in gm.graph.nodes if n.op == "placeholder"],
                              example_inputs):
-        name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        name = _source(node)
         if isinstance(name, str) and isinstance(example, torch.Tensor) and example.dim() and \
                 not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name:
             free.append((name, example.shape[0]))
