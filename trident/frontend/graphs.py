@@ -34,7 +34,8 @@ A graph bakes in the addresses it reads and writes, so the SCM checks them befor
 
 Replays stay on the stream of the first replay (another stream runs the launch sequence: the
 graph's buffers are not shared across streams). Not captured, so always run step by step:
-specializations with a CPU tensor argument, a tensor passed twice, an op that draws random
+specializations with a CPU tensor argument (but a host scalar, copied in from the host at each
+replay: Note [Host scalars] in ir/specialization.py), a tensor passed twice, an op that draws random
 numbers (``torch.cuda.CUDAGraph.replay`` advances the Philox offset; a raw ``cuGraphLaunch`` would
 repeat the numbers), an output that is an argument or shares storage with one or with another
 output, a non-dense output, or a capture that fails (an op that synchronizes, as ``.item()``).
@@ -94,7 +95,8 @@ _recompiles = config.logger("recompiles")
 RECAPTURES = 2  # per specialization, all its sizes together
 # trt_graph.state, an input's mode and trt_tag, as trident_rt.h defines them
 OFF, PENDING, READY = ABI["TRT_GRAPH_OFF"], ABI["TRT_GRAPH_PENDING"], ABI["TRT_GRAPH_READY"]
-BY_POINTER, COPY_IN = ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"]
+BY_POINTER, COPY_IN, HOST_IN = (ABI["TRT_GRAPH_BY_POINTER"], ABI["TRT_GRAPH_COPY_IN"],
+                                ABI["TRT_GRAPH_HOST_IN"])
 _TAGS = {k: ABI[f"TRT_{k.upper()}"] for k in ("none", "tensor", "int", "float", "bool")}
 
 
@@ -274,11 +276,15 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     Returns the captured graph, or why the specialization runs without one.
     """
     written = passes.written_args(spec.plan)
+    host = spec.host_scalars  # Note [Host scalars]: always copied in, from the host
+    moved = set(moved) - host
     for i in moved:
         if not _dense(args[i]):
             return NoGraph(f"argument {i} changed address and is not dense")
     statics = {i: torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
                                       device=args[i].device) for i in moved}
+    statics.update({i: torch.empty((), dtype=args[i].dtype, device=torch.device("cuda", device))
+                    for i in host})
     for i, buffer in statics.items():
         buffer.copy_(args[i])
     capture_args = tuple(statics.get(i, a) for i, a in enumerate(args))
@@ -316,8 +322,8 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     tensor_args = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     for i in tensor_args:
         a = capture_args[i]
-        desc_in += [i, COPY_IN if i in statics else BY_POINTER, a.data_ptr(), _span(args[i]),
-                    int(i in written)]
+        mode = HOST_IN if i in host else COPY_IN if i in statics else BY_POINTER
+        desc_in += [i, mode, a.data_ptr(), _span(args[i]), int(i in written)]
     key = _key_words(size_key(spec, args))
     desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs), len(key), *key]
     return Captured(graph, statics, outputs,

@@ -8,8 +8,9 @@ import hashlib
 import json
 
 from trident.ir.trees import OutputRecipe
-from trident.ir.guards import DeviceIndex, DeviceType, Guard
-from trident.ir.plan import Plan
+from trident.ir import operands
+from trident.ir.guards import DeviceIndex, DeviceType, Dim, Guard
+from trident.ir.plan import OpCall, Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +92,48 @@ class Specialization:
     @property
     def cuda_device(self) -> int | None:
         """The CUDA device index of a specialization whose tensor arguments are all on that
-        device, else None (CPU tensors, several devices, no tensor)."""
-        types = {g.value for g in self.guards if isinstance(g, DeviceType)}
+        device, else None (CPU tensors, several devices, no tensor); its host scalars aside."""
+        host = self.host_scalars
+        types = {g.value for g in self.guards if isinstance(g, DeviceType) and g.arg not in host}
         indices = {g.value for g in self.guards if isinstance(g, DeviceIndex)}
         return next(iter(indices)) if types == {1} and len(indices) == 1 else None
+
+    @functools.cached_property
+    def host_scalars(self) -> frozenset[int]:
+        """Note [Host scalars]: a 0-dim CPU tensor argument that the launch sequence only copies
+        to a CUDA device (``aten::_to_copy(arg, device=cuda)``, the first argument of each such
+        step, and read nowhere else: not an output, not a size read on the host) is a host
+        scalar of a CUDA specialization. transformers 5.17's ``StaticLayer`` starts with
+        ``cumulative_length = torch.tensor(0)`` on the CPU and moves it to the cache's device
+        in the forward that initializes the cache (its ``lazy_initialization``), so every
+        prefill with a fresh static cache has one per layer. Such an argument no longer makes
+        the specialization a CPU one: its sequence runs on the CUDA target, and its CUDA graph
+        reads the scalar from a device buffer of its own, which each replay fills from the
+        argument's host memory first (``TRT_GRAPH_HOST_IN``, frontend/graphs.py)."""
+        cpu0 = {g.arg for g in self.guards if isinstance(g, DeviceType) and g.value == 0}
+        cpu0 &= {g.arg for g in self.guards if isinstance(g, Dim) and g.value == 0}
+        if not cpu0:
+            return frozenset()
+        copied: set[int] = set()
+        elsewhere: set[int] = set()
+
+        def args_in(o) -> set[int]:
+            if isinstance(o, operands.Arg):
+                return {o.i}
+            if isinstance(o, (operands.Tensors, operands.OptTensors, operands.IntList)):
+                return set().union(*(args_in(x) for x in o.v))
+            return set()
+
+        for step in self.plan.steps:
+            first = step.args[0] if step.args else None
+            to_cuda = (isinstance(step, OpCall) and step.op == "aten::_to_copy" and
+                       isinstance(first, operands.Arg) and
+                       any(isinstance(o, operands.Device) and o.type == 1 for o in step.args))
+            for k, o in enumerate(step.args):
+                (copied if to_cuda and k == 0 else elsewhere).update(args_in(o))
+        for o in self.plan.outputs:
+            elsewhere |= args_in(o)
+        return frozenset(cpu0 & copied - elsewhere)
 
     @functools.cached_property
     def key(self) -> str:  # computed once: a miss compares it for every stored specialization

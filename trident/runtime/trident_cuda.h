@@ -308,7 +308,7 @@ TRT_OPTIMIZED static int trt_copy_hides_write(const int64_t* in, int ninputs, co
   int n = 0, copies = 0, hidden = 0;
   for (int i = 0; i < ninputs; ++i) {
     const int64_t* x = in + 5 * i;
-    if (x[3] <= 0) continue;
+    if (x[3] <= 0 || x[1] == TRT_GRAPH_HOST_IN) continue; /* host memory, only read */
     uintptr_t start = (uintptr_t)a[x[0]].data_ptr;
     trt_span s = {start, start + (uintptr_t)x[3], x[1] == TRT_GRAPH_COPY_IN, x[4] != 0};
     copies += s.copied;
@@ -369,8 +369,8 @@ TRT_OPTIMIZED static int trt_graph_hides_write(trt_graph* g, const int64_t* d, c
       for (int i = 0; i < ninputs && !hidden; ++i) {
         const int64_t* x = in + 5 * i;
         uintptr_t s = (uintptr_t)a[x[0]].data_ptr;
-        hidden = i != moved[k] && x[3] > 0 && (q[4] || x[4]) && qs < s + (uintptr_t)x[3] &&
-                 s < qe;
+        hidden = i != moved[k] && x[3] > 0 && x[1] != TRT_GRAPH_HOST_IN && (q[4] || x[4]) &&
+                 qs < s + (uintptr_t)x[3] && s < qe;
       }
     }
   } else {
@@ -479,8 +479,14 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
      * the written ones back to the caller's tensors */
     for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {
       const int64_t* x = in + 5 * i;
-      if (x[1] != TRT_GRAPH_COPY_IN || x[3] <= 0 || (back && !x[4])) continue;
       CUdeviceptr mine = (CUdeviceptr)x[2], theirs = (CUdeviceptr)(uintptr_t)a[x[0]].data_ptr;
+      if (x[1] == TRT_GRAPH_HOST_IN && !back) { /* Note [Host scalars]: pageable host memory,
+                                                 * read before cuMemcpyAsync returns */
+        if ((rc = trt_cu.memcpy_async(mine, theirs, (size_t)x[3], (CUstream)stream)))
+          failed = trt_cuda_fail("cuMemcpyAsync (host scalar)", rc) ? TRT_GRAPH_FAILED : failed;
+        continue;
+      }
+      if (x[1] != TRT_GRAPH_COPY_IN || x[3] <= 0 || (back && !x[4])) continue;
       copies[ncopies].dst = back ? theirs : mine;
       copies[ncopies].src = back ? mine : theirs;
       copies[ncopies].bytes = (uint64_t)x[3];

@@ -119,7 +119,7 @@ typedef struct trt_result {
  *   the size key (nkey words; none for a static specialization): per tensor input, arg, dim,
  *                      sizes[dim], strides[dim], storage offset: the graph replays only a call
  *                      whose arguments have exactly these,
- *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / TRT_GRAPH_COPY_IN), pointer the graph
+ *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / _COPY_IN / _HOST_IN), pointer the graph
  *                      reads, bytes, 1 if the function may write it (copied back),
  *   per output:        tag (trt_tag); a tensor: source pointer, bytes, the static output
  *                      handed out (graph_output's `held`, or 0: copied out), dtype, dim,
@@ -154,7 +154,9 @@ typedef struct trt_graph {
 } trt_graph;
 
 enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
-enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1 };
+/* HOST_IN: a host scalar (Note [Host scalars] in trident/ir/specialization.py), copied from the
+ * host into the graph's device buffer before each replay */
+enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1, TRT_GRAPH_HOST_IN = 2 };
 
 /* Note [Graphs per size]: a hash of what picks a symbolic specialization's graph: every
  * tensor argument's index, sizes, strides and storage offset, FNV-1a over those words in that
