@@ -94,8 +94,9 @@ class Specialization:
         """The CUDA device index of a specialization whose tensor arguments are all on that
         device, else None (CPU tensors, several devices, no tensor); its host scalars aside."""
         host = self.host_scalars
-        types = {g.value for g in self.guards if isinstance(g, DeviceType) and g.arg not in host}
-        indices = {g.value for g in self.guards if isinstance(g, DeviceIndex)}
+        own = [g for g in self.guards if getattr(g, "arg", None) not in host]
+        types = {g.value for g in own if isinstance(g, DeviceType)}
+        indices = {g.value for g in own if isinstance(g, DeviceIndex)}
         return next(iter(indices)) if types == {1} and len(indices) == 1 else None
 
     @functools.cached_property
