@@ -91,7 +91,7 @@ static int scm_match(const trt_arg* a, int32_t n, const trt_env* env) {
 }
 
 static int scm_call(const trt_arg* a, int32_t n, const trt_env* env, trt_result* out) {
-  int held = guard(a, n, env);
+  int held = env->capturing ? 1 : guard(a, n, env);
   if (held == 0) return TRT_MISS;
   if (held < 0) {  /* Note [Checked size steps]: the call runs eagerly */
     rt->set_error("the guards of halves(x: float32[4, 3] cpu, n=2)", "a size relation int64 cannot decide");

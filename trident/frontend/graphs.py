@@ -355,7 +355,8 @@ class GraphControl:
             start = time.perf_counter()
             first = spec.key not in self._graph_states.recaptures  # not a recapture
             try:
-                captured = capture(self._run, spec, args, moved, passes.graph_device(spec),
+                captured = capture(functools.partial(self._capture_run, index), spec, args,
+                                   moved, passes.graph_device(spec),
                                    self._graph_states.pool(spec),
                                    hand_out=first and not spec.symbolic)
             except Exception as e:  # an op that cannot be captured (one that synchronizes)

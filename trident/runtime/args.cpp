@@ -188,6 +188,7 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   env->process_group = process_group_fact();
   env->num_threads = at::get_num_threads();
   env->flags = global_flags();
+  env->capturing = 0;
   bool forward_ad = forward_ad_open();
   for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i], forward_ad);
   env->aliased = tensor_passed_twice(out, n);

@@ -164,9 +164,10 @@ struct HitClock {
 // Runs the installed SCMs on the leaves `items[0..n)`, the first whose guards hold. Returns
 // nullptr with *rc_out set to TRT_MISS when no guard holds, or to TRT_CAPTURE when the matching
 // specialization wants its CUDA graph captured first; otherwise *rc_out is the specialization
-// that ran.
+// that ran. `capture` >= 0: a CUDA graph's capture runs that SCM's launch sequence without its
+// guards (trt_env.capturing).
 PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out,
-                  HitClock* clock = nullptr) {
+                  HitClock* clock = nullptr, Py_ssize_t capture = -1) {
   std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
   if (!scms) {  // uninstalled meanwhile (a state check ran Python code)
     *rc_out = TRT_MISS;
@@ -197,7 +198,9 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
       // ADInplaceOrView still runs: in-place ops bump version counters, views are views.
       c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
       rc = TRT_MISS;
+      env.capturing = capture >= 0;
       for (size_t i = 0; i < scms->size() && rc == TRT_MISS; ++i) {
+        if (capture >= 0 && static_cast<Py_ssize_t>(i) != capture) continue;
         env.graphs = graph_slot(self, i);
         rc = (*scms)[i].call(a, static_cast<int32_t>(n), &env, &result);
         if (rc >= 0) rc = static_cast<int>(i);
@@ -400,6 +403,22 @@ PyObject* Dispatcher_run(Dispatcher* self, PyObject* args) {
                       ? run_scm(self, tuple_items(args), PyTuple_GET_SIZE(args), &rc) : nullptr;
   if (rc == TRT_MISS || rc == TRT_CAPTURE)
     PyErr_SetString(TridentError, "no specialization accepts these arguments");
+  return out;
+}
+
+// _capture_run(index, *args): run SCM `index`'s launch sequence on `args` without its guards
+// (frontend/graphs.py's capture, whose arguments stand in for the call's: Note [Host scalars]).
+PyObject* Dispatcher_capture_run(Dispatcher* self, PyObject* args) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args) - 1;
+  Py_ssize_t index = n >= 0 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 0)) : -1;
+  if (PyErr_Occurred()) return nullptr;
+  std::shared_ptr<const std::vector<ScmEntry>> scms = self->scms;
+  if (!scms || index < 0 || index >= static_cast<Py_ssize_t>(scms->size()) || n > TRT_MAX_ARGS)
+    return PyErr_Format(PyExc_IndexError, "no specialization %zd to capture", index);
+  int rc = TRT_MISS;
+  PyObject* out = run_scm(self, tuple_items(args) + 1, n, &rc, nullptr, index);
+  if (rc == TRT_MISS || rc == TRT_CAPTURE)
+    PyErr_SetString(TridentError, "the specialization did not run its launch sequence");
   return out;
 }
 
@@ -688,6 +707,8 @@ PyMethodDef Dispatcher_methods[] = {
      "_install(entries): install the SCMs' (call_address, match_address), in guard order."},
     {"_run", reinterpret_cast<PyCFunction>(Dispatcher_run), METH_VARARGS,
      "_run(*args): run the installed module without counting a hit (the miss path's call)."},
+    {"_capture_run", reinterpret_cast<PyCFunction>(Dispatcher_capture_run), METH_VARARGS,
+     "_capture_run(index, *args): specialization index's launch sequence, no guards checked."},
     {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,
      "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
     {"_quiet_state", reinterpret_cast<PyCFunction>(Dispatcher_quiet_state), METH_NOARGS,

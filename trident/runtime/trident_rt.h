@@ -244,6 +244,9 @@ typedef struct trt_env {
   uint64_t flags;         /* torch's global flags (determinism, SDPA backends, TF32, ...):
                              TRT_FLAG_* and TRT_FIELD_* below */
   trt_graph* graphs;      /* the calling function's graph slot for the SCM it calls, or NULL */
+  int32_t capturing;      /* the call is a CUDA graph's capture, whose arguments stand in for
+                             the call's (Note [Host scalars]): the guards were checked on the
+                             call's own, and are not checked again */
 } trt_env;
 
 /* trt_env.flags (global_flags() in args.cpp; ir/facts.py names each): bit TRT_FLAG_X holds one
