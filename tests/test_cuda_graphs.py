@@ -102,6 +102,37 @@ def test_argument_moving_after_capture_recaptures_once():
     assert (s.graph_captures, s.graph_replays, s.hits) == (2, 2 + 3, 6)
 
 
+def test_recapture_after_a_moved_argument_hands_out():
+    """Note [Hand out after a move]: the recapture that a moved by-pointer argument asks for
+    hands out the static outputs as the first capture does (a generate's new KV cache); a
+    result kept after it still gets a copy-out recapture, and keeps its values."""
+    f = trident.jit(mlp)
+    w1, w2 = weights()
+    x = torch.randn(8, 64, device="cuda")
+    for _ in range(3):
+        assert_equal(f(x, w1, w2), mlp(x, w1, w2))
+    for i in range(5):  # x was read by pointer: one step-by-step call, then a recapture
+        y = torch.randn(8, 64, device="cuda")
+        got = f(y, w1, w2)
+        assert_equal(got, mlp(y, w1, w2))
+        if i >= 1:
+            (graph,) = next(iter(f._graph_states.graphs.values())).values()
+            assert graph.handed and got[0].data_ptr() == graph.handed[0].data_ptr()
+        del got
+    s = f.stats
+    assert (s.graph_captures, s.graph_replays, s.hits) == (2, 2 + 4, 7)
+    kept = f(y, w1, w2)[0]
+    want = mlp(y, w1, w2)[0]
+    for _ in range(3):  # the kept result: one step-by-step call, then a copy-out recapture
+        y = torch.randn(8, 64, device="cuda")
+        assert_equal(f(y, w1, w2), mlp(y, w1, w2))
+    assert torch.equal(kept, want)
+    s = f.stats
+    assert (s.graph_captures, s.graph_replays, s.hits) == (3, 6 + 1 + 2, 11)
+    (graph,) = next(iter(f._graph_states.graphs.values())).values()
+    assert not graph.handed
+
+
 def scale_(x, s: float):
     scale_inplace_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), s, BLOCK=256)
     return x * 2

@@ -43,7 +43,7 @@ output, a non-dense output, or a capture that fails (an op that synchronizes, as
 
 Note [Graph outputs]: a replay writes its outputs into the graph's static outputs. Copying each
 into a new tensor (an allocation and a ``cuMemcpyAsync``) would cost more host time than the
-replay of a small graph, so a static specialization's first graph hands out the static output
+replay of a small graph, so a static specialization's graph hands out the static output
 itself (a new tensor of its storage, ``trt_api.graph_output``) while nothing else holds it:
 before each replay the SCM checks that no tensor but the graph's own holds the storage of an
 output it handed out (``output_in_use``: the storage's use count, c10::StorageImpl's refcount).
@@ -53,6 +53,16 @@ result is then a tensor of its own, as in eager PyTorch, whatever the caller kee
 (whose base holds the storage too) is copied out from the start, and a storage held elsewhere
 for any other reason costs one step-by-step call and a capture. Symbolic specializations,
 whose graphs of several sizes share one slot, copy out.
+
+Note [Hand out after a move]: a specialization copies out only once a caller was seen keeping
+a result it handed out (``GraphStates.copy_out``), not after any recapture. A recapture made
+because a by-pointer argument moved (a ``generate`` makes a new KV cache per call: its second
+call recaptures with the cache copied in) hands out as the first capture does: ``generate``
+drops each step's logits before the next step, and each replay still checks that no handed-out
+output is held (``output_in_use``), so a caller that keeps one gets the copy-out recapture as
+above. Whether a recapture follows a kept result is read from the graph it replaces (its handed-
+out outputs' holders, ``Captured.kept``), not from why the SCM asked: a call that reaches the
+capture through the miss path asks for no reason at all.
 
 Note [Graphs per size]: a symbolic (dynamic) specialization serves many sizes with one launch
 sequence, but a graph bakes in the sizes it was captured at. So such a specialization keeps a
@@ -111,6 +121,12 @@ class Captured:
     outputs: list
     pointers: dict[int, int]  # by-pointer argument -> the address the graph reads
     desc: list[int]
+    handed: tuple = ()  # the static outputs replays hand out (Note [Graph outputs])
+
+    def kept(self) -> bool:
+        """Whether a caller holds an output this graph handed out (Note [Hand out after a
+        move]): a tensor or view of its storage other than the graph's own."""
+        return any(not _alone(t) for t in self.handed)
 
     @functools.cached_property
     def packed(self) -> bytes:
@@ -195,6 +211,7 @@ class GraphStates:
         self.seen: dict[str, dict[int, int]] = {}  # the warm-up's argument addresses
         self.graphs: dict[str, dict[tuple, Captured | NoGraph]] = {}  # by size
         self.recaptures: dict[str, int] = {}  # captures left after a moved argument
+        self.copy_out: set[str] = set()  # a handed-out result was kept: Note [Hand out after a move]
 
     def slot(self, spec) -> tuple:
         """``spec``'s slot after an install or a call, as the dispatcher's ``_set_graph`` takes
@@ -230,6 +247,8 @@ class GraphStates:
         previous = self.graphs.get(spec.key, {}).pop(size_key(spec, args), None)
         if isinstance(previous, Captured):  # a by-pointer argument moved: copy it in
             self.recaptures[spec.key] = self.recaptures.get(spec.key, RECAPTURES) - 1
+            if previous.kept():  # Note [Hand out after a move]
+                self.copy_out.add(spec.key)
             return set(previous.statics) | {i for i, p in pointers(args).items()
                                             if previous.pointers.get(i, p) != p}
         seen = self.seen.get(spec.key)
@@ -237,6 +256,12 @@ class GraphStates:
             self.seen[spec.key] = pointers(args)
             return None
         return {i for i, p in pointers(args).items() if seen.get(i) != p}
+
+    def hands_out(self, spec) -> bool:
+        """Whether ``spec``'s next capture hands out its static outputs (Note [Graph outputs],
+        Note [Hand out after a move]): a static specialization none of whose handed-out results
+        was seen kept."""
+        return not spec.symbolic and spec.key not in self.copy_out
 
     def done(self, spec, args: tuple, captured: Captured | NoGraph) -> None:
         """Keep what a capture of ``args``' size gave: the graph, or why there is none."""
@@ -295,6 +320,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
 
     storages = {_storage_ptr(a) for a in capture_args if isinstance(a, torch.Tensor)}
     desc_out: list[int] = []
+    handed = []
     for k, (o, value) in enumerate(zip(spec.plan.outputs, outputs)):
         if isinstance(value, torch.Tensor):
             storage = _storage_ptr(value)
@@ -304,8 +330,11 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
             if not _dense(value) or value.device != torch.device("cuda", device):
                 return NoGraph(f"output {k} is not a dense tensor on cuda:{device}")
             storages.add(storage)
+            hand = hand_out and _alone(value)
+            if hand:
+                handed.append(value)  # the Captured holds it
             desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),
-                         id(value) if hand_out and _alone(value) else 0,  # the Captured holds it
+                         id(value) if hand else 0,
                          dtype_codes()[value.dtype], value.dim(), *value.shape, *value.stride()]
         elif value is None:
             desc_out += [_TAGS["none"], 0]
@@ -328,7 +357,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs), len(key), *key]
     return Captured(graph, statics, outputs,
                     {i: args[i].data_ptr() for i in tensor_args if i not in statics},
-                    desc + desc_in + desc_out)
+                    desc + desc_in + desc_out, tuple(handed))
 
 
 class GraphControl:
@@ -353,12 +382,11 @@ class GraphControl:
         moved = self._graph_states.next_call(spec, args)
         if moved is not None:
             start = time.perf_counter()
-            first = spec.key not in self._graph_states.recaptures  # not a recapture
             try:
                 captured = capture(functools.partial(self._capture_run, index), spec, args,
                                    moved, passes.graph_device(spec),
                                    self._graph_states.pool(spec),
-                                   hand_out=first and not spec.symbolic)
+                                   hand_out=self._graph_states.hands_out(spec))
             except Exception as e:  # an op that cannot be captured (one that synchronizes)
                 captured = NoGraph(f"capture failed: {type(e).__name__}: {e}")
             self._graph_states.done(spec, args, captured)
