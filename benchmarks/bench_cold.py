@@ -1,6 +1,7 @@
 """A first ``generate`` with its compile, and a restarted process's first ``generate``, per door.
 
-``python3 -m benchmarks.bench_cold [OUT.json] [model ...]``: for each model (bench_hf's
+``python3 -m benchmarks.bench_cold [OUT.json] [model ...]`` (``--table OUT.json`` prints the
+table of a run's JSON, which is written after each door): for each model (bench_hf's
 ``MODELS``; a ``+liger`` suffix patches Liger-Kernel's RoPE, RMSNorm and SwiGLU in) and each door
 (``jit``: ``trident.jit(model.forward)``; ``backend``: ``torch.compile(backend="trident")``;
 ``config``: transformers' ``CompileConfig(backend="trident")``; ``auto``: transformers' own
@@ -208,10 +209,12 @@ def _run_child(name: str, door: str, folder: Path) -> dict:
     return row
 
 
-def run(name: str, root: Path, runtime: Path, doors=DOORS) -> dict:
-    """Each door's ``cold`` and ``warm`` rows for model ``name``, on fresh caches under
-    ``root`` whose Trident cache links ``runtime`` (the shared runtime folder)."""
-    rows = {}
+def run(name: str, root: Path, runtime: Path, doors=DOORS, rows: dict | None = None,
+        done=lambda: None) -> dict:
+    """Each door's ``cold`` and ``warm`` rows for model ``name`` (into ``rows``), on fresh
+    caches under ``root`` whose Trident cache links ``runtime`` (the shared runtime folder);
+    ``done()`` after each door."""
+    rows = {} if rows is None else rows
     for door in doors:
         folder = root / f"{name}-{door}"
         (folder / "trident").mkdir(parents=True)
@@ -222,6 +225,7 @@ def run(name: str, root: Path, runtime: Path, doors=DOORS) -> dict:
             print(f"{name} {door} {phase}: " + (
                 f"first generate {row['first_s']} s (process {row['process_s']} s)"
                 if "error" not in row else "ERROR " + row["error"]), flush=True)
+        done()
     return rows
 
 
@@ -264,7 +268,7 @@ def table(results: dict) -> str:
             continue
         auto = doors.get("auto", {})
         for door, rows in doors.items():
-            cold, warm = rows["cold"], rows["warm"]
+            cold, warm = (rows.get(phase, {"error": "not run"}) for phase in ("cold", "warm"))
             if "error" in cold or "error" in warm:
                 lines.append(f"| {name} | {door} | error: see the JSON |" + " |" * (len(head) - 3))
                 continue
@@ -303,16 +307,20 @@ def main(out: str | None = None, models: list[str] | None = None) -> dict:
                           f"{shared} in {time.perf_counter() - start:.1f} s, once, before any "
                           "door: no figure includes it")
     print(results["runtime"], flush=True)
+
+    def save():  # after each door: a run stopped by a time limit keeps what it measured
+        results["total_s"] = round(time.perf_counter() - start, 1)
+        if out:
+            with open(out, "w") as f:
+                json.dump(results, f, indent=1)
+
     root = Path(tempfile.mkdtemp(prefix="bench_cold."))
     try:
         for name in names:
-            results[name] = run(name, root, shared, doors)
+            run(name, root, shared, doors, results.setdefault(name, {}), save)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["total_s"] = round(time.perf_counter() - start, 1)
-    if out:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
+    save()
     print(f"\n{results['device']}, torch {torch.__version__}, transformers "
           f"{transformers.__version__}; first generate (16-token prompt, 64 new tokens), cold: "
           "a fresh process on fresh caches, compile included; warm: the next fresh process on "
@@ -327,5 +335,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["--child"]:
         print("ROW " + json.dumps(bench_cold.child(sys.argv[2], sys.argv[3])), flush=True)
+    elif sys.argv[1:2] == ["--table"]:  # the table of a run's JSON, whole or cut short
+        print(bench_cold.table(json.loads(Path(sys.argv[2]).read_text())))
     else:
         bench_cold.main(sys.argv[1] if len(sys.argv) > 1 else None, sys.argv[2:] or None)

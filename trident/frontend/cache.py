@@ -10,6 +10,8 @@ Layout under ``config.cache_dir()``:
         trident_scm_<hash>.c           the C source, for reading
         eager/<ns>-<hash>.json         signatures whose compile failed (Note [Stored eager
                                        decisions] in policy.py)
+        trees/<tree key>.json.gz       the words of a stored specialization's argument tree,
+                                       for explain() (Note [Stored trees] in ir/trees.py)
     locks/<name>-<key>.lock            held while a process loads or stores a function's entries
     locks/evict.lock                   held while a process evicts (Note [Cache size])
 
@@ -35,6 +37,7 @@ Note [Function key] (identity.py) says what a function's folder is keyed by.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -42,6 +45,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import zlib
 from pathlib import Path
 
 import torch
@@ -52,6 +56,7 @@ from trident.frontend.entries import entry_size
 from trident.identity import describe
 from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
+from trident.ir.trees import TreeWords
 
 _log = config.logger("cache")
 
@@ -160,6 +165,37 @@ class FunctionCache:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
             return False
+
+    def save_tree(self, words: TreeWords, key: int, keep: int = 64) -> None:
+        """Store the words of the argument tree ``key`` (Note [Stored trees]), and delete the
+        least recently stored past the newest ``keep``, as ``save_spec`` does; a cache that
+        cannot be written skips it (``explain`` then says less, nothing else changes)."""
+        path = self.directory / "trees" / f"{key}.json.gz"  # gzip: a tenth of the bytes
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                os.utime(path)
+            else:
+                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(gzip.compress(json.dumps(words.to_json()).encode()))
+                    os.replace(tmp, path)
+                finally:
+                    Path(tmp).unlink(missing_ok=True)
+            for old in sorted(path.parent.glob("*.json.gz"), key=_mtime)[:-keep]:
+                old.unlink(missing_ok=True)
+        except OSError as e:
+            _log.info("cannot store the argument tree %s in %s: %s", key, path.parent, e)
+
+    def load_tree(self, key: int) -> TreeWords | None:
+        """The stored words of the argument tree ``key`` (Note [Stored trees]), or None (none
+        stored, deleted meanwhile, damaged)."""
+        try:
+            return TreeWords.from_json(json.loads(gzip.decompress(
+                (self.directory / "trees" / f"{key}.json.gz").read_bytes())), key)
+        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError):
+            return None
 
     def renew(self, spec: Specialization) -> None:
         """Record that ``spec`` was installed from disk to serve a call: its file is named
@@ -324,6 +360,13 @@ def evict(keep: Path) -> list[Path]:
         _log.info("%s holds %d bytes, over its bound of %d: entries in use stay", root, total,
                   limit)
     return deleted
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:  # deleted by another process meanwhile: the oldest
+        return 0
 
 
 def _check_ops(spec: Specialization) -> None:

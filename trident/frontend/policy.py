@@ -212,6 +212,9 @@ class MissPolicy:
                             spec, keep=2 * self._max_specializations)
                         if saved:
                             self._prune(spec)
+                            if spec.tree in self._trees:  # Note [Stored trees] in ir/trees.py
+                                self._cache.save_tree(self._trees[spec.tree].words(), spec.tree,
+                                                      keep=2 * self._max_specializations)
                         elif stored is not None:  # the most recently used, for a new process
                             self._cache.renew(stored)
                 except TridentError as e:
@@ -298,11 +301,12 @@ class MissPolicy:
         return decision[0]
 
     def _why_not(self, spec: Specialization, call: _Call, every: bool = False) -> str | None:
-        """Why ``spec`` rejects ``call``: the first argument path whose structure differs, or
-        its first failing guard (``every``: up to four, ``guards.failures``; None: it accepts
-        the call)."""
+        """Why ``spec`` rejects ``call``: the first argument path whose structure differs (from
+        its tree as a call of this process had it, or as stored: Note [Stored trees] in
+        ir/trees.py), or its first failing guard (``every``: up to four, ``guards.failures``;
+        None: it accepts the call)."""
         if spec.tree != call.tree.key:
-            tree = self._trees.get(spec.tree)
+            tree = self._trees.get(spec.tree) or self._cache.load_tree(spec.tree)
             return tree.first_difference(call.tree) if tree else "another argument structure"
         failed = failures(spec.guards, call.leaves) if every else \
             [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]

@@ -72,26 +72,12 @@ class ArgTree:
 
     def first_difference(self, other: "ArgTree") -> str:
         """Where ``other`` (a call's tree) departs from this (an installed one), in words."""
-        for i, (mine, theirs, n) in enumerate(zip(self.description, other.description,
-                                                   other.nodes)):
-            if mine == theirs:
-                continue
-            where = n.path or "keyword arguments"
-            old, new = self.nodes[i].keys, n.keys
-            if old is not None and new is not None and old != new:  # name the keys only
-                added = [k for k in new if k not in old]
-                removed = [k for k in old if k not in new]
-                if added or removed:
-                    return (f"{where}: " + ", ".join(
-                        [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
-                return f"{where}: keys in another order"
-            return f"{where}: {_words(theirs)} where {_words(mine)} was compiled"
-        if len(self.nodes) != len(other.nodes):
-            longer = self if len(self.nodes) > len(other.nodes) else other
-            n = longer.nodes[min(len(self.nodes), len(other.nodes))]
-            return f"{n.path} {'missing' if longer is self else 'added'}"
-        return "same structure"
+        return self.words().first_difference(other)
 
+    def words(self) -> "TreeWords":
+        """What its differences are told in (Note [Stored trees])."""
+        return TreeWords(self.description, [n.path for n in self.nodes],
+                         [n.keys for n in self.nodes])
 
     def int_difference(self, ints: dict, key: int) -> str | None:
         """Where this tree (a call's) departs from a stored one that no call of this process
@@ -108,6 +94,64 @@ class ArgTree:
         return "; ".join(f"{self.nodes[i].path}: {_words(mine)} where {_words(theirs)} was "
                          "compiled" for i, (mine, theirs) in enumerate(
                              zip(self.description, description)) if mine != theirs)
+
+
+# Note [Stored trees]: a specialization stored by another process names its argument tree by key
+# only (``Specialization.tree``), and a process that had no call of that tree could not say
+# where a call departs from it ("another argument structure"). What the words of a difference
+# need (each node's description, path and keys) is stored once per tree key beside the
+# specializations (``FunctionCache.save_tree``), and read back only by ``explain`` (a miss names
+# stored trees by their int constants: Note [Stored int constants] in frontend/policy.py).
+
+@dataclasses.dataclass(frozen=True)
+class TreeWords:
+    """An argument tree as its differences are told (Note [Stored trees]): per node its
+    description (``ArgTree.description``), path, and keys (a dict's or an object's, in order;
+    None for other nodes)."""
+
+    description: list[str]
+    paths: list[str]
+    keys: list[tuple | None]
+
+    def first_difference(self, other: ArgTree) -> str:
+        """Where ``other`` (a call's tree) departs from this (an installed or stored one), in
+        words."""
+        for i, (mine, theirs, n) in enumerate(zip(self.description, other.description,
+                                                   other.nodes)):
+            if mine == theirs:
+                continue
+            where = n.path or "keyword arguments"
+            old, new = self.keys[i], n.keys
+            if old is not None and new is not None and old != new:  # name the keys only
+                added = [k for k in new if k not in old]
+                removed = [k for k in old if k not in new]
+                if added or removed:
+                    return (f"{where}: " + ", ".join(
+                        [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
+                return f"{where}: keys in another order"
+            return f"{where}: {_words(theirs)} where {_words(mine)} was compiled"
+        if len(self.description) != len(other.nodes):
+            shorter = min(len(self.description), len(other.nodes))
+            if len(self.description) > len(other.nodes):
+                return f"{self.paths[shorter]} missing"
+            return f"{other.nodes[shorter].path} added"
+        return "same structure"
+
+    def to_json(self) -> dict:
+        return {"description": self.description, "paths": self.paths,
+                "keys": [list(k) if k is not None else None for k in self.keys]}
+
+    @classmethod
+    def from_json(cls, data: dict, key: int) -> "TreeWords":
+        """Raises:
+            ValueError: the description does not hash to ``key``, or the lists differ in
+                length (a damaged or edited file)."""
+        words = cls(list(data["description"]), list(data["paths"]),
+                    [tuple(k) if k is not None else None for k in data["keys"]])
+        if tree_key(words.description) != key or not \
+                len(words.description) == len(words.paths) == len(words.keys):
+            raise ValueError(f"not the words of the argument tree {key}")
+        return words
 
 
 def tree_key(description: list[str]) -> int:
