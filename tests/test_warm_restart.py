@@ -403,7 +403,7 @@ HF_LENGTHS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
 
 def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
                                                                    trident_cache):
-    """Note [Reached roots] in lower/state/reads.py: each specialization the first process
+    """Note [Reached roots] in lower/state/roots.py: each specialization the first process
     compiled (static and symbolic prefill and decode) serves the second, which traces and
     builds nothing, and the cache gains no file; a third at a length neither ran too (its
     static cache longer: the symbolic ones, whose int leaves Note [Stored int leaves] in
