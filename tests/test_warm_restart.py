@@ -155,10 +155,11 @@ def test_a_grid_of_triton_cdiv_restarts_warm(tmp_path, subprocess_env, trident_c
     assert _contents(trident_cache) == stored
 
 
+@pytest.mark.parametrize("family", ["Llama", "Qwen2"])  # issue 27: Llama and Qwen
 def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
-                                                         trident_cache):
+                                                         trident_cache, family):
     script = tmp_path / "hf_doors.py"
-    script.write_text(HF_DOORS)
+    script.write_text(HF_DOORS.replace("Llama", family))
     first, _ = _run(subprocess_env, script)
     # the jitted prefill and decode step (docs/huggingface.md)
     assert first["jit"]["compiles"] == 2 and first["backend"]["compiles"] >= 1
