@@ -123,3 +123,43 @@ def test_the_quiet_pass_of_a_thread_sees_another_threads_change():
         for _ in range(3):
             assert torch.equal(jf(m, x), call(m, x))
     assert counts(jf) == (2, 5, 0), jf.stats.miss_reasons
+
+
+# ---- Note [Partials in arguments] (frontend/tracing.py): left as a strict xfail ----------------
+# A module holding a functools.partial (transformers' GELUTanh.act: every Gemma, every model of
+# ``gelu_pytorch_tanh``) has its specializations kept in its process only: the partial is
+# checked by identity, so each new process compiles the model again (issue 27).
+
+PARTIAL = """
+import functools, torch, trident
+import torch.nn.functional as F
+from torch import nn
+
+class Act(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = functools.partial(F.gelu, approximate="tanh")
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+def f(m, x):
+    return m(x)
+
+torch.manual_seed(0)
+m, x = Act().eval(), torch.randn(2, 4)
+jf = trident.jit(f)
+with torch.no_grad():
+    ok = all(torch.equal(jf(m, x), f(m, x)) for _ in range(2))
+print(ok, jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="a partial in a module is checked by identity: its "
+                   "specializations serve their process only (Note [Partials in arguments])")
+def test_a_partial_in_a_module_is_served_from_the_cache_in_a_new_process(subprocess_env):
+    first = run_python(subprocess_env, "-c", PARTIAL).stdout.strip().splitlines()[-1]
+    assert first == "True 1 1 0", first
+    second = run_python(subprocess_env, "-c", PARTIAL).stdout.strip().splitlines()[-1]
+    assert second == "True 0 2 0", second
