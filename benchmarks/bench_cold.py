@@ -35,7 +35,7 @@ instead (``spawn``).
 Environment: ``TRIDENT_BENCH_MODELS=llama-3.2-1b-like,qwen2.5-0.5b-like+liger`` picks models
 (the command line's override it; default every model, plain and ``+liger``; on the CPU plain
 only: Liger's kernels are Triton GPU kernels); ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,
-dynamo`` picks doors (default all but ``dynamo``); ``TRIDENT_BENCH_CHILD_TIMEOUT`` (default 600)
+dynamo`` picks doors (default all but ``dynamo``); ``TRIDENT_BENCH_CHILD_TIMEOUT`` (default 300)
 bounds one process, in seconds. Without a GPU the models run on the CPU in float32 at a width of
 256 (their layer counts kept, or ``TRIDENT_BENCH_LAYERS``), on one thread, to see the compile's
 stages and to try the driver (tests/test_bench_cold.py).
@@ -192,7 +192,7 @@ def _run_child(name: str, door: str, folder: Path) -> dict:
     process = ctx.Process(target=_worker, args=(send, name, door, str(folder)))
     process.start()
     send.close()
-    timeout = float(os.environ.get("TRIDENT_BENCH_CHILD_TIMEOUT", "600"))
+    timeout = float(os.environ.get("TRIDENT_BENCH_CHILD_TIMEOUT", "300"))
     try:
         row = receive.recv() if receive.poll(timeout) else {"error": f"over {timeout:g} s"}
     except EOFError:  # it died: a signal or os._exit

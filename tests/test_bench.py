@@ -3,6 +3,7 @@ ranges do not overlap (benchmarks.demo.compare), on synthetic samples and one re
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -142,6 +143,7 @@ def test_hit_parts_cpu_runs_a_decode_hit_with_no_python():
     threads = torch.get_num_threads()
     out = hit_parts_cpu.main(["llama", "2", "--rounds", "1"])
     assert torch.get_num_threads() == threads
+    assert gc.isenabled()  # (its timed loop turns the collector off: back on for the suite)
     assert out["python"] == {}
     stats = out["stats"]
     # 3 generates of 40 forward calls, two of them misses; 6 generates in situ; 20 profiled,

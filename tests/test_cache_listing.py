@@ -278,3 +278,23 @@ def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cac
     for told in (first, second):
         assert len(told) == 1 and told[0].startswith("state ")
         assert f" of {__name__}.ListedKnobs.scale" in told[0]
+
+
+def test_the_cache_bound_setting(monkeypatch):
+    """Note [Cache size]: TRIDENT_CACHE_SIZE in bytes or with a binary suffix, 2 GiB by
+    default; trident.config.CACHE_SIZE over it; a value that is no size is warned about and
+    the default kept (issue 27, bad input)."""
+    from trident import config
+
+    monkeypatch.delenv("TRIDENT_CACHE_SIZE", raising=False)
+    assert config.cache_size() == 2 * 2**30
+    for text, size in (("123", 123), ("512M", 512 * 2**20), ("1.5GiB", 3 * 2**29),
+                       ("2 kb", 2048)):
+        monkeypatch.setenv("TRIDENT_CACHE_SIZE", text)
+        assert config.cache_size() == size, text
+    monkeypatch.setattr(config, "CACHE_SIZE", 1000)
+    assert config.cache_size() == 1000
+    monkeypatch.setattr(config, "CACHE_SIZE", None)
+    monkeypatch.setenv("TRIDENT_CACHE_SIZE", "lots")
+    with pytest.warns(UserWarning, match="TRIDENT_CACHE_SIZE='lots' is not a size"):
+        assert config.cache_size() == 2 * 2**30

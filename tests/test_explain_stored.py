@@ -104,3 +104,12 @@ def test_a_hugging_face_forward_loaded_from_disk(trident_cache):
     assert lines[2].endswith("): keyword arguments: 'attention_mask' added")  # the prefill's
     assert lines[3].endswith("): input_ids.dtype == int64 expected, got 'int32'")
     assert again.stats.compiles == 0 and "another argument structure" not in "\n".join(lines)
+
+
+def test_two_functions_of_one_argument_structure_store_no_identical_files(trident_cache):
+    """No byte-identical files in the cache (issue 27): a tree's file names its function."""
+    trident.jit(scale)(torch.ones(4), Box(4))
+    trident.jit(lambda x, box: x + box.w)(torch.ones(4), Box(4))
+    trees = sorted((trident_cache / "functions").glob("*/trees/*.json.gz"))
+    assert len(trees) == 2 and trees[0].name == trees[1].name  # one tree key
+    assert trees[0].read_bytes() != trees[1].read_bytes()

@@ -148,7 +148,8 @@ def test_superseded_modules_are_pruned(trident_cache):
         assert sorted(p.name.removeprefix(name) for p in folder.glob(f"{name}.*")) == sorted(
             [".c", ".1.c", ".2.c", sysconfig.get_config_var("EXT_SUFFIX"), ".lock", ".sha256"])
     assert {p.name for p in folder.iterdir() if not p.name.startswith("trident_scm_")} == \
-        {"specs", "function.json", "prune.lock"}
+        {"specs", "trees", "function.json", "prune.lock"}
+    assert len(list(folder.glob("trees/*.json.gz"))) == 1  # one tree: Note [Stored trees]
     as_in_a_new_process()
     again = trident.jit(add, max_specializations=2)  # a new process: the stored modules serve
     for k in (3, 4):

@@ -30,7 +30,7 @@ def _quiet(jf, calls: int = 3):
     """Hit ``jf(X)`` ``calls`` times; the memo is made once and used (its checks held)."""
     for _ in range(calls):
         jf(X)
-    made, proofs, checked, _ = jf._quiet_state()
+    made, proofs, checked, _, _ = jf._quiet_state()
     assert made == 1 and proofs > 0, jf._quiet_state()
     return checked
 
@@ -132,7 +132,7 @@ def test_another_global_changes_at_every_call():
     for i in range(1, 41):  # (the same object again is no change of the dict)
         OTHER = i
         assert torch.equal(jf(X), reads_cfg(X))
-    made, proofs, _, reread = jf._quiet_state()
+    made, proofs, _, reread, _ = jf._quiet_state()
     assert (made, jf.stats.compiles) == (1, 1) and proofs > 0 and reread >= 40
 
 
@@ -189,7 +189,7 @@ def test_an_equal_value_rebound_at_every_call():
         MOD_EQUAL.k = float(str(2.0))  # a new float object, equal
         assert torch.equal(jf(X), reads_equal(X))
     assert (jf.stats.compiles, jf.stats.fallbacks, jf.stats.hits) == (1, 0, 42), jf.stats
-    made, proofs, _, _ = jf._quiet_state()
+    made, proofs, _, _, _ = jf._quiet_state()
     assert made == 16 and proofs == -1
 
 
@@ -233,3 +233,37 @@ def test_memo_holds_no_object_past_the_function():
     del jf, mod
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="dict and type watchers (3.12)")
+def test_watched_proofs_skip_their_tags_until_an_event():
+    """Note [Watched state]: while no watched dict or type had an event, the proofs hold
+    through their watchers; an event makes the next call read every tag, which sees the change
+    (or re-reads the entries of a dict whose other key changed), then the watchers serve again."""
+    jf = trident.jit(reads_cfg)
+    _quiet(jf)
+
+    def calls(n):
+        before = jf._quiet_state()
+        for _ in range(n):
+            assert torch.equal(jf(X), reads_cfg(X))
+        after = jf._quiet_state()
+        return after[0] - before[0], after[3] - before[3], after[4] - before[4]  # made, reread, watched
+
+    assert calls(3) == (0, 0, 3)
+    CFG["b"] = 5.0  # another key: its event, the tag read, the entry read again
+    assert calls(1) == (0, 1, 0) and calls(2) == (0, 0, 2)
+    CFG["a"] = 7.0  # the key read: its proof fails, a new specialization (and state memo)
+    for _ in range(2):
+        assert torch.equal(jf(X), reads_cfg(X))
+    assert calls(2)[2] == 2 and jf.stats.compiles == 2
+
+    jt = trident.jit(reads_sub)
+    for _ in range(3):
+        jt(X)
+    made = jt._quiet_state()[0]
+    Base.w = 1.0  # an equal value: the type's event, its tag gone, every node holds: remade
+    assert torch.equal(jt(X), reads_sub(X))
+    assert jt._quiet_state()[0] == made + 1 and jt.stats.compiles == 1
+    Sub.w = 4.0  # through the subclass's own watcher
+    assert torch.equal(jt(X), reads_sub(X)) and jt.stats.compiles == 2

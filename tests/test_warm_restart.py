@@ -155,10 +155,11 @@ def test_a_grid_of_triton_cdiv_restarts_warm(tmp_path, subprocess_env, trident_c
     assert _contents(trident_cache) == stored
 
 
+@pytest.mark.parametrize("family", ["Llama", "Qwen2"])  # issue 27: Llama and Qwen
 def test_each_door_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
-                                                         trident_cache):
+                                                         trident_cache, family):
     script = tmp_path / "hf_doors.py"
-    script.write_text(HF_DOORS)
+    script.write_text(HF_DOORS.replace("Llama", family))
     first, _ = _run(subprocess_env, script)
     # the jitted prefill and decode step (docs/huggingface.md)
     assert first["jit"]["compiles"] == 2 and first["backend"]["compiles"] >= 1
@@ -403,7 +404,7 @@ HF_LENGTHS = TINY_LLAMA_SCRIPT + textwrap.dedent('''
 
 def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, subprocess_env,
                                                                    trident_cache):
-    """Note [Reached roots] in lower/state/reads.py: each specialization the first process
+    """Note [Reached roots] in lower/state/roots.py: each specialization the first process
     compiled (static and symbolic prefill and decode) serves the second, which traces and
     builds nothing, and the cache gains no file; a third at a length neither ran too (its
     static cache longer: the symbolic ones, whose int leaves Note [Stored int leaves] in

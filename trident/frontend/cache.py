@@ -178,8 +178,11 @@ class FunctionCache:
             else:
                 fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
                 try:
+                    # the folder's name: two functions' trees of one structure are two
+                    # entries, not byte-identical files; mtime 0: the same bytes each time
+                    data = {"function": self.directory.name, **words.to_json()}
                     with os.fdopen(fd, "wb") as f:
-                        f.write(gzip.compress(json.dumps(words.to_json()).encode()))
+                        f.write(gzip.compress(json.dumps(data).encode(), mtime=0))
                     os.replace(tmp, path)
                 finally:
                     Path(tmp).unlink(missing_ok=True)

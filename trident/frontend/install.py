@@ -263,7 +263,7 @@ class Installer:
         return call
 
     # Note [Process-only state]: a specialization whose state guards check an object that no
-    # path from a module reaches (Note [Reached roots] in lower/state/reads.py: a class made
+    # path from a module reaches (Note [Reached roots] in lower/state/roots.py: a class made
     # in a function's body, the globals dict of code exec'd by hand) is keyed by that object's
     # identity, which no other process shares: its digest names the process. It serves this
     # process, which keeps it in memory (``FunctionCache.keep_in_process``: installed again

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -265,6 +266,36 @@ def _changed(before: dict, after: dict) -> list[str]:
                                       all(map(torch.equal, before[k], after[k])))]
 
 
+# Note [Fake CUDA guard]: on a CUDA build of torch where no device is available (a CPU-only
+# host with the default Linux wheel), ``FakeTensorMode.__enter__`` installs a no-op CUDA device
+# guard (``torch._C._ensureCUDADeviceGuardSet``) that the calling thread owns (a
+# ``thread_local`` of c10) in c10's process-wide registry, once: when that thread exits, the
+# next trace in another thread calls into the freed guard and the process crashes (torch
+# 2.11+cu130: a thread's compile after another thread's). So before the first trace off the
+# main thread, a daemon thread that waits for the rest of the process makes the first
+# registration, which then lives as long as the process; a trace on the main thread registers
+# the main thread's (it outlives the others), and a later registration changes nothing.
+_GUARD_OWNER: list = []
+
+
+def _own_fake_cuda_guard() -> None:
+    """Note [Fake CUDA guard]."""
+    if _GUARD_OWNER or threading.current_thread() is threading.main_thread() \
+            or not torch.cuda._is_compiled() or torch.cuda.is_available():
+        return
+    ready = threading.Event()
+
+    def owner():
+        torch._C._ensureCUDADeviceGuardSet()
+        ready.set()
+        threading.Event().wait()  # (the guard is this thread's: it never exits)
+
+    thread = threading.Thread(target=owner, name="trident-cuda-guard", daemon=True)
+    thread.start()
+    ready.wait()
+    _GUARD_OWNER.append(thread)
+
+
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
           changed_rng: Callable[[], bool] | None = None, ones: frozenset = frozenset()
@@ -282,6 +313,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
             are not arguments, outputs other than tensors, tuples, lists, None and scalars).
     """
+    _own_fake_cuda_guard()
     name = name or getattr(fn, "__qualname__", repr(fn))
     holder: dict[str, Any] = {}
     mode = _SourceLines(pause)

@@ -465,17 +465,19 @@ PyObject* Dispatcher_state_failure(Dispatcher* self, PyObject*) {
   return PyLong_FromSsize_t(state_holds(self, &failed) ? -1 : failed);
 }
 
-// _quiet_state() -> (made, proofs, checked, reread) or None: Note [Quiet state], for tests and
-// benchmarks: how many times the state memo was made, its proofs (-1: none now), the nodes
-// still checked at each call, and how many times a dict's proof held through its entries.
+// _quiet_state() -> (made, proofs, checked, reread, watched) or None: Note [Quiet state], for
+// tests and benchmarks: how many times the state memo was made, its proofs (-1: none now), the
+// nodes still checked at each call, how many times a dict's proof held through its entries,
+// and how many times the proofs held through their watchers (Note [Watched state]).
 PyObject* Dispatcher_quiet_state(Dispatcher* self, PyObject*) {
   std::shared_ptr<Tree> tree = self->state;
   if (!tree || !tree->state_memo) Py_RETURN_NONE;
   const StateMemo& m = *tree->state_memo;
-  return Py_BuildValue("(innK)", m.remade,
+  return Py_BuildValue("(innKK)", m.remade,
                        m.valid ? static_cast<Py_ssize_t>(m.proofs.size()) : Py_ssize_t{-1},
                        static_cast<Py_ssize_t>(m.again.size()),
-                       static_cast<unsigned long long>(m.reread));
+                       static_cast<unsigned long long>(m.reread),
+                       static_cast<unsigned long long>(m.quiet));
 }
 
 // _tree_passes() -> [[(root node, quiet, unchanged, walked), ...] per argument tree]: Note
@@ -712,7 +714,8 @@ PyMethodDef Dispatcher_methods[] = {
     {"_set_state", reinterpret_cast<PyCFunction>(Dispatcher_set_state), METH_O,
      "_set_state(program or None): the state tree hits need to hold (Note [State guards])."},
     {"_quiet_state", reinterpret_cast<PyCFunction>(Dispatcher_quiet_state), METH_NOARGS,
-     "_quiet_state() -> (made, proofs or -1, checked, reread) or None: Note [Quiet state]."},
+     "_quiet_state() -> (made, proofs or -1, checked, reread, watched) or None: Note [Quiet "
+     "state]."},
     {"_tree_passes", reinterpret_cast<PyCFunction>(Dispatcher_tree_passes), METH_NOARGS,
      "per argument tree, per root: (node, quiet, unchanged, walked) pass counts"},
     {"_state_failure", reinterpret_cast<PyCFunction>(Dispatcher_state_failure), METH_NOARGS,

@@ -177,6 +177,12 @@ struct TreeMemo {
     Check::Op op;
   };
   std::vector<QuietStep> quiet_table;
+  // Note [Quiet leaves] (tree_memo.cpp): per root, its leaves' nodes in pre-order (from
+  // quiet_leaf_begin[root] to quiet_leaf_begin[root + 1]), not in the quiet table, and their
+  // values, copied with the table
+  std::vector<size_t> quiet_leaf_begin;
+  std::vector<uint32_t> quiet_leaf_nodes;
+  std::vector<PyObject*> quiet_leaves;
   std::vector<uint32_t> root_of;       // per node: its root's index in `roots`
   // per root: events on the watched dicts of its subtree, and their count when its last pass
   // began that then held (it is dirty while they differ: a watched dict may have changed)
@@ -215,6 +221,15 @@ struct StateMemo {
   std::vector<PyObject*> values; // per node: its value at the evaluation the memo was made at
   std::vector<PyObject*> owned;  // what the proofs and the proven values hold
   uint64_t reread = 0;           // proofs held through their entries (another key changed)
+  // Note [Watched state] (tree_eval.cpp, Python 3.12): the proofs' dicts and types are watched
+  // (`watched`: all of them); `events` counts the watchers' events, `clean` their count when
+  // the proofs last held. The exact-type proofs, which no watcher sees, are checked at every
+  // call from `exact`.
+  std::vector<std::pair<PyObject*, PyTypeObject*>> exact;
+  std::vector<PyObject*> watched_dicts, watched_types;
+  uint64_t events = 0, clean = 0;
+  bool watched = false;
+  uint64_t quiet = 0;            // proofs taken as holding through the watchers (benchmarks)
   bool valid = false;            // made, and not dropped since
   bool busy = false;             // a pass is reading it (one that re-enters walks alone)
   int remade = 0;                // times made: a state that changes at every call stops it

@@ -78,21 +78,42 @@ inline uint64_t dict_tag(PyObject*) { return 0; }
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
 #define TRT_DICT_WATCHERS 1
 int dict_watcher = -1;  // -2: none could be had
-// The memos watching each watched dict, with the root whose subtree holds it (never freed: the
-// watcher outlives every memo).
-using Watcher = std::pair<TreeMemo*, uint32_t>;
+int type_watcher = -1;  // (Note [Watched state])
+// What watches each watched dict: an argument tree's root (memo, root), or a state memo (Note
+// [Watched state]). Never freed: the watcher outlives every memo.
+struct Watcher {
+  TreeMemo* memo;
+  uint32_t root;
+  StateMemo* state;
+  bool operator==(const Watcher& o) const {
+    return memo == o.memo && root == o.root && state == o.state;
+  }
+};
 auto* const watchers = new std::unordered_map<PyObject*, std::vector<Watcher>>();
+auto* const type_watchers = new std::unordered_map<PyObject*, std::vector<StateMemo*>>();
 
 int on_dict_event(PyDict_WatchEvent event, PyObject* d, PyObject*, PyObject*) {
   auto it = watchers->find(d);
   if (it == watchers->end()) return 0;
-  for (auto [memo, root] : it->second) ++memo->root_events[root];
+  for (const Watcher& w : it->second) {
+    if (w.state)
+      ++w.state->events;
+    else
+      ++w.memo->root_events[w.root];
+  }
   if (event == PyDict_EVENT_DEALLOCATED) watchers->erase(it);
   return 0;
 }
 
-// `memo` watches `d`, held by root `root`'s subtree. false: not watched (no watcher slot).
-bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d) {
+int on_type_event(PyTypeObject* type) {
+  auto it = type_watchers->find(reinterpret_cast<PyObject*>(type));
+  if (it != type_watchers->end())
+    for (StateMemo* m : it->second) ++m->events;
+  return 0;
+}
+
+// `d` watched for `w`. false: not watched (no watcher slot).
+bool watch(PyObject* d, const Watcher& w) {
   if (dict_watcher == -1) {
     dict_watcher = PyDict_AddWatcher(on_dict_event);
     if (dict_watcher < 0) {
@@ -107,29 +128,79 @@ bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d) {
     watchers->erase(it);
     return false;
   }
-  Watcher w{memo, root};
-  if (std::find(it->second.begin(), it->second.end(), w) == it->second.end()) {
-    it->second.push_back(w);
-    memo->watching.push_back(d);
+  if (std::find(it->second.begin(), it->second.end(), w) != it->second.end()) return true;
+  it->second.push_back(w);
+  if (w.state)
+    w.state->watched_dicts.push_back(d);
+  else
+    w.memo->watching.push_back(d);
+  return true;
+}
+
+// `memo` watches `d`, held by root `root`'s subtree. false: not watched (no watcher slot).
+bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d) { return watch(d, {memo, root, nullptr}); }
+
+// `d`, watched for whatever `gone` says, is no longer watched for it; unwatched when nothing else
+// watches it.
+template <typename Gone>
+void unwatch(PyObject* d, Gone gone) {
+  auto it = watchers->find(d);  // absent: deallocated since
+  if (it == watchers->end()) return;
+  auto& ws = it->second;
+  ws.erase(std::remove_if(ws.begin(), ws.end(), gone), ws.end());
+  if (ws.empty()) {
+    if (PyDict_Unwatch(dict_watcher, d) < 0) PyErr_Clear();
+    watchers->erase(it);
+  }
+}
+
+// Note [Watched state]: state memo `m` watches type `t`. false: not watched (no watcher slot).
+bool watch_type(StateMemo* m, PyObject* t) {
+  if (type_watcher == -1) {
+    type_watcher = PyType_AddWatcher(on_type_event);
+    if (type_watcher < 0) {
+      PyErr_Clear();
+      type_watcher = -2;
+    }
+  }
+  if (type_watcher < 0) return false;
+  auto [it, added] = type_watchers->try_emplace(t);
+  if (added && PyType_Watch(type_watcher, t) < 0) {
+    PyErr_Clear();
+    type_watchers->erase(it);
+    return false;
+  }
+  if (std::find(it->second.begin(), it->second.end(), m) == it->second.end()) {
+    it->second.push_back(m);
+    m->watched_types.push_back(t);
   }
   return true;
+}
+
+// Note [Watched state]: `m` watches nothing any more (with the GIL).
+void unwatch_state(StateMemo& m) {
+  for (PyObject* d : m.watched_dicts)
+    unwatch(d, [&m](const Watcher& w) { return w.state == &m; });
+  for (PyObject* t : m.watched_types) {
+    auto it = type_watchers->find(t);
+    if (it == type_watchers->end()) continue;
+    auto& ms = it->second;
+    ms.erase(std::remove(ms.begin(), ms.end(), &m), ms.end());
+    if (ms.empty()) {
+      if (PyType_Unwatch(type_watcher, t) < 0) PyErr_Clear();
+      type_watchers->erase(it);
+    }
+  }
+  m.watched_dicts.clear();
+  m.watched_types.clear();
+  m.watched = false;
 }
 #endif
 
 TreeMemo::~TreeMemo() {  // with the GIL (CallTrees' last holder has it)
 #ifdef TRT_DICT_WATCHERS
-  for (PyObject* d : watching) {
-    auto it = watchers->find(d);  // absent: deallocated since
-    if (it == watchers->end()) continue;
-    auto& memos = it->second;
-    memos.erase(std::remove_if(memos.begin(), memos.end(),
-                               [this](const Watcher& w) { return w.first == this; }),
-                memos.end());
-    if (memos.empty()) {
-      if (PyDict_Unwatch(dict_watcher, d) < 0) PyErr_Clear();
-      watchers->erase(it);
-    }
-  }
+  for (PyObject* d : watching)
+    unwatch(d, [this](const Watcher& w) { return w.memo == this && !w.state; });
 #endif
 }
 
@@ -391,7 +462,6 @@ struct TreeEval {
         const TreeMemo::QuietStep& step = table[c];
         PyObject* v = step.value;
         switch (step.op) {
-          case TreeMemo::Check::kLeaf: cv.leaves.push_back(v); break;
           case TreeMemo::Check::kObjectQuiet: {
             if (Py_TYPE(v) != step.type) return false;
             PyObject** dict = _PyObject_GetDictPtr(v);
@@ -405,6 +475,9 @@ struct TreeEval {
             if (!holds(memo->quiet_checks[c], v, all_watched)) return false;
         }
       }
+      const auto leaves = memo->quiet_leaves.begin();  // Note [Quiet leaves]
+      cv.leaves.insert(cv.leaves.end(), leaves + static_cast<Py_ssize_t>(memo->quiet_leaf_begin[k]),
+                       leaves + static_cast<Py_ssize_t>(memo->quiet_leaf_begin[k + 1]));
       return true;
     }
     for (size_t c = memo->checks_begin[k]; c < memo->checks_begin[k + 1]; ++c) {
@@ -491,6 +564,26 @@ struct TreeEval {
 // and attributes, a tensor's version). A proof that fails makes the call evaluate every node,
 // and the memo is made again from it; a state that changes at every call stops it after a few.
 // Not on Python 3.13 and later (no dict tags there): every node, at every call.
+//
+// Note [Watched state]: on Python 3.12 the proofs' dicts and types are watched (PEP 699's dict
+// watchers, and type watchers), so that while no event came since the proofs last held, their
+// tags are not read: a decode hit's state tree proves its 30 nodes with 28 proofs, a module's
+// dict or a class each, scattered objects that generate's Python evicted from the caches since
+// the last step. What a watcher sees is what a tag says: a dict's event comes with every
+// change that gives it a new tag (and its copy into or deallocation; the memo owns what it
+// watches, so none is deallocated while watched), and a type's with PyType_Modified, the one
+// place a valid version tag is cleared (a class's or a base's attribute set or deleted, its
+// bases or MRO changed), which calls the type's watchers whenever its tag was valid, as it was
+// when its proof was made. An event makes the next call check every proof by its tag, as
+// without watchers (a dict whose tag moved for another key is re-read, and its proof holds
+// again). The exact-type proofs (a module's ``__class__``, which no watcher sees) are checked
+// at every call, as are the nodes that are not proven. Where no watcher slot is free, the tags
+// are read at every call. Two proofs more make a model's state tree proven in every node, so
+// that a hit reads only the memo, its module objects' headers and no node: a class whose
+// metaclass is an immutable type (``type``) cannot have its class assigned (object_set_class
+// refuses it), so its metaclass needs no proof (fixed_class), and an OrderedDict of at most one
+// key (``torch.nn.modules.module``'s global hook dicts, empty) has no order to change, so its
+// tag covers its check as an exact dict's does (its insertions and deletions are dict events).
 
 #ifdef TRT_DICT_TAGS
 inline uint64_t type_tag(PyTypeObject* t) {
@@ -499,6 +592,10 @@ inline uint64_t type_tag(PyTypeObject* t) {
 #endif
 
 void StateMemo::clear() {
+#ifdef TRT_DICT_WATCHERS
+  unwatch_state(*this);  // (before the references go: what it watches is alive)
+#endif
+  exact.clear();
   for (PyObject* o : owned) Py_DECREF(o);
   owned.clear();
   proofs.clear();
@@ -508,6 +605,15 @@ void StateMemo::clear() {
 
 bool proofs_hold(StateMemo& m) {
 #ifdef TRT_DICT_TAGS
+#ifdef TRT_DICT_WATCHERS
+  uint64_t events = m.events;  // Note [Watched state]
+  if (m.watched && events == m.clean) {
+    for (auto [obj, type] : m.exact)
+      if (Py_TYPE(obj) != type) return false;
+    ++m.quiet;
+    return true;
+  }
+#endif
   for (StateMemo::Proof& p : m.proofs) {
     switch (p.op) {
       case StateMemo::Proof::kDictTag:
@@ -531,11 +637,44 @@ bool proofs_hold(StateMemo& m) {
         break;
     }
   }
+#ifdef TRT_DICT_WATCHERS
+  m.clean = events;  // (no Python ran: the lookups above are of str and int keys)
+#endif
   return true;
 #else
   (void)m;
   return false;
 #endif
+}
+
+#ifdef TRT_DICT_WATCHERS
+// Note [Watched state]: `m`'s dicts and types watched, and its exact types listed, once its
+// proofs are made (and hold: they were just read).
+void watch_proofs(StateMemo& m) {
+  bool all = true;
+  for (StateMemo::Proof& p : m.proofs) {
+    if (p.op == StateMemo::Proof::kExactType) {
+      m.exact.emplace_back(p.obj, p.type);
+    } else if (p.op == StateMemo::Proof::kDictTag) {
+      all = watch(p.obj, {nullptr, 0, &m}) && all;
+      p.tag = dict_tag(p.obj);  // watching changes its tag's low bits
+    } else {
+      all = watch_type(&m, p.obj) && all;
+      // a type's tag is assigned when it is watched, and proofs are only made of assigned ones
+      all = all && type_tag(reinterpret_cast<PyTypeObject*>(p.obj)) == p.tag;
+    }
+  }
+  m.watched = all;
+  m.clean = m.events;
+}
+#endif
+
+// Whether no object of class `meta` can have its class assigned: object_set_class refuses an
+// immutable type (a static type: `type` itself, the metaclass of most classes) unless both
+// classes are modules' (Note [Quiet state]: a class's metaclass proof is then not needed).
+inline bool fixed_class(PyTypeObject* meta) {
+  return PyType_HasFeature(meta, Py_TPFLAGS_IMMUTABLETYPE) &&
+         !PyType_IsSubtype(meta, &PyModule_Type);
 }
 
 // Note [Quiet state]: the memo of state tree `tree` from `values`, an evaluation that held.
@@ -591,7 +730,7 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
         proven = found == v && plain && type_tag(type) &&
                  (!(meta->tp_flags & Py_TPFLAGS_HEAPTYPE) || type_tag(meta));
         if (proven) {
-          prove(StateMemo::Proof::kExactType, parent, 0, meta);
+          if (!fixed_class(meta)) prove(StateMemo::Proof::kExactType, parent, 0, meta);
           prove(StateMemo::Proof::kTypeTag, parent, type_tag(type), nullptr);
           if (meta->tp_flags & Py_TPFLAGS_HEAPTYPE)
             prove(StateMemo::Proof::kTypeTag, reinterpret_cast<PyObject*>(meta), type_tag(meta),
@@ -622,8 +761,8 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
                   PyComplex_CheckExact(v);
           break;
         case TRT_CHK_SEQ: holds = PyTuple_CheckExact(v); break;
-        case TRT_CHK_DICT:
-          holds = PyDict_CheckExact(v);
+        case TRT_CHK_DICT:  // an OrderedDict's order: no tag covers it, but one key has one
+          holds = PyDict_CheckExact(v) || (PyODict_CheckExact(v) && PyDict_GET_SIZE(v) <= 1);
           if (holds) prove(StateMemo::Proof::kDictTag, v, dict_tag(v), nullptr).whole = true;
           break;
         case TRT_CHK_SAME: holds = m.proven[node.same] != 0; break;
@@ -631,6 +770,9 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
     }
     if (!holds) m.again.push_back(static_cast<uint32_t>(i));
   }
+#ifdef TRT_DICT_WATCHERS
+  watch_proofs(m);
+#endif
   m.valid = true;
   ++m.remade;
 #else
@@ -640,8 +782,12 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
 }
 
 // Evaluates one tree over the bound values: true and cv.leaves filled when every check holds
-// (an argument tree's values are then in its memo, a state tree's in cv.values).
+// (an argument tree's values are then in its memo, a state tree's in cv.values, except where
+// its memo proves every node: then cv is untouched, and state_holds reads none of it).
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed) {
+  StateMemo* m = tree.state_memo.get();
+  if (m && !m->busy && m->valid && m->again.empty() && proofs_hold(*m))
+    return true;  // Note [Watched state]: every node proven, so cv is not written
   size_t n = tree.nodes.size();
   TreeMemo* memo = tree.memo.get();
   if (memo && memo->busy) memo = nullptr;  // re-entered during a walk: this one walks alone
@@ -654,7 +800,7 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   cv.leaves.push_back(tree.key);
   TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
              memo ? memo->dicts.data() : cv.dicts.data(), failed};
-  if (StateMemo* m = tree.state_memo.get(); m && !m->busy) {  // Note [Quiet state]
+  if (m && !m->busy) {  // Note [Quiet state]
     m->busy = true;  // (a check may run Python code that calls this function again)
     bool quiet = m->valid && proofs_hold(*m);
     bool ok = quiet ? e.quiet_state(*m) : e.all();

@@ -93,6 +93,7 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
     memo->shell.push_back(shell[r]);
     memo->checks_begin.push_back(memo->checks.size());
     memo->quiet_begin.push_back(memo->quiet_checks.size());
+    memo->quiet_leaf_begin.push_back(memo->quiet_leaf_nodes.size());
     memo->root_of[r] = k;
     for (size_t i = r; i < memo->end[r] && !shell[r]; ++i) {
       memo->root_of[i] = k;
@@ -104,7 +105,10 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
       };
       auto add = [&](Check::Op op) { add_both(op, op, false); };
       switch (node.check) {
-        case TRT_CHK_LEAF: add(Check::kLeaf); break;  // the SCM guards it
+        case TRT_CHK_LEAF:  // the SCM guards it; Note [Quiet leaves]
+          add_both(Check::kLeaf, Check::kLeaf, true);
+          memo->quiet_leaf_nodes.push_back(static_cast<uint32_t>(i));
+          break;
         case TRT_CHK_OBJECT: add_both(Check::kObject, Check::kObjectQuiet, false); break;
         case TRT_CHK_DICT:  // a watched dict freed and another at its address: an event
           if (memo->kind[i] == TreeMemo::kOrderedDict)
@@ -130,6 +134,8 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
   }
   memo->checks_begin.push_back(memo->checks.size());
   memo->quiet_begin.push_back(memo->quiet_checks.size());
+  memo->quiet_leaf_begin.push_back(memo->quiet_leaf_nodes.size());
+  memo->quiet_leaves.resize(memo->quiet_leaf_nodes.size());
   memo->root_held.assign(memo->roots.size(), 0);
   memo->root_events.assign(memo->roots.size(), 1);
   memo->root_clean.assign(memo->roots.size(), 0);
@@ -167,6 +173,14 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
 // order (move_to_end) and a tensor's metadata (`.data =`, `requires_grad_`) have no watcher.
 // Each is a change the walk catches (tests/test_unchanged_subtrees.py, test_quiet_table.py),
 // so each stays a check: per module its header, its dict pointer, its set's header, its leaves.
+//
+// Note [Quiet leaves]: a quiet root's leaves are not records of the table: a leaf has no check
+// there (the SCM guards it), only its place among the call's leaves, and a model's are most of
+// the table (378 of a 16-layer Llama's decode tree's records: parameters, their None biases, a
+// cache's ints). Each root keeps its leaves' values in pre-order in one array beside the table,
+// copied with it, and a quiet pass that held appends them in one copy after its checks: the
+// same leaves in the same order as the pre-order pass pushed them (a root's leaves are
+// contiguous among the call's, and a pass that fails drops what it pushed).
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
   for (size_t c = memo.quiet_begin[root]; c < memo.quiet_begin[root + 1]; ++c) {
     const TreeMemo::Check& check = memo.quiet_checks[c];
@@ -179,6 +193,8 @@ void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
     PyTypeObject* type = op == TreeMemo::Check::kEmptySet ? Py_TYPE(expect) : memo.types[i];
     memo.quiet_table[c] = {memo.values[i], type, memo.dicts[i], i, op};
   }
+  for (size_t j = memo.quiet_leaf_begin[root]; j < memo.quiet_leaf_begin[root + 1]; ++j)
+    memo.quiet_leaves[j] = memo.values[memo.quiet_leaf_nodes[j]];
 }
 
 }  // namespace

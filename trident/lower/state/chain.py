@@ -6,16 +6,15 @@ chain may reach."""
 from __future__ import annotations
 
 import builtins
-import collections
 import dataclasses
 import functools
 import inspect
-import itertools
 import os
 import sys
 import types
-import weakref
 from typing import Any
+
+from trident.identity import object_serial, serial_object
 
 _MISSING = object()  # a read of a name or item that is absent
 _STOP = object()  # a read that Python code (a property, __getattr__) would serve
@@ -53,46 +52,23 @@ def _key_from_json(k):
 
 
 # Note [Object roots]: ("object", token) roots name objects no module path reaches (a class
-# defined in a function, the globals dict of exec'd code). A token is never reused (a serial
-# number: a new object at a dead one's address gets a new token), and the table does not keep
-# its objects alive: it holds a weak reference, which the object's death drops, and an object
-# that takes none (a dict) strongly, the newest _STRONG_BOUND of them. The state trees of the
-# specializations hold their roots themselves while they live; a stored chain whose root has
-# gone no longer evaluates, and its specialization is not installed (install.py).
-_OBJECTS: dict[str, Any] = {}  # token -> a weak reference to the object, or the object
-_TOKENS: dict[int, str] = {}  # id of a live object -> its token
-_STRONG: collections.OrderedDict = collections.OrderedDict()  # tokens held strongly, oldest first
-_STRONG_BOUND = 1024
-_SERIAL = itertools.count()
+# defined in a function, the globals dict of exec'd code). A token is the object's serial
+# (Note [Identity serials] in identity.py: one table for the package), never reused: a new
+# object at a dead one's address gets a new token. The table does not keep its objects alive
+# (a weak reference) or keeps a bounded number (an object that takes none: a dict). The state
+# trees of the specializations hold their roots themselves while they live; a stored chain
+# whose root has gone (died, or dropped from the table) no longer evaluates, and its
+# specialization is not installed (install.py).
 
 
 def _object_root(obj) -> tuple:
     """The ("object", token) root of ``obj`` (Note [Object roots])."""
-    token = _TOKENS.get(id(obj))
-    if token is not None and _resolve_object(token) is obj:
-        return ("object", token)
-    token = f"{type(obj).__name__}@{id(obj)}#{next(_SERIAL)}"
-
-    def dead(_ref, token=token, key=id(obj)):
-        _OBJECTS.pop(token, None)
-        if _TOKENS.get(key) == token:
-            del _TOKENS[key]
-
-    try:
-        _OBJECTS[token] = weakref.ref(obj, dead)
-    except TypeError:  # (a dict, a list: no weak reference)
-        _OBJECTS[token] = obj
-        _STRONG[token] = None
-        while len(_STRONG) > _STRONG_BOUND:
-            old = _STRONG.popitem(last=False)[0]
-            dead(None, old, id(_OBJECTS.get(old)))
-    _TOKENS[id(obj)] = token
-    return ("object", token)
+    return ("object", f"{type(obj).__name__}#{object_serial(obj)}")
 
 
 def _resolve_object(token: str) -> Any:
-    held = _OBJECTS.get(token, _MISSING)
-    held = held() if isinstance(held, weakref.ref) else held
+    serial = token.rpartition("#")[2]
+    held = serial_object(int(serial)) if serial.isdigit() else None
     return _MISSING if held is None else held
 
 

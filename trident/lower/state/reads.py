@@ -21,6 +21,7 @@ from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is
                                        _kernel_fns, _resolve_root, _root_of, _root_of_dict,
                                        _step, _values_along)
 from trident.lower.state.recording import Recording
+from trident.lower.state.roots import forward_reads, reach, reached_root, registry_reads
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
 
 
@@ -88,8 +89,7 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         if served is not None:  # a module's __getattr__ serves a name: the function too
             add(served)
         for n, value in enumerate(_values_along(read, fn)):
-            if read.root[0] != "object" and id(value) not in reached:
-                reached[id(value)] = (read.root, read.steps[:n])
+            reach(reached, read, n, value)  # Note [Reached roots] (roots.py)
             for f in _functions_in(value):
                 functions.setdefault(f.__code__, f)
             for kfn in _kernel_fns(value):  # a Triton kernel: its code never runs here
@@ -98,9 +98,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                     functions.setdefault(kfn.__code__, kfn)
                     todo.append((kfn.__code__, (kfn.__globals__, {})))
 
-    for root, steps in map(_root_of, rec.module_classes.values()):  # Note [Module forwards]
-        if root[0] == "module":
-            add(Read(root, steps + (("attr", "forward"),)))
+    for read in forward_reads(rec.module_classes.values()):  # Note [Module forwards]
+        add(read)  # (roots.py)
     # closure chains need the functions other chains reach: resolved as those are found
     pending: list = []
     k = 0
@@ -187,11 +186,13 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                 if root[0] != "object":
                     reached.setdefault(id(functions[code]), (root, steps + (("attr", name),)))
     unfound = [c for c in rec.codes if c not in functions and c not in parents and
-               not c.co_filename.startswith("<")] if truncated else []
-    if unfound:  # Note [Callable arguments] (callables.py): past the scan's bound
+               not c.co_filename.startswith("<")]
+    if unfound and truncated:  # Note [Callable arguments] (callables.py): past the scan's bound
         raise TridentError(f"the function calls {unfound[0].co_qualname}, which Trident did not "
                            f"find in the first {_SCAN_BOUND} objects of its arguments: its "
                            "code, defaults and cells are no guard's")
+    if unfound:  # Note [Library registries] (roots.py)
+        reads += registry_reads(unfound, functions)
     if rec.module_call:  # Module.__call__ reads torch's global hooks (Note [Library state]
         # in tree.py)
         reads += [Read(("module", "torch.nn.modules.module"), (("attr", name),))
@@ -200,50 +201,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         root, steps = (("fn",), ()) if f is fn else _root_of(f)
         for attr in ("__code__", "__defaults__", "__kwdefaults__"):
             reads.append(Read(root, steps + (("attr", attr),)))
-    reads = [_reached_root(r, reached, functions, fn) for r in reads]
+    reads = [reached_root(r, reached, functions, fn) for r in reads]
     return list(dict.fromkeys(reads))
-
-
-# Note [Module forwards]: ``Module.__call__`` (torch's code: no chains) finds ``forward`` through
-# the module's class. A user class's forward that ran is read as every method that ran is; a
-# library class's (``nn.Linear``, transformers' ``LlamaRMSNorm``) was read by nothing, so a
-# forward patched on the class after the trace (as kernel libraries patch models) was never run
-# by a hit. So the class of every module the trace called has its ``forward`` read by its path
-# (``torch.nn.modules.linear.Linear.forward``). A class that no module's path names (made by a
-# factory: transformers' ``_create_func_module.<locals>.Func``) is left out: its chain would
-# hold in this process only (Note [Process-only state] in frontend/install.py).
-
-
-# Note [Reached roots]: a chain rooted at an object of this process (Note [Object roots] in
-# chain.py) holds in no other process: a specialization whose state reads one is never found
-# again by a new process. So such a root is named, where it can be, by a path from a module
-# (or the jitted function) that another process evaluates the same way: the chain by which the
-# reads reached the object (the ``__new__`` of a ``namedtuple``, whose ``__module__`` names no
-# module, read as ``torch._guards.ShapeGuard.__new__``; the function a decorator wraps, read
-# as a cell of the wrapper's closure), or, for the globals dict of exec'd code, the
-# ``__globals__`` of a function of that code that such a path reaches. The new path is kept
-# only where it evaluates to the very object now; what it reads is then guarded along that
-# path (a library's class and function by identity, Note [Library state] in tree.py). An
-# object that no such path reaches keeps its root: the specialization serves this process
-# only (its digest names the process, tree.py's ``_root_words``).
-
-
-def _reached_root(read: Read, reached: dict, functions: dict, fn) -> Read:
-    if read.root[0] != "object":
-        return read
-    obj = _resolve_root(read.root, fn)
-    paths = [reached.get(id(obj))]
-    if type(obj) is dict:
-        paths += [(p[0], p[1] + (("attr", "__globals__"),)) for f in functions.values()
-                  if f.__globals__ is obj for p in [reached.get(id(f))] if p is not None]
-    for path in paths:
-        if path is None:
-            continue
-        at = Read(path[0], path[1], True)
-        values = list(_values_along(at, fn))
-        if len(values) == len(path[1]) + 1 and values[-1] is obj:
-            return Read(path[0], path[1] + read.steps, read.whole)
-    return read
 
 
 def _builtins_root(f, g: dict, name: str) -> tuple[tuple, tuple]:

@@ -56,7 +56,7 @@ class Recording:
     impure: list = dataclasses.field(default_factory=list)
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
     module_classes: dict = dataclasses.field(default_factory=dict)  # id -> the class of each
-    # nn.Module called (Note [Module forwards] in reads.py)
+    # nn.Module called (Note [Module forwards] in roots.py)
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)

@@ -22,6 +22,7 @@ from trident.identity import PROCESS, hash_code, identity_words, object_serial
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
+from trident.lower.state.roots import registries
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
                                        _kernel_types, _resolve_root, _root_of, _step)
 
@@ -47,7 +48,7 @@ class StateTree:
 
     def process_only(self) -> str | None:
         """The path of the first node whose words name this process (an object no path from
-        a module reaches, checked by identity: Note [Reached roots] in reads.py), or None. A
+        a module reaches, checked by identity: Note [Reached roots] in roots.py), or None. A
         digest with such words matches in no other process."""
         for node, words in zip(self.nodes, self.description):
             if PROCESS in words:
@@ -222,7 +223,8 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                 frames.library_module(parent_obj) and value is not os.environ:
             library = True
         if library:
-            if _library_step(f, trie, key, parent, parent_obj, step, value, last):
+            if _library_step(f, trie, key, parent, parent_obj, step, value, last,
+                             read.steps[n + 1:n + 2] == (("attr", "__class__"),)):
                 key = key + (step,)
                 parent, parent_obj = trie[key], value
                 continue
@@ -303,9 +305,10 @@ _WHOLE_LIBRARY_STATE = {
 
 
 def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, parent_obj, step,
-                  value, last: bool) -> bool:
+                  value, last: bool, to_class: bool = False) -> bool:
     """One step of a chain in a library's state (Note [Library state]): the node it makes;
-    True where the chain reads on through ``value`` (a module, a class, a getter's call).
+    True where the chain reads on through ``value`` (a module, a class, a getter's call, an
+    object whose class it reads next: ``to_class``, Note [Module forwards] in roots.py).
 
     Raises:
         TridentError: a torch.backends value that Python code serves."""
@@ -334,9 +337,11 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         (GETATTR, name) if step[0] == "attr" else (GETITEM, name))
     key = key + (step,)
     if key in trie:  # read on through a module, a class, a container (as made below)
-        return not last and (isinstance(value, (types.ModuleType, type)) or (
+        return not last and (isinstance(value, (types.ModuleType, type)) or to_class or (
             type(value) in (list, dict, tuple) and f.nodes[trie[key]].check == TYPE))
-    if name in _WHOLE_LIBRARY_STATE.get(getattr(parent_obj, "__name__", None), ()):
+    if name in _WHOLE_LIBRARY_STATE.get(getattr(parent_obj, "__name__", None), ()) or (
+            name == "_global_mapping" and parent_obj in registries()):  # Note [Library
+        # registries] in roots.py
         before = len(f.nodes)
         f.visit(value, parent, access, k, path, True)
         trie[key] = before
@@ -366,7 +371,7 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         trie[key] = len(f.nodes) - 1
         return False
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
-    return not last and _is_getter(value)  # sys.getrecursionlimit, then its call
+    return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
 
 
 def _descriptor_owner(obj, step: tuple):
