@@ -42,7 +42,9 @@ def test_decode_loop_of_512_steps_compiles_twice_and_equals_eager():
     s = f.stats
     assert (s.compiles, s.misses, s.hits) == (2, 2, 510)
     assert "kc.size(2) == 1 expected, got 2" in s.miss_reasons[1]
-    assert f.specializations[1].count("?") == 2  # kc and vc: [1, 4, ?, 16]
+    # kc and vc: [?, 4, ?, 16], x: [?, 1, 64]; the batch of one is a symbol (Note [Batch dims]
+    # in trident/frontend/batch.py) that the view of one row guards == 1
+    assert f.specializations[1].count("?") == 5
 
 
 def test_static_and_dynamic_specializations_coexist():
@@ -274,6 +276,33 @@ def test_int_attributes_become_symbols_after_one_change():
         assert torch.equal(sliced(x, _Counter(n)), sliced.__wrapped__(x, _Counter(n)))
     assert (sliced.stats.compiles, sliced.stats.hits) == (3, 5), sliced.stats
     assert branch.explain(x, _Counter(300)).count("c.n") >= 1
+
+
+def test_a_new_structure_after_a_change_traces_the_changed_ints_sizes_symbolic():
+    """Note [Ints by path] (trident/frontend/ints.py): a prefill that allocates a cache of
+    ``c.n`` rows, then a decode step that reads the cache (another argument structure, met
+    only after ``c.n`` changed): its tensor dims of the size of an int that changed (``keys``'
+    dim 0, ``c.n`` rows) are symbolic from its first compile, as a static cache's keys are,
+    so the decode step compiles once, not at ``c.n``'s size first and symbolic after."""
+    @trident.jit
+    def step(x, c, keys=None):
+        if keys is None:  # the prefill
+            out = x.new_zeros(c.n, 4)
+            out[: x.shape[0]] = x
+            return out
+        return keys * 2 + x
+
+    calls = [(torch.randn(5, 4), _Counter(6), None), (torch.randn(3, 4), _Counter(9), None),
+             (torch.randn(1, 4), _Counter(9), torch.randn(9, 4)),
+             (torch.randn(1, 4), _Counter(12), torch.randn(12, 4)),
+             (torch.randn(7, 4), _Counter(11), None),
+             (torch.randn(1, 4), _Counter(11), torch.randn(11, 4))]
+    for x, c, keys in calls:
+        assert torch.equal(step(x, c, keys), step.__wrapped__(x, c, keys))
+    # the prefill at its sizes, then symbolic; the decode step symbolic at once
+    s = step.stats
+    assert (s.compiles, s.hits, s.fallbacks) == (3, 3, 0), s.miss_reasons
+    assert "keys: float32[?, 4]" in step.specializations[2], step.specializations[2]
 
 
 def test_a_batch_of_one_shares_the_attention_traced_for_other_batches():

@@ -27,10 +27,20 @@ for one, the guard excludes one and a batch of one compiles its own specializati
 batch of one into one ``mm`` and runs ``bmm`` for others) picks its kernel at call time, as in
 eager, and its fake result comes from its shape alone (Note [Kept products] in
 lower/decompositions.py), so it guards nothing about the batch: a transformers prefill and
-decode step of a batch of one share the symbolic ones. Only batch dims of a call of 2 or more
-rows are traced so (a batch of one before any other stays static, as every size 1 does), and
-torch's oblivious checks are those it makes for unbacked sizes, whose general path must hold
-at any size.
+decode step of a batch of one share the symbolic ones. torch's oblivious checks are those it
+makes for unbacked sizes, whose general path must hold at any size.
+A batch of one is traced so too, when a compile makes other dims symbolic: the dims 0 of size 1
+of the call's tensor leaves of 2 or more dims (its 1-D leaves of size one, such as a decode
+step's ``cache_position``, are lengths), and its int leaves of value 1 (a cache layer's
+``batch_size`` that a batch-1 prefill wrote) are symbols of range >= 1 with hint 1 (torch
+creates them where its size-oblivious mode is on, ``_fake_args`` in lower/capture.py). The trace
+is the one a batch of 2 gives, but for the checks that code makes explicitly, which the hint
+decides: a check that the batch is 1 becomes a guard ``== 1`` (a function that views its input
+as ``(1, ...)`` is specialized to one row, as before), its opposite a guard ``!= 1``, each
+counted as a compile where a call fails it. So a server whose first requests have one row
+compiles the symbolic prefill and decode step once, as one whose first requests have more
+(transformers 5.25, torch 2.13: a batch of 2 or 4 then hits them, as a batch of one hits those
+traced at 2), not once more at the first larger batch.
 A batch dim the trace ties to a constant (a size equal to a weight's) is guarded as such: a
 call that breaks the tie misses, and never runs a graph traced for other sizes.
 """
@@ -73,8 +83,19 @@ def batch_dims(call: _Call) -> dict[int, set[int]]:
     free = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor) and a.dim()
             and not _module_tensor(tree, tree.leaf_nodes[i - 1])]
     first = next((i for i in free if not _in_object(tree, tree.leaf_nodes[i - 1])), None)
-    if first is None or leaves[first].shape[0] < 2:
+    if first is None or not leaves[first].shape[0]:
         return {}
     batch = leaves[first].shape[0]
-    dims = {i: {0} for i in free if leaves[i].shape[0] == batch}
+    least = 1 if batch > 1 else 2  # a batch of one: of tensors of 2 or more dims
+    dims = {i: {0} for i in free if leaves[i].shape[0] == batch and leaves[i].dim() >= least}
     return dims if len(dims) > 1 else {}  # a batch is a dim 0 that tensors share
+
+
+def ones(call: _Call, dynamic: dict[int, set[int]]) -> frozenset[int]:
+    """Note [Batch dims]: the leaves a trace with ``dynamic`` dims makes symbols of range >=
+    1, size-oblivious: the batch dims it makes symbolic, and, where there are some, its int
+    leaves of value 1 (a cache's ``batch_size`` that a batch-1 prefill wrote)."""
+    dims = {i for i in batch_dims(call) if 0 in dynamic.get(i, ())}
+    return frozenset(dims | {i for i, a in enumerate(call.leaves) if dims and type(a) is int
+                             and a == 1 and i in dynamic}) if dims else frozenset()
+

@@ -18,13 +18,12 @@ import torch
 
 from trident import config, interrupts
 from trident.errors import CompileForbidden, TridentError
-from trident.frontend import batch, cache
+from trident.frontend import batch, cache, ints
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _user_stacklevel
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels
-from trident.ir.trees import CONST, LEAF
 from trident.lower.guards import guards_for
 
 _recompiles = config.logger("recompiles")
@@ -85,7 +84,8 @@ class MissPolicy:
     # ints] in lower/guards.py), so that only what the trace reads of them is guarded. A
     # serving loop that builds a cache per request, sized by the prompt and
     # ``max_new_tokens``, then compiles once for every size. A leaf that the graph takes as a
-    # value (``torch.zeros(n)``, ``x[:n]``) is read in C as a size is.
+    # value (``torch.zeros(n)``, ``x[:n]``) is read in C as a size is. What another argument
+    # structure takes from those that changed: Note [Ints by path] in ints.py.
 
     def _with_int_leaves(self, call: _Call) -> _Call:
         """``call`` flattened again with the int attributes in which its tree differs from a
@@ -96,11 +96,21 @@ class MissPolicy:
         alike = set()
         for key, tree in self._trees.items():
             if key != call.tree.key and len(tree.nodes) == len(call.tree.nodes):
-                differ = _int_differences(tree, call)
+                differ = ints.int_differences(tree, call)
                 if differ:
                     paths |= differ
                     alike.add(key)
+        if not alike and (self._int_leaves or self._written_ints):  # Note [Ints by path] in ints.py
+            mine = ints.int_paths(call.tree, call.values, self._int_leaves)
+            for key, tree in self._trees.items():
+                theirs = ints.int_paths(tree, None, self._int_leaves)
+                differ = {p for p in mine.keys() & theirs.keys() if mine[p] != theirs[p]
+                          or mine[p] is None}
+                if key != call.tree.key and differ:
+                    paths |= {p for p in differ if mine[p] is not None}
+                    alike.add(key)
         again = call
+        self._varied_ints = self._varied_ints | paths
         if paths - self._int_leaves:
             self._int_leaves = self._int_leaves | paths
             again = self._flatten(call.args, call.kwargs)
@@ -386,7 +396,7 @@ class MissPolicy:
         asked = {i: set(d) for i, d in dims.items() if d}
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
-                _differing_dims(dims, spec, call)  # Note [Int leaves]: by leaf path
+                ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by leaf path
                 continue
             alike = _sizeless(spec.guards)
             if spec.shapes is None or spec.tree != call.tree.key or \
@@ -399,6 +409,10 @@ class MissPolicy:
             for i, a in enumerate(args):
                 if type(a) is int and names[i] in self._int_leaves:
                     dims[i] = {0}
+            known = {n for s in self._specs for n, shape in zip(s.arg_names, s.shapes or ())
+                     if shape is not None}  # Note [Ints by path] in ints.py: new tensors
+            for i, d in ints.sized_by(call, self._varied_ints).items():
+                dims[i] = dims.get(i, set()) | (d if names[i] not in known else set())
             if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
                 for i, d in batch.batch_dims(call).items():
                     dims[i] = dims.get(i, set()) | d
@@ -429,32 +443,3 @@ class MissPolicy:
             self._dynamic_failed = failed_before  # (not the dims' failure: the sizes' fails too)
             e.static_trace = True
             raise
-
-
-def _int_differences(tree, call: _Call) -> set[str] | None:
-    """The paths of the int constants in which ``call``'s tree differs from ``tree``, or
-    None where it differs otherwise (Note [Int leaves])."""
-    paths = set()
-    for i, (mine, theirs) in enumerate(zip(tree.description, call.tree.description)):
-        if mine == theirs:
-            continue
-        node, old = call.tree.nodes[i], tree.nodes[i]  # (a constant, or a leaf already)
-        if not (node.check in (CONST, LEAF) and old.check in (CONST, LEAF) and
-                node.path == old.path and type(call.values[i]) is int and
-                (old.check == LEAF or type(old.expect) is int)):
-            return None
-        paths.add(node.path)
-    return paths
-
-
-def _differing_dims(dims: dict[int, set[int]], spec: Specialization, call: _Call) -> None:
-    """Adds to ``dims`` the dims of ``call``'s tensors whose size differs from (or was
-    symbolic in) ``spec``'s leaf of the same path: ``spec``'s tree differed from the call's in
-    int constants that are leaves now (Note [Int leaves]), so its leaves are found by path."""
-    index = {name: j for j, name in enumerate(spec.arg_names)}
-    for i, a in enumerate(call.leaves):
-        j = index.get(call.names[i])
-        old = spec.shapes[j] if j is not None and j < len(spec.shapes) else None
-        if isinstance(a, torch.Tensor) and old is not None and len(old) == a.dim():
-            dims[i] = dims.get(i, set()) | set(spec.dynamic.get(str(j), ())) | {
-                d for d, n in enumerate(a.shape) if n != old[d]}

@@ -54,8 +54,7 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=frozenset(
-                             i for i in batch.batch_dims(call) if 0 in dynamic.get(i, ()))
+                         recording.active else None, ones=batch.ones(call, dynamic)
                          if self._dynamic is None and dynamic else frozenset())
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(

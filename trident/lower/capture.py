@@ -88,29 +88,30 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = froz
     from torch.utils._sympy.value_ranges import ValueRanges
 
     shape_env = ShapeEnv()
-    if ones:
-        fakes, shape_env = _fake_args(args, dynamic)  # (symbols of range >= 2)
-        for i in ones:
-            size = fakes[i].shape[0]
-            if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
-                shape_env.var_to_range[size.node._expr] = ValueRanges(1, int_oo)
-                shape_env.size_like.add(size.node._expr)
-        return fakes, shape_env
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
     for i, a in enumerate(args):
-        if type(a) is int and i in dynamic and a not in (0, 1):  # Note [Symbolic ints]
-            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(
-                a, LocalSource(f"value_{i}"), DimDynamic.DYNAMIC, positive=None), hint=a))
+        if type(a) is int and i in dynamic and (a not in (0, 1) or i in ones):  # Note
+            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(  # [Symbolic ints]
+                a, LocalSource(f"value_{i}"), DimDynamic.DYNAMIC, positive=None,
+                do_not_specialize_zero_one=i in ones), hint=a))
             continue
         if not isinstance(a, torch.Tensor):
             fakes.append(a)
             continue
         dims = dynamic.get(i, set())
         context = StatelessSymbolicContext(dynamic_sizes=[
-            DimDynamic.DYNAMIC if d in dims and a.shape[d] >= 2 else DimDynamic.STATIC
-            for d in range(a.dim())])
-        fakes.append(mode.from_tensor(a, symbolic_context=context))
+            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or i in ones and d == 0)
+            else DimDynamic.STATIC for d in range(a.dim())])
+        # a batch of one is a symbol too (Note [Batch dims]: a batch-1 call's trace serves
+        # other batches), which torch creates where its size-oblivious mode is on
+        with torch.fx.experimental._config.patch(backed_size_oblivious=i in ones):
+            fakes.append(mode.from_tensor(a, symbolic_context=context))
+        for d, size in enumerate(fakes[-1].shape if i in ones else ()):  # (ranges [0, oo])
+            if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
+                shape_env.var_to_range[size.node._expr] = ValueRanges(2 - (d == 0), int_oo)
+                if d:
+                    shape_env.size_like.discard(size.node._expr)
     return tuple(fakes), shape_env
 
 

@@ -1,0 +1,108 @@
+"""A serving sweep in several request orders: what the compile count depends on.
+
+The same six ``generate`` requests (batch, prompt length, ``max_new_tokens``), with a batch of
+one first, a batch of four first, or a one-token prompt first, through ``model.forward =
+trident.jit(model.forward)``: a tiny Llama with a static cache and a tiny Qwen2 with the
+default dynamic cache (tiny random configs, on the CPU). Each served call is compared with
+eager's (``torch.equal`` on every token and logit), the compile count is asserted exactly,
+and no call runs eagerly.
+
+With a static cache the count is ``S + E``: each of the ``S`` argument structures the
+requests make compiles once with its lengths and batch symbolic, and each of the ``E`` met
+before the first change of a length, an int or the batch compiled once before, at exact sizes
+(automatic dynamic, as torch.compile's: nothing is symbolic before something changed). A
+structure met after the first change is symbolic at once: Note [Batch dims]
+(trident/frontend/batch.py: a batch of one is a symbol of range >= 1) and Note [Ints by path]
+(trident/frontend/ints.py: a new argument structure starts from what the others made
+symbolic, and its new tensors' dims of the size of an int that changed are symbolic). ``S``
+is 3 (the prefill, a one-token prompt's prefill, which is passed a 4-D mask, and the decode
+step); ``E`` is 2 where the first request decodes (the prefill and the decode step, before
+anything changed), 1 where it does not (``max_new_tokens=1``): so the count depends on the
+order, through ``E`` only. A count equal in every order would need the first request traced
+symbolic (``dynamic=True``) or a structure met after a change compiled at exact sizes anyway
+(one compile more). The dynamic cache's count is the same in these orders (``MODELS``).
+The counts are the same on torch 2.13 with transformers 5.25 and on torch 2.11 with 5.17.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+transformers = pytest.importorskip("transformers")
+
+# (batch, prompt length, max_new_tokens): a batch of one, of two and of four, new lengths,
+# one-token prompts (a prefill of one token, which a static cache's generate passes a 4-D
+# mask), a generate with no decode step (max_new_tokens=1)
+A, B, C, D, E, F = (1, 5, 3), (1, 9, 2), (2, 7, 3), (4, 6, 1), (2, 1, 2), (1, 1, 2)
+ORDERS = {"batch 1 first": [A, B, C, F, D, E], "batch 4 first": [D, C, A, E, B, F],
+          "1-token prompt first": [F, C, D, A, E, B]}
+MODELS = {  # (config, model class, cache, compiles by order)
+    # S = 3: the prefill, the one-token prefill, the decode step; E = 2 where the first request
+    # decodes, 1 where it does not: "batch 4 first" starts with max_new_tokens=1, so its decode
+    # step is met after the prompt length changed and is symbolic at its first compile
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "static",
+              {"batch 1 first": 5, "batch 4 first": 4, "1-token prompt first": 5}),
+    # a dynamic cache: the prefill and the decode step, and a one-token prompt's prefill and
+    # decode step (a cache of length 1: sizes 0 and 1 stay static), 6 in each order by other
+    # paths: the decode step's keys are new tensors of no int's size, so it compiles at exact
+    # sizes first even after a change, and then symbolic at its next step; a one-token prompt
+    # before any change compiles its prefill and decode step at exact sizes, then with the
+    # batch symbolic, and the longer prompts compile symbolic at once
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "dynamic",
+              {"batch 1 first": 6, "batch 4 first": 6, "1-token prompt first": 6}),
+}
+
+
+def tiny_model(arch: str):
+    config_name, model_name, _, _ = MODELS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval()
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_a_serving_sweep_compiles_once_per_structure_and_early_structure(arch, order):
+    """The sweep, then the same requests in reverse order, which compile nothing more: the
+    symbolic specializations serve every request, whatever the order that made them."""
+    model = tiny_model(arch)
+    cache, expected = MODELS[arch][2], MODELS[arch][3][order]
+    forward = model.forward
+    jf = trident.jit(forward)
+    kw = dict(do_sample=False, cache_implementation=cache, output_logits=True,
+              return_dict_in_generate=True, disable_compile=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        requests = ORDERS[order] + ORDERS[order][::-1]
+        for i, (batch, length, new) in enumerate(requests):
+            if i == len(ORDERS[order]):
+                first = jf.stats.compiles
+            torch.manual_seed(i)
+            ids = torch.randint(0, 96, (batch, length))
+            call = dict(kw, max_new_tokens=new, min_new_tokens=new,
+                        attention_mask=torch.ones_like(ids))
+            # a static cache is as long as the longest before it: eager's reference starts
+            # from the length the served call starts from
+            before = getattr(model, "_previous_max_cache_length", None)
+            model.forward = forward
+            ref = model.generate(ids, **call)
+            if before is not None:
+                model._previous_max_cache_length = before
+            model.forward = jf
+            out = model.generate(ids, **call)
+            model.forward = forward
+            assert torch.equal(out.sequences, ref.sequences), (i, jf.stats.miss_reasons)
+            assert len(out.logits) == len(ref.logits) == new
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits)), i
+    assert not [w for w in caught if "trident" in str(w.message)]
+    stats = jf.stats
+    assert (first, stats.compiles, stats.fallbacks) == (expected, expected, 0), \
+        stats.miss_reasons
+    assert stats.traces == expected
