@@ -24,7 +24,9 @@
 #include "collectives.cpp"  // the synchronous all-reduce, the process group fact
 #include "args.cpp"         // reading arguments and the environment, building results
 #include "trees.cpp"        // Note [Argument trees]: binding, node reads and checks, programs
+#include "watchers.cpp"     // Python 3.12's dict and type watchers, for the memos below
 #include "tree_eval.cpp"    // evaluating trees, Note [Unchanged subtrees]
+#include "state_memo.cpp"   // a state tree's memo, Note [Quiet state]
 #include "tree_memo.cpp"    // an argument tree's memo, Note [Quiet table]
 #include "recipes.cpp"      // output recipes
 #include "dispatcher.cpp"   // the Dispatcher type and its hit path

@@ -197,7 +197,7 @@ struct TreeMemo {
   ~TreeMemo();
 };
 
-// Note [Quiet state] (tree_eval.cpp): a state tree's values as its last evaluation that held
+// Note [Quiet state] (state_memo.cpp): a state tree's values as its last evaluation that held
 // read them, and what proves them unchanged.
 struct StateMemo {
   struct Proof {
@@ -221,7 +221,7 @@ struct StateMemo {
   std::vector<PyObject*> values; // per node: its value at the evaluation the memo was made at
   std::vector<PyObject*> owned;  // what the proofs and the proven values hold
   uint64_t reread = 0;           // proofs held through their entries (another key changed)
-  // Note [Watched state] (tree_eval.cpp, Python 3.12): the proofs' dicts and types are watched
+  // Note [Watched state] (state_memo.cpp, Python 3.12): the proofs' dicts and types are watched
   // (`watched`: all of them); `events` counts the watchers' events, `clean` their count when
   // the proofs last held. The exact-type proofs, which no watcher sees, are checked at every
   // call from `exact`.
@@ -230,12 +230,43 @@ struct StateMemo {
   uint64_t events = 0, clean = 0;
   bool watched = false;
   uint64_t quiet = 0;            // proofs taken as holding through the watchers (benchmarks)
+  static constexpr int kRemakes = 16;  // then every node at every call
   bool valid = false;            // made, and not dropped since
   bool busy = false;             // a pass is reading it (one that re-enters walks alone)
   int remade = 0;                // times made: a state that changes at every call stops it
   void clear();                  // with the GIL
   ~StateMemo() { clear(); }
 };
+
+// ---- version tags and watchers (watchers.cpp) ------------------------------------------------
+//
+// CPython's dict version tags (Python 3.11 and 3.12: TRT_DICT_TAGS) and type version tags, which
+// Note [Unchanged subtrees] (tree_eval.cpp) and Note [Quiet state] (state_memo.cpp) read, and on
+// 3.12 the dict and type watchers that spare reading them (TRT_DICT_WATCHERS).
+#if PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_TAGS 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+#pragma GCC diagnostic pop
+inline uint64_t type_tag(PyTypeObject* t) {
+  return PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) ? t->tp_version_tag : 0;
+}
+#else
+inline uint64_t dict_tag(PyObject*) { return 0; }
+#endif
+
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_WATCHERS 1
+// `memo` watches `d`, held by root `root`'s subtree; `m` watches dict `d`, type `t`. false: not
+// watched (no watcher slot).
+bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d);
+bool watch_state_dict(StateMemo* m, PyObject* d);
+bool watch_type(StateMemo* m, PyObject* t);
+// what the memo watches, no longer watched for it (with the GIL)
+void unwatch_memo(TreeMemo& memo);
+void unwatch_state(StateMemo& m);
+#endif
 
 struct Tree {
   PyObject* key;  // leaf 0, a Python int
@@ -290,6 +321,13 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 
 // tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
+
+// state_memo.cpp: Note [Quiet state]: whether the memo's proofs hold; the memo of a state tree
+// from the node values of an evaluation that held
+bool proofs_hold(StateMemo& m);
+void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m);
+
+// tree_memo.cpp: the memo of Note [Unchanged subtrees], its quiet table (Note [Quiet table])
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root);
 
