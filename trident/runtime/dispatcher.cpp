@@ -122,17 +122,36 @@ void Dispatcher_dealloc(Dispatcher* self) {
 }
 
 // Argument records: on the C stack for the common case; a call with more arguments takes a heap
-// buffer (not a thread-local one: a Python callback inside a launch sequence may re-enter),
-// uninitialized: read_args writes every record (a model's 400 records are 32 KB to clear).
+// buffer from the thread's pool (Note [Call buffers] in trees.cpp: a Python callback inside a
+// launch sequence may re-enter, and takes another), uninitialized: read_args writes every record
+// (a model's 400 records are 32 KB to clear).
 struct ArgBuffer {
+  struct Heap {
+    std::unique_ptr<trt_arg[]> records;
+    size_t size = 0;
+  };
+  static constexpr size_t kPooled = 4;
+  static thread_local std::vector<Heap> pool;
   trt_arg local[64];
-  std::unique_ptr<trt_arg[]> heap;
+  Heap heap;
   trt_arg* get(Py_ssize_t n) {
     if (n <= 64) return local;
-    heap.reset(new trt_arg[static_cast<size_t>(n)]);
-    return heap.get();
+    if (!pool.empty()) {
+      heap = std::move(pool.back());
+      pool.pop_back();
+    }
+    if (heap.size < static_cast<size_t>(n)) {
+      heap.records.reset(new trt_arg[static_cast<size_t>(n)]);
+      heap.size = static_cast<size_t>(n);
+    }
+    return heap.records.get();
+  }
+  ~ArgBuffer() {
+    if (heap.records && pool.size() < kPooled && heap.size <= TRT_MAX_ARGS)
+      pool.push_back(std::move(heap));
   }
 };
+thread_local std::vector<ArgBuffer::Heap> ArgBuffer::pool;
 
 // The graph slot of installed specialization `i`, or nullptr.
 trt_graph* graph_slot(Dispatcher* self, size_t i) {

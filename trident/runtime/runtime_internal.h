@@ -297,16 +297,18 @@ struct CallTrees {
 };
 
 // The values of one call: bound parameters, node values, leaves. `owned` holds the *args
-// tuple and **kwargs dict made by binding.
+// tuple and **kwargs dict made by binding. Note [Call buffers] (trees.cpp): the vectors' storage
+// comes from the thread's pool and goes back to it.
 struct CallValues {
   std::vector<PyObject*> bound;
   std::vector<PyObject*> values;
   std::vector<PyObject*> dicts;  // per OBJECT node: its instance dict
   std::vector<PyObject*> leaves;
   std::vector<PyObject*> owned;
-  ~CallValues() {
-    for (PyObject* o : owned) Py_DECREF(o);
-  }
+  CallValues();
+  ~CallValues();  // with the GIL
+  CallValues(const CallValues&) = delete;
+  CallValues& operator=(const CallValues&) = delete;
 };
 
 // trees.cpp: binding, and what a node's check and read need
