@@ -1,8 +1,8 @@
 // runtime_internal.h: what the runtime's parts (runtime.cpp lists them) share: the operator
-// handle, the pending error, tensor handles, the argument trees' types, and each part's entry
-// points that another part calls. The parts are one translation unit with one unnamed namespace,
-// so a part defines what this header declares for the others. Not seen by the SCMs, which see
-// trident_rt.h alone.
+// handle, the pending error, tensor handles, the argument trees' types, the Dispatcher object,
+// and each part's entry points that another part calls. The parts are one translation unit
+// with one unnamed namespace, so a part defines what this header declares for the others. Not
+// seen by the SCMs, which see trident_rt.h alone.
 #ifndef TRIDENT_RUNTIME_INTERNAL_H
 #define TRIDENT_RUNTIME_INTERNAL_H
 
@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -361,7 +362,108 @@ struct NodeValues {
 // recipes.cpp: output recipes
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values);
 
-// dispatcher.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
+// ---- the Dispatcher (dispatcher.cpp, dispatcher_methods.cpp, graph_slots.cpp) ------------------
+
+struct ScmEntry {
+  trt_scm_call_fn call;
+  trt_scm_match_fn match;
+};
+
+struct Dispatcher {
+  PyObject_HEAD
+  PyObject* dict;
+  PyObject* weaklist;
+  // What the installed specializations read outside the arguments (Note [State guards] in
+  // lower/state/): a tree program and its parsed form (nullptr: nothing to check).
+  PyObject* state_program;
+  std::shared_ptr<Tree> state;
+  // The installed SCMs, one per specialization, in guard order (Note [Incremental modules] in
+  // build.py); nullptr: none. Held by each call: a Python callback may install another table.
+  std::shared_ptr<const std::vector<ScmEntry>> scms;
+  unsigned long long hits;
+  // CUDA graph slots, one per installed specialization (Note [CUDA graphs]).
+  trt_graph* graphs;
+  Py_ssize_t num_graphs;
+  long long replays_before;  // replays counted by slots since reset
+  // How calls bind and flatten (Note [Argument trees]); nullptr until the first install. Held
+  // by each call: the launch sequence may run Python that installs another table.
+  std::shared_ptr<CallTrees> trees;
+};
+
+// Argument records: on the C stack for the common case; a call with more arguments takes a heap
+// buffer from the thread's pool (Note [Call buffers] in trees.cpp: a Python callback inside a
+// launch sequence may re-enter, and takes another), uninitialized: read_args writes every record
+// (a model's 400 records are 32 KB to clear).
+struct ArgBuffer {
+  struct Heap {
+    std::unique_ptr<trt_arg[]> records;
+    size_t size = 0;
+  };
+  static constexpr size_t kPooled = 4;
+  static thread_local std::vector<Heap> pool;
+  trt_arg local[64];
+  Heap heap;
+  trt_arg* get(Py_ssize_t n) {
+    if (n <= 64) return local;
+    if (!pool.empty()) {
+      heap = std::move(pool.back());
+      pool.pop_back();
+    }
+    if (heap.size < static_cast<size_t>(n)) {
+      heap.records.reset(new trt_arg[static_cast<size_t>(n)]);
+      heap.size = static_cast<size_t>(n);
+    }
+    return heap.records.get();
+  }
+  ~ArgBuffer() {
+    if (heap.records && pool.size() < kPooled && heap.size <= TRT_MAX_ARGS)
+      pool.push_back(std::move(heap));
+  }
+};
+// The parts of one hit, for `_hit_profile` (benchmarks/bench_hf.py): nanoseconds each part took,
+// summed over the calls it timed. The hit path passes none and reads no clock. `thread`: the
+// calling thread's CPU time instead of the wall clock (on a machine shared with other work, the
+// time other processes held the core is not counted; each lap costs a clock read, ~0.1-0.5 µs).
+struct HitClock {
+  enum Part { kState, kBind, kTree, kRead, kGuards, kRun, kOutput, kParts };
+  bool thread = false;
+  double last = 0;
+  double ns[kParts] = {};
+  double now() const {
+    timespec ts;
+    clock_gettime(thread ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  }
+  void start() { last = now(); }
+  void lap(Part part) {
+    double t = now();
+    ns[part] += t - last;
+    last = t;
+  }
+};
+
+// dispatcher.cpp: the object's lifetime (its type's slots) and the hit path (Note [Hit path])
+PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*);
+int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg);
+int Dispatcher_clear(Dispatcher* self);
+void Dispatcher_dealloc(Dispatcher* self);
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs);
+bool state_holds(Dispatcher* self, Py_ssize_t* failed = nullptr);
+trt_graph* graph_slot(Dispatcher* self, size_t i);
+PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out,
+                  HitClock* clock = nullptr, Py_ssize_t capture = -1);
+Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv,
+                        Py_ssize_t* failed = nullptr, HitClock* clock = nullptr);
+PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* clock);
+
+// graph_slots.cpp: the CUDA graph slots and the methods that set and read them
+void free_graphs(Dispatcher* self);
+PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg);
+PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args);
+PyObject* Dispatcher_graph_seen(Dispatcher* self, PyObject* args);
+PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*);
+
+// dispatcher_methods.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
 PyTypeObject* dispatcher_type();
 
 }  // namespace
