@@ -404,3 +404,26 @@ def test_every_guard_kind_has_a_c_check():
 
     with pytest.raises(ValueError):
         guard_c(NoCheck(1))
+
+
+def test_tree_key_is_checked_right_after_the_argument_count():
+    """Note [Guard order]: two argument trees of as many leaves (a dict's two key orders): each
+    specialization checks the tree key (leaf 0) right after the count, so the module of the other
+    tree fails there; each call is served by its own, equal to eager."""
+    from trident.ir.facts import INT
+    from trident.ir.guards import Kind
+
+    def f(d):
+        return d["a"] * 2 + d["b"]
+
+    jf = trident.jit(f)
+    calls = [{"a": torch.ones(3), "b": torch.arange(3.0)},
+             {"b": torch.arange(3.0), "a": torch.full((3,), 2.0)}]
+    for d in calls + calls:
+        assert torch.equal(jf(d), f(d))
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 2, 0)
+    keys = {s.tree for s in jf._specs}
+    assert len(keys) == 2
+    for s in jf._specs:
+        assert s.guards[:3] == [ArgCount(3), Kind(INT, 0), IntValue(s.tree, 0)]
+        assert sum(isinstance(g, IntValue) and g.arg == 0 for g in s.guards) == 1

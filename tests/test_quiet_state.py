@@ -1,4 +1,4 @@
-"""Note [Quiet state] (runtime/tree_eval.cpp): a state tree's proven reads are checked through
+"""Note [Quiet state] (runtime/state_memo.cpp): a state tree's proven reads are checked through
 dict and type version tags once the memo is made. Each case hits the function until the memo is
 made and used, makes a change the memo's proofs or its remaining checks must see, and holds the
 next calls against eager's, with exact counts."""

@@ -15,7 +15,7 @@ from torch import nn
 import trident
 from _trident_helpers import python_calls
 
-WATCHERS = sys.version_info[:2] == (3, 12)  # tree_eval.cpp's TRT_DICT_WATCHERS
+WATCHERS = sys.version_info[:2] == (3, 12)  # runtime_internal.h's TRT_DICT_WATCHERS
 
 
 class Gate(nn.Module):

@@ -303,6 +303,31 @@ def test_inplace_with_aliased_arguments():
     assert (jf.stats.compiles, jf.stats.hits) == (2, 0)
 
 
+@pytest.mark.parametrize("count", [3, 16, 17, 40, 70])
+def test_aliased_arguments_among_many(count):
+    # one tensor in two of `count` positions (pairwise up to 16 tensors, a hash set of their
+    # indices beyond, with None and ints between them): its own specialization, as eager
+    def f(ts):
+        ts[0].add_(1)
+        return [t * 2 if isinstance(t, torch.Tensor) else t for t in ts]
+
+    def args(alias):
+        ts = [torch.zeros(2) if k % 3 else (None if k % 2 else k) for k in range(3 * count)]
+        ts[0] = torch.zeros(2)
+        if alias is not None:
+            ts[alias] = ts[0]
+        return ts
+
+    jf = trident.jit(f)
+    last = 3 * count - 1
+    for alias in (None, None, last, 1, last, None):
+        ts, want_ts = args(alias), args(alias)
+        want = f(want_ts)
+        assert_same(jf(ts), want)
+        assert_same(ts, want_ts)
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (3, 3, 0)
+
+
 def test_specialization_traced_with_aliased_arguments_serves_distinct_ones():
     def f(a, b):
         return a + 1, b * 2

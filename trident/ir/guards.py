@@ -7,7 +7,10 @@ Its C check, which the SCM evaluates on the hit path, is codegen's (``guard_c`` 
 codegen/guards.py); ``holds`` is that check's Python twin, which explains a miss, and tests
 (tests/test_guards.py) prove the two agree on random arguments.
 
-Note [Guard order]: cheapest first. The argument count and call-wide state (grad mode,
+Note [Guard order]: cheapest first. The argument count, then the kind and value of leaf 0
+where it is an int (a call's argument tree key, Note [Argument trees]: the dispatcher tries its
+modules in order, and a module of another tree with as many leaves fails there rather than
+after all its checks, thousands for a model), call-wide state (grad mode,
 inference mode, autocast, a tensor passed twice, the default dtype, torch.func transforms,
 TorchFunctionModes, the default process group, the number of threads, torch's global flags),
 then each argument's kind, then per tensor dtype, device, rank, then sizes and strides, then

@@ -31,8 +31,15 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
     guards: list[Guard] = [ArgCount(len(args))]
+    # Note [Guard order]: leaf 0 of a call with an argument tree is the tree's key (an int):
+    # checked right after the count, so that the module of another tree (of as many leaves)
+    # fails there, not after every other check
+    key = bool(facts) and facts[0].kind == INT and not (
+        fake_args is not None and isinstance(fake_args[0], torch.SymInt))
+    if key:
+        guards += [Kind(INT, 0), IntValue(int(facts[0].value), 0)]
     guards += [kind(getattr(env, kind.field)) for kind in _ENV_GUARDS]
-    guards += [Kind(f.kind, i) for i, f in enumerate(facts)]
+    guards += [Kind(f.kind, i) for i, f in enumerate(facts) if not (key and i == 0)]
     tensors = [(i, f) for i, f in enumerate(facts) if f.kind == TENSOR]
     for i, f in tensors:
         guards += [kind(getattr(f, kind.field), i)
@@ -51,6 +58,8 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
     for i, f in tensors:
         guards += [kind(getattr(f, kind.field), i) for kind in (Aligned16, RequiresGrad, Inference)]
     for i, f in enumerate(facts):
+        if key and i == 0:
+            continue
         if f.kind in (INT, BOOL) and not (
                 fake_args is not None and isinstance(fake_args[i], torch.SymInt)):
             guards.append(IntValue(int(f.value), i))  # (a symbolic int: Note [Symbolic ints])

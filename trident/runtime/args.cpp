@@ -88,41 +88,44 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
 }
 
-// One tensor object in two argument positions: pairwise for short argument lists, an open-
-// addressing set on the stack for longer ones (no allocation on the hit path), sorted beyond.
-bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n) {
-  if (n <= 32) {
-    for (Py_ssize_t i = 0; i < n; ++i)
+// One tensor object in two argument positions (`tensors`: how many of the n are tensors):
+// pairwise for a few tensors, an open-addressing set on the stack for more (no allocation on the
+// hit path; its slots hold an argument's index + 1, two bytes each: a model's 200 tensors clear
+// 1 KiB, not 8), sorted beyond.
+bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n, Py_ssize_t tensors) {
+  if (tensors < 2) return false;
+  if (tensors <= 16) {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (a[i].kind != TRT_ARG_TENSOR) continue;
       for (Py_ssize_t j = 0; j < i; ++j)
-        if (a[i].kind == TRT_ARG_TENSOR && a[j].kind == TRT_ARG_TENSOR &&
-            a[i].tensor == a[j].tensor)
-          return true;
+        if (a[j].kind == TRT_ARG_TENSOR && a[i].tensor == a[j].tensor) return true;
+    }
     return false;
   }
-  constexpr size_t kSlots = 4096;  // a power of two, at least twice the arguments it takes
-  if (static_cast<size_t>(n) <= kSlots / 2) {
-    size_t size = 64;
-    while (size < 2 * static_cast<size_t>(n)) size <<= 1;
-    const trt_tensor* slots[kSlots];
+  constexpr size_t kSlots = 8192;  // a power of two, at least twice the tensors it takes
+  if (static_cast<size_t>(tensors) <= kSlots / 2 && n < 65535) {
+    size_t size = 32;
+    while (size < 2 * static_cast<size_t>(tensors)) size <<= 1;
+    uint16_t slots[kSlots];
     std::memset(slots, 0, size * sizeof(slots[0]));
     for (Py_ssize_t i = 0; i < n; ++i) {
       if (a[i].kind != TRT_ARG_TENSOR) continue;
       uint64_t h = reinterpret_cast<uintptr_t>(a[i].tensor) * 0x9E3779B97F4A7C15ull;
       for (size_t s = (h >> 40) & (size - 1);; s = (s + 1) & (size - 1)) {
         if (!slots[s]) {
-          slots[s] = a[i].tensor;
+          slots[s] = static_cast<uint16_t>(i + 1);
           break;
         }
-        if (slots[s] == a[i].tensor) return true;
+        if (a[slots[s] - 1].tensor == a[i].tensor) return true;
       }
     }
     return false;
   }
-  std::vector<trt_tensor*> tensors;
+  std::vector<trt_tensor*> sorted;
   for (Py_ssize_t i = 0; i < n; ++i)
-    if (a[i].kind == TRT_ARG_TENSOR) tensors.push_back(a[i].tensor);
-  std::sort(tensors.begin(), tensors.end());
-  return std::adjacent_find(tensors.begin(), tensors.end()) != tensors.end();
+    if (a[i].kind == TRT_ARG_TENSOR) sorted.push_back(a[i].tensor);
+  std::sort(sorted.begin(), sorted.end());
+  return std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
 }
 
 // torch's global flags that ops read when they run or when they are traced (which SDPA backend a
@@ -190,8 +193,12 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   env->flags = global_flags();
   env->capturing = 0;
   bool forward_ad = forward_ad_open();
-  for (Py_ssize_t i = 0; i < n; ++i) read_arg(items[i], &out[i], forward_ad);
-  env->aliased = tensor_passed_twice(out, n);
+  Py_ssize_t tensors = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    read_arg(items[i], &out[i], forward_ad);
+    tensors += out[i].kind == TRT_ARG_TENSOR;
+  }
+  env->aliased = tensor_passed_twice(out, n, tensors);
   env->graphs = nullptr;
 }
 

@@ -24,10 +24,14 @@
 #include "collectives.cpp"  // the synchronous all-reduce, the process group fact
 #include "args.cpp"         // reading arguments and the environment, building results
 #include "trees.cpp"        // Note [Argument trees]: binding, node reads and checks, programs
+#include "watchers.cpp"     // Python 3.12's dict and type watchers, for the memos below
 #include "tree_eval.cpp"    // evaluating trees, Note [Unchanged subtrees]
+#include "state_memo.cpp"   // a state tree's memo, Note [Quiet state]
 #include "tree_memo.cpp"    // an argument tree's memo, Note [Quiet table]
 #include "recipes.cpp"      // output recipes
-#include "dispatcher.cpp"   // the Dispatcher type and its hit path
+#include "dispatcher.cpp"   // the Dispatcher: its lifetime and its hit path
+#include "graph_slots.cpp"  // its CUDA graph slots (Note [CUDA graphs])
+#include "dispatcher_methods.cpp"  // its methods, and its type
 #include "operators.cpp"    // the trident:: operators (Note [Random state steps], Note [Bool
                             // results])
 #include "module.cpp"       // the trident_rt module and its init

@@ -1,8 +1,8 @@
 // runtime_internal.h: what the runtime's parts (runtime.cpp lists them) share: the operator
-// handle, the pending error, tensor handles, the argument trees' types, and each part's entry
-// points that another part calls. The parts are one translation unit with one unnamed namespace,
-// so a part defines what this header declares for the others. Not seen by the SCMs, which see
-// trident_rt.h alone.
+// handle, the pending error, tensor handles, the argument trees' types, the Dispatcher object,
+// and each part's entry points that another part calls. The parts are one translation unit
+// with one unnamed namespace, so a part defines what this header declares for the others. Not
+// seen by the SCMs, which see trident_rt.h alone.
 #ifndef TRIDENT_RUNTIME_INTERNAL_H
 #define TRIDENT_RUNTIME_INTERNAL_H
 
@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -197,7 +198,7 @@ struct TreeMemo {
   ~TreeMemo();
 };
 
-// Note [Quiet state] (tree_eval.cpp): a state tree's values as its last evaluation that held
+// Note [Quiet state] (state_memo.cpp): a state tree's values as its last evaluation that held
 // read them, and what proves them unchanged.
 struct StateMemo {
   struct Proof {
@@ -221,7 +222,7 @@ struct StateMemo {
   std::vector<PyObject*> values; // per node: its value at the evaluation the memo was made at
   std::vector<PyObject*> owned;  // what the proofs and the proven values hold
   uint64_t reread = 0;           // proofs held through their entries (another key changed)
-  // Note [Watched state] (tree_eval.cpp, Python 3.12): the proofs' dicts and types are watched
+  // Note [Watched state] (state_memo.cpp, Python 3.12): the proofs' dicts and types are watched
   // (`watched`: all of them); `events` counts the watchers' events, `clean` their count when
   // the proofs last held. The exact-type proofs, which no watcher sees, are checked at every
   // call from `exact`.
@@ -230,12 +231,43 @@ struct StateMemo {
   uint64_t events = 0, clean = 0;
   bool watched = false;
   uint64_t quiet = 0;            // proofs taken as holding through the watchers (benchmarks)
+  static constexpr int kRemakes = 16;  // then every node at every call
   bool valid = false;            // made, and not dropped since
   bool busy = false;             // a pass is reading it (one that re-enters walks alone)
   int remade = 0;                // times made: a state that changes at every call stops it
   void clear();                  // with the GIL
   ~StateMemo() { clear(); }
 };
+
+// ---- version tags and watchers (watchers.cpp) ------------------------------------------------
+//
+// CPython's dict version tags (Python 3.11 and 3.12: TRT_DICT_TAGS) and type version tags, which
+// Note [Unchanged subtrees] (tree_eval.cpp) and Note [Quiet state] (state_memo.cpp) read, and on
+// 3.12 the dict and type watchers that spare reading them (TRT_DICT_WATCHERS).
+#if PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_TAGS 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+#pragma GCC diagnostic pop
+inline uint64_t type_tag(PyTypeObject* t) {
+  return PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) ? t->tp_version_tag : 0;
+}
+#else
+inline uint64_t dict_tag(PyObject*) { return 0; }
+#endif
+
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define TRT_DICT_WATCHERS 1
+// `memo` watches `d`, held by root `root`'s subtree; `m` watches dict `d`, type `t`. false: not
+// watched (no watcher slot).
+bool watch_dict(TreeMemo* memo, uint32_t root, PyObject* d);
+bool watch_state_dict(StateMemo* m, PyObject* d);
+bool watch_type(StateMemo* m, PyObject* t);
+// what the memo watches, no longer watched for it (with the GIL)
+void unwatch_memo(TreeMemo& memo);
+void unwatch_state(StateMemo& m);
+#endif
 
 struct Tree {
   PyObject* key;  // leaf 0, a Python int
@@ -266,16 +298,18 @@ struct CallTrees {
 };
 
 // The values of one call: bound parameters, node values, leaves. `owned` holds the *args
-// tuple and **kwargs dict made by binding.
+// tuple and **kwargs dict made by binding. Note [Call buffers] (trees.cpp): the vectors' storage
+// comes from the thread's pool and goes back to it.
 struct CallValues {
   std::vector<PyObject*> bound;
   std::vector<PyObject*> values;
   std::vector<PyObject*> dicts;  // per OBJECT node: its instance dict
   std::vector<PyObject*> leaves;
   std::vector<PyObject*> owned;
-  ~CallValues() {
-    for (PyObject* o : owned) Py_DECREF(o);
-  }
+  CallValues();
+  ~CallValues();  // with the GIL
+  CallValues(const CallValues&) = delete;
+  CallValues& operator=(const CallValues&) = delete;
 };
 
 // trees.cpp: binding, and what a node's check and read need
@@ -290,6 +324,13 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree);
 
 // tree_eval.cpp: evaluating a tree, and the memo of Note [Unchanged subtrees]
 bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t* failed = nullptr);
+
+// state_memo.cpp: Note [Quiet state]: whether the memo's proofs hold; the memo of a state tree
+// from the node values of an evaluation that held
+bool proofs_hold(StateMemo& m);
+void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m);
+
+// tree_memo.cpp: the memo of Note [Unchanged subtrees], its quiet table (Note [Quiet table])
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root);
 
@@ -321,7 +362,108 @@ struct NodeValues {
 // recipes.cpp: output recipes
 PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values);
 
-// dispatcher.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
+// ---- the Dispatcher (dispatcher.cpp, dispatcher_methods.cpp, graph_slots.cpp) ------------------
+
+struct ScmEntry {
+  trt_scm_call_fn call;
+  trt_scm_match_fn match;
+};
+
+struct Dispatcher {
+  PyObject_HEAD
+  PyObject* dict;
+  PyObject* weaklist;
+  // What the installed specializations read outside the arguments (Note [State guards] in
+  // lower/state/): a tree program and its parsed form (nullptr: nothing to check).
+  PyObject* state_program;
+  std::shared_ptr<Tree> state;
+  // The installed SCMs, one per specialization, in guard order (Note [Incremental modules] in
+  // build.py); nullptr: none. Held by each call: a Python callback may install another table.
+  std::shared_ptr<const std::vector<ScmEntry>> scms;
+  unsigned long long hits;
+  // CUDA graph slots, one per installed specialization (Note [CUDA graphs]).
+  trt_graph* graphs;
+  Py_ssize_t num_graphs;
+  long long replays_before;  // replays counted by slots since reset
+  // How calls bind and flatten (Note [Argument trees]); nullptr until the first install. Held
+  // by each call: the launch sequence may run Python that installs another table.
+  std::shared_ptr<CallTrees> trees;
+};
+
+// Argument records: on the C stack for the common case; a call with more arguments takes a heap
+// buffer from the thread's pool (Note [Call buffers] in trees.cpp: a Python callback inside a
+// launch sequence may re-enter, and takes another), uninitialized: read_args writes every record
+// (a model's 400 records are 32 KB to clear).
+struct ArgBuffer {
+  struct Heap {
+    std::unique_ptr<trt_arg[]> records;
+    size_t size = 0;
+  };
+  static constexpr size_t kPooled = 4;
+  static thread_local std::vector<Heap> pool;
+  trt_arg local[64];
+  Heap heap;
+  trt_arg* get(Py_ssize_t n) {
+    if (n <= 64) return local;
+    if (!pool.empty()) {
+      heap = std::move(pool.back());
+      pool.pop_back();
+    }
+    if (heap.size < static_cast<size_t>(n)) {
+      heap.records.reset(new trt_arg[static_cast<size_t>(n)]);
+      heap.size = static_cast<size_t>(n);
+    }
+    return heap.records.get();
+  }
+  ~ArgBuffer() {
+    if (heap.records && pool.size() < kPooled && heap.size <= TRT_MAX_ARGS)
+      pool.push_back(std::move(heap));
+  }
+};
+// The parts of one hit, for `_hit_profile` (benchmarks/bench_hf.py): nanoseconds each part took,
+// summed over the calls it timed. The hit path passes none and reads no clock. `thread`: the
+// calling thread's CPU time instead of the wall clock (on a machine shared with other work, the
+// time other processes held the core is not counted; each lap costs a clock read, ~0.1-0.5 µs).
+struct HitClock {
+  enum Part { kState, kBind, kTree, kRead, kGuards, kRun, kOutput, kParts };
+  bool thread = false;
+  double last = 0;
+  double ns[kParts] = {};
+  double now() const {
+    timespec ts;
+    clock_gettime(thread ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  }
+  void start() { last = now(); }
+  void lap(Part part) {
+    double t = now();
+    ns[part] += t - last;
+    last = t;
+  }
+};
+
+// dispatcher.cpp: the object's lifetime (its type's slots) and the hit path (Note [Hit path])
+PyObject* Dispatcher_new(PyTypeObject* type, PyObject*, PyObject*);
+int Dispatcher_traverse(Dispatcher* self, visitproc visit, void* arg);
+int Dispatcher_clear(Dispatcher* self);
+void Dispatcher_dealloc(Dispatcher* self);
+PyObject* Dispatcher_call(Dispatcher* self, PyObject* args, PyObject* kwargs);
+bool state_holds(Dispatcher* self, Py_ssize_t* failed = nullptr);
+trt_graph* graph_slot(Dispatcher* self, size_t i);
+PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* rc_out,
+                  HitClock* clock = nullptr, Py_ssize_t capture = -1);
+Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv,
+                        Py_ssize_t* failed = nullptr, HitClock* clock = nullptr);
+PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* clock);
+
+// graph_slots.cpp: the CUDA graph slots and the methods that set and read them
+void free_graphs(Dispatcher* self);
+PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg);
+PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args);
+PyObject* Dispatcher_graph_seen(Dispatcher* self, PyObject* args);
+PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*);
+
+// dispatcher_methods.cpp: the Dispatcher type, ready (nullptr with a Python error if it cannot be)
 PyTypeObject* dispatcher_type();
 
 }  // namespace

@@ -5,6 +5,12 @@
 
 namespace {
 
+TreeMemo::~TreeMemo() {  // with the GIL (CallTrees' last holder has it)
+#ifdef TRT_DICT_WATCHERS
+  unwatch_memo(*this);
+#endif
+}
+
 // Note [Unchanged subtrees]: the memo of an argument tree, empty: its first evaluation reads all.
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params) {
   size_t n = tree.nodes.size();

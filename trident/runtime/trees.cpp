@@ -13,6 +13,50 @@ namespace {
 // each installed tree is evaluated over the bound values: every node reads its value from its
 // parent and checks it; the LEAF nodes, after the tree's key, are the SCM's arguments.
 
+// Note [Call buffers]: a hit needs vectors as long as the call's parameters, nodes and
+// leaves (a model's: 380 leaves), and allocating and freeing them at every call costs the
+// allocator's work on lines that `generate`'s own Python evicted since the last step (malloc
+// may consolidate the chunks the last step's Python freed). So a CallValues takes its vectors
+// from a per-thread pool and gives them back, cleared, with their storage: a call that
+// re-enters (a finalizer, a Python callback inside a launch sequence) takes vectors of its own.
+// Only what a call wrote is kept between calls, borrowed pointers that no one reads again
+// (each vector is cleared before it goes back); vectors grown past kKeep entries are freed.
+struct CallBuffers {
+  std::vector<PyObject*> bound, values, dicts, leaves, owned;
+};
+constexpr size_t kKeep = 1 << 16;
+constexpr size_t kPooled = 4;  // buffers a thread keeps (calls nested that deep)
+thread_local std::vector<CallBuffers> t_call_buffers;
+
+CallValues::CallValues() {
+  auto& pool = t_call_buffers;
+  if (pool.empty()) return;
+  CallBuffers& b = pool.back();
+  bound.swap(b.bound);
+  values.swap(b.values);
+  dicts.swap(b.dicts);
+  leaves.swap(b.leaves);
+  owned.swap(b.owned);
+  pool.pop_back();
+}
+
+CallValues::~CallValues() {
+  for (PyObject* o : owned) Py_DECREF(o);  // (may run Python that makes calls: their own)
+  auto& pool = t_call_buffers;
+  if (pool.size() >= kPooled) return;
+  for (auto* v : {&bound, &values, &dicts, &leaves, &owned}) {
+    if (v->capacity() > kKeep) std::vector<PyObject*>().swap(*v);
+    v->clear();
+  }
+  pool.emplace_back();
+  CallBuffers& b = pool.back();
+  b.bound.swap(bound);
+  b.values.swap(values);
+  b.dicts.swap(dicts);
+  b.leaves.swap(leaves);
+  b.owned.swap(owned);
+}
+
 // Python's binding of positional and keyword arguments to parameters (inspect.Signature.bind
 // with defaults applied). false: the call does not bind; Python raises eager's TypeError.
 bool bind_call(const CallTrees& t, PyObject* args, PyObject* kwargs, CallValues& cv) {
