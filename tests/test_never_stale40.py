@@ -7,6 +7,7 @@ served again. Every call is compared with eager (``torch.equal``), with exact co
 
 from __future__ import annotations
 
+import sys
 from unittest import mock
 
 import pytest
@@ -127,6 +128,28 @@ def test_another_global_of_a_library_module_changing_keeps_the_hits():
                 assert torch.equal(jf(m, x), want)
         assert torch.equal(jf(m, x), want)
     assert counts(jf) == (1, 4, 0)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="no dict version tags: every node")
+def test_library_reads_cost_a_hit_no_check_of_their_own():
+    """Note [Library code that ran]: the library's loads are lookups in its modules' dicts,
+    proven by their version tags (a module class's ``__call__`` too, where ``type.__call__``
+    loses to the class's own: Note [Quiet state]): more library code run adds state tree
+    nodes, and no node that a hit checks."""
+    def checked(m):
+        jf = trident.jit(call)
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(jf(m, x), call(m, x))
+        made, proofs, checked, _, _ = jf._quiet_state()
+        assert made == 1 and proofs > 0 and counts(jf) == (1, 2, 0), jf._quiet_state()
+        return checked, len(jf._state.nodes)
+
+    few = checked(nn.Sequential(nn.Linear(4, 4)).eval())
+    more = checked(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.GELU(), nn.Softmax(-1),
+                                 nn.Dropout(0.1)).eval())
+    assert more[0] == few[0] and more[1] > few[1] + 10, (few, more)
 
 
 def test_a_library_helper_called_from_user_code_reads_are_seen():

@@ -553,8 +553,10 @@ struct TreeEval {
 //   - an item of an exact tuple;
 //   - an attribute of a class, found in its MRO as the very object the lookup returned (no
 //     ``__get__`` made another: functions, C methods, properties, plain values), where the
-//     class's metaclass has type's own attribute lookup and no attribute of that name (a data
-//     descriptor there would win): the class's version tag, its metaclass's, its class.
+//     class's metaclass has type's own attribute lookup and no data descriptor of that name
+//     (which would win; another attribute there, as ``type.__call__`` under a module class's
+//     ``__call__``, loses to the class's own): the class's version tag, its metaclass's, its
+//     class.
 // The memo keeps the proofs and a reference to each proven value. While every proof holds, a
 // proven value is the same object as then, and its check holds without running when it does
 // not depend on the object's contents (an identity, an absence, an immutable constant, a
@@ -720,8 +722,13 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
       } else if (PyType_Check(parent) && v) {
         auto* type = reinterpret_cast<PyTypeObject*>(parent);
         PyTypeObject* meta = Py_TYPE(parent);
+        // the metaclass's own attribute of that name wins only as a data descriptor, or
+        // where the class's MRO has none (type's __call__, a slot wrapper, under a module
+        // class's __call__: Note [Module forwards])
+        PyObject* meta_found = meta->tp_getattro == PyType_Type.tp_getattro
+                                   ? _PyType_Lookup(meta, node.key) : nullptr;
         PyObject* found = meta->tp_getattro == PyType_Type.tp_getattro &&
-                                  !_PyType_Lookup(meta, node.key)
+                                  (!meta_found || !Py_TYPE(meta_found)->tp_descr_set)
                               ? _PyType_Lookup(type, node.key) : nullptr;  // (assigns the tags)
         descrgetfunc get = found ? Py_TYPE(found)->tp_descr_get : nullptr;
         bool plain = !get || Py_TYPE(found) == &PyFunction_Type ||
@@ -791,15 +798,23 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   size_t n = tree.nodes.size();
   TreeMemo* memo = tree.memo.get();
   if (memo && memo->busy) memo = nullptr;  // re-entered during a walk: this one walks alone
-  if (!memo) {
+  // a state tree's pass reads into its memo's scratch (no allocation per call, whose cost
+  // after a launch sequence's frees is a heap consolidation), a re-entered one into cv's
+  const bool scratch = !memo && m && !m->busy;
+  if (scratch) {
+    m->scratch.resize(n);
+    m->scratch_dicts.assign(n, nullptr);
+  } else if (!memo) {
     cv.values.resize(n);
     cv.dicts.resize(n);
   }
   cv.leaves.clear();
   cv.leaves.reserve(tree.leaves + 1);
   cv.leaves.push_back(tree.key);
-  TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
-             memo ? memo->dicts.data() : cv.dicts.data(), failed};
+  TreeEval e{t, tree, cv, memo,
+             memo ? memo->values.data() : scratch ? m->scratch.data() : cv.values.data(),
+             memo ? memo->dicts.data() : scratch ? m->scratch_dicts.data() : cv.dicts.data(),
+             failed};
   if (m && !m->busy) {  // Note [Quiet state]
     m->busy = true;  // (a check may run Python code that calls this function again)
     bool quiet = m->valid && proofs_hold(*m);
