@@ -7,6 +7,7 @@ served again. Every call is compared with eager (``torch.equal``), with exact co
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from unittest import mock
 
@@ -47,6 +48,12 @@ def _llama_rope():
         modeling_llama.apply_rotary_pos_emb, lambda qk: (qk[0] * 2, qk[1])))
 
 
+def _llama_rotate_half():
+    from transformers.models.llama import modeling_llama
+    return mock.patch.object(modeling_llama, "rotate_half", _wrapped(
+        modeling_llama.rotate_half, lambda y: y * 3))
+
+
 # Each patch, as a context manager: entered, the library's code runs another function.
 LIBRARY_PATCHES = {
     # a module attribute read through the library module's alias (nn.LayerNorm.forward's F)
@@ -66,6 +73,8 @@ LIBRARY_PATCHES = {
         nn.Module, "_call_impl", _wrapped(nn.Module._call_impl, lambda y: y + 0.5)),
     # a global function of a library module, read by the library's own forward
     "modeling_llama.apply_rotary_pos_emb": _llama_rope,
+    # a helper of that helper (library code two calls below the library's forward)
+    "modeling_llama.rotate_half": _llama_rotate_half,
 }
 
 
@@ -170,35 +179,35 @@ def test_a_library_helper_called_from_user_code_reads_are_seen():
 
 # ---- liger-kernel on the GPU ------------------------------------------------------------------
 
-def _restore_after(monkeypatch, *modules):
-    """Every global and class attribute of ``modules`` set back after the test (liger-kernel's
+@contextlib.contextmanager
+def _restored(*modules):
+    """Every global and class attribute of ``modules`` set back on leaving (liger-kernel's
     patches are for good)."""
     saved = []
     for mod in modules:
         saved.append((mod, dict(vars(mod))))
         saved += [(c, dict(vars(c))) for c in vars(mod).values()
                   if isinstance(c, type) and c.__module__ == mod.__name__]
-    yield
-    for owner, before in saved:
-        for name, value in before.items():
-            if vars(owner).get(name) is not value and name not in ("__dict__", "__weakref__"):
-                setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, before in saved:
+            for name, value in before.items():
+                if vars(owner).get(name) is not value and name not in ("__dict__",
+                                                                       "__weakref__"):
+                    setattr(owner, name, value)
 
 
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_liger_patched_after_the_first_call_is_seen(monkeypatch):
+def test_liger_patched_after_the_first_call_is_seen():
     """``apply_liger_kernel_to_llama()`` after a jitted Llama's first calls: its rope is what
     the model's attention runs from then on (``modeling_llama.apply_rotary_pos_emb``, read by
-    ``LlamaAttention.forward``), and its forward on ``LlamaForCausalLM``: a recompile, equal to
-    eager."""
+    ``LlamaAttention.forward``): a recompile, equal to eager."""
     pytest.importorskip("liger_kernel")
     from liger_kernel.transformers import apply_liger_kernel_to_llama
     from transformers.models.llama import modeling_llama
 
-    restore = _restore_after(monkeypatch, modeling_llama)
-    next(restore)
-    try:
+    with _restored(modeling_llama):
         m, ids = _tiny_llama()
         m, ids = m.to("cuda", torch.bfloat16), ids.cuda()
         jf = trident.jit(_logits)
@@ -208,10 +217,8 @@ def test_liger_patched_after_the_first_call_is_seen(monkeypatch):
                 assert torch.equal(jf(m, ids), before)
             apply_liger_kernel_to_llama(rope=True, rms_norm=False, swiglu=False,
                                         cross_entropy=False, fused_linear_cross_entropy=False)
-            eager = _logits(m, ids)
             assert modeling_llama.apply_rotary_pos_emb.__module__.startswith("liger_kernel")
+            eager = _logits(m, ids)
             for _ in range(2):
                 assert torch.equal(jf(m, ids), eager)
         assert counts(jf) == (2, 2, 0)
-    finally:
-        next(restore, None)

@@ -40,7 +40,8 @@ _MODULE_CALL_NAMES = ("__call__", "_call_impl", "forward")
 
 
 def forward_reads(classes) -> list[Read]:
-    """Note [Module forwards]: a read of ``forward`` on each module class in ``classes``."""
+    """Note [Module forwards]: a read of ``__call__``, ``_call_impl`` and ``forward`` on each
+    module class in ``classes``."""
     reads = []
     for cls in classes:
         root, steps = _root_of(cls)
