@@ -168,6 +168,8 @@ class _SourceLines(TorchFunctionMode):
                 sys.setprofile(hook)
 
     def _call(self, func, args, kwargs):
+        # (asked of the function as called, before a remap puts Trident's own in its place)
+        original = _overridden_api(func, sys._getframe(2))  # Note [Patched torch functions]
         if self.in_user_code:
             self.calls += 1
             if self.calls == self.next_check:  # Note [Early assignment check]
@@ -197,7 +199,6 @@ class _SourceLines(TorchFunctionMode):
                 func, args, kwargs = remapped
             func = _bool_results().get(func, func)  # Note [Bool results]
         self.tag(sys._getframe(1))
-        original = _overridden_api(func, sys._getframe(2))  # Note [Patched torch functions]
         if original is not None:
             return original()
         return func(*args, **kwargs)
