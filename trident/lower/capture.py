@@ -33,7 +33,7 @@ from trident.lower import rng
 from trident import config, frames
 from trident.lower import decompositions
 from trident.lower.state import pause
-from trident.lower.source_lines import _SourceLines, source_line
+from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
@@ -357,12 +357,14 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         try:
             with fx_traceback.preserve_node_meta(), mode, launches, \
                     decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), \
-                    _trace_logs_to_trident(), \
+                    _trace_logs_to_trident(), module_calls_as_now(), \
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
                 # Fake mode either way: fake arguments with symbolic dims carry their own
                 # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
-                gm = make_fx(flat_forward, tracing_mode="fake",
-                             _allow_non_fake_inputs=True)(*(fake_args or args))
+                gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True,
+                             _disable_torch_fn_metadata_mode=True)(*(fake_args or args))
+                # (its TorchFunctionMode would call a patched torch function by its name:
+                # Note [Patched torch functions] in source_lines.py)
         except TridentError:
             raise
         except Exception as e:  # make_fx reports unsupported Python as many exception types

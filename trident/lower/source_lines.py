@@ -7,9 +7,12 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import inspect
 import linecache
 import sys
+import threading
 import traceback
+import types
 from pathlib import Path
 
 import torch
@@ -165,6 +168,8 @@ class _SourceLines(TorchFunctionMode):
                 sys.setprofile(hook)
 
     def _call(self, func, args, kwargs):
+        # (asked of the function as called, before a remap puts Trident's own in its place)
+        original = _overridden_api(func, sys._getframe(2))  # Note [Patched torch functions]
         if self.in_user_code:
             self.calls += 1
             if self.calls == self.next_check:  # Note [Early assignment check]
@@ -194,6 +199,8 @@ class _SourceLines(TorchFunctionMode):
                 func, args, kwargs = remapped
             func = _bool_results().get(func, func)  # Note [Bool results]
         self.tag(sys._getframe(1))
+        if original is not None:
+            return original()
         return func(*args, **kwargs)
 
     def tag(self, frame) -> None:
@@ -208,6 +215,83 @@ class _SourceLines(TorchFunctionMode):
             tag = self.tags[key] = (f"{Path(key[0]).name}:{key[1]}",
                                     linecache.getline(*key).strip(), *key)
         fx_traceback.current_meta["custom"] = {SOURCE: tag}
+
+
+# Note [Patched torch functions]: a torch function written in Python (``F.layer_norm``) asks
+# for an override first: ``handle_torch_function(layer_norm, ...)``, the function named by its
+# global name, which this mode's dispatch calls. Eager asks nothing (no mode is active) and
+# goes on in the body. Where a user rebound that name (``F.layer_norm = wrapper`` around the
+# original, ``mock.patch``), the name is the wrapper: calling it would run the wrapper again
+# inside the original's body, which eager never does (a patch applied twice in the trace). So
+# where the name is now a function of other code than the body that asks, and not torch's own
+# (a torch decorator's wrapper runs the same body), the body that asked runs again, with the
+# arguments it was called with, inside this handler (where the mode is off, as in eager).
+_ASKS = ("handle_torch_function", "torch.overrides")
+
+
+def _overridden_api(func, frame):
+    """Note [Patched torch functions]: a call of the body that asked, where ``frame`` is
+    ``handle_torch_function``'s and ``func`` a user's function in the API's place; else
+    None."""
+    if frame is None or (frame.f_code.co_name, frame.f_globals.get("__name__")) != _ASKS or \
+            not isinstance(func, types.FunctionType):
+        return None
+    api = frame.f_back
+    if api is None or func.__code__ is api.f_code or api.f_code.co_freevars or \
+            frames.torch_file(func.__code__.co_filename) or \
+            not frames.torch_file(api.f_code.co_filename):
+        return None
+    code, local = api.f_code, api.f_locals
+    names = frames.parameter_names(code)
+    if any(n not in local for n in names):
+        return None
+    body = types.FunctionType(code, api.f_globals, code.co_name)
+    positional = [local[n] for n in code.co_varnames[:code.co_argcount]]
+    keywords = {n: local[n] for n in code.co_varnames[code.co_argcount:code.co_argcount +
+                                                      code.co_kwonlyargcount]}
+    rest = code.co_argcount + code.co_kwonlyargcount
+    if code.co_flags & inspect.CO_VARARGS:
+        positional += list(local[code.co_varnames[rest]])
+        rest += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        keywords.update(local[code.co_varnames[rest]])
+    return functools.partial(body, *positional, **keywords)
+
+
+# Note [Patched Module.__call__]: make_fx's tracer puts its wrapper in ``nn.Module.__call__``
+# for the trace, and the wrapper calls the ``__call__`` that ``torch.fx._symbolic_trace`` held
+# when it was imported (``_orig_module_call``; ``__getattr__`` alike): a ``__call__`` patched
+# by the user (a wrapper around every module call) would not run in the trace, and the
+# specialization would keep the unpatched result where eager runs the patch. So for the trace,
+# the wrapper calls the ``__call__`` that Python finds now. (Which one that is, is read by the
+# state tree: Note [Module forwards] in lower/state/roots.py.)
+_FX_ORIGINALS = (("_orig_module_call", "__call__"), ("_orig_module_getattr", "__getattr__"))
+_fx_lock = threading.Lock()
+_fx_held: list = []  # the values torch.fx held at the first trace, and the traces running
+
+
+@contextlib.contextmanager
+def module_calls_as_now():
+    """Note [Patched Module.__call__]: while active, make_fx's module wrapper calls
+    ``nn.Module``'s ``__call__`` and ``__getattr__`` as they are now."""
+    import torch.fx._symbolic_trace as fx_trace
+
+    with _fx_lock:
+        if not _fx_held:
+            _fx_held[:] = [{n: getattr(fx_trace, n, None) for n, _ in _FX_ORIGINALS}, 0]
+        _fx_held[1] += 1
+        for name, attr in _FX_ORIGINALS if _fx_held[1] == 1 else ():  # (a trace inside a
+            if _fx_held[0][name] is not None:  # trace: the outer's are set, and Module's
+                setattr(fx_trace, name, getattr(torch.nn.Module, attr))  # are its wrapper)
+    try:
+        yield
+    finally:
+        with _fx_lock:
+            _fx_held[1] -= 1
+            if not _fx_held[1]:  # the last trace running: torch.fx's own values back
+                for name, _ in _FX_ORIGINALS:
+                    if _fx_held[0][name] is not None:
+                        setattr(fx_trace, name, _fx_held[0][name])
 
 
 @functools.cache

@@ -221,6 +221,9 @@ struct StateMemo {
   std::vector<uint32_t> again;   // the nodes read (unless proven) and checked at every call
   std::vector<PyObject*> values; // per node: its value at the evaluation the memo was made at
   std::vector<PyObject*> owned;  // what the proofs and the proven values hold
+  // a pass's values and instance dicts (borrowed, this call's), kept from call to call: the
+  // state tree's pass allocates nothing (Note [Quiet state])
+  std::vector<PyObject*> scratch, scratch_dicts;
   uint64_t reread = 0;           // proofs held through their entries (another key changed)
   // Note [Watched state] (state_memo.cpp, Python 3.12): the proofs' dicts and types are watched
   // (`watched`: all of them); `events` counts the watchers' events, `clean` their count when

@@ -24,8 +24,10 @@ namespace {
 //   - an item of an exact tuple;
 //   - an attribute of a class, found in its MRO as the very object the lookup returned (no
 //     ``__get__`` made another: functions, C methods, properties, plain values), where the
-//     class's metaclass has type's own attribute lookup and no attribute of that name (a data
-//     descriptor there would win): the class's version tag, its metaclass's, its class.
+//     class's metaclass has type's own attribute lookup and no data descriptor of that name
+//     (which would win; another attribute there, as ``type.__call__`` under a module class's
+//     ``__call__``, loses to the class's own): the class's version tag, its metaclass's, its
+//     class.
 // The memo keeps the proofs and a reference to each proven value. While every proof holds, a
 // proven value is the same object as then, and its check holds without running when it does
 // not depend on the object's contents (an identity, an absence, an immutable constant, a
@@ -186,8 +188,13 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
       } else if (PyType_Check(parent) && v) {
         auto* type = reinterpret_cast<PyTypeObject*>(parent);
         PyTypeObject* meta = Py_TYPE(parent);
+        // the metaclass's own attribute of that name wins only as a data descriptor, or
+        // where the class's MRO has none (type's __call__, a slot wrapper, under a module
+        // class's __call__: Note [Module forwards])
+        PyObject* meta_found = meta->tp_getattro == PyType_Type.tp_getattro
+                                   ? _PyType_Lookup(meta, node.key) : nullptr;
         PyObject* found = meta->tp_getattro == PyType_Type.tp_getattro &&
-                                  !_PyType_Lookup(meta, node.key)
+                                  (!meta_found || !Py_TYPE(meta_found)->tp_descr_set)
                               ? _PyType_Lookup(type, node.key) : nullptr;  // (assigns the tags)
         descrgetfunc get = found ? Py_TYPE(found)->tp_descr_get : nullptr;
         bool plain = !get || Py_TYPE(found) == &PyFunction_Type ||

@@ -402,15 +402,23 @@ bool eval_tree(const CallTrees& t, const Tree& tree, CallValues& cv, Py_ssize_t*
   size_t n = tree.nodes.size();
   TreeMemo* memo = tree.memo.get();
   if (memo && memo->busy) memo = nullptr;  // re-entered during a walk: this one walks alone
-  if (!memo) {
+  // a state tree's pass reads into its memo's scratch (no allocation per call, whose cost
+  // after a launch sequence's frees is a heap consolidation), a re-entered one into cv's
+  const bool scratch = !memo && m && !m->busy;
+  if (scratch) {
+    m->scratch.resize(n);
+    m->scratch_dicts.assign(n, nullptr);
+  } else if (!memo) {
     cv.values.resize(n);
     cv.dicts.resize(n);
   }
   cv.leaves.clear();
   cv.leaves.reserve(tree.leaves + 1);
   cv.leaves.push_back(tree.key);
-  TreeEval e{t, tree, cv, memo, memo ? memo->values.data() : cv.values.data(),
-             memo ? memo->dicts.data() : cv.dicts.data(), failed};
+  TreeEval e{t, tree, cv, memo,
+             memo ? memo->values.data() : scratch ? m->scratch.data() : cv.values.data(),
+             memo ? memo->dicts.data() : scratch ? m->scratch_dicts.data() : cv.dicts.data(),
+             failed};
   if (m && !m->busy) {  // Note [Quiet state]
     m->busy = true;  // (a check may run Python code that calls this function again)
     bool quiet = m->valid && proofs_hold(*m);

@@ -20,6 +20,7 @@ from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _funct
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
                                        _kernel_fns, _resolve_root, _root_of, _root_of_dict,
                                        _step, _values_along)
+from trident.lower.state.library import library_reads
 from trident.lower.state.recording import Recording
 from trident.lower.state.roots import forward_reads, reach, reached_root, registry_reads
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
@@ -100,6 +101,8 @@ def reads_of(rec: Recording, fn) -> list[Read]:
 
     for read in forward_reads(rec.module_classes.values()):  # Note [Module forwards]
         add(read)  # (roots.py)
+    for read in library_reads(rec.library):  # Note [Library code that ran] (library.py):
+        add(read)  # a user function patched into a library module is then found
     # closure chains need the functions other chains reach: resolved as those are found
     pending: list = []
     k = 0

@@ -17,6 +17,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
+from trident.lower.state.library import library_kind
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
@@ -44,7 +45,7 @@ _IMPURE_BUILTINS = frozenset({"eval", "exec"})
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
-# frames record
+_SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
 
 
 @dataclasses.dataclass
@@ -58,6 +59,8 @@ class Recording:
     module_classes: dict = dataclasses.field(default_factory=dict)  # id -> the class of each
     # nn.Module called (Note [Module forwards] in roots.py)
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
+    library: dict = dataclasses.field(default_factory=dict)  # id of library code the function
+    # ran -> (the code, its globals) (Note [Library code that ran] in library.py)
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
 
@@ -185,6 +188,7 @@ def record(fn):
         raise transient(TridentError("a profiler that Trident cannot chain to is active "
                                      f"({type(previous).__name__}): its calls run eagerly"))
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
+    inlined: dict = {}  # library frames of Note [Library code that ran] (library.py)
     module_codes = _module_call_codes()
     trace_codes = _trace_state_codes()
     log_codes = _logging_codes()
@@ -196,12 +200,14 @@ def record(fn):
         kind = kinds.get(id(code))
         if kind is None:
             module = frame.f_globals.get("__name__")
-            kind = (_USER if frames.user_frame(frame) else 0) | \
+            user = frames.user_frame(frame)
+            kind = (_USER if user else 0) | \
                 (_IMPURE if module in _IMPURE_MODULES else 0) | \
                 (_OS if module in _OS_WRAPPERS else 0) | \
                 (_MODULE_CALL if id(code) in module_codes else 0) | \
                 (_TRACE_STATE if id(code) in trace_codes else 0) | \
-                (_LOGS if id(code) in log_codes else 0)
+                (_LOGS if id(code) in log_codes else 0) | \
+                (0 if user else library_kind(frame, _SCANNED, _PASSED))
             if not code.co_filename.startswith("<"):
                 kinds[id(code)] = kind
                 kept.append(code)
@@ -238,6 +244,8 @@ def record(fn):
         if event == "call":
             if kind:
                 _call(frame, kind)
+                if kind & (_SCANNED | _PASSED):
+                    _library_call(frame, kind)
         elif event == "c_call":
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
@@ -274,6 +282,17 @@ def record(fn):
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+
+    def _library_call(frame, kind: int) -> None:
+        """Note [Library code that ran] (library.py): a library's frame the function's code
+        called, directly or through library frames that such calls made."""
+        back = frame.f_back
+        if frame.f_code is top or back is not None and (
+                back in inlined or back.f_code is top or (
+                    kind_of(back) & _USER and under_fn(back))):
+            inlined[frame] = None  # (frames live until the end: no id is reused)
+            if kind & _SCANNED and id(frame.f_code) not in rec.library:
+                rec.library[id(frame.f_code)] = (frame.f_code, frame.f_globals)
 
     def _c_call(frame, kind: int, arg) -> None:
         if kind & _USER and under_fn(frame):
@@ -312,6 +331,7 @@ def record(fn):
         sys.setprofile(previous)
         del _CHAINED[hook]
         called.clear()  # the frames, and what their locals hold (a closure may outlive this)
+        inlined.clear()
         if suspended is not None:
             suspended.enable()
 

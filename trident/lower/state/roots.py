@@ -33,8 +33,15 @@ from trident.lower.state.chain import Read, _resolve_root, _root_of, _values_alo
 # with a submodule in its process.
 
 
+# What Python finds through a module's class when it is called: ``__call__`` (a type slot:
+# ``nn.Module.__call__`` patched is what every later call runs), the ``_call_impl`` that
+# torch's ``__call__`` calls through the module, and ``forward``.
+_MODULE_CALL_NAMES = ("__call__", "_call_impl", "forward")
+
+
 def forward_reads(classes) -> list[Read]:
-    """Note [Module forwards]: a read of ``forward`` on each module class in ``classes``."""
+    """Note [Module forwards]: a read of ``__call__``, ``_call_impl`` and ``forward`` on each
+    module class in ``classes``."""
     reads = []
     for cls in classes:
         root, steps = _root_of(cls)
@@ -47,7 +54,7 @@ def forward_reads(classes) -> list[Read]:
             if held:
                 root, steps = ("module", module.__name__), (("attr", held[0]),
                                                             ("attr", "__class__"))
-        reads.append(Read(root, steps + (("attr", "forward"),)))
+        reads += [Read(root, steps + (("attr", name),)) for name in _MODULE_CALL_NAMES]
     return reads
 
 

@@ -1,0 +1,143 @@
+"""Library code that ran in a trace (Note [Library code that ran]): which frames count, and the
+global and module-attribute loads of their code, guarded by identity."""
+
+from __future__ import annotations
+
+import dis
+import sys
+import types
+
+from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _step
+
+# Note [Library code that ran]: a library's code reads its own module state too: nn.LayerNorm's
+# forward reads ``F.layer_norm`` in ``torch.nn.modules.normalization``'s globals, Llama's
+# attention reads ``apply_rotary_pos_emb`` in ``modeling_llama``'s. Users and kernel libraries
+# rebind exactly those names (``F.layer_norm = ...``, ``mock.patch("torch.nn.functional.linear",
+# ...)``, liger-kernel's ``apply_liger_kernel_to_llama()``), so what the trace ran is no longer
+# what eager runs. Dynamo inlines such code and guards the globals it reads; so does this:
+#
+# * Which frames. The recording (recording.py) keeps each library frame that the function's
+#   own code called, directly or through frames kept so (a forward that ``Module.__call__``
+#   called, the helpers it calls): **inlined** frames. A frame of the tracing machinery is not
+#   one, nor anything below it: Trident's own (its ``TorchFunctionMode``, through which every
+#   torch op of the trace goes), a ``__torch_function__`` or ``__torch_dispatch__``, torch's
+#   other internals (the dispatcher's Python, fake tensors, FX, decompositions: as Dynamo's
+#   skipfiles, taken as fixed), Triton's, sympy's, numpy's, a module's body run by an import.
+#   torch's modules whose code Dynamo inlines are scanned (``torch.nn``, ``torch.functional``,
+#   ``torch._tensor``); the standard library's frames and torch's decorators (``no_grad``,
+#   ``autograd.Function.apply``) pass the inlining on without being scanned themselves
+#   (``contextlib`` entering a library's context manager, ``functools``); any other
+#   installed package's frame is scanned.
+# * Which reads. Each ``LOAD_GLOBAL`` of a scanned code object, followed by the attribute loads
+#   after it while the value is a plain module (``F.layer_norm``, ``torch.nn.functional.
+#   linear``, ``torch._C._nn.linear``), is a read of its module's globals up to the longest
+#   prefix whose value is a function, a builtin function, a class or a module, checked by
+#   identity (Note [Library state] in tree.py). Every instruction of a code object that ran
+#   counts, taken or not. A value of another kind (a number, a flag, a dict, a logger, an
+#   object) is not guarded: it is library state taken as fixed (docs/design.md, Not guarded).
+# * What a hit pays. Those reads are lookups in a module's dict by a constant name: each node
+#   is proven by its module dict's version tag (Note [Quiet state] in runtime/tree_eval.cpp),
+#   and on Python 3.12 a watched dict costs nothing until it changes (Note [Watched state]); a
+#   hit checks per module its exact type, not per read.
+
+# torch's modules whose code is scanned (as Dynamo inlines them), and those that pass the
+# inlining on without being scanned (decorators and autograd's Function.apply).
+_TORCH_SCANNED = ("torch.nn", "torch.functional", "torch._tensor")
+_TORCH_PASSED = frozenset({"torch.utils._contextlib", "torch.autograd.grad_mode",
+                           "torch.autograd.function", "torch.amp.autocast_mode"})
+# make_fx's tracer patches ``nn.Module.__call__`` for the trace: its wrapper's frames stand
+# between the function's code and the module's ``_wrapped_call_impl``, and pass the inlining on.
+_TRACER_CALLS = {"torch.fx._symbolic_trace": ("module_call_wrapper", ".call_module"),
+                 "torch.fx.experimental.proxy_tensor": (".call_module",)}
+_BLOCKED_PACKAGES = frozenset({"trident", "torch", "triton", "torch_mlir", "sympy", "numpy",
+                               "functorch", "jinja2", "cffi", "_pytest", "pytest", "pluggy"})
+_BLOCKED_CODES = frozenset({"__torch_function__", "__torch_dispatch__", "<module>"})
+
+
+def library_kind(frame, scanned: int, passed: int) -> int:
+    """Note [Library code that ran]: ``scanned``, ``passed`` or 0 for a library frame (not user
+    code), decided by its module's name."""
+    if frame.f_code.co_name in _BLOCKED_CODES:
+        return 0
+    name = frame.f_globals.get("__name__")
+    if not isinstance(name, str):
+        return 0
+    top = name.partition(".")[0]
+    if top == "torch":
+        if name in _TORCH_PASSED or (name in _TRACER_CALLS and any(
+                n in frame.f_code.co_qualname for n in _TRACER_CALLS[name])):
+            return passed
+        return scanned if any(name == m or name.startswith(m + ".") for m in _TORCH_SCANNED) \
+            else 0
+    if top in _BLOCKED_PACKAGES:
+        return 0
+    if top in sys.stdlib_module_names:
+        return passed
+    return scanned
+
+
+_LOADS: dict = {}  # id of a code object -> (the code, its loads): kept alive, no id reused
+_MAX_LOADS = 65536
+
+
+def _global_loads(code: types.CodeType) -> tuple:
+    """(global name, the attribute names loaded right after it) per ``LOAD_GLOBAL`` of
+    ``code``."""
+    found = _LOADS.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    ins = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "PRECALL",
+                                                                     "EXTENDED_ARG")]
+    out: dict = {}
+    for k, i in enumerate(ins):
+        if i.opname != "LOAD_GLOBAL" or not isinstance(i.argval, str):
+            continue
+        attrs, j = [], k + 1
+        while j < len(ins) and ins[j].opname in ("LOAD_ATTR", "LOAD_METHOD") and \
+                isinstance(ins[j].argval, str):
+            attrs.append(ins[j].argval)
+            j += 1
+        out[(i.argval, tuple(attrs))] = None
+    if len(_LOADS) >= _MAX_LOADS:
+        _LOADS.clear()
+    result = tuple(out)
+    _LOADS[id(code)] = (code, result)
+    return result
+
+
+def _guarded(value) -> bool:
+    """A value a library's load is guarded by identity for: its code or class (not its state)."""
+    if isinstance(value, types.BuiltinFunctionType):
+        return value.__self__ is None or isinstance(value.__self__, types.ModuleType)
+    return isinstance(value, (types.FunctionType, type, types.ModuleType))
+
+
+def library_reads(library: dict) -> list[Read]:
+    """Note [Library code that ran]: a read per global or module attribute that the library
+    code in ``library`` (id -> (code, globals), the recording's) loads and that is a function,
+    a builtin, a class or a module, from its module's globals."""
+    reads: dict = {}
+    for code, g in library.values():
+        if code.co_filename.startswith("<"):
+            continue
+        root, kind = _globals_root(g)
+        if root[0] != "module":
+            continue
+        for name, attrs in _global_loads(code):
+            value = g.get(name, _MISSING)
+            if value is _MISSING or not _guarded(value):
+                continue  # (a builtin, or state of the library's own taken as fixed)
+            steps, last = [("attr", name)], 1
+            for attr in attrs:
+                if type(value) is not types.ModuleType:
+                    break
+                value = _step(value, ("attr", attr))
+                if value is _MISSING or value is _STOP:
+                    break
+                steps.append(("attr", attr))
+                if _guarded(value):
+                    last = len(steps)
+            key = (root, tuple(steps[:last]))
+            if key not in reads:
+                reads[key] = Read(root, key[1], False)
+    return list(reads.values())
