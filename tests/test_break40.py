@@ -1,0 +1,182 @@
+"""Faults the adversarial pass of session 40 found, each with a test of its whole kind; every
+call is compared with eager (``torch.equal``), with exact compile, hit and fallback counts."""
+
+from __future__ import annotations
+
+import math
+import types
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+
+def counts(jf) -> tuple[int, int, int]:
+    s = jf.stats
+    return s.compiles, s.hits, s.fallbacks
+
+
+X = torch.arange(6.0)
+
+
+# ---- Note [Bound built-in methods] (lower/flatten.py) ------------------------------------------
+# A built-in method bound to an object answers from that object's contents, which its ID node
+# did not check, and its words were those of the same method of any other object: a dict edited
+# in place, or another dict's ``get``, was served the trace's value.
+
+def _dict_get():
+    d = {"k": 2.0}
+    return (lambda: d.get), lambda: d.__setitem__("k", 3.0), lambda fn, x: x * fn("k")
+
+
+def _other_dicts_get():
+    now = [{"k": 2.0}]
+    return (lambda: now[0].get), lambda: now.__setitem__(0, {"k": 7.0}), \
+        lambda fn, x: x * fn("k")
+
+
+def _list_index():
+    items = [1.0, 2.0]
+    return (lambda: items.index), lambda: items.insert(0, 2.0), lambda fn, x: x * fn(2.0)
+
+
+def _other_strings_upper():
+    now = ["ab"]
+    return (lambda: now[0].upper), lambda: now.__setitem__(0, "abc"), \
+        lambda fn, x: x * len(fn())
+
+
+def _method_wrapper_len():
+    d = {"a": 1.0}
+    return (lambda: d.__len__), lambda: d.__setitem__("b", 2.0), lambda fn, x: x * fn()
+
+
+@pytest.mark.parametrize("make", [_dict_get, _other_dicts_get, _list_index,
+                                  _other_strings_upper, _method_wrapper_len])
+def test_builtin_methods_bound_to_objects_run_eagerly(make):
+    """Each call equals eager, before and after the bound object changes; each runs eagerly
+    (with a warning that names the argument), none is a hit."""
+    method, change, f = make()
+    jf = trident.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(4):
+            if i == 2:
+                change()
+            assert torch.equal(jf(method(), X), f(method(), X))
+    assert counts(jf) == (0, 0, 4)
+    assert any("argument fn is a built-in method bound to" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("fn, f", [
+    (math.sqrt, lambda g, x: x * g(4.0)),
+    (torch.relu, lambda g, x: g(x - 2)),
+    (dict.fromkeys, lambda g, x: x * len(g("ab")))], ids=["module", "none", "class"])
+def test_builtins_of_modules_and_classes_are_served(fn, f):
+    """A built-in bound to a module or a class (or to nothing) is still checked by identity
+    and served."""
+
+    jf = trident.jit(f)
+    for _ in range(3):
+        assert torch.equal(jf(fn, X), f(fn, X))
+    assert counts(jf) == (1, 2, 0)
+
+
+# ---- Note [Objects of one name] (identity.py) ------------------------------------------------
+# Two live objects checked by identity that share their words (a function's key, a module's
+# name): the dispatcher's tree rejected the second, and the miss path, whose tree had the same
+# key, served it the specialization traced with the first.
+
+def _deep(k):
+    cfg = {"a": {"b": {"c": {"d": {"e": k}}}}}
+
+    def fn(x):
+        return x * cfg["a"]["b"]["c"]["d"]["e"]
+    return fn
+
+
+def _module(k):
+    m = types.ModuleType("samename")
+    m.k = k
+    return m
+
+
+def _rebindable():
+    k = 2.0
+
+    def fn(x):
+        return x * k
+
+    def rebind(v):
+        nonlocal k
+        k = v
+    return fn, rebind
+
+
+def call_fn(fn, x):
+    return fn(x) if not isinstance(fn, types.ModuleType) else x * fn.k
+
+
+@pytest.mark.parametrize("make", [_deep, _module], ids=["closure past the key's depth",
+                                                         "module of one name"])
+def test_objects_of_one_name_are_told_apart(make):
+    """A second object of the first one's words: its own specialization, its own values."""
+    first, second = make(2.0), make(3.0)
+    jf = trident.jit(call_fn)
+    for obj in (first, first, second, second, first):
+        assert torch.equal(jf(obj, X), call_fn(obj, X))
+    assert counts(jf) == (2, 3, 0)
+    assert "another object of the same name" in jf.stats.miss_reasons[-1]
+
+
+def test_a_closure_rebound_after_its_words_were_fixed():
+    """Two closures of one ``def`` whose cells hold equal floats share a specialization; once
+    the second's cell is rebound, it gets its own."""
+    fn1, _ = _rebindable()
+    fn2, rebind2 = _rebindable()
+    jf = trident.jit(call_fn)
+    for fn in (fn1, fn1, fn2, fn2):
+        assert torch.equal(jf(fn, X), call_fn(fn, X))
+    assert counts(jf) == (1, 3, 0)
+    rebind2(5.0)
+    for fn in (fn2, fn1, fn2):
+        assert torch.equal(jf(fn, X), call_fn(fn, X))
+    assert counts(jf) == (2, 5, 0)
+
+
+def test_a_lambda_per_call_over_equal_values_is_one_specialization():
+    """A new lambda at every call over a local of equal value (new cells) behaves alike: one
+    compile, hits after it."""
+    jf = trident.jit(call_fn)
+    for _ in range(4):
+        k = 2.0
+        assert torch.equal(jf(lambda t: t * k, X), call_fn(lambda t: t * k, X))
+    assert counts(jf) == (1, 3, 0)
+
+
+# ---- a TypeError while flattening (lower/flatten.py) -------------------------------------------
+# An argument's own code raising TypeError while it was flattened (a class given a
+# __getattribute__ that answers every name: vars() finds no __dict__) was taken for the
+# binding's TypeError: the call ran eagerly without a warning and without being counted.
+
+def test_a_type_error_while_flattening_is_a_counted_fallback():
+    class Cfg:
+        pass
+
+    def f(o, x):
+        return x * o.k
+
+    o = Cfg()
+    o.k = 2.0
+    jf = trident.jit(f)
+    for _ in range(2):
+        assert torch.equal(jf(o, X), f(o, X))
+    Cfg.__getattribute__ = lambda self, name: 7.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert torch.equal(jf(o, X), f(o, X))
+    assert counts(jf) == (1, 1, 2)
+    assert any("cannot be flattened" in str(w.message) for w in caught)
