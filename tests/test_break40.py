@@ -4,6 +4,7 @@ call is compared with eager (``torch.equal``), with exact compile, hit and fallb
 from __future__ import annotations
 
 import math
+import operator
 import types
 import warnings
 
@@ -180,3 +181,68 @@ def test_a_type_error_while_flattening_is_a_counted_fallback():
             assert torch.equal(jf(o, X), f(o, X))
     assert counts(jf) == (1, 1, 2)
     assert any("cannot be flattened" in str(w.message) for w in caught)
+
+
+# ---- symbolic ints seen by Python code (Note [Int leaves] in frontend/policy.py) ---------------
+# A trace runs the function's Python on torch.SymInt where an int is symbolic: an object's int
+# attribute made a leaf (automatic dynamic), or a tensor's size under automatic dynamic shapes.
+# Python code that asks what the int is, rather than computing with it, gets the SymInt's answer
+# (``str`` gives its expression "s0", ``type`` is SymInt, ``isinstance(n, int)`` is False, ``n
+# is 0`` is False), the trace bakes it as a constant, and every hit of the symbolic
+# specialization returns what eager never does. No guard covers it: Dynamo answers these for
+# SymInts (its SymNodeVariable is an int to isinstance), make_fx does not.
+
+class Cfg:
+    def __init__(self, n):
+        self.n = n
+
+
+INT_LEAF_USES = {
+    "str": lambda c, x: x * len(str(c.n)),
+    "f-string": lambda c, x: x * len(f"{c.n}"),
+    "repr": lambda c, x: x * len(repr(c.n)),
+    "type is int": lambda c, x: x * 2 if type(c.n) is int else x,
+    "isinstance int": lambda c, x: x * 2 if isinstance(c.n, int) else x,
+    "is 0": lambda c, x: x * 2 if operator.is_(c.n, 0) else x,  # (`c.n is 0`)
+}
+
+
+@pytest.mark.xfail(strict=True, reason="a symbolic int leaf is a torch.SymInt to the traced "
+                   "Python: str/repr/format give its expression, type() and isinstance(n, int) "
+                   "say it is no int, `is` compares another object; the trace bakes the answer "
+                   "and hits of the symbolic specialization return it (no guard covers it)")
+@pytest.mark.parametrize("use", list(INT_LEAF_USES), ids=list(INT_LEAF_USES))
+def test_python_questions_about_an_int_leaf(use):
+    fn = INT_LEAF_USES[use]
+
+    def f(c, x):
+        return fn(c, x)
+
+    jf = trident.jit(f)
+    x = torch.arange(12.0)
+    for n in (3, 4, 5, 0, 1, 6):  # 4 makes c.n a leaf (Note [Int leaves])
+        assert torch.equal(jf(Cfg(n), x), f(Cfg(n), x)), n
+
+
+SIZE_USES = {
+    "str": lambda x: x * len(str(x.shape[0])),
+    "type is int": lambda x: x * 2 if type(x.size(0)) is int else x,
+    "isinstance int": lambda x: x * 2 if isinstance(x.shape[0], int) else x,
+}
+
+
+@pytest.mark.xfail(strict=True, reason="a symbolic size is a torch.SymInt to the traced Python "
+                   "(automatic dynamic shapes): str() gives its expression, type() and "
+                   "isinstance(n, int) say it is no int; the trace bakes the answer and every "
+                   "hit of the symbolic specialization returns it")
+@pytest.mark.parametrize("use", list(SIZE_USES), ids=list(SIZE_USES))
+def test_python_questions_about_a_symbolic_size(use):
+    fn = SIZE_USES[use]
+
+    def f(x):
+        return fn(x)
+
+    jf = trident.jit(f)
+    for n in (3, 4, 5, 12, 7):  # 4 makes the size symbolic
+        x = torch.arange(float(n))
+        assert torch.equal(jf(x), f(x)), n
