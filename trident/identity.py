@@ -343,20 +343,23 @@ def _unwrapped(fn):
 # has the same key: the specialization traced with the first object served the second (its
 # state guards check the first object's cells). So the miss path keys such a call's tree apart
 # (Note [Classes of one name] in frontend/install.py) unless ``same_object`` says the two
-# objects behave alike: the same object; bound methods of the same function and object; or
+# objects behave alike: the same object; bound methods of the same function and object (or
+# of an object the words name by its path in the tree, which checks it there); or
 # functions of one code object and globals dict whose defaults, keyword defaults, attributes
 # and closure cells hold the same objects or equal numbers, strings and tuples of them (read at
 # each miss, so a cell rebound since is seen).
 
-def same_object(a: Any, b: Any) -> bool:
+def same_object(a: Any, b: Any, bound_by_path: bool = False) -> bool:
     """Note [Objects of one name]: whether ``b``, checked by identity where ``a`` was, behaves
-    as ``a`` does in every call."""
+    as ``a`` does in every call. ``bound_by_path``: their words bind a method to the object at
+    a path of the tree, which the tree checks (so its object need not be the same)."""
     if a is b:
         return True
     if type(a) is not type(b):
         return False
     if isinstance(a, types.MethodType):
-        return a.__self__ is b.__self__ and same_object(a.__func__, b.__func__)
+        return (bound_by_path or a.__self__ is b.__self__) and same_object(a.__func__,
+                                                                          b.__func__)
     if isinstance(a, types.FunctionType):
         return (a.__code__ is b.__code__ and a.__globals__ is b.__globals__
                 and _same_values(a.__defaults__ or (), b.__defaults__ or ())
@@ -366,7 +369,7 @@ def same_object(a: Any, b: Any) -> bool:
                 and _same_values([_cell(c) for c in a.__closure__ or ()],
                                  [_cell(c) for c in b.__closure__ or ()]))
     if jitted_code(a) is not None:
-        return same_object(jitted_code(a), jitted_code(b))
+        return same_object(jitted_code(a), jitted_code(b), bound_by_path)
     return False
 
 

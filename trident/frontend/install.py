@@ -399,15 +399,15 @@ def _same_classes(known: ArgTree, tree: ArgTree) -> bool:
     """Whether two trees of one description check the same classes (Note [Classes of one
     name]): an object's exact class, a class checked by identity; and alike objects where they
     check one by identity (Note [Objects of one name] in identity.py)."""
-    return all(map(_same_node, known.nodes, tree.nodes))
+    return all(map(_same_node, known.nodes, tree.nodes, tree.description))
 
 
-def _same_node(a, b) -> bool:
-    """Whether two nodes of one description check the same class, or alike objects by
-    identity (``_same_classes``)."""
+def _same_node(a, b, words: str) -> bool:
+    """Whether two nodes of one description (``words``) check the same class, or alike objects
+    by identity (``_same_classes``)."""
     if isinstance(a.expect, type) or isinstance(b.expect, type):
         return a.expect is b.expect
-    return a.check != ID or same_object(a.expect, b.expect)
+    return a.check != ID or same_object(a.expect, b.expect, "bound to the object at" in words)
 
 
 def _user_stacklevel() -> int:

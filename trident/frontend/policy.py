@@ -467,7 +467,7 @@ def _other_object(tree, call_tree) -> str | None:
     None."""
     if not hasattr(tree, "nodes") or tree.description != call_tree.description:
         return None
-    for a, b in zip(tree.nodes, call_tree.nodes):
-        if not _same_node(a, b):
+    for a, b, words in zip(tree.nodes, call_tree.nodes, call_tree.description):
+        if not _same_node(a, b, words):
             return f"{b.path or 'keyword arguments'}: another object of the same name"
     return None
