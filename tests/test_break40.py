@@ -246,3 +246,66 @@ def test_python_questions_about_a_symbolic_size(use):
     for n in (3, 4, 5, 12, 7):  # 4 makes the size symbolic
         x = torch.arange(float(n))
         assert torch.equal(jf(x), f(x)), n
+
+
+# ---- Note [Tensors as text] (lower/source_lines.py) ---------------------------------------------
+# repr, str and format of a tensor the function holds give its values in eager and the fake
+# tensor's description in a trace: every call, the first included, returned what the trace's
+# text made.
+
+AS_TEXT = {
+    "repr": lambda x: x * len(repr(x)),
+    "str": lambda x: x * len(str(x)),
+    "f-string": lambda x: x * len(f"{x}"),
+    "format spec": lambda x: x * len(format(x[:2], "")),
+    "branch on text": lambda x: x * 2 if "e+" in str(x) else x,
+}
+
+
+@pytest.mark.parametrize("use", list(AS_TEXT), ids=list(AS_TEXT))
+def test_a_tensor_turned_into_text_runs_eagerly(use):
+    fn = AS_TEXT[use]
+
+    def f(x):
+        return fn(x)
+
+    jf = trident.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x in (X, X + 0.5, X * 1e9):  # texts of other lengths, the last in e+ notation
+            assert torch.equal(jf(x), f(x))
+    assert counts(jf) == (0, 0, 3)
+    assert any("turns a tensor into text" in str(w.message) for w in caught)
+
+
+# ---- a tensor's Python attributes in a trace ---------------------------------------------------
+# The trace runs the function on fake tensors, whose ``__dict__`` is the fake's own (its mode,
+# its device...), not the real tensor's: an attribute the user set on a tensor argument
+# (``w.scale``, a quantizer's metadata) read with a default, or asked with ``hasattr`` or
+# ``vars``, gives the fake's answer, and every call returns it. (Read without a default, the
+# trace fails and the call runs eagerly, as it should.) The argument tree does not check a
+# tensor leaf's ``__dict__``, so carrying the real attributes into the fake needs a guard too.
+
+TENSOR_ATTRIBUTES = {
+    "getattr with a default": lambda x: x * getattr(x, "scale", 2.0),
+    "hasattr": lambda x: x * 2 if hasattr(x, "scale") else x,
+    "vars": lambda x: x * (len(vars(x)) + 1),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="the trace runs on fake tensors, whose __dict__ is the "
+                   "fake's own: getattr(x, name, default), hasattr and vars on a tensor argument "
+                   "answer for the fake, not for the real tensor's Python attributes, and no "
+                   "guard checks a tensor leaf's __dict__")
+@pytest.mark.parametrize("use", list(TENSOR_ATTRIBUTES), ids=list(TENSOR_ATTRIBUTES))
+def test_python_attributes_of_a_tensor_argument(use):
+    fn = TENSOR_ATTRIBUTES[use]
+
+    def f(x):
+        return fn(x)
+
+    x = torch.arange(6.0)
+    x.scale = 3.0
+    jf = trident.jit(f)
+    for _ in range(2):
+        assert torch.equal(jf(x), f(x))

@@ -73,6 +73,11 @@ _UNGUARDED_READS = {
     "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
     "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
 }
+# Note [Tensors as text]: ``repr(x)``, ``str(x)``, ``f"{x}"`` of a tensor the function holds
+# give its values in eager and the fake tensor's description in a trace ("FakeTensor(...,
+# size=(6,))"): a hit returned what the trace's text made (its length, a branch on it). They
+# reach the mode as ``Tensor.__repr__`` and ``Tensor.__format__``; the call runs eagerly.
+_AS_TEXT = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__})
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
 # ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
 _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
@@ -189,6 +194,12 @@ class _SourceLines(TorchFunctionMode):
                             raise TridentError(_made_outside(where, frame))
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
+            if func in _AS_TEXT:  # Note [Tensors as text]
+                frame = _user_frame()
+                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                raise TridentError(f"the function turns a tensor into text{where} (repr, str, "
+                                   "format): a trace sees no values, and a hit would return "
+                                   "the trace's text")
             remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
