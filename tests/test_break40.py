@@ -183,24 +183,54 @@ def test_a_type_error_while_flattening_is_a_counted_fallback():
     assert any("cannot be flattened" in str(w.message) for w in caught)
 
 
-# ---- symbolic ints seen by Python code (Note [Int leaves] in frontend/policy.py) ---------------
+# ---- symbolic values seen by Python code (Note [Symbolic values as text], source_lines.py) ------
 # A trace runs the function's Python on torch.SymInt where an int is symbolic: an object's int
-# attribute made a leaf (automatic dynamic), or a tensor's size under automatic dynamic shapes.
-# Python code that asks what the int is, rather than computing with it, gets the SymInt's answer
-# (``str`` gives its expression "s0", ``type`` is SymInt, ``isinstance(n, int)`` is False, ``n
-# is 0`` is False), the trace bakes it as a constant, and every hit of the symbolic
-# specialization returns what eager never does. No guard covers it: Dynamo answers these for
-# SymInts (its SymNodeVariable is an int to isinstance), make_fx does not.
+# attribute made a leaf (automatic dynamic: Note [Int leaves] in frontend/policy.py), or a
+# tensor's size under automatic dynamic shapes. Python code that asks what the int is, rather
+# than computing with it, got the SymInt's answer (``str`` gives its expression "s0"), the trace
+# baked it, and every hit of the symbolic specialization returned what eager never does. Its
+# text now specializes the value; ``type``, ``isinstance`` and ``is`` still answer for the
+# SymInt (strict xfails below: Dynamo answers them for SymInts, make_fx does not).
 
 class Cfg:
     def __init__(self, n):
         self.n = n
 
 
-INT_LEAF_USES = {
+INT_LEAF_TEXT = {
     "str": lambda c, x: x * len(str(c.n)),
     "f-string": lambda c, x: x * len(f"{c.n}"),
     "repr": lambda c, x: x * len(repr(c.n)),
+    "text of a bool": lambda c, x: x * len(str(c.n > 4)),
+}
+
+
+@pytest.mark.parametrize("use", list(INT_LEAF_TEXT), ids=list(INT_LEAF_TEXT))
+def test_text_of_an_int_leaf(use):
+    fn = INT_LEAF_TEXT[use]
+
+    def f(c, x):
+        return fn(c, x)
+
+    jf = trident.jit(f)
+    x = torch.arange(12.0)
+    for n in (3, 4, 4, 12, 12, 4):  # 4 makes c.n a leaf (Note [Int leaves])
+        assert torch.equal(jf(Cfg(n), x), f(Cfg(n), x)), n
+    assert counts(jf) == (3, 3, 0)  # 3; 4 (specialized by its text); 12
+
+
+def test_text_of_a_symbolic_size():
+    def f(x):
+        return x * len(str(x.shape[0]))
+
+    jf = trident.jit(f)
+    for n in (3, 4, 4, 12, 12, 4):  # 4 makes the size symbolic
+        x = torch.arange(float(n))
+        assert torch.equal(jf(x), f(x)), n
+    assert counts(jf) == (3, 3, 0)
+
+
+INT_LEAF_QUESTIONS = {
     "type is int": lambda c, x: x * 2 if type(c.n) is int else x,
     "isinstance int": lambda c, x: x * 2 if isinstance(c.n, int) else x,
     "is 0": lambda c, x: x * 2 if operator.is_(c.n, 0) else x,  # (`c.n is 0`)
@@ -208,12 +238,12 @@ INT_LEAF_USES = {
 
 
 @pytest.mark.xfail(strict=True, reason="a symbolic int leaf is a torch.SymInt to the traced "
-                   "Python: str/repr/format give its expression, type() and isinstance(n, int) "
-                   "say it is no int, `is` compares another object; the trace bakes the answer "
-                   "and hits of the symbolic specialization return it (no guard covers it)")
-@pytest.mark.parametrize("use", list(INT_LEAF_USES), ids=list(INT_LEAF_USES))
+                   "Python: type() and isinstance(n, int) say it is no int, `is` compares another "
+                   "object; the trace bakes the answer and hits of the symbolic specialization "
+                   "return it (no guard covers it)")
+@pytest.mark.parametrize("use", list(INT_LEAF_QUESTIONS), ids=list(INT_LEAF_QUESTIONS))
 def test_python_questions_about_an_int_leaf(use):
-    fn = INT_LEAF_USES[use]
+    fn = INT_LEAF_QUESTIONS[use]
 
     def f(c, x):
         return fn(c, x)
@@ -224,20 +254,19 @@ def test_python_questions_about_an_int_leaf(use):
         assert torch.equal(jf(Cfg(n), x), f(Cfg(n), x)), n
 
 
-SIZE_USES = {
-    "str": lambda x: x * len(str(x.shape[0])),
+SIZE_QUESTIONS = {
     "type is int": lambda x: x * 2 if type(x.size(0)) is int else x,
     "isinstance int": lambda x: x * 2 if isinstance(x.shape[0], int) else x,
 }
 
 
 @pytest.mark.xfail(strict=True, reason="a symbolic size is a torch.SymInt to the traced Python "
-                   "(automatic dynamic shapes): str() gives its expression, type() and "
-                   "isinstance(n, int) say it is no int; the trace bakes the answer and every "
-                   "hit of the symbolic specialization returns it")
-@pytest.mark.parametrize("use", list(SIZE_USES), ids=list(SIZE_USES))
+                   "(automatic dynamic shapes): type() and isinstance(n, int) say it is no int; "
+                   "the trace bakes the answer and every hit of the symbolic specialization "
+                   "returns it")
+@pytest.mark.parametrize("use", list(SIZE_QUESTIONS), ids=list(SIZE_QUESTIONS))
 def test_python_questions_about_a_symbolic_size(use):
-    fn = SIZE_USES[use]
+    fn = SIZE_QUESTIONS[use]
 
     def f(x):
         return fn(x)
