@@ -332,6 +332,76 @@ def _unwrapped(fn):
         return fn
 
 
+
+# Note [Objects of one name]: an argument checked by identity (an ID node: a function, a
+# bound method, a module, a builtin) is described by words that name it in every process where
+# they can (``stable_words``): a function by its key (Note [Function key]), a module by its
+# name. Two live objects can share those words: two closures of one ``def`` whose cells differ
+# where the key does not look (past its depth, a tensor's values, a cell rebound after the
+# words were fixed at its first sight), two module objects of one name. The dispatcher's tree
+# checks the object itself, but a call of the other object goes to the miss path, whose tree
+# has the same key: the specialization traced with the first object served the second (its
+# state guards check the first object's cells). So the miss path keys such a call's tree apart
+# (Note [Classes of one name] in frontend/install.py) unless ``same_object`` says the two
+# objects behave alike: the same object; bound methods of the same function and object (or
+# of an object the words name by its path in the tree, which checks it there); or
+# functions of one code object and globals dict whose defaults, keyword defaults, attributes
+# and closure cells hold the same objects or equal numbers, strings and tuples of them (read at
+# each miss, so a cell rebound since is seen).
+
+def same_object(a: Any, b: Any, bound_by_path: bool = False) -> bool:
+    """Note [Objects of one name]: whether ``b``, checked by identity where ``a`` was, behaves
+    as ``a`` does in every call. ``bound_by_path``: their words bind a method to the object at
+    a path of the tree, which the tree checks (so its object need not be the same)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, types.MethodType):
+        return (bound_by_path or a.__self__ is b.__self__) and same_object(a.__func__,
+                                                                          b.__func__)
+    if isinstance(a, types.FunctionType):
+        return (a.__code__ is b.__code__ and a.__globals__ is b.__globals__
+                and _same_values(a.__defaults__ or (), b.__defaults__ or ())
+                and _same_values(sorted((a.__kwdefaults__ or {}).items()),
+                                 sorted((b.__kwdefaults__ or {}).items()))
+                and _same_values(sorted(vars(a).items()), sorted(vars(b).items()))
+                and _same_values([_cell(c) for c in a.__closure__ or ()],
+                                 [_cell(c) for c in b.__closure__ or ()]))
+    if jitted_code(a) is not None:
+        return same_object(jitted_code(a), jitted_code(b), bound_by_path)
+    return False
+
+
+def _cell(cell) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # empty
+        return _Unset
+
+
+def _same_values(a, b) -> bool:
+    """Items of ``a`` and ``b`` are the same objects, equal immutable values of one type
+    (floats by their repr: -0.0, nan) or functions ``same_object`` makes alike."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if type(x) is not type(y):
+            return False
+        if type(x) in (int, bool, str, bytes):
+            ok = x == y
+        elif type(x) in (float, complex):
+            ok = repr(x) == repr(y)
+        elif type(x) is tuple:
+            ok = _same_values(x, y)
+        else:
+            ok = isinstance(x, (types.FunctionType, types.MethodType)) and same_object(x, y)
+        if not ok:
+            return False
+    return True
+
 # An identity-checked function's words, fixed at its first sight in this process: the native
 # check is by identity, and its Python twin must agree with it. Recomputed at each miss, a
 # function whose globals change between calls (a wrapper that counts its calls) would give an

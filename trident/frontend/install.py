@@ -26,10 +26,10 @@ from trident.codegen import render as codegen
 from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
-from trident.identity import PROCESS, function_key
+from trident.identity import PROCESS, function_key, same_object
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
-from trident.ir.trees import TENSOR, ArgTree, Binding
+from trident.ir.trees import ID, TENSOR, ArgTree, Binding
 from trident.lower import kernels, rng, state, uses
 from trident.lower.flatten import flatten_call
 
@@ -397,9 +397,17 @@ class Installer:
 
 def _same_classes(known: ArgTree, tree: ArgTree) -> bool:
     """Whether two trees of one description check the same classes (Note [Classes of one
-    name]): an object's exact class, a class checked by identity."""
-    return all(a.expect is b.expect for a, b in zip(known.nodes, tree.nodes)
-               if isinstance(a.expect, type) or isinstance(b.expect, type))
+    name]): an object's exact class, a class checked by identity; and alike objects where they
+    check one by identity (Note [Objects of one name] in identity.py)."""
+    return all(map(_same_node, known.nodes, tree.nodes, tree.description))
+
+
+def _same_node(a, b, words: str) -> bool:
+    """Whether two nodes of one description (``words``) check the same class, or alike objects
+    by identity (``_same_classes``)."""
+    if isinstance(a.expect, type) or isinstance(b.expect, type):
+        return a.expect is b.expect
+    return a.check != ID or same_object(a.expect, b.expect, "bound to the object at" in words)
 
 
 def _user_stacklevel() -> int:

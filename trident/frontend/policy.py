@@ -20,7 +20,7 @@ from trident import config, interrupts
 from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, cache, ints
 from trident.frontend.eager import _eager_decision, _sizeless
-from trident.frontend.install import _Call, _user_stacklevel
+from trident.frontend.install import _Call, _same_node, _user_stacklevel
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels
@@ -317,7 +317,8 @@ class MissPolicy:
         None: it accepts the call)."""
         if spec.tree != call.tree.key:
             tree = self._trees.get(spec.tree) or self._cache.load_tree(spec.tree)
-            return tree.first_difference(call.tree) if tree else "another argument structure"
+            return (_other_object(tree, call.tree) or tree.first_difference(call.tree)) if \
+                tree else "another argument structure"
         failed = failures(spec.guards, call.leaves) if every else \
             [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]
         return "; ".join(explain_failure(g, call.leaves, spec.arg_names)
@@ -443,3 +444,15 @@ class MissPolicy:
             self._dynamic_failed = failed_before  # (not the dims' failure: the sizes' fails too)
             e.static_trace = True
             raise
+
+
+def _other_object(tree, call_tree) -> str | None:
+    """Where a call's tree of the description of ``tree`` (an ArgTree of this process) checks
+    another class or object of the same name (Note [Classes of one name] in install.py), or
+    None."""
+    if not hasattr(tree, "nodes") or tree.description != call_tree.description:
+        return None
+    for a, b, words in zip(tree.nodes, call_tree.nodes, call_tree.description):
+        if not _same_node(a, b, words):
+            return f"{b.path or 'keyword arguments'}: another object of the same name"
+    return None

@@ -182,6 +182,12 @@ class _Flattener:
             # returned at the trace, whatever the cache returns (its code may not run at all)
             raise TridentError(f"{self.named(path)} is {with_article(_type_name(t))} of a "
                                "user function, whose cache Trident cannot guard")
+        if _bound_builtin(value):  # Note [Bound built-in methods]
+            error = TridentError(f"{self.named(path)} is a built-in method bound to "
+                                 f"{with_article(_type_name(type(value.__self__)))}, whose "
+                                 "contents Trident cannot guard")
+            error.steps = self.steps(value, parent, access, key)
+            raise error
         if isinstance(value, (_BY_ID, enum.Enum)) or _opaque(value):
             self.add(value, node(ID, value), self.words(value))
             return
@@ -283,6 +289,18 @@ def _opaque(value) -> bool:
     return isinstance(value, _OPAQUE) or jitted_code(value) is not None
 
 
+# Note [Bound built-in methods]: a built-in method bound to an object (``d.get``, ``l.index``,
+# ``s.upper``, ``x.__len__``) answers from that object's contents, which its ID node does not
+# check, and its words (``builtin .dict.get``) are those of the same method of any other object:
+# a hit returned what the trace's object held. It makes the call run eagerly. One bound to a
+# module or a class (``math.sqrt``, ``torch.relu``, ``dict.fromkeys``), or to nothing, is checked
+# by identity as a function is.
+
+def _bound_builtin(value) -> bool:
+    return isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)) and \
+        not isinstance(getattr(value, "__self__", None), (types.ModuleType, type, type(None)))
+
+
 def _c_state(t: type) -> bool:
     """Instances of ``t`` hold more than a plain Python object's ``__dict__`` and weak
     references: a base written in C keeps contents of its own (``class Q(collections.deque)``,
@@ -328,12 +346,16 @@ def flatten_call(binding: Binding, args: tuple, kwargs: dict,
 
     Raises:
         TypeError: the call does not bind to the function's parameters.
-        TridentError: an argument that cannot be flattened (its path and type named)."""
+        TridentError: an argument that cannot be flattened (its path and type named, or the
+            error its object's own code raised)."""
     bound = binding.bind(args, kwargs)
     try:
         return _flatten_bound(binding, bound, int_leaves)
     except RecursionError:
         raise TridentError("an argument is nested too deeply to guard") from None
+    except TypeError as e:  # an object's own code refused (a __getattribute__ that answers
+        # every name: vars() finds no __dict__): not the binding's error, which eager raises
+        raise TridentError(f"an argument cannot be flattened: {e}") from None
 
 
 class _ReachedAgain(Exception):

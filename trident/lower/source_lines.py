@@ -76,6 +76,49 @@ _UNGUARDED_READS = {
     "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
     "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
 }
+# Note [Tensors as text]: ``repr(x)``, ``str(x)``, ``f"{x}"`` of a tensor the function holds
+# give its values in eager and the fake tensor's description in a trace ("FakeTensor(...,
+# size=(6,))"): a hit returned what the trace's text made (its length, a branch on it). They
+# reach the mode as ``Tensor.__repr__`` and ``Tensor.__format__``; the call runs eagerly.
+_AS_TEXT = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__})
+
+# Note [Symbolic values as text]: where an int is symbolic (a size under automatic dynamic
+# shapes, an int leaf: Note [Int leaves] in frontend/policy.py), the function's Python holds a
+# torch.SymInt, whose text is its expression: ``str(n)``, ``repr(n)``, ``f"{n}"`` gave "s0" in
+# the trace, which it baked, and every hit returned what that text made. Each of them reaches
+# the class's ``__repr__`` (``object.__str__`` and ``object.__format__`` call it), which, called
+# from user code while this thread traces, specializes the value (a guard on it: torch's
+# ``guard_int``, ``guard_float``, ``guard_bool``) and gives its text as eager does. torch's own
+# code (its messages, its logs) keeps the expression. Installed once, for every thread (each
+# asks its own trace: ``_TRACING``). ``type(n) is int``, ``isinstance(n, int)`` and ``n is 0``
+# still answer for the SymInt (tests/test_break40.py: strict xfails).
+_TRACING = threading.local()  # .mode: the _SourceLines of this thread's trace, or None
+
+
+@functools.cache
+def _symbolic_text() -> None:
+    from torch.fx.experimental.symbolic_shapes import guard_bool, guard_float, guard_int
+
+    for cls, guard in ((torch.SymInt, guard_int), (torch.SymFloat, guard_float),
+                       (torch.SymBool, guard_bool)):
+        def text(self, _original=cls.__repr__, _guard=guard):
+            return repr(_guard(self)) if _users() else _original(self)
+        cls.__repr__ = text
+
+
+def _users() -> bool:
+    """Whether this thread traces and the caller of ``__repr__`` (who asked a symbolic
+    value's text) is user code (Note [Symbolic values as text])."""
+    mode = getattr(_TRACING, "mode", None)
+    if mode is None or not mode.in_user_code:
+        return False
+    caller = sys._getframe(2).f_code.co_filename
+    user = _USER_LINE_FILES.get(caller)
+    if user is None:
+        user = _USER_LINE_FILES[caller] = frames.user_line_file(caller)
+    return user
+
+
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
 # ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
 _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
@@ -159,6 +202,15 @@ class _SourceLines(TorchFunctionMode):
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
 
+    def __enter__(self):
+        _symbolic_text()  # Note [Symbolic values as text]
+        self.outer, _TRACING.mode = getattr(_TRACING, "mode", None), self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _TRACING.mode = self.outer
+        return super().__exit__(*exc)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         hook = self.pause()  # Note [Unrecorded ops]
         try:
@@ -194,6 +246,12 @@ class _SourceLines(TorchFunctionMode):
                             raise TridentError(_made_outside(where, frame))
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
+            if func in _AS_TEXT:  # Note [Tensors as text]
+                frame = _user_frame()
+                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                raise TridentError(f"the function turns a tensor into text{where} (repr, str, "
+                                   "format): a trace sees no values, and a hit would return "
+                                   "the trace's text")
             remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped
