@@ -241,18 +241,36 @@ GEMMA2 = textwrap.dedent("""
 """)
 
 
-def test_a_tiny_gemma2_restarts_warm(subprocess_env):
-    """Gemma2's MLP holds ``GELUTanh`` (a partial of ``F.gelu``): a second process's
-    ``generate`` traces and builds nothing (``TRIDENT_FORBID_COMPILE``), its tokens equal to
-    eager's."""
-    def run(env):
-        lines = run_python(env, "-c", GEMMA2).stdout.splitlines()
+def _gemma2_restart(env: dict, seeds: tuple[str, str]) -> dict:
+    """The second process's stats, after a first that compiled (each under its
+    ``PYTHONHASHSEED``); both processes' tokens equal to eager's."""
+    def run(seed, **more):
+        lines = run_python(dict(env, PYTHONHASHSEED=seed, **more), "-c",
+                           GEMMA2).stdout.splitlines()
         (line,) = [l for l in lines if l.startswith("STATS ")]
         return json.loads(line[6:])
 
-    same, first = run(subprocess_env)
+    same, first = run(seeds[0])
     assert same and (first["compiles"], first["fallbacks"]) == (2, 0), first
-    same, second = run(dict(subprocess_env, TRIDENT_FORBID_COMPILE="1"))
+    same, second = run(seeds[1], TRIDENT_FORBID_COMPILE="1")
     assert same, second
+    return second
+
+
+def test_a_tiny_gemma2_restarts_warm(subprocess_env):
+    """Gemma2's MLP holds ``GELUTanh`` (a partial of ``F.gelu``): a second process's
+    ``generate`` traces and builds nothing (``TRIDENT_FORBID_COMPILE``), its tokens equal to
+    eager's. (Both under one hash seed: see the next test.)"""
+    second = _gemma2_restart(subprocess_env, ("0", "0"))
     assert (second["traces"], second["compiles"], second["misses"], second["fallbacks"],
             second["hits"]) == (0, 0, 0, 0, 4), second
+
+
+@pytest.mark.xfail(strict=True, reason="transformers' create_masks_for_generate makes the "
+                   "attention_mask dict of a hybrid model in the order of a set of str "
+                   "(set(config.layer_types)), which Python's hash seed decides; the tree "
+                   "checks its key order, so a process of another seed misses the stored tree")
+def test_a_tiny_gemma2_restarts_warm_under_another_hash_seed(subprocess_env):
+    """Seeds 0 and 1 order ``{"sliding_attention", "full_attention"}`` differently."""
+    second = _gemma2_restart(subprocess_env, ("0", "1"))
+    assert (second["traces"], second["compiles"]) == (0, 0), second

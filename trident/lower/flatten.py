@@ -329,8 +329,7 @@ def _partial_words(value) -> str | None:
             fn.__self__ is None or isinstance(fn.__self__, types.ModuleType)):
         module = fn.__self__.__name__ if fn.__self__ is not None else fn.__module__
         words = f"builtin {module}.{fn.__qualname__}"
-        found = sys.modules.get(module) if isinstance(module, str) else None
-        if getattr(found, fn.__name__, None) is not fn:  # not where its name says
+        if _named_at(module, fn.__name__) is not fn:  # not where its name says
             return None
     elif isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         words = identity_words(fn)
@@ -344,10 +343,19 @@ def _partial_words(value) -> str | None:
 
 def _by_path(fn) -> bool:
     """``fn`` is what its module's path names (``torch.nn.functional.silu``)."""
-    target = sys.modules.get(fn.__module__) if isinstance(fn.__module__, str) else None
-    for part in fn.__qualname__.split("."):
-        target = getattr(target, part, None)
-    return target is fn
+    return _named_at(fn.__module__, fn.__qualname__) is fn
+
+
+def _named_at(module, qualname: str):
+    """What ``qualname`` names in the module ``sys.modules`` holds as ``module``, or None (a
+    module ``__getattr__`` that raises anything: none)."""
+    target = sys.modules.get(module) if isinstance(module, str) else None
+    try:
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+    except Exception:  # noqa: BLE001 (the module's own error: no such name)
+        return None
+    return target
 
 
 _OPAQUE = (functools.partial, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
