@@ -125,10 +125,12 @@ def test_the_quiet_pass_of_a_thread_sees_another_threads_change():
     assert counts(jf) == (2, 5, 0), jf.stats.miss_reasons
 
 
-# ---- Note [Partials in arguments] (frontend/tracing.py): left as a strict xfail ----------------
+# ---- Note [Partials in arguments] (lower/flatten.py) ----------------------------------------
 # A module holding a functools.partial (transformers' GELUTanh.act: every Gemma, every model of
-# ``gelu_pytorch_tanh``) has its specializations kept in its process only: the partial is
-# checked by identity, so each new process compiles the model again (issue 27).
+# ``gelu_pytorch_tanh``) had its specializations kept in its process only: the partial was
+# checked by identity, so each new process compiled the model again (issue 27). Its function
+# is now named by its path, its arguments and keywords checked as values
+# (tests/test_partials_in_trees.py).
 
 PARTIAL = """
 import functools, torch, trident
@@ -156,8 +158,6 @@ print(ok, jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a partial in a module is checked by identity: its "
-                   "specializations serve their process only (Note [Partials in arguments])")
 def test_a_partial_in_a_module_is_served_from_the_cache_in_a_new_process(subprocess_env):
     first = run_python(subprocess_env, "-c", PARTIAL).stdout.strip().splitlines()[-1]
     assert first == "True 1 1 0", first

@@ -122,8 +122,15 @@ class FunctionCache:
 
     def keep_in_process(self, spec: Specialization) -> None:
         """Note [Process-only state]: ``spec`` is found again by this process's loads (after
-        its state changed back), never written to disk."""
+        its state changed back), never written to disk. The function's origin is: its folder
+        holds the module built for ``spec``, which ``python3 -m trident list`` names by it
+        (without it, as a folder of an older Trident)."""
         _IN_PROCESS.setdefault(self.directory, {})[spec.key] = spec
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._save_about()
+        except OSError:  # (a cache that cannot be written: save_spec warns of it)
+            pass
 
     def _save_about(self) -> None:
         """The function's origin, once, for ``python3 -m trident list`` (OSError where the

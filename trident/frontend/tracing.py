@@ -15,7 +15,7 @@ from trident.errors import TridentError
 from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
-from trident.ir.trees import int_constants
+from trident.ir.trees import ID, int_constants
 from trident.lower import compiler, state
 from trident.lower.capture import trace
 from trident.lower.substitute import substituted
@@ -97,13 +97,11 @@ class Tracer:
         return spec
 
 
-# Note [Partials in arguments]: a ``functools.partial`` that the call's argument tree holds (a
-# parameter, a default, an item, a module's attribute: Gemma's ``GELUTanh.act``) is checked
-# there by identity, and its function, arguments and keywords are no attribute of its
-# ``__dict__``: ``__setstate__`` replaces them in the same object, and its keywords dict can be
-# written in place. So each one is also a state read of its own, used whole (an object root:
-# ``func``, ``args`` and ``keywords`` read at every call, as a global partial's are:
-# ``_use`` in lower/state/tree.py); such a specialization serves its process only (Note
+# Note [Partials in arguments] (lower/flatten.py): a ``functools.partial`` that the call's
+# argument tree checks by identity (one of a user function, of a lambda, holding a tensor:
+# those the tree cannot check as a value) is also a state read of its own, used whole (an
+# object root: ``func``, ``args`` and ``keywords`` read at every call, as a global partial's
+# are: ``_use`` in lower/state/tree.py); such a specialization serves its process only (Note
 # [Process-only state] in install.py), as its argument tree's words already did.
 
 def _partials_of(call: _Call) -> list:
@@ -111,6 +109,7 @@ def _partials_of(call: _Call) -> list:
     tree holds."""
     from trident.lower.state.chain import Read, _object_root
 
-    partials = {id(v): v for v in call.values if isinstance(v, functools.partial)}
+    partials = {id(v): v for n, v in zip(call.tree.nodes, call.values)
+                if n.check == ID and isinstance(v, functools.partial)}
     return [Read(_object_root(p), (("attr", name),), True) for p in partials.values()
             for name in ("func", "args", "keywords")]

@@ -47,9 +47,12 @@ namespace {
 // same object as at the last walk, so its immutable nodes need no check. A root, or a list's
 // item, is only known to be at the same address, where a new object may have taken a freed
 // one's place (the memo holds no reference): there a tuple's items and a constant's value are
-// checked again, as are a list's items and a set's contents everywhere. The first check that
-// fails sends that root to the walk above, which reads afresh what changed and updates the
-// memo.
+// checked again, as are a list's items and a set's contents everywhere. A value read through
+// getattr (a functools.partial's func, args and keywords, which no dict holds and no tag
+// covers: Note [Partials in arguments] in lower/flatten.py) is read afresh in either pass and
+// must be the memo's object (kRead): ``__setstate__`` replaces them in the same partial. The
+// first check that fails sends that root to the walk above, which reads afresh what changed
+// and updates the memo.
 //
 // Python 3.12's dict watchers (PEP 699's way to see changes) make an unchanged dict cost nothing
 // to check: a dict the memo found unchanged across two calls is watched, and an event on it (a
@@ -305,6 +308,16 @@ struct TreeEval {
       case TreeMemo::Check::kSame:
         if (v != values[tree.nodes[i].same]) return false;
         break;
+      case TreeMemo::Check::kRead: {  // read from its parent (checked before it) afresh: the
+        // memo's object, or the root is walked again (__setstate__ replaced it)
+        PyObject* now = read(i);
+        if (!now) {
+          PyErr_Clear();
+          return false;
+        }
+        if (now != v) return false;
+        break;
+      }
     }
     return true;
   }
