@@ -125,7 +125,7 @@ def test_the_quiet_pass_of_a_thread_sees_another_threads_change():
     assert counts(jf) == (2, 5, 0), jf.stats.miss_reasons
 
 
-# ---- Note [Partials in arguments] (lower/flatten.py) ----------------------------------------
+# ---- Note [Partials in arguments] (lower/partials.py) ----------------------------------------
 # A module holding a functools.partial (transformers' GELUTanh.act: every Gemma, every model of
 # ``gelu_pytorch_tanh``) had its specializations kept in its process only: the partial was
 # checked by identity, so each new process compiled the model again (issue 27). Its function

@@ -1,4 +1,4 @@
-"""Note [Partials in arguments] (lower/flatten.py): a ``functools.partial`` that a call's
+"""Note [Partials in arguments] (lower/partials.py): a ``functools.partial`` that a call's
 argument tree holds (transformers' ``GELUTanh.act``: ``functools.partial(F.gelu,
 approximate="tanh")`` in every Gemma) is checked by what decides the code, named the same in
 every process: a new process loads its specializations (issue 27). Its ``func``, ``args`` and

@@ -97,7 +97,7 @@ class Tracer:
         return spec
 
 
-# Note [Partials in arguments] (lower/flatten.py): a ``functools.partial`` that the call's
+# Note [Partials in arguments] (lower/partials.py): a ``functools.partial`` that the call's
 # argument tree checks by identity (one of a user function, of a lambda, holding a tensor:
 # those the tree cannot check as a value) is also a state read of its own, used whole (an
 # object root: ``func``, ``args`` and ``keywords`` read at every call, as a global partial's

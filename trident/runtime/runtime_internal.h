@@ -152,7 +152,7 @@ struct TreeMemo {
     // kObjectQuiet: an object's exact type and instance dict's identity (its dict is watched)
     // kEmptySet: a set constant that was empty, its exact type and size (the quiet table's)
     // kRead: a value read through getattr (a functools.partial's func, args, keywords: Note
-    // [Partials in arguments] in lower/flatten.py), read afresh: the memo's object
+    // [Partials in arguments] in lower/partials.py), read afresh: the memo's object
     enum Op : uint8_t {
       kLeaf, kObject, kObjectQuiet, kDict, kOrderedDict, kItems, kConst, kSame, kNode, kEmptySet,
       kRead

@@ -49,7 +49,7 @@ namespace {
 // one's place (the memo holds no reference): there a tuple's items and a constant's value are
 // checked again, as are a list's items and a set's contents everywhere. A value read through
 // getattr (a functools.partial's func, args and keywords, which no dict holds and no tag
-// covers: Note [Partials in arguments] in lower/flatten.py) is read afresh in either pass and
+// covers: Note [Partials in arguments] in lower/partials.py) is read afresh in either pass and
 // must be the memo's object (kRead): ``__setstate__`` replaces them in the same partial. The
 // first check that fails sends that root to the walk above, which reads afresh what changed
 // and updates the memo.

@@ -111,7 +111,7 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
       };
       auto add = [&](Check::Op op) { add_both(op, op, false); };
       // a value no dict holds, which no tag covers (a partial's func, args, keywords: Note
-      // [Partials in arguments] in lower/flatten.py): read afresh, before its own check
+      // [Partials in arguments] in lower/partials.py): read afresh, before its own check
       if (node.access == TRT_ACC_GETATTR) add(Check::kRead);
       switch (node.check) {
         case TRT_CHK_LEAF:  // the SCM guards it; Note [Quiet leaves]

@@ -19,7 +19,7 @@ def _called_arguments(rec: Recording, fn) -> list:
     closure cells are read as a global helper's are. A bound method passed in is checked by
     identity too, but what it binds (the method's object) is no argument tree's and no
     chain's: the call runs eagerly (a ``functools.partial`` makes the call eager before, as
-    its argument tree is made: Note [Partials in arguments] in lower/flatten.py). The scan stops after ``_SCAN_BOUND`` objects (its cost, at every trace); then
+    its argument tree is made: Note [Partials in arguments] in lower/partials.py). The scan stops after ``_SCAN_BOUND`` objects (its cost, at every trace); then
     ``truncated`` is True, and a user function that ran and that nothing else names makes the
     call eager (reads_of): it may be one passed in deeper, whose code no guard would read.
 
