@@ -36,7 +36,7 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   counts, taken or not. A value of another kind (a number, a flag, a dict, a logger, an
 #   object) is not guarded: it is library state taken as fixed (docs/design.md, Not guarded).
 # * What a hit pays. Those reads are lookups in a module's dict by a constant name: each node
-#   is proven by its module dict's version tag (Note [Quiet state] in runtime/tree_eval.cpp),
+#   is proven by its module dict's version tag (Note [Quiet state] in runtime/state_memo.cpp),
 #   and on Python 3.12 a watched dict costs nothing until it changes (Note [Watched state]); a
 #   hit checks per module its exact type, not per read.
 
