@@ -207,6 +207,21 @@ def _forget(serial: int, key: int) -> None:
         del _SERIALS[key]
 
 
+def named_at(module, qualname: str):
+    """What the dotted ``qualname`` names in the module that ``sys.modules`` holds as
+    ``module`` (a module's name), or None: no such module or name (a module ``__getattr__`` that
+    raises anything: none)."""
+    target = sys.modules.get(module) if isinstance(module, str) else None
+    if target is None:
+        return None
+    try:
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+    except Exception:  # noqa: BLE001 (the module's own error: no such name)
+        return None
+    return target
+
+
 def object_serial(obj: Any) -> int:
     """Note [Identity serials]: ``obj``'s serial number in this process."""
     key = id(obj)

@@ -4,13 +4,12 @@ the words that name its function the same way in every process, where it has suc
 from __future__ import annotations
 
 import functools
-import sys
 import types
 
 import torch
 
 from trident import frames
-from trident.identity import identity_words
+from trident.identity import identity_words, named_at
 from trident.ir.trees import _CONSTS
 
 # Note [Partials in arguments]: a ``functools.partial`` that a tree reaches (a parameter, a
@@ -59,7 +58,7 @@ def partial_words(value) -> str | None:
             fn.__self__ is None or isinstance(fn.__self__, types.ModuleType)):
         module = fn.__self__.__name__ if fn.__self__ is not None else fn.__module__
         words = f"builtin {module}.{fn.__qualname__}"
-        if _named_at(module, fn.__name__) is not fn:  # not where its name says
+        if named_at(module, fn.__name__) is not fn:  # not where its name says
             return None
     elif isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         words = identity_words(fn)
@@ -73,16 +72,4 @@ def partial_words(value) -> str | None:
 
 def _by_path(fn) -> bool:
     """``fn`` is what its module's path names (``torch.nn.functional.silu``)."""
-    return _named_at(fn.__module__, fn.__qualname__) is fn
-
-
-def _named_at(module, qualname: str):
-    """What ``qualname`` names in the module ``sys.modules`` holds as ``module``, or None (a
-    module ``__getattr__`` that raises anything: none)."""
-    target = sys.modules.get(module) if isinstance(module, str) else None
-    try:
-        for part in qualname.split("."):
-            target = getattr(target, part, None)
-    except Exception:  # noqa: BLE001 (the module's own error: no such name)
-        return None
-    return target
+    return named_at(fn.__module__, fn.__qualname__) is fn

@@ -14,7 +14,7 @@ import sys
 import types
 from typing import Any
 
-from trident.identity import object_serial, serial_object
+from trident.identity import named_at, object_serial, serial_object
 
 _MISSING = object()  # a read of a name or item that is absent
 _STOP = object()  # a read that Python code (a property, __getattr__) would serve
@@ -83,9 +83,7 @@ def _root_of(obj) -> tuple[tuple, tuple]:
     name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     module = sys.modules.get(name) if isinstance(name, str) else None
     if module is not None and "<locals>" not in qualname:
-        target = module
-        for part in qualname.split("."):
-            target = getattr(target, part, None)
+        target = named_at(name, qualname)
         if target is obj:
             return ("module", name), tuple(("attr", part) for part in qualname.split("."))
         if isinstance(target, property):  # a property's getter, setter or deleter
