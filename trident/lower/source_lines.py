@@ -27,15 +27,19 @@ from trident.lower import collectives, rng
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
 
 
+def _user_line(filename: str) -> bool:
+    """``frames.user_line_file(filename)``, which depends on the name alone: kept per name."""
+    user = _USER_LINE_FILES.get(filename)
+    if user is None:
+        user = _USER_LINE_FILES[filename] = frames.user_line_file(filename)
+    return user
+
+
 def _user_line_frame(frame):
-    """The innermost frame from ``frame`` out whose line is the user's (``frames.user_line_file``
-    of its file name, which depends on the name alone: kept per name), or None."""
+    """The innermost frame from ``frame`` out whose line is the user's (``_user_line``), or
+    None."""
     while frame is not None:
-        filename = frame.f_code.co_filename
-        user = _USER_LINE_FILES.get(filename)
-        if user is None:
-            user = _USER_LINE_FILES[filename] = frames.user_line_file(filename)
-        if user:
+        if _user_line(frame.f_code.co_filename):
             return frame
         frame = frame.f_back
     return None
@@ -112,11 +116,7 @@ def _users() -> bool:
     mode = getattr(_TRACING, "mode", None)
     if mode is None or not mode.in_user_code:
         return False
-    caller = sys._getframe(2).f_code.co_filename
-    user = _USER_LINE_FILES.get(caller)
-    if user is None:
-        user = _USER_LINE_FILES[caller] = frames.user_line_file(caller)
-    return user
+    return _user_line(sys._getframe(2).f_code.co_filename)
 
 
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
