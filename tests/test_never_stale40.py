@@ -199,11 +199,6 @@ def _restored(*modules):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(strict=True, reason="H100, torch 2.11, transformers 5.17, cfdb3b6: the "
-                   "recompile after the patch runs eagerly with a warning (its launch sequence's "
-                   "aten::cat at cache_utils.py:146 meets the new DynamicLayer's empty keys on "
-                   "the CPU), and the next call, a hit of that specialization, raises "
-                   "TridentError from its warm-up run (graphs.py _capture_path)")
 def test_liger_patched_after_the_first_call_is_seen():
     """``apply_liger_kernel_to_llama()`` after a jitted Llama's first calls: its rope is what
     the model's attention runs from then on (``modeling_llama.apply_rotary_pos_emb``, read by

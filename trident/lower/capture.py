@@ -430,7 +430,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                 where, text = source_line(node)
                 raise TridentError(f"{name} reads a tensor that is not an argument "
                                    f"({where}: {text}); pass it as an argument")
-            if attr.numel() > 1:
+            if attr.numel() > 1 or attr.device.type != "cpu":
                 if attr.dtype.is_complex or attr.is_quantized:
                     raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
                                        "which Trident does not compile")
@@ -448,31 +448,42 @@ _LITERAL_ELEMENTS = 64
 
 
 def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> None:
-    """A tensor of several elements made from Python data (plan.py bakes one element, as
-    ``aten::scalar_tensor``): each ``lift_fresh_copy`` of it becomes the ops that make the same
-    new tensor on every call, ``aten::scalar_tensor`` of each element, ``aten::stack`` and
-    ``aten::_unsafe_view`` to its shape (contiguous, on the CPU, no ``_base``: as eager's
-    copy)."""
+    """A tensor made from Python data that plan.py does not bake (it bakes one element or none,
+    made on the CPU): one of several elements, or one on a device (``torch.tensor([],
+    device=key_states.device)`` in transformers' ``DynamicLayer``: make_fx holds the device's
+    copy as the constant). Each ``lift_fresh_copy`` of it becomes the ops that make the same new
+    tensor on the constant's device on every call: ``aten::empty`` for no elements, else
+    ``aten::scalar_tensor`` of each element, then for a shape ``aten::stack`` and
+    ``aten::_unsafe_view`` to it (contiguous, no ``_base``: as eager's copy)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     aten = torch.ops.aten
     fake = FakeTensorMode()  # the values the importer reads types from
-    item, flat, whole = (fake.from_tensor(t.clone()) for t in (
-        value.flatten()[0], value.flatten(), value.contiguous()))
+    made_kw = {"dtype": value.dtype, "device": value.device}
     for copy in list(constant.users):
         with graph.inserting_before(copy):
-            items = []
-            for v in value.flatten().tolist():
-                items.append(graph.call_function(aten.scalar_tensor.default, (v,),
-                                                 {"dtype": value.dtype}))
-                items[-1].meta["val"] = item
-            made = stacked = graph.call_function(aten.stack.default, (items,))
-            stacked.meta["val"] = flat
-            if value.dim() != 1:  # not a view in autograd's sense: no _base, as eager's
-                made = graph.call_function(aten._unsafe_view.default,
-                                           (stacked, list(value.shape)))
-                made.meta["val"] = whole
-        for node in {*items, stacked, made}:
+            if value.numel() == 0:
+                made = graph.call_function(aten.empty.memory_format, (list(value.shape),),
+                                           made_kw)
+                made.meta["val"] = fake.from_tensor(value.clone())
+                nodes = [made]
+            else:
+                item = fake.from_tensor(value.flatten()[0].clone())
+                nodes = []
+                for v in value.flatten().tolist():
+                    nodes.append(graph.call_function(aten.scalar_tensor.default, (v,), made_kw))
+                    nodes[-1].meta["val"] = item
+                made = nodes[0]
+                if value.dim() != 0:
+                    made = graph.call_function(aten.stack.default, (list(nodes),))
+                    made.meta["val"] = fake.from_tensor(value.flatten().clone())
+                    nodes.append(made)
+                if value.dim() > 1:  # not a view in autograd's sense: no _base, as eager's
+                    made = graph.call_function(aten._unsafe_view.default,
+                                               (made, list(value.shape)))
+                    made.meta["val"] = fake.from_tensor(value.contiguous().clone())
+                    nodes.append(made)
+        for node in nodes:
             node.meta["custom"] = copy.meta.get("custom")  # Note [Source lines]
         copy.replace_all_uses_with(made)
         graph.erase_node(copy)
