@@ -237,10 +237,6 @@ INT_LEAF_QUESTIONS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a symbolic int leaf is a torch.SymInt to the traced "
-                   "Python: type() and isinstance(n, int) say it is no int, `is` compares another "
-                   "object; the trace bakes the answer and hits of the symbolic specialization "
-                   "return it (no guard covers it)")
 @pytest.mark.parametrize("use", list(INT_LEAF_QUESTIONS), ids=list(INT_LEAF_QUESTIONS))
 def test_python_questions_about_an_int_leaf(use):
     fn = INT_LEAF_QUESTIONS[use]
@@ -260,10 +256,6 @@ SIZE_QUESTIONS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a symbolic size is a torch.SymInt to the traced Python "
-                   "(automatic dynamic shapes): type() and isinstance(n, int) say it is no int; "
-                   "the trace bakes the answer and every hit of the symbolic specialization "
-                   "returns it")
 @pytest.mark.parametrize("use", list(SIZE_QUESTIONS), ids=list(SIZE_QUESTIONS))
 def test_python_questions_about_a_symbolic_size(use):
     fn = SIZE_QUESTIONS[use]
@@ -322,10 +314,6 @@ TENSOR_ATTRIBUTES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the trace runs on fake tensors, whose __dict__ is the "
-                   "fake's own: getattr(x, name, default), hasattr and vars on a tensor argument "
-                   "answer for the fake, not for the real tensor's Python attributes, and no "
-                   "guard checks a tensor leaf's __dict__")
 @pytest.mark.parametrize("use", list(TENSOR_ATTRIBUTES), ids=list(TENSOR_ATTRIBUTES))
 def test_python_attributes_of_a_tensor_argument(use):
     fn = TENSOR_ATTRIBUTES[use]
