@@ -480,6 +480,7 @@ UNREAD = {
     "a module's attribute with a default": lambda x, m: x * getattr(m, "gain", 2.0),
     "hasattr of a module": lambda x, m: x * 2 if hasattr(m, "gain") else x,
     "vars of a module": lambda x, m: x * len(vars(m)["_parameters"]),
+    "vars of a module's attribute": lambda x, m: x * len(vars(m.cfg)),
     "an attribute the function sets": lambda x, m: _set_and_read(x.clone()),
 }
 
@@ -502,5 +503,6 @@ def test_tensors_with_attributes_the_function_does_not_read_compile(use):
     x = torch.arange(6.0)
     x.scale = 3.0
     m.weight.is_sharded = True
+    m.cfg = types.SimpleNamespace(a=1.0)
     got, caught = _attribute_calls(f, [(x, m)] * 3)
     assert got == (1, 2, 0), caught

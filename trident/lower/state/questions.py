@@ -190,9 +190,35 @@ def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
             what = "vars()"
         if what is not None:
             v = c.value(k, 0)
+            if v is _UNKNOWN:
+                v = _attribute_of_parameter(c, k, 0)
             if v is _UNKNOWN or isinstance(v, torch.Tensor):
                 return f"{what} ({c.where(k)})"
     return None
+
+
+def _attribute_of_parameter(c: _Code, k: int, d: int, depth: int = 0):
+    """The value at depth ``d`` before ``k`` where it is an attribute chain of a parameter
+    (``self.config``, ``m.weight``), read from the call's objects without running code (a
+    module's parameters, buffers and submodules; an object's ``__dict__``; a class's), else
+    ``_UNKNOWN``. The trace's leaves are back in place: a tensor is a tensor there as it was a
+    fake tensor in the trace, and any other object the same object."""
+    found = c.f.producers(k, d)
+    if not found or len(found) != 1 or depth > 8:
+        return _UNKNOWN
+    p, _ = found[0]
+    i = c.f.ins[p]
+    if i.opname in _LOAD_FAST and isinstance(i.argval, str) and i.argval in c.params:
+        return c.params[i.argval]
+    if i.opname != "LOAD_ATTR":
+        return _UNKNOWN
+    base = _attribute_of_parameter(c, p, 0, depth + 1)
+    if isinstance(base, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            held = vars(base).get(table)
+            if isinstance(held, dict) and i.argval in held:
+                return held[i.argval]
+    return _UNKNOWN if base is _UNKNOWN else flow._static_attr(base, i.argval)
 
 
 def check_questions(rec, symbolic: bool) -> None:
