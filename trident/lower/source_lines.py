@@ -121,27 +121,26 @@ def _users() -> bool:
 
 # Note [Python attributes of tensors]: the trace runs on fake tensors, whose ``__dict__`` is
 # the fake's own, not the call's tensor's: an attribute set on a tensor argument (``w.scale``,
-# a library's ``weight.is_sharded``) read with a default (``getattr(w, "scale", 1.0)``), asked
-# with ``hasattr`` or read inside a ``try`` got the fake's answer, which hits returned, also
-# after the attribute was set or changed. No guard checks a tensor leaf's ``__dict__`` (a check
-# of every tensor leaf at every hit, for what few functions read). So a lookup that fails on a
-# fake tensor of an argument (``_SourceLines.leaves``), by user or library code (not torch's,
-# whose probes keep their answer; no dunder name), makes the call run eagerly, also where the
-# tensor lacks the attribute too (the next call's may have it): FakeTensor's ``__getattr__``,
-# which Python calls only after a lookup failed. ``vars(x)`` and ``x.__dict__`` reach no hook:
-# the bytecode scan finds them (``tensor_dict_read`` in lower/state/questions.py).
+# ``weight.is_sharded``) read with a default (``getattr(w, "scale", 1.0)``), asked with
+# ``hasattr`` or inside a ``try`` got the fake's answer, which hits returned, also after the
+# attribute was set or changed. No guard checks a tensor leaf's ``__dict__`` (a check of every
+# tensor leaf at every hit, for what few functions read). So a lookup that fails on a fake
+# tensor of an argument (``_SourceLines.leaves``; no dunder name) by user code (Note [User
+# code]; a library's reads are taken as fixed, as its state is: transformers' duck-typed
+# ``hasattr(x, "jax")``, torch's probes) makes the call run eagerly, also where the tensor
+# lacks it too (the next call's may have it): FakeTensor's ``__getattr__``, which Python calls
+# only after a lookup failed. ``vars(x)``, ``x.__dict__`` reach no hook: the bytecode scan
+# finds them (``tensor_dict_read`` in lower/state/questions.py).
 @functools.cache
 def _tensor_attributes() -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
-    original = getattr(FakeTensor, "__getattr__", None)
-
-    def missing(self, name, _original=original):
+    def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
         mode = getattr(_TRACING, "mode", None)
         if mode is not None and mode.in_user_code and id(self) in mode.leaves and not (
                 name[:2] == "__" and name[-2:] == "__"):
             f = sys._getframe(1)
-            if _user_line(f.f_code.co_filename):
+            if frames.user_frame(f):
                 mode.refuse(f"the function reads the Python attribute {name!r} of a tensor "
                             f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}), which "
                             "the trace's fake tensor does not carry (getattr, hasattr)")
