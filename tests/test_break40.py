@@ -247,7 +247,15 @@ INT_LEAF_QUESTIONS = {
     "__class__": lambda c, x: x * 2 if c.n.__class__ is int else x,
     "type of a bool": lambda c, x: x * 2 if type(c.n > 4) is bool else x,
     "id": lambda c, x: x * 2 if id(c.n) == id(0) else x,
+    "match": lambda c, x: _matched(c.n, x),
 }
+
+
+def _matched(n, x):
+    match n:
+        case int():
+            return x * 2
+    return x
 
 
 @pytest.mark.parametrize("use", list(INT_LEAF_QUESTIONS), ids=list(INT_LEAF_QUESTIONS))

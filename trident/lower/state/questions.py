@@ -7,24 +7,24 @@ Note [Questions about symbolic values]: where an int is symbolic (a size under d
 an int leaf: Note [Int leaves] in frontend/policy.py), the function's Python holds a
 torch.SymInt (SymFloat, SymBool for what it computes from one). What it computes with it is
 traced; its text is the value's (Note [Symbolic values as text] in source_lines.py). But
-``type(n)``, ``n.__class__``, ``isinstance(n, int)``, ``n is 0``, ``operator.is_`` and ``id(n)``
-answer for the SymInt, with no call torch sees: the trace bakes that answer, and every hit of
-the symbolic specialization returned what eager never does (Dynamo, which interprets the
-bytecode, answers them for an int). No hook sees them (``type`` is no function the profile hook
-reports, ``is`` no call at all, and ``isinstance`` reads ``__class__`` only where the type's own
-check fails), so after a symbolic trace the bytecode of each user function that ran is scanned
-(``symbolic_question``; every instruction counts, taken or not): a question whose operand may
-be symbolic makes the symbolic trace fail, and the call is traced again at exact sizes and ints
-(``_compile_dynamic_or_static`` in policy.py: automatic dynamic specializes from then on, as it
-does after any failed dynamic trace), where Python answers with ints. A question is let
-through where its answer cannot differ: an operand the code alone knows (a constant, a global,
-a parameter never rebound whose value at the call is no SymInt, SymFloat or SymBool: ``type(self)``);
-``isinstance`` with classes that hold alike of a SymInt and an int (``tuple``,
-``torch.Tensor``); ``type(v)`` only compared with other classes than ``int``, ``float``, ``bool``
-and the symbolic ones; ``a is b`` where one side is known to be no number (``x is None``, a
-sentinel). An int an object's attribute holds is not trusted as known (an int leaf is put back
-after the trace). Library code's questions are torch's to answer (it asks ``isinstance(n,
-torch.SymInt)`` on purpose) and are not scanned.
+``type(n)``, ``n.__class__``, ``isinstance(n, int)``, ``case int()``, ``n is 0``,
+``operator.is_`` and ``id(n)`` answer for the SymInt, with no call torch sees: the trace bakes
+that answer, and every hit of the symbolic specialization returned what eager never does
+(Dynamo, which interprets the bytecode, answers them for an int). No hook sees them (``type``
+is no function the profile hook reports, ``is`` no call at all, and ``isinstance`` reads
+``__class__`` only where the type's own check fails), so after a symbolic trace the bytecode of
+each user function that ran is scanned (``symbolic_question``; every instruction counts, taken
+or not): a question whose operand may be symbolic makes the symbolic trace fail, and the call
+is traced again at exact sizes and ints (``_compile_dynamic_or_static`` in policy.py: automatic
+dynamic specializes from then on, as it does after any failed dynamic trace), where Python
+answers with ints. A question is let through where its answer cannot differ: an operand the
+code alone knows (a constant, a global, a parameter never rebound whose value at the call is no
+SymInt, SymFloat or SymBool: ``type(self)``); ``isinstance`` with classes that hold alike of a
+SymInt and an int (``tuple``, ``torch.Tensor``); ``type(v)`` only compared with other classes
+than ``int``, ``float``, ``bool`` and the symbolic ones; ``a is b`` where one side is known to
+be no number (``x is None``, a sentinel). An int an object's attribute holds is not trusted as
+known (an int leaf is put back after the trace). Library code's questions are torch's to answer
+(it asks ``isinstance(n, torch.SymInt)`` on purpose) and are not scanned.
 """
 
 from __future__ import annotations
@@ -151,6 +151,11 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
             if (_maybe_symbolic(a) or _maybe_symbolic(b)) and not (_no_number(a) or
                                                                    _no_number(b)):
                 what = "is" if not i.arg else "is not"
+        elif i.opname == "MATCH_CLASS":  # match n: case int(): (subject, class, names)
+            classes = _classes(c, k, 1)
+            if (classes is None or not all(_holds_alike(x) for x in classes)) and \
+                    _maybe_symbolic(c.value(k, 2)):
+                what = "match ... case"
         elif i.opname == "CALL" and i.arg in (1, 2):
             callee = c.callee(k)
             if callee is type and i.arg == 1:
