@@ -4,6 +4,7 @@ call is compared with eager (``torch.equal``), with exact compile, hit and fallb
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import types
 import warnings
@@ -189,8 +190,7 @@ def test_a_type_error_while_flattening_is_a_counted_fallback():
 # tensor's size under automatic dynamic shapes. Python code that asks what the int is, rather
 # than computing with it, got the SymInt's answer (``str`` gives its expression "s0"), the trace
 # baked it, and every hit of the symbolic specialization returned what eager never does. Its
-# text now specializes the value; ``type``, ``isinstance`` and ``is`` still answer for the
-# SymInt (strict xfails below: Dynamo answers them for SymInts, make_fx does not).
+# text now specializes the value; ``type``, ``isinstance`` and ``is`` below.
 
 class Cfg:
     def __init__(self, n):
@@ -230,17 +230,34 @@ def test_text_of_a_symbolic_size():
     assert counts(jf) == (3, 3, 0)
 
 
+# Note [Questions about symbolic values] (lower/state/questions.py): ``type``, ``isinstance``,
+# ``is`` and ``id`` answer for the SymInt with no call torch sees. A user function that ran in a
+# symbolic trace and asks one of a value that may be symbolic makes that trace fail: the call is
+# traced at exact sizes and ints, where Python answers with ints (and automatic dynamic
+# specializes from then on). Each call equals eager; none runs eagerly.
+
 INT_LEAF_QUESTIONS = {
     "type is int": lambda c, x: x * 2 if type(c.n) is int else x,
     "isinstance int": lambda c, x: x * 2 if isinstance(c.n, int) else x,
     "is 0": lambda c, x: x * 2 if operator.is_(c.n, 0) else x,  # (`c.n is 0`)
+    "is not 0": lambda c, x: x if operator.is_not(c.n, 0) else x * 2,
+    "isinstance of classes": lambda c, x: x * 2 if isinstance(c.n, (int, float)) else x,
+    "isinstance Integral": lambda c, x: x * 2 if isinstance(c.n, numbers.Integral) else x,
+    "type's name": lambda c, x: x * len(type(c.n).__name__),
+    "__class__": lambda c, x: x * 2 if c.n.__class__ is int else x,
+    "type of a bool": lambda c, x: x * 2 if type(c.n > 4) is bool else x,
+    "id": lambda c, x: x * 2 if id(c.n) == id(0) else x,
+    "match": lambda c, x: _matched(c.n, x),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a symbolic int leaf is a torch.SymInt to the traced "
-                   "Python: type() and isinstance(n, int) say it is no int, `is` compares another "
-                   "object; the trace bakes the answer and hits of the symbolic specialization "
-                   "return it (no guard covers it)")
+def _matched(n, x):
+    match n:
+        case int():
+            return x * 2
+    return x
+
+
 @pytest.mark.parametrize("use", list(INT_LEAF_QUESTIONS), ids=list(INT_LEAF_QUESTIONS))
 def test_python_questions_about_an_int_leaf(use):
     fn = INT_LEAF_QUESTIONS[use]
@@ -250,20 +267,43 @@ def test_python_questions_about_an_int_leaf(use):
 
     jf = trident.jit(f)
     x = torch.arange(12.0)
-    for n in (3, 4, 5, 0, 1, 6):  # 4 makes c.n a leaf (Note [Int leaves])
-        assert torch.equal(jf(Cfg(n), x), f(Cfg(n), x)), n
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no call runs eagerly)
+        for n in (3, 4, 5, 0, 1, 6, 5, 0):  # 4 makes c.n a leaf (Note [Int leaves])
+            assert torch.equal(jf(Cfg(n), x), f(Cfg(n), x)), n
+    assert counts(jf) == (6, 2, 0)  # 4's symbolic trace asked: each int compiles
+
+
+class Outer:
+    def __init__(self, n):
+        self.inner = Cfg(n)
+        self.name = "outer"
+
+
+def _is_int(v) -> bool:  # a user helper that asks
+    return isinstance(v, int)
+
+
+def test_a_helper_asks_about_an_int_leaf_of_a_nested_config():
+    def f(o, x):
+        return x * 2 if _is_int(o.inner.n) else x
+
+    jf = trident.jit(f)
+    x = torch.arange(6.0)
+    for n in (3, 4, 5, 5, 3):  # 4 makes o.inner.n a leaf
+        assert torch.equal(jf(Outer(n), x), f(Outer(n), x)), n
+    assert counts(jf) == (3, 2, 0)
 
 
 SIZE_QUESTIONS = {
     "type is int": lambda x: x * 2 if type(x.size(0)) is int else x,
     "isinstance int": lambda x: x * 2 if isinstance(x.shape[0], int) else x,
+    "isinstance Integral": lambda x: x * 2 if isinstance(x.shape[0], numbers.Integral) else x,
+    "through a local": lambda x: (lambda n: x * 2 if type(n) in (int,) else x)(x.shape[0] + 1),
+    "__class__ of a float": lambda x: x * 2 if (x.shape[0] / 2).__class__ is float else x,
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a symbolic size is a torch.SymInt to the traced Python "
-                   "(automatic dynamic shapes): type() and isinstance(n, int) say it is no int; "
-                   "the trace bakes the answer and every hit of the symbolic specialization "
-                   "returns it")
 @pytest.mark.parametrize("use", list(SIZE_QUESTIONS), ids=list(SIZE_QUESTIONS))
 def test_python_questions_about_a_symbolic_size(use):
     fn = SIZE_QUESTIONS[use]
@@ -272,9 +312,37 @@ def test_python_questions_about_a_symbolic_size(use):
         return fn(x)
 
     jf = trident.jit(f)
-    for n in (3, 4, 5, 12, 7):  # 4 makes the size symbolic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 4, 5, 12, 7, 4):  # 4 makes the size symbolic
+            x = torch.arange(float(n))
+            assert torch.equal(jf(x), f(x)), n
+    assert counts(jf) == (5, 1, 0)
+
+
+# Questions whose answer is the same for a SymInt and an int leave the trace symbolic.
+SAME_ANSWERS = {
+    "is None": lambda x, y: x * 2 if y is None else x,
+    "isinstance of a tensor": lambda x, y: x * 2 if isinstance(x.shape[0], torch.Tensor) else x,
+    "isinstance tuple": lambda x, y: x * 2 if isinstance(x.shape[0], tuple) else x,
+    "type of a parameter": lambda x, y: x * len(type(y).__name__),
+    "type compared with list": lambda x, y: x * 2 if type(x.shape[0]) is list else x,
+    "is Ellipsis": lambda x, y: x * 2 if x.shape[0] is ... else x,
+}
+
+
+@pytest.mark.parametrize("use", list(SAME_ANSWERS), ids=list(SAME_ANSWERS))
+def test_questions_answered_alike_stay_symbolic(use):
+    fn = SAME_ANSWERS[use]
+
+    def f(x, y=None):
+        return fn(x, y)
+
+    jf = trident.jit(f)
+    for n in (3, 4, 5, 12):  # 4 makes the size symbolic: 5 and 12 hit it
         x = torch.arange(float(n))
         assert torch.equal(jf(x), f(x)), n
+    assert counts(jf) == (2, 2, 0)
 
 
 # ---- Note [Tensors as text] (lower/source_lines.py) ---------------------------------------------
@@ -311,30 +379,138 @@ def test_a_tensor_turned_into_text_runs_eagerly(use):
 # The trace runs the function on fake tensors, whose ``__dict__`` is the fake's own (its mode,
 # its device...), not the real tensor's: an attribute the user set on a tensor argument
 # (``w.scale``, a quantizer's metadata) read with a default, or asked with ``hasattr`` or
-# ``vars``, gives the fake's answer, and every call returns it. (Read without a default, the
-# trace fails and the call runs eagerly, as it should.) The argument tree does not check a
-# tensor leaf's ``__dict__``, so carrying the real attributes into the fake needs a guard too.
+# ``vars``, gave the fake's answer, and every call returned it. The argument tree does not check
+# a tensor leaf's ``__dict__``: such a read makes the call run eagerly (Note [Python attributes
+# of tensors] in lower/source_lines.py), whether the tensor has the attribute or not (the next
+# call's may). A tensor argument with attributes the function does not read still compiles.
 
 TENSOR_ATTRIBUTES = {
     "getattr with a default": lambda x: x * getattr(x, "scale", 2.0),
     "hasattr": lambda x: x * 2 if hasattr(x, "scale") else x,
     "vars": lambda x: x * (len(vars(x)) + 1),
+    "__dict__": lambda x: x * x.__dict__.get("scale", 2.0),
+    "of a view": lambda x: x * (len(vars(x[:3])) + 1) if x.numel() > 2 else x,
+    "try": lambda x: x * _scale_or(x, 2.0),
+    "try, any error": lambda x: x * _scale_or(x, 2.0, Exception),
+    "without a default": lambda x: x * x.scale,
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the trace runs on fake tensors, whose __dict__ is the "
-                   "fake's own: getattr(x, name, default), hasattr and vars on a tensor argument "
-                   "answer for the fake, not for the real tensor's Python attributes, and no "
-                   "guard checks a tensor leaf's __dict__")
+def _scale_or(t, default, catch=AttributeError):
+    try:
+        return t.scale
+    except catch:
+        return default
+
+
+def _attribute_calls(f, calls) -> tuple[tuple, list]:
+    """Runs ``f`` jitted over ``calls`` (each: the arguments), each against eager; the counts
+    and the warnings."""
+    jf = trident.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for args in calls:
+            if callable(args):
+                args = args()
+            if args is None:
+                continue
+            assert torch.equal(jf(*args), f(*args))
+    return counts(jf), [str(w.message) for w in caught]
+
+
 @pytest.mark.parametrize("use", list(TENSOR_ATTRIBUTES), ids=list(TENSOR_ATTRIBUTES))
-def test_python_attributes_of_a_tensor_argument(use):
+@pytest.mark.parametrize("when", ["always", "changed", "set after the first call", "never"])
+def test_python_attributes_of_a_tensor_argument(use, when):
+    """Each call equals eager; each runs eagerly, with a warning: the tensor's attribute as it
+    was at the trace, changed between calls, set after the first call, never set."""
     fn = TENSOR_ATTRIBUTES[use]
 
     def f(x):
         return fn(x)
 
     x = torch.arange(6.0)
+    if when in ("always", "changed"):
+        x.scale = 3.0
+
+    def change():
+        if when == "changed":
+            x.scale = 5.0
+        elif when == "set after the first call":
+            x.scale = 4.0
+
+    def later():
+        change()
+        return (x,)
+
+    if use == "without a default" and when in ("never", "set after the first call"):
+        pytest.skip("eager raises AttributeError")
+    got, caught = _attribute_calls(f, [(x,), (x,), later, (x,)])
+    assert got == (0, 0, 4)
+    assert any("of a tensor argument" in w or "a tensor's __dict__" in w for w in caught), caught
+
+
+class Sharded(torch.nn.Module):
+    """A layer whose weight carries attributes as libraries set them (a tensor-parallel
+    ``is_sharded``, a quantizer's ``quant_state``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4, 4), requires_grad=False)
+
+    def forward(self, x):
+        scale = 2.0 if getattr(self.weight, "is_sharded", False) else 1.0
+        return (x @ self.weight) * scale
+
+
+def test_a_parameter_with_attributes_set_as_libraries_set_them():
+    m = Sharded()
+    x = torch.ones(2, 4)
+
+    def mark():
+        m.weight.is_sharded = True
+        return (m, x)
+
+    def unmark():
+        del m.weight.is_sharded
+        return (m, x)
+
+    def f(m, x):
+        return m(x)
+
+    with torch.no_grad():
+        got, caught = _attribute_calls(f, [(m, x), mark, (m, x), unmark, (m, x)])
+    assert got == (0, 0, 5)
+    assert any("'is_sharded' of a tensor argument" in w for w in caught), caught
+
+
+UNREAD = {
+    "attributes not read": lambda x, m: x * 2,
+    "a module's attribute with a default": lambda x, m: x * getattr(m, "gain", 2.0),
+    "hasattr of a module": lambda x, m: x * 2 if hasattr(m, "gain") else x,
+    "vars of a module": lambda x, m: x * len(vars(m)["_parameters"]),
+    "vars of a module's attribute": lambda x, m: x * len(vars(m.cfg)),
+    "an attribute the function sets": lambda x, m: _set_and_read(x.clone()),
+}
+
+
+def _set_and_read(y):
+    y.scale = 3.0
+    return y * getattr(y, "scale", 2.0)
+
+
+@pytest.mark.parametrize("use", list(UNREAD), ids=list(UNREAD))
+def test_tensors_with_attributes_the_function_does_not_read_compile(use):
+    """A tensor argument's attributes that the function does not read, and reads of other
+    objects' attributes, compile and hit as before."""
+    fn = UNREAD[use]
+    m = torch.nn.Linear(2, 2).requires_grad_(False)
+
+    def f(x, m):
+        return fn(x, m)
+
+    x = torch.arange(6.0)
     x.scale = 3.0
-    jf = trident.jit(f)
-    for _ in range(2):
-        assert torch.equal(jf(x), f(x))
+    m.weight.is_sharded = True
+    m.cfg = types.SimpleNamespace(a=1.0)
+    got, caught = _attribute_calls(f, [(x, m)] * 3)
+    assert got == (1, 2, 0), caught

@@ -323,6 +323,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
+        mode.leaves = frozenset(id(a) for a in flat_args if isinstance(a, torch.Tensor))
         mode.in_user_code = True
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)
@@ -378,6 +379,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         finally:
             decompositions.INPUTS_REQUIRE_GRAD.reset(grad)
 
+        mode.refuse()  # Note [Python attributes of tensors] (caught by user code)
         changed = _changed(state, _global_state())
         if changed_rng is not None:  # this thread's calls decide the generators' (other threads
             moved = any(k in changed for k in ("rng", "cuda"))  # draw meanwhile)

@@ -94,8 +94,8 @@ _AS_TEXT = frozenset({torch.Tensor.__repr__, torch.Tensor.__format__})
 # from user code while this thread traces, specializes the value (a guard on it: torch's
 # ``guard_int``, ``guard_float``, ``guard_bool``) and gives its text as eager does. torch's own
 # code (its messages, its logs) keeps the expression. Installed once, for every thread (each
-# asks its own trace: ``_TRACING``). ``type(n) is int``, ``isinstance(n, int)`` and ``n is 0``
-# still answer for the SymInt (tests/test_break40.py: strict xfails).
+# asks its own trace: ``_TRACING``). ``type(n)``, ``isinstance``, ``is``: Note [Questions about
+# symbolic values] in lower/state/questions.py.
 _TRACING = threading.local()  # .mode: the _SourceLines of this thread's trace, or None
 
 
@@ -117,6 +117,37 @@ def _users() -> bool:
     if mode is None or not mode.in_user_code:
         return False
     return _user_line(sys._getframe(2).f_code.co_filename)
+
+
+# Note [Python attributes of tensors]: the trace runs on fake tensors, whose ``__dict__`` is
+# the fake's own, not the call's tensor's: an attribute set on a tensor argument (``w.scale``,
+# ``weight.is_sharded``) read with a default (``getattr(w, "scale", 1.0)``), asked with
+# ``hasattr`` or inside a ``try`` got the fake's answer, which hits returned, also after the
+# attribute was set or changed. No guard checks a tensor leaf's ``__dict__`` (a check of every
+# tensor leaf at every hit, for what few functions read). So a lookup that fails on a fake
+# tensor of an argument (``_SourceLines.leaves``; no dunder name) by user code (Note [User
+# code]; a library's reads are taken as fixed, as its state is: transformers' duck-typed
+# ``hasattr(x, "jax")``, torch's probes) makes the call run eagerly, also where the tensor
+# lacks it too (the next call's may have it): FakeTensor's ``__getattr__``, which Python calls
+# only after a lookup failed. ``vars(x)``, ``x.__dict__`` reach no hook: the bytecode scan
+# finds them (``tensor_dict_read`` in lower/state/questions.py).
+@functools.cache
+def _tensor_attributes() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
+        mode = getattr(_TRACING, "mode", None)
+        if mode is not None and mode.in_user_code and id(self) in mode.leaves and not (
+                name[:2] == "__" and name[-2:] == "__"):
+            f = sys._getframe(1)
+            if frames.user_frame(f):
+                mode.refuse(f"the function reads the Python attribute {name!r} of a tensor "
+                            f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}), which "
+                            "the trace's fake tensor does not carry (getattr, hasattr)")
+        if _original is not None:
+            return _original(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    FakeTensor.__getattr__ = missing
 
 
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
@@ -201,9 +232,21 @@ class _SourceLines(TorchFunctionMode):
         self.calls = 0  # the function's torch calls (Note [Early assignment check])
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
+        self.leaves: frozenset = frozenset()  # ids of the arguments' fake tensors
+        self.refused: str | None = None  # Note [Python attributes of tensors]
+
+    def refuse(self, why: str | None = None):
+        """Raises TridentError (at any sizes: policy.py) for ``why`` or the reason kept
+        (user code may have caught it); with neither, returns."""
+        self.refused = self.refused or why
+        if self.refused:
+            error = TridentError(self.refused)
+            error.any_sizes = True
+            raise error
 
     def __enter__(self):
         _symbolic_text()  # Note [Symbolic values as text]
+        _tensor_attributes()  # Note [Python attributes of tensors]
         self.outer, _TRACING.mode = getattr(_TRACING, "mode", None), self
         return super().__enter__()
 

@@ -63,10 +63,11 @@ compiled in. The digest is also what makes a stored specialization valid in anot
 """
 
 from trident.lower.state.chain import Read
+from trident.lower.state.questions import check_questions
 from trident.lower.state.reads import reads_of
 from trident.lower.state.recording import Recording, pause, record, unrecorded
 from trident.lower.state.tree import StateTree, build
 from trident.lower.state.writes import check_write, check_writes_before_trace
 
-__all__ = ["Read", "Recording", "StateTree", "build", "check_write",
+__all__ = ["Read", "Recording", "StateTree", "build", "check_questions", "check_write",
            "check_writes_before_trace", "pause", "reads_of", "record", "unrecorded"]

@@ -1,0 +1,246 @@
+"""Questions user code asks Python about a trace's stand-ins, which a trace answers for the
+stand-in and eager for the call's value: ``type``, ``isinstance``, ``is`` of a symbolic int
+(Note [Questions about symbolic values]) and ``vars`` of a tensor (Note [Python attributes of
+tensors] in source_lines.py).
+
+Note [Questions about symbolic values]: where an int is symbolic (a size under dynamic shapes,
+an int leaf: Note [Int leaves] in frontend/policy.py), the function's Python holds a
+torch.SymInt (SymFloat, SymBool for what it computes from one). What it computes with it is
+traced; its text is the value's (Note [Symbolic values as text] in source_lines.py). But
+``type(n)``, ``n.__class__``, ``isinstance(n, int)``, ``case int()``, ``n is 0``,
+``operator.is_`` and ``id(n)`` answer for the SymInt, with no call torch sees: the trace bakes
+that answer, and every hit of the symbolic specialization returned what eager never does
+(Dynamo, which interprets the bytecode, answers them for an int). No hook sees them (``type``
+is no function the profile hook reports, ``is`` no call at all, and ``isinstance`` reads
+``__class__`` only where the type's own check fails), so after a symbolic trace the bytecode of
+each user function that ran is scanned (``symbolic_question``; every instruction counts, taken
+or not): a question whose operand may be symbolic makes the symbolic trace fail, and the call
+is traced again at exact sizes and ints (``_compile_dynamic_or_static`` in policy.py: automatic
+dynamic specializes from then on, as it does after any failed dynamic trace), where Python
+answers with ints. A question is let through where its answer cannot differ: an operand the
+code alone knows (a constant, a global, a parameter never rebound whose value at the call is no
+SymInt, SymFloat or SymBool: ``type(self)``); ``isinstance`` with classes that hold alike of a
+SymInt and an int (``tuple``, ``torch.Tensor``); ``type(v)`` only compared with other classes
+than ``int``, ``float``, ``bool`` and the symbolic ones; ``a is b`` where one side is known to
+be no number (``x is None``, a sentinel). An int an object's attribute holds is not trusted as
+known (an int leaf is put back after the trace). Library code's questions are torch's to answer
+(it asks ``isinstance(n, torch.SymInt)`` on purpose) and are not scanned.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+
+import torch
+
+from trident.errors import TridentError
+from trident.lower.state import flow
+from trident.lower.state.flow import _UNKNOWN
+
+_PAIRS = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
+_SYMBOLIC = tuple(s for s, _ in _PAIRS)
+_TYPE_ANSWERS = frozenset(c for pair in _PAIRS for c in pair)  # type(n) compared with these
+_NUMBERS = (int, float, complex, *_SYMBOLIC)  # (bool is an int)
+_LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
+_STORES = ("STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF")
+
+
+class _Code:
+    """One code object's instructions (``flow.Flow``) with its parameters' values at the
+    trace's call (the recording's)."""
+
+    def __init__(self, code: types.CodeType, g: dict, params: dict):
+        self.code, self.f = code, flow.Flow(code, g)
+        stored = {i.argval for i in self.f.ins if i.opname in _STORES}
+        self.params = {n: v for n, v in params.items() if n not in stored}
+
+    def value(self, k: int, d: int):
+        """The value at depth ``d`` before instruction ``k`` where the code and the call's
+        parameters say it, else ``_UNKNOWN``: a number is known only as a constant or a
+        global (an object's int attribute may be an int leaf, put back after the trace)."""
+        found = self.f.producers(k, d)
+        if not found or len(found) != 1:
+            return _UNKNOWN
+        p, _ = found[0]
+        i = self.f.ins[p]
+        if i.opname in _LOAD_FAST and isinstance(i.argval, str) and i.argval in self.params:
+            return self.params[i.argval]
+        if i.opname == "LOAD_CONST":
+            return i.argval
+        value = self.f.static(k, d)
+        if i.opname != "LOAD_GLOBAL" and isinstance(value, _NUMBERS):
+            return _UNKNOWN
+        return value
+
+    def callee(self, k: int):
+        """The static value of what the ``CALL`` at ``k`` calls, or ``_UNKNOWN``."""
+        argc = self.f.ins[k].arg
+        upper = self.f.static(k, argc + 1)
+        return upper if upper is not _UNKNOWN and upper is not None else \
+            self.f.static(k, argc)
+
+    def where(self, k: int) -> str:
+        i = self.f.ins[k]
+        line = i.positions.lineno if i.positions and i.positions.lineno else "?"
+        return f"{self.code.co_filename.rsplit('/', 1)[-1]}:{line}"
+
+
+def _maybe_symbolic(value) -> bool:
+    return value is _UNKNOWN or isinstance(value, _SYMBOLIC)
+
+
+def _no_number(value) -> bool:
+    return value is not _UNKNOWN and not isinstance(value, _NUMBERS)
+
+
+def _classes(c: _Code, k: int, d: int) -> list | None:
+    """The classes of ``isinstance``'s second argument at depth ``d`` before ``k`` (a class,
+    a tuple of them, a union), or None where the code does not say."""
+    found = c.f.producers(k, d)
+    if found and len(found) == 1 and c.f.ins[found[0][0]].opname == "BUILD_TUPLE":
+        p = found[0][0]
+        parts = [_classes(c, p, e) for e in range(c.f.ins[p].arg)]
+        return None if any(part is None for part in parts) else [x for part in parts
+                                                                 for x in part]
+    value = c.f.static(k, d)
+    if isinstance(value, types.UnionType):
+        value = value.__args__
+    if isinstance(value, type):
+        return [value]
+    if isinstance(value, tuple) and all(isinstance(x, type) for x in value):
+        return list(value)
+    return None
+
+
+def _holds_alike(cls: type) -> bool:
+    """``isinstance(v, cls)`` answers alike for a SymInt and an int (SymFloat, float ...)."""
+    try:
+        return all(issubclass(s, cls) == issubclass(p, cls) for s, p in _PAIRS)
+    except TypeError:
+        return False
+
+
+def _compared_with_others(c: _Code, k: int) -> bool:
+    """Whether the type that ``ins[k]`` pushes is only compared (``is``, ``==``) with classes
+    other than ``int``, ``float``, ``bool`` and the symbolic ones."""
+    found = False
+    for j, i in enumerate(c.f.ins):
+        if i.opname not in ("IS_OP", "COMPARE_OP"):
+            continue
+        for d in (0, 1):
+            if (k, 0) in (c.f.producers(j, d) or ()):
+                other = c.f.static(j, 1 - d)
+                if not isinstance(other, type) or other in _TYPE_ANSWERS:
+                    return False
+                found = True
+    return found
+
+
+def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """Note [Questions about symbolic values]: the first question in ``code`` whose answer
+    may differ for a symbolic value, as ``"type() (file.py:12)"``, or None."""
+    c = _Code(code, g, params)
+    for k, i in enumerate(c.f.ins):
+        what = None
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval == "__class__":
+            if _maybe_symbolic(c.value(k, 0)) and not _compared_with_others(c, k):
+                what = ".__class__"
+        elif i.opname == "IS_OP":
+            a, b = c.value(k, 0), c.value(k, 1)
+            if (_maybe_symbolic(a) or _maybe_symbolic(b)) and not (_no_number(a) or
+                                                                   _no_number(b)):
+                what = "is" if not i.arg else "is not"
+        elif i.opname == "MATCH_CLASS":  # match n: case int(): (subject, class, names)
+            classes = _classes(c, k, 1)
+            if (classes is None or not all(_holds_alike(x) for x in classes)) and \
+                    _maybe_symbolic(c.value(k, 2)):
+                what = "match ... case"
+        elif i.opname == "CALL" and i.arg in (1, 2):
+            callee = c.callee(k)
+            if callee is type and i.arg == 1:
+                if _maybe_symbolic(c.value(k, 0)) and not _compared_with_others(c, k):
+                    what = "type()"
+            elif callee is id and i.arg == 1:
+                if _maybe_symbolic(c.value(k, 0)):
+                    what = "id()"
+            elif callee is isinstance and i.arg == 2:
+                classes = _classes(c, k, 0)
+                if (classes is None or not all(_holds_alike(x) for x in classes)) and \
+                        _maybe_symbolic(c.value(k, 1)):
+                    what = "isinstance()"
+            elif callee in (operator.is_, operator.is_not) and i.arg == 2:
+                a, b = c.value(k, 0), c.value(k, 1)
+                if (_maybe_symbolic(a) or _maybe_symbolic(b)) and not (_no_number(a) or
+                                                                       _no_number(b)):
+                    what = f"operator.{callee.__name__}()"
+        if what is not None:
+            return f"{what} ({c.where(k)})"
+    return None
+
+
+def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """Note [Python attributes of tensors] (source_lines.py): the first ``vars(v)`` or
+    ``v.__dict__`` in ``code`` whose ``v`` may be a tensor (not known to be another object), as
+    ``"vars() (file.py:12)"``, or None. A trace's tensors are fake tensors, whose ``__dict__``
+    holds the fake's own entries, not the tensor's."""
+    if "vars" not in code.co_names and "__dict__" not in code.co_names:
+        return None  # (a name the code loads: a global, a builtin, an attribute)
+    c = _Code(code, g, params)
+    for k, i in enumerate(c.f.ins):
+        what = None
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval == "__dict__":
+            what = ".__dict__"
+        elif i.opname == "CALL" and i.arg == 1 and c.callee(k) is vars:
+            what = "vars()"
+        if what is not None:
+            v = c.value(k, 0)
+            if v is _UNKNOWN:
+                v = _attribute_of_parameter(c, k, 0)
+            if v is _UNKNOWN or isinstance(v, torch.Tensor):
+                return f"{what} ({c.where(k)})"
+    return None
+
+
+def _attribute_of_parameter(c: _Code, k: int, d: int, depth: int = 0):
+    """The value at depth ``d`` before ``k`` where it is an attribute chain of a parameter
+    (``self.config``, ``m.weight``), read from the call's objects without running code (a
+    module's parameters, buffers and submodules; an object's ``__dict__``; a class's), else
+    ``_UNKNOWN``. The trace's leaves are back in place: a tensor is a tensor there as it was a
+    fake tensor in the trace, and any other object the same object."""
+    found = c.f.producers(k, d)
+    if not found or len(found) != 1 or depth > 8:
+        return _UNKNOWN
+    p, _ = found[0]
+    i = c.f.ins[p]
+    if i.opname in _LOAD_FAST and isinstance(i.argval, str) and i.argval in c.params:
+        return c.params[i.argval]
+    if i.opname != "LOAD_ATTR":
+        return _UNKNOWN
+    base = _attribute_of_parameter(c, p, 0, depth + 1)
+    if isinstance(base, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            held = vars(base).get(table)
+            if isinstance(held, dict) and i.argval in held:
+                return held[i.argval]
+    return _UNKNOWN if base is _UNKNOWN else flow._static_attr(base, i.argval)
+
+
+def check_questions(rec, symbolic: bool) -> None:
+    """Raises where a user function that ran in the trace recorded by ``rec`` asks a question
+    the trace answers for a stand-in: ``vars`` of a tensor (the call runs eagerly, at any
+    sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
+    that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
+    values])."""
+    for code, (g, params) in rec.codes.items():
+        read = tensor_dict_read(code, g, params)
+        if read is not None:
+            error = TridentError(f"the function reads a tensor's __dict__, {read}: the trace's "
+                                 "fake tensors hold their own entries, not the tensor's")
+            error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
+            raise error
+    for code, (g, params) in rec.codes.items() if symbolic else ():
+        asked = symbolic_question(code, g, params)
+        if asked is not None:
+            raise TridentError(f"the function asks Python what a symbolic value is, {asked}: "
+                               "a trace answers for a torch.SymInt, eager for an int")
