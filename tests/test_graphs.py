@@ -144,6 +144,39 @@ def test_symbolic_specializations_get_graphs_per_size():
     assert states.slot(spec) == (graphs.OFF,)
 
 
+def test_only_a_pools_first_graph_hands_out():
+    # Note [Graph outputs]: a graph captured while another graph of its specialization lives
+    # may have its static outputs in that one's dead intermediates (one memory pool), which
+    # the earlier graph's replays write: only the first hands out, static or symbolic
+    x, w = torch.randn(8, 4), torch.randn(4, 4)
+    f = trident.jit(reads_only, dynamic={"x": [0]})
+    f(x, w)
+    spec = on_cuda(f._specs[0])
+    static = on_cuda(spec_of(writes_first, x.clone(), x))
+
+    class Graph:  # a captured graph's memory pool, as torch.cuda.CUDAGraph.pool() gives it
+        def pool(self):
+            return (0, 1)
+
+    def captured():
+        return graphs.Captured(Graph(), {}, [], {}, [])
+
+    states = graphs.GraphStates(True, sizes=4)
+    for s in (spec, static):
+        assert states.hands_out(s)  # no graph of it yet
+    states.done(spec, (x, w), captured())
+    assert not states.hands_out(spec)  # a second size shares the first's pool
+    assert states.hands_out(static)  # another specialization's graphs: another pool
+    states.done(spec, (torch.randn(9, 4), w), graphs.NoGraph("capture failed: a test"))
+    assert not states.hands_out(spec)  # the first graph still lives
+    assert states.next_call(spec, (x, w)) is not None  # pops the graph of x's size
+    assert states.hands_out(spec)  # none lives: a new pool
+    states.done(static, (x, w), captured())
+    assert not states.hands_out(static)  # (a recapture pops its one graph first)
+    states.copy_out.add(spec.key)  # Note [Hand out after a move]: a kept result was seen
+    assert not states.hands_out(spec)
+
+
 def test_graph_slots_count_each_sizes_first_call():
     f = trident.jit(reads_only, dynamic={"x": [0]})
     w = torch.randn(4, 4)

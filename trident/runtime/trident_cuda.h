@@ -439,6 +439,11 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
   const int64_t* d = NULL;
   if (g->ndescs == 1 && g->descs[0][4] == 0) {
     d = g->descs[0]; /* a static specialization's one graph */
+  } else if (g->ndescs == 1 && trt_graph_fits(g->descs[0] + 5, g->descs[0][4], a)) {
+    d = g->descs[0]; /* a symbolic one's only graph (a decode step's: its batch size), whose
+                      * key fits: no hash of every tensor argument's geometry (a serial chain
+                      * of multiplies, ten words per tensor of a model), which picks among
+                      * several graphs and remembers a size no graph has */
   } else {           /* Note [Graphs per size]: the graph of the call's sizes */
     uint64_t h = trt_graph_call_hash(a, n);
     for (int32_t i = 0; i < g->ndescs && !d; ++i)
