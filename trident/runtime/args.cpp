@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -31,6 +33,12 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad);
 bool forward_ad_open() {
   return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
 }
+
+static_assert(sizeof(trt_arg) == 64 && offsetof(trt_arg, sizes) == 8,
+              "Note [Argument records]: one cache line per argument, the header one word");
+static_assert(sizeof(c10::DeviceIndex) <= sizeof(int16_t) &&
+                  sizeof(c10::ScalarType) == 1 && sizeof(c10::DeviceType) == 1,
+              "Note [Argument records]: the header's fields hold c10's");
 
 // What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
 // Python runs eagerly): no C++ exception leaves this function.
@@ -73,11 +81,17 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
     a->kind = TRT_ARG_OTHER;
     return;
   }
+  // Note [Argument records] in trident_rt.h: c10's ScalarType and DeviceType are int8 and
+  // DeviceIndex at most int16; a dim past int16 (none in practice) is left to Python
+  if (t.dim() > INT16_MAX) {
+    a->kind = TRT_ARG_OTHER;
+    return;
+  }
   a->kind = TRT_ARG_TENSOR;
-  a->dtype = static_cast<int32_t>(t.scalar_type());
-  a->device_type = static_cast<int32_t>(t.device().type());
+  a->dtype = static_cast<int8_t>(t.scalar_type());
+  a->device_type = static_cast<int8_t>(t.device().type());
   a->device_index = t.device().index();
-  a->dim = static_cast<int32_t>(t.dim());
+  a->dim = static_cast<int16_t>(t.dim());
   a->sizes = t.sizes().data();
   a->strides = t.strides().data();
   a->storage_offset = t.storage_offset();

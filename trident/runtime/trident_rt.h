@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 8
+#define TRT_ABI_VERSION 9
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -41,14 +41,38 @@ enum trt_arg_kind {
 #define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
 #define TRT_INFERENCE 4     /* an inference tensor (made under torch.inference_mode()) */
 
+/* Note [Argument records]: a hit writes one record per argument (a model's decode step: 378)
+ * and its guards read them back, on cache lines that a `generate`'s own Python evicted since
+ * the last step. So a record is one 64-byte line, and what a tensor's guards compare of it
+ * besides its sizes and strides (its kind, dtype, device type and index, dim and flag bits)
+ * is one word, `head`: codegen/guards.py checks an argument's such guards as one compare of
+ * that word under a mask (TRT_HEAD_* give each field's place in it), where each was a compare
+ * of its own (35 KB of a 16-layer Llama's guard code, 8 checks per tensor). The word's layout
+ * is the fields' in memory on a little-endian machine (x86-64, AArch64), which the runtime
+ * and every SCM share; a dim beyond int16 reads as TRT_ARG_OTHER (a miss). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "trident_rt.h: trt_arg.head is laid out for a little-endian machine"
+#endif
+#define TRT_HEAD_KIND 0          /* bit offsets in trt_arg.head */
+#define TRT_HEAD_FLAGS 8
+#define TRT_HEAD_DTYPE 16
+#define TRT_HEAD_DEVICE_TYPE 24
+#define TRT_HEAD_DEVICE_INDEX 32
+#define TRT_HEAD_DIM 48
+
 typedef struct trt_arg {
-  int32_t kind;
-  int32_t flags;
-  /* tensors */
-  int32_t dtype;       /* c10::ScalarType */
-  int32_t device_type; /* c10::DeviceType: 0 CPU, 1 CUDA */
-  int32_t device_index;
-  int32_t dim;
+  union {
+    struct {
+      int8_t kind;          /* trt_arg_kind */
+      uint8_t flags;        /* TRT_REQUIRES_GRAD, ... */
+      /* tensors */
+      int8_t dtype;         /* c10::ScalarType */
+      int8_t device_type;   /* c10::DeviceType: 0 CPU, 1 CUDA */
+      int16_t device_index;
+      int16_t dim;
+    };
+    uint64_t head;          /* the six fields above as one word (Note [Argument records]) */
+  };
   const int64_t* sizes;
   const int64_t* strides;
   int64_t storage_offset;
