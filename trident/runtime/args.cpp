@@ -34,7 +34,7 @@ bool forward_ad_open() {
   return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
 }
 
-static_assert(sizeof(trt_arg) == 64 && offsetof(trt_arg, sizes) == 8,
+static_assert(sizeof(trt_arg) == 64 && alignof(trt_arg) == 64 && offsetof(trt_arg, sizes) == 8,
               "Note [Argument records]: one cache line per argument, the header one word");
 static_assert(sizeof(c10::DeviceIndex) <= sizeof(int16_t) &&
                   sizeof(c10::ScalarType) == 1 && sizeof(c10::DeviceType) == 1,
@@ -247,22 +247,29 @@ PyObject* build_output(const char*& p, trt_result* r, int32_t& next) {
   }
   if (c == 'n') Py_RETURN_NONE;
   char close = c == '(' ? ')' : ']';
-  PyObject* list = PyList_New(0);
-  if (!list) return nullptr;
-  while (*p != close) {
+  // the container's items, counted in the spec (its nested containers skipped), so that it
+  // is made at its size: no list grown and copied into a tuple at every hit
+  Py_ssize_t n = 0;
+  int depth = 0;
+  for (const char* q = p; *q != close || depth > 0; ++q) {
+    if (*q == '\0') return PyErr_Format(PyExc_RuntimeError, "trident: bad output spec");
+    n += depth == 0;  // an item starts here: 'v', 'n', '(' or '['
+    if (*q == '(' || *q == '[') ++depth;
+    else if (*q == ')' || *q == ']') --depth;
+  }
+  PyObject* items = c == '[' ? PyList_New(n) : PyTuple_New(n);
+  if (!items) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = build_output(p, r, next);
-    if (!item || PyList_Append(list, item) < 0) {
-      Py_XDECREF(item);
-      Py_DECREF(list);
+    if (!item) {
+      Py_DECREF(items);
       return nullptr;
     }
-    Py_DECREF(item);
+    if (c == '[') PyList_SET_ITEM(items, i, item);
+    else PyTuple_SET_ITEM(items, i, item);
   }
   ++p;
-  if (c == '[') return list;
-  PyObject* tuple = PyList_AsTuple(list);
-  Py_DECREF(list);
-  return tuple;
+  return items;
 }
 
 void release_outputs(trt_result* r, int32_t from) {

@@ -43,7 +43,8 @@ enum trt_arg_kind {
 
 /* Note [Argument records]: a hit writes one record per argument (a model's decode step: 378)
  * and its guards read them back, on cache lines that a `generate`'s own Python evicted since
- * the last step. So a record is one 64-byte line, and what a tensor's guards compare of it
+ * the last step. So a record is one 64-byte line (aligned to one: the runtime's record
+ * buffers are allocated at the type's alignment), and what a tensor's guards compare of it
  * besides its sizes and strides (its kind, dtype, device type and index, dim and flag bits)
  * is one word, `head`: codegen/guards.py checks an argument's such guards as one compare of
  * that word under a mask (TRT_HEAD_* give each field's place in it), where each was a compare
@@ -60,7 +61,13 @@ enum trt_arg_kind {
 #define TRT_HEAD_DEVICE_INDEX 32
 #define TRT_HEAD_DIM 48
 
-typedef struct trt_arg {
+#if defined(__GNUC__)
+#define TRT_LINE_ALIGNED __attribute__((aligned(64)))
+#else
+#define TRT_LINE_ALIGNED
+#endif
+
+typedef struct TRT_LINE_ALIGNED trt_arg {
   union {
     struct {
       int8_t kind;          /* trt_arg_kind */
