@@ -318,6 +318,34 @@ def test_symbolic_first_graph_hands_out_and_kept_results_keep_their_values():
     assert (s.misses, s.compiles, s.hits, s.graph_captures, s.graph_replays) == (1, 1, 9, 3, 7), s
 
 
+class Box:
+    pass
+
+
+def take(x, box):
+    return x[:box.n] * 2
+
+
+def test_a_symbolic_int_picks_the_graph_of_its_value():
+    """Note [Graphs per size]: a symbolic int (Note [Symbolic ints]: an int leaf whose value
+    changed, traced as a symbol) reaches the graph as a value (``x[:n]``): its value is part of
+    the size key, so a call replays only the graph of its own value, never another value's of
+    the same tensor geometry."""
+    f = trident.jit(take)
+    x = torch.randn(8, device="cuda")
+    box = Box()
+    # 3: static; 4: the symbolic one's compile (its first call); 5: step by step (first seen);
+    # 4: capture; 5: capture (copies out); 4, 5: replays; 6: step by step; 5: replay
+    for n in (3, 4, 5, 4, 5, 4, 5, 6, 5):
+        box.n = n
+        got = f(x, box)
+        assert got.shape == (n,) and torch.equal(got, take(x, box)), n
+        del got
+    assert f._specs[1].symbolic
+    s = f.stats
+    assert (s.compiles, s.hits, s.graph_captures, s.graph_replays) == (2, 7, 2, 5), s
+
+
 def test_graph_sizes_are_bounded_and_the_rest_run_without_python():
     f = trident.jit(mlp, dynamic={"x": [0]}, cuda_graph_sizes=2)
     w1, w2 = weights()

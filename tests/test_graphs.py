@@ -140,6 +140,10 @@ def test_symbolic_specializations_get_graphs_per_size():
     assert states.slot(static) == (graphs.PENDING,)
     assert graphs.size_key(static, (x, w)) == ()
     assert graphs.size_key(spec, (x.t(), w)) == ((0, (4, 8), (1, 4), 0), (1, (4, 4), (4, 1), 0))
+    # an int leaf's value too (a symbolic int reaches the graph as a value); not a bool's,
+    # which is guarded by value
+    assert graphs.size_key(spec, (7, w, True)) == ((0, (), (), 7), (1, (4, 4), (4, 1), 0))
+    assert graphs._key_words(graphs.size_key(spec, (7, w))) == [0, 0, 7, 1, 2, 4, 4, 4, 1, 0]
     states.done(spec, (x, w), graphs.NoGraph("capture failed: a test"))  # no more sizes
     assert states.slot(spec) == (graphs.OFF,)
 
@@ -189,6 +193,10 @@ def test_graph_slots_count_each_sizes_first_call():
     assert f._graph_seen(0, torch.randn(10, 4)[1:-1], w) is True  # 8 rows at offset 4
     with pytest.raises(IndexError):
         f._graph_seen(1, torch.randn(8, 4), w)
+    # an int argument's value is part of what picks a graph (Note [Graphs per size])
+    assert f._graph_seen(0, torch.randn(8, 4), w, 3) is False
+    assert f._graph_seen(0, torch.randn(8, 4), w, 3) is True
+    assert f._graph_seen(0, torch.randn(8, 4), w, 4) is False
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])

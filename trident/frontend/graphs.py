@@ -152,11 +152,14 @@ def size_key(spec, args: tuple) -> tuple:
     """Which of a specialization's graphs a call needs: () for a static specialization (its
     guards fix every size); for a symbolic one, each tensor argument's sizes, strides and
     storage offset, the places its symbols are read from (Note [Size expressions] in
-    sizes.py), in the order the SCM compares them (``trt_graph_fits``)."""
+    sizes.py), and each int argument's value (``(i, (), (), value)``: a symbolic int, Note
+    [Symbolic ints] in lower/guards.py, reaches the graph as a value, ``x[:n]``; the others
+    are guarded by value), in the order the SCM compares them (``trt_graph_fits``)."""
     if not spec.symbolic:
         return ()
     return tuple((i, tuple(a.shape), a.stride(), a.storage_offset())
-                 for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+                 if isinstance(a, torch.Tensor) else (i, (), (), a)
+                 for i, a in enumerate(args) if isinstance(a, torch.Tensor) or type(a) is int)
 
 
 def _key_words(key: tuple) -> list[int]:

@@ -382,13 +382,18 @@ TRT_OPTIMIZED static int trt_graph_hides_write(trt_graph* g, const int64_t* d, c
   return hidden;
 }
 
-/* Whether the call's arguments `a` have the sizes, strides and offsets of a graph's size key
- * (`nkey` words at `key`, trt_graph in trident_rt.h). */
+/* Whether the call's arguments `a` have the sizes, strides and offsets (an int argument: the
+ * value) of a graph's size key (`nkey` words at `key`, trt_graph in trident_rt.h). */
 TRT_OPTIMIZED static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg* a) {
   for (int64_t p = 0; p < nkey;) {
     const trt_arg* t = &a[key[p]];
     int64_t dim = key[p + 1];
     const int64_t* sizes = key + p + 2;
+    if (t->kind == TRT_ARG_INT) { /* an int argument's entry: 0 dims, its value */
+      if (dim != 0 || t->i != sizes[0]) return 0;
+      p += 3;
+      continue;
+    }
     if (t->dim != dim || t->storage_offset != sizes[2 * dim]) return 0;
     for (int64_t i = 0; i < dim; ++i)
       if (t->sizes[i] != sizes[i] || t->strides[i] != sizes[dim + i]) return 0;
