@@ -59,8 +59,9 @@ replays write: so only a graph captured while no other graph of its specializati
 size) hands out; a later one copies out. Its memory never holds the first's static outputs
 (allocated since that capture and kept by it), so its replays leave a handed-out result alone,
 and the first's replays may write a later one's static outputs only between that one's
-copies out. A decode step's batch dim is symbolic (issue 26): its one graph hands out the
-logits, where a copy out cost an allocation and a ``cuMemcpyAsync`` per token.
+copies out. A Hugging Face decode step's specialization is symbolic (its batch dim): its one
+graph hands out the logits, where a copy out cost an allocation and a ``cuMemcpyAsync`` per
+token.
 
 Note [Hand out after a move]: a specialization copies out only once a caller was seen keeping
 a result it handed out (``GraphStates.copy_out``), not after any recapture. A recapture made
