@@ -140,10 +140,9 @@ def test_symbolic_specializations_get_graphs_per_size():
     assert states.slot(static) == (graphs.PENDING,)
     assert graphs.size_key(static, (x, w)) == ()
     assert graphs.size_key(spec, (x.t(), w)) == ((0, (4, 8), (1, 4), 0), (1, (4, 4), (4, 1), 0))
-    # an int leaf's value too (a symbolic int reaches the graph as a value); not a bool's,
-    # which is guarded by value
-    assert graphs.size_key(spec, (7, w, True)) == ((0, (), (), 7), (1, (4, 4), (4, 1), 0))
-    assert graphs._key_words(graphs.size_key(spec, (7, w))) == [0, 0, 7, 1, 2, 4, 4, 4, 1, 0]
+    # an int whose value the launch sequence does not read is no part of the key
+    assert graphs.size_key(spec, (7, w, True)) == ((1, (4, 4), (4, 1), 0),)
+    assert graphs._key_words(((0, 7), (1, (4, 4), (4, 1), 0))) == [0, -1, 7, 1, 2, 4, 4, 4, 1, 0]
     states.done(spec, (x, w), graphs.NoGraph("capture failed: a test"))  # no more sizes
     assert states.slot(spec) == (graphs.OFF,)
 
@@ -181,6 +180,34 @@ def test_only_a_pools_first_graph_hands_out():
     assert not states.hands_out(spec)
 
 
+class Box:
+    pass
+
+
+def take(x, box):
+    return x[:box.n] * 2
+
+
+def test_a_symbolic_ints_value_is_part_of_the_size_key():
+    # Note [Graphs per size]: a symbolic int (Note [Symbolic ints]) that the launch sequence
+    # reads as a value picks its graph with the tensors' geometry: x[:n] of one x is another
+    # graph for each n
+    f = trident.jit(take)
+    x, box = torch.randn(8), Box()
+    for n in (3, 4, 5):
+        box.n = n
+        assert torch.equal(f(x, box), take(x, box))
+    assert f.stats.compiles == 2
+    spec = f._specs[1]
+    assert spec.symbolic
+    (i,) = graphs._value_ints(spec)
+    call = f._flatten((x, box), {})
+    assert call.leaves[i] == 5
+    assert graphs.size_key(spec, call.leaves) == tuple(
+        (k, 5) if k == i else (k, (8,), (1,), 0) for k, a in enumerate(call.leaves)
+        if k == i or isinstance(a, torch.Tensor))
+
+
 def test_graph_slots_count_each_sizes_first_call():
     f = trident.jit(reads_only, dynamic={"x": [0]})
     w = torch.randn(4, 4)
@@ -193,10 +220,6 @@ def test_graph_slots_count_each_sizes_first_call():
     assert f._graph_seen(0, torch.randn(10, 4)[1:-1], w) is True  # 8 rows at offset 4
     with pytest.raises(IndexError):
         f._graph_seen(1, torch.randn(8, 4), w)
-    # an int argument's value is part of what picks a graph (Note [Graphs per size])
-    assert f._graph_seen(0, torch.randn(8, 4), w, 3) is False
-    assert f._graph_seen(0, torch.randn(8, 4), w, 3) is True
-    assert f._graph_seen(0, torch.randn(8, 4), w, 4) is False
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])

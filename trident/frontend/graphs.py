@@ -153,19 +153,30 @@ def size_key(spec, args: tuple) -> tuple:
     """Which of a specialization's graphs a call needs: () for a static specialization (its
     guards fix every size); for a symbolic one, each tensor argument's sizes, strides and
     storage offset, the places its symbols are read from (Note [Size expressions] in
-    sizes.py), and each int argument's value (``(i, (), (), value)``: a symbolic int, Note
-    [Symbolic ints] in lower/guards.py, reaches the graph as a value, ``x[:n]``; the others
-    are guarded by value), in the order the SCM compares them (``trt_graph_fits``)."""
+    sizes.py), and ``(i, value)`` for each int argument whose value the launch sequence reads
+    (a symbolic int, Note [Symbolic ints] in lower/guards.py, reaches the graph as a value:
+    ``x[:n]``; one only guarded needs no graph of its own), in the order the SCM compares them
+    (``trt_graph_fits``)."""
     if not spec.symbolic:
         return ()
+    ints = _value_ints(spec)
     return tuple((i, tuple(a.shape), a.stride(), a.storage_offset())
-                 if isinstance(a, torch.Tensor) else (i, (), (), a)
-                 for i, a in enumerate(args) if isinstance(a, torch.Tensor) or type(a) is int)
+                 if isinstance(a, torch.Tensor) else (i, a)
+                 for i, a in enumerate(args) if isinstance(a, torch.Tensor) or i in ints)
+
+
+def _value_ints(spec) -> frozenset[int]:
+    """The int arguments whose values the launch sequence reads (a ``SizeStep`` ``"value"``)."""
+    return frozenset(step.args[0].i for step in spec.plan.steps
+                     if getattr(step, "op", None) == "value" and isinstance(step.args[0],
+                                                                             operands.Arg))
 
 
 def _key_words(key: tuple) -> list[int]:
-    return [w for i, sizes, strides, offset in key
-            for w in (i, len(sizes), *sizes, *strides, offset)]
+    """The key's words as trt_graph's descriptor holds them (an int: index, -1, value)."""
+    return [w for entry in key for w in (
+        (entry[0], -1, entry[1]) if len(entry) == 2 else
+        (entry[0], len(entry[1]), *entry[1], *entry[2], entry[3]))]
 
 
 def pointers(args: tuple) -> dict[int, int]:

@@ -389,8 +389,8 @@ TRT_OPTIMIZED static inline int trt_graph_fits(const int64_t* key, int64_t nkey,
     const trt_arg* t = &a[key[p]];
     int64_t dim = key[p + 1];
     const int64_t* sizes = key + p + 2;
-    if (t->kind == TRT_ARG_INT) { /* an int argument's entry: 0 dims, its value */
-      if (dim != 0 || t->i != sizes[0]) return 0;
+    if (dim < 0) { /* an int argument's entry: its value */
+      if (t->kind != TRT_ARG_INT || t->i != sizes[0]) return 0;
       p += 3;
       continue;
     }

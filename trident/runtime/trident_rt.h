@@ -148,9 +148,10 @@ typedef struct trt_result {
  * Each of `descs` (int64 words, written by graphs.py):
  *   exec, device, ninputs, noutputs, nkey,
  *   the size key (nkey words; none for a static specialization): per tensor input, arg, dim,
- *                      sizes[dim], strides[dim], storage offset, and per int argument, arg, 0,
- *                      its value (a symbolic int reaches the graph as a value): the graph
- *                      replays only a call whose arguments have exactly these,
+ *                      sizes[dim], strides[dim], storage offset, and per int argument whose
+ *                      value the launch sequence reads (a symbolic int: graphs.size_key), arg,
+ *                      -1, its value: the graph replays only a call whose arguments have
+ *                      exactly these (the hashes below skip the ints),
  *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / _COPY_IN / _HOST_IN), pointer the graph
  *                      reads, bytes, 1 if the function may write it (copied back),
  *   per output:        tag (trt_tag); a tensor: source pointer, bytes, the static output
@@ -191,8 +192,8 @@ enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
 enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1, TRT_GRAPH_HOST_IN = 2 };
 
 /* Note [Graphs per size]: a hash of what picks a symbolic specialization's graph: every
- * tensor argument's index, sizes, strides and storage offset and every int argument's index
- * and value, FNV-1a over those words in that
+ * tensor argument's index, sizes, strides and storage offset (not a key's ints, which only
+ * trt_graph_fits compares), FNV-1a over those words in that
  * order; from a call's arguments (trt_graph_call_hash) or from a graph's size key
  * (trt_graph_key_hash), equal when the key fits the call. Never 0, which marks an empty slot. */
 #define TRT_FNV(h, w) ((h) = ((h) ^ (uint64_t)(w)) * 1099511628211ull)
@@ -201,11 +202,6 @@ TRT_OPTIMIZED static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32
   uint64_t h = 1469598103934665603ull;
   for (int32_t k = 0; k < n; ++k) {
     const trt_arg* t = &a[k];
-    if (t->kind == TRT_ARG_INT) { /* its key entry: k, 0, the value */
-      TRT_FNV(h, k);
-      TRT_FNV(h, t->i);
-      continue;
-    }
     if (t->kind != TRT_ARG_TENSOR) continue;
     TRT_FNV(h, k);
     for (int32_t i = 0; i < t->dim; ++i) TRT_FNV(h, t->sizes[i]);
@@ -217,7 +213,8 @@ TRT_OPTIMIZED static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32
 
 TRT_OPTIMIZED static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
   uint64_t h = 1469598103934665603ull;
-  for (int64_t p = 0; p < nkey; p += 3 + 2 * key[p + 1]) {
+  for (int64_t p = 0; p < nkey; p += key[p + 1] < 0 ? 3 : 3 + 2 * key[p + 1]) {
+    if (key[p + 1] < 0) continue; /* an int argument's value: trt_graph_fits compares it */
     TRT_FNV(h, key[p]);
     for (int64_t i = 0; i < 2 * key[p + 1] + 1; ++i) TRT_FNV(h, key[p + 2 + i]);
   }
