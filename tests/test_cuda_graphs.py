@@ -284,6 +284,69 @@ def test_symbolic_specialization_replays_a_graph_per_size():
     assert f._specs[0].symbolic
 
 
+def test_symbolic_first_graph_hands_out_and_kept_results_keep_their_values():
+    """Note [Graph outputs]: a symbolic specialization's first graph (no other of its sizes
+    alive in its memory pool) hands out its static outputs; a later size's graph, whose memory
+    may be the first's dead intermediates, copies out; a kept handed-out result gets a
+    copy-out recapture of its size. Every result kept across calls of both sizes keeps its
+    values."""
+    f = trident.jit(mlp, dynamic={"x": [0]})
+    w1, w2 = weights()
+    handed = []
+    for _ in range(3):  # compile, capture (replays), replay: each result dropped
+        x = torch.randn(8, 64, device="cuda")
+        got = f(x, w1, w2)
+        assert_equal(got, mlp(x, w1, w2))
+        handed.append(got[0].data_ptr())
+        del got
+    (eight,) = f._graph_states.graphs[f._specs[0].key].values()
+    assert eight.handed and handed[1:] == [eight.handed[0].data_ptr()] * 2
+    kept = []
+    # 16: step by step, capture (copies out), replay; 8: replay (handed out, kept), 16:
+    # replay, 8: the kept result makes it run step by step, then a copy-out recapture
+    for rows in (16, 16, 16, 8, 16, 8, 8):
+        x = torch.randn(rows, 64, device="cuda")
+        got, want = f(x, w1, w2), mlp(x, w1, w2)
+        assert_equal(got, want)
+        kept.append((got, [w.clone() for w in want]))
+    for got, want in kept:  # nothing a later replay wrote reached a kept result
+        assert_equal(got, want)
+    assert kept[3][0][0].data_ptr() == eight.handed[0].data_ptr()
+    graphs = {c.outputs[0].shape[0]: c for c in f._graph_states.graphs[f._specs[0].key].values()}
+    assert not graphs[16].handed and not graphs[8].handed
+    s = f.stats
+    assert (s.misses, s.compiles, s.hits, s.graph_captures, s.graph_replays) == (1, 1, 9, 3, 7), s
+
+
+class Box:
+    pass
+
+
+def take(x, box):
+    return x[:box.n] * 2
+
+
+def test_a_symbolic_int_picks_the_graph_of_its_value():
+    """Note [Graphs per size]: a symbolic int (Note [Symbolic ints]: an int leaf whose value
+    changed, traced as a symbol) reaches the graph as a value (``x[:n]``): its value is part of
+    the size key, so a call replays only the graph of its own value, never another value's of
+    the same tensor geometry."""
+    f = trident.jit(take)
+    x = torch.randn(8, device="cuda")
+    box = Box()
+    # 3: static; 4: the symbolic one's compile (its first call: x's geometry seen); 5, 4:
+    # captures (the slot remembers geometries, not ints: each value's first replayed call is
+    # its capture); 5, 4, 5: replays; 6: capture; 5: replay
+    for n in (3, 4, 5, 4, 5, 4, 5, 6, 5):
+        box.n = n
+        got = f(x, box)
+        assert got.shape == (n,) and torch.equal(got, take(x, box)), n
+        del got
+    assert f._specs[1].symbolic
+    s = f.stats
+    assert (s.compiles, s.hits, s.graph_captures, s.graph_replays) == (2, 7, 3, 7), s
+
+
 def test_graph_sizes_are_bounded_and_the_rest_run_without_python():
     f = trident.jit(mlp, dynamic={"x": [0]}, cuda_graph_sizes=2)
     w1, w2 = weights()

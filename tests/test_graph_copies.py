@@ -56,6 +56,66 @@ int slot_hides(const int64_t* in, int n, const uint64_t* pointers, int fresh) {
     return lambda *args: module.lib.hides(*args), ffi, module.lib.slot_hides
 
 
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """A cffi module over runtime/trident_cuda.h's graph keys: ``check(key, nkey, kinds,
+    values, n)`` builds records of ints (kind 2, value) and 1-dim tensors (kind 1, size value,
+    stride 1) and returns fits * 4 + (call hash == key hash) * 2 + 1."""
+    cffi = pytest.importorskip("cffi")
+    source = """#include <stdint.h>
+#include "trident_rt.h"
+#include "trident_cuda.h"
+int check(const int64_t* key, int64_t nkey, const int* kinds, const int64_t* values, int n) {
+  trt_arg a[16];
+  static int64_t one = 1;
+  memset(a, 0, sizeof a);
+  for (int i = 0; i < n; ++i) {
+    a[i].kind = (int8_t)kinds[i];
+    if (kinds[i] == TRT_ARG_INT) a[i].i = values[i];
+    if (kinds[i] == TRT_ARG_TENSOR) {
+      a[i].dim = 1;
+      a[i].sizes = &values[i];
+      a[i].strides = &one;
+    }
+  }
+  int same = trt_graph_call_hash(a, n) == trt_graph_key_hash(key, nkey);
+  return trt_graph_fits(key, nkey, a) * 4 + same * 2 + 1;
+}
+"""
+    ffi = cffi.FFI()
+    ffi.cdef("int check(const int64_t* key, int64_t nkey, const int* kinds, const int64_t* values,"
+             " int n);")
+    ffi.set_source("graph_keys", source, include_dirs=[
+        str(Path(trident.__file__).parent / "runtime"), build._cuda_include()])
+    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("graph-keys")))
+    spec = importlib.util.spec_from_file_location("graph_keys", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.lib, ffi
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(0, 3)), min_size=1,
+                max_size=6), st.data())
+def test_an_int_arguments_value_is_part_of_the_graph_key(keys, arguments, data):
+    """Note [Graphs per size]: the key of a graph (frontend/graphs.size_key, as _key_words
+    packs it: an int as index, -1, value) fits a call exactly when every tensor's geometry and
+    every keyed int's value is the call's, and hashes as the call does exactly when the
+    tensors' geometry is (the hash, which picks among graphs and remembers new sizes, skips the
+    ints). Kinds: 1 a tensor, 2 an int in the key, 4 a bool (guarded by value: not in it)."""
+    lib, ffi = keys
+    # the graph's arguments: (kind, value); the call's: the same kinds, values perhaps other
+    called = [(k, data.draw(st.sampled_from([v, v, v + 1]))) for k, v in arguments]
+    key = [w for i, (k, v) in enumerate(arguments) if k in (1, 2)
+           for w in ((i, 1, v, 1, 0) if k == 1 else (i, -1, v))]
+    got = lib.check(ffi.new("int64_t[]", key or [0]), len(key),
+                    ffi.new("int[]", [k for k, _ in called]),
+                    ffi.new("int64_t[]", [v for _, v in called]), len(called))
+    same = [v == w for (k, v), (_, w) in zip(arguments, called) if k in (1, 2)]
+    tensors = [v == w for (k, v), (_, w) in zip(arguments, called) if k == 1]
+    assert got == 1 + 4 * all(same) + 2 * all(tensors), (arguments, called)
+
+
 def _twin(arguments) -> bool:
     """Some copied-in argument overlaps another, and one of the two may be written."""
     for i, (p, span, copied, written) in enumerate(arguments):

@@ -140,8 +140,72 @@ def test_symbolic_specializations_get_graphs_per_size():
     assert states.slot(static) == (graphs.PENDING,)
     assert graphs.size_key(static, (x, w)) == ()
     assert graphs.size_key(spec, (x.t(), w)) == ((0, (4, 8), (1, 4), 0), (1, (4, 4), (4, 1), 0))
+    # an int whose value the launch sequence does not read is no part of the key
+    assert graphs.size_key(spec, (7, w, True)) == ((1, (4, 4), (4, 1), 0),)
+    assert graphs._key_words(((0, 7), (1, (4, 4), (4, 1), 0))) == [0, -1, 7, 1, 2, 4, 4, 4, 1, 0]
     states.done(spec, (x, w), graphs.NoGraph("capture failed: a test"))  # no more sizes
     assert states.slot(spec) == (graphs.OFF,)
+
+
+def test_only_a_pools_first_graph_hands_out():
+    # Note [Graph outputs]: a graph captured while another graph of its specialization lives
+    # may have its static outputs in that one's dead intermediates (one memory pool), which
+    # the earlier graph's replays write: only the first hands out, static or symbolic
+    x, w = torch.randn(8, 4), torch.randn(4, 4)
+    f = trident.jit(reads_only, dynamic={"x": [0]})
+    f(x, w)
+    spec = on_cuda(f._specs[0])
+    static = on_cuda(spec_of(writes_first, x.clone(), x))
+
+    class Graph:  # a captured graph's memory pool, as torch.cuda.CUDAGraph.pool() gives it
+        def pool(self):
+            return (0, 1)
+
+    def captured():
+        return graphs.Captured(Graph(), {}, [], {}, [])
+
+    states = graphs.GraphStates(True, sizes=4)
+    for s in (spec, static):
+        assert states.hands_out(s)  # no graph of it yet
+    states.done(spec, (x, w), captured())
+    assert not states.hands_out(spec)  # a second size shares the first's pool
+    assert states.hands_out(static)  # another specialization's graphs: another pool
+    states.done(spec, (torch.randn(9, 4), w), graphs.NoGraph("capture failed: a test"))
+    assert not states.hands_out(spec)  # the first graph still lives
+    assert states.next_call(spec, (x, w)) is not None  # pops the graph of x's size
+    assert states.hands_out(spec)  # none lives: a new pool
+    states.done(static, (x, w), captured())
+    assert not states.hands_out(static)  # (a recapture pops its one graph first)
+    states.copy_out.add(spec.key)  # Note [Hand out after a move]: a kept result was seen
+    assert not states.hands_out(spec)
+
+
+class Box:
+    pass
+
+
+def take(x, box):
+    return x[:box.n] * 2
+
+
+def test_a_symbolic_ints_value_is_part_of_the_size_key():
+    # Note [Graphs per size]: a symbolic int (Note [Symbolic ints]) that the launch sequence
+    # reads as a value picks its graph with the tensors' geometry: x[:n] of one x is another
+    # graph for each n
+    f = trident.jit(take)
+    x, box = torch.randn(8), Box()
+    for n in (3, 4, 5):
+        box.n = n
+        assert torch.equal(f(x, box), take(x, box))
+    assert f.stats.compiles == 2
+    spec = f._specs[1]
+    assert spec.symbolic
+    (i,) = graphs._value_ints(spec)
+    call = f._flatten((x, box), {})
+    assert call.leaves[i] == 5
+    assert graphs.size_key(spec, call.leaves) == tuple(
+        (k, 5) if k == i else (k, (8,), (1,), 0) for k, a in enumerate(call.leaves)
+        if k == i or isinstance(a, torch.Tensor))
 
 
 def test_graph_slots_count_each_sizes_first_call():

@@ -160,19 +160,12 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
+  if (!(a[1].head == 0x2ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False */
   if (!(a[2].kind == TRT_ARG_INT)) return 0;  /* n is int */
-  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 2)) return 0;  /* x.dim() == 2 */
   if (!(a[1].sizes[0] == 4)) return 0;  /* x.size(0) == 4 */
   if (!(a[1].sizes[1] == 3)) return 0;  /* x.size(1) == 3 */
   if (!(a[1].strides[0] == 3)) return 0;  /* x.stride(0) == 3 */
   if (!(a[1].strides[1] == 1)) return 0;  /* x.stride(1) == 1 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
   if (!(a[0].i == 3003920957382489136LL)) return 0;  /* <call structure> == 3003920957382489136 */
   if (!(a[2].i == 2LL)) return 0;  /* n == 2 */
   return 1;

@@ -161,12 +161,8 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return bad ? -1 : 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return bad ? -1 : 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return bad ? -1 : 0;  /* x is Tensor */
+  if (!(a[1].head == 0x2ffff00060201ULL)) return bad ? -1 : 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False */
   if (!(a[2].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* n is int */
-  if (!(a[1].dtype == 6)) return bad ? -1 : 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return bad ? -1 : 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return bad ? -1 : 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 2)) return bad ? -1 : 0;  /* x.dim() == 2 */
   if (!((a[1].sizes[0] >= 2LL) && !bad)) return bad ? -1 : 0;  /* x.size(0) >= 2 */
   if (!((a[1].sizes[1] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.size(1) == 3 */
   if (!((a[1].strides[0] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.stride(0) == 3 */
@@ -187,9 +183,6 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(((trt_floordiv_x(a[1].sizes[0], 2LL, &bad)) != 1LL) && !bad)) return bad ? -1 : 0;  /* (x.size(0) // 2) != 1 */
   if (!((((1LL) > (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad)) ? (1LL) : (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) == (trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad))) && !bad)) return bad ? -1 : 0;  /* max(1, 3*(x.size(0) // (x.size(0) // 2))) == (3*(x.size(0) // (x.size(0) // 2))) */
   if (!((trt_mul_x(3LL, trt_floordiv_x(a[1].sizes[0], trt_floordiv_x(a[1].sizes[0], 2LL, &bad), &bad), &bad) >= 2LL) && !bad)) return bad ? -1 : 0;  /* 3*(x.size(0) // (x.size(0) // 2)) >= 2 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return bad ? -1 : 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return bad ? -1 : 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return bad ? -1 : 0;  /* x.is_inference() is False */
   if (!(a[0].i == 3003920957382489136LL)) return bad ? -1 : 0;  /* <call structure> == 3003920957382489136 */
   if (!(a[2].i == 2LL)) return bad ? -1 : 0;  /* n == 2 */
   return 1;

@@ -168,26 +168,10 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].kind == TRT_ARG_TENSOR)) return 0;  /* x is Tensor */
-  if (!(a[2].kind == TRT_ARG_TENSOR)) return 0;  /* w1 is Tensor */
-  if (!(a[3].kind == TRT_ARG_TENSOR)) return 0;  /* b1 is Tensor */
-  if (!(a[4].kind == TRT_ARG_TENSOR)) return 0;  /* w2 is Tensor */
-  if (!(a[1].dtype == 6)) return 0;  /* x.dtype == float32 */
-  if (!(a[1].device_type == 0)) return 0;  /* x.device.type == cpu */
-  if (!(a[1].device_index == -1)) return 0;  /* x.device.index == -1 */
-  if (!(a[1].dim == 2)) return 0;  /* x.dim() == 2 */
-  if (!(a[2].dtype == 6)) return 0;  /* w1.dtype == float32 */
-  if (!(a[2].device_type == 0)) return 0;  /* w1.device.type == cpu */
-  if (!(a[2].device_index == -1)) return 0;  /* w1.device.index == -1 */
-  if (!(a[2].dim == 2)) return 0;  /* w1.dim() == 2 */
-  if (!(a[3].dtype == 6)) return 0;  /* b1.dtype == float32 */
-  if (!(a[3].device_type == 0)) return 0;  /* b1.device.type == cpu */
-  if (!(a[3].device_index == -1)) return 0;  /* b1.device.index == -1 */
-  if (!(a[3].dim == 1)) return 0;  /* b1.dim() == 1 */
-  if (!(a[4].dtype == 6)) return 0;  /* w2.dtype == float32 */
-  if (!(a[4].device_type == 0)) return 0;  /* w2.device.type == cpu */
-  if (!(a[4].device_index == -1)) return 0;  /* w2.device.index == -1 */
-  if (!(a[4].dim == 2)) return 0;  /* w2.dim() == 2 */
+  if (!(a[1].head == 0x2ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False */
+  if (!(a[2].head == 0x2ffff00060201ULL)) return 0;  /* w1 is Tensor; w1.dtype == float32; w1.device.type == cpu; w1.device.index == -1; w1.dim() == 2; w1.data_ptr() % 16 == 0; w1.requires_grad is False; w1.is_inference() is False */
+  if (!(a[3].head == 0x1ffff00060201ULL)) return 0;  /* b1 is Tensor; b1.dtype == float32; b1.device.type == cpu; b1.device.index == -1; b1.dim() == 1; b1.data_ptr() % 16 == 0; b1.requires_grad is False; b1.is_inference() is False */
+  if (!(a[4].head == 0x2ffff00060201ULL)) return 0;  /* w2 is Tensor; w2.dtype == float32; w2.device.type == cpu; w2.device.index == -1; w2.dim() == 2; w2.data_ptr() % 16 == 0; w2.requires_grad is False; w2.is_inference() is False */
   if (!(a[1].sizes[0] == 2)) return 0;  /* x.size(0) == 2 */
   if (!(a[1].sizes[1] == 4)) return 0;  /* x.size(1) == 4 */
   if (!(a[1].strides[0] == 4)) return 0;  /* x.stride(0) == 4 */
@@ -202,18 +186,6 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(a[4].sizes[1] == 8)) return 0;  /* w2.size(1) == 8 */
   if (!(a[4].strides[0] == 8)) return 0;  /* w2.stride(0) == 8 */
   if (!(a[4].strides[1] == 1)) return 0;  /* w2.stride(1) == 1 */
-  if (!((a[1].flags & TRT_ALIGNED16))) return 0;  /* x.data_ptr() % 16 == 0 */
-  if (!(!(a[1].flags & TRT_REQUIRES_GRAD))) return 0;  /* x.requires_grad is False */
-  if (!(!(a[1].flags & TRT_INFERENCE))) return 0;  /* x.is_inference() is False */
-  if (!((a[2].flags & TRT_ALIGNED16))) return 0;  /* w1.data_ptr() % 16 == 0 */
-  if (!(!(a[2].flags & TRT_REQUIRES_GRAD))) return 0;  /* w1.requires_grad is False */
-  if (!(!(a[2].flags & TRT_INFERENCE))) return 0;  /* w1.is_inference() is False */
-  if (!((a[3].flags & TRT_ALIGNED16))) return 0;  /* b1.data_ptr() % 16 == 0 */
-  if (!(!(a[3].flags & TRT_REQUIRES_GRAD))) return 0;  /* b1.requires_grad is False */
-  if (!(!(a[3].flags & TRT_INFERENCE))) return 0;  /* b1.is_inference() is False */
-  if (!((a[4].flags & TRT_ALIGNED16))) return 0;  /* w2.data_ptr() % 16 == 0 */
-  if (!(!(a[4].flags & TRT_REQUIRES_GRAD))) return 0;  /* w2.requires_grad is False */
-  if (!(!(a[4].flags & TRT_INFERENCE))) return 0;  /* w2.is_inference() is False */
   if (!(a[0].i == 3292789199217953532LL)) return 0;  /* <call structure> == 3292789199217953532 */
   return 1;
 }

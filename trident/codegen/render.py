@@ -14,7 +14,7 @@ import jinja2
 from trident import config
 from trident.codegen import cpu as target_cpu, cuda as target_cuda
 from trident.codegen.cprint import c_comment, c_float, c_int, c_string, out_spec_code, size_c
-from trident.codegen.guards import guard_c
+from trident.codegen.guards import guard_checks
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
 from trident.codegen.units import Rendered, guard_parts, step_parts
 from trident.ir.operands import (Arg, Bool, Bools, Device, Float, Floats, Int, IntList, Ints, Item,
@@ -434,9 +434,7 @@ class _SpecRenderer:
         outputs = self.outputs()
         return {
             "signature": c_comment(self.spec.signature),
-            "guard_parts": guard_parts(
-                [(f"({guard_c(g)}) && !bad" if isinstance(g, SizeRelation) else guard_c(g),
-                  c_comment(g.words(self.spec.arg_names))) for g in self.spec.guards]),
+            "guard_parts": guard_parts(guard_checks(self.spec.guards, self.spec.arg_names)),
             # Note [Checked size steps]: a size relation int64 cannot decide: eager
             "checked_guards": checked,
             "guard_failed": "bad ? -1 : 0" if checked else "0",

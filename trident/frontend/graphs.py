@@ -43,16 +43,25 @@ output, a non-dense output, or a capture that fails (an op that synchronizes, as
 
 Note [Graph outputs]: a replay writes its outputs into the graph's static outputs. Copying each
 into a new tensor (an allocation and a ``cuMemcpyAsync``) would cost more host time than the
-replay of a small graph, so a static specialization's graph hands out the static output
-itself (a new tensor of its storage, ``trt_api.graph_output``) while nothing else holds it:
+replay of a small graph, so a graph hands out the static output itself (a new tensor of its
+storage, ``trt_api.graph_output``) while nothing else holds it:
 before each replay the SCM checks that no tensor but the graph's own holds the storage of an
 output it handed out (``output_in_use``: the storage's use count, c10::StorageImpl's refcount).
 A result still alive there (kept by the caller, or a view of it) would be overwritten, so that
 call runs step by step and asks for a new capture, whose outputs are copied out: each call's
 result is then a tensor of its own, as in eager PyTorch, whatever the caller keeps. A view
 (whose base holds the storage too) is copied out from the start, and a storage held elsewhere
-for any other reason costs one step-by-step call and a capture. Symbolic specializations,
-whose graphs of several sizes share one slot, copy out.
+for any other reason costs one step-by-step call and a capture. A symbolic specialization's
+graphs of several sizes share one memory pool, and a graph captured after another may have
+its static outputs in the memory of that one's dead intermediates, which the earlier graph's
+replays write: so only a graph captured while no other graph of its specialization lives
+(``GraphStates.pool`` is None: a static specialization's every graph, a symbolic one's first
+size) hands out; a later one copies out. Its memory never holds the first's static outputs
+(allocated since that capture and kept by it), so its replays leave a handed-out result alone,
+and the first's replays may write a later one's static outputs only between that one's
+copies out. A Hugging Face decode step's specialization is symbolic (its batch dim): its one
+graph hands out the logits, where a copy out cost an allocation and a ``cuMemcpyAsync`` per
+token.
 
 Note [Hand out after a move]: a specialization copies out only once a caller was seen keeping
 a result it handed out (``GraphStates.copy_out``), not after any recapture. A recapture made
@@ -144,16 +153,30 @@ def size_key(spec, args: tuple) -> tuple:
     """Which of a specialization's graphs a call needs: () for a static specialization (its
     guards fix every size); for a symbolic one, each tensor argument's sizes, strides and
     storage offset, the places its symbols are read from (Note [Size expressions] in
-    sizes.py), in the order the SCM compares them (``trt_graph_fits``)."""
+    sizes.py), and ``(i, value)`` for each int argument whose value the launch sequence reads
+    (a symbolic int, Note [Symbolic ints] in lower/guards.py, reaches the graph as a value:
+    ``x[:n]``; one only guarded needs no graph of its own), in the order the SCM compares them
+    (``trt_graph_fits``)."""
     if not spec.symbolic:
         return ()
+    ints = _value_ints(spec)
     return tuple((i, tuple(a.shape), a.stride(), a.storage_offset())
-                 for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+                 if isinstance(a, torch.Tensor) else (i, a)
+                 for i, a in enumerate(args) if isinstance(a, torch.Tensor) or i in ints)
+
+
+def _value_ints(spec) -> frozenset[int]:
+    """The int arguments whose values the launch sequence reads (a ``SizeStep`` ``"value"``)."""
+    return frozenset(step.args[0].i for step in spec.plan.steps
+                     if getattr(step, "op", None) == "value" and isinstance(step.args[0],
+                                                                             operands.Arg))
 
 
 def _key_words(key: tuple) -> list[int]:
-    return [w for i, sizes, strides, offset in key
-            for w in (i, len(sizes), *sizes, *strides, offset)]
+    """The key's words as trt_graph's descriptor holds them (an int: index, -1, value)."""
+    return [w for entry in key for w in (
+        (entry[0], -1, entry[1]) if len(entry) == 2 else
+        (entry[0], len(entry[1]), *entry[1], *entry[2], entry[3]))]
 
 
 def pointers(args: tuple) -> dict[int, int]:
@@ -259,9 +282,9 @@ class GraphStates:
 
     def hands_out(self, spec) -> bool:
         """Whether ``spec``'s next capture hands out its static outputs (Note [Graph outputs],
-        Note [Hand out after a move]): a static specialization none of whose handed-out results
-        was seen kept."""
-        return not spec.symbolic and spec.key not in self.copy_out
+        Note [Hand out after a move]): none of ``spec``'s handed-out results was seen kept, and
+        no other graph of ``spec`` lives in the memory pool the capture takes."""
+        return spec.key not in self.copy_out and self.pool(spec) is None
 
     def done(self, spec, args: tuple, captured: Captured | NoGraph) -> None:
         """Keep what a capture of ``args``' size gave: the graph, or why there is none."""

@@ -15,7 +15,10 @@ inference mode, autocast, a tensor passed twice, the default dtype, torch.func t
 TorchFunctionModes, the default process group, the number of threads, torch's global flags),
 then each argument's kind, then per tensor dtype, device, rank, then sizes and strides, then
 flags (alignment, requires_grad, inference tensor), then scalar values. Both
-the C function and ``first_failure`` evaluate guards in list order.
+the C function and ``first_failure`` evaluate guards in list order, except that the C function
+checks an argument's kind, dtype, device, rank and flags as one compare of its record's header
+word at the place of its kind (Note [Argument records] in codegen/guards.py): all are pure
+reads, so only which check fails first differs, and the miss reason is Python's.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -31,6 +33,12 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad);
 bool forward_ad_open() {
   return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
 }
+
+static_assert(sizeof(trt_arg) == 64 && alignof(trt_arg) == 64 && offsetof(trt_arg, sizes) == 8,
+              "Note [Argument records]: one cache line per argument, the header one word");
+static_assert(sizeof(c10::DeviceIndex) <= sizeof(int16_t) &&
+                  sizeof(c10::ScalarType) == 1 && sizeof(c10::DeviceType) == 1,
+              "Note [Argument records]: the header's fields hold c10's");
 
 // What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
 // Python runs eagerly): no C++ exception leaves this function.
@@ -73,11 +81,17 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
     a->kind = TRT_ARG_OTHER;
     return;
   }
+  // Note [Argument records] in trident_rt.h: c10's ScalarType and DeviceType are int8 and
+  // DeviceIndex at most int16; a dim past int16 (none in practice) is left to Python
+  if (t.dim() > INT16_MAX) {
+    a->kind = TRT_ARG_OTHER;
+    return;
+  }
   a->kind = TRT_ARG_TENSOR;
-  a->dtype = static_cast<int32_t>(t.scalar_type());
-  a->device_type = static_cast<int32_t>(t.device().type());
+  a->dtype = static_cast<int8_t>(t.scalar_type());
+  a->device_type = static_cast<int8_t>(t.device().type());
   a->device_index = t.device().index();
-  a->dim = static_cast<int32_t>(t.dim());
+  a->dim = static_cast<int16_t>(t.dim());
   a->sizes = t.sizes().data();
   a->strides = t.strides().data();
   a->storage_offset = t.storage_offset();
@@ -233,22 +247,29 @@ PyObject* build_output(const char*& p, trt_result* r, int32_t& next) {
   }
   if (c == 'n') Py_RETURN_NONE;
   char close = c == '(' ? ')' : ']';
-  PyObject* list = PyList_New(0);
-  if (!list) return nullptr;
-  while (*p != close) {
+  // the container's items, counted in the spec (its nested containers skipped), so that it
+  // is made at its size: no list grown and copied into a tuple at every hit
+  Py_ssize_t n = 0;
+  int depth = 0;
+  for (const char* q = p; *q != close || depth > 0; ++q) {
+    if (*q == '\0') return PyErr_Format(PyExc_RuntimeError, "trident: bad output spec");
+    n += depth == 0;  // an item starts here: 'v', 'n', '(' or '['
+    if (*q == '(' || *q == '[') ++depth;
+    else if (*q == ')' || *q == ']') --depth;
+  }
+  PyObject* items = c == '[' ? PyList_New(n) : PyTuple_New(n);
+  if (!items) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = build_output(p, r, next);
-    if (!item || PyList_Append(list, item) < 0) {
-      Py_XDECREF(item);
-      Py_DECREF(list);
+    if (!item) {
+      Py_DECREF(items);
       return nullptr;
     }
-    Py_DECREF(item);
+    if (c == '[') PyList_SET_ITEM(items, i, item);
+    else PyTuple_SET_ITEM(items, i, item);
   }
   ++p;
-  if (c == '[') return list;
-  PyObject* tuple = PyList_AsTuple(list);
-  Py_DECREF(list);
-  return tuple;
+  return items;
 }
 
 void release_outputs(trt_result* r, int32_t from) {

@@ -382,13 +382,18 @@ TRT_OPTIMIZED static int trt_graph_hides_write(trt_graph* g, const int64_t* d, c
   return hidden;
 }
 
-/* Whether the call's arguments `a` have the sizes, strides and offsets of a graph's size key
- * (`nkey` words at `key`, trt_graph in trident_rt.h). */
+/* Whether the call's arguments `a` have the sizes, strides and offsets (an int argument: the
+ * value) of a graph's size key (`nkey` words at `key`, trt_graph in trident_rt.h). */
 TRT_OPTIMIZED static inline int trt_graph_fits(const int64_t* key, int64_t nkey, const trt_arg* a) {
   for (int64_t p = 0; p < nkey;) {
     const trt_arg* t = &a[key[p]];
     int64_t dim = key[p + 1];
     const int64_t* sizes = key + p + 2;
+    if (dim < 0) { /* an int argument's entry: its value */
+      if (t->kind != TRT_ARG_INT || t->i != sizes[0]) return 0;
+      p += 3;
+      continue;
+    }
     if (t->dim != dim || t->storage_offset != sizes[2 * dim]) return 0;
     for (int64_t i = 0; i < dim; ++i)
       if (t->sizes[i] != sizes[i] || t->strides[i] != sizes[dim + i]) return 0;
@@ -439,6 +444,11 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
   const int64_t* d = NULL;
   if (g->ndescs == 1 && g->descs[0][4] == 0) {
     d = g->descs[0]; /* a static specialization's one graph */
+  } else if (g->ndescs == 1 && trt_graph_fits(g->descs[0] + 5, g->descs[0][4], a)) {
+    d = g->descs[0]; /* a symbolic one's only graph (a decode step's: its batch size), whose
+                      * key fits: no hash of every tensor argument's geometry (a serial chain
+                      * of multiplies, ten words per tensor of a model), which picks among
+                      * several graphs and remembers a size no graph has */
   } else {           /* Note [Graphs per size]: the graph of the call's sizes */
     uint64_t h = trt_graph_call_hash(a, n);
     for (int32_t i = 0; i < g->ndescs && !d; ++i)

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define TRT_ABI_VERSION 8
+#define TRT_ABI_VERSION 9
 #define TRT_MAX_ARGS 4096 /* positional arguments the native path reads; more go to Python */
 #define TRT_MAX_OUTS 256
 
@@ -41,14 +41,45 @@ enum trt_arg_kind {
 #define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
 #define TRT_INFERENCE 4     /* an inference tensor (made under torch.inference_mode()) */
 
-typedef struct trt_arg {
-  int32_t kind;
-  int32_t flags;
-  /* tensors */
-  int32_t dtype;       /* c10::ScalarType */
-  int32_t device_type; /* c10::DeviceType: 0 CPU, 1 CUDA */
-  int32_t device_index;
-  int32_t dim;
+/* Note [Argument records]: a hit writes one record per argument (a model's decode step: 378)
+ * and its guards read them back, on cache lines that a `generate`'s own Python evicted since
+ * the last step. So a record is one 64-byte line (aligned to one: the runtime's record
+ * buffers are allocated at the type's alignment), and what a tensor's guards compare of it
+ * besides its sizes and strides (its kind, dtype, device type and index, dim and flag bits)
+ * is one word, `head`: codegen/guards.py checks an argument's such guards as one compare of
+ * that word under a mask (TRT_HEAD_* give each field's place in it), where each was a compare
+ * of its own (35 KB of a 16-layer Llama's guard code, 8 checks per tensor). The word's layout
+ * is the fields' in memory on a little-endian machine (x86-64, AArch64), which the runtime
+ * and every SCM share; a dim beyond int16 reads as TRT_ARG_OTHER (a miss). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "trident_rt.h: trt_arg.head is laid out for a little-endian machine"
+#endif
+#define TRT_HEAD_KIND 0          /* bit offsets in trt_arg.head */
+#define TRT_HEAD_FLAGS 8
+#define TRT_HEAD_DTYPE 16
+#define TRT_HEAD_DEVICE_TYPE 24
+#define TRT_HEAD_DEVICE_INDEX 32
+#define TRT_HEAD_DIM 48
+
+#if defined(__GNUC__)
+#define TRT_LINE_ALIGNED __attribute__((aligned(64)))
+#else
+#define TRT_LINE_ALIGNED
+#endif
+
+typedef struct TRT_LINE_ALIGNED trt_arg {
+  union {
+    struct {
+      int8_t kind;          /* trt_arg_kind */
+      uint8_t flags;        /* TRT_REQUIRES_GRAD, ... */
+      /* tensors */
+      int8_t dtype;         /* c10::ScalarType */
+      int8_t device_type;   /* c10::DeviceType: 0 CPU, 1 CUDA */
+      int16_t device_index;
+      int16_t dim;
+    };
+    uint64_t head;          /* the six fields above as one word (Note [Argument records]) */
+  };
   const int64_t* sizes;
   const int64_t* strides;
   int64_t storage_offset;
@@ -117,8 +148,10 @@ typedef struct trt_result {
  * Each of `descs` (int64 words, written by graphs.py):
  *   exec, device, ninputs, noutputs, nkey,
  *   the size key (nkey words; none for a static specialization): per tensor input, arg, dim,
- *                      sizes[dim], strides[dim], storage offset: the graph replays only a call
- *                      whose arguments have exactly these,
+ *                      sizes[dim], strides[dim], storage offset, and per int argument whose
+ *                      value the launch sequence reads (a symbolic int: graphs.size_key), arg,
+ *                      -1, its value: the graph replays only a call whose arguments have
+ *                      exactly these (the hashes below skip the ints),
  *   per tensor input:  arg, mode (TRT_GRAPH_BY_POINTER / _COPY_IN / _HOST_IN), pointer the graph
  *                      reads, bytes, 1 if the function may write it (copied back),
  *   per output:        tag (trt_tag); a tensor: source pointer, bytes, the static output
@@ -159,7 +192,8 @@ enum { TRT_GRAPH_OFF = 0, TRT_GRAPH_PENDING = 1, TRT_GRAPH_READY = 2 };
 enum { TRT_GRAPH_BY_POINTER = 0, TRT_GRAPH_COPY_IN = 1, TRT_GRAPH_HOST_IN = 2 };
 
 /* Note [Graphs per size]: a hash of what picks a symbolic specialization's graph: every
- * tensor argument's index, sizes, strides and storage offset, FNV-1a over those words in that
+ * tensor argument's index, sizes, strides and storage offset (not a key's ints, which only
+ * trt_graph_fits compares), FNV-1a over those words in that
  * order; from a call's arguments (trt_graph_call_hash) or from a graph's size key
  * (trt_graph_key_hash), equal when the key fits the call. Never 0, which marks an empty slot. */
 #define TRT_FNV(h, w) ((h) = ((h) ^ (uint64_t)(w)) * 1099511628211ull)
@@ -179,7 +213,8 @@ TRT_OPTIMIZED static inline uint64_t trt_graph_call_hash(const trt_arg* a, int32
 
 TRT_OPTIMIZED static inline uint64_t trt_graph_key_hash(const int64_t* key, int64_t nkey) {
   uint64_t h = 1469598103934665603ull;
-  for (int64_t p = 0; p < nkey; p += 3 + 2 * key[p + 1]) {
+  for (int64_t p = 0; p < nkey; p += key[p + 1] < 0 ? 3 : 3 + 2 * key[p + 1]) {
+    if (key[p + 1] < 0) continue; /* an int argument's value: trt_graph_fits compares it */
     TRT_FNV(h, key[p]);
     for (int64_t i = 0; i < 2 * key[p + 1] + 1; ++i) TRT_FNV(h, key[p + 2 + i]);
   }
