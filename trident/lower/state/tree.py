@@ -22,6 +22,7 @@ from trident.identity import PROCESS, hash_code, identity_words, object_serial
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
+from trident.lower.state.library import by_value
 from trident.lower.state.roots import registries
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
                                        _kernel_types, _resolve_root, _root_of, _step)
@@ -371,6 +372,10 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
     if type(value) in _CONSTS and (step[0] == "call" or not callable(value)):
         f.visit(value, parent, access, k, path, True)
         trie[key] = len(f.nodes) - 1
+        return False
+    if last and type(value) is tuple and by_value(value):  # by value, each item by its kind
+        trie[key] = len(f.nodes)  # (Note [Library values] in library.py)
+        f.visit(value, parent, access, k, path, True)
         return False
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
