@@ -124,13 +124,13 @@ def _guarded(value) -> bool:
 # scanned frame (Note [Library code that ran]) of a global, or of a module attribute chain's
 # end, whose value is of an immutable kind (``by_value``) is guarded by value: None, bools,
 # ints, strs and bytes by exact type and value, floats and complex numbers by bit pattern
-# (NaN, -0.0: const_equal in runtime/trees.cpp), torch's dtypes, devices, layouts and
-# memory formats by value, an enum member by identity, a tuple of those item by item (Note
-# [Library state] in tree.py), a frozenset of str by identity (rebound to an equal one, the
-# state tree made again names it by the same words, its repr: the same specialization, no
-# miss). Proven by the module's dict tag like the functions (Note [Quiet state]): no check of
-# its own on a hit, but for torch's kinds and a frozenset inside a tuple, compared at each
-# call.
+# (NaN, -0.0: const_equal in runtime/trees.cpp), torch's devices, sizes and ranges by value,
+# its dtypes, layouts and memory formats by identity (one object per value), an enum member by
+# identity, a tuple of those item by item (Note [Library state] in tree.py), a frozenset of str
+# by identity (rebound to an equal one, the state tree made again names it by the same words,
+# its repr: the same specialization, no miss). Proven by the module's dict tag like the
+# functions (Note [Quiet state]): no check of its own on a hit, but for a device, a size, a
+# range, and a dtype or frozenset inside a tuple, compared at each call.
 #
 # What is left as fixed, by kind (measured: the reads of a tiny Llama, Qwen2, Mistral and
 # Gemma2 ``generate`` with static and dynamic caches, transformers 5.25; their immutable values
@@ -166,9 +166,9 @@ _MAX_DEPTH = 4
 
 def by_value(value, depth: int = 0) -> bool:
     """Note [Library values]: a value of an immutable kind, which a guard checks whole: None,
-    a bool, int, float (by bit pattern), complex, str or bytes, a torch dtype, device, layout or
-    memory format, a ``torch.Size``, a ``range``, an enum member (by identity), and a tuple of
-    those or a frozenset of str of at most ``_MAX_ITEMS`` items."""
+    a bool, int, float (by bit pattern), complex, str or bytes of exactly those types, a torch
+    dtype, device, layout or memory format, a ``torch.Size``, a ``range``, an enum member, and
+    a tuple of those or a frozenset of str of at most ``_MAX_ITEMS`` items."""
     t = type(value)
     if t in _CONSTS or isinstance(value, enum.Enum):
         return True

@@ -289,7 +289,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 # guarded, since users
 # patch it: `F.gelu = torch.tanh`, `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
 # Modules and classes are read through by identity, functions and other objects are checked by
-# identity (not read into: their contents are the library's), numbers and strings by value.
+# identity (not read into: their contents are the library's), numbers and strings by value,
+# torch's dtypes, layouts and memory formats by identity (one object per value), a tuple of
+# immutable values (Note [Library values] in library.py) item by item.
 # torch's global module hooks are checked whole (a hook registered later is seen), and a flag
 # that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
 # `ContextProp`) is read by calling its getter in C; any other value a library module serves
@@ -368,6 +370,10 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
                 part = getattr(value, attr)
                 f.add(part, Node(me, GETATTR, attr, ID, part, 0, f"{path}.{attr}"),
                       _words(part))
+        return False
+    if type(value) in (torch.dtype, torch.layout, torch.memory_format):  # one object per
+        # value: by identity, which the module's dict tag proves (Note [Quiet state])
+        trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
         return False
     if type(value) in _CONSTS and (step[0] == "call" or not callable(value)):
         f.visit(value, parent, access, k, path, True)
