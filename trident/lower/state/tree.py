@@ -285,9 +285,9 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 
 # Note [Library state]: a library's code and its module state are taken as fixed (its reads
 # are not chains, but for the functions, classes, modules and immutable values its code that
-# ran loads: Note [Library code that ran], Note [Library values] in library.py), but what user code reads from a library module is
-# guarded, since users
-# patch it: `F.gelu = torch.tanh`, `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
+# ran loads: Note [Library code that ran], Note [Library values] in library.py), but what user
+# code reads from a library module is guarded, since users patch it: `F.gelu = torch.tanh`,
+# `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
 # Modules and classes are read through by identity, functions and other objects are checked by
 # identity (not read into: their contents are the library's), numbers and strings by value,
 # torch's dtypes, layouts and memory formats by identity (one object per value), a tuple of
