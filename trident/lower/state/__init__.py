@@ -45,8 +45,9 @@ Dynamo's guard kinds:
 Reads by the standard library's and installed packages' own code are not chains (their code
 and module state are taken as fixed), but for the functions, classes and modules that the
 library code the function ran loads from its globals, checked by identity (Note [Library code
-that ran] in library.py); what user code reads from them is a chain (Note [Library state] in
-tree.py); torch's global flags that ops obey are call-wide guards instead
+that ran] in library.py), and the immutable values it loads so, checked by value (Note
+[Library values] in library.py); what user code reads from them is a chain (Note [Library
+state] in tree.py); torch's global flags that ops obey are call-wide guards instead
 (``trt_env.flags`` in guards.py).
 
 Writes outside the arguments are the other half (Note [Write targets] in flow.py): read from

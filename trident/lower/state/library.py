@@ -1,12 +1,14 @@
 """Library code that ran in a trace (Note [Library code that ran]): which frames count, and the
-global and module-attribute loads of their code, guarded by identity."""
+global and module-attribute loads of their code, guarded by identity or by value."""
 
 from __future__ import annotations
 
 import dis
+import enum
 import sys
 import types
 
+from trident.ir.trees import _CONSTS
 from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _step
 
 # Note [Library code that ran]: a library's code reads its own module state too: nn.LayerNorm's
@@ -32,9 +34,10 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   after it while the value is a plain module (``F.layer_norm``, ``torch.nn.functional.
 #   linear``, ``torch._C._nn.linear``), is a read of its module's globals up to the longest
 #   prefix whose value is a function, a builtin function, a class or a module, checked by
-#   identity (Note [Library state] in tree.py). Every instruction of a code object that ran
-#   counts, taken or not. A value of another kind (a number, a flag, a dict, a logger, an
-#   object) is not guarded: it is library state taken as fixed (docs/design.md, Not guarded).
+#   identity (Note [Library state] in tree.py), or an immutable value, checked by value (Note
+#   [Library values]). Every instruction of a code object that ran counts, taken or not. A
+#   value of another kind (a dict, a list, a logger, an object) is not guarded: it is library
+#   state taken as fixed (Note [Library values]; docs/design.md, Not guarded).
 # * What a hit pays. Those reads are lookups in a module's dict by a constant name: each node
 #   is proven by its module dict's version tag (Note [Quiet state] in runtime/state_memo.cpp),
 #   and on Python 3.12 a watched dict costs nothing until it changes (Note [Watched state]); a
@@ -105,11 +108,98 @@ def _global_loads(code: types.CodeType) -> tuple:
     return result
 
 
+_WRITES: dict = {}  # id of a code object -> (the code, the globals it writes)
+
+
+def global_writes(code: types.CodeType) -> tuple:
+    """The names ``code`` stores or deletes in its module's globals (``global N; N += 1``):
+    Note [Library values], library code that writes its own state."""
+    found = _WRITES.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    names = tuple(dict.fromkeys(i.argval for i in dis.get_instructions(code)
+                                if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")))
+    if len(_WRITES) >= _MAX_LOADS:
+        _WRITES.clear()
+    _WRITES[id(code)] = (code, names)
+    return names
+
+
 def _guarded(value) -> bool:
-    """A value a library's load is guarded by identity for: its code or class (not its state)."""
+    """A value a library's load is guarded for: its code or class by identity (not its
+    state), or an immutable value by value (``by_value``)."""
     if isinstance(value, types.BuiltinFunctionType):
         return value.__self__ is None or isinstance(value.__self__, types.ModuleType)
-    return isinstance(value, (types.FunctionType, type, types.ModuleType))
+    return isinstance(value, (types.FunctionType, type, types.ModuleType)) or by_value(value)
+
+
+# Note [Library values]: a library's code branches on its own module's numbers, flags and
+# strings as much as on its functions (transformers' ``_is_torch_greater_or_equal_than_2_8``
+# in sdpa_attention_forward, a package's ``USE_FAST_PATH = True``), and users and kernel
+# libraries set them (``mod.USE_FAST_PATH = False``). As Dynamo does when it inlines library
+# code (a global of a constant kind becomes a constant with a guard on its value), a load by a
+# scanned frame (Note [Library code that ran]) of a global, or of a module attribute chain's
+# end, whose value is of an immutable kind (``by_value``) is guarded by value: None, bools,
+# ints, strs and bytes by exact type and value, floats and complex numbers by bit pattern
+# (NaN, -0.0: const_equal in runtime/trees.cpp), torch's devices, sizes and ranges by value,
+# its dtypes, layouts and memory formats by identity (one object per value), an enum member by
+# identity, a tuple of those item by item (Note [Library state] in tree.py), a frozenset of str
+# by identity (rebound to an equal one, the state tree made again names it by the same words,
+# its repr: the same specialization, no miss). Proven by the module's dict tag like the
+# functions (Note [Quiet state]): no check of its own on a hit, but for a device, a size, a
+# range, and a dtype or frozenset inside a tuple, compared at each call.
+#
+# What is left as fixed, by kind (measured: the reads of a tiny Llama, Qwen2, Mistral and
+# Gemma2 ``generate`` with static and dynamic caches, transformers 5.25; their immutable values
+# are transformers' availability and version flags and ``torch.bool``/``torch.float32``, none
+# of which changes between calls):
+#   - loggers (``logger.warning_once``, ``LOG.isEnabledFor``): a level is set outside any
+#     model; what the function logs is the write analysis's (a logging call that runs makes the
+#     call eager: Note [Logging calls] in writes.py); Dynamo does not guard a logger either;
+#   - context variables (transformers' ``_active_collector``, kernels' ``_ACTIVE_KERNEL_FUNCS``):
+#     set and reset by the call itself around its own code: the trace's own state;
+#   - caches and registration sets that grow once (``_registered_model_output_types``, the
+#     pytree registrations; warning-once caches): their effect is the same at every call;
+#     a set of classes has no value check;
+#   - registries (``ALL_ATTENTION_FUNCTIONS``, ``ALL_MASK_ATTENTION_FUNCTIONS``): read by a key
+#     from the model's config, not a constant, and guarded where they can be by Note [Library
+#     registries] in roots.py; torch's global hook dicts are guarded whole (Note [Library
+#     state]);
+#   - other dicts, lists and objects (a config object, a table): Dynamo guards the keys and the
+#     items it reads, as it interprets each access; here a read through them needs the key of
+#     each access, which the load pattern does not give (a key from an argument, a method
+#     call), and a table written at every call (a memo, a counter dict) would lose the dict's
+#     proof at every call. No scanned frame of the models above reads one by a constant key:
+#     left in docs/design.md's Not guarded.
+# Library code that writes its module's globals (``global CALLS; CALLS += 1``) does so at every
+# eager call, which a hit would not, and the trace itself would write once more before an
+# eager call: a scanned frame whose code stores or deletes a global (``global_writes``, any
+# instruction, taken or not) makes the recording refuse the trace when the frame starts,
+# before its body runs (Note [Writes at entry] in writes.py): the call runs eagerly, with a
+# warning, and writes once. None of the models above runs such code (measured).
+# A value that changes between calls (a counter that code outside the trace bumps, read by
+# library code inside it) makes each new value a recompile, as a user global's does: the
+# specialization limit counts per state digest (the function's cache folder, Note
+# [Specialization limit] in frontend/policy.py), so it does not bound them, where Dynamo's
+# recompile limit falls back to eager after 8. A flag that the trace sets and resets around
+# its own code is read by the guard as after the trace, as the next call finds it.
+_MAX_ITEMS = 64  # a library's tuple or frozenset guarded by value: at most this many items
+_MAX_DEPTH = 4
+
+
+def by_value(value, depth: int = 0) -> bool:
+    """Note [Library values]: a value of an immutable kind, which a guard checks whole: None,
+    a bool, int, float (by bit pattern), complex, str or bytes of exactly those types, a torch
+    dtype, device, layout or memory format, a ``torch.Size``, a ``range``, an enum member, and
+    a tuple of those or a frozenset of str of at most ``_MAX_ITEMS`` items."""
+    t = type(value)
+    if t in _CONSTS or isinstance(value, enum.Enum):
+        return True
+    if depth >= _MAX_DEPTH or t not in (tuple, frozenset) or len(value) > _MAX_ITEMS:
+        return False
+    if t is frozenset:  # (a set is compared with a copy: of str, whose equality is exact)
+        return all(type(item) is str for item in value)
+    return all(by_value(item, depth + 1) for item in value)
 
 
 def library_reads(library: dict) -> list[Read]:

@@ -22,6 +22,7 @@ from trident.identity import PROCESS, hash_code, identity_words, object_serial
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
+from trident.lower.state.library import by_value
 from trident.lower.state.roots import registries
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
                                        _kernel_types, _resolve_root, _root_of, _step)
@@ -283,12 +284,14 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
 
 
 # Note [Library state]: a library's code and its module state are taken as fixed (its reads
-# are not chains, but for the functions, classes and modules its code that ran loads: Note
-# [Library code that ran] in library.py), but what user code reads from a library module is
-# guarded, since users
-# patch it: `F.gelu = torch.tanh`, `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
+# are not chains, but for the functions, classes, modules and immutable values its code that
+# ran loads: Note [Library code that ran], Note [Library values] in library.py), but what user
+# code reads from a library module is guarded, since users patch it: `F.gelu = torch.tanh`,
+# `mock.patch("torch.relu", torch.neg)`, `math.pi = 3`.
 # Modules and classes are read through by identity, functions and other objects are checked by
-# identity (not read into: their contents are the library's), numbers and strings by value.
+# identity (not read into: their contents are the library's), numbers and strings by value,
+# torch's dtypes, layouts and memory formats by identity (one object per value), a tuple of
+# immutable values (Note [Library values] in library.py) item by item.
 # torch's global module hooks are checked whole (a hook registered later is seen), and a flag
 # that a `torch.backends` module serves from C (`torch.backends.mkldnn.enabled`, a
 # `ContextProp`) is read by calling its getter in C; any other value a library module serves
@@ -368,9 +371,17 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
                 f.add(part, Node(me, GETATTR, attr, ID, part, 0, f"{path}.{attr}"),
                       _words(part))
         return False
+    if type(value) in (torch.dtype, torch.layout, torch.memory_format):  # one object per
+        # value: by identity, which the module's dict tag proves (Note [Quiet state])
+        trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
+        return False
     if type(value) in _CONSTS and (step[0] == "call" or not callable(value)):
         f.visit(value, parent, access, k, path, True)
         trie[key] = len(f.nodes) - 1
+        return False
+    if last and type(value) is tuple and by_value(value):  # by value, each item by its kind
+        trie[key] = len(f.nodes)  # (Note [Library values] in library.py)
+        f.visit(value, parent, access, k, path, True)
         return False
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
