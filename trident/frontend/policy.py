@@ -32,10 +32,13 @@ _recompiles = config.logger("recompiles")
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
-# Note [Specialization limit]: compiles in this process per function cache folder, by every
-# JitFunction over that function (two trident.jit objects over one function, a method jitted
-# on two instances), as torch.compile's recompile limit counts per code object.
-_FUNCTION_COMPILES: dict[Path, int] = {}
+# Note [Specialization limit]: compiles in this process per function code object (and cache
+# area, TRIDENT_CACHE_DIR), by every JitFunction over that function (two trident.jit objects
+# over one function, a method jitted on two instances), as torch.compile's recompile limit
+# counts per code object. Not per cache folder: the folder's key holds the values of the
+# globals the function names (Note [Function key] in identity.py), so a global rebound at
+# every call would open a new folder, and compile again, at every call.
+_FUNCTION_COMPILES: dict[object, int] = {}
 
 
 class MissPolicy:
@@ -196,8 +199,8 @@ class MissPolicy:
                     spec = stored or self._compile_dynamic_or_static(call)
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
                         cache.COMPILED_HERE.add(spec.key)
-                        _FUNCTION_COMPILES[self._cache.directory] = \
-                            _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
+                        _FUNCTION_COMPILES[self._limit_key()] = \
+                            _FUNCTION_COMPILES.get(self._limit_key(), 0) + 1
                     with cache.in_use(self._cache.directory):  # Note [Cache size]
                         # The new specialization goes last, after those stored by other
                         # processes (read again: they may have stored some meanwhile).
@@ -266,11 +269,17 @@ class MissPolicy:
     def _at_limit(self) -> bool:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
         function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
-        return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
+        return _FUNCTION_COMPILES.get(self._limit_key(), 0) >= self._max_specializations
+
+    def _limit_key(self):
+        """Note [Specialization limit]: what the limit counts per: the function's code object in
+        its cache's functions area (else its cache folder)."""
+        code = getattr(self._code_fn, "__code__", None)
+        return self._cache.directory if code is None else (self._cache.directory.parent, code)
 
     def _past_limit(self, args: tuple, kwargs: dict | None):
         own = self._counters.compiles
-        total = max(own, _FUNCTION_COMPILES.get(self._cache.directory, 0))
+        total = max(own, _FUNCTION_COMPILES.get(self._limit_key(), 0))
         return self._eager(args, kwargs, f"reached its limit of {self._max_specializations} "
                            f"compiled specializations in this process ({own} by this trident.jit "
                            f"object, {total - own} by others over the same function; those "
