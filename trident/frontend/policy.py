@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
