@@ -99,9 +99,13 @@ class FunctionCache:
                 if path in self._parsed and self._parsed[path][0] == seen:
                     spec = self._parsed[path][1]
                 else:
-                    spec = Specialization.from_json(json.loads(path.read_text()))
+                    data = json.loads(path.read_text())
+                    spec = Specialization.from_json(data)
                     _check_ops(spec)
-                    if path.stem.rpartition("-")[2] != spec.key:  # edited, or not ours
+                    named = path.stem.rpartition("-")[2]
+                    if _digest(data) == named:  # as stored: its key, not computed again from
+                        spec.__dict__["key"] = named  # the objects (Note [Installing on demand])
+                    elif named != spec.key:  # edited, or not ours
                         raise ValueError(f"its contents hash to {spec.key}, not to the hash in "
                                          "its name")
                     self._parsed[path] = (seen, spec)
@@ -377,6 +381,12 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except FileNotFoundError:  # deleted by another process meanwhile: the oldest
         return 0
+
+
+def _digest(data: dict) -> str:
+    """``Specialization.key`` of a stored specialization's JSON, as ``json.loads`` read it (1
+    ms less per stored specialization than its objects' ``to_json``, on the CPU machine)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _check_ops(spec: Specialization) -> None:
