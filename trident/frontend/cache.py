@@ -81,6 +81,7 @@ class FunctionCache:
         self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
         self.vanished = False  # a spec file was deleted while load_specs read it
         self.from_disk = False  # load_specs read a spec file (not only this process's ones)
+        self.told = False  # the warning that the folder was deleted meanwhile given (install.py)
 
     def load_specs(self) -> list[Specialization]:
         """The stored specializations, oldest first. A damaged entry (not JSON, a field or an

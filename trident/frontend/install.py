@@ -200,13 +200,18 @@ class Installer:
                     self._set_trees()
                     return
                 cache.touch(self._cache.directory)
-                if self._cache.vanished or (self._cache.from_disk and
-                                            not self._cache.spec_dir.is_dir()):
-                    warnings.warn(f"trident: {self.__qualname__}: its cache entry "
-                                  f"{self._cache.directory} was deleted while this process "
-                                  "loaded it; the specializations read serve this process "
-                                  "(their modules built again where deleted)",
-                                  stacklevel=_user_stacklevel())
+                self._warn_vanished()
+
+    def _warn_vanished(self) -> None:
+        """Once per load: the function's cache entry was deleted while this process read its
+        specializations or loaded their modules."""
+        c = self._cache
+        if not c.told and (c.vanished or (c.from_disk and not c.spec_dir.is_dir())):
+            c.told = True
+            warnings.warn(f"trident: {self.__qualname__}: its cache entry {c.directory} was "
+                          "deleted while this process loaded it; the specializations read "
+                          "serve this process (their modules built again where deleted)",
+                          stacklevel=_user_stacklevel())
 
     # Note [Installing on demand]: a new process's first call used to render, load and
     # initialise the module of every stored specialization (``max_specializations`` of them),
@@ -242,6 +247,8 @@ class Installer:
                 self._install(())
                 self._specs, self._pending = [], []
                 self._set_trees()
+                return True
+        self._warn_vanished()  # (a module's load finds its folder deleted: cache.py)
         return True
 
     def _stored_specs(self) -> list[Specialization]:

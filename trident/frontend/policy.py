@@ -128,8 +128,8 @@ class MissPolicy:
         the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
         decided it holds (Note [Eager decisions]), and so does one past the specialization
         limit; any other call takes the whole miss path."""
-        if self._pending and self._install_pending(leaves):  # Note [Installing on demand]
-            return self._slow_path(args, kwargs)  # (in install.py)
+        if self._pending and self._state_failure() < 0 and self._install_pending(leaves):
+            return self._slow_path(args, kwargs)  # Note [Installing on demand] in install.py
         known = self._eager_trees.get(leaves[0])
         if known is not None and self._defaults_unchanged() and known[1](leaves):
             return self._eager(args, kwargs, known[0])
