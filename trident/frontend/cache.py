@@ -16,7 +16,8 @@ Layout under ``config.cache_dir()``:
     locks/evict.lock                   held while a process evicts (Note [Cache size])
 
 A new process renders the stored specializations again (no tracing, no MLIR) and loads the
-module whose name that source hashes to.
+module whose name that source hashes to, each when a call needs it (Note [Installing on demand]
+in install.py).
 
 Note [Cache size]: the cached functions (``functions/``; not the runtime build) are kept
 under ``config.cache_size()`` bytes (default 2 GiB, ``TRIDENT_CACHE_SIZE``). A folder's

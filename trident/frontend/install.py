@@ -381,10 +381,12 @@ class Installer:
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()
-        reads = list({json.dumps(r): r for s in specs + self._pending
-                      for r in s.state.reads}.values())
-        self._state = self._state_tree(reads)  # the union of what they read, as it is now
-        self._set_state(self._state.program())
+        by_text = {json.dumps(r): r for s in specs + self._pending for r in s.state.reads}
+        if self._state is None or self._state_reads != by_text.keys() or \
+                self._state_failure() >= 0:  # (the same reads, unchanged: the same tree)
+            self._state = self._state_tree(list(by_text.values()))  # the union of what they
+            self._set_state(self._state.program())  # read, as it is now
+            self._state_reads = by_text.keys()
         self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
                             for m in self._modules.values()))
 

@@ -125,6 +125,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._cache: FunctionCache | None = None
         self._defaults_bound: tuple = ()  # (__defaults__, __kwdefaults__) the binding has
         self._state: state.StateTree | None = None  # what the installed specializations read
+        self._state_reads = {}.keys()  # (its chains, as JSON: install.py)
         self._load_reason = "first call"
         self._state_rejected: str | None = None  # stored ones the state turned away (install.py)
         self._dynamic_failed = False
