@@ -424,3 +424,62 @@ def test_every_prompt_length_of_a_hugging_face_model_restarts_warm(tmp_path, sub
     assert (third["traces"], third["compiles"], third["misses"]) == (0, 0, 0), third
     assert third["hits"] == 3 and times["trace"] == times["C build"] == 0, third
     assert _contents(trident_cache) == stored
+
+
+def _matmul_relu(x, y):
+    return torch.relu(x @ y) + 1.0
+
+
+def test_a_new_process_installs_only_the_stored_specializations_its_calls_need(trident_cache):
+    """Note [Installing on demand] (trident/frontend/install.py): a new JitFunction over a
+    function with ten stored specializations (as a new process has) installs, at its first
+    call, the one whose guards accept it; a call of another stored one installs that one; a
+    hit either way. What lists them installs them all, and a call none accepts compiles as
+    before, its miss reason naming each one."""
+    y = torch.randn(8, 8)
+    first = trident.jit(_matmul_relu, dynamic=False, max_specializations=12)
+    for n in range(1, 11):
+        first(torch.randn(n, 8), y)
+    assert first.stats.compiles == 10
+    again = trident.jit(_matmul_relu, dynamic=False, max_specializations=12)
+    for n, installed in ((5, 1), (5, 1), (7, 2)):
+        x = torch.randn(n, 8)
+        assert torch.equal(again(x, y), _matmul_relu(x, y))
+        assert (len(again._specs), len(again._pending)) == (installed, 10 - installed)
+    s = again.stats
+    assert (s.hits, s.misses, s.compiles, s.traces) == (3, 0, 0, 0), s
+    assert len(again.specializations) == 10 and not again._pending
+    lazy = trident.jit(_matmul_relu, dynamic=False, max_specializations=12)
+    x = torch.randn(11, 8)
+    assert torch.equal(lazy(x, y), _matmul_relu(x, y))  # none accepts: all, then a compile
+    s = lazy.stats
+    assert (s.hits, s.misses, s.compiles) == (0, 1, 1), s
+    assert len(re.findall(r"specialization \d+", s.miss_reasons[0])) == 10, s.miss_reasons
+
+
+SCALE = 2.0
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def test_a_pending_specialization_whose_state_changed_is_not_installed(trident_cache):
+    """Note [Installing on demand]: the state guards of the specializations not installed yet
+    are checked as the installed ones' are: a global that one of them read, changed before a
+    call needs it, makes that call compile again with the new value (never serve the old)."""
+    global SCALE
+    first = trident.jit(_scaled, dynamic=False)
+    first(torch.ones(2))
+    first(torch.ones(3))
+    again = trident.jit(_scaled, dynamic=False)
+    assert torch.equal(again(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(again._specs) == 1 and len(again._pending) == 1
+    try:
+        SCALE = 3.0
+        assert torch.equal(again(torch.ones(3)), torch.full((3,), 3.0))
+        assert torch.equal(again(torch.ones(2)), torch.full((2,), 3.0))
+    finally:
+        SCALE = 2.0
+    s = again.stats
+    assert (s.hits, s.compiles) == (1, 2), s

@@ -162,8 +162,8 @@ class Installer:
 
     def _ensure_loaded(self) -> None:
         """First use in this process, or after what a specialization read changed (Note [State
-        guards] in lower/state/): install the module of the stored specializations that the
-        current state allows."""
+        guards] in lower/state/): read the stored specializations that the current state
+        allows, to be installed when a call needs them (Note [Installing on demand])."""
         if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
@@ -171,7 +171,7 @@ class Installer:
         self._install(())
         self._set_state(None)
         self._state = None
-        self._specs = []
+        self._specs, self._pending = [], []
         if self._cache is not None:  # defaults may have been reassigned
             self._binding = self._make_binding()
             self._trees.clear()
@@ -188,27 +188,68 @@ class Installer:
                     (key, guards, f"{why} (as an earlier process found: `python3 -m "
                                   "trident clear NAME` forgets it)"))
         with cache.in_use(self._cache.directory):  # Note [Cache size]: not evicted meanwhile
-            self._specs = self._stored_specs()[-self._max_specializations:]
-            if self._specs:
+            pending = self._stored_order = self._stored_specs()[-self._max_specializations:]
+            if not pending:
+                self._set_trees()  # none: no tree holds a binding made with the old defaults
+            else:  # Note [Installing on demand]: none installed yet
                 try:
-                    self._install_module(self._specs)
-                except TridentError as e:  # their modules cannot be built now (a build lock
-                    _recompiles.info("%s: stored specializations not installed: %s",  # held on)
+                    self._install_module([], pending)
+                except TridentError as e:  # no runtime
+                    _recompiles.info("%s: stored specializations not installed: %s",
                                      self.__qualname__, e)
-                    self._install(())
-                    self._specs = []
                     self._set_trees()
                     return
                 cache.touch(self._cache.directory)
-                if self._cache.vanished or (self._cache.from_disk and
-                                            not self._cache.spec_dir.is_dir()):
-                    warnings.warn(f"trident: {self.__qualname__}: its cache entry "
-                                  f"{self._cache.directory} was deleted while this process "
-                                  "loaded it; the specializations read serve this process "
-                                  "(their modules built again where deleted)",
-                                  stacklevel=_user_stacklevel())
-            else:
-                self._set_trees()  # none: no tree holds a binding made with the old defaults
+                self._warn_vanished()
+
+    def _warn_vanished(self) -> None:
+        """Once per load: the function's cache entry was deleted while this process read its
+        specializations or loaded their modules."""
+        c = self._cache
+        if not c.told and (c.vanished or (c.from_disk and not c.spec_dir.is_dir())):
+            c.told = True
+            warnings.warn(f"trident: {self.__qualname__}: its cache entry {c.directory} was "
+                          "deleted while this process loaded it; the specializations read "
+                          "serve this process (their modules built again where deleted)",
+                          stacklevel=_user_stacklevel())
+
+    # Note [Installing on demand]: a new process's first call used to render, load and
+    # initialise the module of every stored specialization (``max_specializations`` of them),
+    # which made it grow with their number (3.5 ms each on the CPU machine: 146 ms with 30,
+    # where one took 38 ms). ``_ensure_loaded`` now reads them (their state guards, their int
+    # leaves) and keeps them ``_pending``, their state guards checked as an installed one's
+    # are (a change makes the next call read them again); a call installs those whose tree
+    # and guards accept it (``first_failure``, as ``_stored_fit``), in their stored order
+    # with the installed ones, and is a hit as before. A call that none of them accepts, and
+    # whatever lists or explains the specializations, install all that are pending first, so
+    # that a miss and its reason are what they were. Where two accept one call (a static one
+    # and a symbolic one of its tree), the one that serves it may be the other one than with
+    # all installed: each is exact for the calls its guards accept.
+
+    def _install_pending(self, leaves: tuple | None = None) -> bool:
+        """Note [Installing on demand]: install the pending specializations whose argument tree
+        and guards accept a call's ``leaves`` (all where None) with the installed ones, in
+        their stored order; whether it installed any."""
+        take = [s for s in self._pending if leaves is None or (
+            s.tree == leaves[0] and first_failure(s.guards, leaves) is None)]
+        if not take:
+            return False
+        taken = {s.key for s in take}
+        rest = [s for s in self._pending if s.key not in taken]
+        order = {s.key: i for i, s in enumerate(self._stored_order)}
+        specs = sorted(self._specs + take, key=lambda s: order.get(s.key, len(order)))
+        with cache.in_use(self._cache.directory):  # Note [Cache size]
+            try:
+                self._install_module(specs, rest)
+            except TridentError as e:  # their modules cannot be built now (a build lock held
+                _recompiles.info("%s: stored specializations not installed: %s",  # on)
+                                 self.__qualname__, e)
+                self._install(())
+                self._specs, self._pending = [], []
+                self._set_trees()
+                return True
+        self._warn_vanished()  # (a module's load finds its folder deleted: cache.py)
+        return True
 
     def _stored_specs(self) -> list[Specialization]:
         """The cache's specializations of this function that the current state allows
@@ -312,9 +353,12 @@ class Installer:
         with config.stage("render"):
             return codegen.render(spec, self.__qualname__)
 
-    def _install_module(self, specs: list[Specialization]) -> None:
+    def _install_module(self, specs: list[Specialization],
+                        pending: list[Specialization] = ()) -> None:
         """Install ``specs``, in guard order: each one's module is built only where no earlier
-        compile built it (Note [Incremental modules] in build.py).
+        compile built it (Note [Incremental modules] in build.py); ``pending``: stored ones
+        installed when a call needs them (Note [Installing on demand]), whose state guards
+        are checked from now on as the installed ones' are.
 
         Raises:
             TridentError: no runtime (``explain()`` and ``source()`` say why), a module that
@@ -326,18 +370,23 @@ class Installer:
             if key not in self._rendered:
                 _code_log.info("%s", r.source)
         self._rendered = rendered
-        self._modules = {s.key: self._load_module(s) for s in specs}
-        self._specs = specs
+        self._modules = {s.key: self._modules.get(s.key) or self._load_module(s)
+                         for s in specs}  # (one loaded stays: Note [Installing on demand])
+        self._specs, self._pending = specs, list(pending)
         self._left_out = None
         self._reset_graphs(len(specs))
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
-            self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in specs))
+            self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in
+                                                        specs + self._pending))
         for index, spec in enumerate(specs):
             self._install_graph(index, spec)
         self._set_trees()
-        reads = list({json.dumps(r): r for s in specs for r in s.state.reads}.values())
-        self._state = self._state_tree(reads)  # the union of what they read, as it is now
-        self._set_state(self._state.program())
+        by_text = {json.dumps(r): r for s in specs + self._pending for r in s.state.reads}
+        if self._state is None or self._state_reads != by_text.keys() or \
+                self._state_failure() >= 0:  # (the same reads, unchanged: the same tree)
+            self._state = self._state_tree(list(by_text.values()))  # the union of what they
+            self._set_state(self._state.program())  # read, as it is now
+            self._state_reads = by_text.keys()
         self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
                             for m in self._modules.values()))
 

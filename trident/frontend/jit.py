@@ -114,6 +114,8 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
             self._cuda_graphs, cuda_graph_sizes or config.cuda_graph_sizes())
         self._counters = Stats()
         self._specs: list[Specialization] = []
+        self._pending: list[Specialization] = []  # Note [Installing on demand] (install.py)
+        self._stored_order: list[Specialization] = []  # (their order)
         # Note [Eager decisions]: (tree key, guards, why) of signatures that failed to compile;
         # per tree, why its last eager call ran eagerly and a test that a call still does
         self._eager_signatures: list[tuple[int, list, str]] = []
@@ -123,6 +125,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._cache: FunctionCache | None = None
         self._defaults_bound: tuple = ()  # (__defaults__, __kwdefaults__) the binding has
         self._state: state.StateTree | None = None  # what the installed specializations read
+        self._state_reads = {}.keys()  # (its chains, as JSON: install.py)
         self._load_reason = "first call"
         self._state_rejected: str | None = None  # stored ones the state turned away (install.py)
         self._dynamic_failed = False
@@ -150,6 +153,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
     @property
     def specializations(self) -> list[str]:
         """The signature of each installed specialization, in guard order."""
+        self._install_pending()
         return [s.signature for s in self._specs]
 
     def explain(self, *args, **kwargs) -> str:
@@ -162,6 +166,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
             TridentError: an argument Trident cannot flatten (its path and type named)."""
         call = self._flatten(args, kwargs)
         self._ensure_loaded()
+        self._install_pending()
         lines = []
         for i, spec in enumerate(self._specs):
             why = self._why_not(spec, call, every=True)
@@ -176,6 +181,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
     def _select(self, *args, **kwargs) -> int:
         """The specialization the native dispatcher runs for this call, or -1 (for tests)."""
         self._ensure_loaded()
+        self._install_pending()
         try:
             call = self._flatten(args, kwargs)
         except TridentError:  # an argument no tree can hold: the call runs eagerly
@@ -186,6 +192,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         """The C source of the installed specializations' modules, in guard order (one module
         per specialization: Note [Incremental modules] in build.py)."""
         self._ensure_loaded()
+        self._install_pending()
         return "\n".join(self._render(s).source for s in self._specs)
 
     def mlir(self, *args, **kwargs) -> str:

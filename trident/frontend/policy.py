@@ -64,6 +64,10 @@ class MissPolicy:
             if getattr(e, "steps", None):  # in flatten.py
                 self._unflattenable[e.steps] = str(e)
             return self._eager(args, kwargs, str(e))
+        if self._pending:  # Note [Installing on demand] in install.py: those that fit, or all
+            self._install_pending(call.leaves)
+            if self._installed_match(call) < 0:
+                self._install_pending()
         if self._installed_match(call) >= 0:  # a cached specialization, or a new tree's call
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
         again = self._with_int_leaves(call)
@@ -126,6 +130,8 @@ class MissPolicy:
         the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
         decided it holds (Note [Eager decisions]), and so does one past the specialization
         limit; any other call takes the whole miss path."""
+        if self._pending and self._state_failure() < 0 and self._install_pending(leaves):
+            return self._slow_path(args, kwargs)  # Note [Installing on demand] in install.py
         known = self._eager_trees.get(leaves[0])
         if known is not None and self._defaults_unchanged() and known[1](leaves):
             return self._eager(args, kwargs, known[0])
