@@ -20,8 +20,10 @@ step); ``E`` is 2 where the first request decodes (the prefill and the decode st
 anything changed), 1 where it does not (``max_new_tokens=1``): so the count depends on the
 order, through ``E`` only. A count equal in every order would need the first request traced
 symbolic (``dynamic=True``) or a structure met after a change compiled at exact sizes anyway
-(one compile more). The dynamic cache's count is the same in these orders (``MODELS``).
-The counts are the same on torch 2.13 with transformers 5.25 and on torch 2.11 with 5.17.
+(one compile more). The dynamic cache's count (``MODELS``) depends on the order through the
+one-token prompt: met first, its structure changed no path, so it compiles at exact sizes.
+The static counts are the same on torch 2.13 with transformers 5.25 and on torch 2.11 with
+5.17 (the dynamic ones measured on 5.25).
 """
 
 from __future__ import annotations
@@ -47,14 +49,16 @@ MODELS = {  # (config, model class, cache, compiles by order)
     # step is met after the prompt length changed and is symbolic at its first compile
     "llama": ("LlamaConfig", "LlamaForCausalLM", "static",
               {"batch 1 first": 5, "batch 4 first": 4, "1-token prompt first": 5}),
-    # a dynamic cache: the prefill and the decode step, and a one-token prompt's prefill and
-    # decode step (a cache of length 1: sizes 0 and 1 stay static), 6 in each order by other
-    # paths: the decode step's keys are new tensors of no int's size, so it compiles at exact
-    # sizes first even after a change, and then symbolic at its next step; a one-token prompt
-    # before any change compiles its prefill and decode step at exact sizes, then with the
-    # batch symbolic, and the longer prompts compile symbolic at once
+    # a dynamic cache (Note [Tensors by path] in trident/frontend/ints.py): the prefill at
+    # exact sizes, its decode step symbolic at once (its input_ids is the prefill's path at
+    # another length, and the cache's keys, at new paths, have the prompt's length in dim 2),
+    # the prefill symbolic at the next length; a one-token prompt's prefill and decode step (a
+    # cache of length 1: sizes 0 and 1 stay static) once each, batch symbolic: 5. A one-token
+    # prompt first: its prefill and decode step at exact sizes (no path changed: nothing is
+    # symbolic), the decode step symbolic at its next step, the longer prompts' prefill
+    # symbolic, and the one-token prefill and decode step once more each at batch 2: 6
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "dynamic",
-              {"batch 1 first": 6, "batch 4 first": 6, "1-token prompt first": 6}),
+              {"batch 1 first": 5, "batch 4 first": 5, "1-token prompt first": 6}),
 }
 
 
