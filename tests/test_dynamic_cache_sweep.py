@@ -21,6 +21,7 @@ compiles for the first request and 4 for each later argument structure (exact si
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -56,6 +57,7 @@ def test_a_dynamic_cache_sweep_compiles_each_structure_once_symbolic():
     forward = model.forward
     masks_seen = set()
 
+    @functools.wraps(forward)  # (generate reads the forward's signature)
     def recorded(*args, **kwargs):  # eager's forward: which argument structures generate makes
         masks_seen.add(kwargs.get("attention_mask") is None)
         return forward(*args, **kwargs)
