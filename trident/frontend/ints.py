@@ -37,7 +37,10 @@ differed (``varied_sizes``: the decode step's keys have the prompt's length in d
 first decode step of a ``generate`` compiles with the cache's length and the batch symbolic,
 not at exact sizes and again at its second step; and a structure met later (a batch of one,
 whose all-ones mask transformers 5.25 drops: ``attention_mask`` removed; a padded batch after
-one: added) compiles once, symbolic, rather than at exact sizes first. Before, a server's mix
+one: added) compiles once, symbolic, rather than at exact sizes first. Such structures are
+alike as int-alike ones are (``MissPolicy._int_trees``), for Note [Eager decisions] too: a
+trace of one that fails for the reason a trace of another failed runs eagerly at any size,
+without a second failed trace. Before, a server's mix
 of both structures compiled each at exact sizes and again symbolic: a tiny Qwen2 reached the
 limit of 8 specializations at its fifth request.
 """
