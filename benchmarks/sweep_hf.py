@@ -1,15 +1,20 @@
 """A serving sweep: many ``generate`` calls of new prompt lengths, token counts and batches
 through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallbacks and hits.
 
-``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION [DOOR]]]]`` (defaults: ``llama``,
-50, ``static``, ``jit``). DOOR ``jit`` is ``trident.jit(model.forward)``, compared with eager;
+``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION [DOOR [MASK]]]]]`` (defaults:
+``llama``, 50, ``static``, ``jit``, ``mask``). CACHE_IMPLEMENTATION ``default`` passes none:
+transformers' default ``DynamicCache``. MASK ``mask`` passes an ``attention_mask`` of ones
+(transformers 5.25's ``generate`` drops one of all ones before the forward, 5.17's passes it),
+``padded`` a server's batch of prompts of their own lengths, left-padded (each row but the
+first of a length drawn from 1..the prompt's, its mask 0 over the padding, ``pad_token_id``
+0), ``nomask`` none. DOOR ``jit`` is ``trident.jit(model.forward)``, compared with eager;
 ``backend`` is ``torch.compile(model.forward, backend="trident")``, compared with Dynamo's own
 ``eager`` backend (Dynamo's graph differs from plain eager in the last ulp on the CPU), its
 compiles Trident's (``trident.backend_stats``), ``dynamo=`` the graphs Dynamo captured for the
 served calls; ``config`` is transformers' ``CompileConfig(backend="trident")`` (generate
 compiles the forward of its decode steps), compared with ``CompileConfig(backend="eager")``.
 Tiny random configs (hidden 64, 2 layers, no download) of transformers' architectures at
-their default configs: ``llama``, ``mistral`` (``sliding_window=4096``), ``qwen2sw``
+their default configs: ``llama``, ``qwen2``, ``mistral`` (``sliding_window=4096``), ``qwen2sw``
 (``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2 and 4, a
 prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly and through
 Trident, and compares every token and logit (``torch.equal``). Runs on the CPU or, with
@@ -28,6 +33,7 @@ import torch
 
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "qwen2sw": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True,
                                                     "max_window_layers": 1}),
@@ -86,7 +92,8 @@ def _dynamo_frames() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "jit") -> None:
+def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "jit",
+         mask: str = "mask") -> None:
     import os
 
     device = os.environ.get("TRIDENT_SWEEP_DEVICE", "cpu")
@@ -97,10 +104,19 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
     def inputs(i, batch, length, new):
         torch.manual_seed(i)
         ids = torch.randint(0, 96, (batch, length), device=device)
-        return ids, dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                         cache_implementation=cache, output_logits=True,
-                         return_dict_in_generate=True, disable_compile=door != "config",
-                         attention_mask=torch.ones_like(ids))
+        kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, disable_compile=door != "config")
+        if cache != "default":
+            kw["cache_implementation"] = cache
+        if mask == "mask":
+            kw["attention_mask"] = torch.ones_like(ids)
+        elif mask == "padded":
+            rows = [length] + [int(n) for n in torch.randint(1, length + 1, (batch - 1,))]
+            kw["attention_mask"] = torch.stack([torch.arange(length, device=device) >= length - n
+                                                for n in rows]).long()
+            ids = ids * kw["attention_mask"]
+            kw["pad_token_id"] = 0
+        return ids, kw
 
     # the references first: Dynamo's recompile limit (8) counts the entries of a frame's
     # code of every backend, so references between the served calls would take its entries.
@@ -131,11 +147,11 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
               f"traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
               f"t={time.perf_counter() - start:.1f}s", flush=True)
     s = stats()
-    print(f"{arch} {cache} {door}: {n} generates, compiles={s.compiles} traces={s.traces} "
+    print(f"{arch} {cache} {door} {mask}: {n} generates, compiles={s.compiles} traces={s.traces} "
           f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames}")
     for reason in dict.fromkeys(s.miss_reasons):
         print("  ", reason[:300])
 
 
 if __name__ == "__main__":
-    main(*(t(a) for t, a in zip((str, int, str, str), sys.argv[1:])))
+    main(*(t(a) for t, a in zip((str, int, str, str, str), sys.argv[1:])))

@@ -115,6 +115,9 @@ class MissPolicy:
                 if key != call.tree.key and differ:
                     paths |= {p for p in differ if mine[p] is not None}
                     alike.add(key)
+        if not alike:  # Note [Tensors by path] in ints.py
+            alike = {s.tree for s in self._specs if s.tree != call.tree.key and s.tree in
+                     self._trees and ints.related(s, call)}
         again = call
         self._varied_ints = self._varied_ints | paths
         if paths - self._int_leaves:
@@ -409,9 +412,10 @@ class MissPolicy:
                                        f"{names[i]}, which has {a.dim()} dims")
                 dims[i] |= asked
         asked = {i: set(d) for i, d in dims.items() if d}
+        varied: set[int] = set()  # Note [Tensors by path] in ints.py
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
-                ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by leaf path
+                varied |= ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by path
                 continue
             alike = _sizeless(spec.guards)
             if spec.shapes is None or spec.tree != call.tree.key or \
@@ -428,6 +432,8 @@ class MissPolicy:
                      if shape is not None}  # Note [Ints by path] in ints.py: new tensors
             for i, d in ints.sized_by(call, self._varied_ints).items():
                 dims[i] = dims.get(i, set()) | (d if names[i] not in known else set())
+            for i, d in ints.new_tensor_dims(call, known, varied).items():
+                dims[i] = dims.get(i, set()) | d
             if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
                 for i, d in batch.batch_dims(call).items():
                     dims[i] = dims.get(i, set()) | d

@@ -1,0 +1,93 @@
+"""A serving sweep over transformers' default cache (no ``cache_implementation``: a
+``DynamicCache``), with a server's left-padded ``attention_mask``: compile counts asserted
+exactly (Note [Tensors by path] in trident/frontend/ints.py; docs/huggingface.md).
+
+A tiny Qwen2 (hidden 64, 2 layers, random weights, the CPU) through ``model.forward =
+trident.jit(model.forward)``, seven greedy ``generate`` calls of batches 2, 4 and 1, prompts of 5
+to 12 tokens and 2 or 3 new tokens, each row of a batch but the first left-padded to a shorter
+prompt; then the same requests in reverse order, which compile nothing. Every token and every
+step's logits equal to eager's (``torch.equal``), no fallback, no warning.
+
+The count: the prefill compiles at exact sizes (nothing has changed yet), its decode step once
+with the cache's length and the batch symbolic (the decode step's ``input_ids`` is the
+prefill's path at another length, and the cache's keys, at paths no specialization holds, have
+the prompt's length in dim 2), the second prefill once more with the lengths and the batch
+symbolic; then every batch and length hits. A batch of one has no padding: transformers 5.25's
+``generate`` drops an all-ones mask, so its forward gets no ``attention_mask``, another argument
+structure whose prefill and decode step compile once each, symbolic at once (5 in all);
+transformers 5.17 passes the mask, one structure (3 in all). Before Note [Tensors by path]: 3
+compiles for the first request and 4 for each later argument structure (exact sizes first).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+transformers = pytest.importorskip("transformers")
+
+# (batch, prompt length, max_new_tokens)
+REQUESTS = [(2, 9, 3), (2, 12, 2), (4, 7, 3), (1, 10, 3), (1, 6, 2), (4, 11, 2), (2, 5, 3)]
+
+
+def tiny_qwen2():
+    config = transformers.Qwen2Config(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def padded_request(i: int, batch: int, length: int):
+    """Prompts of ``length`` tokens, row ``k`` left-padded to ``length - 2k`` (at least 1)."""
+    torch.manual_seed(i)
+    ids = torch.randint(1, 96, (batch, length))
+    mask = torch.stack([torch.arange(length) >= min(2 * k, length - 1)
+                        for k in range(batch)]).long()
+    return ids * mask, mask
+
+
+def test_a_dynamic_cache_sweep_compiles_each_structure_once_symbolic():
+    model = tiny_qwen2()
+    forward = model.forward
+    masks_seen = set()
+
+    @functools.wraps(forward)  # (generate reads the forward's signature)
+    def recorded(*args, **kwargs):  # eager's forward: which argument structures generate makes
+        masks_seen.add(kwargs.get("attention_mask") is None)
+        return forward(*args, **kwargs)
+
+    jf = trident.jit(forward)
+    counts = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (batch, length, new) in enumerate(REQUESTS + REQUESTS[::-1]):
+            ids, mask = padded_request(i % len(REQUESTS), batch, length)
+            kw = dict(attention_mask=mask, pad_token_id=0, max_new_tokens=new,
+                      min_new_tokens=new, do_sample=False, output_logits=True,
+                      return_dict_in_generate=True, disable_compile=True)
+            model.forward = recorded
+            ref = model.generate(ids, **kw)
+            model.forward = jf
+            out = model.generate(ids, **kw)
+            model.forward = forward
+            assert torch.equal(out.sequences, ref.sequences), (i, jf.stats.miss_reasons)
+            assert len(out.logits) == len(ref.logits) == new
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits)), i
+            counts.append(jf.stats.compiles)
+    assert not [w for w in caught if "trident" in str(w.message)]
+    stats = jf.stats
+    structures = len(masks_seen)  # 2 on transformers 5.25 (a batch of one: no mask), 1 on 5.17
+    # the first request: the prefill at exact sizes, the decode step symbolic at once
+    assert counts[0] == 2, stats.miss_reasons
+    assert counts[1] == 3, stats.miss_reasons  # the prefill with the lengths symbolic
+    expected = 1 + 2 * structures
+    assert (counts[len(REQUESTS) - 1], stats.compiles, stats.traces, stats.fallbacks) == \
+        (expected, expected, expected, 0), stats.miss_reasons
+    calls = sum(new for _, _, new in REQUESTS) * 2
+    assert stats.hits == calls - expected
