@@ -412,5 +412,6 @@ def test_a_global_rebound_at_every_call_stays_within_the_limit():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert torch.equal(jf(x), x * 2.0)
+        assert counts(jf) == dict(hits=1, misses=6, compiles=2, fallbacks=4, traces=2)
     finally:
         SCALE = 1.0

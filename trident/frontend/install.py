@@ -160,11 +160,13 @@ class Installer:
 
     # ---- the stored specializations ---------------------------------------------------------
 
-    def _ensure_loaded(self) -> None:
+    def _ensure_loaded(self, moved: bool = False) -> None:
         """First use in this process, or after what a specialization read changed (Note [State
-        guards] in lower/state/): read the stored specializations that the current state
-        allows, to be installed when a call needs them (Note [Installing on demand])."""
-        if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
+        guards] in lower/state/), or ``moved`` (``_folder_moved``): read the stored
+        specializations that the current state allows, to be installed when a call needs them
+        (Note [Installing on demand])."""
+        if not moved and self._cache is not None and self._state_failure() < 0 and \
+                self._defaults_unchanged():
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
             self._load_reason = f"{self._state_change()} since the last call"
@@ -250,6 +252,15 @@ class Installer:
                 return True
         self._warn_vanished()  # (a module's load finds its folder deleted: cache.py)
         return True
+
+    def _folder_moved(self) -> bool:
+        """Note [Specialization limit]: whether the function's key now names another cache
+        folder than the one loaded, where none of its specializations watches the state (a
+        global rebound after the limit was reached: the folder of its new value has none, and
+        an earlier value's folder may hold one). Hashes the function (Note [Function key]):
+        asked only on calls past the limit, which run eagerly otherwise."""
+        return self._cache is not None and not self._specs and not self._pending and \
+            not self._cache.directory.name.endswith("-" + function_key(self._code_fn))
 
     def _stored_specs(self) -> list[Specialization]:
         """The cache's specializations of this function that the current state allows

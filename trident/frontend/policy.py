@@ -144,7 +144,7 @@ class MissPolicy:
         tree = self._trees.get(leaves[0])
         if (tree is None or self._cache is None or not self._at_limit()
                 or not self._defaults_unchanged() or self._state_failure() >= 0
-                or self._stored_fit(tree.key, leaves) is not None):
+                or self._stored_fit(tree.key, leaves) is not None or self._folder_moved()):
             return self._slow_path(args, kwargs)
         why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
         return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
@@ -168,6 +168,9 @@ class MissPolicy:
         # than compiled again (Note [Specialization limit])
         stored = self._stored_fit(call.tree.key, call.leaves)
         if stored is None and self._at_limit():
+            if self._folder_moved():  # another state's folder may hold one
+                self._ensure_loaded(moved=True)
+                return self._slow_path(call.args, call.kwargs)
             return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
