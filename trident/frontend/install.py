@@ -253,15 +253,6 @@ class Installer:
         self._warn_vanished()  # (a module's load finds its folder deleted: cache.py)
         return True
 
-    def _folder_moved(self) -> bool:
-        """Note [Specialization limit]: whether the function's key now names another cache
-        folder than the one loaded, where none of its specializations watches the state (a
-        global rebound after the limit was reached: the folder of its new value has none, and
-        an earlier value's folder may hold one). Hashes the function (Note [Function key]):
-        asked only on calls past the limit, which run eagerly otherwise."""
-        return self._cache is not None and not self._specs and not self._pending and \
-            not self._cache.directory.name.endswith("-" + function_key(self._code_fn))
-
     def _stored_specs(self) -> list[Specialization]:
         """The cache's specializations of this function that the current state allows
         (Note [State guards]); with ``dynamic=False`` only static ones, even where another jit

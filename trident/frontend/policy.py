@@ -20,6 +20,7 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, cache, ints
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _same_node, _user_stacklevel
+from trident.identity import function_key
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels
@@ -281,6 +282,15 @@ class MissPolicy:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
         function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
         return _FUNCTION_COMPILES.get(self._limit_key(), 0) >= self._max_specializations
+
+    def _folder_moved(self) -> bool:
+        """Note [Specialization limit]: whether the function's key now names another cache
+        folder than the one loaded, where none of its specializations watches the state (a
+        global rebound after the limit was reached: the folder of its new value has none, and
+        an earlier value's folder may hold one). Hashes the function (Note [Function key]):
+        asked only on calls past the limit, which run eagerly otherwise."""
+        return self._cache is not None and not self._specs and not self._pending and \
+            not self._cache.directory.name.endswith("-" + function_key(self._code_fn))
 
     def _limit_key(self):
         """Note [Specialization limit]: what the limit counts per: the function's code object in
