@@ -111,22 +111,6 @@ def logged(x):
 
 def outer(x):
     return flag(x) * 2
-
-
-CALLS = 0
-
-
-def bump(x):
-    global CALLS
-    CALLS += 1
-    return x * CALLS
-
-
-def bump_rarely(x):
-    global CALLS
-    if x.dim() > 5:
-        CALLS = 0
-    return x + 1
 '''
 
 
@@ -368,28 +352,3 @@ def test_a_library_value_that_changes_at_every_call_recompiles_at_every_new_valu
         assert counts(jf) == (2, 3, 1), jf.stats
     finally:
         lib.COUNT = old
-
-
-@pytest.mark.parametrize("fn_name", ["bump", "bump_rarely"])
-def test_library_code_that_writes_its_module_global_runs_eagerly(lib, fn_name):
-    """``global CALLS; CALLS += 1`` in library code the function runs (taken or not): eager
-    writes it at every call, a hit would not, so the call runs eagerly with one warning, and
-    the trace wrote nothing (refused when the frame starts): the counter moves once per call."""
-    f = _user(lib, fn_name)
-    jf = trident.jit(f)
-    x = torch.tensor([1.0, 2.0])
-    old = lib.CALLS
-    try:
-        with pytest.warns(UserWarning, match=f"{NAME}.CALLS"):
-            got = jf(x)
-        lib.CALLS = old
-        assert torch.equal(got, f(x))
-        for _ in range(2):
-            before = lib.CALLS
-            got = jf(x)
-            after = lib.CALLS
-            lib.CALLS = before
-            assert torch.equal(got, f(x)) and lib.CALLS == after
-        assert counts(jf) == (0, 0, 3), jf.stats
-    finally:
-        lib.CALLS = old

@@ -108,23 +108,6 @@ def _global_loads(code: types.CodeType) -> tuple:
     return result
 
 
-_WRITES: dict = {}  # id of a code object -> (the code, the globals it writes)
-
-
-def global_writes(code: types.CodeType) -> tuple:
-    """The names ``code`` stores or deletes in its module's globals (``global N; N += 1``):
-    Note [Library values], library code that writes its own state."""
-    found = _WRITES.get(id(code))
-    if found is not None and found[0] is code:
-        return found[1]
-    names = tuple(dict.fromkeys(i.argval for i in dis.get_instructions(code)
-                                if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")))
-    if len(_WRITES) >= _MAX_LOADS:
-        _WRITES.clear()
-    _WRITES[id(code)] = (code, names)
-    return names
-
-
 def _guarded(value) -> bool:
     """A value a library's load is guarded for: its code or class by identity (not its
     state), or an immutable value by value (``by_value``)."""
@@ -171,12 +154,6 @@ def _guarded(value) -> bool:
 #     call), and a table written at every call (a memo, a counter dict) would lose the dict's
 #     proof at every call. No scanned frame of the models above reads one by a constant key:
 #     left in docs/design.md's Not guarded.
-# Library code that writes its module's globals (``global CALLS; CALLS += 1``) does so at every
-# eager call, which a hit would not, and the trace itself would write once more before an
-# eager call: a scanned frame whose code stores or deletes a global (``global_writes``, any
-# instruction, taken or not) makes the recording refuse the trace when the frame starts,
-# before its body runs (Note [Writes at entry] in writes.py): the call runs eagerly, with a
-# warning, and writes once. None of the models above runs such code (measured).
 # A value that changes between calls (a counter that code outside the trace bumps, read by
 # library code inside it) makes each new value a recompile, as a user global's does: the
 # specialization limit counts per state digest (the function's cache folder, Note

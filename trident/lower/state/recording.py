@@ -17,7 +17,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.lower.state.library import global_writes, library_kind
+from trident.lower.state.library import library_kind
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
@@ -293,12 +293,6 @@ def record(fn):
             inlined[frame] = None  # (frames live until the end: no id is reused)
             if kind & _SCANNED and id(frame.f_code) not in rec.library:
                 rec.library[id(frame.f_code)] = (frame.f_code, frame.f_globals)
-                written = global_writes(frame.f_code)
-                if written:  # Note [Library values] (library.py): refused before its body
-                    entry.refuse(f"library code the function runs writes its module's global "
-                                 f"{frame.f_globals.get('__name__')}.{written[0]} "
-                                 f"({frame.f_code.co_qualname}): eager writes it at every "
-                                 "call, a hit would not")
 
     def _c_call(frame, kind: int, arg) -> None:
         if kind & _USER and under_fn(frame):
