@@ -89,7 +89,8 @@ def test_guards_are_commented_in_words():
     src = jf.source()
     for text in ("x.size(0) == 2", "x.dtype == float32", "w1.stride(0) == 8", "the call's structure and 4 leaves (x, w1, b1, w2)",
                  "b1.dim() == 1", "x is Tensor"):
-        assert f"/* {text} */" in src, text
+        # (an argument's header guards share one compare: Note [Argument records])
+        assert any(text in c.split("; ") for c in re.findall(r"/\* (.*?) \*/", src)), text
 
 
 def test_one_module_per_specialization_and_a_miss_builds_only_its_own(trident_cache):

@@ -384,34 +384,3 @@ def test_decorator_forms_and_bad_targets():
     with pytest.raises(trident.TridentError):
         trident.jit(torch.relu)  # a builtin: no Python code to trace
 
-
-SCALE = 1.0
-
-
-def scaled_by_a_global(x):
-    return x * SCALE
-
-
-def test_a_global_rebound_at_every_call_stays_within_the_limit():
-    """Note [Specialization limit]: a global the function reads, rebound at every call (a
-    counter, a step size): each value is another cache folder (Note [Function key]), and each
-    folder had its own count, so every call compiled, without end. The limit counts per code
-    object: two compiles, then every new value runs eagerly with one warning; an earlier value
-    still hits its specialization."""
-    global SCALE
-    jf = trident.jit(max_specializations=2)(scaled_by_a_global)
-    x = torch.arange(3.0)
-    try:
-        with pytest.warns(UserWarning, match="limit of 2 compiled specializations") as record:
-            for step in range(6):
-                SCALE = float(step + 2)
-                assert torch.equal(jf(x), scaled_by_a_global(x)), step
-        assert len([w for w in record if "limit" in str(w.message)]) == 1
-        assert counts(jf) == dict(hits=0, misses=6, compiles=2, fallbacks=4, traces=2)
-        SCALE = 2.0  # the first value's specialization, from its folder
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert torch.equal(jf(x), x * 2.0)
-        assert counts(jf) == dict(hits=1, misses=6, compiles=2, fallbacks=4, traces=2)
-    finally:
-        SCALE = 1.0

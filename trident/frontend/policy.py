@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -20,7 +21,6 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, cache, ints
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _same_node, _user_stacklevel
-from trident.identity import function_key
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels
@@ -32,13 +32,10 @@ _recompiles = config.logger("recompiles")
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
-# Note [Specialization limit]: compiles in this process per function code object (and cache
-# area, TRIDENT_CACHE_DIR), by every JitFunction over that function (two trident.jit objects
-# over one function, a method jitted on two instances), as torch.compile's recompile limit
-# counts per code object. Not per cache folder: the folder's key holds the values of the
-# globals the function names (Note [Function key] in identity.py), so a global rebound at
-# every call would open a new folder, and compile again, at every call.
-_FUNCTION_COMPILES: dict[object, int] = {}
+# Note [Specialization limit]: compiles in this process per function cache folder, by every
+# JitFunction over that function (two trident.jit objects over one function, a method jitted
+# on two instances), as torch.compile's recompile limit counts per code object.
+_FUNCTION_COMPILES: dict[Path, int] = {}
 
 
 class MissPolicy:
@@ -145,7 +142,7 @@ class MissPolicy:
         tree = self._trees.get(leaves[0])
         if (tree is None or self._cache is None or not self._at_limit()
                 or not self._defaults_unchanged() or self._state_failure() >= 0
-                or self._stored_fit(tree.key, leaves) is not None or self._folder_moved()):
+                or self._stored_fit(tree.key, leaves) is not None):
             return self._slow_path(args, kwargs)
         why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
         return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
@@ -169,9 +166,6 @@ class MissPolicy:
         # than compiled again (Note [Specialization limit])
         stored = self._stored_fit(call.tree.key, call.leaves)
         if stored is None and self._at_limit():
-            if self._folder_moved():  # another state's folder may hold one
-                self._ensure_loaded(moved=True)
-                return self._slow_path(call.args, call.kwargs)
             return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -211,8 +205,8 @@ class MissPolicy:
                     spec = stored or self._compile_dynamic_or_static(call)
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
                         cache.COMPILED_HERE.add(spec.key)
-                        _FUNCTION_COMPILES[self._limit_key()] = \
-                            _FUNCTION_COMPILES.get(self._limit_key(), 0) + 1
+                        _FUNCTION_COMPILES[self._cache.directory] = \
+                            _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
                     with cache.in_use(self._cache.directory):  # Note [Cache size]
                         # The new specialization goes last, after those stored by other
                         # processes (read again: they may have stored some meanwhile).
@@ -281,26 +275,11 @@ class MissPolicy:
     def _at_limit(self) -> bool:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
         function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
-        return _FUNCTION_COMPILES.get(self._limit_key(), 0) >= self._max_specializations
-
-    def _folder_moved(self) -> bool:
-        """Note [Specialization limit]: whether the function's key now names another cache
-        folder than the one loaded, where none of its specializations watches the state (a
-        global rebound after the limit was reached: the folder of its new value has none, and
-        an earlier value's folder may hold one). Hashes the function (Note [Function key]):
-        asked only on calls past the limit, which run eagerly otherwise."""
-        return self._cache is not None and not self._specs and not self._pending and \
-            not self._cache.directory.name.endswith("-" + function_key(self._code_fn))
-
-    def _limit_key(self):
-        """Note [Specialization limit]: what the limit counts per: the function's code object in
-        its cache's functions area (else its cache folder)."""
-        code = getattr(self._code_fn, "__code__", None)
-        return self._cache.directory if code is None else (self._cache.directory.parent, code)
+        return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
 
     def _past_limit(self, args: tuple, kwargs: dict | None):
         own = self._counters.compiles
-        total = max(own, _FUNCTION_COMPILES.get(self._limit_key(), 0))
+        total = max(own, _FUNCTION_COMPILES.get(self._cache.directory, 0))
         return self._eager(args, kwargs, f"reached its limit of {self._max_specializations} "
                            f"compiled specializations in this process ({own} by this trident.jit "
                            f"object, {total - own} by others over the same function; those "
