@@ -351,3 +351,26 @@ def test_a_library_value_that_changes_at_every_call_recompiles_at_every_new_valu
         assert jf.stats.compiles == 3 and jf.stats.fallbacks == 0, jf.stats
     finally:
         lib.COUNT = old
+
+
+
+def test_a_gc_callback_that_runs_during_the_trace_is_not_the_functions_library_code():
+    """A gc callback runs from whatever frame allocates, the trace's too; what it reads is not
+    what the function read. hypothesis registers one for the rest of a process
+    (``gc_cumulative_time``: it rewrites its module's ``_gc_start`` at every collection), and
+    in CI it made HF models' calls recompile or run eagerly after a property test."""
+    junkdrawer = pytest.importorskip("hypothesis.internal.conjecture.junkdrawer")
+    junkdrawer.gc_cumulative_time()  # registers its callback (once per process)
+
+    def f(m, x):
+        x = m(x)
+        junk = [[i] for i in range(5000)]  # gen-0 collections, run by the allocations
+        return m(x) + len(junk) * 0
+
+    m = torch.nn.Linear(4, 4)
+    jf = trident.jit(f)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(jf(m, x), f(m, x))
+    assert counts(jf) == (1, 2, 0), jf.stats

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dis
 import enum
+import gc
 import sys
 import types
 
@@ -59,8 +60,12 @@ _BLOCKED_CODES = frozenset({"__torch_function__", "__torch_dispatch__", "<module
 
 def library_kind(frame, scanned: int, passed: int) -> int:
     """Note [Library code that ran]: ``scanned``, ``passed`` or 0 for a library frame (not user
-    code), decided by its module's name."""
-    if frame.f_code.co_name in _BLOCKED_CODES:
+    code), decided by its module's name. A gc callback's frame (hypothesis registers one that
+    writes a module global at every collection) is none: the interpreter calls it from
+    whatever frame allocates, not the function's code."""
+    if frame.f_code.co_name in _BLOCKED_CODES or any(
+            getattr(getattr(cb, "__func__", cb), "__code__", None) is frame.f_code
+            for cb in gc.callbacks):
         return 0
     name = frame.f_globals.get("__name__")
     if not isinstance(name, str):
