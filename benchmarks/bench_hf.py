@@ -20,7 +20,8 @@ tokens after a 16-token prompt, every contender in one process:
 
 Models: ``llama-3.2-1b-like``, ``qwen2.5-0.5b-like``, and either with ``+liger`` (its RoPE,
 RMSNorm and SwiGLU replaced by Liger-Kernel's Triton kernels: the workload Trident is for; one
-process per such model). ``TRIDENT_BENCH_BATCH=4`` generates for 4 prompts at once.
+process per such model). ``TRIDENT_BENCH_BATCH=4`` generates for 4 prompts at once;
+``TRIDENT_BENCH_REPS=N`` times N generates per contender after its first (default 3).
 ``TRIDENT_BENCH_NO_FLOOR=1`` skips the floors; ``TRIDENT_BENCH_TTFT=0`` skips the time to first
 token (16-, 128- and 512-token prompts, eager and ``trident.jit``, and its floor: the eager
 prefill replayed from one CUDA graph); ``TRIDENT_BENCH_PROFILE=1``
@@ -170,13 +171,25 @@ def _contender(model, ids, ref, reps: int, **kw) -> dict:
 
 def _measure(model, ids, ref, reps: int, **kw) -> dict:
     out, first = _generate(model, ids, **kw)
-    times = []
+    jf = getattr(getattr(model.forward, "forward", None), "stats", None) and model.forward.forward
+    times, each = [], []
     for _ in range(reps):
+        before = _graph_counts(jf)
         out2, t = _generate(model, ids, **kw)
         times.append(t * 1e3 / NEW)
-    return {"first_s": round(first, 2), "ms_per_token": round(statistics.median(times), 3),
-            "min": round(min(times), 3), "max": round(max(times), 3),
-            "bit_equal": bool(ref is not None and _same(out2, ref))}
+        after = _graph_counts(jf)
+        each.append([round(times[-1], 3)] + [b - a for a, b in zip(before, after)])
+    row = {"first_s": round(first, 2), "ms_per_token": round(statistics.median(times), 3),
+           "min": round(min(times), 3), "max": round(max(times), 3),
+           "bit_equal": bool(ref is not None and _same(out2, ref))}
+    if jf is not None:  # per generate: ms/token, then misses, captures, replays in it
+        row["each (ms/token, misses, captures, replays)"] = each
+    return row
+
+
+def _graph_counts(jf) -> tuple:
+    s = getattr(jf, "stats", None)
+    return (s.misses, s.graph_captures, s.graph_replays) if s is not None else ()
 
 
 def _graph_floor(model, ids) -> dict:
@@ -523,7 +536,7 @@ def main(out: str | None = None, models: list[str] | None = None) -> dict:
     results["batch"] = BATCH
     for name in models or MODELS:
         try:
-            results[name] = run(name)
+            results[name] = run(name, int(os.environ.get("TRIDENT_BENCH_REPS", "3")))
         except Exception as e:  # one model's failure is reported, the other still runs
             import traceback
 
