@@ -41,10 +41,10 @@ def test_a_literal_on_the_device_is_made_there(use):
         assert got.device == want.device and torch.equal(got, want), (use, i)
     s = jf.stats
     # call 1 compiles, call 2 captures its graph and replays it; call 3 finds call 2's
-    # handed-out result still held by ``got`` (Note [Graph outputs]): it runs step by step and
-    # asks for a new capture (outputs copied out), which call 4 captures and replays
+    # handed-out result still held by ``got`` (Note [Graph outputs]) and recaptures at once,
+    # copying out (Note [Hand out after a move]); call 4 replays
     assert (s.compiles, s.hits, s.fallbacks, s.graph_captures, s.graph_replays) == \
-        (1, 3, 0, 2, 2), s
+        (1, 3, 0, 2, 3), s
 
 
 def test_a_model_with_its_default_cache_on_cuda_is_served():

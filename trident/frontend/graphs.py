@@ -48,10 +48,10 @@ storage, ``trt_api.graph_output``) while nothing else holds it:
 before each replay the SCM checks that no tensor but the graph's own holds the storage of an
 output it handed out (``output_in_use``: the storage's use count, c10::StorageImpl's refcount).
 A result still alive there (kept by the caller, or a view of it) would be overwritten, so that
-call runs step by step and asks for a new capture, whose outputs are copied out: each call's
-result is then a tensor of its own, as in eager PyTorch, whatever the caller keeps. A view
-(whose base holds the storage too) is copied out from the start, and a storage held elsewhere
-for any other reason costs one step-by-step call and a capture. A symbolic specialization's
+call asks for a new capture at once, whose outputs are copied out (Note [Hand out after a
+move]): each call's result is then a tensor of its own, as in eager PyTorch, whatever the
+caller keeps. A view (whose base holds the storage too) is copied out from the start, and a
+storage held elsewhere for any other reason costs a capture. A symbolic specialization's
 graphs of several sizes share one memory pool, and a graph captured after another may have
 its static outputs in the memory of that one's dead intermediates, which the earlier graph's
 replays write: so only a graph captured while no other graph of its specialization lives
@@ -71,7 +71,14 @@ drops each step's logits before the next step, and each replay still checks that
 output is held (``output_in_use``), so a caller that keeps one gets the copy-out recapture as
 above. Whether a recapture follows a kept result is read from the graph it replaces (its handed-
 out outputs' holders, ``Captured.kept``), not from why the SCM asked: a call that reaches the
-capture through the miss path asks for no reason at all.
+capture through the miss path asks for no reason at all. So the SCM asks for that recapture
+at the call that finds the output held, while it is held, and counts it against the same
+``RECAPTURES``. (It used to run that call step by step and capture at the next one: a
+``generate`` whose prefill makes the KV cache (transformers 5.17's lazily initialized
+``StaticCache``: the cache's tensors are the prefill's outputs) finds them held by the last
+``generate``'s result, which is dropped by the next call, so the recapture handed out again and
+every other ``generate`` recaptured, without bound: 4.05 against 2.71-2.98 ms per token for a
+Llama-3.2-1B-like on an H100, docs/benchmarks.md.)
 
 Note [Graphs per size]: a symbolic (dynamic) specialization serves many sizes with one launch
 sequence, but a graph bakes in the sizes it was captured at. So such a specialization keeps a

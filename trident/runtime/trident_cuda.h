@@ -432,10 +432,11 @@ static inline void trt_replay_lap(const trt_api* rt, int part) {
 /* Replay `g` (trt_graph in trident_rt.h) for the call's arguments `a` after the specialization's
  * guards held: pick the graph of the call's sizes, copy in, launch, copy written inputs back,
  * hand out or copy out the outputs (Note [Graph outputs]). Returns TRT_GRAPH_CAPTURE when
- * Python should decide (no graph yet, or a symbolic specialization's new size while it takes
- * more), TRT_GRAPH_NONE when no graph applies to this call (none for its size, an input at a
- * new address, another stream, a copied input overlapping another where either may be
- * written, a handed-out output still held): the caller then runs the launch sequence. */
+ * Python should decide (no graph yet, a symbolic specialization's new size while it takes
+ * more, a handed-out output still held: a copy-out recapture), TRT_GRAPH_NONE when no graph
+ * applies to this call (none for its size, an input at a new address, another stream, a
+ * copied input overlapping another where either may be written, a held output past the
+ * recaptures): the caller then runs the launch sequence. */
 TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a, int32_t n, const trt_api* rt,
                                    trt_result* out) {
   if (!g || g->state == TRT_GRAPH_OFF) return TRT_GRAPH_NONE;
@@ -474,8 +475,11 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
   }
   if (trt_graph_hides_write(g, d, in, ninputs, a)) return TRT_GRAPH_NONE;
   if (trt_graph_outputs_busy(in + 5 * ninputs, noutputs, rt)) {
-    g->state = TRT_GRAPH_PENDING; /* a new capture, whose outputs are copied out */
-    return TRT_GRAPH_NONE;
+    /* Note [Hand out after a move]: Python recaptures now, while the caller holds the output,
+     * so the new graph copies out; a bounded number of times, as a moved argument's */
+    if (g->recaptures_left <= 0) return TRT_GRAPH_NONE;
+    --g->recaptures_left;
+    return TRT_GRAPH_CAPTURE;
   }
   if (trt_cuda_load()) return TRT_GRAPH_FAILED;
   trt_replay_lap(rt, TRT_REPLAY_CHECK);

@@ -163,7 +163,8 @@ typedef struct trt_result {
 
 typedef struct trt_graph {
   int32_t state;           /* TRT_GRAPH_OFF / _PENDING / _READY */
-  int32_t recaptures_left; /* a by-pointer input at a new address asks for one more capture */
+  int32_t recaptures_left; /* a by-pointer input at a new address, or a handed-out output
+                            * still held, asks for one more capture */
   int32_t bound;           /* replays stay on the stream of the first one */
   int32_t open;            /* ready and symbolic: a call of a size no graph has asks Python,
                             * which may capture one (graphs.GraphStates bounds how many) */
