@@ -195,3 +195,65 @@ def test_library_code_that_writes_its_module_state(lib, use):
         warnings.simplefilter("ignore")
         got = [jf(x) for _ in range(3)]
     assert [g.tolist() for g in got] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+
+
+# ---- Note [Library code that ran]: gc callbacks of every kind (lower/state/library.py) ---------
+# A gc callback's frame was skipped only where the callback was a function or a bound method: a
+# library's ``functools.partial`` or callable object that bumps its module's counter at every
+# collection made each call recompile ("N changed since the last call"), without bound.
+
+_GCLIB = '''
+import functools
+N = 0
+
+
+def _bump(tag, phase, info):
+    global N
+    N += 1
+
+
+class Bump:
+    def __call__(self, phase, info):
+        global N
+        N += 1
+
+
+def callback(kind):
+    return functools.partial(_bump, 1) if kind == "partial" else Bump()
+'''
+
+
+@pytest.mark.parametrize("kind", ["partial", "callable object"])
+def test_a_gc_callback_of_a_library_is_not_the_functions_code(tmp_path, kind):
+    import gc
+    import importlib
+
+    name = "trident_gclib42"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_GCLIB)
+    (tmp_path / f"{name}-1.0.dist-info").mkdir()
+    (tmp_path / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\n")
+    sys.path.insert(0, str(tmp_path))
+    importlib.invalidate_caches()
+    module = importlib.import_module(name)
+    cb = module.callback(kind)
+    threshold = gc.get_threshold()
+    gc.callbacks.append(cb)
+    try:
+        def f(x):
+            junk = [[i] for i in range(200)]  # gen-0 collections, run by the allocations
+            return x * 2 + len(junk) * 0
+
+        jf = trident.jit(f)
+        x = torch.arange(4.0)
+        gc.set_threshold(5)
+        for _ in range(3):
+            assert torch.equal(jf(x), f(x))
+        gc.set_threshold(*threshold)
+        assert module.N > 0
+        assert counts(jf) == (1, 2, 0), jf.stats
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(cb)
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
