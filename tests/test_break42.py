@@ -7,6 +7,7 @@ import collections
 import pickle
 import sys
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -32,7 +33,18 @@ SIZE_BUILTINS = {
     "getattr __class__": lambda x, n: x * (2 if getattr(n, "__class__") is int else 1),
     "type.__call__": lambda x, n: x * (2 if type.__call__(type, n) is int else 1),
     "int.__instancecheck__": lambda x, n: x * (2 if int.__instancecheck__(n) else 1),
+    "map(type)": lambda x, n: x * (2 if list(map(type, [n])) == [int] else 1),
+    "sorted(key=id)": lambda x, n: x * (2 if sorted([n, 1], key=id)[0] == 1 else 1),
+    "weakref.ref": lambda x, n: x * _weakly(n),
 }
+
+
+def _weakly(n) -> int:
+    try:
+        weakref.ref(n)
+        return 2
+    except TypeError:  # an int has no weak references
+        return 1
 
 
 @pytest.mark.parametrize("use", list(SIZE_BUILTINS), ids=list(SIZE_BUILTINS))

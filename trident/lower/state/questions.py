@@ -185,16 +185,18 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
 # itself (not its ``__index__``, ``__float__`` or text) answers for the SymInt object, which no
 # hook sees: ``pickle.dumps(n)`` pickles the SymInt, ``sys.getsizeof(n)``, ``dir(n)``,
 # ``hasattr(n, "node")``, ``getattr(n, "__class__")``, ``type.__call__(type, n)``,
-# ``int.__instancecheck__(n)``. So a call whose callee the code names (statically) as a builtin
-# function or a slot of a class, other than those whose answer is the int's (``_ANSWER_AS_INT``:
-# what converts the value, does arithmetic or makes text of it, and torch's, math's and
-# operator's functions), or as a dunder attribute (``int.__instancecheck__``, ``n.__reduce__``),
-# with an argument that may be symbolic, is a question. A callee the code does not name (a
+# ``int.__instancecheck__(n)``, ``weakref.ref(n)``. So a call whose callee the code names
+# (statically) as a builtin function, a slot of a class or a class no Python code makes, other
+# than those whose answer is the int's (``_ANSWER_AS_INT``: what converts the value, does
+# arithmetic or makes text of it, and torch's, math's and operator's functions), or as a dunder
+# attribute (``int.__instancecheck__``, ``n.__reduce__``), with an argument that may be
+# symbolic, is a question; so is a call given such a builtin beside a value that may be
+# symbolic (``map(type, x.shape)``, ``sorted(sizes, key=id)``). A callee the code does not name (a
 # tensor's method, a local the code computed) is not one: torch's methods take SymInts.
 _ANSWER_AS_INT = frozenset({
-    abs, all, any, bool, bytes, chr, complex, dict, divmod, enumerate, filter, float, format,
-    frozenset, hash, hex, bin, oct, int, iter, len, list, map, max, min, next, ord, pow, print,
-    range, repr, reversed, round, set, slice, sorted, str, sum, tuple, zip,
+    abs, all, any, bool, bytearray, bytes, chr, complex, dict, divmod, enumerate, filter,
+    float, format, frozenset, hash, hex, bin, oct, int, iter, len, list, map, max, min, next,
+    ord, pow, print, range, repr, reversed, round, set, slice, sorted, str, sum, tuple, zip,
     type, id, isinstance})  # (the last three: asked above, with their own exceptions)
 _ANSWERING_MODULES = ("torch", "math", "cmath", "operator", "_operator", "builtins")
 _C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
@@ -217,8 +219,9 @@ def _introspection(c: _Code, k: int, argc: int) -> str | None:
         receiver = _UNKNOWN  # (n.__reduce__(): the receiver is an argument too)
     else:
         try:
-            if not isinstance(callee, _C_CALLABLES) or callee in _ANSWER_AS_INT:
-                return None
+            if callee in _ANSWER_AS_INT or not (isinstance(callee, _C_CALLABLES) or
+                                                _made_in_c(callee)):
+                return _passed_asker(c, k, argc)
         except TypeError:  # an unhashable callee
             return None
         owner = getattr(callee, "__self__", None)
@@ -247,6 +250,40 @@ def _introspection(c: _Code, k: int, argc: int) -> str | None:
 # calling ``__getattr__``, the hook) read the fake's answer alike.
 _DICT_READERS = {vars: (1, 0, "vars()"), dir: (1, 0, "dir()"),
                  object.__getattribute__: (2, 1, "object.__getattribute__()")}
+
+
+def _made_in_c(cls) -> bool:
+    """A class whose objects no Python code makes (``weakref.ref``, ``array.array``: it may
+    hold the SymInt object itself), other than those that answer as for an int."""
+    if not isinstance(cls, type):
+        return False
+    return not any(isinstance(vars(k).get(m), (types.FunctionType, staticmethod, classmethod))
+                   for k in cls.__mro__ for m in ("__new__", "__init__"))
+
+
+def _asker(value) -> bool:
+    """A builtin that answers for the object it is given (``type``, ``id``, ``dir``,
+    ``sys.getsizeof``), not for its int."""
+    try:
+        if value in (type, id, isinstance):
+            return True
+        if value in _ANSWER_AS_INT or not isinstance(value, _C_CALLABLES):
+            return False
+    except TypeError:
+        return False
+    module = getattr(value, "__module__", None)
+    return not (isinstance(module, str) and module != "builtins" and
+                module.partition(".")[0] in _ANSWERING_MODULES)
+
+
+def _passed_asker(c: _Code, k: int, argc: int) -> str | None:
+    """``map(type, x.shape)``, ``sorted(sizes, key=id)``: an asking builtin passed as an
+    argument of the ``CALL`` at ``k`` beside one that may be symbolic."""
+    values = [c.value(k, d) for d in range(argc)]
+    askers = [v for v in values if v is not _UNKNOWN and _asker(v)]
+    if askers and any(_maybe_symbolic(v) for v in values if v is not askers[0]):
+        return f"{getattr(askers[0], '__name__', '?')}() passed to a call"
+    return None
 
 
 def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
