@@ -3,7 +3,10 @@ call is compared with eager (``torch.equal``), with exact compile, hit and fallb
 
 from __future__ import annotations
 
+import builtins
 import collections
+import functools
+import operator
 import pickle
 import sys
 import warnings
@@ -36,6 +39,13 @@ SIZE_BUILTINS = {
     "map(type)": lambda x, n: x * (2 if list(map(type, [n])) == [int] else 1),
     "sorted(key=id)": lambda x, n: x * (2 if sorted([n, 1], key=id)[0] == 1 else 1),
     "weakref.ref": lambda x, n: x * _weakly(n),
+    "getattr(builtins, 'type')": lambda x, n: x * (2 if getattr(builtins, "type")(n) is int
+                                                   else 1),
+    "operator.attrgetter": lambda x, n: x * (2 if operator.attrgetter("__class__")(n) is int
+                                             else 1),
+    "functools.partial": lambda x, n: x * (2 if functools.partial(isinstance)(n, int) else 1),
+    "a parameter's default": lambda x, n, t=type: x * (2 if t(n) is int else 1),
+    "str.format of an attribute": lambda x, n: x * len("{0.__class__}".format(n)),
 }
 
 

@@ -29,7 +29,9 @@ known (an int leaf is put back after the trace). Library code's questions are to
 
 from __future__ import annotations
 
+import functools
 import operator
+import string
 import types
 
 import torch
@@ -76,9 +78,21 @@ class _Code:
     def callee(self, k: int):
         """The static value of what the ``CALL`` at ``k`` calls, or ``_UNKNOWN``."""
         argc = self.f.ins[k].arg
-        upper = self.f.static(k, argc + 1)
+        upper = self.known(k, argc + 1)
         return upper if upper is not _UNKNOWN and upper is not None else \
-            self.f.static(k, argc)
+            self.known(k, argc)
+
+    def known(self, k: int, d: int):
+        """``Flow.static``, or the call's value of a parameter never rebound (``t=type``)."""
+        value = self.f.static(k, d)
+        if value is _UNKNOWN:
+            found = self.f.producers(k, d)
+            if found and len(found) == 1:
+                i = self.f.ins[found[0][0]]
+                if i.opname in _LOAD_FAST and isinstance(i.argval, str) and \
+                        i.argval in self.params:
+                    return self.params[i.argval]
+        return value
 
     def where(self, k: int) -> str:
         i = self.f.ins[k]
@@ -191,7 +205,11 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
 # arithmetic or makes text of it, and torch's, math's and operator's functions), or as a dunder
 # attribute (``int.__instancecheck__``, ``n.__reduce__``), with an argument that may be
 # symbolic, is a question; so is a call given such a builtin beside a value that may be
-# symbolic (``map(type, x.shape)``, ``sorted(sizes, key=id)``). A callee the code does not name (a
+# symbolic (``map(type, x.shape)``, ``sorted(sizes, key=id)``), a call of what ``getattr``,
+# ``operator.attrgetter``/``methodcaller`` or ``functools.partial`` made (``getattr(builtins,
+# "type")(n)``), and ``str.format`` of a text that reads a field's attribute or item
+# (``"{0.__class__}".format(n)``). A parameter never rebound is known by its value at the call
+# (``def f(x, t=type)``). A callee the code does not name (a
 # tensor's method, a local the code computed) is not one: torch's methods take SymInts.
 _ANSWER_AS_INT = frozenset({
     abs, all, any, bool, bytearray, bytes, chr, complex, dict, divmod, enumerate, filter,
@@ -211,6 +229,15 @@ def _introspection(c: _Code, k: int, argc: int) -> str | None:
     if callee is _UNKNOWN:
         found = c.f.producers(k, argc + 1) or []
         found = found + (c.f.producers(k, argc) or [])
+        for p, _ in found:  # getattr(builtins, "type")(n), operator.attrgetter(...)(n)
+            if c.f.ins[p].opname == "CALL" and _held(c.callee(p), _MAKERS):
+                if any(_maybe_symbolic(c.value(k, d)) for d in range(argc)):
+                    return f"{getattr(c.callee(p), '__name__', '?')}(...)()"
+            i = c.f.ins[p]  # "{0.__class__}".format(n)
+            if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in ("format", "format_map") \
+                    and _fields_read(c.f.static(p, 0)):
+                if any(_maybe_symbolic(c.value(k, d)) for d in range(argc)):
+                    return "str.format() of an attribute"
         named = [c.f.ins[p].argval for p, _ in found
                  if c.f.ins[p].opname in ("LOAD_ATTR", "LOAD_METHOD")]
         if not any(isinstance(n, str) and n[:2] == n[-2:] == "__" for n in named):
@@ -232,7 +259,8 @@ def _introspection(c: _Code, k: int, argc: int) -> str | None:
                 module != "builtins":
             return None
         name = getattr(callee, "__qualname__", None) or getattr(callee, "__name__", "?")
-        if isinstance(owner, (str, bytes)) or (isinstance(owner, type) and (
+        if (isinstance(owner, (str, bytes)) and not _fields_read(owner)) or (
+                isinstance(owner, type) and (
                 name.rpartition(".")[2] == "__new__" or name[-2:] != "__")):
             return None  # "{}".format(n): the value's text; a namedtuple's tuple.__new__
         receiver = None
@@ -250,6 +278,23 @@ def _introspection(c: _Code, k: int, argc: int) -> str | None:
 # calling ``__getattr__``, the hook) read the fake's answer alike.
 _DICT_READERS = {vars: (1, 0, "vars()"), dir: (1, 0, "dir()"),
                  object.__getattribute__: (2, 1, "object.__getattribute__()")}
+
+
+# what makes a callable that asks Python about its argument: getattr(builtins, "type"),
+# operator.attrgetter("__class__"), functools.partial(isinstance)
+_MAKERS = (getattr, operator.attrgetter, operator.methodcaller, functools.partial)
+
+
+def _fields_read(text) -> bool:
+    """Whether ``text``, a str whose ``format`` is called, reads an attribute or an item of
+    an argument (``"{0.__class__}"``): its answer is the object's."""
+    if not isinstance(text, str):
+        return False
+    try:
+        return any(name and ("." in name or "[" in name)
+                   for _, name, _, _ in string.Formatter().parse(text))
+    except ValueError:
+        return True
 
 
 def _made_in_c(cls) -> bool:
@@ -320,10 +365,10 @@ def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
     return None
 
 
-def _held(value) -> bool:
-    """Whether ``value`` is one of ``_DICT_READERS``."""
+def _held(value, among=None) -> bool:
+    """Whether ``value`` is one of ``among`` (``_DICT_READERS``)."""
     try:
-        return value in _DICT_READERS
+        return value in (_DICT_READERS if among is None else among)
     except TypeError:  # unhashable
         return False
 
