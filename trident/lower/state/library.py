@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dis
 import enum
+import functools
 import gc
 import sys
 import types
@@ -62,10 +63,10 @@ def library_kind(frame, scanned: int, passed: int) -> int:
     """Note [Library code that ran]: ``scanned``, ``passed`` or 0 for a library frame (not user
     code), decided by its module's name. A gc callback's frame (hypothesis registers one that
     writes a module global at every collection) is none: the interpreter calls it from
-    whatever frame allocates, not the function's code."""
+    whatever frame allocates, not the function's code; a callback that is a bound method, a
+    ``functools.partial`` or an object with ``__call__`` too (``_callback_code``)."""
     if frame.f_code.co_name in _BLOCKED_CODES or any(
-            getattr(getattr(cb, "__func__", cb), "__code__", None) is frame.f_code
-            for cb in gc.callbacks):
+            _callback_code(cb) is frame.f_code for cb in gc.callbacks):
         return 0
     name = frame.f_globals.get("__name__")
     if not isinstance(name, str):
@@ -82,6 +83,25 @@ def library_kind(frame, scanned: int, passed: int) -> int:
     if top in sys.stdlib_module_names:
         return passed
     return scanned
+
+
+def _callback_code(cb):
+    """The code object a gc callback runs first: a function's, a bound method's, a
+    ``functools.partial``'s function's, a callable object's ``__call__``'s (None where
+    another)."""
+    for _ in range(4):
+        if isinstance(cb, functools.partial):
+            cb = cb.func
+        elif isinstance(cb, types.MethodType):
+            cb = cb.__func__
+        elif isinstance(cb, types.FunctionType):
+            return cb.__code__
+        elif not isinstance(cb, type) and isinstance(getattr(type(cb), "__call__", None),
+                                                         types.FunctionType):
+            cb = type(cb).__call__
+        else:
+            return None
+    return None
 
 
 _LOADS: dict = {}  # id of a code object -> (the code, its loads): kept alive, no id reused

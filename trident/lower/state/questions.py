@@ -29,7 +29,9 @@ known (an int leaf is put back after the trace). Library code's questions are to
 
 from __future__ import annotations
 
+import functools
 import operator
+import string
 import types
 
 import torch
@@ -76,9 +78,21 @@ class _Code:
     def callee(self, k: int):
         """The static value of what the ``CALL`` at ``k`` calls, or ``_UNKNOWN``."""
         argc = self.f.ins[k].arg
-        upper = self.f.static(k, argc + 1)
+        upper = self.known(k, argc + 1)
         return upper if upper is not _UNKNOWN and upper is not None else \
-            self.f.static(k, argc)
+            self.known(k, argc)
+
+    def known(self, k: int, d: int):
+        """``Flow.static``, or the call's value of a parameter never rebound (``t=type``)."""
+        value = self.f.static(k, d)
+        if value is _UNKNOWN:
+            found = self.f.producers(k, d)
+            if found and len(found) == 1:
+                i = self.f.ins[found[0][0]]
+                if i.opname in _LOAD_FAST and isinstance(i.argval, str) and \
+                        i.argval in self.params:
+                    return self.params[i.argval]
+        return value
 
     def where(self, k: int) -> str:
         i = self.f.ins[k]
@@ -174,32 +188,189 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
                 if (_maybe_symbolic(a) or _maybe_symbolic(b)) and not (_no_number(a) or
                                                                        _no_number(b)):
                     what = f"operator.{callee.__name__}()"
+        if what is None and i.opname == "CALL":
+            what = _introspection(c, k, i.arg)
         if what is not None:
             return f"{what} ({c.where(k)})"
     return None
 
 
+# Note [Questions about symbolic values], the builtins: a C function that takes the value
+# itself (not its ``__index__``, ``__float__`` or text) answers for the SymInt object, which no
+# hook sees: ``pickle.dumps(n)`` pickles the SymInt, ``sys.getsizeof(n)``, ``dir(n)``,
+# ``hasattr(n, "node")``, ``getattr(n, "__class__")``, ``type.__call__(type, n)``,
+# ``int.__instancecheck__(n)``, ``weakref.ref(n)``. So a call whose callee the code names
+# (statically) as a builtin function, a slot of a class or a class no Python code makes, other
+# than those whose answer is the int's (``_ANSWER_AS_INT``: what converts the value, does
+# arithmetic or makes text of it, and torch's, math's and operator's functions), or as a dunder
+# attribute (``int.__instancecheck__``, ``n.__reduce__``), with an argument that may be
+# symbolic, is a question; so is a call given such a builtin beside a value that may be
+# symbolic (``map(type, x.shape)``, ``sorted(sizes, key=id)``), a call of what ``getattr``,
+# ``operator.attrgetter``/``methodcaller`` or ``functools.partial`` made (``getattr(builtins,
+# "type")(n)``), and ``str.format`` of a text that reads a field's attribute or item
+# (``"{0.__class__}".format(n)``). A parameter never rebound is known by its value at the call
+# (``def f(x, t=type)``). A callee the code does not name (a
+# tensor's method, a local the code computed) is not one: torch's methods take SymInts.
+_ANSWER_AS_INT = frozenset({
+    abs, all, any, bool, bytearray, bytes, chr, complex, dict, divmod, enumerate, filter,
+    float, format, frozenset, hash, hex, bin, oct, int, iter, len, list, map, max, min, next,
+    ord, pow, print, range, repr, reversed, round, set, slice, sorted, str, sum, tuple, zip,
+    type, id, isinstance})  # (the last three: asked above, with their own exceptions)
+_ANSWERING_MODULES = ("torch", "math", "cmath", "operator", "_operator", "builtins")
+_C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
+                types.WrapperDescriptorType, types.MethodWrapperType,
+                types.ClassMethodDescriptorType)
+
+
+def _introspection(c: _Code, k: int, argc: int) -> str | None:
+    """Note [Questions about symbolic values], the builtins: ``"name()"`` where the ``CALL`` at
+    ``k`` asks a builtin about an argument that may be symbolic, else None."""
+    callee = c.callee(k)
+    if callee is _UNKNOWN:
+        found = c.f.producers(k, argc + 1) or []
+        found = found + (c.f.producers(k, argc) or [])
+        for p, _ in found:  # getattr(builtins, "type")(n), operator.attrgetter(...)(n)
+            if c.f.ins[p].opname == "CALL" and _held(c.callee(p), _MAKERS):
+                if any(_maybe_symbolic(c.value(k, d)) for d in range(argc)):
+                    return f"{getattr(c.callee(p), '__name__', '?')}(...)()"
+            i = c.f.ins[p]  # "{0.__class__}".format(n)
+            if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in ("format", "format_map") \
+                    and _fields_read(c.f.static(p, 0)):
+                if any(_maybe_symbolic(c.value(k, d)) for d in range(argc)):
+                    return "str.format() of an attribute"
+        named = [c.f.ins[p].argval for p, _ in found
+                 if c.f.ins[p].opname in ("LOAD_ATTR", "LOAD_METHOD")]
+        if not any(isinstance(n, str) and n[:2] == n[-2:] == "__" for n in named):
+            return None
+        name = next(n for n in named if n[:2] == n[-2:] == "__")
+        receiver = _UNKNOWN  # (n.__reduce__(): the receiver is an argument too)
+    else:
+        try:
+            if callee in _ANSWER_AS_INT or not (isinstance(callee, _C_CALLABLES) or
+                                                _made_in_c(callee)):
+                return _passed_asker(c, k, argc)
+        except TypeError:  # an unhashable callee
+            return None
+        owner = getattr(callee, "__self__", None)
+        module = getattr(callee, "__module__", None) or getattr(
+            getattr(callee, "__objclass__", None), "__module__", None) or (
+            owner.__name__ if isinstance(owner, types.ModuleType) else None)
+        if isinstance(module, str) and module.partition(".")[0] in _ANSWERING_MODULES and \
+                module != "builtins":
+            return None
+        name = getattr(callee, "__qualname__", None) or getattr(callee, "__name__", "?")
+        if (isinstance(owner, (str, bytes)) and not _fields_read(owner)) or (
+                isinstance(owner, type) and (
+                name.rpartition(".")[2] == "__new__" or name[-2:] != "__")):
+            return None  # "{}".format(n): the value's text; a namedtuple's tuple.__new__
+        receiver = None
+    values = [c.value(k, d) for d in range(argc)]
+    if receiver is _UNKNOWN:
+        values.append(_UNKNOWN)
+    if any(_maybe_symbolic(v) for v in values):
+        return f"{name}()"
+    return None
+
+
+# Note [Python attributes of tensors], the other spellings: ``vars`` under another name
+# (``V = vars``), ``getattr(x, "__dict__")``, ``dir(x)`` (the fake's attributes),
+# ``object.__getattribute__(x, name)`` and ``x.__getattribute__(name)`` (which raise without
+# calling ``__getattr__``, the hook) read the fake's answer alike.
+_DICT_READERS = {vars: (1, 0, "vars()"), dir: (1, 0, "dir()"),
+                 object.__getattribute__: (2, 1, "object.__getattribute__()")}
+
+
+# what makes a callable that asks Python about its argument: getattr(builtins, "type"),
+# operator.attrgetter("__class__"), functools.partial(isinstance)
+_MAKERS = (getattr, operator.attrgetter, operator.methodcaller, functools.partial)
+
+
+def _fields_read(text) -> bool:
+    """Whether ``text``, a str whose ``format`` is called, reads an attribute or an item of
+    an argument (``"{0.__class__}"``): its answer is the object's."""
+    if not isinstance(text, str):
+        return False
+    try:
+        return any(name and ("." in name or "[" in name)
+                   for _, name, _, _ in string.Formatter().parse(text))
+    except ValueError:
+        return True
+
+
+def _made_in_c(cls) -> bool:
+    """A class whose objects no Python code makes (``weakref.ref``, ``array.array``: it may
+    hold the SymInt object itself), other than those that answer as for an int."""
+    if not isinstance(cls, type):
+        return False
+    return not any(isinstance(vars(k).get(m), (types.FunctionType, staticmethod, classmethod))
+                   for k in cls.__mro__ for m in ("__new__", "__init__"))
+
+
+def _asker(value) -> bool:
+    """A builtin that answers for the object it is given (``type``, ``id``, ``dir``,
+    ``sys.getsizeof``), not for its int."""
+    try:
+        if value in (type, id, isinstance):
+            return True
+        if value in _ANSWER_AS_INT or not isinstance(value, _C_CALLABLES):
+            return False
+    except TypeError:
+        return False
+    module = getattr(value, "__module__", None)
+    return not (isinstance(module, str) and module != "builtins" and
+                module.partition(".")[0] in _ANSWERING_MODULES)
+
+
+def _passed_asker(c: _Code, k: int, argc: int) -> str | None:
+    """``map(type, x.shape)``, ``sorted(sizes, key=id)``: an asking builtin passed as an
+    argument of the ``CALL`` at ``k`` beside one that may be symbolic."""
+    values = [c.value(k, d) for d in range(argc)]
+    askers = [v for v in values if v is not _UNKNOWN and _asker(v)]
+    if askers and any(_maybe_symbolic(v) for v in values if v is not askers[0]):
+        return f"{getattr(askers[0], '__name__', '?')}() passed to a call"
+    return None
+
+
 def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
-    """Note [Python attributes of tensors] (source_lines.py): the first ``vars(v)`` or
-    ``v.__dict__`` in ``code`` whose ``v`` may be a tensor (not known to be another object), as
-    ``"vars() (file.py:12)"``, or None. A trace's tensors are fake tensors, whose ``__dict__``
-    holds the fake's own entries, not the tensor's."""
-    if "vars" not in code.co_names and "__dict__" not in code.co_names:
+    """Note [Python attributes of tensors] (source_lines.py): the first ``vars(v)``,
+    ``v.__dict__``, or another spelling of them (``dir(v)``, ``getattr(v, "__dict__")``,
+    ``v.__getattribute__(name)``: ``_DICT_READERS``) in ``code`` whose ``v`` may be a tensor
+    (not known to be another object), as ``"vars() (file.py:12)"``, or None. A trace's
+    tensors are fake tensors, whose ``__dict__`` holds the fake's own entries, not the
+    tensor's."""
+    names = code.co_names
+    if not any(n in ("vars", "dir", "getattr", "__dict__", "__getattribute__") or
+               _held(g.get(n)) for n in names):
         return None  # (a name the code loads: a global, a builtin, an attribute)
     c = _Code(code, g, params)
     for k, i in enumerate(c.f.ins):
         what = None
-        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval == "__dict__":
-            what = ".__dict__"
-        elif i.opname == "CALL" and i.arg == 1 and c.callee(k) is vars:
-            what = "vars()"
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in ("__dict__",
+                                                                     "__getattribute__"):
+            what, d = f".{i.argval}", 0
+        elif i.opname == "CALL":
+            callee = c.callee(k)
+            reader = _DICT_READERS.get(callee) if _held(callee) else None
+            if reader is not None and reader[0] == i.arg:
+                _, d, what = reader
+            elif callee is getattr and i.arg in (2, 3) and \
+                    c.value(k, i.arg - 2) == "__dict__":
+                what, d = "getattr(..., '__dict__')", i.arg - 1
         if what is not None:
-            v = c.value(k, 0)
+            v = c.value(k, d)
             if v is _UNKNOWN:
-                v = _attribute_of_parameter(c, k, 0)
+                v = _attribute_of_parameter(c, k, d)
             if v is _UNKNOWN or isinstance(v, torch.Tensor):
                 return f"{what} ({c.where(k)})"
     return None
+
+
+def _held(value, among=None) -> bool:
+    """Whether ``value`` is one of ``among`` (``_DICT_READERS``)."""
+    try:
+        return value in (_DICT_READERS if among is None else among)
+    except TypeError:  # unhashable
+        return False
 
 
 def _attribute_of_parameter(c: _Code, k: int, d: int, depth: int = 0):
