@@ -137,7 +137,7 @@ def arg_facts(obj: Any) -> ArgFacts:
     """What the native dispatcher reads from one argument (``read_arg`` in runtime/args.cpp)."""
     if type(obj) in (torch.Tensor, torch.nn.Parameter):
         if (obj.is_nested or obj.layout != torch.strided or obj.is_conj() or obj.is_neg()
-                or obj.device.type not in DEVICE_TYPES):
+                or obj._is_zerotensor() or obj.device.type not in DEVICE_TYPES):
             return ArgFacts(OTHER)
         try:
             data_ptr = obj.data_ptr()

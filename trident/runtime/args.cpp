@@ -71,12 +71,14 @@ void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
 void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   const at::Tensor& t = THPVariable_Unpack(obj);
   auto* impl = t.unsafeGetTensorImpl();
-  // Nested, non-strided layouts, symbolic shapes, conjugate/negative views and wrapper tensors
-  // are left to Python.
+  // Nested, non-strided layouts, symbolic shapes, conjugate/negative views, ZeroTensors (no
+  // memory: a null data pointer, which a graph replay would read) and wrapper tensors are left
+  // to Python.
   if (!t.defined() || t.is_nested() || t.layout() != c10::kStrided ||
       impl->has_symbolic_sizes_strides() ||
       (!t.is_cpu() && !t.is_cuda()) ||
-      t.is_conj() || t.is_neg() || impl->is_python_dispatch() || !t.has_storage() ||
+      t.is_conj() || t.is_neg() || t._is_zerotensor() || impl->is_python_dispatch() ||
+      !t.has_storage() ||
       (forward_ad && (t._fw_grad(0).defined() || t._fw_grad(1).defined()))) {  // a dual tensor
     a->kind = TRT_ARG_OTHER;
     return;
