@@ -222,12 +222,18 @@ def symbolic_writes(tree, writes: list, known: dict[str, frozenset[int]]):
     paths = dict(known)
     for node, name, value, _ in writes:
         if isinstance(value, torch.Tensor):
-            dims = {d for d, n in enumerate(value.shape) if isinstance(n, torch.SymInt)
-                    and n.node.shape_env.replace(n.node.expr).free_symbols}
+            dims = {d for d, n in enumerate(value.shape) if _symbolic(n)}
             if dims:
                 path = f"{tree.nodes[node].path}.{name}"
                 paths[path] = paths.get(path, frozenset()) | dims
     return paths
+
+
+def _symbolic(n) -> bool:
+    """``n`` is a SymInt that its ShapeEnv has not replaced by a constant (asks no guard)."""
+    node = getattr(n, "node", None) if isinstance(n, torch.SymInt) else None
+    env = getattr(node, "shape_env", None)
+    return env is not None and bool(env.replace(node.expr).free_symbols)
 
 
 def written_dims(call: _Call, written: dict[str, frozenset[int]]) -> dict[int, set[int]]:
