@@ -256,3 +256,26 @@ def passes_through(fn):
     def wrapper(*args, **kwargs):
         return fn(*args, **kwargs)
     return wrapper
+
+
+def generate_as_eager(model, reference, served, ids, kw: dict, i: int, restore=None):
+    """``model.generate(ids, **kw)`` with ``model.forward`` set to ``reference`` (eager's
+    forward), then to ``served`` (a ``trident.jit`` of it), the forward put back after; asserts
+    that every token and every step's logits are equal (``torch.equal``) and that each made
+    ``kw["max_new_tokens"]`` steps (``i``: the request's number, in the messages). ``restore``,
+    called between the two, puts back what the reference's ``generate`` changed on the model
+    (a static cache's ``_previous_max_cache_length``). Returns the served output."""
+    forward = model.forward
+    try:
+        model.forward = reference
+        ref = model.generate(ids, **kw)
+        if restore is not None:
+            restore()
+        model.forward = served
+        out = model.generate(ids, **kw)
+    finally:
+        model.forward = forward
+    assert torch.equal(out.sequences, ref.sequences), (i, served.stats.miss_reasons)
+    assert len(out.logits) == len(ref.logits) == kw["max_new_tokens"], i
+    assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits)), i
+    return out

@@ -43,6 +43,43 @@ trace of one that fails for the reason a trace of another failed runs eagerly at
 without a second failed trace. Before, a server's mix
 of both structures compiled each at exact sizes and again symbolic: a tiny Qwen2 reached the
 limit of 8 specializations at its fifth request.
+
+Note [Lengths of written state]: the first compile of an argument structure in which nothing
+changed yet is at exact sizes (automatic dynamic), but for one kind of evidence that a size
+will change: the trace stores tensors into the state of its arguments' objects (Note
+[Attribute writes] in lower/writes.py), state the next call reads, and what it stores has
+other sizes than what the object held there. A function that fills or grows the state it keeps
+across calls is a step over a sequence (a transformers ``DynamicCache``'s prefill: its layers'
+``keys`` were None and are ``[batch, heads, prompt, head_dim]`` after it), and the lengths it
+stores are a request's, which a server's requests change, as serving engines treat the token
+count as dynamic from the start. So such a trace, where ``_dynamic_dims`` found nothing
+symbolic, is traced again (``written_lengths``) with symbolic: where the object held a tensor
+at that path, the dims of that leaf whose size the write changes (2 or more: a decode step's
+cache of one token stays static); where it held none (None, or no attribute), the dims of the
+call's tensor leaves (no module's parameters or buffers; of tensors of 2 or more dims, dims
+other than 0, the batch's: Note [Batch dims], which the trace makes symbolic too) whose size
+(2 or more) is the size of a dim other than 0 of a stored tensor (the prompt's length in
+``input_ids``, ``attention_mask``, ``position_ids``), but for a size that is an int attribute
+the object had (a static cache layer's ``max_cache_len``), which sizes a buffer of its own, not
+a length the call brings (a static cache's lengths are int attributes: Note [Int leaves] in
+policy.py; an int the trace writes, as a sliding-window layer's ``cumulative_length``, the
+prompt's length, does not count). A dim of such a size by coincidence (a prompt as long as the
+number of heads) is symbolic too; what the trace ties to a constant is
+guarded as one. The exact trace is kept if the symbolic trace or compile fails (once per
+function, as any automatic attempt: ``_dynamic_failed``). So a ``DynamicCache`` server compiles
+its first prefill with the prompt's length and the batch symbolic, not at exact sizes and
+again at the second request's length: a padded sweep compiles 4 times (the prefill and decode
+step of each of the two argument structures), not 5. The cost is one more trace of the first
+compile (``Stats.traces``). A one-token prompt's prefill stores a cache of length one: no
+length of 2 or more, so it compiles at exact sizes (sizes 1 stay static), and its decode step
+(which grows the cache from 1 to 2) too; a function that stores a tensor of the sizes the path
+held (a buffer rewritten in place of another of its shape) keeps automatic dynamic's rules.
+What a specialization stores with a symbolic dim is read back symbolic: the tensors a trace
+writes with symbolic dims are recorded by path (``symbolic_writes``, ``_written_dims``), and a
+later compile makes those dims of the tensors at those paths symbolic (``written_dims``): the
+decode step after a symbolic prefill of another request has its cache's length symbolic, where
+its ``input_ids`` (one token) and the prefill specialization's recorded sizes (the first
+request's) no longer show it (``varied_sizes`` in Note [Tensors by path] compares sizes only).
 """
 
 from __future__ import annotations
@@ -143,4 +180,66 @@ def sized_by(call: _Call, paths: frozenset[str]) -> dict[int, set[int]]:
     dims = {i: {d for d, n in enumerate(a.shape) if n in sizes}
             for i, a in enumerate(call.leaves) if isinstance(a, torch.Tensor)
             and not batch._module_tensor(tree, tree.leaf_nodes[i - 1])} if sizes else {}
+    return {i: d for i, d in dims.items() if d}
+
+
+def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
+    """Note [Lengths of written state]: ``{leaf index: dims}`` of ``call``'s tensor leaves
+    that an exact trace's tensor ``writes`` (``(node, name, value, attributes)``: Note
+    [Attribute writes] in lower/writes.py) show to be lengths: the dims a write changes of the
+    leaf the object held at that path, and the dims of the sizes of the tensors stored where
+    it held none."""
+    tree, index = call.tree, {name: i for i, name in enumerate(call.names)}
+    dims: dict[int, set[int]] = {}
+    sizes: set[int] = set()
+    for node, name, value, _ in writes:
+        if not isinstance(value, torch.Tensor) or \
+                not all(type(n) is int for n in value.shape):
+            continue
+        owner = vars(call.values[node]) if hasattr(call.values[node], "__dict__") else {}
+        before, i = owner.get(name), index.get(f"{tree.nodes[node].path}.{name}")
+        if isinstance(before, torch.Tensor):
+            if i is not None and before.dim() == value.dim():
+                dims[i] = dims.get(i, set()) | {
+                    d for d, n in enumerate(before.shape) if n >= 2 and n != value.shape[d]}
+            continue
+        # a buffer its object sizes by its own ints (a static cache layer's ``max_cache_len``)
+        # holds no length of the call
+        own = {v for v in owner.values() if type(v) is int}
+        sizes |= {n for n in value.shape[1:] if n >= 2 and n not in own}
+    for i, a in enumerate(call.leaves):
+        if isinstance(a, torch.Tensor) and i and sizes and \
+                not batch._module_tensor(tree, tree.leaf_nodes[i - 1]):
+            dims[i] = dims.get(i, set()) | {d for d, n in enumerate(a.shape)
+                                            if n in sizes and (d or a.dim() == 1)}
+    return {i: d for i, d in dims.items() if d}
+
+
+def symbolic_writes(tree, writes: list, known: dict[str, frozenset[int]]):
+    """Note [Lengths of written state]: ``known`` (``{path: dims}``) with the dims that a
+    trace's tensor ``writes`` store symbolic (no guard asked: the ShapeEnv's replacements,
+    read), by the path of the attribute."""
+    paths = dict(known)
+    for node, name, value, _ in writes:
+        if isinstance(value, torch.Tensor):
+            dims = {d for d, n in enumerate(value.shape) if _symbolic(n)}
+            if dims:
+                path = f"{tree.nodes[node].path}.{name}"
+                paths[path] = paths.get(path, frozenset()) | dims
+    return paths
+
+
+def _symbolic(n) -> bool:
+    """``n`` is a SymInt that its ShapeEnv has not replaced by a constant (asks no guard)."""
+    node = getattr(n, "node", None) if isinstance(n, torch.SymInt) else None
+    env = getattr(node, "shape_env", None)
+    return env is not None and bool(env.replace(node.expr).free_symbols)
+
+
+def written_dims(call: _Call, written: dict[str, frozenset[int]]) -> dict[int, set[int]]:
+    """Note [Lengths of written state]: ``{leaf index: dims}`` of ``call``'s tensor leaves at
+    paths where a specialization stored tensors with those dims symbolic (``written``)."""
+    dims = {i: {d for d in written.get(name, ()) if d < a.dim()}
+            for i, (a, name) in enumerate(zip(call.leaves, call.names))
+            if isinstance(a, torch.Tensor)}
     return {i: d for i, d in dims.items() if d}

@@ -426,6 +426,8 @@ class MissPolicy:
                 dims[i] = dims.get(i, set()) | (d if names[i] not in known else set())
             for i, d in ints.new_tensor_dims(call, known, varied).items():
                 dims[i] = dims.get(i, set()) | d
+            for i, d in ints.written_dims(call, self._written_dims).items():  # (the Note's)
+                dims[i] = dims.get(i, set()) | d
             if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
                 for i, d in batch.batch_dims(call).items():
                     dims[i] = dims.get(i, set()) | d
@@ -450,12 +452,31 @@ class MissPolicy:
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
-        try:
-            return self._compile(call, {})
+        try:  # Note [Lengths of written state] in ints.py: automatic, before any failure
+            return self._compile(call, {}, self._lengths_compile if automatic and
+                                 not self._dynamic_failed else None)
         except TridentError as e:  # decided by the call and the code, not by jit's options
             self._dynamic_failed = failed_before  # (not the dims' failure: the sizes' fails too)
             e.static_trace = True
             raise
+
+    def _lengths_compile(self, call: _Call) -> Specialization | None:
+        """Note [Lengths of written state] in ints.py: ``call`` compiled with the lengths its
+        exact trace stored, and its batch, symbolic; None where that failed (the exact trace
+        is compiled, and automatic dynamic specializes on the sizes from now on)."""
+        dynamic = dict(self._written_lengths)
+        for i, d in batch.batch_dims(call).items():
+            dynamic[i] = dynamic.get(i, set()) | d
+        try:
+            return self._compile(call, dynamic)
+        except CompileForbidden:
+            raise
+        except TridentError as e:
+            _recompiles.info("%s: the lengths of the written state %s not compiled (%s); "
+                             "specializing on the sizes from now on", self.__qualname__,
+                             dynamic, e)
+            self._dynamic_failed = True
+            return None
 
 
 def _other_object(tree, call_tree) -> str | None:

@@ -12,7 +12,7 @@ import torch
 
 from trident import config
 from trident.errors import TridentError
-from trident.frontend import batch
+from trident.frontend import batch, ints
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
@@ -60,16 +60,14 @@ class Tracer:
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
             if type(value) is int or isinstance(value, torch.SymInt))
+        # Note [Lengths of written state] in ints.py: of an exact trace; the symbolic stores
+        self._written_lengths = {} if dynamic else ints.written_lengths(call, writes)
+        self._written_dims = ints.symbolic_writes(call.tree, writes, self._written_dims)
         return captured
 
-    def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
-        """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
-        -> dims) symbolic.
-
-        Raises:
-            TridentError: the trace or the compile failed (an unsupported op or construct)."""
+    def _traced(self, call: _Call, dynamic: dict[int, set[int]]):
+        """``(captured, state reads)`` of ``call`` traced with ``dynamic`` dims (``_compile``)."""
         self._counters.traces += 1
-        args, names = call.leaves, call.names
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
@@ -86,6 +84,25 @@ class Tracer:
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
             reads += [r.to_json() for r in _partials_of(call)]
+        return captured, reads
+
+    def _compile(self, call: _Call, dynamic: dict[int, set[int]],
+                 again=None) -> Specialization:
+        """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
+        -> dims) symbolic; ``again``: called with ``call`` after an exact trace whose writes
+        store lengths (Note [Lengths of written state] in ints.py), its specialization (a
+        symbolic one) replaces the trace's, None keeps it.
+
+        Raises:
+            TridentError: the trace or the compile failed (an unsupported op or construct)."""
+        captured, reads = self._traced(call, dynamic)
+        if again is not None and not dynamic and self._written_lengths:
+            written = self._written_ints
+            spec = again(call)
+            if spec is not None:
+                return spec
+            self._written_ints = written  # (the exact trace's)
+        args, names = call.leaves, call.names
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
         spec = dataclasses.replace(compiler.compile_specialization(
