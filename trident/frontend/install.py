@@ -30,7 +30,7 @@ from trident.identity import PROCESS, function_key, same_object
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ID, TENSOR, ArgTree, Binding
-from trident.lower import kernels, rng, state, uses
+from trident.lower import kernels, orders, rng, state, uses
 from trident.lower.flatten import flatten_call
 
 _recompiles = config.logger("recompiles")
@@ -66,7 +66,11 @@ class Installer:
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
         tree, leaves, values = flatten_call(self._binding, args, kwargs, self._int_leaves)
-        return self._known_call(_Call(args, kwargs, tree, tuple(leaves), values))
+        call = _Call(args, kwargs, tree, tuple(leaves), values)
+        if self._free_orders and not any(s.tree == tree.key for s in self._specs +
+                                         self._pending):  # Note [Dict orders]
+            call = in_orders(call, self._free_orders)
+        return self._known_call(call)
 
     # Note [Classes of one name]: a tree's description names a class by its module and
     # qualified name, the same in every process (a new process finds the stored
@@ -375,6 +379,8 @@ class Installer:
         self._specs, self._pending = specs, list(pending)
         self._left_out = None
         self._reset_graphs(len(specs))
+        self._free_orders = self._free_orders.union(*(s.free_orders for s in specs +
+                                                      self._pending))  # Note [Dict orders]
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
             self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in
                                                         specs + self._pending))
@@ -481,6 +487,15 @@ def _weakly(method: Callable[[], None]) -> Callable[[], None]:
             bound()
 
     return call
+
+
+def in_orders(call: _Call, free: frozenset) -> _Call:
+    """``call`` with its tree's candidate dict checked in any order where its path is in
+    ``free``, else in its order (Note [Dict orders] in lower/orders.py)."""
+    tree = orders.ordered(call.tree, call.values, free)
+    if tree is call.tree:
+        return call
+    return _Call(call.args, call.kwargs, tree, (tree.key,) + call.leaves[1:], call.values)
 
 
 def _int_leaves_of(spec: Specialization) -> frozenset[str]:

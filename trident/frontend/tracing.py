@@ -13,10 +13,10 @@ import torch
 from trident import config
 from trident.errors import TridentError
 from trident.frontend import batch
-from trident.frontend.install import _Call
+from trident.frontend.install import _Call, in_orders
 from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
-from trident.lower import compiler, state
+from trident.lower import compiler, orders, state
 from trident.lower.capture import trace
 from trident.lower.substitute import substituted
 from trident.lower.outputs import flatten_output
@@ -62,6 +62,24 @@ class Tracer:
             if type(value) is int or isinstance(value, torch.SymInt))
         return captured
 
+    def _order_probe(self, call: _Call, dynamic: dict[int, set[int]], recording,
+                     captured) -> frozenset:
+        """Note [Dict orders] (lower/orders.py): the path of the call's candidate dict where a
+        trace with its keys the other way round is ``captured`` again, else nothing."""
+        i = orders.candidate(call.tree)
+        if i is None or call.tree.key in self._process_trees:  # (Note [Classes of one name])
+            return frozenset()
+        written = self._written_ints
+        try:
+            with orders.reversed_in_place(call.values[i]):
+                again = self._trace(call, dynamic, recording)
+        except TridentError:
+            again = None
+        same = again is not None and self._written_ints == written and \
+            orders.same_capture(captured, again)
+        self._written_ints = written
+        return frozenset({call.tree.nodes[i].path}) if same else frozenset()
+
     def _compile(self, call: _Call, dynamic: dict[int, set[int]]) -> Specialization:
         """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
         -> dims) symbolic.
@@ -76,6 +94,7 @@ class Tracer:
                 state.record(None if self._constant_self else self._code_fn) as recording:
             try:
                 captured = self._trace(call, dynamic, recording)
+                free = self._order_probe(call, dynamic, recording, captured)
             except TridentError as e:
                 if recording.refused is None or str(e) == recording.refused:
                     raise
@@ -88,9 +107,12 @@ class Tracer:
             reads += [r.to_json() for r in _partials_of(call)]
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
+        call = in_orders(call, free)  # Note [Dict orders]: the tree the trace found
+        args = call.leaves
         spec = dataclasses.replace(compiler.compile_specialization(
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
-            self._code_fn), tree_ints=int_constants(call.tree))  # Note [Stored int constants]
+            self._code_fn), tree_ints=int_constants(call.tree),  # Note [Stored int constants]
+            free_orders=tuple(sorted(free)))
         self._counters.compiles += 1
         if self._dynamic is None:  # Note [Batch dims]: written ints are int leaves from now on
             self._int_leaves = self._int_leaves | self._written_ints
