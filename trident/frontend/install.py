@@ -65,12 +65,18 @@ class Installer:
     # ---- argument trees (Note [Argument trees]) ---------------------------------------------
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
-        tree, leaves, values = flatten_call(self._binding, args, kwargs, self._int_leaves)
+        return self._known_call(self._flattened(args, kwargs, self._int_leaves))
+
+    def _flattened(self, args: tuple, kwargs: dict, int_leaves: frozenset) -> _Call:
+        """The call flattened with ``int_leaves``, its dict of a learned path in any order
+        but where a known specialization's tree checks its order (Note [Dict orders] in
+        lower/orders.py)."""
+        tree, leaves, values = flatten_call(self._binding, args, kwargs, int_leaves)
         call = _Call(args, kwargs, tree, tuple(leaves), values)
         if self._free_orders and not any(s.tree == tree.key for s in self._specs +
-                                         self._pending):  # Note [Dict orders]
+                                         self._pending):
             call = in_orders(call, self._free_orders)
-        return self._known_call(call)
+        return call
 
     # Note [Classes of one name]: a tree's description names a class by its module and
     # qualified name, the same in every process (a new process finds the stored
@@ -298,10 +304,9 @@ class Installer:
             if paths == self._int_leaves:
                 continue
             try:
-                tree, leaves, values = flatten_call(self._binding, call.args, call.kwargs, paths)
+                again = self._keyed(self._flattened(call.args, call.kwargs, paths))
             except (TypeError, TridentError):
                 continue
-            again = self._keyed(_Call(call.args, call.kwargs, tree, tuple(leaves), values))
             if any(s.tree == again.tree.key and _int_leaves_of(s) == paths
                    and first_failure(s.guards, again.leaves) is None for s in specs):
                 return self._known_call(again)

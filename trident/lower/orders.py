@@ -128,10 +128,31 @@ def same_capture(a, b) -> bool:
 
 
 def _same_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
-    if a.code != b.code:
-        return False
-    targets = [n.target for n in a.graph.nodes if n.op == "get_attr"]
-    return all(_same_values(_attr(a, t), _attr(b, t)) for t in targets)
+    """The same live nodes (a pure op whose value no one uses aside: the first trace of a
+    model ran a lazy initialization's dead ``aten.empty`` that the second did not), with the
+    same targets, arguments and constants."""
+    if a.code == b.code:
+        targets = [n.target for n in a.graph.nodes if n.op == "get_attr"]
+        return all(_same_values(_attr(a, t), _attr(b, t)) for t in targets)
+    mine, theirs = _live(a), _live(b)
+    return len(mine) == len(theirs) and all(_same_values(x, y) for x, y in zip(mine, theirs))
+
+
+def _live(gm: torch.fx.GraphModule) -> list:
+    """Per live node of ``gm`` in order: its op, target (a constant's value) and arguments,
+    the nodes among them by their live index."""
+    live: set = set()
+    for n in reversed(gm.graph.nodes):
+        if n.op in ("placeholder", "output") or n.is_impure() or any(u in live for u in n.users):
+            live.add(n)
+    index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n in live)}
+
+    def ref(m):
+        return ("node", index[m])
+
+    return [(n.op, _attr(gm, n.target) if n.op == "get_attr" else str(n.target),
+             torch.fx.node.map_arg(n.args, ref), torch.fx.node.map_arg(n.kwargs, ref))
+            for n in gm.graph.nodes if n in live]
 
 
 def _attr(m, target: str):
