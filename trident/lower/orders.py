@@ -33,8 +33,13 @@ checks the order of the call's dict (another call of the function iterated it), 
 is kept. Either way the dispatcher checks what the installed tree's key says: a call of
 another order is never served by a specialization that read the order.
 
-The hit path is unchanged for every other dict: the check of one in any order costs a set
-lookup per key where an ordered one compares keys in order.
+What it costs: the compile of a call that holds a candidate traces twice (the second trace is
+part of the first's stage, not counted in ``stats.traces``; the tiny Gemma2 of
+tests/test_partials_in_trees.py has one per compile). Two traces of one call may differ
+in what a first run initializes lazily, so graphs are compared by their live nodes (a dead
+``aten.empty`` aside); any other difference keeps the order checked. The hit path is
+unchanged for every other dict (one type test more in ``same_keys``): the check of one in any
+order costs a set lookup per key where an ordered one compares keys in order.
 """
 
 from __future__ import annotations
