@@ -6,7 +6,6 @@ call is compared with eager (``torch.equal``), with exact counts and no fallback
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import textwrap
 import types

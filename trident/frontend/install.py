@@ -68,15 +68,9 @@ class Installer:
         return self._known_call(self._flattened(args, kwargs, self._int_leaves))
 
     def _flattened(self, args: tuple, kwargs: dict, int_leaves: frozenset) -> _Call:
-        """The call flattened with ``int_leaves``, its dict of a learned path in any order
-        but where a known specialization's tree checks its order (Note [Dict orders] in
-        lower/orders.py)."""
         tree, leaves, values = flatten_call(self._binding, args, kwargs, int_leaves)
-        call = _Call(args, kwargs, tree, tuple(leaves), values)
-        if self._free_orders and not any(s.tree == tree.key for s in self._specs +
-                                         self._pending):
-            call = in_orders(call, self._free_orders)
-        return call
+        return orders.learned(_Call(args, kwargs, tree, tuple(leaves), values),
+                              self._free_orders, self._specs + self._pending)
 
     # Note [Classes of one name]: a tree's description names a class by its module and
     # qualified name, the same in every process (a new process finds the stored
@@ -384,8 +378,7 @@ class Installer:
         self._specs, self._pending = specs, list(pending)
         self._left_out = None
         self._reset_graphs(len(specs))
-        self._free_orders = self._free_orders.union(*(s.free_orders for s in specs +
-                                                      self._pending))  # Note [Dict orders]
+        self._free_orders |= {p for s in specs + self._pending for p in s.free_orders}
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
             self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in
                                                         specs + self._pending))
@@ -492,15 +485,6 @@ def _weakly(method: Callable[[], None]) -> Callable[[], None]:
             bound()
 
     return call
-
-
-def in_orders(call: _Call, free: frozenset) -> _Call:
-    """``call`` with its tree's candidate dict checked in any order where its path is in
-    ``free``, else in its order (Note [Dict orders] in lower/orders.py)."""
-    tree = orders.ordered(call.tree, call.values, free)
-    if tree is call.tree:
-        return call
-    return _Call(call.args, call.kwargs, tree, (tree.key,) + call.leaves[1:], call.values)
 
 
 def _int_leaves_of(spec: Specialization) -> frozenset[str]:

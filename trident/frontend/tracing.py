@@ -13,7 +13,7 @@ import torch
 from trident import config
 from trident.errors import TridentError
 from trident.frontend import batch
-from trident.frontend.install import _Call, in_orders
+from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
 from trident.lower import compiler, orders, state
@@ -107,7 +107,7 @@ class Tracer:
             reads += [r.to_json() for r in _partials_of(call)]
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
-        call = in_orders(call, free)  # Note [Dict orders]: the tree the trace found
+        call = orders.in_orders(call, free)  # Note [Dict orders]: the tree the trace found
         args = call.leaves
         spec = dataclasses.replace(compiler.compile_specialization(
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,

@@ -95,6 +95,23 @@ def ordered(tree: ArgTree, values: list, free: frozenset) -> ArgTree:
     return ArgTree(nodes, tree.leaf_nodes, tree_key(description), description)
 
 
+def in_orders(call, free: frozenset):
+    """``call`` (frontend/install.py's ``_Call``) with its tree's candidate dict checked in any
+    order where its path is in ``free``, else in its order."""
+    tree = ordered(call.tree, call.values, free)
+    if tree is call.tree:
+        return call
+    return dataclasses.replace(call, tree=tree, leaves=(tree.key,) + call.leaves[1:])
+
+
+def learned(call, free: frozenset, specs: list):
+    """``call`` with its dict of a path in ``free`` (learned from specializations) in any
+    order, but where one of ``specs`` has its tree (one that checks the dict's order)."""
+    if free and not any(s.tree == call.tree.key for s in specs):
+        return in_orders(call, free)
+    return call
+
+
 @contextlib.contextmanager
 def reversed_in_place(d: dict):
     """``d`` with its items in the reverse order; its order put back afterwards."""
