@@ -407,14 +407,16 @@ def test_every_guard_kind_has_a_c_check():
 
 
 def test_tree_key_is_checked_right_after_the_argument_count():
-    """Note [Guard order]: two argument trees of as many leaves (a dict's two key orders): each
-    specialization checks the tree key (leaf 0) right after the count, so the module of the other
-    tree fails there; each call is served by its own, equal to eager."""
+    """Note [Guard order]: two argument trees of as many leaves (a dict's two key orders, which
+    ``f`` reads: Note [Dict orders] in lower/orders.py): each specialization checks the tree
+    key (leaf 0) right after the count, so the module of the other tree fails there; each call
+    is served by its own, equal to eager."""
     from trident.ir.facts import INT
     from trident.ir.guards import Kind
 
     def f(d):
-        return d["a"] * 2 + d["b"]
+        first, second = d.values()
+        return first * 2 + second
 
     jf = trident.jit(f)
     calls = [{"a": torch.ones(3), "b": torch.arange(3.0)},

@@ -30,7 +30,7 @@ from trident.identity import PROCESS, function_key, same_object
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ID, TENSOR, ArgTree, Binding
-from trident.lower import kernels, rng, state, uses
+from trident.lower import kernels, orders, rng, state, uses
 from trident.lower.flatten import flatten_call
 
 _recompiles = config.logger("recompiles")
@@ -65,8 +65,12 @@ class Installer:
     # ---- argument trees (Note [Argument trees]) ---------------------------------------------
 
     def _flatten(self, args: tuple, kwargs: dict) -> _Call:
-        tree, leaves, values = flatten_call(self._binding, args, kwargs, self._int_leaves)
-        return self._known_call(_Call(args, kwargs, tree, tuple(leaves), values))
+        return self._known_call(self._flattened(args, kwargs, self._int_leaves))
+
+    def _flattened(self, args: tuple, kwargs: dict, int_leaves: frozenset) -> _Call:
+        tree, leaves, values = flatten_call(self._binding, args, kwargs, int_leaves)
+        return orders.learned(_Call(args, kwargs, tree, tuple(leaves), values),
+                              self._free_orders, self._specs + self._pending)
 
     # Note [Classes of one name]: a tree's description names a class by its module and
     # qualified name, the same in every process (a new process finds the stored
@@ -294,10 +298,9 @@ class Installer:
             if paths == self._int_leaves:
                 continue
             try:
-                tree, leaves, values = flatten_call(self._binding, call.args, call.kwargs, paths)
+                again = self._keyed(self._flattened(call.args, call.kwargs, paths))
             except (TypeError, TridentError):
                 continue
-            again = self._keyed(_Call(call.args, call.kwargs, tree, tuple(leaves), values))
             if any(s.tree == again.tree.key and _int_leaves_of(s) == paths
                    and first_failure(s.guards, again.leaves) is None for s in specs):
                 return self._known_call(again)
@@ -375,6 +378,7 @@ class Installer:
         self._specs, self._pending = specs, list(pending)
         self._left_out = None
         self._reset_graphs(len(specs))
+        self._free_orders |= {p for s in specs + self._pending for p in s.free_orders}
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
             self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in
                                                         specs + self._pending))

@@ -23,7 +23,7 @@ from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _same_node, _user_stacklevel
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
-from trident.lower import flatten, kernels
+from trident.lower import flatten, kernels, orders
 from trident.lower.guards import guards_for
 
 _recompiles = config.logger("recompiles")
@@ -203,6 +203,9 @@ class MissPolicy:
                 spec, start = None, time.perf_counter()
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
+                    if spec.tree != call.tree.key:  # Note [Dict orders]: as its trace found
+                        call = self._known_call(orders.in_orders(call,
+                                                                 frozenset(spec.free_orders)))
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
                         cache.COMPILED_HERE.add(spec.key)
                         _FUNCTION_COMPILES[self._cache.directory] = \

@@ -16,7 +16,7 @@ from trident.frontend import batch, ints
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
-from trident.lower import compiler, state
+from trident.lower import compiler, orders, state
 from trident.lower.capture import trace
 from trident.lower.substitute import substituted
 from trident.lower.outputs import flatten_output
@@ -65,8 +65,27 @@ class Tracer:
         self._written_dims = ints.symbolic_writes(call.tree, writes, self._written_dims)
         return captured
 
+    def _order_probe(self, call: _Call, dynamic: dict[int, set[int]], recording,
+                     captured) -> frozenset:
+        """Note [Dict orders] (lower/orders.py): the path of the call's candidate dict where a
+        trace with its keys the other way round is ``captured`` again, else nothing."""
+        i = orders.candidate(call.tree)
+        if i is None or call.tree.key in self._process_trees:  # (Note [Classes of one name])
+            return frozenset()
+        kept = self._written_ints, self._written_lengths, self._written_dims
+        try:
+            with orders.reversed_in_place(call.values[i]):
+                again = self._trace(call, dynamic, recording)
+        except TridentError:
+            again = None
+        same = again is not None and self._written_ints == kept[0] and \
+            orders.same_capture(captured, again)
+        self._written_ints, self._written_lengths, self._written_dims = kept
+        return frozenset({call.tree.nodes[i].path}) if same else frozenset()
+
     def _traced(self, call: _Call, dynamic: dict[int, set[int]]):
-        """``(captured, state reads)`` of ``call`` traced with ``dynamic`` dims (``_compile``)."""
+        """``(captured, state reads, order-free dict paths)`` of ``call`` traced with
+        ``dynamic`` dims (``_compile``)."""
         self._counters.traces += 1
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
@@ -74,6 +93,7 @@ class Tracer:
                 state.record(None if self._constant_self else self._code_fn) as recording:
             try:
                 captured = self._trace(call, dynamic, recording)
+                free = self._order_probe(call, dynamic, recording, captured)
             except TridentError as e:
                 if recording.refused is None or str(e) == recording.refused:
                     raise
@@ -84,7 +104,7 @@ class Tracer:
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
             reads += [r.to_json() for r in _partials_of(call)]
-        return captured, reads
+        return captured, reads, free
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]],
                  again=None) -> Specialization:
@@ -95,7 +115,7 @@ class Tracer:
 
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
-        captured, reads = self._traced(call, dynamic)
+        captured, reads, free = self._traced(call, dynamic)
         if again is not None and not dynamic and self._written_lengths:
             written = self._written_ints
             spec = again(call)
@@ -105,9 +125,12 @@ class Tracer:
         args, names = call.leaves, call.names
         with config.stage("state"):
             spec_state = StateGuard(tuple(reads), self._state_tree(reads).digest)
+        call = orders.in_orders(call, free)  # Note [Dict orders]: the tree the trace found
+        args = call.leaves
         spec = dataclasses.replace(compiler.compile_specialization(
             captured, args, names, dynamic, call.tree.key, spec_state, self.__qualname__,
-            self._code_fn), tree_ints=int_constants(call.tree))  # Note [Stored int constants]
+            self._code_fn), tree_ints=int_constants(call.tree),  # Note [Stored int constants]
+            free_orders=tuple(sorted(free)))
         self._counters.compiles += 1
         if self._dynamic is None:  # Note [Batch dims]: written ints are int leaves from now on
             self._int_leaves = self._int_leaves | self._written_ints

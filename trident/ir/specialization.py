@@ -50,6 +50,8 @@ class Specialization:
         state: what the trace read outside the arguments (``StateGuard``).
         tree_ints: Note [Stored int constants] (frontend/policy.py): ``{node index:
             description}`` of the int constants of its argument tree.
+        free_orders: the paths of the dicts its argument tree checks in any order (Note
+            [Dict orders] in lower/orders.py).
     """
 
     signature: str
@@ -63,6 +65,7 @@ class Specialization:
     catching: str = ""
     state: StateGuard = dataclasses.field(default_factory=StateGuard)
     tree_ints: dict[str, str] = dataclasses.field(default_factory=dict)
+    free_orders: tuple = ()
 
     def to_json(self) -> dict:
         out = {"signature": self.signature, "arg_names": self.arg_names,
@@ -72,6 +75,8 @@ class Specialization:
                "catching": self.catching, "state": self.state.to_json()}
         if self.tree_ints:  # (absent where there are none: such a spec's key is as before)
             out["tree_ints"] = self.tree_ints
+        if self.free_orders:  # (absent alike)
+            out["free_orders"] = list(self.free_orders)
         return out
 
     @classmethod
@@ -81,7 +86,8 @@ class Specialization:
                    Plan.from_json(data["plan"]), data.get("dynamic", {}), data.get("shapes"),
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
-                   StateGuard.from_json(data["state"]), dict(data.get("tree_ints", {})))
+                   StateGuard.from_json(data["state"]), dict(data.get("tree_ints", {})),
+                   tuple(data.get("free_orders", ())))
 
     @property
     def symbolic(self) -> bool:

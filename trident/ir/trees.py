@@ -139,7 +139,8 @@ class TreeWords:
 
     def to_json(self) -> dict:
         return {"description": self.description, "paths": self.paths,
-                "keys": [list(k) if k is not None else None for k in self.keys]}
+                "keys": [(sorted(k) if type(k) is frozenset else list(k)) if k is not None
+                         else None for k in self.keys]}
 
     @classmethod
     def from_json(cls, data: dict, key: int) -> "TreeWords":

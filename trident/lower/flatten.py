@@ -53,6 +53,7 @@ from trident import frames
 from trident.errors import TridentError, with_article
 from trident.identity import identity_words, jitted_code, stable_words
 from trident.runtime import ABI
+from trident.lower.orders import sorted_items
 from trident.lower.partials import partial_words
 from trident.lower.uses import WHOLE, Uses, attributes_read, covers, items_read, merge
 from trident.ir.trees import (ARG, ATTR, CONST, DICT, ID, INDEX, ITEM, LEAF, MAX_NODES, OBJECT,
@@ -250,7 +251,8 @@ class _Flattener:
             module_dict = (parent >= 0 and access == ATTR
                            and _is_module_dict(self.nodes[parent], key))
             items = items_read(uses, value)
-            for k, item in value.items():
+            for k in sorted(value) if sorted_items(self.nodes, me) else list(value):
+                item = value[k]  # Note [Dict orders]: a candidate's in sorted key order
                 if items is not WHOLE and k not in items:
                     continue
                 if module_dict:

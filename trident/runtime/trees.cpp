@@ -119,7 +119,21 @@ bool same_key(PyObject* k, PyObject* want) {
 // The dict's keys are `keys`, in the order it iterates them (str and int keys: compared by exact
 // type and value). An OrderedDict iterates in the order of its own linked list, which
 // move_to_end changes without changing the dict it is built on (nor that dict's order).
+// `keys` a frozenset (of str): the dict's keys in any order (Note [Dict orders] in
+// trident/lower/orders.py), its length checked by the caller.
 bool same_keys(PyObject* d, PyObject* keys) {
+  if (PyFrozenSet_CheckExact(keys)) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *item;
+    while (PyDict_Next(d, &pos, &k, &item)) {
+      int has = PyUnicode_CheckExact(k) ? PySet_Contains(keys, k) : 0;  // (str: no code runs)
+      if (has != 1) {
+        if (has < 0) PyErr_Clear();
+        return false;
+      }
+    }
+    return true;
+  }
   if (PyODict_CheckExact(d)) {
     PyObject* it = PyObject_GetIter(d);  // C's odict iterator: no Python code runs
     if (!it) {
@@ -267,7 +281,9 @@ bool parse_tree(PyObject* prog, Py_ssize_t nparams, Tree& tree) {
     node.length = PyLong_AsSsize_t(PyTuple_GET_ITEM(n, 5));
     node.keys = PyTuple_GET_ITEM(n, 6) == Py_None ? nullptr : PyTuple_GET_ITEM(n, 6);
     if (node.keys && node.check != TRT_CHK_TENSOR &&
-        (!PyTuple_Check(node.keys) || PyTuple_GET_SIZE(node.keys) != node.length))
+        !(PyTuple_Check(node.keys) && PyTuple_GET_SIZE(node.keys) == node.length) &&
+        !(node.check == TRT_CHK_DICT && PyFrozenSet_CheckExact(node.keys) &&
+          PySet_GET_SIZE(node.keys) == node.length))  // Note [Dict orders]
       return false;
     if (node.check == TRT_CHK_TENSOR && (!node.keys || !THPVariable_Check(node.keys)))
       return false;  // its contents' copy (Note [Global tensor values] in lower/state/tree.py)
