@@ -160,10 +160,10 @@ def _guarded(value) -> bool:
 #     proof at every call. No scanned frame of the models above reads one by a constant key:
 #     left in docs/design.md's Not guarded.
 # A value that changes between calls (a counter that code outside the trace bumps, read by
-# library code inside it) makes each new value a recompile, as a user global's does: the
-# specialization limit counts per state digest (the function's cache folder, Note
-# [Specialization limit] in frontend/policy.py), so it does not bound them, where Dynamo's
-# recompile limit falls back to eager after 8. A flag that the trace sets and resets around
+# library code inside it) makes each new value a recompile, as a user global's does, up to
+# the specialization limit, which counts per code object and owner across states (Note
+# [Specialization limit] in frontend/policy.py), as Dynamo's recompile limit falls back to
+# eager after 8. A flag that the trace sets and resets around
 # its own code is read by the guard as after the trace, as the next call finds it.
 _MAX_ITEMS = 64  # a library's tuple or frozenset guarded by value: at most this many items
 _MAX_DEPTH = 4
