@@ -157,3 +157,136 @@ def test_two_models_of_one_class_do_not_share_the_limit():
         assert counts(again) == dict(hits=0, misses=1, compiles=0, fallbacks=1, traces=0)
     finally:
         STEP = 0
+
+
+# ---- Note [Interrupts] (lower/state/recording.py) -------------------------------------------
+# Code the interpreter runs between the function's instructions, that the function did not call:
+# the finalizers of garbage the collector frees (``__del__``, ``weakref.finalize``), run here by
+# a library's ``gc.collect()`` inside the function (the caller's instruction is a CALL). Each
+# rewrites a module global at every run; its reads are not the function's (guarded, they made
+# every call recompile) and its writes are not the function's (recorded as user code, they made
+# every call eager). The garbage is made before each call with the collector off (as garbage
+# made during the compile is: the heap made before it is frozen, config.frozen_heap).
+
+LIBNAME = "trident_fakelib42"
+_LIB42 = '''
+import gc
+
+DELS = 0
+
+
+class Noisy:
+    def __del__(self):
+        global DELS
+        DELS = DELS + 1
+
+
+def bump():
+    global DELS
+    DELS = DELS + 1
+
+
+def collect():
+    gc.collect()
+'''
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    import importlib
+    import sys
+
+    root = tmp_path_factory.mktemp("site")
+    (root / LIBNAME).mkdir()
+    (root / LIBNAME / "__init__.py").write_text(_LIB42)
+    (root / f"{LIBNAME}-1.0.dist-info").mkdir()
+    (root / f"{LIBNAME}-1.0.dist-info" / "METADATA").write_text(f"Name: {LIBNAME}\nVersion: 1.0\n")
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(LIBNAME)
+        from trident import frames
+        assert frames.library_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop(LIBNAME, None)
+
+
+USER_DELS = 0
+
+
+class UserNoisy:
+    def __del__(self):
+        global USER_DELS
+        USER_DELS = USER_DELS + 1
+
+
+class Box:
+    pass
+
+
+def _garbage(lib, kind: str) -> None:
+    """One unreachable cycle whose finalizer bumps a counter when the collector frees it."""
+    if kind == "library __del__":
+        n = lib.Noisy()
+    elif kind == "user __del__":
+        n = UserNoisy()
+    else:  # a weakref.finalize callback of the library's
+        n = Box()
+        import weakref
+        weakref.finalize(n, lib.bump)
+    n.me = n
+
+
+@pytest.mark.parametrize("kind", ["library __del__", "user __del__", "weakref.finalize"])
+def test_a_finalizer_the_collector_runs_during_the_trace_is_not_the_functions_code(lib, kind):
+    """One compile, then hits while the finalizer's counter changes between the calls; every
+    value equal to eager. The garbage is freed by the trace's ``gc.collect()`` (the counters
+    say the finalizers ran: once per garbage made)."""
+    import gc
+
+    def f(x):
+        lib.collect()
+        return x + 1
+
+    jf = trident.jit(f)
+    x = torch.arange(3.0)
+    before = lib.DELS + USER_DELS
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for n in range(4):
+                _garbage(lib, kind)
+                out = jf(x)
+                if n == 0:  # the trace's collection ran the finalizer
+                    assert lib.DELS + USER_DELS == before + 1
+                _garbage(lib, kind)
+                assert torch.equal(out, f(x))
+    finally:
+        if enabled:
+            gc.enable()
+    assert counts(jf) == dict(hits=3, misses=1, compiles=1, fallbacks=0, traces=1), jf.stats
+    assert lib.DELS + USER_DELS == before + 8  # each garbage freed once, by a collection
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (its refusal
+def test_a_finalizer_the_function_starts_is_its_code(lib):  # raised inside __del__)
+    """A finalizer that the function's own code runs, by dropping the last reference to an
+    object it made (refcounting, not the collector), is the function's code, as eager runs it
+    at every call: its write to a global of the user's makes the call eager, as a write in the
+    function's body does."""
+    def f(x):
+        n = UserNoisy()
+        del n
+        return x + 1
+
+    jf = trident.jit(f)
+    x = torch.arange(3.0)
+    with pytest.warns(UserWarning, match="writes to global USER_DELS"):
+        for _ in range(3):
+            before = USER_DELS
+            assert torch.equal(jf(x), x + 1) and USER_DELS == before + 1
+    assert counts(jf) == dict(hits=0, misses=3, compiles=0, fallbacks=3, traces=1), jf.stats

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dis
 import enum
 import gc
+import signal
 import sys
 import types
 
@@ -25,7 +26,9 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   one, nor anything below it: Trident's own (its ``TorchFunctionMode``, through which every
 #   torch op of the trace goes), a ``__torch_function__`` or ``__torch_dispatch__``, torch's
 #   other internals (the dispatcher's Python, fake tensors, FX, decompositions: as Dynamo's
-#   skipfiles, taken as fixed), Triton's, sympy's, numpy's, a module's body run by an import.
+#   skipfiles, taken as fixed), Triton's, sympy's, numpy's, a module's body run by an import,
+#   nor code the interpreter runs between the function's instructions (a gc callback, a
+#   finalizer the collector runs, a signal handler: Note [Interrupts] in recording.py).
 #   torch's modules whose code Dynamo inlines are scanned (``torch.nn``, ``torch.functional``,
 #   ``torch._tensor``); the standard library's frames and torch's decorators (``no_grad``,
 #   ``autograd.Function.apply``) pass the inlining on without being scanned themselves
@@ -60,12 +63,9 @@ _BLOCKED_CODES = frozenset({"__torch_function__", "__torch_dispatch__", "<module
 
 def library_kind(frame, scanned: int, passed: int) -> int:
     """Note [Library code that ran]: ``scanned``, ``passed`` or 0 for a library frame (not user
-    code), decided by its module's name. A gc callback's frame (hypothesis registers one that
-    writes a module global at every collection) is none: the interpreter calls it from
-    whatever frame allocates, not the function's code."""
-    if frame.f_code.co_name in _BLOCKED_CODES or any(
-            getattr(getattr(cb, "__func__", cb), "__code__", None) is frame.f_code
-            for cb in gc.callbacks):
+    code), decided by its module's name (code the interpreter runs between the function's
+    instructions is neither: Note [Interrupts] in recording.py)."""
+    if frame.f_code.co_name in _BLOCKED_CODES:
         return 0
     name = frame.f_globals.get("__name__")
     if not isinstance(name, str):
@@ -82,6 +82,33 @@ def library_kind(frame, scanned: int, passed: int) -> int:
     if top in sys.stdlib_module_names:
         return passed
     return scanned
+
+
+def _code_of(handler):
+    """The code object a handler (a function, a bound method, a ``functools.partial``) runs,
+    or None."""
+    handler = getattr(handler, "func", handler)  # (a partial)
+    return getattr(getattr(handler, "__func__", handler), "__code__", None)
+
+
+def handler_codes() -> frozenset:
+    """Note [Interrupts] in recording.py: the ids of the code objects of the Python signal
+    handlers set now (the signal module holds them: no id is reused meanwhile)."""
+    out = set()
+    for number in signal.valid_signals():
+        try:
+            code = _code_of(signal.getsignal(number))
+        except (ValueError, OSError):  # (a number the platform does not know)
+            continue
+        if code is not None:
+            out.add(id(code))
+    return frozenset(out)
+
+
+def interrupt_code(code, handlers: frozenset) -> bool:
+    """Note [Interrupts] in recording.py: whether ``code`` is a gc callback's or a signal
+    handler's (``handlers``: ``handler_codes()``)."""
+    return id(code) in handlers or any(_code_of(cb) is code for cb in gc.callbacks)
 
 
 _LOADS: dict = {}  # id of a code object -> (the code, its loads): kept alive, no id reused
