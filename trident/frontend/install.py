@@ -164,11 +164,13 @@ class Installer:
 
     # ---- the stored specializations ---------------------------------------------------------
 
-    def _ensure_loaded(self) -> None:
+    def _ensure_loaded(self, moved: bool = False) -> None:
         """First use in this process, or after what a specialization read changed (Note [State
-        guards] in lower/state/): read the stored specializations that the current state
-        allows, to be installed when a call needs them (Note [Installing on demand])."""
-        if self._cache is not None and self._state_failure() < 0 and self._defaults_unchanged():
+        guards] in lower/state/), or ``moved`` (``_folder_moved`` in policy.py): read the
+        stored specializations that the current state allows, to be installed when a call
+        needs them (Note [Installing on demand])."""
+        if not moved and self._cache is not None and self._state_failure() < 0 and \
+                self._defaults_unchanged():
             return
         if self._cache is not None:  # for the miss reason of the call that finds no specs
             self._load_reason = f"{self._state_change()} since the last call"

@@ -143,6 +143,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._callback_ids: dict[tuple[str, int], int] = {}
         self._warned_reasons: set[str] = set()
         self._left_out = None  # Note [Specialization limit]: (cache, stored specs not installed)
+        self._limit_serial: int | None = None  # Note [Specialization limit]: its owner's
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -278,8 +279,8 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             every call; an object's other attributes are guarded by value or identity.
             ``@trident.jit`` on a method in a class body binds ``self`` like a function.
         max_specializations: bound on the specializations this function compiles in a process
-            (counted over every ``trident.jit`` of the same function, which share its cache
-            entry) and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it
+            (counted over every ``trident.jit`` of the same function and owner: a method's or
+            module's instance) and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it
             new signatures run eagerly, with one warning (Note [Specialization limit] in
             trident/frontend/policy.py).
         fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or

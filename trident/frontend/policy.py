@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -21,6 +21,7 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, cache, ints
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _same_node, _user_stacklevel
+from trident.identity import function_key, object_serial
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels, orders
@@ -32,10 +33,17 @@ _recompiles = config.logger("recompiles")
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
-# Note [Specialization limit]: compiles in this process per function cache folder, by every
-# JitFunction over that function (two trident.jit objects over one function, a method jitted
-# on two instances), as torch.compile's recompile limit counts per code object.
-_FUNCTION_COMPILES: dict[Path, int] = {}
+# Note [Specialization limit]: compiles in this process per function code object and owner
+# (in its cache area, TRIDENT_CACHE_DIR), by every JitFunction over that pair, as
+# torch.compile's recompile limit counts per code object. The owner: a bound method's or a
+# module's instance, else the function itself; so two trident.jit objects over one function
+# share the count, and two models of one class (each jitted as ``trident.jit(m.forward)``: a
+# sweep that builds a model per configuration) do not. Not per cache folder: the folder's key
+# holds the values of the globals the function names (Note [Function key] in identity.py), so
+# a global rebound at every call (a step counter) would open a new folder, and compile, at
+# every call, without end. Past the limit, a folder of no specializations is left when the
+# function's key names another one (``_folder_moved``): a value seen before hits again.
+_FUNCTION_COMPILES: dict[tuple, int] = {}
 
 
 class MissPolicy:
@@ -142,7 +150,7 @@ class MissPolicy:
         tree = self._trees.get(leaves[0])
         if (tree is None or self._cache is None or not self._at_limit()
                 or not self._defaults_unchanged() or self._state_failure() >= 0
-                or self._stored_fit(tree.key, leaves) is not None):
+                or self._stored_fit(tree.key, leaves) is not None or self._folder_moved()):
             return self._slow_path(args, kwargs)
         why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
         return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
@@ -166,6 +174,9 @@ class MissPolicy:
         # than compiled again (Note [Specialization limit])
         stored = self._stored_fit(call.tree.key, call.leaves)
         if stored is None and self._at_limit():
+            if self._folder_moved():  # another state's folder may hold one
+                self._ensure_loaded(moved=True)
+                return self._slow_path(call.args, call.kwargs)
             return self._past_limit(call.args, call.kwargs)  # no reason text: eager's cost
         reason = self._miss_reason(call)
         _recompiles.info("%s: miss: %s", self.__qualname__, reason)
@@ -208,8 +219,8 @@ class MissPolicy:
                                                                  frozenset(spec.free_orders)))
                     if stored is None:  # counted toward the limit (Note [Specialization limit])
                         cache.COMPILED_HERE.add(spec.key)
-                        _FUNCTION_COMPILES[self._cache.directory] = \
-                            _FUNCTION_COMPILES.get(self._cache.directory, 0) + 1
+                        _FUNCTION_COMPILES[self._limit_key()] = \
+                            _FUNCTION_COMPILES.get(self._limit_key(), 0) + 1
                     with cache.in_use(self._cache.directory):  # Note [Cache size]
                         # The new specialization goes last, after those stored by other
                         # processes (read again: they may have stored some meanwhile).
@@ -277,12 +288,31 @@ class MissPolicy:
 
     def _at_limit(self) -> bool:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
-        function, through any JitFunction over it (``_FUNCTION_COMPILES``)."""
-        return _FUNCTION_COMPILES.get(self._cache.directory, 0) >= self._max_specializations
+        function for its owner, through any JitFunction over them (``_FUNCTION_COMPILES``)."""
+        return _FUNCTION_COMPILES.get(self._limit_key(), 0) >= self._max_specializations
+
+    def _folder_moved(self) -> bool:
+        """Note [Specialization limit]: whether the function's key now names another cache
+        folder than the one loaded, where none of its specializations watches the state (a
+        global rebound after the limit was reached: the folder of its new value has none, and
+        an earlier value's folder may hold one). Hashes the function (Note [Function key]):
+        asked only on calls past the limit, which run eagerly otherwise."""
+        return self._cache is not None and not self._specs and not self._pending and \
+            not self._cache.directory.name.endswith("-" + function_key(self._code_fn))
+
+    def _limit_key(self) -> tuple:
+        """Note [Specialization limit]: what the limit counts per: the function's cache area,
+        its code object (or the callable, where it has none) and its owner's serial (Note
+        [Identity serials] in identity.py)."""
+        fn = self._fn  # a module, a bound method (its self) or a function: alive while we are
+        if self._limit_serial is None:
+            self._limit_serial = object_serial(fn.__self__ if type(fn) is types.MethodType else fn)
+        code = getattr(self._code_fn, "__code__", self._code_fn)
+        return (self._cache.directory.parent, code, self._limit_serial)
 
     def _past_limit(self, args: tuple, kwargs: dict | None):
         own = self._counters.compiles
-        total = max(own, _FUNCTION_COMPILES.get(self._cache.directory, 0))
+        total = max(own, _FUNCTION_COMPILES.get(self._limit_key(), 0))
         return self._eager(args, kwargs, f"reached its limit of {self._max_specializations} "
                            f"compiled specializations in this process ({own} by this trident.jit "
                            f"object, {total - own} by others over the same function; those "

@@ -7,6 +7,7 @@ import dis
 import enum
 import functools
 import gc
+import signal
 import sys
 import types
 
@@ -26,7 +27,9 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   one, nor anything below it: Trident's own (its ``TorchFunctionMode``, through which every
 #   torch op of the trace goes), a ``__torch_function__`` or ``__torch_dispatch__``, torch's
 #   other internals (the dispatcher's Python, fake tensors, FX, decompositions: as Dynamo's
-#   skipfiles, taken as fixed), Triton's, sympy's, numpy's, a module's body run by an import.
+#   skipfiles, taken as fixed), Triton's, sympy's, numpy's, a module's body run by an import,
+#   nor code the interpreter runs between the function's instructions (a gc callback, a
+#   finalizer the collector runs, a signal handler: Note [Interrupts] in recording.py).
 #   torch's modules whose code Dynamo inlines are scanned (``torch.nn``, ``torch.functional``,
 #   ``torch._tensor``); the standard library's frames and torch's decorators (``no_grad``,
 #   ``autograd.Function.apply``) pass the inlining on without being scanned themselves
@@ -61,12 +64,9 @@ _BLOCKED_CODES = frozenset({"__torch_function__", "__torch_dispatch__", "<module
 
 def library_kind(frame, scanned: int, passed: int) -> int:
     """Note [Library code that ran]: ``scanned``, ``passed`` or 0 for a library frame (not user
-    code), decided by its module's name. A gc callback's frame (hypothesis registers one that
-    writes a module global at every collection) is none: the interpreter calls it from
-    whatever frame allocates, not the function's code; a callback that is a bound method, a
-    ``functools.partial`` or an object with ``__call__`` too (``_callback_code``)."""
-    if frame.f_code.co_name in _BLOCKED_CODES or any(
-            _callback_code(cb) is frame.f_code for cb in gc.callbacks):
+    code), decided by its module's name (code the interpreter runs between the function's
+    instructions is neither: Note [Interrupts] in recording.py)."""
+    if frame.f_code.co_name in _BLOCKED_CODES:
         return 0
     name = frame.f_globals.get("__name__")
     if not isinstance(name, str):
@@ -85,23 +85,43 @@ def library_kind(frame, scanned: int, passed: int) -> int:
     return scanned
 
 
-def _callback_code(cb):
-    """The code object a gc callback runs first: a function's, a bound method's, a
-    ``functools.partial``'s function's, a callable object's ``__call__``'s (None where
-    another)."""
+def _code_of(handler):
+    """The code object a handler (a gc callback, a signal handler) runs first: a function's, a
+    bound method's, a ``functools.partial``'s function's, a callable object's ``__call__``'s;
+    None where another."""
     for _ in range(4):
-        if isinstance(cb, functools.partial):
-            cb = cb.func
-        elif isinstance(cb, types.MethodType):
-            cb = cb.__func__
-        elif isinstance(cb, types.FunctionType):
-            return cb.__code__
-        elif not isinstance(cb, type) and isinstance(getattr(type(cb), "__call__", None),
-                                                         types.FunctionType):
-            cb = type(cb).__call__
+        if isinstance(handler, functools.partial):
+            handler = handler.func
+        elif isinstance(handler, types.MethodType):
+            handler = handler.__func__
+        elif isinstance(handler, types.FunctionType):
+            return handler.__code__
+        elif not isinstance(handler, type) and isinstance(
+                getattr(type(handler), "__call__", None), types.FunctionType):
+            handler = type(handler).__call__
         else:
             return None
     return None
+
+
+def handler_codes() -> frozenset:
+    """Note [Interrupts] in recording.py: the ids of the code objects of the Python signal
+    handlers set now (the signal module holds them: no id is reused meanwhile)."""
+    out = set()
+    for number in signal.valid_signals():
+        try:
+            code = _code_of(signal.getsignal(number))
+        except (ValueError, OSError):  # (a number the platform does not know)
+            continue
+        if code is not None:
+            out.add(id(code))
+    return frozenset(out)
+
+
+def interrupt_code(code, handlers: frozenset) -> bool:
+    """Note [Interrupts] in recording.py: whether ``code`` is a gc callback's or a signal
+    handler's (``handlers``: ``handler_codes()``)."""
+    return id(code) in handlers or any(_code_of(cb) is code for cb in gc.callbacks)
 
 
 _LOADS: dict = {}  # id of a code object -> (the code, its loads): kept alive, no id reused
@@ -180,10 +200,10 @@ def _guarded(value) -> bool:
 #     proof at every call. No scanned frame of the models above reads one by a constant key:
 #     left in docs/design.md's Not guarded.
 # A value that changes between calls (a counter that code outside the trace bumps, read by
-# library code inside it) makes each new value a recompile, as a user global's does: the
-# specialization limit counts per state digest (the function's cache folder, Note
-# [Specialization limit] in frontend/policy.py), so it does not bound them, where Dynamo's
-# recompile limit falls back to eager after 8. A flag that the trace sets and resets around
+# library code inside it) makes each new value a recompile, as a user global's does, up to
+# the specialization limit, which counts per code object and owner across states (Note
+# [Specialization limit] in frontend/policy.py), as Dynamo's recompile limit falls back to
+# eager after 8. A flag that the trace sets and resets around
 # its own code is read by the guard as after the trace, as the next call finds it.
 _MAX_ITEMS = 64  # a library's tuple or frozenset guarded by value: at most this many items
 _MAX_DEPTH = 4

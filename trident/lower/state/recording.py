@@ -3,10 +3,12 @@ and the calls whose results no guard keeps."""
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import contextlib
 import dataclasses
 import functools
+import gc
 import io
 import logging
 import os
@@ -17,7 +19,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.lower.state.library import library_kind
+from trident.lower.state.library import handler_codes, interrupt_code, library_kind
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
@@ -46,6 +48,28 @@ _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
+_INTERRUPT = 256  # a gc callback's or a signal handler's code (Note [Interrupts])
+
+# Note [Interrupts]: the interpreter runs some code between the function's instructions, from
+# whatever frame is running, that the function did not call: the collector's callbacks
+# (``gc.callbacks``: hypothesis registers one for the rest of a test process that rewrites a
+# module global at every collection) and the finalizers of the garbage it frees (``__del__``,
+# weakref callbacks, ``weakref.finalize``), started by an allocation anywhere or by a
+# ``gc.collect()`` of library code, and Python signal handlers. Their reads are not the
+# function's: guarded, a value they rewrite at every run (a counter) made every call miss;
+# recorded as user code, their writes made the function eager. So none of their frames, nor
+# anything they call, is recorded: the collector's run on this thread is bracketed by two gc
+# callbacks of the recording's own (the first of ``gc.callbacks`` marks its start, the last
+# its end), during which the hook records nothing, and the code of a gc callback (one listed
+# before the first: registered meanwhile) or of a signal handler (``handler_codes``, as the
+# recording starts) is ``_INTERRUPT``, which ``under_fn`` does not walk through. Not by the
+# caller's instruction: code the function does call runs from instructions that are not
+# calls too (``1 - x`` runs ``Tensor.__rsub__`` from BINARY_OP, ``m.layer`` runs
+# ``Module.__getattr__`` from LOAD_ATTR), and a finalizer runs from CALL (``gc.collect()``,
+# ``signal.raise_signal``). A finalizer that the function's own code starts by dropping the
+# last reference to an object (refcounting, not the collector) is the function's code, as
+# eager runs it at every call. A trace or profile function (``sys.settrace``) needs nothing:
+# the interpreter reports no calls made inside one.
 
 
 @dataclasses.dataclass
@@ -190,6 +214,8 @@ def record(fn):
     called: dict = {}  # frame -> whether fn's code called it (frames live until the end)
     inlined: dict = {}  # library frames of Note [Library code that ran] (library.py)
     module_codes = _module_call_codes()
+    handlers = handler_codes()  # Note [Interrupts]
+    collecting, thread = False, _thread.get_ident()
     trace_codes = _trace_state_codes()
     log_codes = _logging_codes()
     kinds: dict = {}  # id of a file's code object -> its _USER | _IMPURE | ... bits
@@ -201,7 +227,7 @@ def record(fn):
         if kind is None:
             module = frame.f_globals.get("__name__")
             user = frames.user_frame(frame)
-            kind = (_USER if user else 0) | \
+            kind = _INTERRUPT if interrupt_code(code, handlers) else (_USER if user else 0) | \
                 (_IMPURE if module in _IMPURE_MODULES else 0) | \
                 (_OS if module in _OS_WRAPPERS else 0) | \
                 (_MODULE_CALL if id(code) in module_codes else 0) | \
@@ -224,7 +250,8 @@ def record(fn):
         while f is not None and f not in called and f.f_code is not top:
             seen.append(f)
             name = f.f_code.co_filename
-            if frames.inside_trident(name) and not name.endswith("kernels.py"):
+            if frames.inside_trident(name) and not name.endswith("kernels.py") or \
+                    kind_of(f) & _INTERRUPT:  # Note [Interrupts]
                 f = None
                 break
             f = f.f_back
@@ -234,7 +261,7 @@ def record(fn):
         return result
 
     def hook(frame, event, arg):  # Note [Recording cost]
-        if event in _QUIET_EVENTS:
+        if event in _QUIET_EVENTS or collecting:  # Note [Interrupts]
             if previous is not None:
                 previous(frame, event, arg)
             return
@@ -322,13 +349,28 @@ def record(fn):
             rec.impure.append(f"{module}.{frame.f_code.co_qualname}, which opens a file by "
                               f"{arg.__module__}.{arg.__name__}")
 
+    def collector_starts(phase, _info) -> None:  # Note [Interrupts]
+        nonlocal collecting
+        if phase == "start" and _thread.get_ident() == thread:
+            collecting = True
+
+    def collector_ends(phase, _info) -> None:
+        nonlocal collecting
+        if phase == "stop" and _thread.get_ident() == thread:
+            collecting = False
+
     _CHAINED[hook] = previous
+    gc.callbacks.insert(0, collector_starts)
+    gc.callbacks.append(collector_ends)
     sys.setprofile(hook)
     rec.active = True
     try:
         yield rec
     finally:
         sys.setprofile(previous)
+        for callback in (collector_starts, collector_ends):
+            with contextlib.suppress(ValueError):  # (removed by another's code meanwhile)
+                gc.callbacks.remove(callback)
         del _CHAINED[hook]
         called.clear()  # the frames, and what their locals hold (a closure may outlive this)
         inlined.clear()
