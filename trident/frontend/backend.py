@@ -10,7 +10,7 @@ new value is a hit, not a recompile; Dynamo's other inputs are specialized by va
 
 Note [Graph dims]: likewise a tensor dim that Dynamo made symbolic (its example input's size a
 ``SymInt``) is symbolic in the graph's specializations from its first call, as a dim marked
-with ``torch._dynamo.mark_dynamic`` is (Note [Automatic dynamic] in policy.py). Dynamo passes
+with ``torch._dynamo.mark_dynamic`` is (Note [Automatic dynamic] in dynamic.py). Dynamo passes
 such a size both in the tensor and as a ``SymInt`` input (a prefill's ``input_ids.shape[1]``,
 ``s27``); traced with the tensor's dim static, the graph tied the int to the static size (``s27
 >= 498``), and the next prompt length missed on that guard and compiled the graph once more,

@@ -1,7 +1,7 @@
 """Batch dims: which dims of a call are its batch, made symbolic together with the lengths
 (Note [Batch dims]); the miss policy (policy.py) asks.
 
-Note [Batch dims]: automatic dynamic shapes (Note [Automatic dynamic] in policy.py) make a dim
+Note [Batch dims]: automatic dynamic shapes (Note [Automatic dynamic] in dynamic.py) make a dim
 symbolic once a call showed it change. A server's calls change their lengths at every request
 and their batch now and then, so a batch of 4 after batches of 2 compiled the prefill and the
 decode step once more, after their lengths had gone symbolic. So when a compile makes a dim

@@ -119,15 +119,13 @@ class Installer:
         return self._match(*call.leaves)
 
     def _set_trees(self) -> None:
-        """Install the argument trees the installed specializations use, then those of calls
-        that ran eagerly (Note [Eager decisions] in eager.py), and the specializations' output
-        recipes (Note [Argument trees])."""
+        """Install the argument trees of the installed specializations, then of eager calls
+        (Note [Eager decisions]), and the output recipes (Note [Argument trees])."""
         recipes = tuple(tuple(s.recipe.ops) if s.recipe else None for s in self._specs)
         self._set_call_trees(self._binding_program,
                              tuple(self._trees[k].program() for k in self._tree_keys()), recipes)
 
-    def _tree_keys(self) -> list:
-        """The keys of the argument trees the dispatcher evaluates, in its order."""
+    def _tree_keys(self) -> list:  # the argument trees the dispatcher evaluates, in order
         return list(dict.fromkeys([s.tree for s in self._specs if s.tree in self._trees] +
                                   [k for k in self._eager_trees if k in self._trees]))
 
@@ -165,10 +163,10 @@ class Installer:
     # ---- the stored specializations ---------------------------------------------------------
 
     def _ensure_loaded(self, moved: bool = False) -> None:
-        """First use in this process, or after what a specialization read changed (Note [State
-        guards] in lower/state/), or ``moved`` (``_folder_moved`` in policy.py): read the
-        stored specializations that the current state allows, to be installed when a call
-        needs them (Note [Installing on demand])."""
+        """First use in this process, after what a specialization read changed (Note [State
+        guards] in lower/state/), or ``moved`` (``_folder_moved`` in policy.py): read the stored
+        specializations the current state allows, installed when a call needs them (Note
+        [Installing on demand])."""
         if not moved and self._cache is not None and self._state_failure() < 0 and \
                 self._defaults_unchanged():
             return

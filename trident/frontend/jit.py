@@ -293,7 +293,7 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             trident/frontend/graphs.py); calls of other sizes run step by step. Default:
             ``TRIDENT_CUDA_GRAPH_SIZES``, else 64.
         dynamic: which tensor dims are symbolic sizes (Note [Automatic dynamic] in
-            trident/frontend/policy.py; docs/dynamic-shapes.md). ``None`` (default):
+            trident/frontend/dynamic.py; docs/dynamic-shapes.md). ``None`` (default):
             automatic, a dim becomes dynamic when a call misses only because its size
             changed. ``True``: every dim from the first call. ``False``: never. A dict
             ``{"argument name": [dims]}``: those dims from the first call, others automatic.

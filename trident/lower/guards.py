@@ -86,7 +86,7 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
 #
 # An int leaf of the argument tree (``cache.layers[0].max_cache_len``, a model's
 # ``_previous_max_cache_length``, ``cache.layers[0].cumulative_length_int``) is guarded by
-# value in a static trace. Under automatic dynamic (policy.py), an int whose value changed while
+# value in a static trace. Under automatic dynamic (frontend/dynamic.py), an int whose value changed while
 # the rest of the call stayed alike is traced as a ShapeEnv symbol of its own (capture.py), as
 # Dynamo's automatic dynamic does for ints: every read of it the trace makes is recorded (a
 # branch on it is a ShapeEnv guard, ``int()`` of it specializes it, arithmetic on it that

@@ -14,10 +14,10 @@ that answer, and every hit of the symbolic specialization returned what eager ne
 is no function the profile hook reports, ``is`` no call at all, and ``isinstance`` reads
 ``__class__`` only where the type's own check fails), so after a symbolic trace the bytecode of
 each user function that ran is scanned (``symbolic_question``; every instruction counts, taken
-or not): a question whose operand may be symbolic makes the symbolic trace fail, and the call
-is traced again at exact sizes and ints (``_compile_dynamic_or_static`` in policy.py: automatic
-dynamic specializes from then on, as it does after any failed dynamic trace), where Python
-answers with ints. A question is let through where its answer cannot differ: an operand the
+or not): a question whose operand may be symbolic makes the symbolic trace fail, and the call is
+traced again at exact sizes and ints (``_compile_dynamic_or_static`` in frontend/dynamic.py:
+automatic dynamic specializes from then on, as it does after any failed dynamic trace), where
+Python answers with ints. A question is let through where its answer cannot differ: an operand the
 code alone knows (a constant, a global, a parameter never rebound whose value at the call is no
 SymInt, SymFloat or SymBool: ``type(self)``); ``isinstance`` with classes that hold alike of a
 SymInt and an int (``tuple``, ``torch.Tensor``); ``type(v)`` only compared with other classes

@@ -1,0 +1,122 @@
+"""Dynamic dims: which of a missed call's dims a compile traces as symbolic sizes (Note
+[Automatic dynamic]), and the compile that tries them before the exact sizes. The miss policy
+(policy.py) asks here; tracing is tracing.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trident import config
+from trident.errors import CompileForbidden, TridentError
+from trident.frontend import batch, ints
+from trident.frontend.eager import _sizeless
+from trident.frontend.install import _Call
+from trident.ir.guards import first_failure
+from trident.ir.specialization import Specialization
+
+_recompiles = config.logger("recompiles")
+
+
+class DynamicDims:
+    """The JitFunction methods that choose a compile's symbolic dims."""
+
+    __slots__ = ()
+
+    def _dynamic_dims(self, call: _Call) -> dict[int, set[int]]:
+        """Note [Automatic dynamic]: the dims of ``args`` to trace as symbolic sizes.
+
+        Asked for: every dim (``dynamic=True``), the dims named per argument
+        (``dynamic={"kv_cache": [2]}``), dims marked with ``torch._dynamo.mark_dynamic``.
+        Automatic: a call that misses a specialization only because some sizes changed makes
+        those dims dynamic, with the dims that specialization already had, as torch.compile's
+        automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
+        compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
+        size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
+        args, names = call.leaves, call.names
+        tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) | self._graph_dims.get(
+            names[i], set()) for i, a in tensors.items()}  # Note [Graph dims] in backend.py
+        if self._dynamic is True:
+            dims = {i: set(range(a.dim())) for i, a in tensors.items()}
+        elif isinstance(self._dynamic, dict):
+            for i, a in tensors.items():
+                asked = set(self._dynamic.get(names[i], ()))
+                if any(d >= a.dim() for d in asked):
+                    raise TridentError(f"trident.jit: dynamic dims {sorted(asked)} of "
+                                       f"{names[i]}, which has {a.dim()} dims")
+                dims[i] |= asked
+        asked = {i: set(d) for i, d in dims.items() if d}
+        varied: set[int] = set()  # Note [Tensors by path] in ints.py
+        for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
+            if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
+                varied |= ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by path
+                continue
+            alike = _sizeless(spec.guards)
+            if spec.shapes is None or spec.tree != call.tree.key or \
+                    first_failure(alike, args) is not None:
+                continue
+            for i, a in tensors.items():
+                dims[i] |= set(spec.dynamic.get(str(i), ()))
+                dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
+        if self._dynamic is None:  # Note [Int leaves]
+            for i, a in enumerate(args):
+                if type(a) is int and names[i] in self._int_leaves:
+                    dims[i] = {0}
+            known = {n for s in self._specs for n, shape in zip(s.arg_names, s.shapes or ())
+                     if shape is not None}  # Note [Ints by path] in ints.py: new tensors
+            for i, d in ints.sized_by(call, self._varied_ints).items():
+                dims[i] = dims.get(i, set()) | (d if names[i] not in known else set())
+            for i, d in ints.new_tensor_dims(call, known, varied).items():
+                dims[i] = dims.get(i, set()) | d
+            for i, d in ints.written_dims(call, self._written_dims).items():  # (the Note's)
+                dims[i] = dims.get(i, set()) | d
+            if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
+                for i, d in batch.batch_dims(call).items():
+                    dims[i] = dims.get(i, set()) | d
+        return {i: d for i, d in dims.items() if d}
+
+    def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
+        automatic, failed_before = self._dynamic is None, self._dynamic_failed
+        dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
+            self._dynamic_dims(call)
+        if dynamic:
+            try:
+                return self._compile(call, dynamic)
+            except CompileForbidden:
+                raise
+            except TridentError as e:
+                if getattr(e, "any_sizes", False):  # the sizes' trace would fail alike
+                    e.static_trace = True
+                    raise
+                # automatic: one failed attempt per function, not per new size; dims the user
+                # asked for are tried again at the next new signature
+                _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
+                                 "sizes%s", self.__qualname__, dynamic, e,
+                                 " from now on" if automatic else "")
+                self._dynamic_failed = True
+        try:  # Note [Lengths of written state] in ints.py: automatic, before any failure
+            return self._compile(call, {}, self._lengths_compile if automatic and
+                                 not self._dynamic_failed else None)
+        except TridentError as e:  # decided by the call and the code, not by jit's options
+            self._dynamic_failed = failed_before  # (not the dims' failure: the sizes' fails too)
+            e.static_trace = True
+            raise
+
+    def _lengths_compile(self, call: _Call) -> Specialization | None:
+        """Note [Lengths of written state] in ints.py: ``call`` compiled with the lengths its
+        exact trace stored, and its batch, symbolic; None where that failed (the exact trace
+        is compiled, and automatic dynamic specializes on the sizes from now on)."""
+        dynamic = dict(self._written_lengths)
+        for i, d in batch.batch_dims(call).items():
+            dynamic[i] = dynamic.get(i, set()) | d
+        try:
+            return self._compile(call, dynamic)
+        except CompileForbidden:
+            raise
+        except TridentError as e:
+            _recompiles.info("%s: the lengths of the written state %s not compiled (%s); "
+                             "specializing on the sizes from now on", self.__qualname__,
+                             dynamic, e)
+            self._dynamic_failed = True
+            return None
