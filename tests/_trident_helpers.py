@@ -279,3 +279,27 @@ def generate_as_eager(model, reference, served, ids, kw: dict, i: int, restore=N
     assert len(out.logits) == len(ref.logits) == kw["max_new_tokens"], i
     assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits)), i
     return out
+
+
+@contextlib.contextmanager
+def installed_package(root: Path, name: str, files: dict[str, str]):
+    """A package ``name`` made of ``files`` (module name -> source) under ``root``, with a
+    ``dist-info`` as pip leaves one, imported from ``sys.path``: Trident takes its code for an
+    installed library's (``frames.library_module``); yields the package, removed after."""
+    (root / name).mkdir()
+    for module, source in files.items():
+        (root / name / f"{module}.py").write_text(source)
+    (root / f"{name}-1.0.dist-info").mkdir()
+    (root / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    try:
+        package = importlib.import_module(name)
+        from trident import frames
+        assert all(frames.library_module(importlib.import_module(
+            name if m == "__init__" else f"{name}.{m}")) for m in files)
+        yield package
+    finally:
+        sys.path.remove(str(root))
+        for m in files:
+            sys.modules.pop(name if m == "__init__" else f"{name}.{m}", None)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import installed_package
 
 
 def counts(jf) -> tuple[int, int, int]:
@@ -183,23 +184,8 @@ def memo(x):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    import importlib
-
-    root = tmp_path_factory.mktemp("site")
-    (root / NAME).mkdir()
-    (root / NAME / "__init__.py").write_text(_LIB)
-    (root / f"{NAME}-1.0.dist-info").mkdir()
-    (root / f"{NAME}-1.0.dist-info" / "METADATA").write_text(f"Name: {NAME}\nVersion: 1.0\n")
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    try:
-        module = importlib.import_module(NAME)
-        from trident import frames
-        assert frames.library_module(module)
+    with installed_package(tmp_path_factory.mktemp("site"), NAME, {"__init__": _LIB}) as module:
         yield module
-    finally:
-        sys.path.remove(str(root))
-        sys.modules.pop(NAME, None)
 
 
 @pytest.mark.xfail(strict=True, reason="library code's writes to its own module's state are not "

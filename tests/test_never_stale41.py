@@ -8,13 +8,13 @@ value, the calls hit. The "library" is a package in a folder on ``sys.path`` tha
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import pytest
 import torch
 
 import trident
+from _trident_helpers import installed_package
 
 NAME = "trident_fakelib41"
 LIB = None  # the package, for a user function that reads it as a global
@@ -116,23 +116,9 @@ def outer(x):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    root = tmp_path_factory.mktemp("site")
-    (root / NAME).mkdir()
-    (root / NAME / "__init__.py").write_text(_LIB)
-    (root / NAME / "sub.py").write_text(_SUB)
-    (root / f"{NAME}-1.0.dist-info").mkdir()
-    (root / f"{NAME}-1.0.dist-info" / "METADATA").write_text(f"Name: {NAME}\nVersion: 1.0\n")
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    try:
-        module = importlib.import_module(NAME)
-        from trident import frames
-        assert frames.library_module(module) and frames.library_module(module.sub)
+    with installed_package(tmp_path_factory.mktemp("site"), NAME,
+                           {"__init__": _LIB, "sub": _SUB}) as module:
         yield module
-    finally:
-        sys.path.remove(str(root))
-        for name in (NAME, f"{NAME}.sub"):
-            sys.modules.pop(name, None)
 
 
 def counts(jf) -> tuple[int, int, int]:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import installed_package
 
 STEP = 0
 GAIN = 0.5
@@ -193,24 +194,9 @@ def collect():
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    import importlib
-    import sys
-
-    root = tmp_path_factory.mktemp("site")
-    (root / LIBNAME).mkdir()
-    (root / LIBNAME / "__init__.py").write_text(_LIB42)
-    (root / f"{LIBNAME}-1.0.dist-info").mkdir()
-    (root / f"{LIBNAME}-1.0.dist-info" / "METADATA").write_text(f"Name: {LIBNAME}\nVersion: 1.0\n")
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    try:
-        module = importlib.import_module(LIBNAME)
-        from trident import frames
-        assert frames.library_module(module)
+    with installed_package(tmp_path_factory.mktemp("site"), LIBNAME,
+                           {"__init__": _LIB42}) as module:
         yield module
-    finally:
-        sys.path.remove(str(root))
-        sys.modules.pop(LIBNAME, None)
 
 
 USER_DELS = 0
