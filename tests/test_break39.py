@@ -102,8 +102,11 @@ def test_threads_calling_one_function_with_modules_they_change():
         t.join()
     assert failures == []
     compiles, hits, fallbacks = counts(jf)
-    # 4 states (k, the set) per thread, threads of one row count share no k
-    assert (fallbacks, compiles + hits) == (0, 240) and compiles <= 16, jf.stats.miss_reasons
+    # 4 states (k, the set) per thread, threads of one row count share no k; every call a hit
+    # or a miss (a miss may install what another thread compiled meanwhile: neither a compile
+    # nor a hit, as the rows become symbolic and thread 0's k reaches thread 1's)
+    assert (fallbacks, jf.stats.misses + hits) == (0, 240) and compiles <= 16, \
+        jf.stats.miss_reasons
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="the dict watchers of Python 3.12")
