@@ -171,7 +171,8 @@ def _contender(model, ids, ref, reps: int, **kw) -> dict:
 
 def _measure(model, ids, ref, reps: int, **kw) -> dict:
     out, first = _generate(model, ids, **kw)
-    jf = getattr(getattr(model.forward, "forward", None), "stats", None) and model.forward.forward
+    jf = getattr(model.forward, "forward", None)  # a trident.jit under _timed, else none
+    jf = jf if hasattr(jf, "stats") else None
     times, each = [], []
     for _ in range(reps):
         before = _graph_counts(jf)
@@ -188,8 +189,8 @@ def _measure(model, ids, ref, reps: int, **kw) -> dict:
 
 
 def _graph_counts(jf) -> tuple:
-    s = getattr(jf, "stats", None)
-    return (s.misses, s.graph_captures, s.graph_replays) if s is not None else ()
+    return () if jf is None else (jf.stats.misses, jf.stats.graph_captures,
+                                  jf.stats.graph_replays)
 
 
 def _graph_floor(model, ids) -> dict:

@@ -303,3 +303,24 @@ def installed_package(root: Path, name: str, files: dict[str, str]):
         sys.path.remove(str(root))
         for m in files:
             sys.modules.pop(name if m == "__init__" else f"{name}.{m}", None)
+
+
+def c_module(tmpdir, name: str, cdef: str, source: str, cuda: bool = False):
+    """A cffi module ``name`` of C ``source`` (declared by ``cdef``) that includes Trident's
+    runtime headers (``cuda``: CUDA's too, which trident_cuda.h needs), compiled in ``tmpdir``
+    and imported: ``(ffi, lib)``."""
+    import cffi
+    import importlib.util
+
+    import trident
+    from trident import build
+
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(name, source, include_dirs=[str(Path(trident.__file__).parent / "runtime")]
+                   + ([build._cuda_include()] if cuda else []))
+    built = ffi.compile(tmpdir=str(tmpdir))
+    spec = importlib.util.spec_from_file_location(name, built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return ffi, module.lib

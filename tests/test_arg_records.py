@@ -7,13 +7,11 @@ reference on random calls, merged checks included: test_guards.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
-import trident
+from _trident_helpers import c_module
 from trident.codegen.guards import guard_c, guard_checks
 from trident.ir.facts import INT, TENSOR
 from trident.ir.guards import (Aligned16, ArgCount, DeviceIndex, DeviceType, Dim, Dtype,
@@ -41,7 +39,7 @@ def checks(tmp_path_factory):
     """The groups and a cffi module whose ``merged(k, ...)`` and ``each(k, ...)`` evaluate group
     k's checks as guard_checks prints them and as the conjunction of guard_c's, over a record
     with the given header fields."""
-    cffi = pytest.importorskip("cffi")
+    pytest.importorskip("cffi")
     groups = _groups(400)
     merged, each = [], []
     for k, group in enumerate(groups):
@@ -79,15 +77,9 @@ int each(int k, {fields}) {{
   return -1;
 }}
 """
-    ffi = cffi.FFI()
-    ffi.cdef(f"int merged(int k, {fields}); int each(int k, {fields});")
-    ffi.set_source("arg_records", source,
-                   include_dirs=[str(Path(trident.__file__).parent / "runtime")])
-    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("arg-records")))
-    spec = importlib.util.spec_from_file_location("arg_records", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return groups, module.lib
+    _, lib = c_module(tmp_path_factory.mktemp("arg-records"), "arg_records",
+                      f"int merged(int k, {fields}); int each(int k, {fields});", source)
+    return groups, lib
 
 
 def _fit(value: int, bits: int) -> int:

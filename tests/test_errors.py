@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import assert_same
+from _trident_helpers import assert_same, c_module
 
 HERE = __file__.rsplit("/", 1)[-1]  # test_errors.py
 
@@ -517,15 +517,9 @@ def test_runtime_abi_reports_cpp_exceptions_as_error_codes(tmp_path):
     """Note [No exception crosses the ABI]: a trt_api entry point whose C++ throws (the data
     pointer of a tensor without storage) returns an error code to the C caller and leaves
     PyTorch's message pending; nothing unwinds through C."""
-    import importlib.util
-
-    import cffi
-
     from trident import runtime
 
-    ffi = cffi.FFI()
-    ffi.cdef("int probe(uintptr_t api);")
-    ffi.set_source("abi_probe", r"""
+    _, lib = c_module(tmp_path, "abi_probe", "int probe(uintptr_t api);", r"""
 #include "trident_rt.h"
 int probe(uintptr_t api) {
   const trt_api* rt = (const trt_api*)api;
@@ -540,13 +534,9 @@ int probe(uintptr_t api) {
   rt->release(r[0].u.t);
   return rc;
 }
-""", include_dirs=[str(runtime.HEADER.parent)])
-    built = ffi.compile(tmpdir=str(tmp_path))
-    spec = importlib.util.spec_from_file_location("abi_probe", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+""")
     rt = runtime.load()
-    assert module.lib.probe(rt.api_address()) == 1
+    assert lib.probe(rt.api_address()) == 1
     assert "doesn't have storage" in rt.last_error()
 
 

@@ -9,21 +9,17 @@ definition, every pair of arguments. The copy kernel itself runs on the GPU mach
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import trident
-from trident import build
+from _trident_helpers import c_module
 from trident.frontend import graphs
 
 
 @pytest.fixture(scope="module")
 def hides(tmp_path_factory):
-    cffi = pytest.importorskip("cffi")
+    pytest.importorskip("cffi")
     source = """#include <stdint.h>
 #include "trident_rt.h"
 #include "trident_cuda.h"
@@ -44,16 +40,11 @@ int slot_hides(const int64_t* in, int n, const uint64_t* pointers, int fresh) {
   return trt_graph_hides_write(&slot, in, in, n, a);
 }
 """
-    ffi = cffi.FFI()
-    ffi.cdef("int hides(const int64_t* in, int n, const uint64_t* pointers);"
-             "int slot_hides(const int64_t* in, int n, const uint64_t* pointers, int fresh);")
-    ffi.set_source("graph_copies", source, include_dirs=[
-        str(Path(trident.__file__).parent / "runtime"), build._cuda_include()])
-    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("graph-copies")))
-    spec = importlib.util.spec_from_file_location("graph_copies", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return lambda *args: module.lib.hides(*args), ffi, module.lib.slot_hides
+    ffi, lib = c_module(tmp_path_factory.mktemp("graph-copies"), "graph_copies",
+                        "int hides(const int64_t* in, int n, const uint64_t* pointers);"
+                        "int slot_hides(const int64_t* in, int n, const uint64_t* pointers, "
+                        "int fresh);", source, cuda=True)
+    return lambda *args: lib.hides(*args), ffi, lib.slot_hides
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +52,7 @@ def keys(tmp_path_factory):
     """A cffi module over runtime/trident_cuda.h's graph keys: ``check(key, nkey, kinds,
     values, n)`` builds records of ints (kind 2, value) and 1-dim tensors (kind 1, size value,
     stride 1) and returns fits * 4 + (call hash == key hash) * 2 + 1."""
-    cffi = pytest.importorskip("cffi")
+    pytest.importorskip("cffi")
     source = """#include <stdint.h>
 #include "trident_rt.h"
 #include "trident_cuda.h"
@@ -82,16 +73,10 @@ int check(const int64_t* key, int64_t nkey, const int* kinds, const int64_t* val
   return trt_graph_fits(key, nkey, a) * 4 + same * 2 + 1;
 }
 """
-    ffi = cffi.FFI()
-    ffi.cdef("int check(const int64_t* key, int64_t nkey, const int* kinds, const int64_t* values,"
-             " int n);")
-    ffi.set_source("graph_keys", source, include_dirs=[
-        str(Path(trident.__file__).parent / "runtime"), build._cuda_include()])
-    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("graph-keys")))
-    spec = importlib.util.spec_from_file_location("graph_keys", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.lib, ffi
+    ffi, lib = c_module(tmp_path_factory.mktemp("graph-keys"), "graph_keys",
+                        "int check(const int64_t* key, int64_t nkey, const int* kinds, "
+                        "const int64_t* values, int n);", source, cuda=True)
+    return lib, ffi
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

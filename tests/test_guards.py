@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trident
-from _trident_helpers import make_cache_dir
+from _trident_helpers import c_module, make_cache_dir
 from trident.ir import sizes
 from trident.ir.guards import (KINDS, ArgCount, ArgGuard, Dtype, FloatBits, Guard, IntValue,
                                ProcessGroup, SameAs, Size, SizeRelation, Stride, first_failure)
@@ -295,13 +295,9 @@ def _size_expressions(n: int, seed: int = 0) -> list:
 
 @pytest.fixture(scope="module")
 def size_expressions(tmp_path_factory):
-    """The expressions and a cffi module whose ``eval_expr(k, ...)`` computes expression ``k``
+    """The expressions and a cffi library whose ``eval_expr(k, ...)`` computes expression ``k``
     as codegen prints it, over ``trt_arg a[2]``."""
-    import importlib.util
-    from pathlib import Path
-
-    import cffi
-
+    pytest.importorskip("cffi")
     from trident.codegen.cprint import CPrinter
 
     exprs = _size_expressions(300)
@@ -318,23 +314,17 @@ int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, const int64_t* s1
   return 0;
 }}
 """
-    ffi = cffi.FFI()
-    ffi.cdef("int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, const int64_t* s1,"
-             " int64_t o1);")
-    header = Path(trident.__file__).parent / "runtime"
-    ffi.set_source("size_expressions", source, include_dirs=[str(header)])
-    built = ffi.compile(tmpdir=str(tmp_path_factory.mktemp("size-expressions")))
-    spec = importlib.util.spec_from_file_location("size_expressions", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return exprs, module, ffi
+    ffi, lib = c_module(tmp_path_factory.mktemp("size-expressions"), "size_expressions",
+                        "int64_t eval_expr(int k, const int64_t* s0, const int64_t* t0, "
+                        "const int64_t* s1, int64_t o1);", source)
+    return exprs, lib, ffi
 
 
 def test_size_expressions_in_c_agree_with_python(size_expressions):
     """Each expression's C (codegen's CPrinter) and its Python twin (sizes.evaluate, which
     SizeRelation guards read) give the same value on random sizes, strides and offsets; its
     stored text reads back as the same expression."""
-    exprs, module, ffi = size_expressions
+    exprs, lib, ffi = size_expressions
     for e in exprs:
         assert sizes.loads(sizes.dumps(e)) == e
 
@@ -344,7 +334,7 @@ def test_size_expressions_in_c_agree_with_python(size_expressions):
     def agree(k, numbers, stride, offset):
         facts = [ArgFacts(TENSOR, sizes=tuple(numbers[:2]), strides=(stride,)),
                  ArgFacts(TENSOR, sizes=tuple(numbers[2:]), storage_offset=offset)]
-        got = module.lib.eval_expr(k, ffi.new("int64_t[]", numbers[:2]),
+        got = lib.eval_expr(k, ffi.new("int64_t[]", numbers[:2]),
                                    ffi.new("int64_t[]", [stride]),
                                    ffi.new("int64_t[]", numbers[2:]), offset)
         want = sizes.evaluate(exprs[k], facts)
