@@ -102,6 +102,39 @@ def test_a_result_held_until_the_next_call_returns_recaptures_once():
     assert not graph.handed
 
 
+class Cache:
+    def __init__(self):
+        self.keys = None
+
+
+def prefill(x, w, cache):
+    cache.keys = x @ w  # a lazily initialized cache: Note [Attribute writes]
+    return torch.relu(cache.keys).sum(0)
+
+
+def test_an_output_stored_into_a_caller_object_is_copied_out_from_the_first_capture():
+    """Note [Stored outputs]: a new cache per call, filled by the call and held by the caller
+    until after the next call (a ``generate`` per prompt, its prefill making the KV cache): the
+    stored tensor is copied out from the first capture, so no call finds it held. Before, the
+    graph handed it out and the third call recaptured."""
+    f = trident.jit(prefill)
+    w = weights()[0][:, :64]
+    last = None
+    for _ in range(6):
+        x = torch.randn(8, 64, device="cuda")
+        cache, want_cache = Cache(), Cache()
+        out = f(x, w, cache)
+        assert torch.equal(out, prefill(x, w, want_cache))
+        assert torch.equal(cache.keys, want_cache.keys)
+        last, out = cache, None  # the result dropped, the cache held during the next call
+    assert last.keys is not None
+    # call 1 compiles, call 2 captures (x copied in, the keys copied out), calls 3-6 replay
+    s = f.stats
+    assert (s.hits, s.graph_captures, s.graph_replays) == (5, 1, 5), s
+    (graph,) = next(iter(f._graph_states.graphs.values())).values()
+    assert len(graph.handed) == 1  # the result alone
+
+
 def test_new_input_each_call_is_copied_in():
     f = trident.jit(mlp)
     w1, w2 = weights()

@@ -80,6 +80,15 @@ at the call that finds the output held, while it is held, and counts it against 
 every other ``generate`` recaptured, without bound: 4.05 against 2.71-2.98 ms per token for a
 Llama-3.2-1B-like on an H100, docs/benchmarks.md.)
 
+Note [Stored outputs]: an output that the function stores into an object of the call (a
+lazily initialized ``StaticCache``'s tensors, set by its first forward: Note [Attribute writes]
+in lower/writes.py) is copied out from the first capture. The caller's object holds it past
+the call, so a graph that handed it out would find it held at its next replay and recapture
+(Note [Hand out after a move]): in transformers 5.17, each ``generate`` makes a new cache in
+its prefill and the caller holds the last one's result, so the prefill's graph, captured at the
+second ``generate``, was captured again at the third (~86 ms on an H100, docs/benchmarks.md).
+That costs an allocation and a copy per stored output at each of its replays.
+
 Note [Graphs per size]: a symbolic (dynamic) specialization serves many sizes with one launch
 sequence, but a graph bakes in the sizes it was captured at. So such a specialization keeps a
 graph per concrete size, as serving engines keep one per batch-size bucket: each descriptor
@@ -348,6 +357,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
         result = _captured(graph, pool, lambda: run(*capture_args))
     outputs = spec.plan.out_spec.flatten_up_to(result)  # in the SCM's order
 
+    stored = spec.recipe.stored() if spec.recipe else frozenset()  # Note [Stored outputs]
     storages = {_storage_ptr(a) for a in capture_args if isinstance(a, torch.Tensor)}
     desc_out: list[int] = []
     handed = []
@@ -360,7 +370,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
             if not _dense(value) or value.device != torch.device("cuda", device):
                 return NoGraph(f"output {k} is not a dense tensor on cuda:{device}")
             storages.add(storage)
-            hand = hand_out and _alone(value)
+            hand = hand_out and k not in stored and _alone(value)
             if hand:
                 handed.append(value)  # the Captured holds it
             desc_out += [_TAGS["tensor"], value.data_ptr(), value.numel() * value.element_size(),

@@ -286,6 +286,20 @@ class OutputRecipe:
 
     ops: list
 
+    def stored(self) -> frozenset[int]:
+        """The flat outputs that an attribute write stores into an object of the call (the
+        values after the first ``R_WRITE``): that object, the caller's, holds them past the
+        call (Note [Stored outputs] in frontend/graphs.py)."""
+        out, k, writing = set(), 0, False
+        for op in self.ops:
+            writing = writing or op[0] == R_WRITE
+            if op[0] == R_VALUE:
+                out.update((k,) if writing else ())
+                k += 1
+            elif op[0] == R_AGAIN and writing:
+                out.add(op[1])
+        return frozenset(out)
+
     def to_json(self) -> list:
         out = []
         for op in self.ops:
