@@ -147,6 +147,7 @@ class Captured:
     pointers: dict[int, int]  # by-pointer argument -> the address the graph reads
     desc: list[int]
     handed: tuple = ()  # the static outputs replays hand out (Note [Graph outputs])
+    seconds: tuple = ()  # host time of recording the launch sequence, of instantiating
 
     def kept(self) -> bool:
         """Whether a caller holds an output this graph handed out (Note [Hand out after a
@@ -310,11 +311,12 @@ class GraphStates:
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
+def _captured(graph: torch.cuda.CUDAGraph, pool, fn, seconds: list):
     """``fn()`` captured into ``graph`` on a side stream, as ``torch.cuda.graph`` captures it,
     without its ``synchronize`` and ``empty_cache`` (torch 2.11), which a capture of each of a
     symbolic specialization's sizes need not pay (Note [Graphs per size]): the side stream
-    waits for the current one, and the allocator keeps its cached blocks."""
+    waits for the current one, and the allocator keeps its cached blocks. ``seconds`` gets the
+    host time of recording ``fn()`` and of ``capture_end`` (which instantiates the graph)."""
     device = torch.cuda.current_device()
     stream = _CAPTURE_STREAMS.get(device)
     if stream is None:
@@ -322,10 +324,13 @@ def _captured(graph: torch.cuda.CUDAGraph, pool, fn):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         graph.capture_begin(*(() if pool is None else (pool,)))
+        start = time.perf_counter()
         try:
             return fn()
         finally:
+            seconds.append(time.perf_counter() - start)
             graph.capture_end()
+            seconds.append(time.perf_counter() - start - seconds[0])
 
 
 def capture(run, spec, args: tuple, moved: set[int], device: int,
@@ -352,9 +357,9 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     for i, buffer in statics.items():
         buffer.copy_(args[i])
     capture_args = tuple(statics.get(i, a) for i, a in enumerate(args))
-    graph = torch.cuda.CUDAGraph()
+    graph, seconds = torch.cuda.CUDAGraph(), []
     with torch.cuda.device(device):
-        result = _captured(graph, pool, lambda: run(*capture_args))
+        result = _captured(graph, pool, lambda: run(*capture_args), seconds)
     outputs = spec.plan.out_spec.flatten_up_to(result)  # in the SCM's order
 
     stored = spec.recipe.stored() if spec.recipe else frozenset()  # Note [Stored outputs]
@@ -397,7 +402,7 @@ def capture(run, spec, args: tuple, moved: set[int], device: int,
     desc = [graph.raw_cuda_graph_exec(), device, len(tensor_args), len(outputs), len(key), *key]
     return Captured(graph, statics, outputs,
                     {i: args[i].data_ptr() for i in tensor_args if i not in statics},
-                    desc + desc_in + desc_out, tuple(handed))
+                    desc + desc_in + desc_out, tuple(handed), tuple(seconds))
 
 
 class GraphControl:
@@ -435,9 +440,11 @@ class GraphControl:
                                  spec.signature, captured.why)
             else:
                 self._counters.graph_captures += 1
-                _recompiles.info("%s: captured a CUDA graph of %s in %.1f ms (copied-in "
-                                 "arguments: %s)", self.__qualname__, spec.signature,
+                _recompiles.info("%s: captured a CUDA graph of %s in %.1f ms (recording "
+                                 "%.1f ms, instantiating %.1f ms; copied-in arguments: %s)",
+                                 self.__qualname__, spec.signature,
                                  (time.perf_counter() - start) * 1e3,
+                                 *(t * 1e3 for t in captured.seconds),
                                  [call.names[i] for i in sorted(captured.statics)] or "none")
                 self._install_graph(index, spec)
                 out = self._finish(call, index, self._run(*args))  # replays the graph
