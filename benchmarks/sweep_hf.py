@@ -148,7 +148,9 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
               f"t={time.perf_counter() - start:.1f}s", flush=True)
     s = stats()
     print(f"{arch} {cache} {door} {mask}: {n} generates, compiles={s.compiles} traces={s.traces} "
-          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames}")
+          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames} "
+          f"graph captures={getattr(s, 'graph_captures', 0)} "
+          f"replays={getattr(s, 'graph_replays', 0)}")
     for reason in dict.fromkeys(s.miss_reasons):
         print("  ", reason[:300])
 
