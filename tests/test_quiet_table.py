@@ -7,6 +7,7 @@ tree one way no dict watcher sees, and compares the next calls with eager."""
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -140,3 +141,67 @@ def test_the_quiet_table_follows_a_walk():
         for _ in range(3):
             assert torch.equal(jf(m, x), f(m, x))
     assert jf.stats.compiles == 2 and jf.stats.fallbacks == 0 and old.flags == set()
+
+
+# Note [Instance dict slot] (trident/runtime/tree_eval.cpp): the unchanged and quiet passes read
+# an object's dict slot where its type keeps it; each layout an argument tree checks (a variable-
+# size object, a tuple subclass say, runs eagerly: Trident cannot guard its contents), each
+# change no dict watcher sees.
+class Managed:  # Py_TPFLAGS_MANAGED_DICT (3.11, 3.12): the slot three words before the object
+    def __init__(self):
+        self.scale = 2.0
+
+
+class Spaced(types.SimpleNamespace):  # a positive tp_dictoffset: SimpleNamespace's own slot
+    def __init__(self):
+        super().__init__(scale=2.0)
+
+
+class Managed2(Managed):
+    pass
+
+
+class Spaced2(Spaced):
+    pass
+
+
+def _scaled(cfg, x):
+    return x * cfg.scale
+
+
+def _dict_swapped(cfg):
+    _KEEP.append(cfg.__dict__)  # the old dict kept alive: no event on it
+    d = dict(cfg.__dict__)
+    d["scale"] = 3.0
+    cfg.__dict__ = d
+
+
+def _class_swapped(cfg):
+    cfg.__class__ = {Managed: Managed2, Spaced: Spaced2}[type(cfg)]
+
+
+def _class_swapped_and_set(cfg):
+    _class_swapped(cfg)
+    cfg.scale = 5.0
+
+
+@pytest.mark.parametrize("layout, change", [
+    (Managed, _dict_swapped), (Managed, _class_swapped), (Managed, _class_swapped_and_set),
+    (Spaced, _class_swapped), (Spaced, _class_swapped_and_set)],
+    ids=lambda c: getattr(c, "__name__", "").strip("_"))
+def test_every_dict_layout_is_checked_where_it_lives(layout, change):
+    cfg = layout()
+    x = torch.ones(3)
+    jf = trident.jit(_scaled)
+    for _ in range(4):
+        assert torch.equal(jf(cfg, x), _scaled(cfg, x))
+    assert jf.stats.hits == 3 and jf.stats.fallbacks == 0, jf.stats
+    passes = jf.tree_passes()["cfg"]
+    if WATCHERS:
+        assert passes[0] >= 1, passes  # the quiet pass read the slot
+    change(cfg)
+    for _ in range(3):
+        assert torch.equal(jf(cfg, x), _scaled(cfg, x)), (layout, change)
+    assert jf.tree_passes()["cfg"][2] > passes[2], jf.tree_passes()  # walked again
+    assert python_calls(jf, (cfg, x), 3) == []
+    assert jf.stats.fallbacks == 0, jf.stats.miss_reasons
