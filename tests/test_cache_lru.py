@@ -78,3 +78,26 @@ def test_an_entry_deleted_between_listing_and_reading_its_specializations(triden
     assert len(said) == 1 and "was deleted while this process loaded it" in said[0], said
     assert (again.stats.compiles, again.stats.hits, again.stats.fallbacks) == (1, 1, 0)
     assert "fourth" in _cached()  # stored again
+
+
+def fifth(x):
+    return torch.relu(x) + 5
+
+
+def test_a_bound_smaller_than_one_entry_through_the_backend(trident_cache, monkeypatch):
+    """Issue 27's fault through ``torch.compile(backend="trident")``, as test_cache.py's
+    processes through ``trident.jit``: the graph's entry is stored and stays, with one
+    warning, and its calls hit."""
+    import warnings
+
+    monkeypatch.setattr(config, "CACHE_SIZE", 1)
+    x = torch.arange(-2.0, 2.0)
+    f = torch.compile(fifth, backend="trident")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(f(x), fifth(x)) and torch.equal(f(x), fifth(x))
+    said = [str(w.message) for w in caught if "trident" in str(w.message)]
+    assert len(said) == 1 and "bound of 1 bytes" in said[0], said
+    s = trident.backend_stats(f)
+    assert (s.compiles, s.hits, s.fallbacks) == (1, 1, 0), s
+    assert len(_cached()) == 1
