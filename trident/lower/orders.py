@@ -30,9 +30,11 @@ runtime/trees.cpp), its description names its keys sorted "in any order", and so
 key is one in every process. Any other candidate's node checks the order, as before: one
 the function iterates (its specialization serves that order only), one that the tree reaches
 a second time (a ``SAME`` node: the alias would not be watched), and every candidate of a
-call whose probe failed or differed. Not seen by the probe (read as not reading the order):
-``dict.keys(d)`` and the like called on the class, and C extensions that walk a dict
-subclass with ``PyDict_Next``.
+call whose probe failed or differed. (The same dict read through a global or another state
+chain is the original, not the watch: a state read, whose tree checks its order.) Not seen
+by the probe (read as not reading the order): ``dict.keys(d)`` and the like called on the
+class, and C extensions that walk a dict subclass with ``PyDict_Next``. Each kind is a case
+of tests/test_dict_orders.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the
 leaves of a call whose dict comes in another order are those of the stored specialization.
