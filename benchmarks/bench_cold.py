@@ -8,7 +8,8 @@ table of a run's JSON, which is written after each door): for each model (bench_
 auto-compile, inductor, the peer every ratio is taken to), two fresh processes in a row on one
 fresh cache folder (Trident's, Triton's and inductor's): ``cold``, the first process's first
 ``generate`` (16-token prompt, 64 new tokens, static cache, greedy) with its compile, and
-``warm``, the next process's, which loads what the first stored. An optional door, ``dynamo``,
+``warm``, the next process's, which loads what the first stored (``TRIDENT_BENCH_WARM=N``: N
+warm processes in a row, ``warm``, ``warm2``, ...). An optional door, ``dynamo``,
 is ``torch.compile(backend="eager")``: Dynamo's own trace and guards with no compiler behind
 them, the floor of the torch.compile doors' warm restart. One invocation runs every door of
 every model and prints a table (seconds, the ratios to ``auto``, Trident's compile stages) after
@@ -36,7 +37,15 @@ Environment: ``TRIDENT_BENCH_MODELS=llama-3.2-1b-like,qwen2.5-0.5b-like+liger`` 
 (the command line's override it; default every model, plain and ``+liger``; on the CPU plain
 only: Liger's kernels are Triton GPU kernels); ``TRIDENT_BENCH_ONLY=jit,backend,config,auto,
 dynamo`` picks doors (default all but ``dynamo``); ``TRIDENT_BENCH_CHILD_TIMEOUT`` (default 300)
-bounds one process, in seconds. Without a GPU the models run on the CPU in float32 at a width of
+bounds one process, in seconds. A model of ``MORE_MODELS`` (a Gemma2: a hybrid model, whose
+attention masks come in a dict of the layer types, ordered by the hash seed) runs when named.
+
+Note [Hash seeds of the bench]: a dict built from a set of str is ordered by the process's hash
+seed (Note [Dict orders] in trident/lower/orders.py), so a warm restart is only shown where
+the warm process's seed is not the cold one's. With ``TRIDENT_BENCH_FORK=0`` each process is
+a fresh interpreter started with ``PYTHONHASHSEED`` its phase's number (cold 0, warm 1, warm2
+2, ...); the fork server's children all have the server's seed. Each row has ``str_hash``,
+``hash("trident")`` in its process: rows of another seed have another. Without a GPU the models run on the CPU in float32 at a width of
 256 (their layer counts kept, or ``TRIDENT_BENCH_LAYERS``), on one thread, to see the compile's
 stages and to try the driver (tests/test_bench_cold.py).
 """
@@ -60,23 +69,36 @@ from benchmarks import bench_hf
 DOORS = ("auto", "jit", "backend", "config")  # the peer first; "dynamo" on request
 ALL_DOORS = DOORS + ("dynamo",)
 CPU_WIDTH = dict(hidden_size=256, intermediate_size=512, vocab_size=1024)
+MORE_MODELS = {  # run when named: (config, model, config keywords, more keywords on the CPU)
+    "gemma-2-2b-like": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, vocab_size=256000, max_position_embeddings=2048),
+        dict(head_dim=32)),
+}
 STAGES = ("trace", "import", "plan", "kernels", "C build")  # the table's columns; "other": the rest
+INSIDE = ("order probe",)  # stages inside a column's (Note [Compile stages]), not in "other"
 
 
 def _model(name: str):
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and name not in MORE_MODELS:
         return bench_hf._model(name)
     import transformers
 
     base, _, liger = name.partition("+")
-    config_name, model_name, kw = bench_hf.MODELS[base]
+    config_name, model_name, kw, cpu = (*bench_hf.MODELS[base], {}) \
+        if base in bench_hf.MODELS else MORE_MODELS[base]
+    if torch.cuda.is_available():
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            return getattr(transformers, model_name)(getattr(transformers, config_name)(
+                **kw)).to(torch.bfloat16).eval()
     if liger:
         from liger_kernel import transformers as lk
 
         {"LlamaConfig": lk.apply_liger_kernel_to_llama,
          "Qwen2Config": lk.apply_liger_kernel_to_qwen2}[config_name](**bench_hf.LIGER)
     layers = os.environ.get("TRIDENT_BENCH_LAYERS")  # a tiny config: the warm-restart bound
-    config = getattr(transformers, config_name)(**{**kw, **CPU_WIDTH, **(
+    config = getattr(transformers, config_name)(**{**kw, **CPU_WIDTH, **cpu, **(
         {"num_hidden_layers": int(layers)} if layers else {})})
     torch.manual_seed(0)
     return getattr(transformers, model_name)(config).eval()
@@ -136,6 +158,7 @@ def child(name: str, door: str) -> dict:
     row = {"first_s": round(first_s, 2), "second_s": round(second_s, 2),
            "eager_s": round(eager_s, 2), "cpu_s": [cpu_s[1], cpu_s[2], cpu_s[0]],
            "import_s": import_s, "bit_equal": bool(torch.equal(out, eager)),
+           "str_hash": hash("trident"),  # Note [Hash seeds of the bench]
            "compile_times": {k: round(v, 2) for k, v in trident.config.compile_times().items()},
            "compile_cpu": {k: round(v, 2) for k, v in
                            trident.config.compile_times(cpu=True).items()}}
@@ -154,11 +177,12 @@ def _env(folder: Path) -> dict:
             "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRIDENT_PROGRESS": "0"}
 
 
-def _worker(conn, name: str, door: str, folder: str) -> None:
+def _worker(conn, name: str, door: str, folder: str, phase: str = "cold") -> None:
     """A measured process (Note [Cold bench processes]): its caches set before Trident, Triton
     or inductor reads them, its output to ``folder/<door>.log``, its row sent back."""
     os.environ.update(_env(Path(folder)))
     log = os.open(Path(folder) / f"{door}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(log, f"---- {phase}\n".encode())
     os.dup2(log, 1)
     os.dup2(log, 2)
     try:
@@ -184,13 +208,22 @@ def _context():
     return _CONTEXT
 
 
-def _run_child(name: str, door: str, folder: Path) -> dict:
-    """``child(name, door)`` in a new process on ``folder``'s caches; its row, with
-    ``process_s`` (the process's whole life) or ``error``."""
+def _run_child(name: str, door: str, folder: Path, phase: str = "cold", seed: int = 0) -> dict:
+    """``child(name, door)`` in a new process on ``folder``'s caches (a spawned one under
+    ``PYTHONHASHSEED=seed``: Note [Hash seeds of the bench]); its row, with ``process_s``
+    (the process's whole life) or ``error``."""
     ctx, start = _context(), time.perf_counter()
     receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_worker, args=(send, name, door, str(folder)))
-    process.start()
+    process = ctx.Process(target=_worker, args=(send, name, door, str(folder), phase))
+    was = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = str(seed)  # (what a spawned interpreter starts with)
+    try:
+        process.start()
+    finally:
+        if was is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = was
     send.close()
     timeout = float(os.environ.get("TRIDENT_BENCH_CHILD_TIMEOUT", "300"))
     try:
@@ -220,13 +253,19 @@ def run(name: str, root: Path, runtime: Path, doors=DOORS, rows: dict | None = N
         (folder / "trident").mkdir(parents=True)
         (folder / "trident" / "runtime").symlink_to(runtime)
         rows[door] = {}
-        for phase in ("cold", "warm"):
-            rows[door][phase] = row = _run_child(name, door, folder)
+        for seed, phase in enumerate(phases()):
+            rows[door][phase] = row = _run_child(name, door, folder, phase, seed)
             print(f"{name} {door} {phase}: " + (
                 f"first generate {row['first_s']} s (process {row['process_s']} s)"
                 if "error" not in row else "ERROR " + row["error"]), flush=True)
         done()
     return rows
+
+
+def phases() -> tuple:
+    """``cold``, then ``TRIDENT_BENCH_WARM`` (default 1) warm phases: ``warm``, ``warm2``..."""
+    warm = int(os.environ.get("TRIDENT_BENCH_WARM", "1"))
+    return ("cold", "warm") + tuple(f"warm{i}" for i in range(2, warm + 1))
 
 
 def _doors() -> tuple:
@@ -243,11 +282,11 @@ def _models(given: list[str] | None) -> list[str]:
     if not names:
         names = [m + suffix for suffix in ("", "+liger") for m in bench_hf.MODELS
                  if torch.cuda.is_available() or not suffix]
-    unknown = [n for n in names if n.partition("+")[0] not in bench_hf.MODELS
-               or n.partition("+")[2] not in ("", "liger")]
+    unknown = [n for n in names if n not in MORE_MODELS and (
+        n.partition("+")[0] not in bench_hf.MODELS or n.partition("+")[2] not in ("", "liger"))]
     if unknown:
         raise SystemExit(f"no model {', '.join(unknown)} (models: {', '.join(bench_hf.MODELS)}, "
-                         "each with an optional +liger)")
+                         f"each with an optional +liger; {', '.join(MORE_MODELS)})")
     return names
 
 
@@ -259,7 +298,8 @@ def table(results: dict) -> str:
     """The markdown table of ``main``'s results: per model and door, the cold and warm first
     ``generate`` in seconds and as a ratio to ``auto``'s, the cold compile's stages (wall
     seconds, ``other`` the stages not named), bit-equality, and the warm process's traces and
-    compiles (0 and 0: it loaded everything)."""
+    compiles (0 and 0: it loaded everything); several warm processes (``TRIDENT_BENCH_WARM``)
+    each, in their order, the ratio the first one's."""
     head = ["model", "door", "cold (s)", "/ auto", "warm (s)", "/ auto", *STAGES, "other",
             "bit-equal", "warm traces, compiles"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -268,23 +308,26 @@ def table(results: dict) -> str:
             continue
         auto = doors.get("auto", {})
         for door, rows in doors.items():
-            cold, warm = (rows.get(phase, {"error": "not run"}) for phase in ("cold", "warm"))
-            if "error" in cold or "error" in warm:
+            cold = rows.get("cold", {"error": "not run"})
+            warms = [row for phase, row in rows.items() if phase.startswith("warm")] or \
+                [{"error": "not run"}]
+            warm = warms[0]
+            if "error" in cold or any("error" in row for row in warms):
                 lines.append(f"| {name} | {door} | error: see the JSON |" + " |" * (len(head) - 3))
                 continue
             times = cold["compile_times"]
             stages = [f"{times.get(s, 0):.2f}" for s in STAGES] + [
-                f"{sum(v for k, v in times.items() if k not in STAGES):.2f}"]
+                f"{sum(v for k, v in times.items() if k not in STAGES + INSIDE):.2f}"]
             if door in ("auto", "dynamo"):
                 stages = ["-"] * len(stages)
-            stats = warm.get("stats")
             lines.append("| " + " | ".join([
                 name, door, f"{cold['first_s']:.2f}",
                 _ratio(cold["first_s"], auto.get("cold", {}).get("first_s")),
-                f"{warm['first_s']:.2f}",
+                ", ".join(f"{row['first_s']:.2f}" for row in warms),
                 _ratio(warm["first_s"], auto.get("warm", {}).get("first_s")), *stages,
-                "yes" if cold["bit_equal"] and warm["bit_equal"] else "no",
-                f"{stats['traces']}, {stats['compiles']}" if stats else "-"]) + " |")
+                "yes" if cold["bit_equal"] and all(row["bit_equal"] for row in warms) else "no",
+                "; ".join(f"{row['stats']['traces']}, {row['stats']['compiles']}"
+                          for row in warms if "stats" in row) or "-"]) + " |")
     return "\n".join(lines)
 
 

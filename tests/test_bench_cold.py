@@ -57,6 +57,26 @@ def test_table_ratios_to_the_auto_compile():
                         "| 0.50 | 2.00 | yes | 0, 0 |")
 
 
+def test_several_warm_processes_each_a_column_entry(monkeypatch):
+    """``TRIDENT_BENCH_WARM=2``: two warm phases (each spawned process under a hash seed of its
+    own: Note [Hash seeds of the bench]), both in the table's warm cells."""
+    assert bench_cold.phases() == ("cold", "warm")
+    monkeypatch.setenv("TRIDENT_BENCH_WARM", "3")
+    assert bench_cold.phases() == ("cold", "warm", "warm2", "warm3")
+    times = dict.fromkeys(bench_cold.STAGES, 1.0) | {"order probe": 0.25}
+    row = {"first_s": 1.0, "bit_equal": True, "compile_times": times,
+           "stats": {"traces": 0, "compiles": 0}}
+    lines = bench_cold.table({"m": {"jit": {
+        "cold": row, "warm": dict(row, first_s=0.5),
+        "warm2": dict(row, first_s=0.75, stats={"traces": 1, "compiles": 1})}}}).splitlines()
+    # the order probe is inside the trace: not in "other"
+    assert lines[2] == ("| m | jit | 1.00 | - | 0.50, 0.75 | - | 1.00 | 1.00 | 1.00 | 1.00 "
+                        "| 1.00 | 0.00 | yes | 0, 0; 1, 1 |")
+    lines = bench_cold.table({"m": {"jit": {"cold": row, "warm": row,
+                                            "warm2": {"error": "x"}}}}).splitlines()
+    assert "error: see the JSON" in lines[2]
+
+
 def test_unknown_models_and_doors_are_refused(monkeypatch):
     with pytest.raises(SystemExit, match="no model llama-3.2-1b"):
         bench_cold._models(["llama-3.2-1b"])
@@ -66,6 +86,9 @@ def test_unknown_models_and_doors_are_refused(monkeypatch):
     assert bench_cold._models(None) == ["qwen2.5-0.5b-like+liger"]
     monkeypatch.delenv("TRIDENT_BENCH_MODELS")
     assert bench_cold._models(None) == list(bench_cold.bench_hf.MODELS)  # no Liger on the CPU
+    assert bench_cold._models(["gemma-2-2b-like"]) == ["gemma-2-2b-like"]  # when named
+    with pytest.raises(SystemExit, match="no model gemma-2-2b-like\\+liger"):
+        bench_cold._models(["gemma-2-2b-like+liger"])
     monkeypatch.setenv("TRIDENT_BENCH_ONLY", "jit,inductor")
     with pytest.raises(SystemExit, match="no door inductor"):
         bench_cold._doors()

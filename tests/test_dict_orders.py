@@ -32,9 +32,21 @@ def _same(a, b) -> bool:
 
 AB, BA = ("ab", "cd"), ("cd", "ab")
 ABC, CBA = ("ab", "cd", "ef"), ("ef", "cd", "ab")
+# three keys: a reversal keeps the middle key, a rotation moves every key; the order probe
+# watches the dict rather than trying orders (Note [Dict orders]), so neither is missed
+ABC4 = (("ab", "cd", "ef"), ("ef", "cd", "ab"), ("cd", "ef", "ab"), ("ab", "cd", "ef"))
+ABC2 = (ABC, ABC[1:] + ABC[:1], ABC, ABC[1:] + ABC[:1])
+ABCD = ("ab", "cd", "ef", "gh")
+FOUR = (ABCD, ABCD[::-1], ABCD[1:] + ABCD[:1], ("gh", "ab", "ef", "cd"))
+
+
+def _first_is(x, d):  # one of the three orders puts "ef" first
+    return x * 2 if next(iter(d)) == "ef" else x * 3
+
 
 # name: (function of (x, arg), the argument made from an order, orders of the 4 calls,
-#        compiles); one compile: the order serves any order; two: each order its own
+#        compiles); one compile: the order serves any order; more: each order its own (the
+#        orders of ABC2, ABC4 and FOUR are 2, 3 and 4)
 KINDS = {
     "read by key": (lambda x, d: x * d["ab"] + d["cd"], _masks, (AB, BA, AB, BA), 1),
     "read by .get and in": (lambda x, d: x * d.get("ab") + ("cd" in d), _masks,
@@ -49,11 +61,28 @@ KINDS = {
                               (AB, BA, AB, BA), 2),
     "items formatted": (lambda x, d: (x * d["ab"], ",".join(k for k, _ in d.items())),
                         _masks, (AB, BA, AB, BA), 2),
-    # not shown by two traces: checked in order
-    "three keys, read by key": (lambda x, d: x * d["ab"] + d["ef"], _masks,
-                                (ABC, CBA, ABC, CBA), 2),
+    # three and four keys
+    "three keys, read by key": (lambda x, d: x * d["ab"] + d["ef"], _masks, ABC4, 1),
+    "four keys, read by key": (lambda x, d: x * d["gh"] - d["cd"] * d["ab"], _masks, FOUR, 1),
+    "three keys, middle value": (lambda x, d: x * list(d.values())[1], _masks, ABC4, 3),
+    "three keys, first key compared": (_first_is, _masks, ABC4, 3),
+    "four keys, sorted": (lambda x, d: x * d[sorted(d)[0]], _masks, FOUR, 4),
+    # every way C code reads a dict's order, through the dict's own methods
+    "copied with dict()": (lambda x, d: x * dict(d)["ab"], _masks, ABC2, 2),
+    "unpacked into a dict": (lambda x, d: x * {**d}["ab"], _masks, ABC2, 2),
+    "passed as **kwargs": (lambda x, d: (lambda **kw: x * kw["ab"])(**d), _masks, ABC2, 2),
+    "made a set of": (lambda x, d: x * len(set(d)), _masks, ABC2, 2),
+    "written": (lambda x, d: x * d.setdefault("ab", None), _masks, ABC2, 2),
+    # several dicts in one call: one probe watches each
     "two dicts, read by key": (lambda x, p: x * p[0]["ab"] + p[1]["cd"],
-                               lambda o: (_masks(o), _masks(o)), (AB, BA, AB, BA), 2),
+                               lambda o: (_masks(o), _masks(o)), (AB, BA, AB, BA), 1),
+    "two dicts, one iterated": (lambda x, p: [x * p[0]["ab"]] + list(p[1].values()),
+                                lambda o: (_masks(o), _masks(o[::-1])), ABC4, 3),
+    "a dict of dicts, read by key": (lambda x, d: x * d["cd"]["ab"],
+                                     lambda o: {k: _masks(o) for k in o}, ABC4, 1),
+    # not watched: checked in order
+    "one dict passed twice": (lambda x, p: x * p[0]["ab"] + p[1]["cd"],
+                              lambda o: (lambda d: (d, d))(_masks(o)), ABC4, 3),
     "in an object, read by key": (lambda x, c: x * c.masks["ab"],
                                   lambda o: types.SimpleNamespace(masks=_masks(o)),
                                   (AB, BA, AB, BA), 2),
@@ -112,7 +141,8 @@ SEEDED = textwrap.dedent("""
             return [x * m for m in masks.values()]
         return x * masks["sliding_attention"] + masks["full_attention"]
 
-    masks = {k: torch.full((2,), float(len(k))) for k in {"sliding_attention", "full_attention"}}
+    names = {"sliding_attention", "full_attention"} | set(sys.argv[2:])
+    masks = {k: torch.full((2,), float(len(k))) for k in names}
     x = torch.arange(2.0)
     f = trident.jit(either)
     same, stats = [], []
@@ -125,22 +155,26 @@ SEEDED = textwrap.dedent("""
 """)
 
 
-def _seeded(env: dict, seed: str, calls: list, **more) -> tuple:
+def _seeded(env: dict, seed: str, calls: list, *keys: str, **more) -> tuple:
     lines = run_python(dict(env, PYTHONHASHSEED=seed, **more), "-c", SEEDED,
-                       json.dumps(calls)).stdout.splitlines()
+                       json.dumps(calls), *keys).stdout.splitlines()
     (line,) = [l for l in lines if l.startswith("STATS ")]
     keys, same, stats = json.loads(line[6:])
     assert same, stats
     return keys, [(s["traces"], s["compiles"], s["hits"], s["fallbacks"]) for s in stats]
 
 
-def test_a_dict_read_by_key_loads_under_another_hash_seed(subprocess_env):
-    """Seeds 0 and 1 order the dict apart; the second process reads the first one's
-    specialization (``TRIDENT_FORBID_COMPILE``: no trace, no build)."""
-    keys0, first = _seeded(subprocess_env, "0", [False, False])
+@pytest.mark.parametrize("keys, seed", [((), "1"), (("chunked_attention",), "2")],
+                         ids=["two keys", "three keys"])
+def test_a_dict_read_by_key_loads_under_another_hash_seed(subprocess_env, keys, seed):
+    """Seeds 0 and 1 order the dict of two keys apart, seeds 0 and 2 that of three (a
+    rotation: neither the same order nor its reversal); the second process reads the first
+    one's specialization (``TRIDENT_FORBID_COMPILE``: no trace, no build)."""
+    keys0, first = _seeded(subprocess_env, "0", [False, False], *keys)
     assert first[-1] == (1, 1, 1, 0), first
-    keys1, second = _seeded(subprocess_env, "1", [False, False], TRIDENT_FORBID_COMPILE="1")
-    assert keys0 != keys1
+    keys1, second = _seeded(subprocess_env, seed, [False, False], *keys,
+                            TRIDENT_FORBID_COMPILE="1")
+    assert keys0 != keys1 and (len(keys0) == 2 or keys0 != keys1[::-1])
     assert second[-1] == (0, 0, 2, 0), second
 
 
@@ -152,3 +186,21 @@ def test_a_dict_iterated_compiles_again_under_another_hash_seed(subprocess_env):
     assert first == [(1, 1, 0, 0), (2, 2, 0, 0)], first
     _, second = _seeded(subprocess_env, "1", [False, True, False, True])
     assert second == [(0, 0, 1, 0), (1, 1, 1, 0), (1, 1, 2, 0), (1, 1, 3, 0)], second
+
+
+def test_the_order_probe_is_timed_as_a_stage_inside_the_trace():
+    """Note [Compile stages]: the probe's trace counts as ``order probe`` (and in ``trace``),
+    only for a call that holds a candidate dict."""
+    def seconds():
+        times = trident.config.compile_times()
+        return times["trace"], times["order probe"]
+
+    x = torch.arange(2.0)
+    trace0, probe0 = seconds()
+    f = trident.jit(lambda x, d: x * d["ab"] + d["ef"])
+    assert torch.equal(f(x, _masks(ABC)), x * _masks(ABC)["ab"] + _masks(ABC)["ef"])
+    trace1, probe1 = seconds()
+    assert 0 < probe1 - probe0 < trace1 - trace0
+    g = trident.jit(lambda x, d: x * d["ab"])
+    assert torch.equal(g(x, {"ab": x}), x * x)  # one key: one order, no probe
+    assert seconds()[1] == probe1 and seconds()[0] > trace1

@@ -276,24 +276,25 @@ FAILING_WRITES = textwrap.dedent('''
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
 
-        @trident.jit
         def f(x):
             return torch.relu(x) * 2
 
+        door = sys.argv[2] if len(sys.argv) > 2 else "jit"
+        f = trident.jit(f) if door == "jit" else torch.compile(f, backend="trident")
         x, n = torch.arange(-3.0, 3.0), torch.arange(-3, 3)
         calls = (x, x) if sys.argv[1] == "populate" else (x, x, n, n)
         same = all(torch.equal(f(a), torch.relu(a) * 2) for a in calls)
-    s = f.stats
+    s = f.stats if door == "jit" else trident.backend_stats(f)
     print(same, s.hits, s.compiles, s.fallbacks,
           [str(w.message).split(":")[0] for w in caught if "trident" in str(w.message)])
 ''')
 
 
-def _run_faulty(tmp_path, env, mode: str) -> str:
+def _run_faulty(tmp_path, env, mode: str, door: str = "jit") -> str:
     script = tmp_path / "faulty.py"
     script.write_text(FAILING_WRITES)
-    out = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, str(script), mode, door], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr  # a truncated runtime library used to be SIGBUS
     return out.stdout.strip()
 
@@ -310,6 +311,18 @@ def test_a_read_only_cache_serves_what_it_holds(tmp_path, subprocess_env):
 def test_a_full_disk_serves_what_it_holds(tmp_path, subprocess_env):
     assert _run_faulty(tmp_path, subprocess_env, "populate") == "True 1 1 0 []"
     assert _run_faulty(tmp_path, subprocess_env, "full") == "True 2 1 2 ['trident']"
+
+
+@pytest.mark.parametrize("mode", ["readonly", "full"])
+def test_the_backend_on_a_read_only_or_full_cache_serves_what_it_holds(tmp_path,
+                                                                       subprocess_env, mode):
+    """The faults above through ``torch.compile(backend="trident")``: the stored graph loads
+    (a hit at each call of it), and the graph of a new dtype, which Dynamo hands over, runs
+    eagerly with a warning (and a read-only cache's one, that its uses cannot be recorded),
+    each call equal to eager."""
+    assert _run_faulty(tmp_path, subprocess_env, "populate", "backend") == "True 1 1 0 []"
+    warned = {"readonly": "['trident', 'trident']", "full": "['trident']"}[mode]  # as above
+    assert _run_faulty(tmp_path, subprocess_env, mode, "backend") == f"True 2 1 2 {warned}"
 
 
 def test_a_damaged_runtime_on_a_full_disk_runs_eagerly(tmp_path, subprocess_env, trident_cache):

@@ -204,7 +204,7 @@ class Installer:
                     self._set_trees()
                     return
                 cache.touch(self._cache.directory)
-                self._warn_vanished()
+            self._warn_vanished()  # (none read: the entry went between listing and reading)
 
     def _warn_vanished(self) -> None:
         """Once per load: the function's cache entry was deleted while this process read its

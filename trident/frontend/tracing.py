@@ -36,18 +36,19 @@ class Tracer:
 
     __slots__ = ()
 
-    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None):
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None, probe=None):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
         trees]); the result's structure becomes the capture's output recipe. ``recording``
         (state.record's, active): this thread's generator calls decide whether the function
-        set the random state, not another thread's draws meanwhile."""
+        set the random state, not another thread's draws meanwhile. ``probe``: the order
+        probe's (Note [Dict orders] in lower/orders.py)."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
         writes: list = []  # Note [Attribute writes] in lower/writes.py
         state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
 
         def run(*leaves):
             writes.clear()
-            with substituted(call.tree, call.values, leaves, rebuilt, writes) as roots:
+            with substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots:
                 return self._binding.call(self._fn, roots)
 
         captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
@@ -67,21 +68,23 @@ class Tracer:
 
     def _order_probe(self, call: _Call, dynamic: dict[int, set[int]], recording,
                      captured) -> frozenset:
-        """Note [Dict orders] (lower/orders.py): the path of the call's candidate dict where a
-        trace with its keys the other way round is ``captured`` again, else nothing."""
-        i = orders.candidate(call.tree)
-        if i is None or call.tree.key in self._process_trees:  # (Note [Classes of one name])
+        """Note [Dict orders] (lower/orders.py): the paths of the call's candidate dicts whose
+        order a trace with each watched (``orders.OrderWatch``) did not ask for, where that
+        trace is ``captured`` again; else nothing."""
+        watched = orders.watched(call.tree)
+        if not watched or call.tree.key in self._process_trees:  # (Note [Classes of one name])
             return frozenset()
         kept = self._written_ints, self._written_lengths, self._written_dims
+        probe = orders.Probe(watched)
         try:
-            with orders.reversed_in_place(call.values[i]):
-                again = self._trace(call, dynamic, recording)
+            with config.stage("order probe"):
+                again = self._trace(call, dynamic, recording, probe)
         except TridentError:
             again = None
         same = again is not None and self._written_ints == kept[0] and \
             orders.same_capture(captured, again)
         self._written_ints, self._written_lengths, self._written_dims = kept
-        return frozenset({call.tree.nodes[i].path}) if same else frozenset()
+        return probe.free(call.tree) if same else frozenset()
 
     def _traced(self, call: _Call, dynamic: dict[int, set[int]]):
         """``(captured, state reads, order-free dict paths)`` of ``call`` traced with

@@ -9,19 +9,32 @@ the dict (``[x * m for m in masks.values()]`` returns its values in that order);
 of another seed had another tree key and traced and built again what an earlier process
 stored (issue 27).
 
-Which dicts may be checked in any order is decided by the trace, not guessed: the call's only
-*candidate* dict (an exact ``dict`` of two str keys that the call holds in its arguments
-themselves or in tuples, lists and dicts there, not inside an object and not the ``**kwargs``
-dict) is traced a second time with its two keys the other way round (in place, put back
-after), and where both traces are the same (the graph, its constants, the result's structure
-and constants, what the trace assumed of symbolic sizes: ``same_capture``) nothing the
-specialization does depends on the order, for a dict of two keys has no third order. Then
-that dict's tree node checks its keys as a set (a ``frozenset`` in ``Node.keys``:
-``same_keys`` in runtime/trees.cpp), its description names its keys sorted "in any order",
-and so the tree's key is one in every process. Where the traces differ (the function
-iterates the dict), or the call holds no candidate or several (their orders combined would
-need a trace each), the tree checks the order, as before. A dict of more keys is checked in
-order: two traces cannot show that none of its orders matters.
+Which dicts may be checked in any order is decided by the trace, not guessed. A *candidate* is
+an exact ``dict`` of two or more str keys that the call holds in its arguments themselves or
+in tuples, lists and dicts there (not inside an object, not the ``**kwargs`` dict). The call
+is traced a second time, the *order probe* (``Tracer._order_probe``), with each candidate
+replaced by an :class:`OrderWatch`: a ``dict`` subclass holding the same items in the same
+order whose every method that reveals or changes the order (iteration of the dict or of its
+views, ``repr``, ``copy``, ``|``, pickling and copying's ``__reduce_ex__``, any write) notes
+that the candidate was seen. What C code does with a dict subclass goes through those
+methods: ``dict(d)``, ``{**d}``, ``f(**d)``, ``set(d)``, ``json.dumps(d)`` call its
+``keys``/``__iter__``/``items``. A candidate is *free* where the probe saw none of that and
+both traces are the same (the graph, its constants, the result's structure and constants,
+what the trace assumed of symbolic sizes: ``same_capture``; a trace that a dict subclass
+made take another path, as ``type(d) is dict`` or pytree's leaves, is not the same and keeps
+every order checked). Code that never asked for the order of a dict computes the same in
+every order, so one probe decides for a dict of any number of keys, and for every candidate
+of the call at once (no trace per order: a dict of n keys has n! of them). A free dict's tree
+node checks its keys as a set (a ``frozenset`` in ``Node.keys``: ``same_keys`` in
+runtime/trees.cpp), its description names its keys sorted "in any order", and so the tree's
+key is one in every process. Any other candidate's node checks the order, as before: one
+the function iterates (its specialization serves that order only), one that the tree reaches
+a second time (a ``SAME`` node: the alias would not be watched), and every candidate of a
+call whose probe failed or differed. (The same dict read through a global or another state
+chain is the original, not the watch: a state read, whose tree checks its order.) Not seen
+by the probe (read as not reading the order): ``dict.keys(d)`` and the like called on the
+class, and C extensions that walk a dict subclass with ``PyDict_Next``. Each kind is a case
+of tests/test_dict_orders.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the
 leaves of a call whose dict comes in another order are those of the stored specialization.
@@ -33,9 +46,10 @@ checks the order of the call's dict (another call of the function iterated it), 
 is kept. Either way the dispatcher checks what the installed tree's key says: a call of
 another order is never served by a specialization that read the order.
 
-What it costs: the compile of a call that holds a candidate traces twice (the second trace is
-part of the first's stage, not counted in ``stats.traces``; the tiny Gemma2 of
-tests/test_partials_in_trees.py has one per compile). Two traces of one call may differ
+What it costs: the compile of a call that holds a candidate traces twice (the probe is part
+of the ``trace`` stage and counted on its own as ``order probe``, Note [Compile stages]; not
+counted in ``stats.traces``; the tiny Gemma2 of tests/test_partials_in_trees.py has one per
+compile; docs/benchmarks.md has its seconds). Two traces of one call may differ
 in what a first run initializes lazily, so graphs are compared by their live nodes (a dead
 ``aten.empty`` aside); any other difference keeps the order checked. The hit path is
 unchanged for every other dict (one type test more in ``same_keys``): the check of one in any
@@ -44,20 +58,20 @@ order costs a set lookup per key where an ordered one compares keys in order.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
 
-from trident.ir.trees import DICT, SEQ, ArgTree, tree_key
+from trident.ir.trees import DICT, SAME, SEQ, ArgTree, tree_key
 
 
 def sorted_items(nodes: list, i: int) -> bool:
     """Note [Dict orders]: node ``i`` of ``nodes`` (a tree's, or those a flattening made so
     far) is a candidate dict, whose items the flattening visits in sorted key order: an exact
-    dict of two str keys, not the ``**kwargs`` dict, under tuples, lists and dicts only."""
+    dict of two or more str keys, not the ``**kwargs`` dict, under tuples, lists and dicts
+    only."""
     n = nodes[i]
-    if n.check != DICT or n.expect is not dict or n.length != 2 or n.path == "" or \
+    if n.check != DICT or n.expect is not dict or n.length < 2 or n.path == "" or \
             n.keys is None or not all(type(k) is str for k in n.keys):
         return False
     parent = n.parent
@@ -68,30 +82,37 @@ def sorted_items(nodes: list, i: int) -> bool:
     return True
 
 
-def candidate(tree: ArgTree) -> int | None:
-    """Note [Dict orders]: the node of the call's only candidate dict, or None."""
-    found = [i for i in range(len(tree.nodes)) if sorted_items(tree.nodes, i)]
-    return found[0] if len(found) == 1 else None
+def candidates(tree: ArgTree) -> list[int]:
+    """Note [Dict orders]: the nodes of the call's candidate dicts."""
+    return [i for i in range(len(tree.nodes)) if sorted_items(tree.nodes, i)]
+
+
+def watched(tree: ArgTree) -> list[int]:
+    """The candidates the order probe watches: those the tree reaches once (no ``SAME`` node
+    names them: an alias of the dict would not be the watch)."""
+    again = {n.expect for n in tree.nodes if n.check == SAME}
+    return [i for i in candidates(tree) if i not in again]
 
 
 def ordered(tree: ArgTree, values: list, free: frozenset) -> ArgTree:
-    """``tree`` with its candidate dict checked in any order where its path is in ``free``,
+    """``tree`` with each candidate dict checked in any order where its path is in ``free``,
     else in its order in ``values`` (the call's node values); ``tree`` itself where that
     changes nothing."""
-    i = candidate(tree) if free or any(type(n.keys) is frozenset for n in tree.nodes) else None
-    if i is None:
+    if not free and not any(type(n.keys) is frozenset for n in tree.nodes):
         return tree
-    n = tree.nodes[i]
-    if n.path in free:
-        keys, words = frozenset(n.keys), f"dict with keys {sorted(n.keys)} in any order"
-    else:
-        keys, words = tuple(values[i]), f"dict with keys {[str(k) for k in values[i]]}"
-    if keys == n.keys and type(keys) is type(n.keys):
+    nodes, description = list(tree.nodes), list(tree.description)
+    for i in candidates(tree):
+        n = nodes[i]
+        if n.path in free:
+            keys, words = frozenset(n.keys), f"dict with keys {sorted(n.keys)} in any order"
+        else:
+            keys, words = tuple(values[i]), f"dict with keys {[str(k) for k in values[i]]}"
+        if keys == n.keys and type(keys) is type(n.keys):
+            continue
+        nodes[i] = dataclasses.replace(n, keys=keys)
+        description[i] = description[i].rsplit("|", 1)[0] + "|" + words
+    if nodes == list(tree.nodes) and description == list(tree.description):
         return tree
-    nodes = list(tree.nodes)
-    nodes[i] = dataclasses.replace(n, keys=keys)
-    description = list(tree.description)
-    description[i] = description[i].rsplit("|", 1)[0] + "|" + words
     return ArgTree(nodes, tree.leaf_nodes, tree_key(description), description)
 
 
@@ -112,17 +133,52 @@ def learned(call, free: frozenset, specs: list):
     return call
 
 
-@contextlib.contextmanager
-def reversed_in_place(d: dict):
-    """``d`` with its items in the reverse order; its order put back afterwards."""
-    items = list(d.items())
-    d.clear()
-    d.update(reversed(items))
-    try:
-        yield
-    finally:
-        d.clear()  # (the trace's substitution put back the call's own values)
-        d.update(items)
+class Probe:
+    """Note [Dict orders]: the order probe's watches, by node; ``seen`` the nodes whose order
+    (or contents) the trace asked for or changed."""
+
+    def __init__(self, nodes: list[int]):
+        self.nodes = frozenset(nodes)
+        self.made: set[int] = set()
+        self.seen: set[int] = set()
+
+    def watch(self, i: int, items) -> OrderWatch:
+        """The stand-in of candidate node ``i``, holding ``items`` (key, value) in order."""
+        self.made.add(i)
+        w = OrderWatch(items)
+        w._probe, w._node = self, i
+        return w
+
+    def free(self, tree: ArgTree) -> frozenset:
+        """The paths of the watched candidates the trace did not ask the order of."""
+        return frozenset(tree.nodes[i].path for i in self.made - self.seen)
+
+
+def _seeing(name: str):
+    base = getattr(dict, name)
+
+    def method(self, *args, **kwargs):
+        if self._probe is not None:
+            self._probe.seen.add(self._node)
+        return base(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+class OrderWatch(dict):
+    """Note [Dict orders]: a candidate dict's stand-in in the order probe (``Probe.watch``);
+    each method that reveals or changes its order notes the candidate as seen, and works as
+    ``dict``'s does. Made otherwise (``type(d)()``), it notes nothing."""
+
+    _probe: Probe | None = None
+    _node = -1
+
+    for _name in ("__iter__", "__reversed__", "keys", "values", "items", "popitem", "copy",
+                  "__repr__", "__or__", "__ror__", "__ior__", "__reduce__", "__reduce_ex__",
+                  "__setitem__", "__delitem__", "update", "setdefault", "pop", "clear"):
+        locals()[_name] = _seeing(_name)
+    del _name
 
 
 def same_capture(a, b) -> bool:

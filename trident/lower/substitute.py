@@ -64,14 +64,15 @@ def _restore(node: Node, value, saved) -> None:
 
 @contextlib.contextmanager
 def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None = None,
-                writes: list | None = None):
+                writes: list | None = None, probe=None):
     """Put ``leaves`` (the trace's fake tensors; ``leaves[0]`` is the key) in place of the
     call's real leaves, inside the call's own objects, and yield the bound values to call
     the function with; restore every object the tree covers afterwards. ``rebuilt`` receives
     {id of a tuple made around fake leaves: its node}, so that a result that returns it is
     known as the call's own. ``writes`` receives the attribute writes a specialization
     replays (Note [Attribute writes] in writes.py): ``(node, name, value, tensor
-    attributes)``.
+    attributes)``. ``probe`` (``orders.Probe``, Note [Dict orders] in orders.py): its
+    candidate dicts are replaced by their watches, which hold the fake leaves.
 
     Raises (after restoring):
         TridentError: the function assigned to Python state that the tree covers (an
@@ -98,7 +99,12 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
     same_nodes()
     for i in reversed(range(len(nodes))):  # tuples around fake leaves are new tuples
         n = nodes[i]
-        if n.check == SEQ and n.expect is not list:
+        if probe is not None and i in probe.nodes:  # (its items' new values made before it)
+            items = dict(values[i])
+            for j in children.get(i, ()):
+                items[nodes[j].key] = new[j]
+            new[i] = probe.watch(i, items.items())
+        elif n.check == SEQ and n.expect is not list:
             kids = list(values[i])  # the items the tree leaves out as they are
             for j in children.get(i, ()):
                 kids[nodes[j].key] = new[j]
