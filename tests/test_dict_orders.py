@@ -73,6 +73,12 @@ KINDS = {
     "passed as **kwargs": (lambda x, d: (lambda **kw: x * kw["ab"])(**d), _masks, ABC2, 2),
     "made a set of": (lambda x, d: x * len(set(d)), _masks, ABC2, 2),
     "written": (lambda x, d: x * d.setdefault("ab", None), _masks, ABC2, 2),
+    # read where the watch does not see it (its class's methods on it): the probe's watch
+    # holds the items reversed, so the second trace differs and the order is checked
+    "keys through dict.keys": (lambda x, d: x * d[list(dict.keys(d))[0]], _masks,
+                               (AB, BA, AB, BA), 2),
+    "values through dict.values": (lambda x, d: x * list(dict.values(d))[0], _masks,
+                                   ABC4, 3),
     # several dicts in one call: one probe watches each
     "two dicts, read by key": (lambda x, p: x * p[0]["ab"] + p[1]["cd"],
                                lambda o: (_masks(o), _masks(o)), (AB, BA, AB, BA), 1),

@@ -13,7 +13,7 @@ Which dicts may be checked in any order is decided by the trace, not guessed. A 
 an exact ``dict`` of two or more str keys that the call holds in its arguments themselves or
 in tuples, lists and dicts there (not inside an object, not the ``**kwargs`` dict). The call
 is traced a second time, the *order probe* (``Tracer._order_probe``), with each candidate
-replaced by an :class:`OrderWatch`: a ``dict`` subclass holding the same items in the same
+replaced by an :class:`OrderWatch`: a ``dict`` subclass holding the same items in the reverse
 order whose every method that reveals or changes the order (iteration of the dict or of its
 views, ``repr``, ``copy``, ``|``, pickling and copying's ``__reduce_ex__``, any write) notes
 that the candidate was seen. What C code does with a dict subclass goes through those
@@ -32,8 +32,10 @@ the function iterates (its specialization serves that order only), one that the 
 a second time (a ``SAME`` node: the alias would not be watched), and every candidate of a
 call whose probe failed or differed. (The same dict read through a global or another state
 chain is the original, not the watch: a state read, whose tree checks its order.) Not seen
-by the probe (read as not reading the order): ``dict.keys(d)`` and the like called on the
-class, and C extensions that walk a dict subclass with ``PyDict_Next``. Each kind is a case
+by the probe's watch: ``dict.keys(d)`` and the like called on the class, and C extensions
+that walk a dict subclass with ``PyDict_Next``; the watch holds its items reversed so that such
+a read still makes the second trace differ wherever a reversal changes what it computes (one
+that a reversal leaves alike, as of a 3-key dict's middle item, is still missed). Each kind is a case
 of tests/test_dict_orders.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the

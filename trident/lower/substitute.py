@@ -103,7 +103,7 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
             items = dict(values[i])
             for j in children.get(i, ()):
                 items[nodes[j].key] = new[j]
-            new[i] = probe.watch(i, items.items())
+            new[i] = probe.watch(i, reversed(items.items()))
         elif n.check == SEQ and n.expect is not list:
             kids = list(values[i])  # the items the tree leaves out as they are
             for j in children.get(i, ()):
