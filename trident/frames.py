@@ -52,6 +52,24 @@ def inside_trident(filename: str) -> bool:
     return filename.startswith(_INSIDE_TRIDENT)
 
 
+# Note [Launch frames]: Trident's frames between the function's ``kernel[grid](...)`` and the
+# user code that Triton runs for that launch (a ``@triton.heuristics`` function, a grid
+# callable, an autotuner's ``early_config_prune`` or ``perf_model``): capture.py's
+# ``_TritonLaunches`` routes the launch to kernels.py, whose ``resolve_launch`` calls them at
+# capture time. What they read decides the constexprs, config and grid the specialization
+# bakes (a global ``NUM_SMS`` a grid callable reads), so it is the function's read: the
+# recording walks through these frames as through the function's own (``under_fn`` in
+# lower/state/recording.py). Every other Trident frame ends the walk (Trident's bookkeeping).
+_KERNELS_FILE = os.path.join(_TRIDENT, "lower", "kernels.py")
+_CAPTURE_FILE = os.path.join(_TRIDENT, "lower", "capture.py")
+
+
+def launch_frame(code: types.CodeType) -> bool:
+    """A Trident frame that runs a Triton launch for the function (Note [Launch frames])."""
+    return code.co_filename == _KERNELS_FILE or code.co_filename == _CAPTURE_FILE and \
+        code.co_qualname.startswith("_TritonLaunches.")
+
+
 def torch_file(filename: str, resolved: bool = False) -> bool:
     """A frame of torch, for the user's line: ``filename`` starts with torch's folder as
     imported, or with ``resolved`` as the folder resolves (symlinks followed: jit.py's

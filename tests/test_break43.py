@@ -1,0 +1,144 @@
+"""Faults the adversarial pass of session 43 found, each with a test of its whole kind; every
+call is compared with eager (``torch.equal``), or, for Triton launches on CPU tensors (no
+``TRITON_INTERPRET`` in this process: eager Triton has no driver), with the plain torch
+expression the kernel computes, with exact compile, hit and fallback counts."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trident
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+
+def counts(jf) -> tuple[int, int, int]:
+    s = jf.stats
+    return s.compiles, s.hits, s.fallbacks
+
+
+# ---- Note [Launch frames] (frames.py): user code that Triton runs for a launch --------------
+# A heuristic, a grid callable or an autotuner's hook runs at capture time, called by
+# kernels.py from capture.py's _TritonLaunches; the recording stopped its walk at capture.py's
+# frames, so what such code read (a global BLOCK, NUM_SMS) was no guard's: a hit after the
+# global changed launched the old constexpr or grid (half the output left zero).
+
+
+@triton.jit
+def _add_one_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+
+
+LAUNCH = {"block": 16, "grid": 1}
+
+
+class Tuning:
+    grid = 1
+
+
+def _block_of(args):
+    return LAUNCH["block"]
+
+
+def _grid_of(meta):
+    return (Tuning.grid,)
+
+
+_heuristic_lambda = triton.heuristics({"BLOCK": lambda args: LAUNCH["block"]})(_add_one_kernel)
+_heuristic_def = triton.heuristics({"BLOCK": _block_of})(_add_one_kernel)
+
+
+def heuristic_lambda(x):
+    out = torch.zeros_like(x)
+    _heuristic_lambda[(1,)](x, out, x.numel())
+    return out
+
+
+def heuristic_def(x):
+    out = torch.zeros_like(x)
+    _heuristic_def[(1,)](x, out, x.numel())
+    return out
+
+
+def grid_lambda(x):
+    out = torch.zeros_like(x)
+    _add_one_kernel[lambda meta: (LAUNCH["grid"],)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+def grid_def(x):
+    out = torch.zeros_like(x)
+    _add_one_kernel[_grid_of](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+def _set_block(v):
+    LAUNCH["block"] = v
+
+
+def _set_grid(v):
+    LAUNCH["grid"] = v
+
+
+def _set_class_grid(v):
+    Tuning.grid = v
+
+
+LAUNCH_READS = {  # fn, how to set the launch's extent (16 or 32 elements written)
+    "heuristic lambda": (heuristic_lambda, _set_block, (16, 32)),
+    "heuristic def": (heuristic_def, _set_block, (16, 32)),
+    "grid lambda": (grid_lambda, _set_grid, (1, 2)),
+    "grid def": (grid_def, _set_class_grid, (1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCH_READS))
+def test_what_a_heuristic_or_grid_callable_reads_is_guarded(case):
+    """Two calls per value of the global (a compile, then a hit), then the first value again
+    (the first specialization's hit); each result is the extent the global says."""
+    fn, set_extent, (small, big) = LAUNCH_READS[case]
+    x = torch.arange(32, dtype=torch.float32)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no call runs eagerly)
+            for value, written in ((small, 16), (small, 16), (big, 32), (big, 32), (small, 16)):
+                set_extent(value)
+                want = torch.cat([x[:written] + 1.0, torch.zeros(32 - written)])
+                assert torch.equal(jf(x), want), (case, value)
+    finally:
+        set_extent(small)
+    assert counts(jf) == (2, 3, 0)
+    assert jf.stats.interpreted_launches == 5
+
+
+NUM_SMS = 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_persistent_grid_of_a_global_sm_count_is_guarded_on_the_gpu():
+    """A persistent kernel's grid, ``min(NUM_SMS, tiles)`` from a global, launched natively
+    (replayed from a CUDA graph from its third call): a new ``NUM_SMS`` recompiles."""
+    global NUM_SMS
+
+    def f(x):
+        out = torch.zeros_like(x)
+        _add_one_kernel[lambda meta: (min(NUM_SMS, triton.cdiv(x.numel(), 16)),)](
+            x, out, x.numel(), BLOCK=16)
+        return out
+
+    x = torch.arange(64, dtype=torch.float32, device="cuda")
+    jf = trident.jit(f)
+    try:
+        for sms in (2, 2, 2, 4, 4, 4, 2):
+            NUM_SMS = sms
+            assert torch.equal(jf(x), f(x)), sms
+    finally:
+        NUM_SMS = 2
+    assert counts(jf) == (2, 5, 0)
