@@ -5,12 +5,14 @@ expression the kernel computes, with exact compile, hit and fallback counts."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 import torch
 
 import trident
+from _trident_helpers import run_python
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -142,3 +144,47 @@ def test_a_persistent_grid_of_a_global_sm_count_is_guarded_on_the_gpu():
     finally:
         NUM_SMS = 2
     assert counts(jf) == (2, 5, 0)
+
+
+# ---- Note [Fork during a compile] (frontend/policy.py) -----------------------------------------
+# A child forked from another thread while a compile ran inherited the compile lock held by a
+# thread it does not have: its first call of any jitted function waited forever.
+
+FORK = """
+import faulthandler, os, threading, torch, trident
+
+entered, go = threading.Event(), threading.Event()
+
+def slow(x):  # traced in a thread, which waits inside the trace until the fork starts
+    entered.set()
+    go.wait(60)
+    return x * 2
+
+def g(x):
+    return torch.relu(x) + 1
+
+js, jg = trident.jit(slow), trident.jit(g)
+os.register_at_fork(before=go.set)  # after trident's (trident.jit imported it): runs first
+t = threading.Thread(target=js, args=(torch.ones(3),))
+t.start()
+entered.wait(60)
+pid = os.fork()
+if pid == 0:
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang fails, not waits
+    x = torch.arange(-2.0, 3.0)
+    ok = [torch.equal(jg(x), g(x)), torch.equal(jg(x), g(x)), torch.equal(js(x), x * 2)]
+    print(ok, jg.stats.compiles, jg.stats.hits, jg.stats.fallbacks, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+t.join()
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_fork_while_another_thread_compiles(subprocess_env):
+    """The fork waits for the compile in progress; the child compiles and hits a function of
+    its own and calls the one the parent was compiling (which waits on a threading.Event in
+    its trace: an eager call), each equal to eager."""
+    out = run_python(subprocess_env, "-c", FORK).stdout.strip().splitlines()
+    assert out == ["[True, True, True] 1 1 0", "child exit 0"], out
