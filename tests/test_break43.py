@@ -188,3 +188,87 @@ def test_a_fork_while_another_thread_compiles(subprocess_env):
     its trace: an eager call), each equal to eager."""
     out = run_python(subprocess_env, "-c", FORK).stdout.strip().splitlines()
     assert out == ["[True, True, True] 1 1 0", "child exit 0"], out
+
+
+# ---- Note [Nested jitted calls] (frames.py) ----------------------------------------------------
+# A jitted function that the traced function calls runs eagerly in the trace, from policy.py's
+# MissPolicy._eager: the recording's walk stopped at that Trident frame, so what the nested
+# function read was no guard of the outer one, and a hit after it changed returned the old value.
+
+_NESTED = {"scale": 2.0}
+_NESTED_FLOAT = 1.0
+
+
+class _Nested:
+    offset = 0.5
+
+
+@trident.jit
+def _nested_global(x):
+    return x * _NESTED_FLOAT
+
+
+@trident.jit
+def _nested_dict(x):
+    return x * _NESTED["scale"]
+
+
+@trident.jit
+def _nested_class(x):
+    return x + _Nested.offset
+
+
+def _set_nested_float(v):
+    global _NESTED_FLOAT
+    _NESTED_FLOAT = v
+
+
+NESTED_READS = {  # the nested jitted function, how to set what it reads, two values
+    "a global": (_nested_global, _set_nested_float, (1.0, 3.0)),
+    "a global dict's item": (_nested_dict, lambda v: _NESTED.__setitem__("scale", v), (2.0, 5.0)),
+    "a class attribute": (_nested_class, lambda v: setattr(_Nested, "offset", v), (0.5, 4.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(NESTED_READS))
+def test_what_a_nested_jitted_function_reads_is_guarded(case):
+    """Two calls per value (a compile, then a hit), then the first value again (a hit)."""
+    inner, set_value, (first, second) = NESTED_READS[case]
+
+    def outer(x):
+        return inner(x) * 2 + 1
+
+    x = torch.arange(4.0)
+    jf = trident.jit(outer)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the nested function warns that it runs eagerly)
+            for value in (first, first, second, second, first):
+                set_value(value)
+                assert torch.equal(jf(x), inner.__wrapped__(x) * 2 + 1), (case, value)
+    finally:
+        set_value(first)
+    assert counts(jf) == (2, 3, 0)
+
+
+def test_a_nested_jitted_closure_runs_eagerly_and_sees_its_cell():
+    """A nested jitted closure's cell is not reachable from the outer function's state (the
+    JitFunction hides it): every call runs eagerly, with the new value after a change."""
+    cell = [1.0]
+
+    @trident.jit
+    def inner(x):
+        return x * cell[0]
+
+    def outer(x):
+        return inner(x) + 1
+
+    x = torch.arange(4.0)
+    jf = trident.jit(outer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in (1.0, 1.0, 3.0, 3.0):
+            cell[0] = value
+            assert torch.equal(jf(x), x * value + 1), value
+    assert counts(jf) == (0, 0, 4)
+

@@ -70,6 +70,21 @@ def launch_frame(code: types.CodeType) -> bool:
         code.co_qualname.startswith("_TritonLaunches.")
 
 
+# Note [Nested jitted calls]: a jitted function that the traced function calls runs eagerly in
+# the trace (the trace's TorchFunctionMode fails its guards): its ops are the trace's, and so
+# are its reads. Its wrapped function runs from policy.py's ``MissPolicy._eager``, below the
+# jitted call's own Trident frames (``_slow_path``, ``_on_miss``), so the recording walks
+# from ``_eager`` through those frames to the call's caller, and on from there (``under_fn``
+# in lower/state/recording.py). Without it, the global a nested jitted function read was no
+# guard of the outer one: a hit after it changed returned the old value.
+_POLICY_FILE = os.path.join(_TRIDENT, "frontend", "policy.py")
+
+
+def eager_call_frame(code: types.CodeType) -> bool:
+    """The frame that runs a jitted function's code eagerly (Note [Nested jitted calls])."""
+    return code.co_filename == _POLICY_FILE and code.co_qualname == "MissPolicy._eager"
+
+
 def torch_file(filename: str, resolved: bool = False) -> bool:
     """A frame of torch, for the user's line: ``filename`` starts with torch's folder as
     imported, or with ``resolved`` as the folder resolves (symlinks followed: jit.py's

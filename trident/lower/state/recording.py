@@ -249,9 +249,12 @@ def record(fn):
         f, seen = frame, []
         while f is not None and f not in called and f.f_code is not top:
             seen.append(f)
-            name = f.f_code.co_filename
-            if frames.inside_trident(name) and not frames.launch_frame(f.f_code) or \
-                    kind_of(f) & _INTERRUPT:  # Note [Interrupts]
+            if frames.eager_call_frame(f.f_code):  # Note [Nested jitted calls] in frames.py
+                while f.f_back is not None and frames.inside_trident(f.f_back.f_code.co_filename):
+                    f = f.f_back
+                    seen.append(f)
+            elif frames.inside_trident(f.f_code.co_filename) and not \
+                    frames.launch_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
                 f = None
                 break
             f = f.f_back
