@@ -272,3 +272,91 @@ def test_a_nested_jitted_closure_runs_eagerly_and_sees_its_cell():
             assert torch.equal(jf(x), x * value + 1), value
     assert counts(jf) == (0, 0, 4)
 
+
+# ---- Note [Binding] (frontend/jit.py) ----------------------------------------------------------
+# A JitFunction bound the instance whatever it wrapped: one over a bound method or a module,
+# set on a class, got the instance as an extra argument (TypeError where eager returns); and
+# the stand-in without a runtime bound nothing (a jitted method in a class body lost self).
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, k: float):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+
+class _Owner:
+    k = 3.0
+
+    @classmethod
+    def by_class(cls, x):
+        return x * cls.k
+
+    def by_instance(self, x):
+        return x - self.k
+
+
+def _owners() -> dict:
+    """Each case: (class holding the eager callable, class holding its jitted one)."""
+    module, owner = _Scaled(2.0), _Owner()
+    return {name: (type("Eager", (), {"f": value}), type("Jitted", (), {"f": trident.jit(value)}))
+            for name, value in (("a classmethod bound to its class", _Owner.by_class),
+                                ("a method bound to an instance", owner.by_instance),
+                                ("a module", module))}
+
+
+@pytest.mark.parametrize("case", ["a classmethod bound to its class",
+                                  "a method bound to an instance", "a module"])
+def test_a_jitted_bound_method_or_module_on_a_class_binds_nothing(case):
+    eager_cls, jitted_cls = _owners()[case]
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(jitted_cls().f(x), eager_cls().f(x))
+            assert torch.equal(jitted_cls.f(x), eager_cls.f(x))
+    assert counts(jitted_cls.__dict__["f"]) == (1, 3, 0)
+
+
+class _Method:
+    k = 5.0
+
+    @trident.jit
+    def f(self, x):
+        return x * self.k
+
+
+def test_a_jitted_function_in_a_class_body_binds_self():
+    x = torch.arange(4.0)
+    for _ in range(2):
+        assert torch.equal(_Method().f(x), x * 5.0)
+    assert counts(_Method.__dict__["f"]) == (1, 1, 0)
+
+
+STAND_IN = """
+import warnings, torch, trident
+warnings.simplefilter("ignore")
+
+class M:
+    k = 5.0
+
+    @trident.jit
+    def f(self, x):
+        return x * self.k
+
+model = torch.nn.Linear(2, 2)
+W = type("W", (), {"g": trident.jit(model)})
+x = torch.ones(3, 2)
+with torch.no_grad():
+    print(torch.equal(M().f(torch.arange(4.0)), torch.arange(4.0) * 5.0),
+          torch.equal(W().g(x), model(x)), M.__dict__["f"].stats.fallbacks)
+"""
+
+
+def test_the_stand_in_without_a_runtime_binds_as_the_native_one(tmp_path, subprocess_env):
+    """``TRIDENT_CACHE_DIR`` naming a file: no runtime, every call eager (test_faults.py)."""
+    (tmp_path / "a-file").write_text("")
+    env = dict(subprocess_env, TRIDENT_CACHE_DIR=str(tmp_path / "a-file"))
+    assert run_python(env, "-c", STAND_IN).stdout.strip() == "True True 1"
