@@ -360,3 +360,70 @@ def test_the_stand_in_without_a_runtime_binds_as_the_native_one(tmp_path, subpro
     (tmp_path / "a-file").write_text("")
     env = dict(subprocess_env, TRIDENT_CACHE_DIR=str(tmp_path / "a-file"))
     assert run_python(env, "-c", STAND_IN).stdout.strip() == "True True 1"
+
+
+# ---- Note [Kernels of one name] (ir/launch.py) -------------------------------------------------
+# A factory's @triton.jit kernels share a module and qualified name (make.<locals>.kernel): the
+# install found the first of them for every launch of the others, and two specializations of
+# one C source (two closures of one def over each kernel) shared one loaded module, whose
+# interpreted-launch callback the last one set. Each ran the other kernel: x + 1 for x * 3.
+
+
+def _make_kernel(op: str):
+    if op == "add":
+        @triton.jit
+        def kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+    else:
+        @triton.jit
+        def kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3, mask=mask)
+    return kernel
+
+
+_ADD, _TIMES = _make_kernel("add"), _make_kernel("times")
+
+
+def _launch_add(x):
+    out = torch.empty_like(x)
+    _ADD[(1,)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+def _launch_times(x):
+    out = torch.empty_like(x)
+    _TIMES[(1,)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+def _launch_both(x):
+    return _launch_add(x), _launch_times(x)
+
+
+def _closure_over(kernel):
+    def launch(x):
+        out = torch.empty_like(x)
+        kernel[(1,)](x, out, x.numel(), BLOCK=16)
+        return out
+    return launch
+
+
+def test_factory_kernels_of_one_name_each_run_their_own():
+    x = torch.arange(8.0)
+    add, times = x + 1, x * 3
+    jitted = {"add": trident.jit(_launch_add), "times": trident.jit(_launch_times),
+              "both": trident.jit(_launch_both), "closure add": trident.jit(_closure_over(_ADD)),
+              "closure times": trident.jit(_closure_over(_TIMES))}
+    want = {"add": add, "times": times, "both": (add, times), "closure add": add,
+            "closure times": times}
+    for _ in range(2):
+        for name, jf in jitted.items():
+            got = jf(x)
+            assert all(map(torch.equal, got, want[name])) if name == "both" else \
+                torch.equal(got, want[name]), name
+    assert [counts(jf) for jf in jitted.values()] == [(1, 1, 0)] * 5
+    assert [jf.stats.interpreted_launches for jf in jitted.values()] == [2, 2, 4, 2, 2]
