@@ -249,6 +249,10 @@ def test_what_a_nested_jitted_function_reads_is_guarded(case):
     finally:
         set_value(first)
     assert counts(jf) == (2, 3, 0)
+    # the nested function's own fallbacks (one per trace) say why, not "a TorchFunctionMode"
+    assert inner.stats.miss_reasons[-1] == (
+        "eager: called while another jitted function is traced: its code is traced into that "
+        "function's specialization (Note [Nested jitted calls] in trident/frames.py)")
 
 
 def test_a_nested_jitted_closure_runs_eagerly_and_sees_its_cell():
