@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import trident
-from trident.ir.launch import ConstexprParam, PreHook
+from trident.ir.launch import ConstexprParam, PreHook, source_digest
 from trident.ir.plan import TritonStep
 
 triton = pytest.importorskip("triton")
@@ -161,10 +161,12 @@ def test_dtype_and_function_constexprs_are_served():
     steps = [s for s in f._specs[0].plan.steps if isinstance(s, TritonStep)]
     constexprs = [{p.name: p.value for p in s.launch.params if isinstance(p, ConstexprParam)}
                   for s in steps]
-    assert constexprs == [
-        {"ACT": {"triton_function": {"module": __name__, "qualname": "relu_fn"}},
+    assert constexprs == [  # (Note [Kernels of one name]: the source's digest too)
+        {"ACT": {"triton_function": {"module": __name__, "qualname": "relu_fn",
+                                     "source": source_digest(relu_fn)}},
          "OUT": {"triton_dtype": "fp16"}, "BLOCK": 32},
-        {"ACT": {"triton_function": {"module": __name__, "qualname": "neg_fn"}},
+        {"ACT": {"triton_function": {"module": __name__, "qualname": "neg_fn",
+                                     "source": source_digest(neg_fn)}},
          "OUT": {"triton_dtype": "fp32"}, "BLOCK": 32}]
     again = trident.jit(fallback=False)(act_call)  # from the stored JSON: objects made again
     a, b = again(x, y)

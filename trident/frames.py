@@ -52,6 +52,39 @@ def inside_trident(filename: str) -> bool:
     return filename.startswith(_INSIDE_TRIDENT)
 
 
+# Note [Launch frames]: Trident's frames between the function's ``kernel[grid](...)`` and the
+# user code that Triton runs for that launch (a ``@triton.heuristics`` function, a grid
+# callable, an autotuner's ``early_config_prune`` or ``perf_model``): capture.py's
+# ``_TritonLaunches`` routes the launch to kernels.py, whose ``resolve_launch`` calls them at
+# capture time. What they read decides the constexprs, config and grid the specialization
+# bakes (a global ``NUM_SMS`` a grid callable reads), so it is the function's read: the
+# recording walks through these frames as through the function's own (``under_fn`` in
+# lower/state/recording.py). Every other Trident frame ends the walk (Trident's bookkeeping).
+_KERNELS_FILE = os.path.join(_TRIDENT, "lower", "kernels.py")
+_CAPTURE_FILE = os.path.join(_TRIDENT, "lower", "capture.py")
+
+
+def launch_frame(code: types.CodeType) -> bool:
+    """A Trident frame that runs a Triton launch for the function (Note [Launch frames])."""
+    return code.co_filename == _KERNELS_FILE or code.co_filename == _CAPTURE_FILE and \
+        code.co_qualname.startswith("_TritonLaunches.")
+
+
+# Note [Nested jitted calls]: a jitted function that the traced function calls runs eagerly in
+# the trace (the trace's TorchFunctionMode fails its guards): its ops are the trace's, and so
+# are its reads. Its wrapped function runs from policy.py's ``MissPolicy._eager``, below the
+# jitted call's own Trident frames (``_slow_path``, ``_on_miss``), so the recording walks
+# from ``_eager`` through those frames to the call's caller, and on from there (``under_fn``
+# in lower/state/recording.py). Without it, the global a nested jitted function read was no
+# guard of the outer one: a hit after it changed returned the old value.
+_POLICY_FILE = os.path.join(_TRIDENT, "frontend", "policy.py")
+
+
+def eager_call_frame(code: types.CodeType) -> bool:
+    """The frame that runs a jitted function's code eagerly (Note [Nested jitted calls])."""
+    return code.co_filename == _POLICY_FILE and code.co_qualname == "MissPolicy._eager"
+
+
 def torch_file(filename: str, resolved: bool = False) -> bool:
     """A frame of torch, for the user's line: ``filename`` starts with torch's folder as
     imported, or with ``resolved`` as the folder resolves (symlinks followed: jit.py's

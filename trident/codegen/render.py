@@ -191,8 +191,9 @@ class _SpecRenderer:
         target = _target_of(s.launch.device)
         self.targets.add(target)
         launch = target.launch(self, index, s)
-        return CStep(launch.KIND, s.where, c_comment(s.text), f"triton {s.launch.kernel}",
-                     list(launch.locals), list(launch.args), self.releases(s), launch=launch)
+        return CStep(launch.KIND, s.where, c_comment(s.text + s.launch.ref.comment),
+                     f"triton {s.launch.kernel}", list(launch.locals), list(launch.args),
+                     self.releases(s), launch=launch)
 
     def callback_slot(self, index: int) -> int:
         """The slot in the module's callback table of step ``index`` (a Triton launch that runs

@@ -48,6 +48,10 @@ def _eager_decision(call: _Call, signatures: list[tuple[int, list, str]]
         return (f"{len(args) - 1} argument leaves; the native path reads at most "
                 f"{MAX_ARGS - 1}",
                 lambda leaves: True)  # a tree's leaves are as many at every call
+    if _eager_mode_on() and _in_a_trace():
+        return ("called while another jitted function is traced: its code is traced into "
+                "that function's specialization (Note [Nested jitted calls] in "
+                "trident/frames.py)", lambda leaves: _eager_mode_on() and _in_a_trace())
     if _eager_mode_on():
         return ("autocast, a torch.func transform or a TorchFunctionMode "
                 "(torch.set_default_device, ...) is on: Trident does not compile under "
@@ -78,3 +82,12 @@ def _eager_mode_on() -> bool:
     return (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda") or
             torch._C._are_functorch_transforms_active() or
             torch._C._len_torch_function_stack() > 0)
+
+
+def _in_a_trace() -> bool:
+    """A Trident trace is running in this thread (its TorchFunctionMode is on the stack)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from trident.lower.source_lines import _SourceLines
+
+    return any(isinstance(m, _SourceLines) for m in _get_current_function_mode_stack())

@@ -224,11 +224,27 @@ def jit_function_class() -> type:
     return type("JitFunction", (JitFunctionMixin, rt.Dispatcher), {"__module__": "trident"})
 
 
+# Note [Binding]: a JitFunction binds as what it wraps does. One over a function, in a class body,
+# binds ``self`` as the function would (the native Dispatcher's ``tp_descr_get``; the stand-in
+# without a runtime alike); one over a bound method or a module binds nothing, as they do not:
+# placed on a class (``F.c = trident.jit(C.c)``, ``Wrapper.model = trident.jit(model)``),
+# ``obj.c(x)`` calls it with ``x`` alone, as eager calls the method or module (an extra
+# ``obj`` made the call raise TypeError).
+@functools.cache
+def _unbinding_class() -> type:
+    """``JitFunction`` for a bound method or a module (Note [Binding])."""
+    return type("JitFunction", (jit_function_class(),), {
+        "__module__": "trident", "__slots__": (), "__get__": lambda self, obj, owner=None: self})
+
+
 class _EagerDispatcher:
     """The native ``Dispatcher``'s interface (runtime/dispatcher.cpp) without a runtime: every call
     runs the function eagerly and counts a fallback."""
 
     hits = 0
+
+    def __get__(self, obj, owner=None):  # Note [Binding]
+        return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):  # jit_function_class() has warned once
         return self._eager(args, kwargs, self._no_runtime, warn=False)
@@ -317,7 +333,7 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             isinstance(getattr(fn, "__func__", fn), types.FunctionType)):
         raise TridentError(f"trident.jit expects a Python function, a method or an "
                            f"nn.Module, got {type(fn).__name__}")
-    obj = jit_function_class()()
+    obj = (jit_function_class() if isinstance(fn, types.FunctionType) else _unbinding_class())()
     if not (dynamic is None or isinstance(dynamic, (bool, dict))):
         raise TridentError(f"trident.jit: dynamic must be None, a bool, or a dict of argument "
                            f"name to dims, got {type(dynamic).__name__}")

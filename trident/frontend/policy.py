@@ -9,6 +9,7 @@ counted, logged, and warned once per reason. The native dispatcher enters here (
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import types
@@ -32,6 +33,17 @@ _recompiles = config.logger("recompiles")
 # process's working directory) are not thread-safe. Reentrant: tracing may call another
 # @trident.jit function, which may miss too.
 _COMPILE_LOCK = threading.RLock()
+# Note [Fork during a compile]: a compile holds the lock while it changes process state (torch.fx's
+# module wrappers and torch's random-state functions replaced for the trace, the working
+# directory during cffi's build). A child that ``os.fork()`` (multiprocessing's default start
+# method on Linux) made from another thread meanwhile inherited that state half-changed and the
+# lock held by a thread it does not have: its first call of any jitted function waited forever
+# where eager returns. So a fork waits for the compile in progress, as ``logging`` makes a fork
+# wait for its lock: the child starts with no compile running and the lock free. (A fork from
+# the compiling thread itself, a traced function's, reenters the lock.)
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(before=_COMPILE_LOCK.acquire, after_in_parent=_COMPILE_LOCK.release,
+                        after_in_child=_COMPILE_LOCK.release)
 # Note [Specialization limit]: compiles in this process per function code object and owner
 # (in its cache area, TRIDENT_CACHE_DIR), by every JitFunction over that pair, as
 # torch.compile's recompile limit counts per code object. The owner: a bound method's or a

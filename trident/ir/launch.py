@@ -10,19 +10,54 @@ are the cache's form (plan.py's ``TritonStep`` calls them); ``from_json`` raises
 from __future__ import annotations
 
 import base64
+import hashlib
 import dataclasses
 from typing import Any, ClassVar
 
 from trident.ir import sizes
 
 
+# Note [Kernels of one name]: a launch names its kernel for the install that finds it again
+# (``lower.kernels.find_kernel``, in this process too: the plan travels as data). A module and
+# qualified name are not enough: a factory's ``@triton.jit`` kernels share theirs
+# (``make.<locals>.kernel``), and the first of them found served every launch of the others (an
+# add where eager multiplied). So the name holds a digest of the kernel's source too, and only
+# a kernel of that source is found; one stored without it (an earlier version) matches by name.
+# The digest is in the generated C too (a comment at the launch): a process loads one module per
+# C source, whose callbacks (an interpreted launch) and cubins the last specialization to load
+# sets, so two launches of kernels of one name and signature must not share a module.
+def source_digest(jit_fn) -> str:
+    """A digest of a ``@triton.jit`` function's source (Note [Kernels of one name])."""
+    src = getattr(jit_fn, "src", None)
+    return hashlib.sha256(src.encode()).hexdigest()[:16] if isinstance(src, str) else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelRef:
     """Where a ``@triton.jit`` function is found in a new process: its module and qualified
-    name."""
+    name, and its source's digest (Note [Kernels of one name])."""
 
     module: str
     qualname: str
+    source: str = ""
+
+    @classmethod
+    def of(cls, jit_fn) -> KernelRef:
+        return cls(jit_fn.fn.__module__, jit_fn.fn.__qualname__, source_digest(jit_fn))
+
+    def names(self, jit_fn) -> bool:
+        """Whether ``jit_fn`` (a ``JITFunction``) is the kernel this names."""
+        return jit_fn.fn.__qualname__ == self.qualname and jit_fn.fn.__module__ == \
+            self.module and (not self.source or source_digest(jit_fn) == self.source)
+
+    @property
+    def comment(self) -> str:
+        """For the launch's comment in the C (Note [Kernels of one name])."""
+        return f" (kernel source {self.source})" if self.source else ""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) if self.source else {"module": self.module,
+                                                              "qualname": self.qualname}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +138,7 @@ class ScalarParam(LaunchParam):
 class ConstexprParam(LaunchParam):
     """A ``tl.constexpr``, as JSON-able data: a ``torch.dtype`` as ``"torch.float16"``, a
     ``tl.dtype`` as ``{"triton_dtype": "fp16"}``, a ``@triton.jit`` function as
-    ``{"triton_function": {"module", "qualname"}}`` (``lower.kernels._constexpr`` makes the
+    ``{"triton_function": {"module", "qualname", "source"}}`` (``lower.kernels._constexpr`` makes the
     object again)."""
 
     KIND = "constexpr"
@@ -139,7 +174,7 @@ class TritonLaunch:
         return self.device.startswith("cuda")
 
     def to_json(self) -> dict:
-        return {"kernel": self.kernel, "ref": dataclasses.asdict(self.ref),
+        return {"kernel": self.kernel, "ref": self.ref.to_json(),
                 "params": [p.to_json() for p in self.params],
                 "grid": [g if isinstance(g, int) else sizes.dumps(g) for g in self.grid],
                 "options": self.options, "device": self.device,

@@ -183,7 +183,7 @@ def resolve_launch(kernel, grid, args: tuple, kwargs: dict, alignment: Callable,
     if callable(grid):
         grid = grid(bound)
     grid = [_grid_dim(g, fn) for g in tuple(grid)] + [1] * (3 - len(tuple(grid)))
-    ref = KernelRef(fn.fn.__module__, fn.fn.__qualname__)
+    ref = KernelRef.of(fn)
     launch = TritonLaunch(fn.__name__, ref, tuple(params), tuple(grid), options, device,
                           pre_hook)
     return fn, launch, tensors
@@ -256,8 +256,7 @@ def _plain(value, fn, p):
     if isinstance(value, tl.dtype):  # OUT=tl.float16
         return {"triton_dtype": value.name}
     if isinstance(value, (JITFunction, InterpretedFunction)):  # ACT=a @triton.jit function
-        return {"triton_function": {"module": value.fn.__module__,
-                                    "qualname": value.fn.__qualname__}}
+        return {"triton_function": KernelRef.of(value).to_json()}
     raise TridentError(f"{fn.__name__}: constexpr {p.name!r} is "
                        f"{with_article(type(value).__name__)}")
 
@@ -343,8 +342,7 @@ def find_kernel(ref: KernelRef, scope: Callable | None = None):
             if obj is None or isinstance(obj, JITFunction) or not _has_fn(obj):
                 break
             obj = obj.fn
-        if isinstance(obj, JITFunction) and obj.fn.__qualname__ == ref.qualname \
-                and obj.fn.__module__ == ref.module:
+        if isinstance(obj, JITFunction) and ref.names(obj):  # Note [Kernels of one name]
             return obj
     raise TridentError(f"cannot find Triton kernel {ref.module}.{ref.qualname}")
 

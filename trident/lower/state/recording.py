@@ -242,16 +242,19 @@ def record(fn):
     def under_fn(frame) -> bool:
         """``frame`` runs for ``fn``: ``fn``'s frame is below it, and no Trident frame in
         between (Trident's own calls of user code, as an import hook or a patched ``open`` in
-        the trace's bookkeeping, are not the function's reads; a Triton heuristic that
-        kernels.py evaluates for the launch is)."""
+        the trace's bookkeeping, are not the function's reads; a Triton heuristic or grid
+        callable that a launch runs is: Note [Launch frames] in frames.py)."""
         if frame in called:
             return called[frame]
         f, seen = frame, []
         while f is not None and f not in called and f.f_code is not top:
             seen.append(f)
-            name = f.f_code.co_filename
-            if frames.inside_trident(name) and not name.endswith("kernels.py") or \
-                    kind_of(f) & _INTERRUPT:  # Note [Interrupts]
+            if frames.eager_call_frame(f.f_code):  # Note [Nested jitted calls] in frames.py
+                while f.f_back is not None and frames.inside_trident(f.f_back.f_code.co_filename):
+                    f = f.f_back
+                    seen.append(f)
+            elif frames.inside_trident(f.f_code.co_filename) and not \
+                    frames.launch_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
                 f = None
                 break
             f = f.f_back
