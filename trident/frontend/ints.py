@@ -201,18 +201,50 @@ def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
         if isinstance(before, torch.Tensor):
             if i is not None and before.dim() == value.dim():
                 dims[i] = dims.get(i, set()) | {
-                    d for d, n in enumerate(before.shape) if n >= 2 and n != value.shape[d]}
+                    d for d, n in enumerate(before.shape) if n >= 1 and n != value.shape[d]}
             continue
         # a buffer its object sizes by its own ints (a static cache layer's ``max_cache_len``)
         # holds no length of the call
         own = {v for v in owner.values() if type(v) is int}
-        sizes |= {n for n in value.shape[1:] if n >= 2 and n not in own}
+        sizes |= {n for n in value.shape[1:] if n >= 1 and n not in own}
     for i, a in enumerate(call.leaves):
         if isinstance(a, torch.Tensor) and i and sizes and \
                 not batch._module_tensor(tree, tree.leaf_nodes[i - 1]):
             dims[i] = dims.get(i, set()) | {d for d, n in enumerate(a.shape)
                                             if n in sizes and (d or a.dim() == 1)}
     return {i: d for i, d in dims.items() if d}
+
+
+def one_lengths(call: _Call, dynamic: dict[int, set[int]], written: dict[str, frozenset[int]],
+                lengths: dict[int, set[int]]) -> dict[int, set[int]]:
+    """Note [Lengths of written state]: ``{leaf index: dims}`` of ``call``'s ``dynamic`` dims
+    that are lengths: at paths where a specialization stored them symbolic, or where an exact
+    trace stored a length (``written``), or among ``lengths`` (those ``written_lengths`` found
+    in an exact trace of ``call``); each a symbol of range >= 1 at any size (``_fake_args``
+    in lower/capture.py)."""
+    dims = {}
+    for i, d in dynamic.items():
+        a = call.leaves[i]
+        if isinstance(a, torch.Tensor):
+            ours = set(written.get(call.names[i], ())) | set(lengths.get(i, ()))
+            dims[i] = {n for n in d & ours if n < a.dim()}
+    return {i: d for i, d in dims.items() if d}
+
+
+def stored_lengths(call: _Call, writes: list, lengths: dict[int, set[int]]):
+    """Note [Lengths of written state]: ``{path: dims}`` of the tensors an exact trace's
+    ``writes`` store, the dims (other than 0) whose size is the size of one of ``call``'s
+    ``lengths`` (``written_lengths``): what a symbolic trace would have stored symbolic, for
+    a call whose lengths of one that trace could not take."""
+    sizes = {call.leaves[i].shape[d] for i, dims in lengths.items() for d in dims}
+    paths: dict[str, frozenset[int]] = {}
+    for node, name, value, _ in writes if sizes else ():
+        if isinstance(value, torch.Tensor) and all(type(n) is int for n in value.shape):
+            dims = frozenset(d for d in range(1, value.dim()) if value.shape[d] in sizes)
+            if dims:
+                path = f"{call.tree.nodes[node].path}.{name}"
+                paths[path] = paths.get(path, frozenset()) | dims
+    return paths
 
 
 def symbolic_writes(tree, writes: list, known: dict[str, frozenset[int]]):

@@ -73,12 +73,14 @@ class Capture:
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = frozenset()):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
     a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
-    ``ones``: the args whose dim 0 is a batch symbol of range >= 1 (Note [Batch dims] in
-    frontend/batch.py; the trace runs size-oblivious, ``trace``)."""
+    ``ones`` ({arg: {dim}}): the dims that are symbols of range >= 1 at any size, 1 included:
+    a batch (Note [Batch dims] in frontend/batch.py), a length (Note [Lengths of written
+    state] in frontend/ints.py), an int leaf of value 1 (its dims ``{0}``); the trace runs
+    size-oblivious (``trace``)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -87,6 +89,7 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = froz
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
+    ones = ones or {}
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
@@ -101,16 +104,17 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = froz
             continue
         dims = dynamic.get(i, set())
         context = StatelessSymbolicContext(dynamic_sizes=[
-            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or i in ones and d == 0)
+            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))
             else DimDynamic.STATIC for d in range(a.dim())])
-        # a batch of one is a symbol too (Note [Batch dims]: a batch-1 call's trace serves
-        # other batches), which torch creates where its size-oblivious mode is on
+        # a batch or length of one is a symbol too (Note [Batch dims]: a batch-1 call's trace
+        # serves other batches), which torch creates where its size-oblivious mode is on
         with torch.fx.experimental._config.patch(backed_size_oblivious=i in ones):
             fakes.append(mode.from_tensor(a, symbolic_context=context))
         for d, size in enumerate(fakes[-1].shape if i in ones else ()):  # (ranges [0, oo])
             if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
-                shape_env.var_to_range[size.node._expr] = ValueRanges(2 - (d == 0), int_oo)
-                if d:
+                one = d in ones[i]
+                shape_env.var_to_range[size.node._expr] = ValueRanges(2 - one, int_oo)
+                if not one:
                     shape_env.size_like.discard(size.node._expr)
     return tuple(fakes), shape_env
 
@@ -299,7 +303,7 @@ def _own_fake_cuda_guard() -> None:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None, ones: frozenset = frozenset()
+          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None
           ) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
@@ -309,6 +313,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     name in messages. ``changed_rng``: whether the trace's own thread set a generator's state
     (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
     generators' states before and after decide, which another thread's draws change too.
+    ``ones``: {argument index: dims} of symbols of range >= 1 (``_fake_args``).
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
