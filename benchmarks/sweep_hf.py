@@ -1,11 +1,11 @@
 """A serving sweep: many ``generate`` calls of new prompt lengths, token counts and batches
 through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallbacks and hits.
 
-``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION [DOOR [MASK [SEED [FIRST]]]]]]]``
-(defaults: ``llama``, 50, ``static``, ``jit``, ``mask``, 0, none). SEED other than 0 shuffles
-the drawn requests with that seed (the order a compile count must not depend on); FIRST, a
-prompt length, is given to the first request (``1``: a one-token prompt first). CACHE_IMPLEMENTATION ``default`` passes none:
-transformers' default ``DynamicCache``. MASK ``mask`` passes an ``attention_mask`` of ones
+``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE [DOOR [MASK [SEED [FIRST]]]]]]]`` (defaults:
+``llama``, 50, ``static``, ``jit``, ``mask``, 0, none). SEED other than 0 shuffles the drawn
+requests with that seed (a compile count must not depend on the order); FIRST, a prompt
+length, is given to the first request (``1``: a one-token prompt first). CACHE, the
+``cache_implementation``: ``default`` passes none, transformers' default ``DynamicCache``. MASK ``mask`` passes an ``attention_mask`` of ones
 (transformers 5.25's ``generate`` drops one of all ones before the forward, 5.17's passes it),
 ``padded`` a server's batch of prompts of their own lengths, left-padded (each row but the
 first of a length drawn from 1..the prompt's, its mask 0 over the padding, ``pad_token_id``
@@ -154,8 +154,9 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
               f"traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
               f"t={time.perf_counter() - start:.1f}s", flush=True)
     s = stats()
-    print(f"{arch} {cache} {door} {mask} seed={seed} first={first or '-'}: {n} generates, compiles={s.compiles} traces={s.traces} "
-          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames}")
+    print(f"{arch} {cache} {door} {mask} seed={seed} first={first or '-'}: {n} generates, "
+          f"compiles={s.compiles} traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
+          f"not equal={wrong} dynamo={frames}")
     for reason in dict.fromkeys(s.miss_reasons):
         print("  ", reason[:300])
 

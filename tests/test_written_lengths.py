@@ -55,8 +55,9 @@ def test_a_function_that_fills_its_cache_compiles_its_first_call_symbolic():
     jf = trident.jit(layer)
     serve(layer, jf, [5, 7, 3, 6])
     # the prefill: traced at exact sizes, then with x's dim 1 symbolic (the stored keys' dim
-    # 1; their dim 2, 8, is no size of x; x alone has that batch: none); the decode step: symbolic at once (the keys the
-    # prefill stored with a symbolic dim 1); every later prompt length and step hits
+    # 1; their dim 2, 8, is no size of x; x alone has that batch: none); the decode step:
+    # symbolic at once (the keys the prefill stored with a symbolic dim 1); every later
+    # prompt length and step hits
     stats = jf.stats
     assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 3, 0), stats.miss_reasons
     assert stats.hits == 4 * 3 - 2
