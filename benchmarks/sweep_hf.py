@@ -1,9 +1,11 @@
 """A serving sweep: many ``generate`` calls of new prompt lengths, token counts and batches
 through ``model.forward = trident.jit(model.forward)``; compiles, traces, fallbacks and hits.
 
-``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE_IMPLEMENTATION [DOOR [MASK]]]]]`` (defaults:
-``llama``, 50, ``static``, ``jit``, ``mask``). CACHE_IMPLEMENTATION ``default`` passes none:
-transformers' default ``DynamicCache``. MASK ``mask`` passes an ``attention_mask`` of ones
+``python3 -m benchmarks.sweep_hf [ARCH [N [CACHE [DOOR [MASK [SEED [FIRST]]]]]]]`` (defaults:
+``llama``, 50, ``static``, ``jit``, ``mask``, 0, none). SEED other than 0 shuffles the drawn
+requests with that seed (a compile count must not depend on the order); FIRST, a prompt
+length, is given to the first request (``1``: a one-token prompt first). CACHE, the
+``cache_implementation``: ``default`` passes none, transformers' default ``DynamicCache``. MASK ``mask`` passes an ``attention_mask`` of ones
 (transformers 5.25's ``generate`` drops one of all ones before the forward, 5.17's passes it),
 ``padded`` a server's batch of prompts of their own lengths, left-padded (each row but the
 first of a length drawn from 1..the prompt's, its mask 0 over the padding, ``pad_token_id``
@@ -93,7 +95,7 @@ def _dynamo_frames() -> int:
 
 
 def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "jit",
-         mask: str = "mask") -> None:
+         mask: str = "mask", seed: int = 0, first: int = 0) -> None:
     import os
 
     device = os.environ.get("TRIDENT_SWEEP_DEVICE", "cpu")
@@ -101,6 +103,11 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
     use_reference, use_served, stats = _doors(model, door)
     rng = random.Random(0)
     calls = [(rng.choice([1, 2, 4]), rng.randint(1, 512), rng.randint(1, 128)) for _ in range(n)]
+    if seed:
+        random.Random(seed).shuffle(calls)
+    if first:
+        calls[0] = (calls[0][0], first, calls[0][2])
+
     def inputs(i, batch, length, new):
         torch.manual_seed(i)
         ids = torch.randint(0, 96, (batch, length), device=device)
@@ -147,13 +154,13 @@ def main(arch: str = "llama", n: int = 50, cache: str = "static", door: str = "j
               f"traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
               f"t={time.perf_counter() - start:.1f}s", flush=True)
     s = stats()
-    print(f"{arch} {cache} {door} {mask}: {n} generates, compiles={s.compiles} traces={s.traces} "
-          f"fallbacks={s.fallbacks} hits={s.hits} not equal={wrong} dynamo={frames} "
-          f"graph captures={getattr(s, 'graph_captures', 0)} "
+    print(f"{arch} {cache} {door} {mask} seed={seed} first={first or '-'}: {n} generates, "
+          f"compiles={s.compiles} traces={s.traces} fallbacks={s.fallbacks} hits={s.hits} "
+          f"not equal={wrong} dynamo={frames} graph captures={getattr(s, 'graph_captures', 0)} "
           f"replays={getattr(s, 'graph_replays', 0)}")
     for reason in dict.fromkeys(s.miss_reasons):
         print("  ", reason[:300])
 
 
 if __name__ == "__main__":
-    main(*(t(a) for t, a in zip((str, int, str, str, str), sys.argv[1:])))
+    main(*(t(a) for t, a in zip((str, int, str, str, str, int, int), sys.argv[1:])))

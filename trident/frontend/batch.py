@@ -91,11 +91,12 @@ def batch_dims(call: _Call) -> dict[int, set[int]]:
     return dims if len(dims) > 1 else {}  # a batch is a dim 0 that tensors share
 
 
-def ones(call: _Call, dynamic: dict[int, set[int]]) -> frozenset[int]:
-    """Note [Batch dims]: the leaves a trace with ``dynamic`` dims makes symbols of range >=
-    1, size-oblivious: the batch dims it makes symbolic, and, where there are some, its int
-    leaves of value 1 (a cache's ``batch_size`` that a batch-1 prefill wrote)."""
+def ones(call: _Call, dynamic: dict[int, set[int]]) -> dict[int, set[int]]:
+    """Note [Batch dims]: ``{leaf index: {0}}`` of the leaves a trace with ``dynamic`` dims
+    makes symbols of range >= 1, size-oblivious: the batch dims it makes symbolic, and, where
+    there are some, its int leaves of value 1 (a cache's ``batch_size`` that a batch-1 prefill
+    wrote)."""
     dims = {i for i in batch_dims(call) if 0 in dynamic.get(i, ())}
-    return frozenset(dims | {i for i, a in enumerate(call.leaves) if dims and type(a) is int
-                             and a == 1 and i in dynamic}) if dims else frozenset()
+    return {i: {0} for i in dims | {i for i, a in enumerate(call.leaves) if type(a) is int
+                                    and a == 1 and i in dynamic}} if dims else {}
 

@@ -106,17 +106,39 @@ class DynamicDims:
     def _lengths_compile(self, call: _Call) -> Specialization | None:
         """Note [Lengths of written state] in ints.py: ``call`` compiled with the lengths its
         exact trace stored, and its batch, symbolic; None where that failed (the exact trace
-        is compiled, and automatic dynamic specializes on the sizes from now on)."""
-        dynamic = dict(self._written_lengths)
-        for i, d in batch.batch_dims(call).items():
+        is compiled, and automatic dynamic specializes on the sizes from now on). Lengths of
+        one: what the exact trace stored is read back symbolic, and where their trace failed,
+        the batch alone is symbolic, automatic dynamic kept."""
+        lengths = dict(self._written_lengths)
+        rows = batch.batch_dims(call)
+        dynamic = dict(lengths)
+        for i, d in rows.items():
             dynamic[i] = dynamic.get(i, set()) | d
+        one = any(call.leaves[i].shape[d] == 1 for i, dims in lengths.items() for d in dims)
+        if one:  # (a trace may tie a length of one to 1: code branches on it)
+            for path, dims in self._stored_lengths.items():
+                self._written_dims[path] = self._written_dims.get(path, frozenset()) | dims
         try:
-            return self._compile(call, dynamic)
+            return self._compile(call, dynamic, lengths=lengths)
         except CompileForbidden:
             raise
         except TridentError as e:
-            _recompiles.info("%s: the lengths of the written state %s not compiled (%s); "
-                             "specializing on the sizes from now on", self.__qualname__,
-                             dynamic, e)
+            _recompiles.info("%s: the lengths of the written state %s not compiled (%s); %s",
+                             self.__qualname__, dynamic, e, "lengths of one: the batch alone"
+                             if one else "specializing on the sizes from now on")
+            if not one:
+                self._dynamic_failed = True
+                return None
+        # a length of one, which code branches on (transformers' SDPA: ``is_causal = q_length
+        # > 1 and ...``, a SymBool where the length is a symbol of hint 1)
+        if not rows:
+            return None
+        try:
+            return self._compile(call, {i: set(d) for i, d in rows.items()})
+        except CompileForbidden:
+            raise
+        except TridentError as e:
+            _recompiles.info("%s: the batch %s not compiled (%s); specializing on the sizes "
+                             "from now on", self.__qualname__, rows, e)
             self._dynamic_failed = True
             return None

@@ -54,11 +54,11 @@ across calls is a step over a sequence (a transformers ``DynamicCache``'s prefil
 stores are a request's, which a server's requests change, as serving engines treat the token
 count as dynamic from the start. So such a trace, where ``_dynamic_dims`` found nothing
 symbolic, is traced again (``written_lengths``) with symbolic: where the object held a tensor
-at that path, the dims of that leaf whose size the write changes (2 or more: a decode step's
-cache of one token stays static); where it held none (None, or no attribute), the dims of the
+at that path, the dims of that leaf whose size the write changes (a cache of one token grown
+to two too); where it held none (None, or no attribute), the dims of the
 call's tensor leaves (no module's parameters or buffers; of tensors of 2 or more dims, dims
 other than 0, the batch's: Note [Batch dims], which the trace makes symbolic too) whose size
-(2 or more) is the size of a dim other than 0 of a stored tensor (the prompt's length in
+(1 too) is the size of a dim other than 0 of a stored tensor (the prompt's length in
 ``input_ids``, ``attention_mask``, ``position_ids``), but for a size that is an int attribute
 the object had (a static cache layer's ``max_cache_len``), which sizes a buffer of its own, not
 a length the call brings (a static cache's lengths are int attributes: Note [Int leaves] in
@@ -70,10 +70,24 @@ function, as any automatic attempt: ``_dynamic_failed``). So a ``DynamicCache`` 
 its first prefill with the prompt's length and the batch symbolic, not at exact sizes and
 again at the second request's length: a padded sweep compiles 4 times (the prefill and decode
 step of each of the two argument structures), not 5. The cost is one more trace of the first
-compile (``Stats.traces``). A one-token prompt's prefill stores a cache of length one: no
-length of 2 or more, so it compiles at exact sizes (sizes 1 stay static), and its decode step
-(which grows the cache from 1 to 2) too; a function that stores a tensor of the sizes the path
-held (a buffer rewritten in place of another of its shape) keeps automatic dynamic's rules.
+compile (``Stats.traces``). A function that stores a tensor of the sizes the path held (a
+buffer rewritten in place of another of its shape) keeps automatic dynamic's rules.
+A length is a symbol of range >= 1, as a batch is (Note [Batch dims] in batch.py): the dims
+of the lengths compile, and the dims a compile reads at paths where tensors were stored with
+them symbolic, are symbols whatever their size, 1 included, traced size-oblivious
+(``one_lengths``; torch's ``backed_size_oblivious``, ``_fake_args`` in lower/capture.py): torch
+specializes a size of 1 otherwise, so a one-token prompt's prefill (a cache of length one) and
+its decode step (which grows the cache from 1 to 2) compiled at exact sizes, and the decode
+step again at the next length, and a decode step traced at a length of 2 or more missed for a
+cache of one. A check that code makes on a length of one (``if n == 1``) is a guard, as for a
+batch. Code may not take a symbol there at all: transformers' SDPA integration computes
+``is_causal = q_length > 1 and ...``, a SymBool where the length is a symbol of hint 1, which
+SDPA refuses. So where the lengths are of one, the dims that the exact trace stored with the
+size of a length (``stored_lengths``: the cache's dim 2) are read back symbolic whatever the
+lengths trace does, and where the lengths trace fails, the call is traced again with its batch
+alone symbolic (then the exact trace is compiled), automatic dynamic kept: a failure at a size
+of one says nothing of the others. So a one-token prompt first compiles its prefill with the
+batch symbolic (3 traces) and its decode step once for any cache length and batch.
 What a specialization stores with a symbolic dim is read back symbolic: the tensors a trace
 writes with symbolic dims are recorded by path (``symbolic_writes``, ``_written_dims``), and a
 later compile makes those dims of the tensors at those paths symbolic (``written_dims``): the
@@ -201,18 +215,50 @@ def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
         if isinstance(before, torch.Tensor):
             if i is not None and before.dim() == value.dim():
                 dims[i] = dims.get(i, set()) | {
-                    d for d, n in enumerate(before.shape) if n >= 2 and n != value.shape[d]}
+                    d for d, n in enumerate(before.shape) if n >= 1 and n != value.shape[d]}
             continue
         # a buffer its object sizes by its own ints (a static cache layer's ``max_cache_len``)
         # holds no length of the call
         own = {v for v in owner.values() if type(v) is int}
-        sizes |= {n for n in value.shape[1:] if n >= 2 and n not in own}
+        sizes |= {n for n in value.shape[1:] if n >= 1 and n not in own}
     for i, a in enumerate(call.leaves):
         if isinstance(a, torch.Tensor) and i and sizes and \
                 not batch._module_tensor(tree, tree.leaf_nodes[i - 1]):
             dims[i] = dims.get(i, set()) | {d for d, n in enumerate(a.shape)
                                             if n in sizes and (d or a.dim() == 1)}
     return {i: d for i, d in dims.items() if d}
+
+
+def one_lengths(call: _Call, dynamic: dict[int, set[int]], written: dict[str, frozenset[int]],
+                lengths: dict[int, set[int]]) -> dict[int, set[int]]:
+    """Note [Lengths of written state]: ``{leaf index: dims}`` of ``call``'s ``dynamic`` dims
+    that are lengths: at paths where a specialization stored them symbolic, or where an exact
+    trace stored a length (``written``), or among ``lengths`` (those ``written_lengths`` found
+    in an exact trace of ``call``); each a symbol of range >= 1 at any size (``_fake_args``
+    in lower/capture.py)."""
+    dims = {}
+    for i, d in dynamic.items():
+        a = call.leaves[i]
+        if isinstance(a, torch.Tensor):
+            ours = set(written.get(call.names[i], ())) | set(lengths.get(i, ()))
+            dims[i] = {n for n in d & ours if n < a.dim()}
+    return {i: d for i, d in dims.items() if d}
+
+
+def stored_lengths(call: _Call, writes: list, lengths: dict[int, set[int]]):
+    """Note [Lengths of written state]: ``{path: dims}`` of the tensors an exact trace's
+    ``writes`` store, the dims (other than 0) whose size is the size of one of ``call``'s
+    ``lengths`` (``written_lengths``): what a symbolic trace would have stored symbolic, for
+    a call whose lengths of one that trace could not take."""
+    sizes = {call.leaves[i].shape[d] for i, dims in lengths.items() for d in dims}
+    paths: dict[str, frozenset[int]] = {}
+    for node, name, value, _ in writes if sizes else ():
+        if isinstance(value, torch.Tensor) and all(type(n) is int for n in value.shape):
+            dims = frozenset(d for d in range(1, value.dim()) if value.shape[d] in sizes)
+            if dims:
+                path = f"{call.tree.nodes[node].path}.{name}"
+                paths[path] = paths.get(path, frozenset()) | dims
+    return paths
 
 
 def symbolic_writes(tree, writes: list, known: dict[str, frozenset[int]]):

@@ -36,12 +36,14 @@ class Tracer:
 
     __slots__ = ()
 
-    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None, probe=None):
+    def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None,
+               lengths: dict[int, set[int]] | None = None, probe=None):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
         trees]); the result's structure becomes the capture's output recipe. ``recording``
         (state.record's, active): this thread's generator calls decide whether the function
-        set the random state, not another thread's draws meanwhile. ``probe``: the order
-        probe's (Note [Dict orders] in lower/orders.py)."""
+        set the random state, not another thread's draws meanwhile. ``lengths``: the dims an
+        exact trace of ``call`` showed to be lengths (Note [Lengths of written state]).
+        ``probe``: the order probe's (Note [Dict orders] in lower/orders.py)."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
         writes: list = []  # Note [Attribute writes] in lower/writes.py
         state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
@@ -55,38 +57,53 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=batch.ones(call, dynamic)
-                         if self._dynamic is None and dynamic else frozenset())
+                         recording.active else None, ones=self._ones(call, dynamic, lengths))
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
             if type(value) is int or isinstance(value, torch.SymInt))
         # Note [Lengths of written state] in ints.py: of an exact trace; the symbolic stores
         self._written_lengths = {} if dynamic else ints.written_lengths(call, writes)
+        self._stored_lengths = ints.stored_lengths(call, writes, self._written_lengths)
         self._written_dims = ints.symbolic_writes(call.tree, writes, self._written_dims)
         return captured
 
+    def _ones(self, call: _Call, dynamic: dict[int, set[int]],
+              lengths: dict[int, set[int]] | None) -> dict[int, set[int]]:
+        """The dims of an automatic trace with ``dynamic`` dims that are symbols of range >= 1
+        (``_fake_args`` in lower/capture.py): its batch (Note [Batch dims] in batch.py) and
+        its lengths of one (Note [Lengths of written state] in ints.py)."""
+        if self._dynamic is not None or not dynamic:
+            return {}
+        ones = batch.ones(call, dynamic)
+        for i, d in ints.one_lengths(call, dynamic, self._written_dims, lengths or {}).items():
+            ones[i] = ones.get(i, set()) | d
+        return ones
+
     def _order_probe(self, call: _Call, dynamic: dict[int, set[int]], recording,
-                     captured) -> frozenset:
+                     captured, lengths: dict[int, set[int]] | None = None) -> frozenset:
         """Note [Dict orders] (lower/orders.py): the paths of the call's candidate dicts whose
         order a trace with each watched (``orders.OrderWatch``) did not ask for, where that
         trace is ``captured`` again; else nothing."""
         watched = orders.watched(call.tree)
         if not watched or call.tree.key in self._process_trees:  # (Note [Classes of one name])
             return frozenset()
-        kept = self._written_ints, self._written_lengths, self._written_dims
+        kept = self._written_ints, self._written_lengths, self._written_dims, \
+            self._stored_lengths
         probe = orders.Probe(watched)
         try:
             with config.stage("order probe"):
-                again = self._trace(call, dynamic, recording, probe)
+                again = self._trace(call, dynamic, recording, lengths, probe)
         except TridentError:
             again = None
         same = again is not None and self._written_ints == kept[0] and \
             orders.same_capture(captured, again)
-        self._written_ints, self._written_lengths, self._written_dims = kept
+        self._written_ints, self._written_lengths, self._written_dims, \
+            self._stored_lengths = kept
         return probe.free(call.tree) if same else frozenset()
 
-    def _traced(self, call: _Call, dynamic: dict[int, set[int]]):
+    def _traced(self, call: _Call, dynamic: dict[int, set[int]],
+                lengths: dict[int, set[int]] | None = None):
         """``(captured, state reads, order-free dict paths)`` of ``call`` traced with
         ``dynamic`` dims (``_compile``)."""
         self._counters.traces += 1
@@ -95,8 +112,8 @@ class Tracer:
         with config.stage("trace"), \
                 state.record(None if self._constant_self else self._code_fn) as recording:
             try:
-                captured = self._trace(call, dynamic, recording)
-                free = self._order_probe(call, dynamic, recording, captured)
+                captured = self._trace(call, dynamic, recording, lengths)
+                free = self._order_probe(call, dynamic, recording, captured, lengths)
             except TridentError as e:
                 if recording.refused is None or str(e) == recording.refused:
                     raise
@@ -110,15 +127,16 @@ class Tracer:
         return captured, reads, free
 
     def _compile(self, call: _Call, dynamic: dict[int, set[int]],
-                 again=None) -> Specialization:
+                 again=None, lengths: dict[int, set[int]] | None = None) -> Specialization:
         """A specialization of ``call``'s signature, with the leaf dims ``dynamic`` (leaf index
         -> dims) symbolic; ``again``: called with ``call`` after an exact trace whose writes
         store lengths (Note [Lengths of written state] in ints.py), its specialization (a
-        symbolic one) replaces the trace's, None keeps it.
+        symbolic one) replaces the trace's, None keeps it; ``lengths``: the dims ``again``
+        makes symbolic as lengths (their sizes 1 too: ``_ones``).
 
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
-        captured, reads, free = self._traced(call, dynamic)
+        captured, reads, free = self._traced(call, dynamic, lengths)
         if again is not None and not dynamic and self._written_lengths:
             written = self._written_ints
             spec = again(call)

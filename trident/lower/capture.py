@@ -73,12 +73,13 @@ class Capture:
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = frozenset()):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
     a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
-    ``ones``: the args whose dim 0 is a batch symbol of range >= 1 (Note [Batch dims] in
-    frontend/batch.py; the trace runs size-oblivious, ``trace``)."""
+    ``ones`` ({arg: {dim}}): symbols of range >= 1 at any size, 1 included (a batch: Note
+    [Batch dims] in frontend/batch.py; a length: Note [Lengths of written state] in
+    frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -87,7 +88,7 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = froz
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    shape_env = ShapeEnv()
+    ones, shape_env = ones or {}, ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
     for i, a in enumerate(args):
@@ -101,16 +102,15 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: frozenset = froz
             continue
         dims = dynamic.get(i, set())
         context = StatelessSymbolicContext(dynamic_sizes=[
-            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or i in ones and d == 0)
+            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))
             else DimDynamic.STATIC for d in range(a.dim())])
-        # a batch of one is a symbol too (Note [Batch dims]: a batch-1 call's trace serves
-        # other batches), which torch creates where its size-oblivious mode is on
+        # a size 1 in ``ones`` is a symbol too, which torch makes in its size-oblivious mode
         with torch.fx.experimental._config.patch(backed_size_oblivious=i in ones):
             fakes.append(mode.from_tensor(a, symbolic_context=context))
         for d, size in enumerate(fakes[-1].shape if i in ones else ()):  # (ranges [0, oo])
             if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
-                shape_env.var_to_range[size.node._expr] = ValueRanges(2 - (d == 0), int_oo)
-                if d:
+                shape_env.var_to_range[size.node._expr] = ValueRanges(2 - (d in ones[i]), int_oo)
+                if d not in ones[i]:
                     shape_env.size_like.discard(size.node._expr)
     return tuple(fakes), shape_env
 
@@ -299,16 +299,16 @@ def _own_fake_cuda_guard() -> None:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None, ones: frozenset = frozenset()
+          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None
           ) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages. ``changed_rng``: whether the trace's own thread set a generator's state
-    (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
-    generators' states before and after decide, which another thread's draws change too.
+    name in messages. ``ones``: dims of range >= 1 (``_fake_args``). ``changed_rng``: whether
+    the trace's own thread set a generator's state (``state.Recording.changed_rng``, which
+    sees this thread's calls only); without it the states before and after decide.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
