@@ -3,6 +3,8 @@ writes of a library frame the trace ran land in state that outlives the call."""
 
 from __future__ import annotations
 
+import _thread
+import sys
 import types
 
 import torch
@@ -20,15 +22,22 @@ from trident.lower.state import flow
 # of hypothesis's ran inside the trace and was taken for the function's library code; Note
 # [Interrupts] in recording.py now keeps such frames out.)
 #
-# So a scanned library frame is checked when it starts, before its body runs, as a user frame
-# is (Note [Writes at entry] in writes.py): its code's writes are walked back to their targets'
-# origins (Note [Write targets] in flow.py), and a write whose origin is state that outlives
-# the call (a global, ``globals()``, an import, a frame, a closure variable, a mutable default:
-# every origin the walk names, ``_UNFOLLOWED`` aside) makes the recording refuse the trace: the frame unwinds, the
-# call runs eagerly with one warning and writes once. Every instruction counts, taken or not
-# (a memo filled on the first call only is refused too). A library frame that writes one of its
-# parameters whose value a library module's global holds (``_bump(MEMO)`` with ``def
-# _bump(d): d["n"] += 1``) is refused the same way (``parameter_state``).
+# Library code guards such writes with a test (transformers registers a ``ModelOutput`` class in
+# a module set once, ``if output_type in _registered_model_output_types: return``), and the
+# walk names as state what a library's own method returns (a dict built from a registry's
+# answer): refusing every library frame whose code holds such a write would refuse every
+# Hugging Face model. So the check is of the writes that run: when a scanned library frame
+# starts (the recording's ``call`` event), the offsets of its state writes (``state_writes``,
+# walked once per code object) are watched (:class:`Watch`), and the first of them about to
+# run refuses the trace, before the instruction runs: the frame unwinds, the trace wrote
+# nothing, and the call runs eagerly with one warning, writing once, as eager does. A library
+# frame that writes one of its parameters whose value is a global of a library module that
+# ran (``_bump(MEMO)`` with ``def _bump(d): d["n"] += 1``) has those writes watched too.
+# Watched per instruction, on one frame: ``sys.monitoring``'s INSTRUCTION events of that code
+# on Python 3.12+ (a tool id of its own; other threads' frames of the code pass), a frame's
+# opcode trace on 3.11 (``sys.settrace`` set for the recording's thread while none is; where
+# another trace function is set, a debugger's or coverage's, the frame is refused when it
+# starts, as any frame whose code holds such a write).
 #
 # What stays fixed, by choice: a write whose target the walk cannot follow ("a value Trident
 # does not follow") in library code is not refused: the models of Note [Library values] run
@@ -44,46 +53,146 @@ _WRITES: dict = {}  # id of a code object -> (the code, its first write to state
 _MAX_CODES = 65536
 
 
-def state_write(code: types.CodeType, g: dict) -> str | None:
-    """Note [Library code that writes its state]: the first write of ``code`` (run with the
-    globals ``g``) whose target is state that outlives the call, as ``"what (origin)
-    (file:line)"``, or None."""
-    return _walked(code, g)[0]
-
-
-def _walked(code: types.CodeType, g: dict) -> tuple:
-    """(``state_write``'s answer, the parameters ``code`` writes), walked once per code."""
+def state_writes(code: types.CodeType, g: dict) -> tuple:
+    """Note [Library code that writes its state]: ({offset: ``"what (origin) (file:line)"``}
+    of the writes of ``code`` (run with the globals ``g``) whose target is state that outlives
+    the call, {parameter: {offset: text}} of its writes to its parameters), walked once per
+    code object."""
     found = _WRITES.get(id(code))
     if found is not None and found[0] is code:
-        return found[1:]
-    result, params = None, set()
+        return found[1]
+    state: dict = {}
+    params: dict = {}
     walk = flow.Flow(code, g)
     for k, what, (why, written) in walk.writes():
-        params.update(written)
-        if result is None and why is not None and why not in _UNFOLLOWED:
-            line = walk.ins[k].positions.lineno if walk.ins[k].positions else "?"
-            result = f"{what} ({why}, {code.co_filename.rsplit('/', 1)[-1]}:{line})"
+        i = walk.ins[k]
+        text = f"{what} ({why or 'a parameter'}, {code.co_filename.rsplit('/', 1)[-1]}:" \
+               f"{i.positions.lineno if i.positions else '?'})"
+        if why is not None and why not in _UNFOLLOWED:
+            state.setdefault(i.offset, text)
+        for name in written:
+            params.setdefault(name, {}).setdefault(i.offset, text)
     if len(_WRITES) >= _MAX_CODES:
         _WRITES.clear()
-    _WRITES[id(code)] = (code, result, frozenset(params))
-    return result, frozenset(params)
+    _WRITES[id(code)] = (code, (state, params))
+    return state, params
 
 
-def parameter_state(code: types.CodeType, frame, groups: list) -> str | None:
-    """Note [Library code that writes its state]: the first parameter that ``code`` (just
-    started in ``frame``) writes whose value is a global of one of the library modules whose
-    globals are ``groups``, as ``"name (module.global)"``, or None."""
-    written = _walked(code, frame.f_globals)[1]
-    if not written:
-        return None
-    local = frame.f_locals
-    for name in written:
-        value = local.get(name)
-        if value is None or flow.immutable(value) or isinstance(
-                value, (torch.Tensor, types.ModuleType)):
-            continue
-        for g in groups:
-            for key, held in list(g.items()):
-                if held is value:
-                    return f"{name} ({g.get('__name__')}.{key})"
+class Watch:
+    """Note [Library code that writes its state]: the recording's watch over the state writes
+    of the library frames a trace runs (one per recording, on its thread). ``refuse(why)``
+    raises (the recording's :meth:`EntryCheck.refuse`)."""
+
+    def __init__(self, refuse):
+        self.refuse = refuse
+        self.thread = _thread.get_ident()
+        self.codes: list = []  # code objects watched through sys.monitoring
+        self.traced = False  # sys.settrace set by this watch (3.11)
+        self.groups: dict = {}  # id -> the globals of each library module whose code ran
+        self._held: dict = {}  # id of a module's globals -> ids of its values
+
+    def enter(self, frame) -> None:
+        """``frame`` (a scanned library frame, just started) writes state at the offsets it
+        watches.
+
+        Raises:
+            TridentError: the frame cannot be watched and its code holds such a write."""
+        code = frame.f_code
+        self.groups.setdefault(id(frame.f_globals), frame.f_globals)
+        state, params = state_writes(code, frame.f_globals)
+        offsets = dict(state)
+        if params:
+            local = frame.f_locals
+            for name, where in params.items():
+                value = local.get(name)
+                if value is not None and not flow.immutable(value) and not isinstance(
+                        value, (torch.Tensor, types.ModuleType)) and self._global(value):
+                    offsets.update((o, f"{t}: {name} is a library module's global")
+                                   for o, t in where.items())
+        if offsets and not self._watch(frame, offsets):
+            self.refuse(self._why(code, next(iter(offsets.values()))))
+
+    def _global(self, value) -> bool:
+        for g in self.groups.values():
+            held = self._held.get(id(g))
+            if held is None:
+                held = self._held[id(g)] = {id(v) for v in list(g.values())}
+            if id(value) in held:
+                return True
+        return False
+
+    @staticmethod
+    def _why(code, text: str) -> str:
+        return (f"library code the function runs writes its own state: {text} in "
+                f"{code.co_qualname}; eager writes it at every call, a hit would not")
+
+    def _watch(self, frame, offsets: dict) -> bool:
+        code = frame.f_code
+        if _TOOL is not None:  # Python 3.12+
+            tool = _tool()
+            if tool is None:
+                return False
+            _WATCHED.setdefault(code, {})[self.thread] = (offsets, self)
+            if code not in self.codes:
+                self.codes.append(code)
+            sys.monitoring.set_local_events(tool, code, sys.monitoring.events.INSTRUCTION)
+            return True
+        current = sys.gettrace()
+        if current is not None and current is not _no_trace:
+            return False  # (a debugger's or coverage's trace function)
+        if current is None:
+            sys.settrace(_no_trace)
+            self.traced = True
+
+        def opcode(f, event, _arg):
+            if event == "opcode" and f.f_lasti in offsets:
+                self.refuse(self._why(f.f_code, offsets[f.f_lasti]))
+            return opcode
+
+        frame.f_trace_lines = False
+        frame.f_trace_opcodes = True
+        frame.f_trace = opcode
+        return True
+
+    def close(self) -> None:
+        """Stop watching (the recording ends)."""
+        if self.traced and sys.gettrace() is _no_trace:
+            sys.settrace(None)
+        for code in self.codes:
+            per = _WATCHED.get(code, {})
+            per.pop(self.thread, None)
+            if not per:
+                _WATCHED.pop(code, None)
+                sys.monitoring.set_local_events(_tool(), code, 0)
+        self.codes.clear()
+
+
+def _no_trace(_frame, _event, _arg):
+    return None  # (no frame is traced but those a watch sets)
+
+
+_TOOL = getattr(sys, "monitoring", None)
+_WATCHED: dict = {}  # code -> {thread id: (offsets, its Watch)}
+_TOOL_ID: list = []  # the tool id taken, once per process
+
+
+def _tool():
+    """A sys.monitoring tool id of Trident's own (taken once), or None where none is free."""
+    if not _TOOL_ID:
+        mon = sys.monitoring
+        free = next((t for t in (4, 3) if mon.get_tool(t) is None), None)
+        if free is not None:
+            mon.use_tool_id(free, "trident")
+            mon.register_callback(free, mon.events.INSTRUCTION, _instruction)
+        _TOOL_ID.append(free)
+    return _TOOL_ID[0]
+
+
+def _instruction(code, offset):
+    per = _WATCHED.get(code)
+    if per:
+        found = per.get(_thread.get_ident())
+        if found is not None and offset in found[0]:
+            watch = found[1]
+            watch.refuse(watch._why(code, found[0][offset]))
     return None
