@@ -277,3 +277,70 @@ def test_a_computed_name_on_a_module_or_class_parameter_runs_eagerly(mod, use, o
             assert torch.equal(jf(x), f(x))
     assert counts(jf) == (0, 0, 3)
     assert any("computed at run time" in str(w.message) for w in caught), caught
+
+
+# ---- A tensor's gradient (Note [Python attributes of tensors]'s neighbour, source_lines.py) ---
+# ``x.grad`` of an argument read in the function or in library code it runs: the trace's fake
+# tensor has none, no guard checks it, and a gradient set between calls was stale.
+
+GRAD_READS = {
+    "x.grad is None": lambda x: x * (1.0 if x.grad is None else 2.0),
+    "getattr(x, 'grad')": lambda x: x * (1.0 if getattr(x, "grad") is None else 2.0),
+    "x._grad": lambda x: x * (1.0 if x._grad is None else 2.0),
+    "library code": "grad",
+}
+
+_GRADLIB = '''
+def grad(t):
+    return t * (1.0 if t.grad is None else 2.0)
+'''
+
+
+@pytest.mark.parametrize("use", list(GRAD_READS), ids=list(GRAD_READS))
+def test_a_tensor_arguments_gradient_read_runs_eagerly(tmp_path, use):
+    with installed_package(tmp_path, "trident_gradlib43", {"__init__": _GRADLIB}) as gradlib:
+        fn = GRAD_READS[use] if use != "library code" else gradlib.grad
+
+        def f(x):
+            return fn(x)
+
+        jf = trident.jit(f)
+        x = torch.ones(2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for k in range(4):
+                if k == 2:
+                    x.grad = torch.ones(2)
+                assert torch.equal(jf(x), f(x)), k
+        assert counts(jf) == (0, 0, 4)
+        assert any("grad" in str(w.message) for w in caught), caught
+
+
+# ---- Left: library code reading a Python attribute of a tensor argument ------------------------
+# Note [Python attributes of tensors] refuses user code's failed lookups on a fake tensor; a
+# library's are taken as fixed (transformers' ``is_jax_jitting`` probes ``x.jax`` at every GPT-2
+# forward). An attribute set on the tensor after the first call, which a library helper reads
+# with a default, is stale: no guard checks a tensor leaf's ``__dict__``.
+
+_ATTRLIB = '''
+def scale(t):
+    return t * getattr(t, "scale", 1.0)
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="a tensor leaf's __dict__ is not guarded, and a "
+                   "library's failed attribute lookups on the trace's fake tensors are taken as "
+                   "fixed (issue 28, session 43)")
+def test_library_code_reading_a_tensor_arguments_python_attribute(tmp_path):
+    with installed_package(tmp_path, "trident_attrlib43", {"__init__": _ATTRLIB}) as attrlib:
+        def f(x):
+            return attrlib.scale(x)
+
+        jf = trident.jit(f)
+        x = torch.ones(2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for k in range(3):
+                if k == 1:
+                    x.scale = 3.0
+                assert torch.equal(jf(x), f(x)), k

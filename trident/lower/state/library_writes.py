@@ -16,7 +16,7 @@ from trident.lower.state import flow
 # global (``global CALLS; CALLS += 1``), an item or attribute of an object a module global
 # holds (``MEMO["n"] = ...``, ``_STATS.calls += 1``, ``REGISTRY.append(x)``), another module's
 # attribute (``import pkg.sub as s; s.state = 1``, ``sys.modules[__name__].N = 1``), a closure
-# cell or a mutable default of its function, or ``globals()``. Eager writes at every call and
+# cell of its function, or ``globals()``. Eager writes at every call and
 # its later reads see the write (``return x * CALLS``); a hit runs no Python, so it would
 # neither write nor see the count move: stale. (Reverted once, 715d403, because a gc callback
 # of hypothesis's ran inside the trace and was taken for the function's library code; Note
@@ -39,17 +39,19 @@ from trident.lower.state import flow
 # another trace function is set, a debugger's or coverage's, the frame is refused when it
 # starts, as any frame whose code holds such a write).
 #
-# What stays fixed, by choice: a write whose target the walk cannot follow ("a value Trident
-# does not follow") in library code is not refused: the models of Note [Library values] run
-# such writes to their own objects at every step (a cache layer's tensors, a module's
-# attributes), which the argument tree sees. The standard library's frames and torch's
-# internals are not scanned (Note [Library code that ran]): their caches (``functools.
-# lru_cache``, ``warnings``' registry, torch's dispatch caches) are taken as fixed.
-# Measured: no scanned frame of a tiny Llama, Qwen2, Mistral, Gemma, Gemma2, Gemma3 or GPT-2
-# ``generate`` (transformers 5.25) writes such state.
+# What stays fixed, by choice: what a library's call returns is taken as fresh (``_LibraryFlow``:
+# ``REGISTRY.get(key).append(x)`` is not refused; transformers' ``capture_outputs`` pops, at
+# every forward, a dict it built from such an answer), and so is a write whose target the walk
+# cannot follow ("a value Trident does not follow"); a mutable default that a library function
+# writes (``def f(x, acc=[])``) is its parameter's, not refused. The standard library's frames
+# and torch's internals are not scanned (Note [Library code that ran]): their caches
+# (``functools.lru_cache``, ``warnings``' registry, torch's dispatch caches) are taken as
+# fixed. Measured (all scanned frames of a tiny Llama, Qwen2, Mistral, Gemma, GPT-2, Gemma2,
+# Gemma3 and sliding Qwen2 ``generate``, transformers 5.25, each instruction): two writes to
+# state, neither in a forward's path as called (a ``ModelOutput`` class registered once,
+# generate's ``os.environ["TOKENIZERS_PARALLELISM"]``).
 _UNFOLLOWED = ("a value Trident does not follow", "a local Trident does not follow")
-_WRITES: dict = {}  # id of a code object -> (the code, its first write to state or None,
-#                                              the parameters it writes)
+_WRITES: dict = {}  # id of a code object -> (the code, (its state writes, its parameter writes))
 _MAX_CODES = 65536
 
 
@@ -63,7 +65,7 @@ def state_writes(code: types.CodeType, g: dict) -> tuple:
         return found[1]
     state: dict = {}
     params: dict = {}
-    walk = flow.Flow(code, g)
+    walk = _LibraryFlow(code, g)
     for k, what, (why, written) in walk.writes():
         i = walk.ins[k]
         text = f"{what} ({why or 'a parameter'}, {code.co_filename.rsplit('/', 1)[-1]}:" \
@@ -76,6 +78,27 @@ def state_writes(code: types.CodeType, g: dict) -> tuple:
         _WRITES.clear()
     _WRITES[id(code)] = (code, (state, params))
     return state, params
+
+
+class _LibraryFlow(flow.Flow):
+    """Note [Library code that writes its state]: the walk of Note [Write targets], where what
+    a call returns is fresh (a library's ``REGISTRY.get(self)`` or comprehension over it makes
+    a new object), but for ``globals()``, an import, a frame and what ``getattr``, ``vars``,
+    ``iter`` and the like hand back of their arguments."""
+
+    def _call_result(self, k: int) -> tuple:
+        parts = self.call_parts(k)
+        if parts is None:
+            return flow.FRESH
+        callee, args, _ = parts
+        try:
+            if callee in flow._OUTSIDE_RESULT:
+                return (flow._OUTSIDE_RESULT[callee], frozenset())
+            if callee in flow._PASS_THROUGH:
+                return flow._join(flow.FRESH, *args)
+        except TypeError:  # an unhashable callee
+            pass
+        return flow.FRESH
 
 
 class Watch:
