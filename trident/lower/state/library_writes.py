@@ -122,7 +122,11 @@ class Watch:
             TridentError: the frame cannot be watched and its code holds such a write."""
         code = frame.f_code
         self.groups.setdefault(id(frame.f_globals), frame.f_globals)
-        state, params = state_writes(code, frame.f_globals)
+        try:
+            state, params = state_writes(code, frame.f_globals)
+        except Exception as e:  # (bytecode the walk does not know: not assumed to write none)
+            self.refuse(f"library code the function runs ({code.co_qualname}) has bytecode "
+                        f"Trident cannot read for writes ({type(e).__name__}: {e})")
         offsets = dict(state)
         if params:
             local = frame.f_locals
