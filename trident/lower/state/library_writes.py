@@ -16,7 +16,8 @@ from trident.lower.state import flow
 # global (``global CALLS; CALLS += 1``), an item or attribute of an object a module global
 # holds (``MEMO["n"] = ...``, ``_STATS.calls += 1``, ``REGISTRY.append(x)``), another module's
 # attribute (``import pkg.sub as s; s.state = 1``, ``sys.modules[__name__].N = 1``), a closure
-# cell of its function, or ``globals()``. Eager writes at every call and
+# cell of its function (not one its maker's running frame made: ``Module._call_impl``'s
+# ``inner`` sets the call's own ``nonlocal result``), or ``globals()``. Eager writes at every call and
 # its later reads see the write (``return x * CALLS``); a hit runs no Python, so it would
 # neither write nor see the count move: stale. (Reverted once, 715d403, because a gc callback
 # of hypothesis's ran inside the trace and was taken for the function's library code; Note
@@ -80,6 +81,22 @@ def state_writes(code: types.CodeType, g: dict) -> tuple:
     return state, params
 
 
+def _fresh_cell(frame, text: str) -> bool:
+    """Whether the write ``text`` of ``frame`` goes to a closure cell that a frame running now
+    made (``Module._call_impl``'s ``inner`` sets ``nonlocal result`` of the call in progress:
+    the call's own state, not state that outlives it)."""
+    _, _, rest = text.partition("(closure variable ")
+    name = rest.partition(",")[0]
+    if not name:
+        return False
+    f, depth = frame.f_back, 0
+    while f is not None and depth < 32:
+        if name in f.f_code.co_cellvars and frame.f_code in f.f_code.co_consts:
+            return True
+        f, depth = f.f_back, depth + 1
+    return False
+
+
 class _LibraryFlow(flow.Flow):
     """Note [Library code that writes its state]: the walk of Note [Write targets], where what
     a call returns is fresh (a library's ``REGISTRY.get(self)`` or comprehension over it makes
@@ -127,7 +144,7 @@ class Watch:
         except Exception as e:  # (bytecode the walk does not know: not assumed to write none)
             self.refuse(f"library code the function runs ({code.co_qualname}) has bytecode "
                         f"Trident cannot read for writes ({type(e).__name__}: {e})")
-        offsets = dict(state)
+        offsets = {o: t for o, t in state.items() if not _fresh_cell(frame, t)}
         if params:
             local = frame.f_locals
             for name, where in params.items():
