@@ -159,7 +159,8 @@ def test_a_tensor_argument_read_through_other_spellings(use, when):
     assert any("a tensor's __dict__" in str(w.message) for w in caught), caught
 
 
-# ---- Library code that writes its own module's globals (known: 0334f95, reverted in 715d403) ---
+# ---- Library code that writes its own module's globals (Note [Library code that writes its state],
+# lower/state/library_writes.py; the other spellings: test_never_stale43) ----------------------
 # An installed package's function that bumps a module global and returns a value computed from
 # it (``global CALLS; CALLS += 1; return x * CALLS``): the write ran once, in the trace, and each
 # hit returned the trace's value and left the counter as it was.
@@ -188,8 +189,6 @@ def lib(tmp_path_factory):
         yield module
 
 
-@pytest.mark.xfail(strict=True, reason="library code's writes to its own module's state are not "
-                   "replayed on a hit nor refused (0334f95 refused them; reverted in 715d403)")
 @pytest.mark.parametrize("use", ["count", "memo"])
 def test_library_code_that_writes_its_module_state(lib, use):
     fn = getattr(lib, use)

@@ -155,9 +155,16 @@ def library_module(m: types.ModuleType) -> bool:
 
 
 def user_class(c: type) -> bool:
-    """A class of user code: its module's file is :func:`user_file`'s."""
-    return c.__module__ != "builtins" and user_file(
-        getattr(sys.modules.get(c.__module__), "__file__", "") or "")
+    """A class of user code: its module's file is :func:`user_file`'s, or its module is user
+    state without a file (:func:`library_module`: one made with ``types.ModuleType``; a
+    class of it was taken for a library's, its attributes fixed: Note [Modules used whole] in
+    lower/state/wholes.py)."""
+    module = sys.modules.get(c.__module__) if isinstance(c.__module__, str) else None
+    if c.__module__ == "builtins" or module is None:
+        return False
+    if vars(module).get("__file__") is None and isinstance(module, types.ModuleType):
+        return not library_module(module)
+    return user_file(getattr(module, "__file__", "") or "")
 
 
 def parameter_names(code: types.CodeType) -> tuple[str, ...]:

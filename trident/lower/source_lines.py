@@ -73,12 +73,13 @@ def _user_frame() -> traceback.FrameSummary | None:
 
 
 # Facts of a tensor's memory that no guard covers (guards.py guards sizes, strides and 16-byte
-# alignment, not where a view starts in its storage or which tensor it views).
+# alignment, not where a view starts in its storage or which tensor it views), and its gradient.
 _UNGUARDED_READS = {
     "storage_offset()": torch.Tensor.storage_offset, "data_ptr()": torch.Tensor.data_ptr,
     "untyped_storage()": torch.Tensor.untyped_storage, "storage()": torch.Tensor.storage,
     "_is_view()": torch.Tensor._is_view, "is_set_to()": torch.Tensor.is_set_to,
     "_version": torch.Tensor._version.__get__, "_base": torch.Tensor._base.__get__,
+    "grad": torch.Tensor.grad.__get__, "_grad": torch.Tensor._grad.__get__,  # (the fake's: None)
 }
 # Note [Tensors as text]: ``repr(x)``, ``str(x)``, ``f"{x}"`` of a tensor the function holds
 # give its values in eager and the fake tensor's description in a trace ("FakeTensor(...,

@@ -53,7 +53,8 @@ state] in tree.py); torch's global flags that ops obey are call-wide guards inst
 Writes outside the arguments are the other half (Note [Write targets] in flow.py): read from
 the bytecode before the trace, and for a user function the trace reaches through a callee the
 bytecode does not name, when its frame starts (Note [Writes at entry] in writes.py), so that a
-call that runs eagerly writes once.
+call that runs eagerly writes once; library code's writes to its own state are watched as they
+are about to run (Note [Library code that writes its state] in library_writes.py).
 
 The dispatcher evaluates the union of its specializations' state trees before every call
 (``state_holds`` in runtime/dispatcher.cpp). When a check fails the call goes to Python, which

@@ -228,6 +228,8 @@ def _step(obj, step):
         value = obj.__dict__.get(name, _MISSING)
         if value is _MISSING and name == "__dict__":  # Note [Module dicts]
             return obj.__dict__
+        if value is _MISSING and name in vars(types.ModuleType):  # mod.__getattribute__: a
+            return getattr(obj, name)  # method of its object (Note [Modules used whole])
         return _STOP if value is _MISSING and ("__getattr__" in obj.__dict__ or any(
             "__getattr__" in c.__dict__ for c in type(obj).__mro__[:-2])) else value
     if isinstance(obj, type) and type(obj).__getattribute__ is type.__getattribute__ and \

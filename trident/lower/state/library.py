@@ -47,6 +47,7 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   is proven by its module dict's version tag (Note [Quiet state] in runtime/state_memo.cpp),
 #   and on Python 3.12 a watched dict costs nothing until it changes (Note [Watched state]); a
 #   hit checks per module its exact type, not per read.
+# * What it writes of its own state: Note [Library code that writes its state] (library_writes.py).
 
 # torch's modules whose code is scanned (as Dynamo inlines them), and those that pass the
 # inlining on without being scanned (decorators and autograd's Function.apply).

@@ -79,8 +79,53 @@ class _Code:
         """The static value of what the ``CALL`` at ``k`` calls, or ``_UNKNOWN``."""
         argc = self.f.ins[k].arg
         upper = self.known(k, argc + 1)
-        return upper if upper is not _UNKNOWN and upper is not None else \
-            self.known(k, argc)
+        if upper is not _UNKNOWN and upper is not None:
+            return upper
+        lower = self.known(k, argc)
+        return lower if lower is not _UNKNOWN else self.item(k, argc)
+
+    def item(self, k: int, d: int, depth: int = 0):
+        """The value at depth ``d`` before ``k`` where it is an item, by a constant key, of a
+        container the code names (``vars(builtins)["type"]``, ``builtins.__dict__["type"]``,
+        ``[type][0]``, ``{"t": type}["t"]``: session 43, each a question the scan missed),
+        else ``_UNKNOWN``."""
+        found = self.f.producers(k, d)
+        if not found or len(found) != 1 or depth > 4:
+            return _UNKNOWN
+        p = found[0][0]
+        i = self.f.ins[p]
+        if (i.opname == "CALL" and i.arg == 1 and self.callee(p) is vars) or (
+                i.opname == "LOAD_ATTR" and i.argval == "__dict__"):
+            base = self.known(p, 0)
+            if isinstance(base, (types.ModuleType, type)):  # (no Python code serves these)
+                return vars(base)
+            return _UNKNOWN
+        try:
+            if i.opname in ("BUILD_LIST", "BUILD_TUPLE"):
+                items = [self.known(p, e) for e in range(i.arg - 1, -1, -1)]
+                return _UNKNOWN if any(v is _UNKNOWN for v in items) else items
+            if i.opname == "BUILD_MAP":
+                parts = [self.known(p, e) for e in range(2 * i.arg - 1, -1, -1)]
+                return _UNKNOWN if any(v is _UNKNOWN for v in parts) else \
+                    dict(zip(parts[::2], parts[1::2]))
+            if i.opname == "BUILD_CONST_KEY_MAP":
+                keys = self.known(p, 0)
+                values = [self.known(p, e) for e in range(i.arg, 0, -1)]
+                return _UNKNOWN if not isinstance(keys, tuple) or any(
+                    v is _UNKNOWN for v in values) else dict(zip(keys, values))
+        except TypeError:  # (an unhashable key)
+            return _UNKNOWN
+        if i.opname != "BINARY_SUBSCR":
+            return _UNKNOWN
+        key = self.known(p, 0)
+        base = self.known(p, 1)
+        if base is _UNKNOWN:
+            base = self.item(p, 1, depth + 1)
+        try:
+            return base[key] if isinstance(base, (dict, list, tuple, types.MappingProxyType)) \
+                and flow.immutable(key) else _UNKNOWN
+        except (KeyError, IndexError, TypeError):
+            return _UNKNOWN
 
     def known(self, k: int, d: int):
         """``Flow.static``, or the call's value of a parameter never rebound (``t=type``)."""
@@ -209,7 +254,9 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
 # ``operator.attrgetter``/``methodcaller`` or ``functools.partial`` made (``getattr(builtins,
 # "type")(n)``), and ``str.format`` of a text that reads a field's attribute or item
 # (``"{0.__class__}".format(n)``). A parameter never rebound is known by its value at the call
-# (``def f(x, t=type)``). A callee the code does not name (a
+# (``def f(x, t=type)``), and an item by a constant key of a container the code names
+# (``vars(builtins)["type"](n)``, ``builtins.__dict__["type"]``, ``[type][0]``, ``{"t":
+# type}["t"]``: ``_Code.item``). A callee the code does not name (a
 # tensor's method, a local the code computed) is not one: torch's methods take SymInts.
 _ANSWER_AS_INT = frozenset({
     abs, all, any, bool, bytearray, bytes, chr, complex, dict, divmod, enumerate, filter,

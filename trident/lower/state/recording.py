@@ -20,6 +20,7 @@ import torch
 from trident import frames
 from trident.errors import TridentError, transient
 from trident.lower.state.library import handler_codes, interrupt_code, library_kind
+from trident.lower.state.library_writes import Watch
 from trident.lower.state.writes import EntryCheck
 
 # Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
@@ -202,6 +203,7 @@ def record(fn):
         yield rec
         return
     rec.entry = entry = EntryCheck(top)
+    watch = Watch(entry.refuse)  # Note [Library code that writes its state] (library_writes.py)
     previous = sys.getprofile()
     suspended = previous if previous is not None and not callable(previous) and \
         callable(getattr(previous, "enable", None)) else None
@@ -323,6 +325,8 @@ def record(fn):
             inlined[frame] = None  # (frames live until the end: no id is reused)
             if kind & _SCANNED and id(frame.f_code) not in rec.library:
                 rec.library[id(frame.f_code)] = (frame.f_code, frame.f_globals)
+            if kind & _SCANNED:  # Note [Library code that writes its state]
+                watch.enter(frame)
 
     def _c_call(frame, kind: int, arg) -> None:
         if kind & _USER and under_fn(frame):
@@ -371,6 +375,7 @@ def record(fn):
         yield rec
     finally:
         sys.setprofile(previous)
+        watch.close()
         for callback in (collector_starts, collector_ends):
             with contextlib.suppress(ValueError):  # (removed by another's code meanwhile)
                 gc.callbacks.remove(callback)

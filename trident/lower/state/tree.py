@@ -23,6 +23,7 @@ from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONST
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
 from trident.lower.state.library import by_value
+from trident.lower.state.wholes import members
 from trident.lower.state.roots import registries
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
                                        _kernel_types, _resolve_root, _root_of, _step)
@@ -165,7 +166,6 @@ def _by_id(value) -> bool:
         type(value).__name__ == "JitFunction"
 
 
-CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
 
 
 def build(reads: list[Read], fn) -> StateTree:
@@ -450,9 +450,10 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
             _use(f, trie, whole + (attr,), getattr(value, attr), me, GETATTR, attr,
                  f"{path}.{attr}")
         return
-    if isinstance(value, types.BuiltinMethodType) and not isinstance(
-            value.__self__, types.ModuleType) and value.__self__ is not None:
-        # a C method of an object (d.items, lst.copy): the object, whole
+    if isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)) and \
+            not isinstance(value.__self__, types.ModuleType) and value.__self__ is not None or \
+            isinstance(value, types.MethodWrapperType):
+        # a C method of an object (d.items, lst.copy, mod.__getattribute__): the object, whole
         me = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path), "builtin method")
         trie[whole] = me
         _use(f, trie, whole + ("s",), value.__self__, me, GETATTR, "__self__",
@@ -461,25 +462,16 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     if _by_id(value):
         trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
                                  _words(value))
-        if isinstance(value, type) and frames.user_class(value):
-            # a user class used whole may reach a local the scan does not follow (returned
-            # by a call: c = pick(); c.k, getattr(self, name)): its numbers and strings, and
-            # its lists, tuples, dicts and sets of up to CLASS_CONTAINER items, whole,
-            # through its MRO; a larger one is more than a guard checks per call: the call
-            # runs eagerly (it was taken as fixed: stale once it changed)
-            names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
-                     if not (n.startswith("__") and n.endswith("__"))}
-            for name in sorted(names):
-                data = _step(value, ("attr", name))
-                if type(data) in (list, tuple, dict, set, frozenset) and \
-                        len(data) > CLASS_CONTAINER:
-                    raise TridentError(f"the function uses the class {path} whole, and its "
-                                       f"{name} holds {len(data)} items, more than the "
-                                       f"{CLASS_CONTAINER} a guard checks")
-                if (type(data) in _CONSTS or (type(data) in (list, tuple, dict, set, frozenset)
-                                              and len(data) <= CLASS_CONTAINER)) and \
-                        (whole + ("attr", name)) not in trie:
-                    trie[whole + ("attr", name)] = len(f.nodes)
+        for name, data, ident in members(value, path, _by_id):  # Note [Modules used whole]
+            if (whole + ("attr", name)) not in trie:
+                trie[whole + ("attr", name)] = len(f.nodes)
+                if isinstance(data, type) and frames.user_class(data):
+                    _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
+                         f"{path}.{name}")  # (its own members: attrgetter("Cfg.K")(mod))
+                elif ident:
+                    f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
+                          _words(data))
+                else:
                     f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
         return
     before = len(f.nodes)

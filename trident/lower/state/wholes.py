@@ -1,0 +1,61 @@
+"""Classes and modules used whole (Note [Modules used whole]): which of their members a state
+tree guards when the function hands one on as a value."""
+
+from __future__ import annotations
+
+import types
+
+from trident import frames
+from trident.errors import TridentError
+from trident.ir.trees import _CONSTS
+from trident.lower.state.chain import _MISSING, _STOP, _step
+
+CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+# Note [Modules used whole]: a chain that ends at a module with no attribute after it (``[mod]
+# [0].K``, ``operator.attrgetter("Cfg.K")(mod)``, ``functools.reduce(getattr, names, mod)``,
+# ``mod.__getattribute__("K")``, a helper that returns the module it was given) hands the
+# module on to code whose reads of it no chain names: a C function, a list the function
+# indexes, a helper's result. The module was checked by identity alone, so a rebound
+# ``mod.K`` was stale. As a user class used whole (whose numbers, strings and small
+# containers are guarded through its MRO), a user module used whole (``frames.
+# library_module`` is false: a library's module state is taken as fixed, Note [Library state]
+# in tree.py) has each of its globals guarded: functions, classes, modules and other values
+# by identity (``by_id``; a user class whole, as above: ``attrgetter("Cfg.K")(mod)``; a
+# module it holds by identity alone), numbers, strings and containers whole; an
+# object or a value no check sees (a CUDA tensor) makes the call run eagerly, with a warning.
+# Dunder names (``__builtins__``, ``__name__``) are the module's machinery, not its state.
+# A library module used whole stays checked by identity (``torch`` handed to a helper).
+
+
+def members(value, path: str, by_id) -> list[tuple[str, object, bool]]:
+    """Note [Modules used whole]: (name, value, checked by identity) of each member of the
+    class or module ``value`` (at ``path``, used whole) that its guard checks.
+
+    Raises:
+        TridentError: a user class holds a container of more than ``CLASS_CONTAINER`` items."""
+    out = []
+    if isinstance(value, type) and frames.user_class(value):
+        # a user class used whole may reach a local the scan does not follow (returned by a
+        # call: c = pick(); c.k, getattr(self, name)): its numbers and strings, and its
+        # lists, tuples, dicts and sets of up to CLASS_CONTAINER items, whole, through its
+        # MRO; a larger one is more than a guard checks per call: the call runs eagerly (it
+        # was taken as fixed: stale once it changed)
+        names = {n for c in value.__mro__ if frames.user_class(c) for n in vars(c)
+                 if not (n.startswith("__") and n.endswith("__"))}
+        for name in sorted(names):
+            data = _step(value, ("attr", name))
+            if type(data) in _CONTAINERS and len(data) > CLASS_CONTAINER:
+                raise TridentError(f"the function uses the class {path} whole, and its "
+                                   f"{name} holds {len(data)} items, more than the "
+                                   f"{CLASS_CONTAINER} a guard checks")
+            if type(data) in _CONSTS or type(data) in _CONTAINERS:
+                out.append((name, data, False))
+    elif isinstance(value, types.ModuleType) and not frames.library_module(value):
+        for name, data in list(vars(value).items()):
+            if not isinstance(name, str) or name.startswith("__") and name.endswith("__") or \
+                    data is _MISSING or data is _STOP:
+                continue
+            out.append((name, data, not isinstance(data, _CONSTS) and by_id(data)))
+    return out
