@@ -47,6 +47,15 @@ SIZE_BUILTINS = {
     "functools.partial": lambda x, n: x * (2 if functools.partial(isinstance)(n, int) else 1),
     "a parameter's default": lambda x, n, t=type: x * (2 if t(n) is int else 1),
     "str.format of an attribute": lambda x, n: x * len("{0.__class__}".format(n)),
+    # a callee taken by a constant key from a container the code names (Note [Questions about
+    # symbolic values]: the scan did not know it, and the specialization baked its answer)
+    "vars(builtins)['type']": lambda x, n: x * (2 if vars(builtins)["type"](n) is int else 1),
+    "builtins.__dict__['type']": lambda x, n: x * (2 if builtins.__dict__["type"](n) is int
+                                                   else 1),
+    "[type][0]": lambda x, n: x * (2 if [type][0](n) is int else 1),
+    "{'t': type}['t']": lambda x, n: x * (2 if {"t": type}["t"](n) is int else 1),
+    "vars(builtins)['getattr']": lambda x, n: x * (2 if vars(builtins)["getattr"](n, "__class__")
+                                              is int else 1),
 }
 
 

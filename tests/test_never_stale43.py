@@ -344,36 +344,3 @@ def test_library_code_reading_a_tensor_arguments_python_attribute(tmp_path):
                 if k == 1:
                     x.scale = 3.0
                 assert torch.equal(jf(x), f(x)), k
-
-
-# ---- Note [Questions about symbolic values]: a callee taken from a container (questions.py) ----
-# ``type`` fetched by a constant key from a container the code names was no callee the scan
-# knew: the symbolic specialization baked the SymInt's answer, and hits returned it.
-
-_BUILTINS = __import__("builtins")
-
-CALLEE_ITEMS = {
-    "vars(builtins)['type']": lambda x, n: x * (2 if vars(_BUILTINS)["type"](n) is int else 1),
-    "builtins.__dict__['type']": lambda x, n: x * (2 if _BUILTINS.__dict__["type"](n) is int
-                                                   else 1),
-    "[type][0]": lambda x, n: x * (2 if [type][0](n) is int else 1),
-    "{'t': type}['t']": lambda x, n: x * (2 if {"t": type}["t"](n) is int else 1),
-    "vars(builtins)['getattr']": lambda x, n: x * (2 if vars(_BUILTINS)["getattr"](n, "__class__")
-                                              is int else 1),
-}
-
-
-@pytest.mark.parametrize("use", list(CALLEE_ITEMS), ids=list(CALLEE_ITEMS))
-def test_a_question_whose_callee_is_an_item_of_a_container(use):
-    fn = CALLEE_ITEMS[use]
-
-    def f(x):
-        return fn(x, x.shape[0])
-
-    jf = trident.jit(f)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # (no call runs eagerly)
-        for n in (3, 4, 5, 12, 7, 4):  # 4 makes the size symbolic: its trace asks, and fails
-            x = torch.arange(float(n))
-            assert torch.equal(jf(x), f(x)), n
-    assert counts(jf) == (5, 1, 0)
