@@ -88,10 +88,12 @@ _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fu
 def _scratch_like(t: torch.Tensor) -> torch.Tensor:
     """A real tensor with ``t``'s metadata (for autotuning on fake tensors), drawn from a
     private generator: the user's random state is not Trident's to advance (Note [Global side
-    effects] in capture.py)."""
+    effects] in capture.py). The generator keeps the seed a new one has (c10's default seed,
+    torch 2.11-2.13): a ``manual_seed`` call from here, a launch frame that the recording walks
+    through (Note [Launch frames] in frames.py), would be taken for the function's."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     if out.is_floating_point():
-        out.normal_(generator=torch.Generator(device=t.device).manual_seed(0))
+        out.normal_(generator=torch.Generator(device=t.device))
     else:
         out.zero_()
     return out
