@@ -344,8 +344,9 @@ def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
         if steps[0][0] != "attr":
             return None
     if steps[0][0] == "eager":
-        if isinstance(value, (type, types.ModuleType)):  # (it raised TypeError: Note [Modules
-            root, path = _root_of(value)  # used whole] in wholes.py, the parameter's kind)
+        if isinstance(value, (type, types.ModuleType)):  # (it raised TypeError)
+            # Note [Modules used whole] in wholes.py: the parameter's kind
+            root, path = _root_of(value)
             _resolve_calls(root, path + steps, fn)  # raises
         cls = type(value)  # its own attributes are its argument tree's; its class's, which
         if isinstance(value, (torch.Tensor, *_BY_ID)) or not any(  # the name may be, are
