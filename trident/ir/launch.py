@@ -10,8 +10,8 @@ are the cache's form (plan.py's ``TritonStep`` calls them); ``from_json`` raises
 from __future__ import annotations
 
 import base64
-import hashlib
 import dataclasses
+import hashlib
 from typing import Any, ClassVar
 
 from trident.ir import sizes
