@@ -166,8 +166,6 @@ def _by_id(value) -> bool:
         type(value).__name__ == "JitFunction"
 
 
-
-
 def build(reads: list[Read], fn) -> StateTree:
     """The state tree of ``reads`` as they evaluate now (Note [State guards]).
 
