@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import installed_package
 
 
 def counts(jf) -> tuple[int, int, int]:
@@ -166,51 +165,6 @@ def test_a_tensor_argument_read_through_other_spellings(use, when):
             assert torch.equal(jf(x), f(x)), i
     assert counts(jf) == (0, 0, 4)
     assert any("a tensor's __dict__" in str(w.message) for w in caught), caught
-
-
-# ---- Library code that writes its own module's globals (Note [Library code that writes its state],
-# lower/state/library_writes.py; the other spellings: test_never_stale43) ----------------------
-# An installed package's function that bumps a module global and returns a value computed from
-# it (``global CALLS; CALLS += 1; return x * CALLS``): the write ran once, in the trace, and each
-# hit returned the trace's value and left the counter as it was.
-
-NAME = "trident_fakelib42"
-_LIB = '''
-CALLS = 0
-MEMO = {}
-
-
-def count(x):
-    global CALLS
-    CALLS += 1
-    return x * CALLS
-
-
-def memo(x):
-    MEMO["n"] = MEMO.get("n", 0) + 1
-    return x * MEMO["n"]
-'''
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    with installed_package(tmp_path_factory.mktemp("site"), NAME, {"__init__": _LIB}) as module:
-        yield module
-
-
-@pytest.mark.parametrize("use", ["count", "memo"])
-def test_library_code_that_writes_its_module_state(lib, use):
-    fn = getattr(lib, use)
-
-    def f(x):
-        return fn(x)
-
-    jf = trident.jit(f)
-    x = torch.ones(2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = [jf(x) for _ in range(3)]
-    assert [g.tolist() for g in got] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
 
 
 # ---- Note [Library code that ran]: gc callbacks of every kind (lower/state/library.py) ---------
