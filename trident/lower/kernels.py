@@ -35,6 +35,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from trident.errors import TridentError, with_article
+from trident.lower import state
 from trident.lower.guards import guardable
 from trident.ir.launch import (ConstexprParam, KernelRef, PreHook, ScalarParam, TensorParam,
                                  TritonLaunch)
@@ -310,7 +311,9 @@ def _pick_config(autotuner, grid, args: tuple, kwargs: dict):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+    # (Triton's benchmarking and its compile's cache writes are the autotuner's, not the
+    # function's: the state recording does not see them, Note [Launch frames] in frames.py)
+    with unset_fake_temporarily(), disable_proxy_modes_tracing(), state.unrecorded():
         real_args = tuple(_scratch_like(a) if isinstance(a, torch.Tensor) else a for a in args)
         real_kwargs = {k: _scratch_like(v) if isinstance(v, torch.Tensor) else v
                        for k, v in kwargs.items()}
