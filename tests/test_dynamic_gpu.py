@@ -12,6 +12,10 @@ pytest.importorskip("liger_kernel")
 
 
 def test_liger_decode_loop_of_512_steps():
+    """Each step's output and caches equal eager's on the same inputs (eager's caches feed the
+    next step of both). Where they differ, eager must differ from itself on those inputs: at KV
+    lengths above 288 a step's attention does not repeat bit for bit in eager on H100/H200
+    (torch 2.11, cuDNN SDPA; docs/benchmarks.md, "Growing KV cache")."""
     from benchmarks import bench_gpu
 
     cfg = dict(D=256, H=4, KV=2, HD=64, I=512, L=2)
@@ -19,17 +23,20 @@ def test_liger_decode_loop_of_512_steps():
     step = bench_gpu.make_growing_step(cfg)
     f = trident.jit(step)
     caches = bench_gpu.initial_caches(cfg, length=1)
-    ref_caches = list(caches)
     g = torch.Generator(device="cuda").manual_seed(1)
+    unrepeatable = []
     with torch.no_grad():
         for i in range(512):
             h = torch.randn(1, 1, cfg["D"], device="cuda", dtype=torch.bfloat16, generator=g)
-            out, *caches = f(h, cos, sin, *weights, *caches)
-            want, *ref_caches = step(h, cos, sin, *weights, *ref_caches)
-            assert torch.equal(out, want), i
-            assert all(torch.equal(a, b) for a, b in zip(caches, ref_caches)), i
+            got = f(h, cos, sin, *weights, *caches)
+            want = step(h, cos, sin, *weights, *caches)
+            if not all(torch.equal(a, b) for a, b in zip(got, want)):
+                again = step(h, cos, sin, *weights, *caches)
+                assert not all(torch.equal(a, b) for a, b in zip(again, want)), i
+                unrepeatable.append(i)
+            caches = list(want[1:])
     assert f.stats.compiles <= 3 and f.stats.fallbacks == 0, f.stats
-    assert caches[0].shape[2] == 513
+    assert caches[0].shape[2] == 513 and len(unrepeatable) < 32, unrepeatable
 
 
 def test_liger_prefill_over_sequence_lengths():
