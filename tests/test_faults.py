@@ -104,6 +104,30 @@ def test_past_the_limit_a_known_argument_tree_is_not_flattened_again(monkeypatch
         "TRIDENT_MAX_SPECIALIZATIONS raises the limit)")
 
 
+def test_past_the_limit_a_new_argument_tree_is_flattened_once(monkeypatch):
+    """Note [Specialization limit]: past the limit, a call of an argument tree that no
+    specialization has runs eagerly, and C flattens that tree from then on: its next calls are
+    not flattened in Python (a Hugging Face ``generate`` past the limit, whose cache made a new
+    tree, walked the whole model in Python at every step: 7x its eager forward). At most 8 such
+    trees per function: the ninth and tenth are flattened at every call."""
+    install_module = sys.modules["trident.frontend.install"]
+    g = trident.jit(scale_all, max_specializations=1)
+    xs = [torch.arange(4.0) + i for i in range(16)]
+    g(xs, 2)
+    flattened = []
+    real = install_module.flatten_call
+    monkeypatch.setattr(install_module, "flatten_call",
+                        lambda *a: flattened.append(len(a[1])) or real(*a))
+    with pytest.warns(UserWarning, match="limit of 1"):
+        for n in range(1, 11):  # ten new trees: lists of n tensors
+            for _ in range(3):
+                assert all(torch.equal(y, x * 2) for y, x in zip(g(xs[:n], 2), xs[:n]))
+    assert all(torch.equal(y, x * 2) for y, x in zip(g(xs, 2), xs))  # still a hit
+    assert len(flattened) == 8 + 2 * 3, flattened
+    s = g.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks) == (1, 31, 1, 30)
+
+
 def test_threads_respect_the_limit():
     g = trident.jit(scale, max_specializations=2)
     x = torch.arange(4.0)
