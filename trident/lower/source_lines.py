@@ -121,30 +121,29 @@ def _users() -> bool:
 
 
 # Note [Python attributes of tensors]: the trace runs on fake tensors, whose ``__dict__`` is
-# the fake's own, not the call's tensor's: an attribute set on a tensor argument (``w.scale``,
-# ``weight.is_sharded``) read with a default (``getattr(w, "scale", 1.0)``), asked with
-# ``hasattr`` or inside a ``try`` got the fake's answer, which hits returned, also after the
-# attribute was set or changed. No guard checks a tensor leaf's ``__dict__`` (a check of every
-# tensor leaf at every hit, for what few functions read). So a lookup that fails on a fake
-# tensor of an argument (``_SourceLines.leaves``; no dunder name) by user code (Note [User
-# code]; a library's reads are taken as fixed, as its state is: transformers' duck-typed
-# ``hasattr(x, "jax")``, torch's probes) makes the call run eagerly, also where the tensor
-# lacks it too (the next call's may have it): FakeTensor's ``__getattr__``, which Python calls
-# only after a lookup failed. ``vars(x)``, ``x.__dict__`` reach no hook: the bytecode scan
-# finds them (``tensor_dict_read`` in lower/state/questions.py).
+# the fake's own: an attribute set on a tensor argument (``w.scale``) read with a default, by
+# ``hasattr`` or in a ``try`` gets the fake's answer (absent). Each tensor argument is guarded
+# on whether its instance dict is empty (Note [Tensor types and attributes] in ir/guards.py):
+# on one with none, such a lookup fails at every hit as in the trace (GPT-2's ``is_jax_jitting``
+# probes ``x.jax``: served). On one with attributes (``_SourceLines.attributed``) no guard checks
+# their values: a lookup that fails on its fake by user or library code (Note [Library code
+# that ran]: ``nn.Buffer``'s ``isinstance``; torch's internals are fixed) runs the call eagerly,
+# found at FakeTensor's ``__getattr__`` (called only after a lookup failed). No dunder name.
 @functools.cache
 def _tensor_attributes() -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
+    from trident.lower.state.library import library_kind
+
     def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
         mode = getattr(_TRACING, "mode", None)
-        if mode is not None and mode.in_user_code and id(self) in mode.leaves and not (
+        if mode is not None and mode.in_user_code and id(self) in mode.attributed and not (
                 name[:2] == "__" and name[-2:] == "__"):
             f = sys._getframe(1)
-            if frames.user_frame(f):
+            if frames.user_frame(f) or library_kind(f, 1, 2):
                 mode.refuse(f"the function reads the Python attribute {name!r} of a tensor "
-                            f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}), which "
-                            "the trace's fake tensor does not carry (getattr, hasattr)")
+                            f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}) that "
+                            "has attributes, which its fake does not carry (getattr, hasattr)")
         if _original is not None:
             return _original(self, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -233,7 +232,8 @@ class _SourceLines(TorchFunctionMode):
         self.calls = 0  # the function's torch calls (Note [Early assignment check])
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
-        self.leaves: frozenset = frozenset()  # ids of the arguments' fake tensors
+        self.attributed: frozenset = frozenset()  # ids of the fakes of tensor arguments
+        # with Python attributes (Note [Python attributes of tensors])
         self.refused: str | None = None  # Note [Python attributes of tensors]
 
     def refuse(self, why: str | None = None):

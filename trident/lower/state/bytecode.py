@@ -197,11 +197,13 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
 def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
     """A read of a tensor's Python type in ``code`` (``type(x)`` or ``x.__class__`` used
     otherwise than compared with a class that is no tensor's: ``type(y) is int`` holds of
-    neither; ``isinstance(x, nn.Parameter)`` or another strict subclass of ``torch.Tensor``),
-    with ``x`` a parameter whose value at the trace's call (``params``) is a tensor, or derived
-    from one, as ``"text (file:line)"``; or None. The trace runs the code on fake tensors (a
-    ``FakeTensor``, never a ``Parameter``), so its answer is not eager's: such a function runs
-    eagerly (``isinstance(x, torch.Tensor)`` holds of both, and is not one)."""
+    neither; ``isinstance(x, C)``, ``C`` a strict subclass of ``torch.Tensor``), with ``x`` a
+    parameter whose value at the trace's call (``params``) is a tensor, or derived from one, as
+    ``"text (file:line)"``; or None. The trace runs the code on fake tensors (``FakeTensor``),
+    so its answer is not eager's: such a function runs eagerly. ``isinstance(x, torch.Tensor)``
+    holds of both; ``isinstance(x, nn.Parameter)`` the fake of a Parameter answers as it does
+    (torch marks it), and each tensor argument is guarded on it (Note [Tensor types and
+    attributes] in ir/guards.py): neither is one."""
     tensors = {n for n, v in params.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         return None
@@ -219,7 +221,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                 kinds = f.static(k, 0)
                 kinds = kinds if isinstance(kinds, tuple) else (kinds,)
                 if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
-                       c is not torch.Tensor for c in kinds):
+                       c not in (torch.Tensor, torch.nn.Parameter) for c in kinds):
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
