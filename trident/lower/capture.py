@@ -30,11 +30,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
-from trident.lower import decompositions, rng
+from trident.lower import decompositions, rng, tensor_attributes
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
-from trident.ir.facts import has_attributes
 from trident.ir.launch import ScalarParam
 from trident.ir.plan import plain_spec
 
@@ -323,7 +322,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
-        mode.attributed = frozenset(id(a) for a, r in zip(flat_args, args) if has_attributes(r))
+        mode.attributed = tensor_attributes.attributed(flat_args, args)
         mode.in_user_code = True
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, rng
+from trident.lower import collectives, rng, tensor_attributes
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -120,36 +120,6 @@ def _users() -> bool:
     return _user_line(sys._getframe(2).f_code.co_filename)
 
 
-# Note [Python attributes of tensors]: the trace runs on fake tensors, whose ``__dict__`` is
-# the fake's own: an attribute set on a tensor argument (``w.scale``) read with a default, by
-# ``hasattr`` or in a ``try`` gets the fake's answer (absent). Each tensor argument is guarded
-# on whether its instance dict is empty (Note [Tensor types and attributes] in ir/guards.py):
-# on one with none, such a lookup fails at every hit as in the trace (GPT-2's ``is_jax_jitting``
-# probes ``x.jax``: served). On one with attributes (``_SourceLines.attributed``) no guard checks
-# their values: a lookup that fails on its fake by user or library code (Note [Library code
-# that ran]: ``nn.Buffer``'s ``isinstance``; torch's internals are fixed) runs the call eagerly,
-# found at FakeTensor's ``__getattr__`` (called only after a lookup failed). No dunder name.
-@functools.cache
-def _tensor_attributes() -> None:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    from trident.lower.state.library import library_kind
-
-    def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
-        mode = getattr(_TRACING, "mode", None)
-        if mode is not None and mode.in_user_code and id(self) in mode.attributed and not (
-                name[:2] == "__" and name[-2:] == "__"):
-            f = sys._getframe(1)
-            if frames.user_frame(f) or library_kind(f, 1, 2):
-                mode.refuse(f"the function reads the Python attribute {name!r} of a tensor "
-                            f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}) that "
-                            "has attributes, which its fake does not carry (getattr, hasattr)")
-        if _original is not None:
-            return _original(self, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-    FakeTensor.__getattr__ = missing
-
-
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
 # ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
 _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
@@ -232,8 +202,7 @@ class _SourceLines(TorchFunctionMode):
         self.calls = 0  # the function's torch calls (Note [Early assignment check])
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
-        self.attributed: frozenset = frozenset()  # ids of the fakes of tensor arguments
-        # with Python attributes (Note [Python attributes of tensors])
+        self.attributed: frozenset = frozenset()  # Note [Python attributes of tensors]
         self.refused: str | None = None  # Note [Python attributes of tensors]
 
     def refuse(self, why: str | None = None):
@@ -247,7 +216,7 @@ class _SourceLines(TorchFunctionMode):
 
     def __enter__(self):
         _symbolic_text()  # Note [Symbolic values as text]
-        _tensor_attributes()  # Note [Python attributes of tensors]
+        tensor_attributes.install()  # Note [Python attributes of tensors]
         self.outer, _TRACING.mode = getattr(_TRACING, "mode", None), self
         return super().__enter__()
 
