@@ -4,6 +4,10 @@ warning where calls run eagerly."""
 
 from __future__ import annotations
 
+import functools
+import operator
+import sys
+import types
 import warnings
 
 import pytest
@@ -229,3 +233,68 @@ def test_a_parameter_of_symbolic_sizes_keeps_its_type(typelib, dims):
         for x in (torch.nn.Parameter(torch.ones(n), requires_grad=False), torch.ones(n)):
             assert torch.equal(jf(x), typelib.is_parameter(x)), (n, type(x))
     assert jf.stats.fallbacks == 0, jf.stats
+
+
+# ---- Note [Modules used whole] (lower/state/wholes.py), at any depth --------------------------
+# A user module used whole had its globals guarded, but a user module among them by identity
+# alone: ``attrgetter("helpers.K")(mod)`` returned the old ``helpers.K`` after it was rebound.
+# So was a user class that a user class held (``Cfg.Inner.K``), and a module a class held.
+
+@pytest.fixture
+def package():
+    mod = types.ModuleType("trident_user44")
+    helpers = types.ModuleType("trident_user44_helpers")
+    helpers.K = 2.0
+
+    class Cfg:
+        K = 2.0
+
+        class Inner:
+            K = 2.0
+    Cfg.__module__ = Cfg.Inner.__module__ = "trident_user44_helpers"
+    Cfg.helpers = helpers
+    helpers.Cfg, helpers.back, mod.helpers = Cfg, mod, helpers  # (modules import each other)
+    sys.modules.update({"trident_user44": mod, "trident_user44_helpers": helpers})
+    yield mod
+    for name in ("trident_user44", "trident_user44_helpers"):
+        del sys.modules[name]
+
+
+def _first(t):
+    return t[0]
+
+
+DEEP = {  # name: (read, the path to what changes, from the module)
+    "attrgetter": (lambda x, m: x * operator.attrgetter("helpers.K")(m), "helpers"),
+    "functools.reduce(getattr)": (
+        lambda x, m: x * functools.reduce(getattr, ["helpers", "K"], m), "helpers"),
+    "[mod][0].helpers.K": (lambda x, m: x * [m][0].helpers.K, "helpers"),
+    "a helper's result": (lambda x, m: x * _first((m,)).helpers.K, "helpers"),
+    "a class of the module it imports": (
+        lambda x, m: x * operator.attrgetter("helpers.Cfg.K")(m), "helpers.Cfg"),
+    "a class a class holds": (
+        lambda x, m: x * operator.attrgetter("helpers.Cfg.Inner.K")(m), "helpers.Cfg.Inner"),
+    "a module a class holds": (
+        lambda x, m: x * operator.attrgetter("helpers.Cfg.helpers.K")(m), "helpers"),
+    "through an import cycle": (
+        lambda x, m: x * operator.attrgetter("helpers.back.helpers.K")(m), "helpers"),
+}
+
+
+@pytest.mark.parametrize("use", list(DEEP), ids=list(DEEP))
+def test_a_user_module_used_whole_guards_what_it_holds_at_any_depth(package, use):
+    read, where = DEEP[use]
+    owner = operator.attrgetter(where)(package)
+    M = package
+
+    def f(x):
+        return read(x, M)
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no call runs eagerly)
+        for k, value in enumerate((2.0, 5.0, 5.0, 2.0)):
+            owner.K = value
+            assert torch.equal(jf(x), f(x)), (k, value)
+    assert counts(jf) == (2, 2, 0), jf.stats
