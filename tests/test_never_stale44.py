@@ -298,3 +298,86 @@ def test_a_user_module_used_whole_guards_what_it_holds_at_any_depth(package, use
             owner.K = value
             assert torch.equal(jf(x), f(x)), (k, value)
     assert counts(jf) == (2, 2, 0), jf.stats
+
+
+# ---- Note [Nested jitted calls] (frames.py): a Triton launch inside the nested function -------
+# A jitted function called by another one's traced code runs eagerly inside the trace, its ops
+# the trace's; but its eager run set a launch hook of its own over the trace's (the CPU
+# interpreter's), so its Triton launch went to Triton's launcher with the trace's fake tensors
+# ("0 active drivers" on the CPU): the outer function could not be traced and ran eagerly at
+# every call. The launch is now the trace's, and what the nested function reads to make it
+# (the kernel's global, a scale) is guarded.
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+from _triton_kernels import add_kernel, scale_inplace_kernel  # noqa: E402
+
+
+@triton.jit
+def _negated_scale_kernel(x_ptr, n, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, -tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+KERNEL = scale_inplace_kernel
+SCALE = 2.0
+
+
+@trident.jit
+def _nested_add(x, y):
+    out = torch.empty_like(x)
+    add_kernel[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+    return out
+
+
+@trident.jit
+def _nested_scale(x):
+    out = x.clone()
+    KERNEL[(triton.cdiv(x.numel(), 64),)](out, x.numel(), SCALE, BLOCK=64)
+    return out
+
+
+def test_a_nested_jitted_functions_launch_is_part_of_the_outer_trace():
+    def outer(x, y):
+        return _nested_add(x, y) * 2
+
+    jf = trident.jit(outer)
+    x, y = torch.randn(100), torch.randn(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert torch.equal(jf(x, y), (x + y) * 2)
+    assert counts(jf) == (1, 2, 0), jf.stats
+    assert jf.stats.interpreted_launches == 3  # (on the CPU; the SCM launches it on a GPU)
+    assert not said(caught, "outer runs eagerly"), caught
+    assert said(caught, "_nested_add runs eagerly: called while another jitted function is "
+                "traced"), caught
+
+
+@pytest.mark.parametrize("change", ["the kernel", "a scale it passes"])
+def test_what_a_nested_launch_reads_is_guarded(change):
+    global KERNEL, SCALE
+
+    def outer(x):
+        return _nested_scale(x) + 1
+
+    def eager(x):
+        out = x.clone()
+        return out * (-SCALE if KERNEL is _negated_scale_kernel else SCALE) + 1
+
+    jf = trident.jit(outer)
+    x = torch.arange(8.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the nested function runs eagerly in the trace)
+            for k in range(4):
+                if k == 2 and change == "the kernel":
+                    KERNEL = _negated_scale_kernel
+                elif k == 2:
+                    SCALE = 3.0
+                assert torch.equal(jf(x), eager(x)), k
+    finally:
+        KERNEL, SCALE = scale_inplace_kernel, 2.0
+    assert counts(jf) == (2, 2, 0), jf.stats
