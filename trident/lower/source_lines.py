@@ -216,7 +216,7 @@ class _SourceLines(TorchFunctionMode):
 
     def __enter__(self):
         _symbolic_text()  # Note [Symbolic values as text]
-        tensor_attributes.install()  # Note [Python attributes of tensors]
+        tensor_attributes.install(_TRACING)  # Note [Python attributes of tensors]
         self.outer, _TRACING.mode = getattr(_TRACING, "mode", None), self
         return super().__enter__()
 

@@ -45,16 +45,16 @@ def attributed(fakes, reals) -> frozenset:
 
 
 @functools.cache
-def install() -> None:
+def install(tracing) -> None:
     """FakeTensor's ``__getattr__`` refuses a lookup on the fake of an argument with
-    attributes (Note [Python attributes of tensors])."""
+    attributes (Note [Python attributes of tensors]); ``tracing.mode``: this thread's trace's
+    ``_SourceLines`` (source_lines.py), or None."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from trident.lower.source_lines import _TRACING
     from trident.lower.state.library import library_kind
 
     def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
-        mode = getattr(_TRACING, "mode", None)
+        mode = getattr(tracing, "mode", None)
         if mode is not None and mode.in_user_code and id(self) in mode.attributed and not (
                 name[:2] == "__" and name[-2:] == "__"):
             f = sys._getframe(1)

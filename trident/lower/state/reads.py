@@ -47,8 +47,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         if typed is not None:
             raise TridentError(f"the function reads a tensor's Python type, {typed}: the "
                                "trace's fake tensors have another")
-    for code, g, params in rec.library_tensors.values():  # (Note [Tensor types and
-        typed = library_type_read(code, g, params)  # attributes] in ir/guards.py)
+    # Note [Tensor types and attributes] in ir/guards.py: library code's reads of a type
+    for code, g, params in rec.library_tensors.values():
+        typed = library_type_read(code, g, params)
         if typed is not None:
             raise TridentError(f"library code the function runs ({code.co_qualname}) reads a "
                                f"tensor's Python type, {typed}: the trace's fake tensors have "
