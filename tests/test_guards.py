@@ -32,7 +32,8 @@ class Sub(torch.Tensor):
 # A tensor description: (dtype, shape, layout, requires_grad); layouts:
 #   contig, t (last two dims transposed), expand (size-1 dims broadcast to 3), slice (every
 #   other row of a bigger tensor), offset (a contiguous view starting one element in:
-#   misaligned), param (nn.Parameter), subclass, conj (conjugate bit), zero_dim.
+#   misaligned), param (nn.Parameter), attrs (a Python attribute set on it), subclass, conj
+#   (conjugate bit), zero_dim.
 def make_tensor(dtype, shape, layout, requires_grad=False):
     shape = tuple(shape)
     if layout == "t" and len(shape) >= 2:
@@ -46,6 +47,9 @@ def make_tensor(dtype, shape, layout, requires_grad=False):
         t = torch.zeros(n + 1, dtype=dtype)[1:].view(shape)
     elif layout == "param":
         t = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+    elif layout == "attrs":
+        t = torch.zeros(shape, dtype=dtype)
+        t.scale = 2.0
     elif layout == "subclass":
         t = torch.zeros(shape, dtype=dtype).as_subclass(Sub)
     elif layout == "conj":
@@ -72,6 +76,8 @@ BASES = [
     (lambda: (T(torch.float32, (3,), "offset"), 2**63 - 1, float("inf")), False),
     (lambda: (T(torch.float32, (), "contig"),), False),
     (lambda: (lambda t: (t, 2, t))(T(torch.float32, (2,), "contig")), False),  # one tensor twice
+    (lambda: (T(torch.float32, (2,), "param"),), False),
+    (lambda: (T(torch.float32, (2,), "attrs"),), False),
 ]
 
 
@@ -129,7 +135,8 @@ def test_each_base_signature_selects_its_own_specialization(compiled):
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.bool]
-LAYOUTS = ["contig", "t", "expand", "slice", "offset", "param", "subclass", "conj", "contig"]
+LAYOUTS = ["contig", "t", "expand", "slice", "offset", "param", "attrs", "subclass", "conj",
+           "contig"]
 
 
 @st.composite

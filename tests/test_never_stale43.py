@@ -314,33 +314,3 @@ def test_a_tensor_arguments_gradient_read_runs_eagerly(tmp_path, use):
                 assert torch.equal(jf(x), f(x)), k
         assert counts(jf) == (0, 0, 4)
         assert any("grad" in str(w.message) for w in caught), caught
-
-
-# ---- Left: library code reading a Python attribute of a tensor argument ------------------------
-# Note [Python attributes of tensors] refuses user code's failed lookups on a fake tensor; a
-# library's are taken as fixed (transformers' ``is_jax_jitting`` probes ``x.jax`` at every GPT-2
-# forward). An attribute set on the tensor after the first call, which a library helper reads
-# with a default, is stale: no guard checks a tensor leaf's ``__dict__``.
-
-_ATTRLIB = '''
-def scale(t):
-    return t * getattr(t, "scale", 1.0)
-'''
-
-
-@pytest.mark.xfail(strict=True, reason="a tensor leaf's __dict__ is not guarded, and a "
-                   "library's failed attribute lookups on the trace's fake tensors are taken as "
-                   "fixed (issue 28, session 43)")
-def test_library_code_reading_a_tensor_arguments_python_attribute(tmp_path):
-    with installed_package(tmp_path, "trident_attrlib43", {"__init__": _ATTRLIB}) as attrlib:
-        def f(x):
-            return attrlib.scale(x)
-
-        jf = trident.jit(f)
-        x = torch.ones(2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for k in range(3):
-                if k == 1:
-                    x.scale = 3.0
-                assert torch.equal(jf(x), f(x)), k

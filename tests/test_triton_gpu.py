@@ -204,3 +204,30 @@ def test_several_specializations_and_stream():
     s.synchronize()
     assert_same(out, add_relu(x, y))
     assert f.stats.hits >= 1
+
+
+@trident.jit
+def _nested_add_relu(x, y):
+    return add_relu(x, y)
+
+
+def test_a_nested_jitted_functions_launch_is_native_in_the_outer_specialization():
+    """Note [Nested jitted calls]: the launch of a jitted function that another one's traced
+    code calls is the outer specialization's (it ran the nested function's launcher with the
+    trace's fake tensors: the outer function ran eagerly at every call)."""
+    import warnings
+
+    def outer(x, y):
+        return _nested_add_relu(x, y) * 2
+
+    f = trident.jit(outer)
+    x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the nested function runs eagerly in the trace)
+        for _ in range(3):
+            got = f(x, y)
+            assert_same(got, add_relu(x, y) * 2)
+            del got
+    assert (f.stats.compiles, f.stats.hits, f.stats.fallbacks) == (1, 2, 0), f.stats
+    assert f.stats.interpreted_launches == 0
+    assert any(isinstance(s, TritonStep) for s in f._specs[0].plan.steps)

@@ -76,7 +76,11 @@ def launch_frame(code: types.CodeType) -> bool:
 # jitted call's own Trident frames (``_slow_path``, ``_on_miss``), so the recording walks
 # from ``_eager`` through those frames to the call's caller, and on from there (``under_fn``
 # in lower/state/recording.py). Without it, the global a nested jitted function read was no
-# guard of the outer one: a hit after it changed returned the old value.
+# guard of the outer one: a hit after it changed returned the old value. Its Triton launches
+# are the trace's too: ``_eager``'s own launch hook (``cpu_launches_interpreted`` in
+# lower/kernels.py) hands them to the trace's hook, which records them as the outer
+# function's (it sent them to Triton's launcher with fake tensors: the outer function could
+# not be traced). The nested function's warning says that its code runs in the trace.
 _POLICY_FILE = os.path.join(_TRIDENT, "frontend", "policy.py")
 
 

@@ -7,18 +7,19 @@ the two agree on random arguments.
 from __future__ import annotations
 
 from trident.codegen.cprint import CPrinter, c_comment, c_int, c_string
-from trident.ir.guards import (Aliased, Aligned16, ArgCount, Autocast, DefaultDtype, DeviceIndex,
-                               DeviceType, Dim, Dtype, FloatBits, FunctionModes, GlobalFlags,
-                               GradEnabled, Guard, Inference, InferenceMode, IntValue, Kind,
-                               NumThreads, ProcessGroup, RequiresGrad, SameAs, Size, SizeRelation,
-                               Stride, Transforms)
+from trident.ir.guards import (Aliased, Aligned16, ArgCount, Attributes, Autocast, DefaultDtype,
+                               DeviceIndex, DeviceType, Dim, Dtype, FloatBits, FunctionModes,
+                               GlobalFlags, GradEnabled, Guard, Inference, InferenceMode, IntValue,
+                               IsParameter, Kind, NumThreads, ProcessGroup, RequiresGrad, SameAs,
+                               Size, SizeRelation, Stride, Transforms)
 from trident.runtime import ABI
 
 # trt_arg_kind's names (trident_rt.h), by value
 _KIND_NAMES = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 # the bit of trt_arg.flags each flag guard reads
 _FLAG_BITS = {Aligned16: "TRT_ALIGNED16", RequiresGrad: "TRT_REQUIRES_GRAD",
-              Inference: "TRT_INFERENCE"}
+              Inference: "TRT_INFERENCE", IsParameter: "TRT_PARAMETER",
+              Attributes: "TRT_PY_ATTRS"}
 
 
 def guard_c(g: Guard) -> str:
@@ -45,7 +46,7 @@ def guard_c(g: Guard) -> str:
             return f"a[{g.arg}].tensor == a[{g.value}].tensor"
         case Size() | Stride():
             return f"a[{g.arg}].{g.member}[{g.index}] == {g.value}"
-        case Aligned16() | RequiresGrad() | Inference():
+        case Aligned16() | RequiresGrad() | Inference() | IsParameter() | Attributes():
             return f"{'' if g.value else '!'}(a[{g.arg}].flags & {_FLAG_BITS[type(g)]})"
         case IntValue():
             return f"a[{g.arg}].i == {c_int(g.value)}"
@@ -65,9 +66,9 @@ def guard_c(g: Guard) -> str:
 # before any of its sizes is read). The guards are pure reads of the records, so the order of
 # a conjunction's checks decides only which fails first, and the miss reason is Python's (each
 # guard's ``holds``). A field's value that its place cannot hold (no such tensor is read as one)
-# stays a check of its own. read_arg writes no flag bit but TRT_REQUIRES_GRAD, TRT_ALIGNED16
-# and TRT_INFERENCE (a record starts zeroed), so where all three are guarded the whole flags
-# byte is compared, and a tensor's every header guard is one compare of the word with a
+# stays a check of its own. read_arg writes no flag bit but TRT_REQUIRES_GRAD, TRT_ALIGNED16,
+# TRT_INFERENCE, TRT_PARAMETER and TRT_PY_ATTRS (a record starts zeroed), so where all five are
+# guarded the whole flags byte is compared, and a tensor's every header guard is one compare of the word with a
 # constant.
 
 # per header guard kind: its field's bit offset in the word and its width in bits

@@ -115,6 +115,8 @@ class ArgFacts:
         aligned16: its data pointer is divisible by 16 (Note [Pointer alignment] in
             lower/kernels.py).
         requires_grad, inference: ``requires_grad``, ``is_inference()``.
+        parameter, attributes: ``type(x) is nn.Parameter``, a non-empty ``vars(x)`` (Note
+            [Tensor types and attributes] in ir/guards.py).
     """
 
     kind: int
@@ -131,6 +133,13 @@ class ArgFacts:
     aligned16: bool | None = None
     requires_grad: bool | None = None
     inference: bool | None = None
+    parameter: bool | None = None
+    attributes: bool | None = None
+
+
+def has_attributes(obj: Any) -> bool:
+    """A tensor with Python attributes: a non-empty instance dict (``TRT_PY_ATTRS``)."""
+    return isinstance(obj, torch.Tensor) and bool(getattr(obj, "__dict__", None))
 
 
 def arg_facts(obj: Any) -> ArgFacts:
@@ -158,6 +167,8 @@ def arg_facts(obj: Any) -> ArgFacts:
             aligned16=data_ptr % 16 == 0,
             requires_grad=obj.requires_grad,
             inference=obj.is_inference(),
+            parameter=type(obj) is torch.nn.Parameter,
+            attributes=has_attributes(obj),
         )
     if obj is None:
         return ArgFacts(NONE)

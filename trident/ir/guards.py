@@ -290,6 +290,29 @@ class Inference(_Flag):
     field, says = "inference", "{who}.is_inference() is {v}"
 
 
+# Note [Tensor types and attributes]: the native guards read an nn.Parameter as a tensor
+# (THPVariable_CheckExact holds of both; any other subclass is TRT_ARG_OTHER, a miss that runs
+# eagerly), and code asks which one it has: ``isinstance(w, nn.Parameter)``, which the trace's
+# fake of a Parameter answers as the Parameter (torch marks it ``_is_param``). A tensor also
+# carries Python attributes in its instance dict (``w.scale = 3.0``, a quantizer's
+# ``quant_state``), which code reads with a default (``getattr(t, "scale", 1.0)``,
+# ``hasattr(x, "jax")``) and which the fake does not carry (Note [Python attributes of tensors]
+# in lower/tensor_attributes.py). So every tensor argument is guarded on both, as flag bits of
+# its record's header (one compare with its other header guards: Note [Argument records] in
+# codegen/guards.py): whether it is an nn.Parameter, and whether its instance dict is
+# non-empty. A Parameter and a plain tensor are two specializations; a tensor traced without
+# attributes serves only calls whose tensor has none, so a lookup that failed on it fails the
+# same way at every hit. The type itself (``type(t) is torch.Tensor``, ``t.__class__``) is the
+# fake's (FakeTensor) in the trace: user code's and library code's reads of it make the call
+# run eagerly (``tensor_type_read`` in lower/state/bytecode.py).
+class IsParameter(_Flag):
+    field, says = "parameter", "isinstance({who}, nn.Parameter) is {v}"
+
+
+class Attributes(_Flag):
+    field, says = "attributes", "bool(vars({who})) is {v}"
+
+
 class IntValue(ArgGuard):
     """An int or bool argument's value."""
 

@@ -29,9 +29,8 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trident.lower import rng
 from trident import config, frames
-from trident.lower import decompositions
+from trident.lower import decompositions, rng, tensor_attributes
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
@@ -323,7 +322,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
-        mode.leaves = frozenset(id(a) for a in flat_args if isinstance(a, torch.Tensor))
+        mode.attributed = tensor_attributes.attributed(flat_args, args)
         mode.in_user_code = True
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)

@@ -12,11 +12,11 @@ from trident import frames
 
 from trident.errors import TridentError
 from trident.ir import sizes
-from trident.ir.guards import (Aligned16, Aliased, ArgCount, Autocast, DefaultDtype, DeviceIndex,
-                               DeviceType, Dim, Dtype, FloatBits, FunctionModes, GlobalFlags,
-                               GradEnabled, Guard, Inference, InferenceMode, IntValue, Kind,
-                               NumThreads, ProcessGroup, RequiresGrad, SameAs, Size, SizeRelation,
-                               Stride, Transforms)
+from trident.ir.guards import (Aligned16, Aliased, ArgCount, Attributes, Autocast, DefaultDtype,
+                               DeviceIndex, DeviceType, Dim, Dtype, FloatBits, FunctionModes,
+                               GlobalFlags, GradEnabled, Guard, Inference, InferenceMode, IntValue,
+                               IsParameter, Kind, NumThreads, ProcessGroup, RequiresGrad, SameAs,
+                               Size, SizeRelation, Stride, Transforms)
 from trident.ir.facts import BOOL, FLOAT, INT, TENSOR, arg_facts, env_facts
 
 
@@ -56,7 +56,8 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
             guards.append(SameAs(first_seen[f.id], i))
         first_seen.setdefault(f.id, i)
     for i, f in tensors:
-        guards += [kind(getattr(f, kind.field), i) for kind in (Aligned16, RequiresGrad, Inference)]
+        guards += [kind(getattr(f, kind.field), i)
+                   for kind in (Aligned16, RequiresGrad, Inference, IsParameter, Attributes)]
     for i, f in enumerate(facts):
         if key and i == 0:
             continue

@@ -433,10 +433,14 @@ def cpu_launches_interpreted():
     (triton 3.6: "0 active drivers"). Launches on other devices run as Triton runs them.
     """
 
+    traced = getattr(_HOOK, "fn", None)  # Note [Nested jitted calls] in frames.py: a trace's
+
     def hook(kernel, grid, original):
         from torch._subclasses.fake_tensor import is_fake
         from triton.runtime.interpreter import InterpretedFunction
 
+        if traced is not None:  # (a jitted function run eagerly inside another's trace: its
+            return traced(kernel, grid, original)  # launches are the trace's)
         launch = original(kernel, grid)
         inner = kernel
         while not isinstance(inner, InterpretedFunction) and _has_fn(inner):

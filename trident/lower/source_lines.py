@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, rng
+from trident.lower import collectives, rng, tensor_attributes
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -120,37 +120,6 @@ def _users() -> bool:
     return _user_line(sys._getframe(2).f_code.co_filename)
 
 
-# Note [Python attributes of tensors]: the trace runs on fake tensors, whose ``__dict__`` is
-# the fake's own, not the call's tensor's: an attribute set on a tensor argument (``w.scale``,
-# ``weight.is_sharded``) read with a default (``getattr(w, "scale", 1.0)``), asked with
-# ``hasattr`` or inside a ``try`` got the fake's answer, which hits returned, also after the
-# attribute was set or changed. No guard checks a tensor leaf's ``__dict__`` (a check of every
-# tensor leaf at every hit, for what few functions read). So a lookup that fails on a fake
-# tensor of an argument (``_SourceLines.leaves``; no dunder name) by user code (Note [User
-# code]; a library's reads are taken as fixed, as its state is: transformers' duck-typed
-# ``hasattr(x, "jax")``, torch's probes) makes the call run eagerly, also where the tensor
-# lacks it too (the next call's may have it): FakeTensor's ``__getattr__``, which Python calls
-# only after a lookup failed. ``vars(x)``, ``x.__dict__`` reach no hook: the bytecode scan
-# finds them (``tensor_dict_read`` in lower/state/questions.py).
-@functools.cache
-def _tensor_attributes() -> None:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def missing(self, name, _original=getattr(FakeTensor, "__getattr__", None)):
-        mode = getattr(_TRACING, "mode", None)
-        if mode is not None and mode.in_user_code and id(self) in mode.leaves and not (
-                name[:2] == "__" and name[-2:] == "__"):
-            f = sys._getframe(1)
-            if frames.user_frame(f):
-                mode.refuse(f"the function reads the Python attribute {name!r} of a tensor "
-                            f"argument ({Path(f.f_code.co_filename).name}:{f.f_lineno}), which "
-                            "the trace's fake tensor does not carry (getattr, hasattr)")
-        if _original is not None:
-            return _original(self, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-    FakeTensor.__getattr__ = missing
-
-
 # Writes that rebind what a tensor is (``x.data = y`` gives ``x`` another storage and shape;
 # ``x.grad = g``): a hit would not make them, and the plan holds ``x``'s old metadata.
 _UNGUARDED_WRITES = {".data": torch.Tensor.data.__set__, ".grad": torch.Tensor.grad.__set__}
@@ -233,7 +202,7 @@ class _SourceLines(TorchFunctionMode):
         self.calls = 0  # the function's torch calls (Note [Early assignment check])
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
-        self.leaves: frozenset = frozenset()  # ids of the arguments' fake tensors
+        self.attributed: frozenset = frozenset()  # Note [Python attributes of tensors]
         self.refused: str | None = None  # Note [Python attributes of tensors]
 
     def refuse(self, why: str | None = None):
@@ -247,7 +216,7 @@ class _SourceLines(TorchFunctionMode):
 
     def __enter__(self):
         _symbolic_text()  # Note [Symbolic values as text]
-        _tensor_attributes()  # Note [Python attributes of tensors]
+        tensor_attributes.install(_TRACING)  # Note [Python attributes of tensors]
         self.outer, _TRACING.mode = getattr(_TRACING, "mode", None), self
         return super().__enter__()
 

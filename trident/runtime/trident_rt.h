@@ -40,6 +40,8 @@ enum trt_arg_kind {
 #define TRT_REQUIRES_GRAD 1 /* tensor.requires_grad */
 #define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
 #define TRT_INFERENCE 4     /* an inference tensor (made under torch.inference_mode()) */
+#define TRT_PARAMETER 8     /* an nn.Parameter (Note [Tensor types and attributes]) */
+#define TRT_PY_ATTRS 16     /* Python attributes: a non-empty instance dict (ditto) */
 
 /* Note [Argument records]: a hit writes one record per argument (a model's decode step: 378)
  * and its guards read them back, on cache lines that a `generate`'s own Python evicted since

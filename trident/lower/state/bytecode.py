@@ -194,14 +194,21 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
     return list(dict.fromkeys(out))
 
 
+# classes whose isinstance answers on a fake tensor argument are the real one's (tensor_type_read)
+_ANSWERED = (torch.Tensor, torch.nn.Parameter, *filter(None, [getattr(torch.nn, "Buffer", None)]))
+
+
 def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
     """A read of a tensor's Python type in ``code`` (``type(x)`` or ``x.__class__`` used
     otherwise than compared with a class that is no tensor's: ``type(y) is int`` holds of
-    neither; ``isinstance(x, nn.Parameter)`` or another strict subclass of ``torch.Tensor``),
-    with ``x`` a parameter whose value at the trace's call (``params``) is a tensor, or derived
-    from one, as ``"text (file:line)"``; or None. The trace runs the code on fake tensors (a
-    ``FakeTensor``, never a ``Parameter``), so its answer is not eager's: such a function runs
-    eagerly (``isinstance(x, torch.Tensor)`` holds of both, and is not one)."""
+    neither; ``isinstance(x, C)``, ``C`` a strict subclass of ``torch.Tensor``), with ``x`` a
+    parameter whose value at the trace's call (``params``) is a tensor, or derived from one, as
+    ``"text (file:line)"``; or None. The trace runs the code on fake tensors (``FakeTensor``),
+    so its answer is not eager's: such a function runs eagerly. ``isinstance(x, torch.Tensor)``
+    holds of both; ``isinstance(x, nn.Parameter)`` the fake of a Parameter answers as it does
+    (torch marks it), and each tensor argument is guarded on it; ``isinstance(x, nn.Buffer)``
+    asks the tensor's ``_is_buffer`` attribute, a lookup of Note [Python attributes of tensors]
+    (Note [Tensor types and attributes] in ir/guards.py): none is one."""
     tensors = {n for n, v in params.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         return None
@@ -219,7 +226,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                 kinds = f.static(k, 0)
                 kinds = kinds if isinstance(kinds, tuple) else (kinds,)
                 if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
-                       c is not torch.Tensor for c in kinds):
+                       c not in _ANSWERED for c in kinds):
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
@@ -228,6 +235,26 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
         line = i.positions.lineno if i.positions else "?"
         return f"{what} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
     return None
+
+
+_TYPE_NAMES = frozenset({"type", "__class__", "isinstance", "issubclass"})
+_LIBRARY_TYPES: dict = {}  # (id of a code object, its tensor parameters) -> (code, answer)
+
+
+def library_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """``tensor_type_read`` of library code (Note [Tensor types and attributes] in
+    ir/guards.py), kept per code object and tensor parameters (a library's code is walked once
+    per process); code that names none of ``type``, ``__class__``, ``isinstance`` and
+    ``issubclass`` reads none."""
+    if _TYPE_NAMES.isdisjoint(code.co_names):
+        return None
+    key = (id(code), frozenset(params))
+    found = _LIBRARY_TYPES.get(key)
+    if found is None or found[0] is not code:
+        if len(_LIBRARY_TYPES) >= 65536:
+            _LIBRARY_TYPES.clear()
+        found = _LIBRARY_TYPES[key] = (code, tensor_type_read(code, g, params))
+    return found[1]
 
 
 def _compared_with_other_classes(f, compares: list, k: int) -> bool:

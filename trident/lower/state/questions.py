@@ -379,7 +379,7 @@ def _passed_asker(c: _Code, k: int, argc: int) -> str | None:
 
 
 def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
-    """Note [Python attributes of tensors] (source_lines.py): the first ``vars(v)``,
+    """Note [Python attributes of tensors] (tensor_attributes.py): the first ``vars(v)``,
     ``v.__dict__``, or another spelling of them (``dir(v)``, ``getattr(v, "__dict__")``,
     ``v.__getattribute__(name)``: ``_DICT_READERS``) in ``code`` whose ``v`` may be a tensor
     (not known to be another object), as ``"vars() (file.py:12)"``, or None. A trace's

@@ -15,7 +15,7 @@ import torch
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
-from trident.lower.state.bytecode import _chains, tensor_type_read
+from trident.lower.state.bytecode import _chains, library_type_read, tensor_type_read
 from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _functions_in
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
                                        _kernel_fns, _resolve_root, _root_of, _root_of_dict,
@@ -47,6 +47,13 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         if typed is not None:
             raise TridentError(f"the function reads a tensor's Python type, {typed}: the "
                                "trace's fake tensors have another")
+    # Note [Tensor types and attributes] in ir/guards.py: library code's reads of a type
+    for code, g, params in rec.library_tensors.values():
+        typed = library_type_read(code, g, params)
+        if typed is not None:
+            raise TridentError(f"library code the function runs ({code.co_qualname}) reads a "
+                               f"tensor's Python type, {typed}: the trace's fake tensors have "
+                               "another")
     functions = {}  # code -> function object, for closure cells
     if isinstance(fn, types.FunctionType):
         functions[fn.__code__] = fn

@@ -86,6 +86,9 @@ class Recording:
     generator_calls: list = dataclasses.field(default_factory=list)  # this thread's setters
     library: dict = dataclasses.field(default_factory=dict)  # id of library code the function
     # ran -> (the code, its globals) (Note [Library code that ran] in library.py)
+    library_tensors: dict = dataclasses.field(default_factory=dict)  # id of such code -> (the
+    # code, its globals, {param: a tensor it was called with}) (Note [Tensor types and
+    # attributes] in ir/guards.py: its reads of a tensor's Python type)
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
 
@@ -327,6 +330,12 @@ def record(fn):
                 rec.library[id(frame.f_code)] = (frame.f_code, frame.f_globals)
             if kind & _SCANNED:  # Note [Library code that writes its state]
                 watch.enter(frame)
+                local, code = frame.f_locals, frame.f_code
+                tensors = {n: local[n] for n in frames.parameter_names(code)
+                           if isinstance(local.get(n), torch.Tensor)}
+                if tensors:
+                    rec.library_tensors.setdefault(id(code), (code, frame.f_globals, {}))[
+                        2].update(tensors)
 
     def _c_call(frame, kind: int, arg) -> None:
         if kind & _USER and under_fn(frame):

@@ -23,7 +23,7 @@ from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONST
 from trident.lower.flatten import _Flattener
 from trident.runtime import ABI
 from trident.lower.state.library import by_value
-from trident.lower.state.wholes import members
+from trident.lower.state.wholes import members, whole_member
 from trident.lower.state.roots import registries
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
                                        _kernel_types, _resolve_root, _root_of, _step)
@@ -117,6 +117,11 @@ def _tensor_words(t: torch.Tensor) -> str:
 
 class _StateFlattener(_Flattener):
     what = "global"
+
+    def __init__(self):
+        super().__init__()
+        self.whole: set = set()  # ids of the classes and modules used whole (Note [Modules
+        # used whole] in wholes.py)
 
     def add(self, value, node: Node, words: str) -> int:
         index = super().add(value, node, words)
@@ -460,12 +465,16 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     if _by_id(value):
         trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
                                  _words(value))
-        for name, data, ident in members(value, path, _by_id):  # Note [Modules used whole]
+        used = f.whole  # Note [Modules used whole]
+        if id(value) in used:
+            return
+        used.add(id(value))
+        for name, data, ident in members(value, path, _by_id):
             if (whole + ("attr", name)) not in trie:
                 trie[whole + ("attr", name)] = len(f.nodes)
-                if isinstance(data, type) and frames.user_class(data):
+                if whole_member(data) and id(data) not in used:
                     _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
-                         f"{path}.{name}")  # (its own members: attrgetter("Cfg.K")(mod))
+                         f"{path}.{name}")  # (its own: attrgetter("helpers.Cfg.K")(mod))
                 elif ident:
                     f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
                           _words(data))

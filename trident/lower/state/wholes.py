@@ -27,6 +27,13 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 # object or a value no check sees (a CUDA tensor) makes the call run eagerly, with a warning.
 # Dunder names (``__builtins__``, ``__name__``) are the module's machinery, not its state.
 # A library module used whole stays checked by identity (``torch`` handed to a helper).
+# What a user module or class used whole holds is used whole in turn, at any depth: a user
+# module (``import helpers`` in the module: ``attrgetter("helpers.K")(mod)`` read a rebound
+# ``helpers.K`` stale while the module was checked by identity alone), and a user class that a
+# class holds (a nested ``Cfg.Inner``) or a module it holds. Each is used whole once per state
+# tree (``whole``: the ids already used so; modules import each other): elsewhere it is
+# checked by identity, and every place that holds it holding the same object, its members are
+# those guarded where it was used whole.
 
 
 def members(value, path: str, by_id) -> list[tuple[str, object, bool]]:
@@ -52,6 +59,8 @@ def members(value, path: str, by_id) -> list[tuple[str, object, bool]]:
                                    f"{CLASS_CONTAINER} a guard checks")
             if type(data) in _CONSTS or type(data) in _CONTAINERS:
                 out.append((name, data, False))
+            elif whole_member(data):  # (used whole in turn)
+                out.append((name, data, True))
     elif isinstance(value, types.ModuleType) and not frames.library_module(value):
         for name, data in list(vars(value).items()):
             if not isinstance(name, str) or name.startswith("__") and name.endswith("__") or \
@@ -59,3 +68,10 @@ def members(value, path: str, by_id) -> list[tuple[str, object, bool]]:
                 continue
             out.append((name, data, not isinstance(data, _CONSTS) and by_id(data)))
     return out
+
+
+def whole_member(data) -> bool:
+    """Note [Modules used whole]: a member used whole in turn: a user class or a user
+    module."""
+    return isinstance(data, type) and frames.user_class(data) or \
+        isinstance(data, types.ModuleType) and not frames.library_module(data)
