@@ -2,7 +2,7 @@
 
 ``python3 -m benchmarks.generate_hits [--archs llama,qwen2] [--layers 2,24]
 [--caches static,default] [--device cpu|cuda] [--tokens 24] [--generates 4] [--alone 3]
-[--parts] [--thread]``
+[--parts] [--thread] [--busy]``
 
 Per architecture, depth and cache (tiny random configs of ``sweep_hf.tiny_model``: hidden 64,
 batch 1, a 6-token prompt; ``static`` is ``cache_implementation="static"``, ``default`` none:
@@ -14,8 +14,11 @@ calls; greedy ``generate`` calls of ``--tokens`` new tokens then take turns, in 
   ``generate``'s own Python ran since the last step); then, with the same arguments, the cache
   put back to its state before the step each time (outside the timed region), ``--alone``
   calls of the jitted forward (**alone**: the same hit right after itself, as a decode hit
-  profiled in a loop) and as many of the eager forward, alternating;
+  profiled in a loop), then as many of the eager forward;
 - ``eager``: each decode step through the eager forward, timed in situ;
+- ``counts`` (one ``generate``, untimed): per call in situ and alone, which pass each root of
+  the argument tree took (quiet, unchanged, walked: Note [Unchanged subtrees]) and how the
+  state tree's proofs held (through their watchers, by re-reading entries, memo made again);
 - ``parts`` (``--parts``): each decode step through ``Dispatcher._hit_profile(..., keep=True)``
   (the hit's parts: state guards, binding, argument tree, environment and leaves, guards, run,
   output rebuild), in situ and alone as above.
@@ -23,7 +26,8 @@ calls; greedy ``generate`` calls of ``--tokens`` new tokens then take turns, in 
 The in-situ result is handed to ``generate`` as a copy, the hit's own result dropped before the
 alone calls: on CUDA a replay whose handed-out output is still held recaptures (Note [Hand out
 after a move] in trident/frontend/graphs.py). On CUDA every alone call waits for the GPU first,
-as ``generate``'s calls find it idle after its stopping check. Medians over every decode step
+as ``generate``'s calls find it idle after its stopping check (``--busy``: it does not, as in a
+profile's loop, where each replay is queued behind the last). Medians over every decode step
 (in-situ calls that were not hits are left out and counted); the two jitted calls of a step are
 compared in the same process, interleaved, so a loaded machine slows both. ``--thread`` times
 the thread's CPU time instead of the wall clock (CPU only). The argument tree's passes per root
@@ -76,15 +80,49 @@ def _copied(out):
     return out
 
 
+class _Counts:
+    """Per call: the argument tree's passes per root (``tree_passes``: quiet, unchanged,
+    walked) and the state tree's (``_quiet_state``: proofs held through their watchers,
+    through a re-read of their entries, memos made), summed over calls."""
+
+    def __init__(self):
+        self.calls, self.sums = 0, {}
+
+    def _now(self, jf) -> dict:
+        out = {f"tree {k}": v for k, v in jf.tree_passes().items()}
+        quiet = jf._quiet_state()
+        if quiet is not None:
+            made, _, _, reread, watched = quiet
+            out["state"] = (watched, reread, made)
+        return out
+
+    def of(self, jf):
+        import contextlib
+
+        @contextlib.contextmanager
+        def counted():
+            before = self._now(jf)
+            yield
+            after = self._now(jf)
+            self.calls += 1
+            for k, v in after.items():
+                d = tuple(x - y for x, y in zip(v, before.get(k, (0,) * len(v))))
+                self.sums[k] = tuple(a + b for a, b in zip(self.sums.get(k, (0,) * len(d)), d))
+
+        return counted()
+
+
 class Steps:
     """``model.forward``'s stand-in: times each decode step as its ``mode`` says."""
 
-    def __init__(self, jf, eager, clock, alone, device):
+    def __init__(self, jf, eager, clock, alone, device, busy=False):
         self.jf, self.eager, self.clock, self.alone = jf, eager, clock, alone
-        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        cuda = device.startswith("cuda") and not busy
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.mode, self.n, self.snap = None, 0, None
         self.times = {"jit in situ": [], "jit alone": [], "eager alone": [], "eager in situ": []}
         self.parts = {"in situ": [], "alone": []}
+        self.counts = {"in situ": _Counts(), "alone": _Counts()}
         self.not_hits = 0
 
     def _timed(self, fn, args, kwargs):
@@ -109,8 +147,8 @@ class Steps:
             else:
                 self.not_hits += 1
             out = _copied(out)
-            for _ in range(self.alone):
-                for name, f in (("jit alone", self.jf), ("eager alone", self.eager)):
+            for name, f in (("jit alone", self.jf), ("eager alone", self.eager)):
+                for _ in range(self.alone):  # back to back, as a profile's loop
                     _restore(self.snap)
                     self.sync()
                     hits = self.jf.hits
@@ -118,6 +156,14 @@ class Steps:
                     del res
                     if f is self.eager or self.jf.hits == hits + 1:
                         self.times[name].append(us)
+        elif mode == "counts":  # untimed: which passes each call took
+            with self.counts["in situ"].of(self.jf):
+                out = fn(*args, **kwargs)
+            out = _copied(out)
+            for _ in range(self.alone):
+                _restore(self.snap)
+                with self.counts["alone"].of(self.jf):
+                    self.jf(*args, **kwargs)  # (its result dropped at once)
         else:  # parts
             thread = self.clock is time.thread_time_ns
             parts, out = self.jf._hit_profile(args, kwargs, 1, thread, True)
@@ -142,7 +188,7 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
     eager = model.forward
     jf = trident.jit(eager)
     clock = time.thread_time_ns if a.thread else time.perf_counter_ns
-    steps = Steps(jf, eager, clock, a.alone, a.device)
+    steps = Steps(jf, eager, clock, a.alone, a.device, a.busy)
 
     def forward(*args, **kwargs):  # a function: the model's tree holds it by identity (the
         return steps(*args, **kwargs)  # Steps object's attributes change at every call)
@@ -163,6 +209,7 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
     for _ in range(3):  # the compiles (prefill, decode step), and the captures on CUDA
         out = generate(None)
         reference = out if reference is None else reference
+    generate("counts")
     modes = ("jit", "eager") + (("parts",) if a.parts else ())
     collecting = gc.isenabled()
     gc.collect()
@@ -180,6 +227,7 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
     row = {"case": f"{arch}, {layers} layers, {cache} cache", "us": med,
            "calls": {k: len(v) for k, v in steps.times.items()}, "not hits": steps.not_hits,
            "stats": str(jf.stats).split(", miss_reasons")[0], "passes": jf.tree_passes()}
+    row["counts"] = {k: (c.calls, c.sums) for k, c in steps.counts.items()}
     if a.parts and steps.parts["in situ"]:
         row["parts"] = {where: {k: statistics.median(p[k] for p in ps) for k in ps[0]
                                 if k != "hits" and not (k.startswith("replay") and a.device == "cpu")}
@@ -203,6 +251,9 @@ def report(row: dict) -> None:
     print(f"  {row['stats']}")
     print("  tree passes (quiet, unchanged, walked): " + ", ".join(
         f"{k} {v}" for k, v in row["passes"].items() if any(v)))
+    for where, (calls, sums) in row["counts"].items():  # (state: watched, re-read, made)
+        print(f"  {where}, {calls} calls: " + ", ".join(f"{k} {v}" for k, v in sums.items()
+                                                      if any(v)))
 
 
 def main(argv=None) -> list:
@@ -218,6 +269,7 @@ def main(argv=None) -> list:
     p.add_argument("--alone", type=int, default=3)
     p.add_argument("--parts", action="store_true")
     p.add_argument("--thread", action="store_true")
+    p.add_argument("--busy", action="store_true")
     a = p.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
