@@ -214,11 +214,12 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
     collecting = gc.isenabled()
     gc.collect()
     gc.disable()  # (as no collection runs in a short generate; it would land in one contender)
+    differ = []  # (on CUDA a tiny model's greedy tokens may differ: docs/benchmarks.md's sweep)
     try:
         for _ in range(a.generates):
             for mode in modes:
-                out = generate(mode)
-                assert torch.equal(out, reference), f"{mode}: tokens differ from the first"
+                if not torch.equal(generate(mode), reference):
+                    differ.append(mode)
     finally:
         if collecting:
             gc.enable()
@@ -226,6 +227,7 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
     med = {k: statistics.median(v) if v else float("nan") for k, v in steps.times.items()}
     row = {"case": f"{arch}, {layers} layers, {cache} cache", "us": med,
            "calls": {k: len(v) for k, v in steps.times.items()}, "not hits": steps.not_hits,
+           "tokens differ": differ,
            "stats": str(jf.stats).split(", miss_reasons")[0], "passes": jf.tree_passes()}
     row["counts"] = {k: (c.calls, c.sums) for k, c in steps.counts.items()}
     if a.parts and steps.parts["in situ"]:
@@ -248,7 +250,8 @@ def report(row: dict) -> None:
         print(f"  {'part':40s} {'in situ':>9s} {'alone':>9s}")
         for k in parts["in situ"]:
             print(f"  {k:40s} {parts['in situ'][k]:9.2f} {parts.get('alone', {}).get(k, 0):9.2f}")
-    print(f"  {row['stats']}")
+    print(f"  {row['stats']}; generates whose tokens differ from the first: "
+          f"{row['tokens differ'] or 'none'}")
     print("  tree passes (quiet, unchanged, walked): " + ", ".join(
         f"{k} {v}" for k, v in row["passes"].items() if any(v)))
     for where, (calls, sums) in row["counts"].items():  # (state: watched, re-read, made)
