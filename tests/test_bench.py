@@ -160,8 +160,9 @@ def test_generate_hits_finds_no_walk_that_generate_causes():
     decode step of each generate is a native hit in situ and alone, with equal tokens; in situ,
     the model's root is never walked (the quiet or unchanged pass at every call: generate writes
     nothing the model's tree holds), and with a static cache no root but the step's new token
-    tensors is walked after the first decode step; alone, nothing is walked but a DynamicCache,
-    whose layers' keys and values are new tensors at every step (the walk that sees them). On
+    tensors is walked after the first decode step, nor a DynamicCache, whose layers' keys and
+    values the hit itself set at the last step (Note [Own writes]); alone, nothing is walked but
+    the DynamicCache, which the benchmark puts back before each call (another's write). On
     Python 3.12 the state tree's proofs hold through their watchers at every call (Note
     [Watched state])."""
     from benchmarks import generate_hits
@@ -189,7 +190,10 @@ def test_generate_hits_finds_no_walk_that_generate_causes():
             assert alone[k][2] == 0, (k, alone)
         if cache == "static":  # walked at the first decode step only (the cache the prefill made)
             assert situ[root][2] <= 2 and alone[root][2] == 0, (situ, alone)
-        else:  # (and once in the prefill's tree, tried first at the first decode step)
-            assert situ[root] == (0, 0, 6) and alone[root] == (0, 0, 10), (situ, alone)
+        else:  # walked at the first decode step (the new cache; and in the prefill's tree, tried
+            # first), then the unchanged pass: the memo followed the hit's own writes of the
+            # layers' keys and values (Note [Own writes]); alone, the cache put back before
+            # each call is another's write, seen by a walk
+            assert situ[root] == (0, 4, 2) and alone[root] == (0, 0, 10), (situ, alone)
         if watchers:
             assert situ["state"] == (5, 0, 0) and alone["state"] == (10, 0, 0)
