@@ -44,12 +44,12 @@ ARCHS = {
 }
 
 
-def tiny_model(arch: str, device: str):
+def tiny_model(arch: str, device: str, layers: int = 2):
     import transformers
 
     config_name, model_name, extra = ARCHS[arch]
     config = getattr(transformers, config_name)(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
     torch.manual_seed(0)
     return getattr(transformers, model_name)(config).eval().to(device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 
 import pytest
 import torch
@@ -152,3 +153,47 @@ def test_hit_parts_cpu_runs_a_decode_hit_with_no_python():
     assert out["parts"]["argument tree"] > 0 and out["parts"]["hits"] == 20
     assert out["in situ"]["hits"] == 1 and out["in situ"]["argument tree"] > 0
     assert out["flushed"]["hits"] == 1 and out["in situ"]["whole call"] > 0
+
+
+def test_generate_hits_finds_no_walk_that_generate_causes():
+    """benchmarks/generate_hits.py on a 2-layer Llama, static cache and DynamicCache: every
+    decode step of each generate is a native hit in situ and alone, with equal tokens; in situ,
+    the model's root is never walked (the quiet or unchanged pass at every call: generate writes
+    nothing the model's tree holds), and with a static cache no root but the step's new token
+    tensors is walked after the first decode step, nor a DynamicCache, whose layers' keys and
+    values the hit itself set at the last step (Note [Own writes]); alone, nothing is walked but
+    the DynamicCache, which the benchmark puts back before each call (another's write). On
+    Python 3.12 the state tree's proofs hold through their watchers at every call (Note
+    [Watched state])."""
+    from benchmarks import generate_hits
+
+    threads = torch.get_num_threads()
+    rows = generate_hits.main(["--archs", "llama", "--layers", "2", "--tokens", "6",
+                               "--generates", "1", "--alone", "2"])
+    assert torch.get_num_threads() == threads and gc.isenabled()
+    watchers = sys.version_info[:2] == (3, 12)
+    fresh = {"tree input_ids", "tree attention_mask"}  # a new tensor at every step: a leaf
+    for row, cache in zip(rows, ("static", "default")):
+        assert row["not hits"] == 0 and row["tokens differ"] == []
+        assert row["calls"] == {"jit in situ": 5, "jit alone": 10, "eager alone": 10,
+                                "eager in situ": 5}, row
+        (situ_calls, situ), (alone_calls, alone) = row["counts"]["in situ"], row["counts"]["alone"]
+        assert (situ_calls, alone_calls) == (5, 10)
+        root = next(k for k in ("tree past_key_values", "tree cache") if k in situ)  # 5.17, 5.25
+        model = situ["tree self"]  # (the first decode step may try the prefill's tree first)
+        assert model[2] == 0 and 5 <= model[0] + model[1] <= 6 and \
+            (model[1] == 0 if watchers else model[0] == 0), situ
+        assert alone["tree self"] == ((10, 0, 0) if watchers else (0, 10, 0)), alone
+        for k in set(situ) - fresh - {root, "state"}:
+            assert situ[k][2] == 0, (k, situ)
+        for k in set(alone) - {root, "state"}:
+            assert alone[k][2] == 0, (k, alone)
+        if cache == "static":  # walked at the first decode step only (the cache the prefill made)
+            assert situ[root][2] <= 2 and alone[root][2] == 0, (situ, alone)
+        else:  # walked at the first decode step (the new cache; and in the prefill's tree, tried
+            # first), then the unchanged pass: the memo followed the hit's own writes of the
+            # layers' keys and values (Note [Own writes]); alone, the cache put back before
+            # each call is another's write, seen by a walk
+            assert situ[root] == (0, 4, 2) and alone[root] == (0, 0, 10), (situ, alone)
+        if watchers:
+            assert situ["state"] == (5, 0, 0) and alone["state"] == (10, 0, 0)

@@ -201,8 +201,10 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   // sequence releases the GIL (without a memo, cv.values holds them all).
   NodeValues nv;
   nv.dense = &cv.values;
-  if (const TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) {
+  if (TreeMemo* memo = t->trees[k].memo.get(); memo && t->any_recipe) {
     nv.dense = nullptr;
+    nv.tree = &t->trees[k];  // (Note [Own writes] in tree_memo.cpp)
+    nv.memo = memo;
     for (Py_ssize_t node : t->recipe_nodes)
       if (node >= 0 && node < static_cast<Py_ssize_t>(memo->values.size()))
         nv.add(node, memo->values[node]);

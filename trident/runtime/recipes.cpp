@@ -185,7 +185,14 @@ int write_attribute(PyObject* ops, Py_ssize_t& pc, PyObject* flat, Py_ssize_t& n
     PyObject* pair = PyTuple_GET_ITEM(attrs, i);
     rc = PyObject_SetAttr(value, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
   }
-  if (rc == 0) rc = PyObject_SetAttr(target, PyTuple_GET_ITEM(op, 2), value);
+  PyObject* name = PyTuple_GET_ITEM(op, 2);
+  Py_ssize_t leaf = rc == 0 && values.memo
+                        ? own_write_leaf(values.memo, *values.tree, node, target, name) : -1;
+  PyObject* old = nullptr;  // Note [Own writes]: held across the write
+  if (leaf >= 0) old = Py_XNewRef(values.memo->values[leaf]);
+  if (rc == 0) rc = PyObject_SetAttr(target, name, value);
+  if (rc == 0 && leaf >= 0) own_write_done(*values.memo, node, leaf, target, name, value);
+  Py_XDECREF(old);
   Py_DECREF(value);
   return rc;
 }

@@ -339,6 +339,12 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m);
 // tree_memo.cpp: the memo of Note [Unchanged subtrees], its quiet table (Note [Quiet table])
 std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& params);
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root);
+// Note [Own writes]: the leaf of `target` (node `node`) that holds attribute `name`, whose
+// write the memo may follow, or -1; then `written` sets it, and the memo follows if it may.
+Py_ssize_t own_write_leaf(const TreeMemo* memo, const Tree& tree, Py_ssize_t node,
+                          PyObject* target, PyObject* name);
+void own_write_done(TreeMemo& memo, Py_ssize_t node, Py_ssize_t leaf, PyObject* target,
+                    PyObject* name, PyObject* value);
 
 // The call's node values an output recipe reads (R_INPUT, R_WRITE): every node's (`dense`), or
 // the (node, value) pairs of the nodes the installed recipes read (the hit path's: a model's
@@ -347,6 +353,10 @@ void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root);
 struct NodeValues {
   static constexpr size_t kLocal = 8;
   const std::vector<PyObject*>* dense = nullptr;
+  // the tree that held and its memo, which an attribute write refreshes (Note [Own writes] in
+  // tree_memo.cpp); nullptr: none
+  const Tree* tree = nullptr;
+  TreeMemo* memo = nullptr;
   std::pair<Py_ssize_t, PyObject*> local[kLocal];
   size_t nlocal = 0;
   std::vector<std::pair<Py_ssize_t, PyObject*>> more;

@@ -206,4 +206,69 @@ void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
     memo.quiet_leaves[j] = memo.values[memo.quiet_leaf_nodes[j]];
 }
 
+// Note [Own writes]: a hit that sets an attribute of an object its tree holds (Note [Attribute
+// writes] in lower/writes.py: a DynamicCache layer's `keys` and `values`, new tensors at every
+// decode step) changes that object's dict, so the next call would find its tag moved and walk
+// the root again, reading afresh every entry of every such object: at every step, what the hit
+// itself wrote. Where the written attribute is a leaf of the tree (the SCM guards its value, so
+// any value holds in the tree) and the dict is exactly as the memo last held it (the same
+// object, the same instance dict, the tag the memo recorded once the subtree held, the
+// attribute bound to the memo's value), the memo follows the write: the leaf's value becomes
+// the one written, and the dict's tag the one it has right after the write. The old value is
+// held across the write, so that no finalizer runs between the write and the tag's read (one
+// that changed the dict would then be covered by the new tag); the tag is read only if the
+// dict is still the object's and holds the value written. Only where the write is a store
+// into the dict and nothing else: the object's type has the generic setattr and no data
+// descriptor of that name (a custom __setattr__ or a property setter runs Python code, which
+// may change other entries that the new tag would then cover unread: there the memo is left as
+// it was, and the next call walks). What the memo then says
+// is what a walk would find: every other entry as at the last walk (the tag before the write
+// was the memo's), the written one a leaf. The root leaves its quiet run (its quiet table holds
+// the old leaf), so the next call takes the unchanged pass, which reads the leaf from the memo;
+// on Python 3.12 the write is a watched dict's event anyway. Not while a walk writes the memo.
+Py_ssize_t own_write_leaf(const TreeMemo* memo, const Tree& tree, Py_ssize_t node,
+                          PyObject* target, PyObject* name) {
+#ifdef TRT_DICT_TAGS
+  if (!memo || memo->busy || node < 0 || static_cast<size_t>(node) >= tree.nodes.size() ||
+      memo->kind[node] != TreeMemo::kObject || memo->values[node] != target ||
+      Py_TYPE(target) != memo->types[node] || !memo->root_held[memo->root_of[node]])
+    return -1;
+  // only a store into the dict, no Python code: the generic setattr, no data descriptor
+  PyTypeObject* type = Py_TYPE(target);
+  PyObject* descr = type->tp_setattro == PyObject_GenericSetAttr ? _PyType_Lookup(type, name)
+                                                                 : nullptr;
+  if (type->tp_setattro != PyObject_GenericSetAttr || (descr && Py_TYPE(descr)->tp_descr_set))
+    return -1;
+  PyObject** dict = _PyObject_GetDictPtr(target);
+  if (!dict || *dict != memo->dicts[node] || dict_tag(*dict) != memo->tags[node]) return -1;
+  for (size_t c = node + 1; c < memo->end[node]; c = memo->end[c]) {
+    const TreeNode& child = tree.nodes[c];
+    if (child.access != TRT_ACC_ATTR || child.key != name) continue;  // (both interned)
+    if (child.check != TRT_CHK_LEAF) return -1;
+    PyObject* now = PyDict_GetItemWithError(*dict, name);
+    if (!now) PyErr_Clear();
+    return now && now == memo->values[c] ? static_cast<Py_ssize_t>(c) : -1;
+  }
+#else
+  (void)memo, (void)tree, (void)node, (void)target, (void)name;
+#endif
+  return -1;
+}
+
+void own_write_done(TreeMemo& memo, Py_ssize_t node, Py_ssize_t leaf, PyObject* target,
+                    PyObject* name, PyObject* value) {
+#ifdef TRT_DICT_TAGS
+  PyObject** dict = _PyObject_GetDictPtr(target);
+  if (memo.busy || !dict || *dict != memo.dicts[node]) return;
+  PyObject* now = PyDict_GetItemWithError(*dict, name);
+  if (!now) PyErr_Clear();
+  if (now != value) return;
+  memo.values[leaf] = value;  // (borrowed: the dict holds it, as the memo's other values)
+  memo.tags[node] = dict_tag(*dict);
+  memo.quiet[memo.root_of[node]] = 0;
+#else
+  (void)memo, (void)node, (void)leaf, (void)target, (void)name, (void)value;
+#endif
+}
+
 }  // namespace
