@@ -130,3 +130,110 @@ def test_a_library_context_variable_set_and_reset_is_served_natively(tmp_path):
                                    lambda: [torch.tensor(lib.VAR.get())])
     assert _same(got[0], want[0]) and _same(got[1], want[1]) and not caught, (got, want, caught)
     assert counts(jf) == (1, 2, 0)
+
+
+# ---- Note [Writes through wrappers] (lower/state/wrappers.py) -----------------------------------
+# A functools.partial of a mutating function, method or user helper, and an
+# operator.methodcaller of a mutating method, write when called, from C: no bytecode names the
+# write, so each hit returned the trace's value and wrote nothing (user and library code).
+
+_WRAPPERS_SRC = '''
+import functools
+import operator
+
+MEMO = {}
+LOG = []
+
+
+def push(lst, v):
+    lst.append(v)
+
+
+BUMP = functools.partial(operator.setitem, MEMO, "n")
+APPEND = functools.partial(LOG.append)
+PUSH = functools.partial(push, LOG)
+CALLER = operator.methodcaller("append", 1)
+
+
+def partial_made(x):
+    functools.partial(operator.setitem, MEMO, "n")(MEMO.get("n", 0) + 1)
+    return x * MEMO["n"]
+
+
+def partial_held(x):
+    BUMP(MEMO.get("n", 0) + 1)
+    return x * MEMO["n"]
+
+
+def partial_of_a_method(x):
+    APPEND(1)
+    return x * len(LOG)
+
+
+def partial_of_a_helper_made(x):
+    functools.partial(push, LOG)(1)
+    return x * len(LOG)
+
+
+def partial_of_a_helper_held(x):
+    PUSH(1)
+    return x * len(LOG)
+
+
+def methodcaller_made(x):
+    operator.methodcaller("append", 1)(LOG)
+    return x * len(LOG)
+
+
+def methodcaller_held(x):
+    CALLER(LOG)
+    return x * len(LOG)
+
+
+def wrappers_of_a_fresh_list(x):
+    fresh = []
+    functools.partial(fresh.append)(1)
+    operator.methodcaller("append", 2)(fresh)
+    functools.partial(push, fresh)(3)
+    return x * len(fresh)
+'''
+WRAPPED = ["partial_made", "partial_held", "partial_of_a_method", "partial_of_a_helper_made",
+           "partial_of_a_helper_held", "methodcaller_made", "methodcaller_held"]
+
+
+@pytest.fixture(params=["user code", "library code"])
+def wrappers_module(request, tmp_path):
+    if request.param == "user code":
+        g: dict = {"__name__": "trident_user_wrappers44"}
+        exec(compile(_WRAPPERS_SRC, "<trident_user_wrappers44>", "exec"), g)
+        yield g
+    else:
+        with installed_package(tmp_path, "trident_wrapperlib44",
+                               {"__init__": _WRAPPERS_SRC}) as lib:
+            yield vars(lib)
+
+
+@pytest.mark.parametrize("use", WRAPPED)
+def test_a_write_through_a_wrapper_runs_eagerly(wrappers_module, use):
+    g = wrappers_module
+    fn = g[use]
+    jf = trident.jit(fn)
+
+    def reset():
+        g["MEMO"].clear()
+        g["LOG"].clear()
+
+    got, want, caught = _calls(jf, fn, 3, reset, lambda: [torch.tensor(len(g["LOG"])),
+                                                          torch.tensor(g["MEMO"].get("n", 0))])
+    assert _same(got[0], want[0]) and _same(got[1], want[1]), (got, want)
+    assert [float(t[0]) for t in got[0]] == [1.0, 2.0, 3.0]
+    assert counts(jf) == (0, 0, 3)
+    assert len(caught) == 1 and "writes" in caught[0], caught
+
+
+def test_wrappers_of_a_fresh_object_are_served_natively(wrappers_module):
+    fn = wrappers_module["wrappers_of_a_fresh_list"]
+    jf = trident.jit(fn)
+    got, want, caught = _calls(jf, fn, 3, lambda: None, lambda: [])
+    assert _same(got[0], want[0]) and not caught, caught
+    assert counts(jf) == (1, 2, 0)

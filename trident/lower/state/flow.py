@@ -18,10 +18,10 @@ predecessor at a jump target, ``COPY`` and ``SWAP`` followed). An origin is
   a user helper's result that is one), or anything the walk cannot follow.
 
 A value derived from several (``[L]``, ``l = L if c else D``, a call's result) has the
-origins of all its inputs: what the walk does not know is outside, never fresh. A call
-passes its arguments' origins to a user function's parameters: a helper that writes a
-parameter (``def push(lst, v): lst.append(v)``) called with an outside object writes outside.
-CPython 3.11-3.13."""
+origins of all its inputs: what the walk does not know is outside, never fresh. A call passes
+its arguments' origins to a user function's parameters: a helper that writes a parameter
+(``def push(lst, v): lst.append(v)``) called with an outside object writes outside (through a
+``functools.partial``: Note [Writes through wrappers] in wrappers.py). CPython 3.11-3.13."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from trident import frames
+from trident.lower.state import wrappers
 
 FRESH = (None, frozenset())  # (why outside or None, the parameters it derives from)
 
@@ -432,22 +433,9 @@ class Flow:
                             n == 0 and callee is next and not star and all(  # next(GENS[i])
                                 self.ins[p].opname in _HELD for p, _ in self.producers(k, d)))):
                         yield k, "an iterator", origin  # it advances
-                try:
-                    mutating = callee in _MUTATING_FUNCTIONS
-                except TypeError:
-                    mutating = False
-                if not mutating and getattr(callee, "__name__", None) in MUTATORS and \
-                        isinstance(getattr(callee, "__objclass__", None), type):
-                    mutating = True  # list.append(L, v), dict.update(D, ...)
-                if mutating and (star or i.arg):  # the first argument is written
-                    yield k, f"{getattr(callee, '__name__', 'a call')}()", \
-                        _join(FRESH, *args) if star else args[i.arg - 1]
-                    continue
-                if isinstance(callee, types.BuiltinMethodType) and \
-                        callee.__name__ in MUTATORS and \
-                        not isinstance(callee.__self__, (types.ModuleType, type(None))):
-                    yield k, f".{callee.__name__}()", self.origin(  # APPEND = LOG.append: its
-                        k, 1 + (i.arg & 1) if star else i.arg)  # self is written
+                written = wrappers.call_write(self, k, callee, args, depths)  # a mutating
+                if written is not None:  # function or method's, or a wrapper's of one
+                    yield k, *written
                     continue
                 user = _user_function(callee)
                 if user is not None and self.depth < 4 and any(a[0] or a[1] for a in args):
