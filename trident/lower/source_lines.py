@@ -257,8 +257,8 @@ class _SourceLines(TorchFunctionMode):
                             raise TridentError(_made_outside(where, frame))
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
-            if trace_writes.written_outside(func, args, kwargs):  # Note [Tensors written
-                self.refuse(trace_writes.why(_user_frame()))  # outside] in trace_writes.py
+            if trace_writes.written_outside(func, args, kwargs):  # (Note [Tensors written
+                self.refuse(trace_writes.why(_user_frame()))  # outside] there)
             if func in _AS_TEXT:  # Note [Tensors as text]
                 frame = _user_frame()
                 where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""

@@ -36,16 +36,8 @@ import torch
 
 from trident import frames
 from trident.lower.state import wrappers
-
-FRESH = (None, frozenset())  # (why outside or None, the parameters it derives from)
-
-# Methods that change the container or object they are called on.
-MUTATORS = frozenset({
-    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem",
-    "add", "discard", "appendleft", "popleft", "extendleft", "rotate", "sort", "reverse",
-    "difference_update", "intersection_update", "symmetric_difference_update",
-    "__setitem__", "__delitem__", "__setattr__", "__delattr__", "__iadd__", "__ior__",
-    "__imul__", "__isub__", "__iand__", "__ixor__", "__setstate__", "move_to_end"})
+from trident.lower.state.wrappers import (  # (what a call writes: there)
+    _UNKNOWN, FRESH, MUTATORS, _join, _user_function)
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device,
               torch.memory_format, torch.layout, range, type(Ellipsis))
@@ -58,13 +50,6 @@ _HELD = frozenset({"BINARY_SUBSCR", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_DEREF"})  
 _OUTSIDE_RESULT = {globals: "globals()", __import__: "an imported module",
                    __import__("importlib").import_module: "an imported module",
                    __import__("sys")._getframe: "a frame"}
-# Library functions that change their first argument.
-_MUTATING_FUNCTIONS = frozenset((
-    setattr, delattr, object.__setattr__, object.__delattr__, __import__("random").shuffle,
-    *(getattr(__import__(module), n) for module, names in (
-        ("operator", "setitem delitem iadd iand iconcat ior imul isub ixor"),
-        ("heapq", "heappush heappop heapify heapreplace heappushpop"),
-        ("bisect", "insort insort_left insort_right")) for n in names.split())))
 _OUTSIDE_LOADS = frozenset({"LOAD_NAME", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
                             "LOAD_FROM_DICT_OR_DEREF", "IMPORT_NAME", "IMPORT_FROM"})
 _NO_PUSH = ("STORE_", "DELETE_", "POP_JUMP", "JUMP", "RETURN_", "RAISE_", "RERAISE", "POP_TOP",
@@ -85,11 +70,6 @@ def immutable(value) -> bool:
     if isinstance(value, (tuple, frozenset)):
         return all(immutable(v) for v in value)
     return isinstance(value, _IMMUTABLE) and not isinstance(value, torch.Tensor)
-
-
-def _join(*origins) -> tuple:
-    why = next((o[0] for o in origins if o[0] is not None), None)
-    return why, frozenset().union(*(o[1] for o in origins))
 
 
 def _static_attr(obj, name):
@@ -117,7 +97,6 @@ def _static_attr(obj, name):
     return _UNKNOWN
 
 
-_UNKNOWN = object()
 _NO_INSTRUCTION = ("CACHE", "PRECALL")  # dis's entries that are no instruction
 
 class Flow:
@@ -472,17 +451,3 @@ def _iterator(value) -> bool:
     """An iterator (a generator, an ``itertools`` object, a file): reading it advances it."""
     return value is not _UNKNOWN and hasattr(type(value), "__next__") and \
         not isinstance(value, torch.Tensor)
-
-
-def _user_function(callee):
-    """The user function that calling ``callee`` runs: a function, a bound method's, or an
-    object's ``forward`` (an ``nn.Module``, through ``Module.__call__``) or ``__call__``; or
-    None."""
-    f = getattr(callee, "__func__", callee)
-    if not isinstance(f, (types.FunctionType, type)) and callee is not _UNKNOWN:
-        klass = type(callee)
-        f = getattr(klass, "forward" if isinstance(callee, torch.nn.Module) else "__call__",
-                    None)
-    if isinstance(f, types.FunctionType) and frames.user_file(f.__code__.co_filename):
-        return f
-    return None
