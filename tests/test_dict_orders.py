@@ -73,12 +73,25 @@ KINDS = {
     "passed as **kwargs": (lambda x, d: (lambda **kw: x * kw["ab"])(**d), _masks, ABC2, 2),
     "made a set of": (lambda x, d: x * len(set(d)), _masks, ABC2, 2),
     "written": (lambda x, d: x * d.setdefault("ab", None), _masks, ABC2, 2),
-    # read where the watch does not see it (its class's methods on it): the probe's watch
-    # holds the items reversed, so the second trace differs and the order is checked
+    # read through its class's methods, which the watch's own do not see: a C method of
+    # dict's is a C call that the recording reports (a 3-key dict's middle item, which a
+    # reversal leaves where it is, was missed: served another order's specialization)
     "keys through dict.keys": (lambda x, d: x * d[list(dict.keys(d))[0]], _masks,
                                (AB, BA, AB, BA), 2),
     "values through dict.values": (lambda x, d: x * list(dict.values(d))[0], _masks,
                                    ABC4, 3),
+    "middle key through dict.keys": (lambda x, d: x * d[list(dict.keys(d))[1]], _masks,
+                                     ABC4, 3),
+    "middle value through dict.values": (lambda x, d: x * list(dict.values(d))[1], _masks,
+                                         ABC4, 3),
+    "middle item through dict.items": (lambda x, d: x * list(dict.items(d))[1][1], _masks,
+                                       ABC4, 3),
+    "middle value through dict.copy": (lambda x, d: x * list(dict.copy(d).values())[1],
+                                       _masks, ABC4, 3),
+    # a slot wrapper through the class (no C call event): the watch holds the items reversed,
+    # so the second trace differs and the order is checked
+    "first key through dict.__iter__": (lambda x, d: x * d[next(dict.__iter__(d))], _masks,
+                                        ABC4, 3),
     # several dicts in one call: one probe watches each
     "two dicts, read by key": (lambda x, p: x * p[0]["ab"] + p[1]["cd"],
                                lambda o: (_masks(o), _masks(o)), (AB, BA, AB, BA), 1),

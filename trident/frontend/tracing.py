@@ -91,11 +91,14 @@ class Tracer:
         kept = self._written_ints, self._written_lengths, self._written_dims, \
             self._stored_lengths
         probe = orders.Probe(watched)
+        recording.probe = probe
         try:
             with config.stage("order probe"):
                 again = self._trace(call, dynamic, recording, lengths, probe)
         except TridentError:
             again = None
+        finally:
+            recording.probe = None
         same = again is not None and self._written_ints == kept[0] and \
             orders.same_capture(captured, again)
         self._written_ints, self._written_lengths, self._written_dims, \

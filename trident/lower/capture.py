@@ -30,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
-from trident.lower import decompositions, rng, tensor_attributes
+from trident.lower import decompositions, rng, tensor_attributes, trace_writes
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
@@ -327,7 +327,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)
         try:
-            result = fn(*flat_args)
+            result = trace_writes.run_in_own_context(fn, flat_args)  # Note [Context variables]
         finally:
             mode.in_user_code = False
             if hook is not None:

@@ -32,10 +32,15 @@ the function iterates (its specialization serves that order only), one that the 
 a second time (a ``SAME`` node: the alias would not be watched), and every candidate of a
 call whose probe failed or differed. (The same dict read through a global or another state
 chain is the original, not the watch: a state read, whose tree checks its order.) Not seen
-by the probe's watch: ``dict.keys(d)`` and the like called on the class, and C extensions
-that walk a dict subclass with ``PyDict_Next``; the watch holds its items reversed so that such
-a read still makes the second trace differ wherever a reversal changes what it computes (one
-that a reversal leaves alike, as of a 3-key dict's middle item, is still missed). Each kind is a case
+by the probe's watch's methods: ``dict``'s own methods called on it through the class. Those
+that are C methods (``dict.keys(d)``, ``dict.values(d)``, ``dict.items(d)``, ``dict.copy(d)``,
+``dict.__reversed__(d)``) are C calls that the recording's profile hook reports, bound to the
+watch: ``Probe.called`` notes them (a 3-key dict's middle item read through ``dict.values(d)``
+was missed, and served another order's specialization). Still unseen: a slot wrapper called
+through the class (``dict.__iter__(d)``, ``dict.__repr__(d)``), and C extensions that walk a
+dict subclass with ``PyDict_Next``; the watch holds its items reversed so that such a read
+still makes the second trace differ wherever a reversal changes what it computes (one that a
+reversal leaves alike, as of a 3-key dict's middle item, is still missed). Each kind is a case
 of tests/test_dict_orders.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the
@@ -155,6 +160,15 @@ class Probe:
         """The paths of the watched candidates the trace did not ask the order of."""
         return frozenset(tree.nodes[i].path for i in self.made - self.seen)
 
+    def called(self, fn) -> None:
+        """A C call of the probe's trace (the recording's profile hook): ``dict``'s own method
+        that reveals or changes the order, called on a watch through the class
+        (``dict.keys(d)``), notes it as seen."""
+        owner = getattr(fn, "__self__", None)
+        if type(owner) is OrderWatch and owner._probe is self and \
+                getattr(fn, "__name__", None) in _ORDER_METHODS:
+            self.seen.add(owner._node)
+
 
 def _seeing(name: str):
     base = getattr(dict, name)
@@ -168,6 +182,11 @@ def _seeing(name: str):
     return method
 
 
+_ORDER_METHODS = ("__iter__", "__reversed__", "keys", "values", "items", "popitem", "copy",
+                  "__repr__", "__or__", "__ror__", "__ior__", "__reduce__", "__reduce_ex__",
+                  "__setitem__", "__delitem__", "update", "setdefault", "pop", "clear")
+
+
 class OrderWatch(dict):
     """Note [Dict orders]: a candidate dict's stand-in in the order probe (``Probe.watch``);
     each method that reveals or changes its order notes the candidate as seen, and works as
@@ -176,9 +195,7 @@ class OrderWatch(dict):
     _probe: Probe | None = None
     _node = -1
 
-    for _name in ("__iter__", "__reversed__", "keys", "values", "items", "popitem", "copy",
-                  "__repr__", "__or__", "__ror__", "__ior__", "__reduce__", "__reduce_ex__",
-                  "__setitem__", "__delitem__", "update", "setdefault", "pop", "clear"):
+    for _name in _ORDER_METHODS:
         locals()[_name] = _seeing(_name)
     del _name
 

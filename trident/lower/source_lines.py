@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, rng, tensor_attributes
+from trident.lower import collectives, rng, tensor_attributes, trace_writes
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -36,8 +36,7 @@ def _user_line(filename: str) -> bool:
 
 
 def _user_line_frame(frame):
-    """The innermost frame from ``frame`` out whose line is the user's (``_user_line``), or
-    None."""
+    """The innermost frame from ``frame`` out whose line is the user's (``_user_line``) or None."""
     while frame is not None:
         if _user_line(frame.f_code.co_filename):
             return frame
@@ -52,8 +51,7 @@ def _made_outside(where: str, frame: traceback.FrameSummary | None) -> str:
     """Why a call runs eagerly whose trace met a real tensor that no argument holds and no
     traced op made (``torch.from_numpy(array)``, ``torch.frombuffer``): torch reads where it
     lies in its memory (its ``storage_offset()``, a read the user did not write) to trace it
-    as a constant,
-    and Trident guards no memory that is neither an argument's nor a traced op's."""
+    as a constant, and Trident guards no memory that is neither an argument's nor a traced op's."""
     line = f": {frame.line}" if frame and frame.line else ""
     return (f"the function makes a tensor over memory it does not own{where}{line} (as "
             "torch.from_numpy or torch.frombuffer do: the tensor shares a NumPy array's or "
@@ -259,6 +257,8 @@ class _SourceLines(TorchFunctionMode):
                             raise TridentError(_made_outside(where, frame))
                         raise TridentError(f"the function {doing} a tensor's {name}{where}, "
                                            f"which {why}")
+            if trace_writes.written_outside(func, args, kwargs):  # (Note [Tensors written
+                self.refuse(trace_writes.why(_user_frame()))  # outside] there)
             if func in _AS_TEXT:  # Note [Tensors as text]
                 frame = _user_frame()
                 where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""

@@ -18,10 +18,10 @@ predecessor at a jump target, ``COPY`` and ``SWAP`` followed). An origin is
   a user helper's result that is one), or anything the walk cannot follow.
 
 A value derived from several (``[L]``, ``l = L if c else D``, a call's result) has the
-origins of all its inputs: what the walk does not know is outside, never fresh. A call
-passes its arguments' origins to a user function's parameters: a helper that writes a
-parameter (``def push(lst, v): lst.append(v)``) called with an outside object writes outside.
-CPython 3.11-3.13."""
+origins of all its inputs: what the walk does not know is outside, never fresh. A call passes
+its arguments' origins to a user function's parameters: a helper that writes a parameter
+(``def push(lst, v): lst.append(v)``) called with an outside object writes outside (through a
+``functools.partial``: Note [Writes through wrappers] in wrappers.py). CPython 3.11-3.13."""
 
 from __future__ import annotations
 
@@ -35,16 +35,9 @@ from typing import Any
 import torch
 
 from trident import frames
-
-FRESH = (None, frozenset())  # (why outside or None, the parameters it derives from)
-
-# Methods that change the container or object they are called on.
-MUTATORS = frozenset({
-    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem",
-    "add", "discard", "appendleft", "popleft", "extendleft", "rotate", "sort", "reverse",
-    "difference_update", "intersection_update", "symmetric_difference_update",
-    "__setitem__", "__delitem__", "__setattr__", "__delattr__", "__iadd__", "__ior__",
-    "__imul__", "__isub__", "__iand__", "__ixor__", "__setstate__", "move_to_end"})
+from trident.lower.state import wrappers
+from trident.lower.state.wrappers import (  # (what a call writes: there)
+    _UNKNOWN, FRESH, MUTATORS, _join, _user_function)
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device,
               torch.memory_format, torch.layout, range, type(Ellipsis))
@@ -57,13 +50,6 @@ _HELD = frozenset({"BINARY_SUBSCR", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_DEREF"})  
 _OUTSIDE_RESULT = {globals: "globals()", __import__: "an imported module",
                    __import__("importlib").import_module: "an imported module",
                    __import__("sys")._getframe: "a frame"}
-# Library functions that change their first argument.
-_MUTATING_FUNCTIONS = frozenset((
-    setattr, delattr, object.__setattr__, object.__delattr__, __import__("random").shuffle,
-    *(getattr(__import__(module), n) for module, names in (
-        ("operator", "setitem delitem iadd iand iconcat ior imul isub ixor"),
-        ("heapq", "heappush heappop heapify heapreplace heappushpop"),
-        ("bisect", "insort insort_left insort_right")) for n in names.split())))
 _OUTSIDE_LOADS = frozenset({"LOAD_NAME", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
                             "LOAD_FROM_DICT_OR_DEREF", "IMPORT_NAME", "IMPORT_FROM"})
 _NO_PUSH = ("STORE_", "DELETE_", "POP_JUMP", "JUMP", "RETURN_", "RAISE_", "RERAISE", "POP_TOP",
@@ -84,11 +70,6 @@ def immutable(value) -> bool:
     if isinstance(value, (tuple, frozenset)):
         return all(immutable(v) for v in value)
     return isinstance(value, _IMMUTABLE) and not isinstance(value, torch.Tensor)
-
-
-def _join(*origins) -> tuple:
-    why = next((o[0] for o in origins if o[0] is not None), None)
-    return why, frozenset().union(*(o[1] for o in origins))
 
 
 def _static_attr(obj, name):
@@ -116,7 +97,6 @@ def _static_attr(obj, name):
     return _UNKNOWN
 
 
-_UNKNOWN = object()
 _NO_INSTRUCTION = ("CACHE", "PRECALL")  # dis's entries that are no instruction
 
 class Flow:
@@ -432,22 +412,9 @@ class Flow:
                             n == 0 and callee is next and not star and all(  # next(GENS[i])
                                 self.ins[p].opname in _HELD for p, _ in self.producers(k, d)))):
                         yield k, "an iterator", origin  # it advances
-                try:
-                    mutating = callee in _MUTATING_FUNCTIONS
-                except TypeError:
-                    mutating = False
-                if not mutating and getattr(callee, "__name__", None) in MUTATORS and \
-                        isinstance(getattr(callee, "__objclass__", None), type):
-                    mutating = True  # list.append(L, v), dict.update(D, ...)
-                if mutating and (star or i.arg):  # the first argument is written
-                    yield k, f"{getattr(callee, '__name__', 'a call')}()", \
-                        _join(FRESH, *args) if star else args[i.arg - 1]
-                    continue
-                if isinstance(callee, types.BuiltinMethodType) and \
-                        callee.__name__ in MUTATORS and \
-                        not isinstance(callee.__self__, (types.ModuleType, type(None))):
-                    yield k, f".{callee.__name__}()", self.origin(  # APPEND = LOG.append: its
-                        k, 1 + (i.arg & 1) if star else i.arg)  # self is written
+                written = wrappers.call_write(self, k, callee, args, depths)  # a mutating
+                if written is not None:  # function or method's, or a wrapper's of one
+                    yield k, *written
                     continue
                 user = _user_function(callee)
                 if user is not None and self.depth < 4 and any(a[0] or a[1] for a in args):
@@ -484,17 +451,3 @@ def _iterator(value) -> bool:
     """An iterator (a generator, an ``itertools`` object, a file): reading it advances it."""
     return value is not _UNKNOWN and hasattr(type(value), "__next__") and \
         not isinstance(value, torch.Tensor)
-
-
-def _user_function(callee):
-    """The user function that calling ``callee`` runs: a function, a bound method's, or an
-    object's ``forward`` (an ``nn.Module``, through ``Module.__call__``) or ``__call__``; or
-    None."""
-    f = getattr(callee, "__func__", callee)
-    if not isinstance(f, (types.FunctionType, type)) and callee is not _UNKNOWN:
-        klass = type(callee)
-        f = getattr(klass, "forward" if isinstance(callee, torch.nn.Module) else "__call__",
-                    None)
-    if isinstance(f, types.FunctionType) and frames.user_file(f.__code__.co_filename):
-        return f
-    return None

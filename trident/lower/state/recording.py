@@ -91,6 +91,8 @@ class Recording:
     # attributes] in ir/guards.py: its reads of a tensor's Python type)
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
+    probe: object = None  # Note [Dict orders] (lower/orders.py): the order probe's, told of
+    # each C call of its trace
 
     @property
     def refused(self) -> str | None:
@@ -282,6 +284,8 @@ def record(fn):
                 if kind & (_SCANNED | _PASSED):
                     _library_call(frame, kind)
         elif event == "c_call":
+            if rec.probe is not None:  # Note [Dict orders] (lower/orders.py)
+                rec.probe.called(arg)
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs

@@ -1,0 +1,80 @@
+"""Writes of a trace that outlive it: to tensors that are not the call's (Note [Tensors
+written outside]) and to context variables (Note [Context variables]).
+
+Note [Tensors written outside]: a traced op whose tensor arguments are all real (a global
+buffer, a closure's tensor, a library module's: nothing the call's arguments hold, nothing a
+traced op made) is not traced on fake tensors: make_fx's fake mode runs it on the real tensors,
+as constant folding. An op that writes one (``BUF.add_(1)``, ``torch.add(BUF, 1, out=BUF)``,
+``torch.Tensor.add_(BUF, 1)``, ``BUF += 1`` through a local, ``torch.nn.init.ones_(BUF)``)
+wrote the real tensor once in the trace; the call then ran eagerly ("reads a tensor that is
+not an argument") and wrote it again: eager's first result plus one. So the torch call that is
+about to write a tensor that is not fake refuses the trace before it runs (``_SourceLines._call``
+in source_lines.py, while the function's code runs): the call runs eagerly with a warning and
+writes once. Which calls write is read from the call as torch names it: an in-place method
+(a name ending in one ``_``: ``add_``, ``copy_``, ``zero_``, ``fill_``, ``requires_grad_``; its
+first argument, or the tensors of a list there: ``torch._foreach_add_``), an in-place operator
+or item assignment (``__iadd__``, ``__setitem__``), and ``out=``. A write to a fake tensor (an
+argument's, or one a traced op made) is the trace's, as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.utils import _pytree as pytree
+
+from trident.errors import TridentError
+
+_IN_PLACE_OPERATORS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+    "__setitem__", "__delitem__", "__set__"})
+
+
+def written_outside(func, args: tuple, kwargs: dict) -> bool:
+    """Note [Tensors written outside]: whether the torch call ``func(*args, **kwargs)`` writes a
+    tensor that is not fake (not the trace's own)."""
+    name = getattr(func, "__name__", "") or ""
+    written = [kwargs.get("out")]
+    if args and (name in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.endswith("__"))):
+        written.append(args[0])
+    return any(isinstance(t, torch.Tensor) and not is_fake(t) for t in pytree.tree_leaves(written))
+
+
+def why(frame) -> str:
+    """The reason of a refusal at ``frame`` (a ``traceback.FrameSummary`` or None)."""
+    where = f" ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
+    return (f"the function writes a tensor that is not an argument{where}, which a compiled "
+            "call would not write; pass it as an argument")
+
+
+# Note [Context variables]: a ``contextvars.ContextVar`` that the function (or library code it
+# runs) sets and leaves set (``VAR.set(VAR.get() + 1)``) is state that outlives the call, written
+# by a C method that no bytecode walk names a write (a library's global ContextVar is taken as
+# fixed, and a user's is read unguarded only after the trace ran). The trace set it, a hit set
+# nothing: stale; or the call then ran eagerly and set it again (eager's first result plus one).
+# So the function's own run in the trace is in a copy of the current context
+# (``contextvars.copy_context().run``): nothing it sets leaks out of the trace, and where a
+# variable's value at its end is not the one it had at its start (compared by identity), the
+# trace is refused: the call runs eagerly with a warning and sets it once, as eager does. A
+# variable set and reset within the call (transformers' ``capture_outputs`` sets its
+# ``_active_collector`` around each forward) leaves nothing changed: served natively.
+_MISSING = object()
+
+
+def run_in_own_context(fn, args: tuple):
+    """Note [Context variables]: ``fn(*args)`` in a copy of the current context.
+
+    Raises:
+        TridentError: ``fn`` left a context variable with another value than it had."""
+    context = contextvars.copy_context()
+    before = dict(context)
+    result = context.run(fn, *args)
+    changed = sorted(v.name for v, value in context.items()
+                     if before.get(v, _MISSING) is not value)
+    if changed:
+        raise TridentError(f"the function sets the context variable {', '.join(changed)} and "
+                           "leaves it set, which a compiled call would not do")
+    return result
