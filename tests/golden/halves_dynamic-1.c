@@ -161,7 +161,7 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return bad ? -1 : 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return bad ? -1 : 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* <call structure> is int */
-  if (!(a[1].head == 0x2ffff00060201ULL)) return bad ? -1 : 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False; bool(vars(x)) is False */
+  if (!(a[1].head == 0x2ffff00060201ULL)) return bad ? -1 : 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False */
   if (!(a[2].kind == TRT_ARG_INT)) return bad ? -1 : 0;  /* n is int */
   if (!((a[1].sizes[0] >= 2LL) && !bad)) return bad ? -1 : 0;  /* x.size(0) >= 2 */
   if (!((a[1].sizes[1] == 3LL) && !bad)) return bad ? -1 : 0;  /* x.size(1) == 3 */

@@ -168,10 +168,10 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].head == 0x2ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False; bool(vars(x)) is False */
-  if (!(a[2].head == 0x2ffff00060201ULL)) return 0;  /* w1 is Tensor; w1.dtype == float32; w1.device.type == cpu; w1.device.index == -1; w1.dim() == 2; w1.data_ptr() % 16 == 0; w1.requires_grad is False; w1.is_inference() is False; isinstance(w1, nn.Parameter) is False; bool(vars(w1)) is False */
-  if (!(a[3].head == 0x1ffff00060201ULL)) return 0;  /* b1 is Tensor; b1.dtype == float32; b1.device.type == cpu; b1.device.index == -1; b1.dim() == 1; b1.data_ptr() % 16 == 0; b1.requires_grad is False; b1.is_inference() is False; isinstance(b1, nn.Parameter) is False; bool(vars(b1)) is False */
-  if (!(a[4].head == 0x2ffff00060201ULL)) return 0;  /* w2 is Tensor; w2.dtype == float32; w2.device.type == cpu; w2.device.index == -1; w2.dim() == 2; w2.data_ptr() % 16 == 0; w2.requires_grad is False; w2.is_inference() is False; isinstance(w2, nn.Parameter) is False; bool(vars(w2)) is False */
+  if (!(a[1].head == 0x2ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 2; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False */
+  if (!(a[2].head == 0x2ffff00060201ULL)) return 0;  /* w1 is Tensor; w1.dtype == float32; w1.device.type == cpu; w1.device.index == -1; w1.dim() == 2; w1.data_ptr() % 16 == 0; w1.requires_grad is False; w1.is_inference() is False; isinstance(w1, nn.Parameter) is False */
+  if (!(a[3].head == 0x1ffff00060201ULL)) return 0;  /* b1 is Tensor; b1.dtype == float32; b1.device.type == cpu; b1.device.index == -1; b1.dim() == 1; b1.data_ptr() % 16 == 0; b1.requires_grad is False; b1.is_inference() is False; isinstance(b1, nn.Parameter) is False */
+  if (!(a[4].head == 0x2ffff00060201ULL)) return 0;  /* w2 is Tensor; w2.dtype == float32; w2.device.type == cpu; w2.device.index == -1; w2.dim() == 2; w2.data_ptr() % 16 == 0; w2.requires_grad is False; w2.is_inference() is False; isinstance(w2, nn.Parameter) is False */
   if (!(a[1].sizes[0] == 2)) return 0;  /* x.size(0) == 2 */
   if (!(a[1].sizes[1] == 4)) return 0;  /* x.size(1) == 4 */
   if (!(a[1].strides[0] == 4)) return 0;  /* x.stride(0) == 4 */

@@ -156,8 +156,8 @@ TRT_OPTIMIZED TRT_SHARED int guards1(const trt_arg* a, int32_t n, const trt_env*
   if (!(env->num_threads == 2)) return 0;  /* torch.get_num_threads() == 2 */
   if (!(env->flags == 252ULL)) return 0;  /* torch's global flags == 0xfc */
   if (!(a[0].kind == TRT_ARG_INT)) return 0;  /* <call structure> is int */
-  if (!(a[1].head == 0x1ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 1; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False; bool(vars(x)) is False */
-  if (!(a[2].head == 0x1ffff00060201ULL)) return 0;  /* y is Tensor; y.dtype == float32; y.device.type == cpu; y.device.index == -1; y.dim() == 1; y.data_ptr() % 16 == 0; y.requires_grad is False; y.is_inference() is False; isinstance(y, nn.Parameter) is False; bool(vars(y)) is False */
+  if (!(a[1].head == 0x1ffff00060201ULL)) return 0;  /* x is Tensor; x.dtype == float32; x.device.type == cpu; x.device.index == -1; x.dim() == 1; x.data_ptr() % 16 == 0; x.requires_grad is False; x.is_inference() is False; isinstance(x, nn.Parameter) is False */
+  if (!(a[2].head == 0x1ffff00060201ULL)) return 0;  /* y is Tensor; y.dtype == float32; y.device.type == cpu; y.device.index == -1; y.dim() == 1; y.data_ptr() % 16 == 0; y.requires_grad is False; y.is_inference() is False; isinstance(y, nn.Parameter) is False */
   if (!(a[1].sizes[0] == 100)) return 0;  /* x.size(0) == 100 */
   if (!(a[1].strides[0] == 1)) return 0;  /* x.stride(0) == 1 */
   if (!(a[2].sizes[0] == 100)) return 0;  /* y.size(0) == 100 */

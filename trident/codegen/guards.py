@@ -18,8 +18,7 @@ from trident.runtime import ABI
 _KIND_NAMES = {v: k for k, v in ABI.items() if k.startswith("TRT_ARG_")}
 # the bit of trt_arg.flags each flag guard reads
 _FLAG_BITS = {Aligned16: "TRT_ALIGNED16", RequiresGrad: "TRT_REQUIRES_GRAD",
-              Inference: "TRT_INFERENCE", IsParameter: "TRT_PARAMETER",
-              Attributes: "TRT_PY_ATTRS"}
+              Inference: "TRT_INFERENCE", IsParameter: "TRT_PARAMETER"}
 
 
 def guard_c(g: Guard) -> str:
@@ -46,7 +45,9 @@ def guard_c(g: Guard) -> str:
             return f"a[{g.arg}].tensor == a[{g.value}].tensor"
         case Size() | Stride():
             return f"a[{g.arg}].{g.member}[{g.index}] == {g.value}"
-        case Aligned16() | RequiresGrad() | Inference() | IsParameter() | Attributes():
+        case Attributes():  # (a tensor's record holds it in `i`: trident_rt.h)
+            return f"a[{g.arg}].i == {int(g.value)}"
+        case Aligned16() | RequiresGrad() | Inference() | IsParameter():
             return f"{'' if g.value else '!'}(a[{g.arg}].flags & {_FLAG_BITS[type(g)]})"
         case IntValue():
             return f"a[{g.arg}].i == {c_int(g.value)}"
@@ -67,8 +68,8 @@ def guard_c(g: Guard) -> str:
 # a conjunction's checks decides only which fails first, and the miss reason is Python's (each
 # guard's ``holds``). A field's value that its place cannot hold (no such tensor is read as one)
 # stays a check of its own. read_arg writes no flag bit but TRT_REQUIRES_GRAD, TRT_ALIGNED16,
-# TRT_INFERENCE, TRT_PARAMETER and TRT_PY_ATTRS (a record starts zeroed), so where all five are
-# guarded the whole flags byte is compared, and a tensor's every header guard is one compare of the word with a
+# TRT_INFERENCE and TRT_PARAMETER (a record starts zeroed), so where all four are guarded the
+# whole flags byte is compared, and a tensor's every header guard is one compare of the word with a
 # constant.
 
 # per header guard kind: its field's bit offset in the word and its width in bits

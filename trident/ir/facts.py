@@ -138,7 +138,7 @@ class ArgFacts:
 
 
 def has_attributes(obj: Any) -> bool:
-    """A tensor with Python attributes: a non-empty instance dict (``TRT_PY_ATTRS``)."""
+    """A tensor with Python attributes: a non-empty instance dict (a tensor record's ``i``)."""
     return isinstance(obj, torch.Tensor) and bool(getattr(obj, "__dict__", None))
 
 

@@ -297,19 +297,23 @@ class Inference(_Flag):
 # carries Python attributes in its instance dict (``w.scale = 3.0``, a quantizer's
 # ``quant_state``), which code reads with a default (``getattr(t, "scale", 1.0)``,
 # ``hasattr(x, "jax")``) and which the fake does not carry (Note [Python attributes of tensors]
-# in lower/tensor_attributes.py). So every tensor argument is guarded on both, as flag bits of
-# its record's header (one compare with its other header guards: Note [Argument records] in
-# codegen/guards.py): whether it is an nn.Parameter, and whether its instance dict is
-# non-empty. A Parameter and a plain tensor are two specializations; a tensor traced without
-# attributes serves only calls whose tensor has none, so a lookup that failed on it fails the
-# same way at every hit. The type itself (``type(t) is torch.Tensor``, ``t.__class__``) is the
-# fake's (FakeTensor) in the trace: user code's and library code's reads of it make the call
-# run eagerly (``tensor_type_read`` in lower/state/bytecode.py).
+# in lower/tensor_attributes.py). So every tensor argument is guarded on whether it is an
+# nn.Parameter, a flag bit of its record's header (one compare with its other header guards:
+# Note [Argument records] in codegen/guards.py), and each tensor argument whose attributes the
+# trace looked up on whether its instance dict is non-empty (its record's ``i``, a check of its
+# own: a static cache's tensors gain attributes after the first call that no code looks up). A
+# Parameter and a plain tensor are two specializations; a tensor traced without attributes and
+# looked up serves only calls whose tensor has none, so the lookup fails the same way at every
+# hit. The type itself (``type(t) is torch.Tensor``, ``t.__class__``) is the fake's
+# (FakeTensor) in the trace: user code's and library code's reads of it make the call run
+# eagerly (``tensor_type_read`` in lower/state/bytecode.py).
 class IsParameter(_Flag):
     field, says = "parameter", "isinstance({who}, nn.Parameter) is {v}"
 
 
-class Attributes(_Flag):
+class Attributes(ArgGuard):
+    """A tensor with Python attributes (its record's ``i``: trident_rt.h)."""
+
     field, says = "attributes", "bool(vars({who})) is {v}"
 
 

@@ -65,6 +65,7 @@ class Capture:
     # Note [Errors inside try]: "file.py:LINE" of a `try` whose `except` was active around a
     # torch call of the function, or ""
     catching: str = ""
+    looked_up: frozenset = frozenset()  # Note [Python attributes of tensors]: leaves probed
 
 
 # What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
@@ -322,7 +323,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
-        mode.attributed = tensor_attributes.attributed(flat_args, args)
+        holder["fakes"] = tensor_attributes.watch(mode, flat_args, args)
         mode.in_user_code = True
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)
@@ -438,7 +439,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                 _build_literal(gm.graph, node, attr)
         gm.recompile()
         return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
-                       mode.catching)
+                       mode.catching, tensor_attributes.looked_up(mode, holder["fakes"]))
     finally:
         if hook is not None:
             sys.setprofile(hook)

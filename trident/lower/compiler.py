@@ -76,7 +76,7 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
                 binaries.append((step.launch, binary))
             plan.steps[i] = dataclasses.replace(step, binary=binary)
     with config.stage("guards"):
-        guards = guards_for(args, captured.fake_args, captured.shape_env)
+        guards = guards_for(args, captured.fake_args, captured.shape_env, captured.looked_up)
     return Specialization(signature(name, args, names, captured.fake_args), names, guards, plan,
                           {str(i): sorted(d) for i, d in dynamic.items()},
                           [list(a.shape) if isinstance(a, torch.Tensor) else None

@@ -24,10 +24,13 @@ _ENV_GUARDS = (GradEnabled, InferenceMode, Autocast, Aliased, DefaultDtype, Tran
                FunctionModes, ProcessGroup, NumThreads, GlobalFlags)
 
 
-def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> list[Guard]:
+def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None,
+               looked_up: frozenset | None = None) -> list[Guard]:
     """The guards that hold for ``args`` and the current grad mode and autocast state
     (Note [Guard order]). With ``fake_args`` and ``shape_env`` (a trace with dynamic dims),
-    symbolic sizes and strides are guarded by Note [Symbolic guards] instead of by value."""
+    symbolic sizes and strides are guarded by Note [Symbolic guards] instead of by value.
+    ``looked_up``: the tensors whose Python attributes the trace looked up (Note [Tensor
+    types and attributes] in ir/guards.py), None for all."""
     facts = [arg_facts(a) for a in args]
     env = env_facts(args)
     guards: list[Guard] = [ArgCount(len(args))]
@@ -57,7 +60,9 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None) -> l
         first_seen.setdefault(f.id, i)
     for i, f in tensors:
         guards += [kind(getattr(f, kind.field), i)
-                   for kind in (Aligned16, RequiresGrad, Inference, IsParameter, Attributes)]
+                   for kind in (Aligned16, RequiresGrad, Inference, IsParameter)]
+        if looked_up is None or i in looked_up:  # Note [Tensor types and attributes]
+            guards.append(Attributes(f.attributes, i))
     for i, f in enumerate(facts):
         if key and i == 0:
             continue

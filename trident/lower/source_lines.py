@@ -201,6 +201,8 @@ class _SourceLines(TorchFunctionMode):
         self.next_check = FIRST_CHECK  # the call that asks the check next
         self.tags: dict = {}  # (file name, line) -> its tag (Note [Source lines])
         self.attributed: frozenset = frozenset()  # Note [Python attributes of tensors]
+        self.leaves: frozenset = frozenset()  # (ditto) ids of the arguments' fakes, and
+        self.looked_up: set = set()  # those an attribute was looked up on
         self.refused: str | None = None  # Note [Python attributes of tensors]
 
     def refuse(self, why: str | None = None):

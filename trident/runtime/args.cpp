@@ -103,10 +103,10 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   if (t.is_inference()) a->flags |= TRT_INFERENCE;
   if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   // Note [Tensor types and attributes] (trident/ir/guards.py): THPVariable_CheckExact holds of
-  // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is a flag too
+  // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is its `i`
   if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) a->flags |= TRT_PARAMETER;
   PyObject** dict = _PyObject_GetDictPtr(obj);
-  if (dict && *dict && PyDict_Check(*dict) && PyDict_GET_SIZE(*dict) > 0) a->flags |= TRT_PY_ATTRS;
+  a->i = dict && *dict && PyDict_Check(*dict) && PyDict_GET_SIZE(*dict) > 0;
 }
 
 // One tensor object in two argument positions (`tensors`: how many of the n are tensors):

@@ -41,7 +41,6 @@ enum trt_arg_kind {
 #define TRT_ALIGNED16 2     /* data pointer % 16 == 0 */
 #define TRT_INFERENCE 4     /* an inference tensor (made under torch.inference_mode()) */
 #define TRT_PARAMETER 8     /* an nn.Parameter (Note [Tensor types and attributes]) */
-#define TRT_PY_ATTRS 16     /* Python attributes: a non-empty instance dict (ditto) */
 
 /* Note [Argument records]: a hit writes one record per argument (a model's decode step: 378)
  * and its guards read them back, on cache lines that a `generate`'s own Python evicted since
@@ -87,7 +86,8 @@ typedef struct TRT_LINE_ALIGNED trt_arg {
   int64_t storage_offset;
   void* data_ptr;
   trt_tensor* tensor; /* borrowed */
-  /* scalars */
+  /* scalars; a tensor's: 1 where it has Python attributes, a non-empty instance dict, else 0
+   * (Note [Tensor types and attributes] in trident/ir/guards.py: guarded where looked up) */
   int64_t i;
   double f;
 } trt_arg;
