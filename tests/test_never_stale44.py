@@ -239,6 +239,37 @@ def test_a_parameter_of_symbolic_sizes_keeps_its_type(typelib, dims):
     assert jf.stats.fallbacks == 0, jf.stats
 
 
+def test_a_library_type_read_known_alike_is_served():
+    """Note [Type reads alike] (lower/state/bytecode.py): transformers'
+    ``infer_framework_from_repr`` reads ``type(x)`` of each ``ModelOutput``'s first field where
+    the others are None (a forward with ``use_cache=False``); it answers on a fake as on a
+    tensor and a Parameter, so the forward is served (it ran eagerly: 10 of 10 calls)."""
+    transformers = pytest.importorskip("transformers")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from transformers.utils.generic import infer_framework_from_repr
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2))
+    assert infer_framework_from_repr(fake) == infer_framework_from_repr(torch.ones(2)) == \
+        infer_framework_from_repr(torch.nn.Parameter(torch.ones(2))) == "pt"
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+
+    def logits(model, ids):
+        return model(input_ids=ids, use_cache=False).logits
+
+    jf = trident.jit(logits)
+    with torch.no_grad():
+        for n in (5, 5, 5):
+            ids = torch.randint(0, 64, (1, n))
+            assert torch.equal(jf(model, ids), logits(model, ids))
+    assert counts(jf) == (1, 2, 0), jf.stats
+
+
 # ---- Note [Modules used whole] (lower/state/wholes.py), at any depth --------------------------
 # A user module used whole had its globals guarded, but a user module among them by identity
 # alone: ``attrgetter("helpers.K")(mod)`` returned the old ``helpers.K`` after it was rebound.

@@ -238,6 +238,13 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 
 
 _TYPE_NAMES = frozenset({"type", "__class__", "isinstance", "issubclass"})
+# Note [Type reads alike]: library functions whose read of a tensor's type answers on its
+# fake as on the tensor, so not a reason to run eagerly: transformers'
+# ``infer_framework_from_repr`` (5.x) tests ``str(type(x)).startswith("<class 'torch.")``,
+# which holds of ``FakeTensor``, ``Tensor`` and ``Parameter`` alike (every ``ModelOutput`` whose
+# fields but the first are None asks it: a forward with ``use_cache=False``). Checked by
+# tests/test_never_stale44.py against the library's own answers.
+_TYPES_READ_ALIKE = frozenset({("transformers.utils.generic", "infer_framework_from_repr")})
 _LIBRARY_TYPES: dict = {}  # (id of a code object, its tensor parameters) -> (code, answer)
 
 
@@ -246,7 +253,8 @@ def library_type_read(code: types.CodeType, g: dict, params: dict) -> str | None
     ir/guards.py), kept per code object and tensor parameters (a library's code is walked once
     per process); code that names none of ``type``, ``__class__``, ``isinstance`` and
     ``issubclass`` reads none."""
-    if _TYPE_NAMES.isdisjoint(code.co_names):
+    if _TYPE_NAMES.isdisjoint(code.co_names) or \
+            (g.get("__name__"), code.co_qualname) in _TYPES_READ_ALIKE:
         return None
     key = (id(code), frozenset(params))
     found = _LIBRARY_TYPES.get(key)
