@@ -13,7 +13,8 @@ in eager, so that a specialization would take another branch than eager takes:
   is_causal=...``, another kernel on CUDA (logits that differ in their last bits). So while this
   thread traces and code other than torch's and Trident's asks (``frames.user_line_file``:
   the function's own and its libraries'), ``torch._subclasses.FakeTensor`` is a stand-in whose
-  ``isinstance`` and ``issubclass`` answer as eager does for the trace's tensors (False), and
+  ``isinstance`` answers as eager does for the trace's tensors (False; ``issubclass`` of a class
+  answers the truth: the classes are the same in eager), and
   ``torch._subclasses.fake_tensor.is_fake`` answers False for them. torch's own code keeps the
   truth: it reads the package's attribute (``_fake_answer``: the package's ``__getattr__``
   asks who reads) or binds the class at its import (``from torch._subclasses.fake_tensor
@@ -22,8 +23,9 @@ in eager, so that a specialization would take another branch than eager takes:
   covered: no library we know of does).
 - *Which value does this tensor hold?* ``bool(t)``, ``int(t)``, ``t.item()`` compared in
   Python (``fast_all(padding_mask)`` = ``m.sum() == m.numel()``, then ``if``): on fake tensors
-  the trace holds an unbacked symbol (``aten::_local_scalar_dense``), and a guard on it used
-  to fail the trace (the call ran eagerly). Now the ShapeEnv's failed guard (``_resolve``)
+  the trace holds an unbacked symbol (``aten::item``, ``aten::_local_scalar_dense``), and a
+  guard on it failed the trace (the call ran eagerly). Now the ShapeEnv's failed guard
+  (``ValueReads.resolve``, through ``_guard_hook``)
   computes the symbol's real value: the traced nodes it depends on run on the call's real
   arguments, the symbol is replaced by that value, and the trace goes on down eager's
   branch. The value becomes a *value check* of the specialization (``checks_graph`` here,
@@ -31,9 +33,9 @@ in eager, so that a specialization would take another branch than eager takes:
   own, planned like the function's, which the SCM runs on every call after its guards and
   before the launch sequence or the CUDA graph's replay (reading the scalar syncs with the
   device, as eager's ``bool`` does at that point); another value is a miss, which traces
-  again and compiles a second specialization (Note [Value checks] in codegen/render.py). The
-  read node leaves the function's graph where nothing else uses it (a CUDA graph can replay
-  it then). It applies where those nodes are pure ATen ops of the arguments (no write, no
+  again and compiles a second specialization (Note [Value checks] in codegen/checks.py).
+  The read node leaves the function's graph where nothing else uses it (a CUDA graph cannot
+  capture its device sync). It applies where those nodes are pure ATen ops of the arguments (no write, no
   random draw) and no node traced before the read writes anything (the read must see what
   the call's arguments hold at its start) and the value is an int or bool; elsewhere the
   trace fails as before and the call runs eagerly (with the fake-ness read answered as
@@ -80,8 +82,8 @@ def _fake_answer() -> None:
         def __instancecheck__(cls, obj):
             return isinstance(obj, real) and not _of_trace(obj)
 
-        def __subclasscheck__(cls, sub):
-            return issubclass(sub, real) and getattr(_ACTIVE, "reads", None) is None
+        def __subclasscheck__(cls, sub):  # (a question about classes: the truth)
+            return issubclass(sub, real)
 
         def __getattr__(cls, name):
             return getattr(real, name)
@@ -259,6 +261,32 @@ def slice_of(outputs: list[fx.Node]) -> list[fx.Node]:
     return [n for n in outputs[0].graph.nodes if n in seen]
 
 
+def _numel_as_sizes(graph: fx.Graph) -> None:
+    """``aten::sym_numel`` (``t.numel()`` under symbolic sizes, transformers' ``fast_all``),
+    which the plan cannot call (torch 2.11: no dispatcher operator ``aten::numel``), as the
+    product of ``t``'s sizes: size steps (Note [Symbolic sizes] in plan.py)."""
+    import operator
+
+    for n in list(graph.nodes):
+        if n.target is not torch.ops.aten.sym_numel.default:
+            continue
+        tensor = n.args[0]
+        shape = tensor.meta["val"].shape
+        if not len(shape):  # (one element: the plan's numel fails, the exact trace serves)
+            continue
+        with graph.inserting_before(n):
+            total = None
+            for d in range(len(shape)):
+                size = graph.call_function(torch.ops.aten.sym_size.int, (tensor, d))
+                size.meta.update(n.meta, val=shape[d])
+                if total is not None:
+                    size = graph.call_function(operator.mul, (total, size))
+                    size.meta.update(n.meta, val=total.meta["val"] * shape[d])
+                total = size
+        n.replace_all_uses_with(total)
+        graph.erase_node(n)
+
+
 def checks_graph(gm: fx.GraphModule, reads: list[tuple[fx.Node, int | bool]]
                  ) -> fx.GraphModule | None:
     """Note [Value reads]: the graph of the value checks of ``reads`` (the function's
@@ -274,6 +302,7 @@ def checks_graph(gm: fx.GraphModule, reads: list[tuple[fx.Node, int | bool]]
         if n.op == "placeholder" or n in needed:
             env[n] = graph.node_copy(n, env.__getitem__)
     graph.output(tuple(env[n] for n in read_nodes))
+    _numel_as_sizes(graph)
     checks = fx.GraphModule(gm, graph)
     dead = [n for n in read_nodes if not n.users]
     while dead:
