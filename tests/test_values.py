@@ -509,7 +509,8 @@ def _bool_results(x, y):
 def test_bool_results_of_equal_and_allclose():
     """Note [Bool results]: ``torch.equal`` and ``torch.allclose`` (functions, methods,
     keywords) are values the plan computes on every call, True on one call and False on the
-    next; a branch on one runs eagerly (its result depends on the data)."""
+    next; a branch on one is a value check (Note [Value reads] in lower/values.py): one
+    specialization per answer, each checked on every call."""
     jf = trident.jit(_bool_results)
     x = torch.randn(6, generator=g())
     nan = torch.tensor([1.0, float("nan")])
@@ -530,10 +531,11 @@ def test_bool_results_of_equal_and_allclose():
         return x if torch.equal(x, y) else -x
 
     jf = trident.jit(branch)
-    with pytest.warns(UserWarning, match="runs eagerly"):
-        assert_same(jf(x, x.clone()), x)
+    assert_same(jf(x, x.clone()), x)
     assert_same(jf(x, x + 1), -x)
-    assert (jf.stats.compiles, jf.stats.fallbacks) == (0, 2), jf.stats
+    assert_same(jf(x, x.clone()), x)
+    assert_same(jf(x, x - 1), -x)
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 2, 0), jf.stats
 
 
 def test_sizes_under_dynamic_dims_are_results():

@@ -261,3 +261,33 @@ def compile_times(reset: bool = False, cpu: bool = False) -> dict[str, float]:
         _stage_seconds.update(dict.fromkeys(STAGES, 0.0))
         _stage_cpu.update(dict.fromkeys(STAGES, 0.0))
     return times
+
+
+# What torch logs while Trident traces is about the trace, not the user's call: fake tensor mode
+# logs the whole traceback of an op that failed on fake tensors (a shape error, about 40 lines
+# at ERROR) before make_fx raises it, and the user then sees Trident's one warning and eager's
+# own exception. Those records go to Trident's ``recompiles`` log (TRIDENT_LOGS), at INFO.
+_TRACE_LOGGERS = ("torch._subclasses.fake_tensor",)
+
+
+class _ToTridentLog(logging.Handler):
+    """Logs a record again at INFO, Trident's level, on ``trident.recompiles``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger("recompiles").info("%s (%s): %s", record.name, record.levelname,
+                                  record.getMessage(), exc_info=record.exc_info)
+
+
+@contextlib.contextmanager
+def trace_logs_to_trident():
+    """While tracing, the records of ``_TRACE_LOGGERS`` go to Trident's ``recompiles`` log
+    instead of their handlers (torch's, on stderr)."""
+    loggers = [logging.getLogger(name) for name in _TRACE_LOGGERS]
+    saved = [(lg.handlers, lg.propagate) for lg in loggers]  # torch._logging gives each its own
+    for lg in loggers:
+        lg.handlers, lg.propagate = [_ToTridentLog()], False
+    try:
+        yield
+    finally:
+        for lg, (handlers, propagate) in zip(loggers, saved):
+            lg.handlers, lg.propagate = handlers, propagate

@@ -2,8 +2,7 @@
 
 Everything is decided here; the templates (``templates/scm.c.jinja``, the main translation unit;
 ``scm_guard.c.jinja``; ``scm_part.c.jinja``, a part of the launch sequence: Note [Parallel C
-build] in build.py) only loop over the prepared values.
-Each step of a launch sequence is commented with the user's source line that produced it.
+build] in build.py) only loop over the prepared values. Each step carries the user's line.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import functools
 import jinja2
 
 from trident import config
-from trident.codegen import cpu as target_cpu, cuda as target_cuda
+from trident.codegen import checks, cpu as target_cpu, cuda as target_cuda
 from trident.codegen.cprint import c_comment, c_float, c_int, c_string, out_spec_code, size_c
 from trident.codegen.guards import guard_checks
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
@@ -92,6 +91,7 @@ class _SpecRenderer:
         self.statics: list[str] = []
         self.locals: list[str] = []
         self.on_error = "fail"  # the label a failing step jumps to (Note [Errors inside try])
+        self.static_prefix = "k"  # its module-level arrays' names (Note [Value checks]: "q")
         # Note [Views in C] in plan.py: views not yet made into tensors live in w[slot]; a slot
         # is free again once its view is released
         self.views: dict[int, tuple[int, bool]] = {}  # value -> (slot, made as eager makes it)
@@ -99,7 +99,7 @@ class _SpecRenderer:
         self.num_slots = 0
 
     def static_array(self, ctype: str, items: list[str]) -> str:
-        name = f"k{len(self.statics)}"
+        name = f"{self.static_prefix}{len(self.statics)}"
         self.statics.append(f"static const {ctype} {name}[] = {{{', '.join(items)}}};")
         return name
 
@@ -474,11 +474,12 @@ def render(spec: Specialization, function: str) -> Rendered:
     kernels = target_cuda.Kernels()
     renderer = _SpecRenderer(spec, op_index, callbacks, kernels)
     rendered = renderer.render()
+    rendered["checks"] = checks.render_checks(spec, _SpecRenderer, op_index, callbacks, kernels)
     used = set(renderer.targets)
     if rendered["graph"]:  # Note [CUDA graphs]
         used.add(target_cuda)
     headers = sorted({h for target in used for h in target.HEADERS})
-    if any(isinstance(s, OpCall) and s.view is not None for s in spec.plan.steps):
+    if any(isinstance(s, OpCall) and s.view is not None for s in checks.all_steps(spec)):
         headers.append("trident_views.h")
     env = environment()
     context = dict(function=c_comment(function), spec=rendered, headers=headers,

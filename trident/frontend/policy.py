@@ -22,6 +22,7 @@ from trident.frontend.dynamic import DynamicDims
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _same_node, _user_stacklevel
 from trident.identity import function_key, object_serial
+from trident.frontend.values import failed_check
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
 from trident.lower import flatten, kernels, orders
@@ -296,7 +297,8 @@ class MissPolicy(DynamicDims):
             left_out = self._left_out = (self._cache, [s for s in self._stored_specs()
                                                        if s.key not in installed])
         return next((s for s in left_out[1] if s.tree == tree
-                     and first_failure(s.guards, leaves) is None), None)
+                     and first_failure(s.guards, leaves) is None
+                     and failed_check(s, leaves) is None), None)  # Note [Value checks]
 
     def _at_limit(self) -> bool:
         """Note [Specialization limit]: this process compiled ``max_specializations`` of this
@@ -394,7 +396,7 @@ class MissPolicy(DynamicDims):
         failed = failures(spec.guards, call.leaves) if every else \
             [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]
         return "; ".join(explain_failure(g, call.leaves, spec.arg_names)
-                         for g in failed) or None
+                         for g in failed) or failed_check(spec, call.leaves)
 
     def _miss_reason(self, call: _Call) -> str:
         """``"x.size(0) == 4 expected, got 8 (specialization 0)"`` per specialization: the

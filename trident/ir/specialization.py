@@ -31,6 +31,30 @@ class StateGuard:
         return cls(tuple(data["reads"]), str(data["digest"]))
 
 
+@dataclasses.dataclass(frozen=True)
+class ValueChecks:
+    """Note [Value reads] (lower/values.py): the Python numbers a trace took from the call's
+    tensors. ``plan``: the steps that compute them from the arguments, its outputs the
+    numbers; ``values``: what each was in the trace (an int or bool), which the call's must
+    equal; ``lines``: per value, the user's ``("file.py:12", "text")`` that read it."""
+
+    plan: Plan
+    values: tuple
+    lines: tuple = ()
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan.to_json(), "values": list(self.values),
+                "lines": [list(w) for w in self.lines]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ValueChecks":
+        values = tuple(data["values"])
+        if not all(type(v) in (int, bool) for v in values):
+            raise ValueError(f"not stored values: {values!r}")
+        return cls(Plan.from_json(data["plan"]), values,
+                   tuple(tuple(map(str, w)) for w in data["lines"]))
+
+
 @dataclasses.dataclass
 class Specialization:
     """Attributes:
@@ -52,6 +76,8 @@ class Specialization:
             description}`` of the int constants of its argument tree.
         free_orders: the paths of the dicts its argument tree checks in any order (Note
             [Dict orders] in lower/orders.py).
+        checks: the values it took from the call's tensors (Note [Value reads] in
+            lower/values.py), or None.
     """
 
     signature: str
@@ -66,6 +92,7 @@ class Specialization:
     state: StateGuard = dataclasses.field(default_factory=StateGuard)
     tree_ints: dict[str, str] = dataclasses.field(default_factory=dict)
     free_orders: tuple = ()
+    checks: ValueChecks | None = None
 
     def to_json(self) -> dict:
         out = {"signature": self.signature, "arg_names": self.arg_names,
@@ -77,6 +104,8 @@ class Specialization:
             out["tree_ints"] = self.tree_ints
         if self.free_orders:  # (absent alike)
             out["free_orders"] = list(self.free_orders)
+        if self.checks is not None:  # (absent alike)
+            out["checks"] = self.checks.to_json()
         return out
 
     @classmethod
@@ -87,7 +116,8 @@ class Specialization:
                    data["tree"], OutputRecipe.from_json(recipe) if recipe else None,
                    data.get("catching", ""),
                    StateGuard.from_json(data["state"]), dict(data.get("tree_ints", {})),
-                   tuple(data.get("free_orders", ())))
+                   tuple(data.get("free_orders", ())),
+                   ValueChecks.from_json(data["checks"]) if data.get("checks") else None)
 
     @property
     def symbolic(self) -> bool:

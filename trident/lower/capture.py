@@ -13,9 +13,7 @@ importer turns it into the op's location.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 import sys
 import threading
 import traceback
@@ -30,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
-from trident.lower import decompositions, rng, tensor_attributes, trace_writes
+from trident.lower import decompositions, rng, tensor_attributes, trace_writes, values
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
@@ -66,6 +64,9 @@ class Capture:
     # torch call of the function, or ""
     catching: str = ""
     looked_up: frozenset = frozenset()  # Note [Python attributes of tensors]: leaves probed
+    # Note [Value reads] in values.py: the graph of the value checks, and each read's value
+    checks: fx.GraphModule | None = None
+    check_values: tuple = ()
 
 
 # What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
@@ -197,36 +198,6 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-# What torch logs while Trident traces is about the trace, not the user's call: fake tensor mode
-# logs the whole traceback of an op that failed on fake tensors (a shape error, about 40 lines
-# at ERROR) before make_fx raises it, and the user then sees Trident's one warning and eager's
-# own exception. Those records go to Trident's ``recompiles`` log (TRIDENT_LOGS), at INFO.
-_TRACE_LOGGERS = ("torch._subclasses.fake_tensor",)
-
-
-class _ToTridentLog(logging.Handler):
-    """Logs a record again at INFO, Trident's level, on ``trident.recompiles``."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        config.logger("recompiles").info("%s (%s): %s", record.name, record.levelname,
-                                         record.getMessage(), exc_info=record.exc_info)
-
-
-@contextlib.contextmanager
-def _trace_logs_to_trident():
-    """While tracing, the records of ``_TRACE_LOGGERS`` go to Trident's ``recompiles`` log
-    instead of their handlers (torch's, on stderr)."""
-    loggers = [logging.getLogger(name) for name in _TRACE_LOGGERS]
-    saved = [(lg.handlers, lg.propagate) for lg in loggers]  # torch._logging gives each its own
-    for lg in loggers:
-        lg.handlers, lg.propagate = [_ToTridentLog()], False
-    try:
-        yield
-    finally:
-        for lg, (handlers, propagate) in zip(loggers, saved):
-            lg.handlers, lg.propagate = handlers, propagate
-
-
 def _global_state() -> dict:
     """Note [Global side effects]: process-wide torch state a function may set (the CPU random
     generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
@@ -319,9 +290,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     holder: dict[str, Any] = {}
     mode = _SourceLines(pause)
     launches = _TritonLaunches(args, mode)
+    reads = values.ValueReads(args, mode)  # Note [Value reads]
 
     def flat_forward(*flat_args):
         launches.bind_inputs(flat_args)
+        reads.bind(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
         holder["fakes"] = tensor_attributes.watch(mode, flat_args, args)
         mode.in_user_code = True
@@ -356,9 +329,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             isinstance(a, torch.Tensor) and a.requires_grad and not a.is_inference()
             for a in args))
         try:
-            with fx_traceback.preserve_node_meta(), mode, launches, \
+            with fx_traceback.preserve_node_meta(), mode, launches, reads, \
                     decompositions.eager_decompositions(bool(dynamic)), rng.hooks(), \
-                    _trace_logs_to_trident(), module_calls_as_now(), \
+                    config.trace_logs_to_trident(), module_calls_as_now(), \
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
                 # Fake mode either way: fake arguments with symbolic dims carry their own
                 # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
@@ -371,7 +344,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         except Exception as e:  # make_fx reports unsupported Python as many exception types
             where = _innermost_user_line(e)
             what = (" (Python control flow or a Python number that depends on a tensor's values:"
-                    " a trace sees shapes, not values)"
+                    f" a trace sees shapes, not values; no value check: {reads.why_not})"
                     if type(e).__name__ == "GuardOnDataDependentSymNode" else "")
             error = TridentError(f"cannot trace {name}{where}{what}: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -437,9 +410,11 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                     raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
                                        "which Trident does not compile")
                 _build_literal(gm.graph, node, attr)
+        checks = values.checks_graph(gm, reads.reads)  # Note [Value reads]
         gm.recompile()
         return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
-                       mode.catching, tensor_attributes.looked_up(mode, holder["fakes"]))
+                       mode.catching, tensor_attributes.looked_up(mode, holder["fakes"]),
+                       checks, tuple(v for _, v in reads.reads))
     finally:
         if hook is not None:
             sys.setprofile(hook)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.utils._pytree as pytree
 
 from trident import config
 from trident.lower import cubins, kernels
@@ -20,8 +21,9 @@ from trident.errors import TridentError, environmental, transient
 from trident.lower.guards import guards_for
 from trident.lower.passes import reuse_buffers
 from trident.ir.launch import CompiledBinary, TritonLaunch
-from trident.ir.plan import TritonStep
-from trident.ir.specialization import Specialization, StateGuard
+from trident.ir.operands import Scalar
+from trident.ir.plan import OpCall, SizeStep, TritonStep
+from trident.ir.specialization import Specialization, StateGuard, ValueChecks
 
 
 def compile_specialization(captured: Capture, args: tuple, names: list[str],
@@ -53,6 +55,7 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
             imported = import_graph(captured.graph_module, shape_env=captured.shape_env)
         with config.stage("plan"):
             plan = build_plan(imported, captured.out_leaves, captured.out_spec)
+        checks = _value_checks(captured)  # Note [Value reads] in values.py
     except TridentError:
         raise
     except Exception as e:  # Torch-MLIR's bindings report what they cannot handle so
@@ -80,7 +83,26 @@ def compile_specialization(captured: Capture, args: tuple, names: list[str],
     return Specialization(signature(name, args, names, captured.fake_args), names, guards, plan,
                           {str(i): sorted(d) for i, d in dynamic.items()},
                           [list(a.shape) if isinstance(a, torch.Tensor) else None
-                           for a in args], tree, captured.recipe, captured.catching, state)
+                           for a in args], tree, captured.recipe, captured.catching, state,
+                          checks=checks)
+
+
+def _value_checks(captured: Capture) -> ValueChecks | None:
+    """Note [Value reads] in values.py: the plan of the capture's value checks."""
+    from trident.lower.importer import import_graph
+    from trident.lower.plan import build_plan
+    from trident.lower.source_lines import source_line
+
+    if captured.checks is None:
+        return None
+    reads = list(captured.checks.graph.find_nodes(op="output"))[0].args[0]
+    imported = import_graph(captured.checks, shape_env=captured.shape_env)
+    plan = build_plan(imported, [None] * len(reads),
+                      pytree.tree_flatten(tuple(range(len(reads))))[1])
+    if not all(isinstance(o, Scalar) for o in plan.outputs) or any(
+            not isinstance(s, (OpCall, SizeStep)) for s in plan.steps):
+        raise TridentError("a value read whose checks are not ATen ops and scalars")
+    return ValueChecks(plan, captured.check_values, tuple(source_line(n) for n in reads))
 
 
 def signature(name: str, args: tuple, names: list[str], fake_args: tuple | None) -> str:

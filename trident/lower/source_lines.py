@@ -375,7 +375,7 @@ def _bool_results() -> dict:
     ``trident::equal`` and ``trident::allclose`` instead, which call the ATen op and return its
     bool as a 0-dim bool tensor, then ``.item()`` of it: the trace holds an unbacked bool, which
     the plan computes on every call (``aten::_local_scalar_dense``, as for ``x.item()``). A
-    function that branches on it cannot be traced and runs eagerly. (Composite ops
+    branch on it is a value check (Note [Value reads] in values.py). (Composite ops
     that call ``aten::equal`` inside, ``cov`` and ``corrcoef``, still run eagerly.)"""
     ops = runtime.operators()
 
