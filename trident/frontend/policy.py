@@ -225,6 +225,9 @@ class MissPolicy(DynamicDims):
                 spec, start = None, time.perf_counter()
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
+                    if spec.tree != call.tree.key and tuple(spec.arg_names) != \
+                            tuple(call.names):  # Note [Capacities of written state]: leaves
+                        call = self._flatten(call.args, call.kwargs)  # (in ints.py)
                     if spec.tree != call.tree.key:  # Note [Dict orders]: as its trace found
                         call = self._known_call(orders.in_orders(call,
                                                                  frozenset(spec.free_orders)))
