@@ -59,15 +59,18 @@ def generate_three(model, cache: str, device: str = "cpu", **kw):
 
 
 # cache_implementation: compiles over the three generates. A StaticCache (``static`` and the
-# deprecated names that make one): the prefill and the decode step at exact sizes, then both
-# with the lengths symbolic (a new cache length is an int leaf: Note [Int leaves]). A
+# deprecated names that make one): the prefill with its capacity (``max_cache_len``) an int
+# leaf from its first compile, as it allocates the cache (Note [Capacities of written state]
+# in trident/frontend/ints.py; its prompt's length exact), the decode step symbolic at once,
+# the prefill again with the prompt's length symbolic at the second generate; before that
+# Note, 4 (the prefill and the decode step at exact sizes, then both symbolic). A
 # DynamicCache (the default, ``dynamic``, and ``hybrid``, which 5.25's generate unsets): the
 # prefill with the prompt's length symbolic from its first call (it stores the cache, whose
 # layers held None: Note [Lengths of written state] in trident/frontend/ints.py), the decode
 # step with the cache's length symbolic from its first call (Note [Tensors by path]); before
 # the first Note, 3 (the prefill at exact sizes, then symbolic at the second generate). Every
 # later call (the second and third generates' prefills included) hits.
-SERVED = {"static": 4, "sliding_window": 4, "hybrid_chunked": 4, "hybrid": 2, "dynamic": 2,
+SERVED = {"static": 3, "sliding_window": 3, "hybrid_chunked": 3, "hybrid": 2, "dynamic": 2,
           None: 2}
 CUDA_EAGER = {"offloaded": "DynamicCache", "offloaded_static": "StaticCache",
               "offloaded_hybrid": "StaticCache", "offloaded_hybrid_chunked": "StaticCache"}

@@ -16,11 +16,13 @@ structure met after the first change is symbolic at once: Note [Batch dims]
 (trident/frontend/ints.py: a new argument structure starts from what the others made
 symbolic, and its new tensors' dims of the size of an int that changed are symbolic). ``S``
 is 3 (the prefill, a one-token prompt's prefill, which is passed a 4-D mask, and the decode
-step); ``E`` is 2 where the first request decodes (the prefill and the decode step, before
-anything changed), 1 where it does not (``max_new_tokens=1``): so the count depends on the
-order, through ``E`` only. A count equal in every order would need the first request traced
-symbolic (``dynamic=True``) or a structure met after a change compiled at exact sizes anyway
-(one compile more). The dynamic cache's first prefill is that first request traced symbolic:
+step). The first prefill allocates the cache, so its capacity is an int leaf from its first
+compile (Note [Capacities of written state] in trident/frontend/ints.py) and the decode step
+symbolic at its first: ``E`` is 1 where the first prompt is longer than one token (its length
+at exact sizes first), 0 where it is a one-token prompt (whose prefill serves one-token
+prompts only): so the count depends on the order, through ``E`` only. A count equal in every
+order would need the first prompt's length traced symbolic too, which a static cache's prefill
+stores in no tensor of that length. The dynamic cache's first prefill is that first request traced symbolic:
 it stores the cache its arguments hold (a ``DynamicCache``'s layers held None), so the lengths
 it stores are symbolic from its first compile (Note [Lengths of written state] in
 trident/frontend/ints.py: traced twice, at exact sizes, then symbolic), and each structure
@@ -48,11 +50,17 @@ A, B, C, D, E, F = (1, 5, 3), (1, 9, 2), (2, 7, 3), (4, 6, 1), (2, 1, 2), (1, 1,
 ORDERS = {"batch 1 first": [A, B, C, F, D, E], "batch 4 first": [D, C, A, E, B, F],
           "1-token prompt first": [F, C, D, A, E, B]}
 MODELS = {  # (config, model class, cache, (compiles, traces) by order)
-    # S = 3: the prefill, the one-token prefill, the decode step; E = 2 where the first request
-    # decodes, 1 where it does not: "batch 4 first" starts with max_new_tokens=1, so its decode
-    # step is met after the prompt length changed and is symbolic at its first compile
+    # S = 3: the prefill, the one-token prefill, the decode step. The first prefill allocates
+    # the cache, sized by its capacity (``max_cache_len``): traced at exact sizes, then with
+    # the capacity an int leaf (Note [Capacities of written state] in
+    # trident/frontend/ints.py: one trace more than compiles), so the decode step is symbolic
+    # at its first compile and no capacity compiles again; E = 1 where the first prompt is
+    # longer than one token (its length, no capacity, at exact sizes, then symbolic at the
+    # next length), 0 where it is one token (the one-token prefill serves one-token prompts
+    # only: a path of its own). Before that Note: 5, 4 and 5 (the first decode step at
+    # exact sizes, then again at the next capacity)
     "llama": ("LlamaConfig", "LlamaForCausalLM", "static",
-              {"batch 1 first": (5, 5), "batch 4 first": (4, 4), "1-token prompt first": (5, 5)}),
+              {"batch 1 first": (4, 5), "batch 4 first": (4, 5), "1-token prompt first": (3, 4)}),
     # a dynamic cache: the first prefill symbolic (Note [Lengths of written state] in
     # trident/frontend/ints.py: it stores the cache; traced at exact sizes, then again with
     # the prompt's length and the batch symbolic, one trace more than compiles), its decode
@@ -107,6 +115,57 @@ def test_a_serving_sweep_compiles_once_per_structure_and_early_structure(arch, o
                               else lambda: setattr(model, "_previous_max_cache_length", before))
     assert not [w for w in caught if "trident" in str(w.message)]
     stats = jf.stats
+    assert (first, stats.compiles, stats.fallbacks) == (expected, expected, 0), \
+        stats.miss_reasons
+    assert stats.traces == traces
+
+
+# A server's padded batches, a one-token prompt first (issue 26's sweep, ``sweep_hf ARCH 50
+# CACHE jit padded 0 1``, in small): each row but the first left-padded to a length of its own,
+# so a batch of two or four passes a mask with zeros, and a batch of one (its mask all ones,
+# which 5.25's ``generate`` drops) none: two argument structures beside the one-token prefill
+PADDED = [(2, 1, 4), (2, 30, 5), (4, 20, 3), (1, 25, 4), (1, 12, 2), (2, 9, 3)]
+PADDED_COUNTS = {  # (compiles, traces)
+    # a static cache (``generate`` makes the 4-D masks): the one-token prefill (passed a mask,
+    # as the padded prefill: SDPA packs one query's heads, ``pack_gqa``, and repeats the others'
+    # keys), traced at exact sizes then with its capacity an int leaf and the batch symbolic
+    # (Note [Capacities of written state] in trident/frontend/ints.py); the decode step,
+    # symbolic at once (the keys the prefill stored with a symbolic capacity); the padded
+    # prefill and the unmasked one, symbolic at once: 4 (5 before that Note: the decode step at
+    # the first capacity, then again at the second)
+    "llama": (4, 5),
+    # a dynamic cache: the one-token prefill (traced at exact sizes, with its length of one
+    # symbolic, which SDPA refuses, then with its batch alone: Note [Lengths of written
+    # state]), the unmasked decode step, the padded prefill and decode step, the unmasked
+    # prefill of longer prompts: 5, one per path eager takes (SDPA with a mask; without, causal
+    # for a longer prompt and not for one token), none at exact sizes then again
+    "qwen2": (5, 7),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(PADDED_COUNTS))
+def test_a_padded_sweep_with_a_one_token_prompt_first_compiles_once_per_path(arch):
+    model = tiny_model(arch)
+    forward = model.forward
+    jf = trident.jit(forward)
+    kw = dict(do_sample=False, cache_implementation=MODELS[arch][2], output_logits=True,
+              return_dict_in_generate=True, disable_compile=True, pad_token_id=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (batch, length, new) in enumerate(PADDED + PADDED[::-1]):
+            if i == len(PADDED):
+                first = jf.stats.compiles
+            torch.manual_seed(i)
+            rows = [length] + [int(n) for n in torch.randint(1, length + 1, (batch - 1,))]
+            mask = torch.stack([torch.arange(length) >= length - n for n in rows]).long()
+            ids = torch.randint(1, 96, (batch, length)) * mask
+            call = dict(kw, max_new_tokens=new, min_new_tokens=new, attention_mask=mask)
+            before = getattr(model, "_previous_max_cache_length", None)
+            generate_as_eager(model, forward, jf, ids, call, i, restore=None if before is None
+                              else lambda: setattr(model, "_previous_max_cache_length", before))
+    assert not [w for w in caught if "trident" in str(w.message)]
+    stats = jf.stats
+    expected, traces = PADDED_COUNTS[arch]
     assert (first, stats.compiles, stats.fallbacks) == (expected, expected, 0), \
         stats.miss_reasons
     assert stats.traces == traces

@@ -103,12 +103,43 @@ class DynamicDims:
             e.static_trace = True
             raise
 
+    def _capacities_compile(self, call: _Call, caps: frozenset[str]) -> Specialization | None:
+        """Note [Capacities of written state] in ints.py: ``call`` flattened again with the
+        capacities ``caps`` its exact trace allocated as int leaves, compiled with them, the
+        dims of their sizes, the lengths and the batch symbolic; None where that failed (once
+        per function: the exact trace is compiled, the int leaves as they were)."""
+        kept = self._int_leaves, self._varied_ints, self._written_ints
+        lengths = self._written_lengths
+        self._int_leaves, self._varied_ints = self._int_leaves | caps, self._varied_ints | caps
+        again = self._flatten(call.args, call.kwargs)
+        index = {name: i for i, name in enumerate(again.names)}
+        lengths = {index[call.names[i]]: set(d) for i, d in lengths.items()
+                   if call.names[i] in index}
+        dynamic = self._dynamic_dims(again)
+        for i, d in lengths.items():
+            dynamic[i] = dynamic.get(i, set()) | d
+        try:
+            return self._compile(again, dynamic, lengths=lengths)
+        except CompileForbidden:
+            raise
+        except TridentError as e:
+            _recompiles.info("%s: the capacities of the written state %s not compiled (%s); "
+                             "specializing on them", self.__qualname__, sorted(caps), e)
+            self._capacities_failed = True
+            self._int_leaves, self._varied_ints, self._written_ints = kept
+            return None
+
     def _lengths_compile(self, call: _Call) -> Specialization | None:
         """Note [Lengths of written state] in ints.py: ``call`` compiled with the lengths its
         exact trace stored, and its batch, symbolic; None where that failed (the exact trace
         is compiled, and automatic dynamic specializes on the sizes from now on). Lengths of
         one: what the exact trace stored is read back symbolic, and where their trace failed,
         the batch alone is symbolic, automatic dynamic kept."""
+        caps = self._capacities - self._int_leaves
+        if caps and not self._capacities_failed:  # Note [Capacities of written state]
+            spec = self._capacities_compile(call, caps)
+            if spec is not None or not self._written_lengths:
+                return spec
         lengths = dict(self._written_lengths)
         rows = batch.batch_dims(call)
         dynamic = dict(lengths)

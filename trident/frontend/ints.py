@@ -94,6 +94,23 @@ later compile makes those dims of the tensors at those paths symbolic (``written
 decode step after a symbolic prefill of another request has its cache's length symbolic, where
 its ``input_ids`` (one token) and the prefill specialization's recorded sizes (the first
 request's) no longer show it (``varied_sizes`` in Note [Tensors by path] compares sizes only).
+
+Note [Capacities of written state]: a trace that allocates the state it keeps across calls
+where its object held none, sized by an int attribute the object had (a transformers static
+cache layer's prefill: ``keys = zeros(batch, heads, max_cache_len, head_dim)``), stores a
+capacity that ``generate`` sizes per request (the prompt's length and ``max_new_tokens``, at
+least the longest before it: the model's ``_previous_max_cache_length`` holds the same value).
+It is a length as a stored prompt's is, of the state's other dim: so such an exact trace
+(``capacities``: every int constant of the tree of such a value, ``_previous_max_cache_length``
+included; a constant of that value by coincidence is a leaf too, and what the trace reads of it
+is guarded as a constant) is traced again with those ints as int leaves (Note [Int leaves] in
+policy.py: symbols), the dims of their size symbolic (``sized_by``: a 4-D mask's last dim) and
+the batch, before anything is compiled, and the decode step reads the keys back symbolic
+(``written_dims``). So a static cache's first prefill and decode step compile once for every
+later request's cache length, not at exact sizes and again at the second request's: a one-token
+prompt first (its prefill passed a 4-D mask, a structure of its own) compiles 4 times in a
+padded sweep, not 5. Where that trace fails, the exact trace is compiled and the ints stay
+constants (once per function: ``_capacities_failed``).
 """
 
 from __future__ import annotations
@@ -227,6 +244,25 @@ def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
             dims[i] = dims.get(i, set()) | {d for d, n in enumerate(a.shape)
                                             if n in sizes and (d or a.dim() == 1)}
     return {i: d for i, d in dims.items() if d}
+
+
+def capacities(call: _Call, writes: list) -> frozenset[str]:
+    """Note [Capacities of written state]: the paths of ``call``'s int constants (2 or more)
+    whose value is a capacity an exact trace's tensor ``writes`` allocated: the size of a dim
+    (other than 0) of a tensor stored where its object held none, that is an int attribute the
+    object had (a static cache layer's ``max_cache_len``); every int constant of that value
+    (the model's ``_previous_max_cache_length``)."""
+    sizes: set[int] = set()
+    for node, name, value, _ in writes:
+        if not isinstance(value, torch.Tensor) or \
+                not all(type(n) is int for n in value.shape):
+            continue
+        owner = vars(call.values[node]) if hasattr(call.values[node], "__dict__") else {}
+        if not isinstance(owner.get(name), torch.Tensor):
+            own = {v for v in owner.values() if type(v) is int and v >= 2}
+            sizes |= {n for n in value.shape[1:] if n in own}
+    return frozenset(node.path for node, value in zip(call.tree.nodes, call.values)
+                     if node.check == CONST and type(value) is int and value in sizes)
 
 
 def one_lengths(call: _Call, dynamic: dict[int, set[int]], written: dict[str, frozenset[int]],

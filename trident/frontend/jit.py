@@ -26,7 +26,7 @@ from trident.errors import TridentError
 from trident.frontend import graphs
 from trident.frontend.cache import FunctionCache
 from trident.frontend.graphs import GraphControl
-from trident.frontend.install import Installer
+from trident.frontend.install import Installer, _int_leaves_of
 from trident.frontend.eager import _eager_decision
 from trident.frontend.policy import MissPolicy
 from trident.frontend.tracing import Tracer
@@ -138,6 +138,8 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._written_lengths: dict[int, set[int]] = {}  # Note [Lengths of written state]
         self._written_dims: dict[str, frozenset[int]] = {}  # (the same Note: by path)
         self._stored_lengths: dict[str, frozenset[int]] = {}  # (the same Note: exact trace)
+        self._capacities: frozenset[str] = frozenset()  # Note [Capacities of written state]
+        self._capacities_failed = False  # (the same Note: tried once per function)
         self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones
         self._modules: dict[str, types.ModuleType] = {}  # their modules, in guard order
         self._module_names: dict[str, str] = {}  # by Specialization.key (Note [Pruning])
@@ -174,7 +176,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._install_pending()
         lines = []
         for i, spec in enumerate(self._specs):
-            why = self._why_not(spec, call, every=True)
+            why = self._why_not(spec, self._with_leaves_of(spec, call), every=True)
             if why is None:
                 return f"specialization {i} ({spec.signature}) accepts these arguments"
             lines.append(f"specialization {i} ({spec.signature}): {why}")
@@ -182,6 +184,15 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         if eager is not None:
             lines.append(f"runs eagerly: {eager[0]}")
         return "\n".join(lines) or "no specializations yet"
+
+    def _with_leaves_of(self, spec, call):
+        """``call`` flattened with ``spec``'s int leaves, as the miss path does (Note [Stored
+        int leaves] in install.py): a stored specialization's ints are leaves in this process's
+        tree (a static cache's capacity: Note [Capacities of written state] in ints.py)."""
+        try:
+            return self._keyed(self._flattened(call.args, call.kwargs, _int_leaves_of(spec)))
+        except (TypeError, TridentError):
+            return call
 
     def _select(self, *args, **kwargs) -> int:
         """The specialization the native dispatcher runs for this call, or -1 (for tests)."""

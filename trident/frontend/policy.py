@@ -20,7 +20,7 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import cache, ints
 from trident.frontend.dynamic import DynamicDims
 from trident.frontend.eager import _eager_decision, _sizeless
-from trident.frontend.install import _Call, _same_node, _user_stacklevel
+from trident.frontend.install import _Call, _int_leaves_of, _same_node, _user_stacklevel
 from trident.identity import function_key, object_serial
 from trident.frontend.values import failed_check
 from trident.ir.guards import explain_failure, failures, first_failure
@@ -227,6 +227,10 @@ class MissPolicy(DynamicDims):
                 spec, start = None, time.perf_counter()
                 try:
                     spec = stored or self._compile_dynamic_or_static(call)
+                    if spec.tree != call.tree.key and tuple(spec.arg_names) != \
+                            tuple(call.names):  # Note [Capacities of written state] (ints.py):
+                        call = self._known_call(self._flattened(  # its int leaves
+                            call.args, call.kwargs, _int_leaves_of(spec)))
                     if spec.tree != call.tree.key:  # Note [Dict orders]: as its trace found
                         call = self._known_call(orders.in_orders(call,
                                                                  frozenset(spec.free_orders)))

@@ -65,6 +65,7 @@ class Tracer:
         # Note [Lengths of written state] in ints.py: of an exact trace; the symbolic stores
         self._written_lengths = {} if dynamic else ints.written_lengths(call, writes)
         self._stored_lengths = ints.stored_lengths(call, writes, self._written_lengths)
+        self._capacities = frozenset() if dynamic else ints.capacities(call, writes)
         self._written_dims = ints.symbolic_writes(call.tree, writes, self._written_dims)
         return captured
 
@@ -89,7 +90,7 @@ class Tracer:
         if not watched or call.tree.key in self._process_trees:  # (Note [Classes of one name])
             return frozenset()
         kept = self._written_ints, self._written_lengths, self._written_dims, \
-            self._stored_lengths
+            self._stored_lengths, self._capacities
         probe = orders.Probe(watched)
         recording.probe = probe
         try:
@@ -102,7 +103,7 @@ class Tracer:
         same = again is not None and self._written_ints == kept[0] and \
             orders.same_capture(captured, again)
         self._written_ints, self._written_lengths, self._written_dims, \
-            self._stored_lengths = kept
+            self._stored_lengths, self._capacities = kept
         return probe.free(call.tree) if same else frozenset()
 
     def _traced(self, call: _Call, dynamic: dict[int, set[int]],
@@ -140,7 +141,8 @@ class Tracer:
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
         captured, reads, free = self._traced(call, dynamic, lengths)
-        if again is not None and not dynamic and self._written_lengths:
+        if again is not None and not dynamic and (self._written_lengths or (
+                self._capacities - self._int_leaves and not self._capacities_failed)):
             written = self._written_ints
             spec = again(call)
             if spec is not None:
