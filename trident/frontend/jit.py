@@ -138,7 +138,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._written_lengths: dict[int, set[int]] = {}  # Note [Lengths of written state]
         self._written_dims: dict[str, frozenset[int]] = {}  # (the same Note: by path)
         self._stored_lengths: dict[str, frozenset[int]] = {}  # (the same Note: exact trace)
-        self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones
+        self._rendered: dict[str, codegen.Rendered] = {}  # installed ones rendered (modules.py)
         self._modules: dict[str, types.ModuleType] = {}  # their modules, in guard order
         self._module_names: dict[str, str] = {}  # by Specialization.key (Note [Pruning])
         self._callback_ids: dict[tuple[str, int], int] = {}
