@@ -141,8 +141,8 @@ def load_built(name: str, directory: Path) -> ModuleType | None:
     if not re.fullmatch(r"trident_scm_[0-9a-f]{20}", name):
         return None
     target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if name not in sys.modules and not _intact(target, directory / f"{name}.sha256"):
-        return None
+    if not _intact(target, directory / f"{name}.sha256"):  # (as ``build`` checks, loaded or
+        return None  # not: a file gone is built again)
     try:
         return _load(name, target)
     except (OSError, ImportError):  # pruned by another process after _intact
