@@ -540,20 +540,25 @@ SIZED_SCRIPT = textwrap.dedent('''
     folder, i, mode = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     sys.path.insert(0, str(folder))
     f = trident.jit(__import__(f"fn_{i}").f)
-    real_build = build.build
+    # a module is loaded by its recorded name (Note [Stored module names]) or built (or
+    # found built) from its rendered source: both are where the process loads
+    real = {"build": build.build, "load_built": build.load_built}
 
-    def hold(source, directory):  # "hold": load while the test says so (its lock held)
-        (folder / f"loading_{i}").write_text("")
-        while not (folder / f"go_{i}").exists():
-            time.sleep(0.05)
-        return real_build(source, directory)
+    def hooked(name):
+        def hold(source, directory):  # "hold": load while the test says so (its lock held)
+            (folder / f"loading_{i}").write_text("")
+            while not (folder / f"go_{i}").exists():
+                time.sleep(0.05)
+            return real[name](source, directory)
 
-    def delete(source, directory):  # "delete": another hand deletes the entry meanwhile
-        shutil.rmtree(directory)
-        build.build = real_build
-        return real_build(source, directory)
+        def delete(source, directory):  # "delete": another hand deletes the entry meanwhile
+            shutil.rmtree(directory)
+            build.build, build.load_built = real["build"], real["load_built"]
+            return real[name](source, directory)
 
-    build.build = {"hold": hold, "delete": delete}.get(mode, real_build)
+        return {"hold": hold, "delete": delete}.get(mode, real[name])
+
+    build.build, build.load_built = hooked("build"), hooked("load_built")
     x = torch.arange(-3.0, 3.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -172,8 +172,11 @@ def test_superseded_modules_are_pruned(trident_cache):
         assert sorted(p.name.removeprefix(name) for p in folder.glob(f"{name}.*")) == sorted(
             [".c", ".1.c", ".2.c", sysconfig.get_config_var("EXT_SUFFIX"), ".lock", ".sha256"])
     assert {p.name for p in folder.iterdir() if not p.name.startswith("trident_scm_")} == \
-        {"specs", "trees", "function.json", "prune.lock"}
+        {"specs", "trees", "modules", "function.json", "prune.lock"}
     assert len(list(folder.glob("trees/*.json.gz"))) == 1  # one tree: Note [Stored trees]
+    # Note [Stored module names]: a record per stored specialization, naming a kept module
+    assert {json.loads(p.read_text())["module"] for p in folder.glob("modules/*.json")} == \
+        modules
     as_in_a_new_process()
     again = trident.jit(add, max_specializations=2)  # a new process: the stored modules serve
     for k in (3, 4):

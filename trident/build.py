@@ -50,6 +50,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -131,6 +132,21 @@ def build(sources: str | Sequence[str], directory: Path) -> ModuleType:
             f"(TRIDENT_LOCK_TIMEOUT) while {name} is not built")) from e
     except (OSError, ImportError, cffi.VerificationError) as e:
         raise transient(TridentError(f"building {name} in {directory} failed: {e}")) from e
+
+
+def load_built(name: str, directory: Path) -> ModuleType | None:
+    """The module ``name`` of ``directory``, built before (Note [Stored module names] in
+    frontend/modules.py), loaded where its file is intact; None where it is not there, is
+    damaged, or does not load (``build`` then builds it again from its sources)."""
+    if not re.fullmatch(r"trident_scm_[0-9a-f]{20}", name):
+        return None
+    target = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not _intact(target, directory / f"{name}.sha256"):  # (as ``build`` checks, loaded or
+        return None  # not: a file gone is built again)
+    try:
+        return _load(name, target)
+    except (OSError, ImportError):  # pruned by another process after _intact
+        return None
 
 
 def prune(directory: Path, keep: set[str], before_ns: int) -> list[str]:

@@ -12,12 +12,15 @@ Layout under ``config.cache_dir()``:
                                        decisions] in policy.py)
         trees/<tree key>.json.gz       the words of a stored specialization's argument tree,
                                        for explain() (Note [Stored trees] in ir/trees.py)
+        modules/<key>-<context>.json   the name of a stored specialization's module (Note
+                                       [Stored module names] in modules.py)
     locks/<name>-<key>.lock            held while a process loads or stores a function's entries
     locks/evict.lock                   held while a process evicts (Note [Cache size])
 
-A new process renders the stored specializations again (no tracing, no MLIR) and loads the
-module whose name that source hashes to, each when a call needs it (Note [Installing on demand]
-in install.py).
+A new process reads the stored specializations (no tracing, no MLIR) and loads the module
+each one's record names (Note [Stored module names] in modules.py; where it has none, the
+module whose name its rendered source hashes to), each when a call needs it (Note [Installing
+on demand] in install.py).
 
 Note [Cache size]: the cached functions (``functions/``; not the runtime build) are kept
 under ``config.cache_size()`` bytes (default 2 GiB, ``TRIDENT_CACHE_SIZE``). A folder's
@@ -174,12 +177,49 @@ class FunctionCache:
                 Path(tmp).unlink(missing_ok=True)
             for old in sorted(self.spec_dir.glob("*.json"))[:-keep]:
                 old.unlink(missing_ok=True)
+                for record in self.directory.glob(f"modules/{old.stem.rpartition('-')[2]}-*"):
+                    record.unlink(missing_ok=True)  # Note [Stored module names]
             touch(self.directory)
             return True
         except OSError as e:
             warnings.warn(f"trident: cannot store the specialization {spec.signature} in "
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
             return False
+
+    def stored(self, key: str) -> bool:
+        """Whether the specialization ``key`` was read from, or written to, this folder by this
+        process (not one kept in the process only)."""
+        return any(spec.key == key for _, spec in self._parsed.values())
+
+    def load_module_record(self, key: str, context: str) -> dict | None:
+        """Note [Stored module names] in modules.py: the record of specialization ``key``'s
+        module under ``context``, or None (none, damaged, deleted meanwhile)."""
+        try:
+            data = json.loads((self.directory / "modules" / f"{key}-{context}.json").read_text())
+            if isinstance(data["module"], str) and all(
+                    type(i) is int for i in data["callbacks"]) and all(
+                    isinstance(c, str) for c in data["cubins"]):
+                return data
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
+    def save_module_record(self, key: str, context: str, record: dict) -> None:
+        """Note [Stored module names]: store ``record`` for specialization ``key``'s module
+        under ``context``; a cache that cannot be written skips it (a later process renders,
+        as before)."""
+        path = self.directory / "modules" / f"{key}-{context}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(record, f, sort_keys=True)
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except OSError as e:
+            _log.info("cannot store the module name of %s in %s: %s", key, path.parent, e)
 
     def save_tree(self, words: TreeWords, key: int, keep: int = 64) -> None:
         """Store the words of the argument tree ``key`` (Note [Stored trees]), and delete the

@@ -19,11 +19,12 @@ from trident import config
 
 
 def entry_size(directory: Path) -> int:
-    """The bytes of a function folder's entries: its files and those of ``specs/``, ``eager/``
-    and ``trees/``; not a build in progress (cffi's temporary folder beside them), whose module
+    """The bytes of a function folder's entries: its files and those of ``specs/``, ``eager/``,
+    ``trees/`` and ``modules/``; not a build in progress (cffi's temporary folder beside them), whose module
     counts once it is in place. Files that vanish meanwhile count 0."""
     size = 0
-    for folder in (directory, directory / "specs", directory / "eager", directory / "trees"):
+    for folder in (directory, directory / "specs", directory / "eager", directory / "trees",
+                   directory / "modules"):
         try:
             for entry in os.scandir(folder):
                 try:

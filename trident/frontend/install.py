@@ -1,10 +1,9 @@
 """Installing specializations into a JitFunction's native Dispatcher.
 
 The installer's job: a call's argument tree and binding (flattened in Python, the trees handed
-to the dispatcher), the stored specializations the current state allows, each one's module
-rendered, built or found in the cache and initialised (cubins, interpreter callbacks), the
-modules handed to the dispatcher in guard order, and the modules no specialization stores any
-more pruned. What a miss does is policy.py's; the CUDA graph slots are graphs.py's.
+to the dispatcher), the stored specializations the current state allows, and their modules
+(modules.py makes and loads them) handed to the dispatcher in guard order. What a miss does is
+policy.py's; the CUDA graph slots are graphs.py's.
 """
 
 from __future__ import annotations
@@ -15,26 +14,22 @@ import json
 import sys
 import types
 import warnings
-import weakref
-from pathlib import Path
-from typing import Callable
 
 import torch
 
-from trident import build, config, frames, runtime
-from trident.codegen import render as codegen
+from trident import config, frames
 from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
+from trident.frontend.modules import Modules
 from trident.identity import PROCESS, function_key, same_object
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ID, TENSOR, ArgTree, Binding
-from trident.lower import kernels, orders, rng, state, uses
+from trident.lower import orders, rng, state, uses
 from trident.lower.flatten import flatten_call
 
 _recompiles = config.logger("recompiles")
-_code_log = config.logger("code")
 
 
 @dataclasses.dataclass
@@ -53,7 +48,7 @@ class _Call:
         return self.tree.leaf_paths
 
 
-class Installer:
+class Installer(Modules):
     """The JitFunction methods that flatten calls and install specializations; the state they
     keep lives in the Dispatcher's ``__dict__`` (``JitFunctionMixin._setup``)."""
 
@@ -348,33 +343,18 @@ class Installer:
 
     # ---- modules ----------------------------------------------------------------------------
 
-    def _render(self, spec: Specialization) -> codegen.Rendered:
-        """``spec``'s module source; rendered once while installed."""
-        rendered = self._rendered.get(spec.key)
-        if rendered is not None:
-            return rendered
-        with config.stage("render"):
-            return codegen.render(spec, self.__qualname__)
-
     def _install_module(self, specs: list[Specialization],
                         pending: list[Specialization] = ()) -> None:
         """Install ``specs``, in guard order: each one's module is built only where no earlier
-        compile built it (Note [Incremental modules] in build.py); ``pending``: stored ones
-        installed when a call needs them (Note [Installing on demand]), whose state guards
-        are checked from now on as the installed ones' are.
+        compile built it (Note [Incremental modules] in build.py), and found without rendering
+        where its name is recorded (Note [Stored module names] in modules.py); ``pending``:
+        stored ones installed when a call needs them (Note [Installing on demand]), whose state
+        guards are checked from now on as the installed ones' are.
 
         Raises:
             TridentError: no runtime (``explain()`` and ``source()`` say why), a module that
                 does not build, or one built for another runtime ABI."""
-        if self._no_runtime is not None:
-            raise TridentError(self._no_runtime)
-        rendered = {s.key: self._render(s) for s in specs}
-        for key, r in rendered.items():
-            if key not in self._rendered:
-                _code_log.info("%s", r.source)
-        self._rendered = rendered
-        self._modules = {s.key: self._modules.get(s.key) or self._load_module(s)
-                         for s in specs}  # (one loaded stays: Note [Installing on demand])
+        self._load_modules(specs)
         self._specs, self._pending = specs, list(pending)
         self._left_out = None
         self._reset_graphs(len(specs))
@@ -393,59 +373,6 @@ class Installer:
             self._state_reads = by_text.keys()
         self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
                             for m in self._modules.values()))
-
-    def _load_module(self, spec: Specialization):
-        """``spec``'s module, built (or found in the cache), its operators looked up, its
-        cubins and Python callbacks handed over."""
-        rendered = self._rendered[spec.key]
-        module = build.build(rendered.sources, self._cache.directory)
-        rt = runtime.load()
-        rc = module.lib.scm_init(rt.api_address())
-        if rc < 0:
-            raise TridentError(f"{self.__qualname__}: the module was built for another version "
-                               "of the runtime's ABI (trident_rt.h)")
-        if rc > 0:
-            raise TridentError(f"{self.__qualname__}: the runtime lacks an operator the module "
-                               f"calls (op table entry {rc - 1})")
-        for index, cubin in enumerate(rendered.cubins):
-            if module.lib.scm_set_cubin(index, cubin, len(cubin)):
-                raise TridentError(f"{self.__qualname__}: cannot hand cubin {index} over to "
-                                   "its module (out of memory)")
-        for slot, step_index in enumerate(rendered.callbacks):
-            key = (spec.key, step_index)
-            if key not in self._callback_ids:
-                launch = spec.plan.steps[step_index].launch
-                launcher = kernels.interpreted_launcher(
-                    kernels.find_kernel(launch.ref, self._code_fn), launch,
-                    _weakly(self._count_interpreted))
-                self._callback_ids[key] = rt.register_callback(launcher)
-            module.lib.scm_set_callback(slot, self._callback_ids[key])
-        return module
-
-    def _count_interpreted(self) -> None:
-        self._counters.interpreted_launches += 1
-
-    # ---- pruning (Note [Pruning] in build.py) -----------------------------------------------
-
-    def _stored_modules(self) -> set[str]:
-        """The names of the modules of the stored specializations, which a new process may
-        load (Note [Pruning] in build.py keeps them)."""
-        names = set()
-        for spec in self._cache.load_specs():
-            if spec.key not in self._module_names:
-                self._module_names[spec.key] = build.module_name(self._render(spec).sources)
-            names.add(self._module_names[spec.key])
-        return names
-
-    def _prune(self, spec: Specialization) -> None:
-        """Note [Pruning] in build.py: after ``spec`` is stored, delete the modules of
-        specializations the cache no longer stores, built before ``spec``'s."""
-        try:
-            built = Path(self._modules[spec.key].__file__).stat().st_mtime_ns
-        except OSError:  # pruned by another process meanwhile: so it prunes
-            return
-        keep = self._stored_modules() | {m.__name__ for m in self._modules.values()}
-        build.prune(self._cache.directory, keep, built)
 
 
 def _same_classes(known: ArgTree, tree: ArgTree) -> bool:
@@ -472,19 +399,6 @@ def _user_stacklevel() -> int:
                                                           resolved=True):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _weakly(method: Callable[[], None]) -> Callable[[], None]:
-    """``method`` called through a weak reference to its object: a callback the runtime keeps
-    for the rest of the process (``register_callback``) does not keep a JitFunction alive."""
-    ref = weakref.WeakMethod(method)
-
-    def call() -> None:
-        bound = ref()
-        if bound is not None:
-            bound()
-
-    return call
 
 
 def _int_leaves_of(spec: Specialization) -> frozenset[str]:

@@ -140,7 +140,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._stored_lengths: dict[str, frozenset[int]] = {}  # (the same Note: exact trace)
         self._capacities: frozenset[str] = frozenset()  # Note [Capacities of written state]
         self._capacities_failed = False  # (the same Note: tried once per function)
-        self._rendered: dict[str, codegen.Rendered] = {}  # by Specialization.key, installed ones
+        self._rendered: dict[str, codegen.Rendered] = {}  # installed ones rendered (modules.py)
         self._modules: dict[str, types.ModuleType] = {}  # their modules, in guard order
         self._module_names: dict[str, str] = {}  # by Specialization.key (Note [Pruning])
         self._callback_ids: dict[tuple[str, int], int] = {}

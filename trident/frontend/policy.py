@@ -261,6 +261,9 @@ class MissPolicy(DynamicDims):
                         saved = stored is None and only is None and self._cache.save_spec(
                             spec, keep=2 * self._max_specializations)
                         if saved:
+                            if spec.key in self._rendered:  # Note [Stored module names]
+                                self._record_module(spec, self._modules[spec.key].__name__,
+                                                    self._rendered[spec.key])
                             self._prune(spec)
                             if spec.tree in self._trees:  # Note [Stored trees] in ir/trees.py
                                 self._cache.save_tree(self._trees[spec.tree].words(), spec.tree,
