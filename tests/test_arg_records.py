@@ -15,7 +15,8 @@ from _trident_helpers import c_module
 from trident.codegen.guards import guard_c, guard_checks
 from trident.ir.facts import INT, TENSOR
 from trident.ir.guards import (Aligned16, ArgCount, DeviceIndex, DeviceType, Dim, Dtype,
-                               Inference, IntValue, Kind, RequiresGrad, Size, Stride)
+                               Inference, IntValue, IsParameter, Kind, RequiresGrad, Size,
+                               Stride)
 
 HEADER = (Kind, Dtype, DeviceType, DeviceIndex, Dim, Aligned16, RequiresGrad, Inference)
 # each kind's values: the ones records take, and some no field holds (a miss either way)
@@ -119,7 +120,7 @@ def test_a_tensors_header_is_one_check_before_its_sizes():
     guards = [ArgCount(3), Kind(INT, 0), IntValue(7, 0), Kind(TENSOR, 1), Kind(INT, 2),
               Dtype(6, 1), DeviceType(1, 1), DeviceIndex(0, 1), Dim(2, 1), Size(4, 1, 0),
               Size(8, 1, 1), Stride(8, 1, 0), Stride(1, 1, 1), Aligned16(True, 1),
-              RequiresGrad(False, 1), Inference(False, 1), IntValue(3, 2)]
+              RequiresGrad(False, 1), Inference(False, 1), IsParameter(False, 1), IntValue(3, 2)]
     got = guard_checks(guards, ["key", "x", "n"])
     exprs = [e for e, _ in got]
     # every field and flag bit guarded: the word equals a constant (kind 1, flags 2, dtype 6,

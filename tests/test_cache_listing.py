@@ -181,7 +181,7 @@ def test_clear_everything_lists_each_entry(trident_cache, capsys):
 
 
 def listed_eager(x):
-    if x.sum() > 0:  # data-dependent control flow: every call runs eagerly
+    if float(x.sum()) > 0:  # a float read of a value (Note [Value reads]): every call eager
         return x + 1
     return x - 1
 

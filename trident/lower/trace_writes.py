@@ -60,8 +60,15 @@ def why(frame) -> str:
 # variable's value at its end is not the one it had at its start (compared by identity), the
 # trace is refused: the call runs eagerly with a warning and sets it once, as eager does. A
 # variable set and reset within the call (transformers' ``capture_outputs`` sets its
-# ``_active_collector`` around each forward) leaves nothing changed: served natively.
+# ``_active_collector`` around each forward) leaves nothing changed: served natively. The
+# ``decimal`` module's own variable (``decimal_context``), absent at the start, is left out:
+# ``decimal.getcontext()`` creates the thread's context lazily, which a symbolic trace's sympy
+# does (every dynamic-dims trace was refused); eager's first use creates the same default.
 _MISSING = object()
+
+
+def _lazy_decimal(var, before: dict) -> bool:
+    return var.name == "decimal_context" and var not in before
 
 
 def run_in_own_context(fn, args: tuple):
@@ -73,7 +80,7 @@ def run_in_own_context(fn, args: tuple):
     before = dict(context)
     result = context.run(fn, *args)
     changed = sorted(v.name for v, value in context.items()
-                     if before.get(v, _MISSING) is not value)
+                     if before.get(v, _MISSING) is not value and not _lazy_decimal(v, before))
     if changed:
         raise TridentError(f"the function sets the context variable {', '.join(changed)} and "
                            "leaves it set, which a compiled call would not do")
