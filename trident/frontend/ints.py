@@ -214,6 +214,15 @@ def sized_by(call: _Call, paths: frozenset[str]) -> dict[int, set[int]]:
     return {i: d for i, d in dims.items() if d}
 
 
+def _written_tensors(call: _Call, writes: list):
+    """``(node, name, tensor, the object's dict)`` of each tensor of static sizes that an exact
+    trace's ``writes`` stored on an object of ``call`` (``{}`` for one without a dict)."""
+    for node, name, value, _ in writes:
+        if isinstance(value, torch.Tensor) and all(type(n) is int for n in value.shape):
+            obj = call.values[node]
+            yield node, name, value, (vars(obj) if hasattr(obj, "__dict__") else {})
+
+
 def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
     """Note [Lengths of written state]: ``{leaf index: dims}`` of ``call``'s tensor leaves
     that an exact trace's tensor ``writes`` (``(node, name, value, attributes)``: Note
@@ -223,11 +232,7 @@ def written_lengths(call: _Call, writes: list) -> dict[int, set[int]]:
     tree, index = call.tree, {name: i for i, name in enumerate(call.names)}
     dims: dict[int, set[int]] = {}
     sizes: set[int] = set()
-    for node, name, value, _ in writes:
-        if not isinstance(value, torch.Tensor) or \
-                not all(type(n) is int for n in value.shape):
-            continue
-        owner = vars(call.values[node]) if hasattr(call.values[node], "__dict__") else {}
+    for node, name, value, owner in _written_tensors(call, writes):
         before, i = owner.get(name), index.get(f"{tree.nodes[node].path}.{name}")
         if isinstance(before, torch.Tensor):
             if i is not None and before.dim() == value.dim():
@@ -253,11 +258,7 @@ def capacities(call: _Call, writes: list) -> frozenset[str]:
     object had (a static cache layer's ``max_cache_len``); every int constant of that value
     (the model's ``_previous_max_cache_length``)."""
     sizes: set[int] = set()
-    for node, name, value, _ in writes:
-        if not isinstance(value, torch.Tensor) or \
-                not all(type(n) is int for n in value.shape):
-            continue
-        owner = vars(call.values[node]) if hasattr(call.values[node], "__dict__") else {}
+    for _, name, value, owner in _written_tensors(call, writes):
         if not isinstance(owner.get(name), torch.Tensor):
             own = {v for v in owner.values() if type(v) is int and v >= 2}
             sizes |= {n for n in value.shape[1:] if n in own}
