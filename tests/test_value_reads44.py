@@ -86,29 +86,38 @@ def _sdpa_masks(spec) -> list:
             if getattr(s, "op", "") == "aten::scaled_dot_product_attention"]
 
 
+def _mask_skips(monkeypatch, run):
+    """``run()`` eagerly with each answer of transformers' ``_ignore_causal_mask_sdpa``
+    recorded: (the answers, ``run()``'s result)."""
+    import transformers.masking_utils as mu
+
+    answers, original = [], mu._ignore_causal_mask_sdpa
+
+    def recorded(*args, **kwargs):
+        answers.append(original(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", recorded)
+    try:
+        return answers, run()
+    finally:
+        monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", original)
+
+
 def test_qwen2_forward_takes_eager_mask_branch(monkeypatch):
     """A tiny Qwen2's forward with an all-ones attention mask: eager's
     ``_ignore_causal_mask_sdpa`` returns True (SDPA without a mask, ``is_causal``); the
     trace's plan calls SDPA as eager does."""
     pytest.importorskip("transformers")
-    import transformers.masking_utils as mu
     from benchmarks.sweep_hf import tiny_model
     from trident.ir.operands import NoneConst
 
     model = tiny_model("qwen2", "cpu")
     ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(1, 6, dtype=torch.long)
-    answers = []
-    original = mu._ignore_causal_mask_sdpa
-
-    def recorded(*args, **kwargs):
-        answers.append(original(*args, **kwargs))
-        return answers[-1]
-
     with torch.no_grad():
-        monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", recorded)
-        ref = model(input_ids=ids, attention_mask=mask).logits
-        monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", original)
+        answers, ref = _mask_skips(monkeypatch, lambda: model(input_ids=ids,
+                                                               attention_mask=mask).logits)
         assert answers and all(answers)  # eager drops the all-ones mask
         jf = trident.jit(model.forward)
         out = jf(input_ids=ids, attention_mask=mask).logits
@@ -200,7 +209,6 @@ def test_decode_with_a_mask_of_ones_takes_eager_branch(arch, monkeypatch):
     every step, and so does every specialization of the first decode; the padded decode keeps
     it."""
     pytest.importorskip("transformers")
-    import transformers.masking_utils as mu
     from benchmarks.sweep_hf import tiny_model
     from trident.ir.operands import NoneConst, Val
 
@@ -208,17 +216,8 @@ def test_decode_with_a_mask_of_ones_takes_eager_branch(arch, monkeypatch):
     ids = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(0))
     ones, padded = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
     padded[0, 0] = 0
-    answers = []
-    original = mu._ignore_causal_mask_sdpa
-
-    def recorded(*args, **kwargs):
-        answers.append(original(*args, **kwargs))
-        return answers[-1]
-
     with torch.no_grad():
-        monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", recorded)
-        ref = _greedy(model.forward, model, ids, ones)
-        monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", original)
+        answers, ref = _mask_skips(monkeypatch, lambda: _greedy(model.forward, model, ids, ones))
         assert len(answers) == 5 and all(answers)
         jf = trident.jit(model.forward)
         out = _greedy(jf, model, ids, ones)
