@@ -240,7 +240,7 @@ def test_a_parameter_of_symbolic_sizes_keeps_its_type(typelib, dims):
 
 
 def test_a_library_type_read_known_alike_is_served():
-    """Note [Type reads alike] (lower/state/bytecode.py): transformers'
+    """Note [Type reads alike] (lower/state/type_strings.py): transformers'
     ``infer_framework_from_repr`` reads ``type(x)`` of each ``ModelOutput``'s first field where
     the others are None (a forward with ``use_cache=False``); it answers on a fake as on a
     tensor and a Parameter, so the forward is served (it ran eagerly: 10 of 10 calls)."""

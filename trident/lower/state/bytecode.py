@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from trident import frames
-from trident.lower.state import flow
+from trident.lower.state import flow, type_strings
 
 _LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
 
@@ -208,7 +208,9 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
     holds of both; ``isinstance(x, nn.Parameter)`` the fake of a Parameter answers as it does
     (torch marks it), and each tensor argument is guarded on it; ``isinstance(x, nn.Buffer)``
     asks the tensor's ``_is_buffer`` attribute, a lookup of Note [Python attributes of tensors]
-    (Note [Tensor types and attributes] in ir/guards.py): none is one."""
+    (Note [Tensor types and attributes] in ir/guards.py): none is one. A type used only as
+    text compared with constants that answer alike on the fake is none either (Note [Type
+    reads alike] in type_strings.py)."""
     tensors = {n for n, v in params.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         return None
@@ -230,7 +232,8 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
-        if depth == 0 and _compared_with_other_classes(f, compares, k):
+        if depth == 0 and (_compared_with_other_classes(f, compares, k) or
+                           type_strings.read_alike(f, k, params)):  # Note [Type reads alike]
             continue
         line = i.positions.lineno if i.positions else "?"
         return f"{what} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
@@ -238,14 +241,8 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 
 
 _TYPE_NAMES = frozenset({"type", "__class__", "isinstance", "issubclass"})
-# Note [Type reads alike]: library functions whose read of a tensor's type answers on its
-# fake as on the tensor, so not a reason to run eagerly: transformers'
-# ``infer_framework_from_repr`` (5.x) tests ``str(type(x)).startswith("<class 'torch.")``,
-# which holds of ``FakeTensor``, ``Tensor`` and ``Parameter`` alike (every ``ModelOutput`` whose
-# fields but the first are None asks it: a forward with ``use_cache=False``). Checked by
-# tests/test_never_stale44.py against the library's own answers.
-_TYPES_READ_ALIKE = frozenset({("transformers.utils.generic", "infer_framework_from_repr")})
-_LIBRARY_TYPES: dict = {}  # (id of a code object, its tensor parameters) -> (code, answer)
+_LIBRARY_TYPES: dict = {}  # (id of a code object, its tensor parameters and their types) ->
+# (code, answer)
 
 
 def library_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
@@ -253,10 +250,9 @@ def library_type_read(code: types.CodeType, g: dict, params: dict) -> str | None
     ir/guards.py), kept per code object and tensor parameters (a library's code is walked once
     per process); code that names none of ``type``, ``__class__``, ``isinstance`` and
     ``issubclass`` reads none."""
-    if _TYPE_NAMES.isdisjoint(code.co_names) or \
-            (g.get("__name__"), code.co_qualname) in _TYPES_READ_ALIKE:
+    if _TYPE_NAMES.isdisjoint(code.co_names):
         return None
-    key = (id(code), frozenset(params))
+    key = (id(code), frozenset((n, type(v)) for n, v in params.items()))
     found = _LIBRARY_TYPES.get(key)
     if found is None or found[0] is not code:
         if len(_LIBRARY_TYPES) >= 65536:

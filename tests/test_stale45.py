@@ -1,0 +1,166 @@
+"""Issue 28, session 45: rules in place of names, each tested as a kind: every call is compared
+with eager (``torch.equal``), with exact compile, hit and fallback counts and the one warning
+where calls run eagerly."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import installed_package
+
+
+def counts(jf) -> tuple[int, int, int]:
+    s = jf.stats
+    return s.compiles, s.hits, s.fallbacks
+
+
+def said(caught, words: str) -> list[str]:
+    return [str(w.message) for w in caught if words in str(w.message)]
+
+
+# ---- Note [Type reads alike] (lower/state/type_strings.py) -------------------------------------
+# transformers' ``infer_framework_from_repr`` was let through by its name. The rule is now proven
+# from the bytecode: a tensor parameter's type used only as text compared with constants that
+# answer alike on the fake's class and on Tensor and Parameter. Every other use runs eagerly.
+
+_TEXTS = '''
+import torch
+
+PREFIX = "<class 'torch."
+NAME = "ndarray"
+
+
+def repr_prefix(t):
+    representation = str(type(t))
+    if representation.startswith("<class 'numpy."):
+        return t * 4.0
+    return t * (2.0 if representation.startswith("<class 'torch.") else 3.0)
+
+
+def repr_of_class(t):
+    return t * (2.0 if repr(t.__class__).startswith(("<class 'torch", "<class 'jax")) else 3.0)
+
+
+def module_prefix(t):
+    return t * (2.0 if type(t).__module__.startswith("torch") else 3.0)
+
+
+def module_contains(t):
+    return t * (2.0 if "torch" in t.__class__.__module__ else 3.0)
+
+
+def name_differs(t):
+    return t * (2.0 if type(t).__name__ != "ndarray" else 3.0)
+
+
+def qualname_among(t):
+    return t * (2.0 if type(t).__qualname__ in ("ndarray", "Array") else 3.0)
+
+
+def repr_suffix(t):
+    return t * (2.0 if str(type(t)).endswith("'>") else 3.0)
+
+
+def name_is_tensor(t):
+    return t * (2.0 if type(t).__name__ == "Tensor" else 3.0)
+
+
+def repr_is_tensor(t):
+    return t * (2.0 if str(type(t)).startswith("<class 'torch.Tensor") else 3.0)
+
+
+def module_is_parameter(t):
+    return t * (2.0 if t.__class__.__module__ == "torch.nn.parameter" else 3.0)
+
+
+def name_against_global(t):
+    return t * (2.0 if type(t).__name__ != NAME else 3.0)
+
+
+def prefix_from_global(t):
+    return t * (2.0 if str(type(t)).startswith(PREFIX) else 3.0)
+
+
+def text_length(t):
+    return t * float(len(str(type(t))))
+
+
+def text_returned(t):
+    return t * 2.0, type(t).__name__
+
+
+def rebound(t, flag=False):
+    text = str(type(t))
+    if flag:
+        text = "<class 'torch.Tensor'>"
+    return t * (2.0 if text == "<class 'torch.Tensor'>" else 3.0)
+
+
+def of_a_view(t):
+    return t * (2.0 if type(t.view(-1)).__name__ == "Tensor" else 3.0)
+
+
+def param_rebound(t):
+    u = t
+    t = t * 1.0
+    return u * (2.0 if type(t).__module__.startswith("torch") else 3.0)
+
+
+def in_a_try(t):
+    try:
+        name = type(t).__name__
+    except AttributeError:
+        name = "Tensor"
+    return t * (2.0 if name == "Tensor" else 3.0)
+'''
+
+ALIKE = ["repr_prefix", "repr_of_class", "module_prefix", "module_contains", "name_differs",
+         "qualname_among", "repr_suffix"]
+APART = ["name_is_tensor", "repr_is_tensor", "module_is_parameter", "name_against_global",
+         "prefix_from_global", "text_length", "text_returned", "rebound", "of_a_view",
+         "param_rebound", "in_a_try"]
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    with installed_package(tmp_path_factory.mktemp("texts"), "trident_texts45",
+                           {"__init__": _TEXTS}) as lib:
+        yield lib
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.parametrize("where", ["library code", "user code"])
+@pytest.mark.parametrize("reader", ALIKE + APART)
+def test_a_tensors_type_read_as_text(texts, reader, where):
+    if where == "library code":
+        fn = getattr(texts, reader)
+    else:  # the same source, as the user's own code
+        g: dict = {}
+        exec(compile(_TEXTS, __file__, "exec"), g)
+        fn = g[reader]
+
+    def f(x):
+        return fn(x)
+
+    jf = trident.jit(f)
+    p = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    t = torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x in (p, t, p, t, t):
+            assert _same(jf(x), f(x)), x
+    warned = said(caught, "trident")
+    if reader in ALIKE:
+        assert counts(jf) == (2, 3, 0) and not warned, (jf.stats, warned)
+    else:
+        assert counts(jf) == (0, 0, 5), jf.stats
+        assert len(warned) == 1 and "reads a tensor's Python type" in warned[0], warned
