@@ -164,3 +164,114 @@ def test_a_tensors_type_read_as_text(texts, reader, where):
     else:
         assert counts(jf) == (0, 0, 5), jf.stats
         assert len(warned) == 1 and "reads a tensor's Python type" in warned[0], warned
+
+
+# ---- Note [The decimal context] (lower/trace_writes.py) ----------------------------------------
+# The decimal module's context variable was left out by its name when the trace created it, and
+# otherwise compared by identity: ``decimal.getcontext().prec = 5`` (or flags raised by decimal
+# arithmetic) was made by the trace once and by no hit (prec 28 after the second call, eager 5).
+# It is now found by identity and compared by its state; a change runs the call eagerly and the
+# trace's change is put back (``prec += 1``: eager's 29, not 30).
+
+_DECIMALS = '''
+import contextvars
+import decimal
+
+USERS = contextvars.ContextVar("decimal_context")
+
+
+def precision(x):
+    decimal.getcontext().prec = 5
+    return x * 2.0
+
+
+def increment(x):
+    context = decimal.getcontext()
+    context.prec += 1
+    return x * 2.0
+
+
+def flags(x):
+    return x * float(decimal.Decimal(1) / decimal.Decimal(3))
+
+
+def replaced(x):
+    decimal.setcontext(decimal.Context(prec=6))
+    return x * 2.0
+
+
+def named_alike(x):
+    USERS.set(1)
+    return x * 2.0
+
+
+def untouched(x):
+    return x * float(decimal.Decimal(3) / decimal.Decimal(2))
+'''
+
+
+@pytest.fixture(scope="module")
+def decimals(tmp_path_factory):
+    with installed_package(tmp_path_factory.mktemp("decimals"), "trident_decimals45",
+                           {"__init__": _DECIMALS}) as lib:
+        yield lib
+
+
+def _decimal_after(context):
+    import decimal
+    return context.run(lambda: (decimal.getcontext().prec, sorted(
+        k.__name__ for k, v in decimal.getcontext().flags.items() if v)))
+
+
+@pytest.mark.parametrize("where", ["library code", "user code"])
+@pytest.mark.parametrize("start", ["present", "absent"])
+@pytest.mark.parametrize("change", ["precision", "increment", "flags", "replaced",
+                                    "named_alike", "untouched"])
+def test_the_decimal_context_is_compared_by_its_state(decimals, change, start, where):
+    import contextvars
+    import decimal
+    if where == "library code":
+        g = vars(decimals)
+    else:
+        g = {}
+        exec(compile(_DECIMALS, __file__, "exec"), g)
+    fn = g[change]
+    jf = trident.jit(fn)
+    x = torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            results, after = [], []
+            for call in (jf, fn):  # each in a context of its own, as a new thread's
+                context = contextvars.Context()
+                if start == "present":
+                    context.run(decimal.getcontext)
+                results.append(context.run(call, x))
+                after.append((_decimal_after(context), context.get(g["USERS"], None)))
+            assert torch.equal(*results) and after[0] == after[1], (after, change)
+    warned = said(caught, "trident")
+    if change == "untouched":  # (3 / 2 is exact: no flag; absent, the trace created it)
+        assert counts(jf) == (1, 2, 0) and not warned, (jf.stats, warned)
+    else:
+        assert counts(jf) == (0, 0, 3), jf.stats
+        assert len(warned) == 1 and "sets the context variable" in warned[0], warned
+
+
+def test_a_symbolic_trace_that_creates_the_decimal_context_is_served():
+    """sympy creates the decimal context in every trace with dynamic dims: a new thread's
+    first such trace is not refused for it (each was, before it was left out by name)."""
+    import contextvars
+
+    def f(x):
+        return x * 2.0 + x.shape[0]
+
+    jf = trident.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (2, 3, 4, 5, 6):
+            x = torch.ones(n)
+            context = contextvars.Context()
+            assert torch.equal(context.run(jf, x), f(x)), n
+            assert _decimal_after(context) == (28, []), n
+    assert counts(jf) == (2, 3, 0) and not said(caught, "trident"), jf.stats
+    assert "x.size(0) == 2 expected" in jf.stats.miss_reasons[1], jf.stats.miss_reasons

@@ -20,6 +20,7 @@ argument's, or one a traced op made) is the trace's, as before.
 from __future__ import annotations
 
 import contextvars
+import decimal
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -60,27 +61,86 @@ def why(frame) -> str:
 # variable's value at its end is not the one it had at its start (compared by identity), the
 # trace is refused: the call runs eagerly with a warning and sets it once, as eager does. A
 # variable set and reset within the call (transformers' ``capture_outputs`` sets its
-# ``_active_collector`` around each forward) leaves nothing changed: served natively. The
-# ``decimal`` module's own variable (``decimal_context``), absent at the start, is left out:
-# ``decimal.getcontext()`` creates the thread's context lazily, which a symbolic trace's sympy
-# does (every dynamic-dims trace was refused); eager's first use creates the same default.
+# ``_active_collector`` around each forward) leaves nothing changed: served natively. One
+# variable is compared otherwise: Note [The decimal context].
+#
+# Note [The decimal context]: ``decimal`` keeps each thread's context (precision, rounding,
+# flags, traps) in a context variable of its own, which ``decimal.getcontext()`` sets on first
+# use, to a copy of ``decimal.DefaultContext``, where it is absent; sympy does so in every
+# trace with dynamic dims (each was refused). Comparing that variable by identity is wrong both
+# ways: its creation is not a change a later reader can see (its first reader creates the same
+# default: so it is no reason to refuse), and a change of its state is not a change of identity
+# (``decimal.getcontext().prec = 5``, or flags raised by the function's decimal arithmetic, were
+# made by the trace once and by no hit: stale, and no bytecode walk sees them, since
+# ``getcontext()`` looks like a library call that makes a new object). So this variable, found
+# by identity (``_DECIMAL``: the one variable ``getcontext()`` sets in an empty context; no
+# name is trusted, a user's variable may be called ``decimal_context`` too), is compared by its
+# value's state (``_decimal_state``): unchanged where it was present, the default's where the
+# trace created it; else the trace is refused and the call runs eagerly. The more general rule
+# that would cover it, "a variable the trace created that nothing reads later", cannot be
+# decided (any later code may read it); a lazily created default can, and only for the owner
+# that knows its default: no other variable is created so (torch's own are set and reset by
+# its config patches).
 _MISSING = object()
 
 
-def _lazy_decimal(var, before: dict) -> bool:
-    return var.name == "decimal_context" and var not in before
+def _decimal_var():
+    """Note [The decimal context]: the variable ``decimal.getcontext()`` sets."""
+    context = contextvars.Context()
+    context.run(decimal.getcontext)
+    found = list(context)
+    return found[0] if len(found) == 1 else None
+
+
+_DECIMAL = _decimal_var()
+
+
+_FIELDS = ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
+
+
+def _decimal_state(context) -> tuple | None:
+    """Note [The decimal context]: a context's fields, raised flags and set traps."""
+    if not isinstance(context, decimal.Context):
+        return None
+    return (tuple(getattr(context, n) for n in _FIELDS),
+            tuple(sorted((k.__name__, k) for k, v in context.flags.items() if v)),
+            tuple(sorted((k.__name__, k) for k, v in context.traps.items() if v)))
+
+
+def _restore(context, state: tuple) -> None:
+    """Puts the state ``_decimal_state`` gave back on ``context`` (the trace's changes are not
+    made twice: the call then runs eagerly)."""
+    fields, flags, traps = state
+    for name, value in zip(_FIELDS, fields):
+        setattr(context, name, value)
+    for table, on in ((context.flags, flags), (context.traps, traps)):
+        raised = {k for _, k in on}
+        for k in list(table):
+            table[k] = k in raised
 
 
 def run_in_own_context(fn, args: tuple):
     """Note [Context variables]: ``fn(*args)`` in a copy of the current context.
 
     Raises:
-        TridentError: ``fn`` left a context variable with another value than it had."""
+        TridentError: ``fn`` left a context variable with another value than it had, or
+            changed the decimal context's state (Note [The decimal context]: put back)."""
     context = contextvars.copy_context()
     before = dict(context)
-    result = context.run(fn, *args)
-    changed = sorted(v.name for v, value in context.items()
-                     if before.get(v, _MISSING) is not value and not _lazy_decimal(v, before))
+    start = before.get(_DECIMAL, _MISSING)
+    state = _decimal_state(decimal.DefaultContext if start is _MISSING else start)
+    try:
+        result = context.run(fn, *args)
+    finally:
+        if start is not _MISSING and _decimal_state(start) != state:
+            _restore(start, state)  # (shared with the caller's context: not copied)
+            start = None  # (changed)
+    changed = sorted(v.name for v, value in context.items() if v is not _DECIMAL and
+                     before.get(v, _MISSING) is not value)
+    end = context.get(_DECIMAL, _MISSING) if _DECIMAL is not None else _MISSING
+    if end is not start and (start is not _MISSING or _decimal_state(end) != state):
+        changed.append(f"{_DECIMAL.name} (the decimal module's context: its precision, "
+                       "rounding, flags or traps)")
     if changed:
         raise TridentError(f"the function sets the context variable {', '.join(changed)} and "
                            "leaves it set, which a compiled call would not do")
