@@ -275,3 +275,195 @@ def test_a_symbolic_trace_that_creates_the_decimal_context_is_served():
             assert _decimal_after(context) == (28, []), n
     assert counts(jf) == (2, 3, 0) and not said(caught, "trident"), jf.stats
     assert "x.size(0) == 2 expected" in jf.stats.miss_reasons[1], jf.stats.miss_reasons
+
+
+# ---- Note [Dict orders] (lower/orders.py): dict's slot wrappers through the class --------------
+# The order probe holds a candidate dict's items reversed; ``dict.__iter__(d)`` (a slot wrapper,
+# no C call the recording sees) of a 3-key dict's middle key reads the same there, so the dict
+# was judged free of order and another order's call was served the first one's answer. Code that
+# loads one of dict's order slot wrappers now keeps every order checked. A dict read through a
+# global is checked in order, however it is read.
+
+_ABC = (("ab", "cd", "ef"), ("ef", "cd", "ab"), ("cd", "ef", "ab"), ("ab", "cd", "ef"))
+_SLOT_ALIAS = dict.__iter__
+
+
+def _scales(order) -> dict:
+    return {k: float(len(k) + ord(k[0])) for k in order}
+
+
+def _middle_key(keys) -> torch.Tensor:
+    return torch.tensor(float(ord(list(keys)[1][0])))
+
+
+ORDER_READS = {
+    "dict.__iter__": lambda x, d: x * _middle_key(dict.__iter__(d)),
+    "type(d).__iter__": lambda x, d: x * _middle_key(type(d).__iter__(d)),
+    "dict.keys": lambda x, d: x * _middle_key(dict.keys(d)),
+    "dict.values": lambda x, d: x * list(dict.values(d))[1],
+    "dict.items": lambda x, d: x * list(dict.items(d))[1][1],
+    "dict.__reversed__": lambda x, d: x * _middle_key(dict.__reversed__(d)),
+    "dict.__repr__": lambda x, d: x * float(dict.__repr__(d).index("'cd'")),
+    "dict.__or__": lambda x, d: x * _middle_key(dict.__or__(d, {})),
+    "a global bound to dict.__iter__": lambda x, d: x * _middle_key(_SLOT_ALIAS(d)),
+    "a local bound to dict.__iter__": lambda x, d: (lambda it: x * _middle_key(it(d)))(
+        dict.__iter__),
+}
+_GLOBAL_MASKS: dict = {}
+
+
+@pytest.mark.parametrize("where", ["argument", "global"])
+@pytest.mark.parametrize("read", sorted(ORDER_READS))
+def test_a_dicts_middle_item_read_through_its_class(read, where):
+    fn = ORDER_READS[read]
+    if where == "global":
+        def f(x, d):
+            return fn(x, _GLOBAL_MASKS)
+    else:
+        f = fn
+    jf, x = trident.jit(f), torch.arange(2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        for order in _ABC:
+            d = _scales(order)
+            _GLOBAL_MASKS.clear()
+            _GLOBAL_MASKS.update(_scales(order))
+            assert torch.equal(jf(x, d), f(x, d)), order
+    assert counts(jf) == (3, 1, 0), jf.stats
+
+
+# ---- Note [Python attributes of tensors] (lower/tensor_attributes.py): library code's vars(t) ----
+# ``vars(t)`` and ``t.__dict__`` reach no hook; the bytecode scan found them in user code only. A
+# library's ``len(vars(t))`` was the fake's (wrong at the first call), and ``vars(t).get("scale",
+# 1.0)`` stale once ``t.scale`` was set. Each spelling on a tensor parameter (or a value derived
+# from one) now runs the call eagerly; ``vars`` of another object is served.
+
+_VARS = '''
+import torch
+
+
+def vars_len(t, cfg):
+    return t * float(len(vars(t)))
+
+
+def dict_len(t, cfg):
+    return t * float(len(t.__dict__))
+
+
+def vars_get(t, cfg):
+    return t * vars(t).get("scale", 1.0)
+
+
+def dict_get(t, cfg):
+    return t * t.__dict__.get("scale", 1.0)
+
+
+def object_getattribute(t, cfg):
+    return t * object.__getattribute__(t, "__dict__").get("scale", 1.0)
+
+
+def getattr_dict(t, cfg):
+    return t * getattr(t, "__dict__").get("scale", 1.0)
+
+
+def dunder_getattribute(t, cfg):
+    return t * t.__getattribute__("__dict__").get("scale", 1.0)
+
+
+def dir_of(t, cfg):
+    return t * (2.0 if "scale" in dir(t) else 3.0)
+
+
+def of_its_data(t, cfg):
+    return t * vars(t.data).get("scale", 1.0)
+
+
+def through_a_local(t, cfg):
+    u = t
+    return u * vars(u).get("scale", 1.0)
+
+
+def vars_of_a_config(t, cfg):
+    return t * vars(cfg)["k"]
+'''
+
+VARS_READERS = ["vars_len", "dict_len", "vars_get", "dict_get", "object_getattribute",
+                "getattr_dict", "dunder_getattribute", "dir_of", "of_its_data",
+                "through_a_local"]
+VARS_SERVED = ["vars_of_a_config"]
+
+
+@pytest.fixture(scope="module")
+def varslib(tmp_path_factory):
+    with installed_package(tmp_path_factory.mktemp("varslib"), "trident_vars45",
+                           {"__init__": _VARS}) as lib:
+        yield lib
+
+
+@pytest.mark.parametrize("reader", VARS_READERS + VARS_SERVED)
+def test_library_code_reads_a_tensors_dict(varslib, reader):
+    import types
+    fn = getattr(varslib, reader)
+    cfg = types.SimpleNamespace(k=2.0)
+
+    def f(x):
+        return fn(x, cfg)
+
+    jf = trident.jit(f)
+    x = torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(3):
+            if k == 2:
+                x.scale = 3.0
+            assert torch.equal(jf(x), f(x)), k
+    warned = said(caught, "trident")
+    if reader in VARS_SERVED:
+        assert counts(jf) == (1, 2, 0) and not warned, (jf.stats, warned)
+    else:
+        assert counts(jf) == (0, 0, 3), jf.stats
+        assert len(warned) == 1 and "reads a tensor's __dict__" in warned[0], warned
+        assert f"library code the function runs ({fn.__name__})" in warned[0], warned
+
+
+# ---- Note [State guards]: an attribute read through object.__getattribute__ ----------------------
+# ``object.__getattribute__(OBJ, "k")`` (and ``type.__getattribute__(Cls, "k")``) read the class
+# attribute ``k`` unguarded: the chain stopped at ``OBJ``, guarded by identity, and a hit returned
+# the old value after ``Cls.k`` changed. It is now the chain ``OBJ.k``, as ``getattr(OBJ, "k")``.
+
+
+class _Knob:
+    k = 2.0
+
+
+_KNOB = _Knob()
+
+ATTRIBUTE_READS = {
+    "object.__getattribute__": lambda x: x * object.__getattribute__(_KNOB, "k"),
+    "type.__getattribute__": lambda x: x * type.__getattribute__(_Knob, "k"),
+    "getattr(type(obj), k)": lambda x: x * getattr(type(_KNOB), "k"),
+    "type(obj).k": lambda x: x * type(_KNOB).k,
+    "vars(Cls)[k]": lambda x: x * vars(_Knob)["k"],
+}
+
+
+@pytest.mark.parametrize("change", ["class attribute", "instance attribute"])
+@pytest.mark.parametrize("read", sorted(ATTRIBUTE_READS))
+def test_an_attribute_read_through_the_class(read, change):
+    fn = ATTRIBUTE_READS[read]
+    jf, x = trident.jit(fn), torch.ones(2)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no eager fallback
+            for value in (2.0, 2.0, 5.0, 5.0):
+                if change == "class attribute":
+                    _Knob.k = value
+                else:
+                    _KNOB.k = value
+                assert torch.equal(jf(x), fn(x)), (value, jf.stats)
+    finally:
+        _Knob.k = 2.0
+        _KNOB.__dict__.pop("k", None)
+    hits = 3 if change == "instance attribute" and read in (
+        "type.__getattribute__", "getattr(type(obj), k)", "type(obj).k", "vars(Cls)[k]") else 2
+    assert counts(jf) == (4 - hits, hits, 0), jf.stats

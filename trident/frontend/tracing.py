@@ -101,7 +101,7 @@ class Tracer:
         finally:
             recording.probe = None
         same = again is not None and self._written_ints == kept[0] and \
-            orders.same_capture(captured, again)
+            orders.same_capture(captured, again) and orders.slot_loaded(recording) is None
         self._written_ints, self._written_lengths, self._written_dims, \
             self._stored_lengths, self._capacities = kept
         return probe.free(call.tree) if same else frozenset()

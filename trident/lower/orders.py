@@ -36,12 +36,18 @@ by the probe's watch's methods: ``dict``'s own methods called on it through the 
 that are C methods (``dict.keys(d)``, ``dict.values(d)``, ``dict.items(d)``, ``dict.copy(d)``,
 ``dict.__reversed__(d)``) are C calls that the recording's profile hook reports, bound to the
 watch: ``Probe.called`` notes them (a 3-key dict's middle item read through ``dict.values(d)``
-was missed, and served another order's specialization). Still unseen: a slot wrapper called
-through the class (``dict.__iter__(d)``, ``dict.__repr__(d)``), and C extensions that walk a
-dict subclass with ``PyDict_Next``; the watch holds its items reversed so that such a read
-still makes the second trace differ wherever a reversal changes what it computes (one that a
-reversal leaves alike, as of a 3-key dict's middle item, is still missed). Each kind is a case
-of tests/test_dict_orders.py.
+was missed, and served another order's specialization). The slot wrappers (``dict.__iter__``,
+``dict.__repr__``, ``dict.__or__``, ``dict.__ror__``, ``dict.__ior__``, ``dict.__setitem__``,
+``dict.__delitem__``) are no C call the hook sees; the watch holds its items reversed, which a
+reversal leaves alike where it keeps what is read (a 3-key dict's middle item through
+``dict.__iter__(d)`` was missed: served another order's specialization). So the code that ran
+in the probe (user code and scanned library code: Note [Library code that ran] in
+lower/state/library.py) is scanned for a load of one (``slot_loaded``: ``dict.__iter__``, a
+global or a local bound to it, an attribute of a class that resolves to it): where one is
+loaded, no candidate is free. Still unseen: such a slot wrapper reached where the code alone
+does not say it (``getattr(dict, name)`` of a computed name, ``type(d).__mro__[1]``), and C
+extensions that walk a dict subclass with ``PyDict_Next``: there the reversal is all that
+tells. Each kind is a case of tests/test_dict_orders.py and tests/test_stale45.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the
 leaves of a call whose dict comes in another order are those of the stored specialization.
@@ -168,6 +174,32 @@ class Probe:
         if type(owner) is OrderWatch and owner._probe is self and \
                 getattr(fn, "__name__", None) in _ORDER_METHODS:
             self.seen.add(owner._node)
+
+
+# Note [Dict orders]: dict's slot wrappers that reveal or change its order (no C call event)
+_SLOTS = {n: vars(dict)[n] for n in ("__iter__", "__repr__", "__or__", "__ror__", "__ior__",
+                                     "__setitem__", "__delitem__") if n in vars(dict)}
+_SLOT_IDS = frozenset(id(v) for v in _SLOTS.values())
+
+
+def slot_loaded(recording) -> str | None:
+    """Note [Dict orders]: ``"dict.__iter__ (file.py:3)"`` where code that ran in the
+    ``recording`` (user code, scanned library code) loads one of dict's slot wrappers that
+    reveal or change its order, else None."""
+    from trident.lower.state import flow  # (the state package imports flatten, which this)
+    names = frozenset(_SLOTS)
+    codes = [(c, g) for c, (g, _) in recording.codes.items()] + list(recording.library.values())
+    for code, g in codes:
+        if names.isdisjoint(code.co_names) and not any(
+                id(g.get(n)) in _SLOT_IDS for n in code.co_names):  # (a global bound to one)
+            continue
+        f = flow.Flow(code, g)
+        for k, i in enumerate(f.ins[:-1]):
+            if i.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_FAST",
+                            "LOAD_DEREF") and id(f.static(k + 1, 0)) in _SLOT_IDS:
+                line = i.positions.lineno if i.positions else "?"
+                return f"dict.{i.argval} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
+    return None
 
 
 def _seeing(name: str):

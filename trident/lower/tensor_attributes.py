@@ -28,7 +28,9 @@ from trident.ir.facts import has_attributes
 # fake first, so that a lookup of them fails too. A tensor whose attributes no code looks up is
 # not guarded on them (a static cache's tensors gain ``_dynamo_static_input_type`` after the
 # first call). ``vars(x)`` and ``x.__dict__`` reach no hook: the bytecode scan finds them in
-# user code (``tensor_dict_read`` in lower/state/questions.py).
+# user code and in library code that ran with tensor arguments (``tensor_dict_read`` and
+# ``library_dict_read`` in lower/state/questions.py; a library's ``vars(t)`` was the fake's:
+# wrong at the first call, and stale after ``t.scale`` was set): the call runs eagerly.
 
 
 def watch(mode, fakes, reals):

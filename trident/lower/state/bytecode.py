@@ -53,18 +53,24 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
         """(start, name, steps, next index) of the chain that starts at ``ins[i]``, or None."""
         op = ins[i]
         steps: list = []
-        if op.opname == "LOAD_GLOBAL" and op.argval in ("type", "vars", "getattr", "hasattr") \
-                and depth < 8 and i + 1 < len(ins):
-            inner = chain_at(i + 1, depth + 1)
+        called, first = op.argval, i + 1
+        if op.opname == "LOAD_GLOBAL" and called in ("object", "type") and i + 2 < len(ins) \
+                and ins[i + 1].opname in ("LOAD_ATTR", "LOAD_METHOD") and \
+                ins[i + 1].argval == "__getattribute__":  # object.__getattribute__(v, "k"):
+            called, first = "__getattribute__", i + 2  # getattr(v, "k") without a default
+        if op.opname == "LOAD_GLOBAL" and called in ("type", "vars", "getattr", "hasattr",
+                                                     "__getattribute__") \
+                and depth < 8 and first < len(ins):
+            inner = chain_at(first, depth + 1)
             if inner is not None:
                 kind, name, isteps, j = inner
-                if op.argval == "type" and call_at(j, 1):
+                if called == "type" and call_at(j, 1):
                     return _more(kind, name, list(isteps) + [("attr", "__class__")], j + 1)
-                if op.argval == "vars" and call_at(j, 1):  # Note [Module dicts] (chain.py)
+                if called == "vars" and call_at(j, 1):  # Note [Module dicts] (chain.py)
                     out.append(("global", "vars", ()))  # the builtin's own read
                     return _more(kind, name, list(isteps) + [("attr", "__dict__")], j + 1)
-                if op.argval not in ("type", "vars"):
-                    nargs = 2 if op.argval == "hasattr" else None
+                if called not in ("type", "vars"):
+                    nargs = 2 if called in ("hasattr", "__getattribute__") else None
                     if const_at(j) and isinstance(ins[j].argval, str):
                         step, k = ("attr", ins[j].argval), j + 1
                     elif j < len(ins) and ins[j].opname == "LOAD_GLOBAL" and not (
@@ -74,7 +80,7 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                         step, k = ("gattr", ins[j].argval), j + 1
                     else:
                         out.append((kind, name, tuple(isteps) + (
-                            ("eager", f"{op.argval}() with a name computed at run time"),)))
+                            ("eager", f"{called}() with a name computed at run time"),)))
                         return None
                     if nargs is None and k < len(ins) and ins[k].opname == "LOAD_CONST" and \
                             call_at(k + 1, 3):  # a default
@@ -82,7 +88,7 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                     if call_at(k, 2):
                         return _more(kind, name, list(isteps) + [step], k + 1)
                     out.append((kind, name, tuple(isteps) + (
-                        ("eager", f"{op.argval}() called in a way Trident does not follow"),)))
+                        ("eager", f"{called}() called in a way Trident does not follow"),)))
                     return None
                 out.append((kind, name, tuple(isteps)))  # type(v) called otherwise
                 return None

@@ -378,13 +378,17 @@ def _passed_asker(c: _Code, k: int, argc: int) -> str | None:
     return None
 
 
-def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+def tensor_dict_read(code: types.CodeType, g: dict, params: dict,
+                     library: bool = False) -> str | None:
     """Note [Python attributes of tensors] (tensor_attributes.py): the first ``vars(v)``,
     ``v.__dict__``, or another spelling of them (``dir(v)``, ``getattr(v, "__dict__")``,
     ``v.__getattribute__(name)``: ``_DICT_READERS``) in ``code`` whose ``v`` may be a tensor
     (not known to be another object), as ``"vars() (file.py:12)"``, or None. A trace's
     tensors are fake tensors, whose ``__dict__`` holds the fake's own entries, not the
-    tensor's."""
+    tensor's. ``library``: library code (Note [Library code that ran] in library.py), whose
+    ``params`` are its tensor parameters only: there ``v`` is one known to be a tensor or
+    derived from a tensor parameter (``vars(t)``, ``t.__dict__``, ``vars(t.data)``), not any
+    object the code alone does not name (``vars(self)`` of a ``ModelOutput``)."""
     names = code.co_names
     if not any(n in ("vars", "dir", "getattr", "__dict__", "__getattribute__") or
                _held(g.get(n)) for n in names):
@@ -407,9 +411,25 @@ def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
             v = c.value(k, d)
             if v is _UNKNOWN:
                 v = _attribute_of_parameter(c, k, d)
-            if v is _UNKNOWN or isinstance(v, torch.Tensor):
+            if isinstance(v, torch.Tensor) or v is _UNKNOWN and (
+                    not library or c.f.origin(k, d)[1] & frozenset(params)):
                 return f"{what} ({c.where(k)})"
     return None
+
+
+_LIBRARY_DICTS: dict = {}  # (id of a code object, its tensor parameters) -> (code, answer)
+
+
+def library_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """``tensor_dict_read`` of library code (its ``params``: the tensors it was called with),
+    kept per code object and tensor parameters (walked once per process)."""
+    key = (id(code), frozenset(params))
+    found = _LIBRARY_DICTS.get(key)
+    if found is None or found[0] is not code:
+        if len(_LIBRARY_DICTS) >= 65536:
+            _LIBRARY_DICTS.clear()
+        found = _LIBRARY_DICTS[key] = (code, tensor_dict_read(code, g, params, library=True))
+    return found[1]
 
 
 def _held(value, among=None) -> bool:
@@ -444,17 +464,28 @@ def _attribute_of_parameter(c: _Code, k: int, d: int, depth: int = 0):
     return _UNKNOWN if base is _UNKNOWN else flow._static_attr(base, i.argval)
 
 
+def _dict_reads(rec):
+    """(code, ``tensor_dict_read``'s answer) of each user code object that ran, then of each
+    library code object that ran with tensor parameters (Note [Python attributes of
+    tensors])."""
+    for code, (g, params) in rec.codes.items():
+        yield code, tensor_dict_read(code, g, params)
+    for code, g, params in rec.library_tensors.values():
+        yield code, library_dict_read(code, g, params)
+
+
 def check_questions(rec, symbolic: bool) -> None:
     """Raises where a user function that ran in the trace recorded by ``rec`` asks a question
     the trace answers for a stand-in: ``vars`` of a tensor (the call runs eagerly, at any
     sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
     that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
     values])."""
-    for code, (g, params) in rec.codes.items():
-        read = tensor_dict_read(code, g, params)
+    for code, read in _dict_reads(rec):
         if read is not None:
-            error = TridentError(f"the function reads a tensor's __dict__, {read}: the trace's "
-                                 "fake tensors hold their own entries, not the tensor's")
+            where = "" if code in rec.codes else f"library code the function runs " \
+                f"({code.co_qualname}) "
+            error = TridentError(f"the function {where}reads a tensor's __dict__, {read}: the "
+                                 "trace's fake tensors hold their own entries, not the tensor's")
             error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
             raise error
     for code, (g, params) in rec.codes.items() if symbolic else ():
