@@ -467,3 +467,59 @@ def test_an_attribute_read_through_the_class(read, change):
     hits = 3 if change == "instance attribute" and read in (
         "type.__getattribute__", "getattr(type(obj), k)", "type(obj).k", "vars(Cls)[k]") else 2
     assert counts(jf) == (4 - hits, hits, 0), jf.stats
+
+
+# ---- Note [Orders of an OrderedDict] (lower/state/recording.py) ----------------------------------
+# An OrderedDict is checked in its own order; ``dict.keys(od)`` and dict's other methods called
+# through the class read the order of the dict it is built on, which ``pop`` then set again and
+# ``move_to_end`` make differ: a hit returned the old order's answer. Such a read runs the call
+# eagerly; the OrderedDict's own methods are served.
+
+_ODICT_GLOBAL: dict = {}
+
+OD_READS = {
+    "dict.keys": lambda x, d: x * _middle_key(dict.keys(d)),
+    "dict.values": lambda x, d: x * list(dict.values(d))[1],
+    "dict.items": lambda x, d: x * list(dict.items(d))[1][1],
+    "dict.copy": lambda x, d: x * _middle_key(dict.copy(d)),
+    "dict.__reversed__": lambda x, d: x * _middle_key(dict.__reversed__(d)),
+    "dict.__iter__": lambda x, d: x * _middle_key(dict.__iter__(d)),
+    "dict.__repr__": lambda x, d: x * float(dict.__repr__(d).index("'cd'")),
+    "its own keys": lambda x, d: x * _middle_key(d.keys()),
+    "its own values": lambda x, d: x * list(d.values())[1],
+}
+OD_OWN = ["its own keys", "its own values"]
+
+
+def _reorder(od) -> None:
+    """The dict's order becomes ab, ef, cd; the OrderedDict's stays ab, cd, ef."""
+    od["cd"] = od.pop("cd")
+    od.move_to_end("ef")
+
+
+@pytest.mark.parametrize("where", ["argument", "global"])
+@pytest.mark.parametrize("read", sorted(OD_READS))
+def test_an_ordered_dict_read_in_its_dicts_order(read, where):
+    import collections
+    fn = OD_READS[read]
+    if where == "global":
+        def f(x, d):
+            return fn(x, _ODICT_GLOBAL["od"])
+    else:
+        f = fn
+    od = collections.OrderedDict(_scales(("ab", "cd", "ef")))
+    _ODICT_GLOBAL["od"] = od
+    jf, x = trident.jit(f), torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(3):
+            if k == 2:
+                _reorder(od)
+                assert list(od) != list(dict.__iter__(od))
+            assert torch.equal(jf(x, od), f(x, od)), k
+    warned = said(caught, "trident")
+    if read in OD_OWN:
+        assert counts(jf) == (1, 2, 0) and not warned, (jf.stats, warned)
+    else:
+        assert counts(jf) == (0, 0, 3), jf.stats
+        assert len(warned) == 1 and f"through {read}" in warned[0], warned

@@ -71,6 +71,7 @@ order costs a set lookup per key where an ordered one compares keys in order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import torch
@@ -182,16 +183,23 @@ _SLOTS = {n: vars(dict)[n] for n in ("__iter__", "__repr__", "__or__", "__ror__"
 _SLOT_IDS = frozenset(id(v) for v in _SLOTS.values())
 
 
-def slot_loaded(recording) -> str | None:
+def slot_loaded(recording, ordered_dicts: bool = False) -> str | None:
     """Note [Dict orders]: ``"dict.__iter__ (file.py:3)"`` where code that ran in the
     ``recording`` (user code, scanned library code) loads one of dict's slot wrappers that
-    reveal or change its order, else None."""
+    reveal or change its order, else None. ``ordered_dicts``: only code that also names an
+    OrderedDict of two or more keys (a parameter's value at the trace's call, a global: Note
+    [Orders of an OrderedDict] in lower/state/recording.py)."""
     from trident.lower.state import flow  # (the state package imports flatten, which this)
     names = frozenset(_SLOTS)
-    codes = [(c, g) for c, (g, _) in recording.codes.items()] + list(recording.library.values())
-    for code, g in codes:
+    codes = [(c, g, p) for c, (g, p) in recording.codes.items()] + [
+        (c, g, {}) for c, g in recording.library.values()]
+    for code, g, params in codes:
         if names.isdisjoint(code.co_names) and not any(
                 id(g.get(n)) in _SLOT_IDS for n in code.co_names):  # (a global bound to one)
+            continue
+        if ordered_dicts and not any(
+                type(v) is collections.OrderedDict and len(v) >= 2 for v in
+                [*params.values(), *(g.get(n) for n in code.co_names)]):
             continue
         f = flow.Flow(code, g)
         for k, i in enumerate(f.ins[:-1]):

@@ -15,6 +15,7 @@ import torch
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _BY_ID
+from trident.lower import orders
 from trident.lower.state.bytecode import _chains, library_type_read, tensor_type_read
 from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _functions_in
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
@@ -40,6 +41,11 @@ def reads_of(rec: Recording, fn) -> list[Read]:
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS, a file, the interpreter's "
                            "frames, eval'd code, the trace's own state)")
+    slot = orders.slot_loaded(rec, ordered_dicts=True)  # Note [Orders of an OrderedDict]
+    if rec.storage_orders or slot:  # (recording.py)
+        raise TridentError(f"the function reads an OrderedDict through "
+                           f"{rec.storage_orders[0] + '()' if rec.storage_orders else slot}, in "
+                           "the order of the dict it is built on, which Trident does not guard")
     if rec.refused:  # (a user function the trace started writes outside: Note [Writes at
         raise TridentError(rec.refused)  # entry]; the error was caught by user code)
     for code, (g, params) in rec.codes.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import builtins
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -93,6 +94,8 @@ class Recording:
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
     probe: object = None  # Note [Dict orders] (lower/orders.py): the order probe's, told of
     # each C call of its trace
+    storage_orders: list = dataclasses.field(default_factory=list)  # Note [Orders of an
+    # OrderedDict]: dict's own methods that read one in its dict's order
 
     @property
     def refused(self) -> str | None:
@@ -103,6 +106,23 @@ class Recording:
         """Whether this thread's trace set a random generator's state (Note [Global side
         effects] in capture.py): another thread's draws meanwhile are not the function's."""
         return bool(self.generator_calls)
+
+
+# Note [Orders of an OrderedDict]: an OrderedDict iterates in the order of its own linked list,
+# which its argument tree (``same_keys`` in runtime/trees.cpp) and a state read check; the dict
+# it is built on keeps its own order, which ``dict``'s methods called through the class read
+# (``dict.keys(od)``, ``dict.values``, ``dict.items``, ``dict.copy``, ``dict.__reversed__``,
+# ``dict.popitem``). The two differ once a key is moved (``move_to_end``, a key deleted and set
+# again): a trace that read the dict's order was served to calls whose dict had another. Those
+# are C calls that the recording's profile hook reports, bound to the OrderedDict (their
+# ``__qualname__`` says ``OrderedDict.keys`` either way: told apart from the OrderedDict's own
+# by equality with dict's method bound to it): the call runs eagerly. dict's slot wrappers
+# (``dict.__iter__(od)``, ``dict.__repr__(od)``) are no C call the hook reports: code that loads
+# one (``slot_loaded`` in lower/orders.py) and names an OrderedDict of two or more keys (a
+# parameter's value, a global) runs eagerly too. Not seen: such a slot wrapper applied to an
+# OrderedDict that the code reaches otherwise (an attribute, an item).
+_STORAGE_ORDERS = {n: vars(dict)[n] for n in ("keys", "values", "items", "copy",
+                                                "__reversed__", "popitem")}
 
 
 # A torch.Generator's methods that set its state (its draws are ops, which a trace makes on
@@ -286,6 +306,8 @@ def record(fn):
         elif event == "c_call":
             if rec.probe is not None:  # Note [Dict orders] (lower/orders.py)
                 rec.probe.called(arg)
+            if type(getattr(arg, "__self__", None)) is collections.OrderedDict:
+                _storage_order(frame, arg)
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs
@@ -321,6 +343,14 @@ def record(fn):
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+
+    def _storage_order(frame, method) -> None:
+        """Note [Orders of an OrderedDict]: ``method``, bound to an OrderedDict, is dict's."""
+        name = getattr(method, "__name__", None)
+        own = _STORAGE_ORDERS.get(name)
+        if own is not None and len(method.__self__) >= 2 and method == own.__get__(
+                method.__self__) and under_fn(frame):
+            rec.storage_orders.append(f"dict.{name}")
 
     def _library_call(frame, kind: int) -> None:
         """Note [Library code that ran] (library.py): a library's frame the function's code
