@@ -482,10 +482,10 @@ def check_questions(rec, symbolic: bool) -> None:
     values])."""
     for code, read in _dict_reads(rec):
         if read is not None:
-            where = "" if code in rec.codes else f"library code the function runs " \
-                f"({code.co_qualname}) "
-            error = TridentError(f"the function {where}reads a tensor's __dict__, {read}: the "
-                                 "trace's fake tensors hold their own entries, not the tensor's")
+            who = "the function" if code in rec.codes else \
+                f"library code the function runs ({code.co_qualname})"
+            error = TridentError(f"{who} reads a tensor's __dict__, {read}: the trace's fake "
+                                 "tensors hold their own entries, not the tensor's")
             error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
             raise error
     for code, (g, params) in rec.codes.items() if symbolic else ():
