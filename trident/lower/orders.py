@@ -47,7 +47,7 @@ global or a local bound to it, an attribute of a class that resolves to it): whe
 loaded, no candidate is free. Still unseen: such a slot wrapper reached where the code alone
 does not say it (``getattr(dict, name)`` of a computed name, ``type(d).__mro__[1]``), and C
 extensions that walk a dict subclass with ``PyDict_Next``: there the reversal is all that
-tells. Each kind is a case of tests/test_dict_orders.py and tests/test_stale45.py.
+tells. Each kind is a case of tests/test_dict_orders.py and tests/test_stale45_orders.py.
 
 The flattening visits a candidate's items in sorted key order (``flatten.py``), so that the
 leaves of a call whose dict comes in another order are those of the stored specialization.
