@@ -77,9 +77,10 @@ def test_a_dicts_middle_item_read_through_its_class(read, where):
 
 
 # ---- Note [State guards]: an attribute read through object.__getattribute__ ----------------------
-# ``object.__getattribute__(OBJ, "k")`` (and ``type.__getattribute__(Cls, "k")``) read the class
-# attribute ``k`` unguarded: the chain stopped at ``OBJ``, guarded by identity, and a hit returned
-# the old value after ``Cls.k`` changed. It is now the chain ``OBJ.k``, as ``getattr(OBJ, "k")``.
+# ``object.__getattribute__(OBJ, "k")`` (``type.__getattribute__(Cls, "k")``,
+# ``OBJ.__getattribute__("k")``) read the class attribute ``k`` unguarded: the chain stopped at
+# ``OBJ`` (or called a method no guard evaluates), and a hit returned the old value after
+# ``Cls.k`` changed. It is now the chain ``OBJ.k``, as ``getattr(OBJ, "k")``.
 
 
 class _Knob:
@@ -90,6 +91,7 @@ _KNOB = _Knob()
 
 ATTRIBUTE_READS = {
     "object.__getattribute__": lambda x: x * object.__getattribute__(_KNOB, "k"),
+    "obj.__getattribute__": lambda x: x * _KNOB.__getattribute__("k"),
     "type.__getattribute__": lambda x: x * type.__getattribute__(_Knob, "k"),
     "getattr(type(obj), k)": lambda x: x * getattr(type(_KNOB), "k"),
     "type(obj).k": lambda x: x * type(_KNOB).k,
@@ -201,3 +203,26 @@ def test_a_write_to_a_logger_that_a_library_getter_returns():
         call(x)
         states.append(logger.disabled)
     assert states == [True] * 6 and jf.stats.fallbacks == 3, (states, jf.stats)
+
+
+@pytest.mark.parametrize("read", ["o.__getattribute__", "object.__getattribute__"])
+def test_a_class_attribute_read_through_an_arguments_getattribute(read):
+    """The same reads of an argument: its class's attribute (the argument tree holds the
+    object's own ``__dict__``; the class attribute is the chain's)."""
+    if read == "o.__getattribute__":
+        def fn(x, o):
+            return x * o.__getattribute__("k")
+    else:
+        def fn(x, o):
+            return x * object.__getattribute__(o, "k")
+
+    class Knob:
+        k = 2.0
+
+    jf, x, o = trident.jit(fn), torch.ones(2), Knob()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for value in (2.0, 2.0, 5.0, 5.0):
+            Knob.k = value
+            assert torch.equal(jf(x, o), fn(x, o)), value
+    assert counts(jf) == (2, 2, 0), jf.stats

@@ -141,7 +141,11 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                 steps.append(("call0",))
                 j += 1
             elif const_at(j) and call_at(j + 1, 1):
-                steps.append(("call1", nxt.argval))
+                if steps and steps[-1] == ("attr", "__getattribute__") and \
+                        isinstance(nxt.argval, str):  # v.__getattribute__("k") is v.k
+                    steps[-1] = ("attr", nxt.argval)
+                else:
+                    steps.append(("call1", nxt.argval))
                 j += 2
             elif nxt.opname == "LOAD_GLOBAL" and steps and steps[-1][0] == "attr" and (
                     call_at(j + 1, 1) or (j + 2 < len(ins) and ins[j + 1].opname ==
