@@ -201,10 +201,11 @@ def slot_loaded(recording, ordered_dicts: bool = False) -> str | None:
                 type(v) is collections.OrderedDict and len(v) >= 2 for v in
                 [*params.values(), *(g.get(n) for n in code.co_names)]):
             continue
-        f = flow.Flow(code, g)
+        f = flow.Flow(code, g)  # (a local or a cell bound to one: its load is in code that ran)
         for k, i in enumerate(f.ins[:-1]):
-            if i.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_FAST",
-                            "LOAD_DEREF") and id(f.static(k + 1, 0)) in _SLOT_IDS:
+            if (i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in names or
+                    i.opname == "LOAD_GLOBAL" and id(g.get(i.argval)) in _SLOT_IDS) and \
+                    id(f.static(k + 1, 0)) in _SLOT_IDS:
                 line = i.positions.lineno if i.positions else "?"
                 return f"dict.{i.argval} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
     return None
