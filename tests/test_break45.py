@@ -105,3 +105,78 @@ def test_a_library_question_about_a_read_number(tmp_path):
 
         jf = trident.jit(f)
         _served(jf, f, [lambda: (torch.ones(2), torch.tensor([1, 3]))] * 2)
+
+
+# ---- Note [Instance lookups] (lower/state/reads.py) --------------------------------------------
+# ``cfg.a`` of an argument's object is found in its ``__dict__`` only while no class of its MRO
+# holds ``a`` as a data descriptor: each such step reads the class's ``a``. A step through an
+# item of a plain list, dict or tuple (``cache.layers[0].keys``, an alias of it) ended the
+# walk: a property given to the layer's class (or its base) later was never seen, and every hit
+# returned the instance dict's tensor (and a hit that writes it wrote the dict, past the
+# setter).
+
+_ITEM_READS = {
+    "list item": "return cache.layers[0].keys + x",
+    "negative index": "return cache.layers[-1].keys + x",
+    "an alias of the item": "l = cache.layers[0]\n    return l.keys + x",
+    "dict item": "return cache.by_name['a'].keys + x",
+    "tuple item": "return cache.pair[0].keys + x",
+    "written through the item": "cache.layers[0].keys = cache.layers[0].keys + x\n"
+                                "    return cache.layers[0].keys * 1",
+    "a loop over the items": "for l in cache.layers:\n        x = x + l.keys\n    return x",
+}
+_ACCESSES = [pytest.param(k, marks=pytest.mark.xfail(
+    strict=True, reason="an object reached by iterating a list has no chain: its class's "
+    "contents are not read (Note [Instance lookups])")) if "loop" in k else k
+    for k in _ITEM_READS]
+
+
+class _Base45:
+    pass
+
+
+class _Layer45(_Base45):
+    def __init__(self):
+        self.keys = torch.ones(3)
+
+
+class _Cache45:
+    def __init__(self):
+        self.layers = [_Layer45()]
+        self.by_name = {"a": self.layers[0]}
+        self.pair = (self.layers[0], 1)
+
+
+def _zeros_property():
+    return property(lambda self: torch.zeros(3), lambda self, v: None)
+
+
+_CLASS_CHANGES = {
+    "a property on the class": (_Layer45, "keys", _zeros_property),
+    "a property on its base": (_Base45, "keys", _zeros_property),
+    "__getattribute__ assigned": (_Layer45, "__getattribute__", lambda: (
+        lambda self, n: torch.zeros(3) if n == "keys" else object.__getattribute__(self, n))),
+}
+
+
+@pytest.mark.parametrize("change", list(_CLASS_CHANGES), ids=list(_CLASS_CHANGES))
+@pytest.mark.parametrize("access", _ACCESSES, ids=list(_ITEM_READS))
+def test_a_class_that_gains_a_descriptor_behind_an_item_is_seen(access, change):
+    g = {"torch": torch}
+    exec(f"def f(cache, x):\n    {_ITEM_READS[access]}\n", g)
+    fn = g["f"]
+    jf = trident.jit(fn)
+    mine, theirs = _Cache45(), _Cache45()
+    x = torch.ones(3)
+    for _ in range(2):
+        assert torch.equal(jf(mine, x), fn(theirs, x))
+    assert counts(jf) == (1, 1, 0), jf.stats.miss_reasons
+    cls, name, value = _CLASS_CHANGES[change]
+    setattr(cls, name, value())
+    try:
+        for _ in range(2):
+            assert torch.equal(jf(mine, x), fn(theirs, x)), jf.stats.miss_reasons
+        assert torch.equal(vars(mine.layers[0])["keys"], vars(theirs.layers[0])["keys"])
+    finally:
+        delattr(cls, name)
+    assert jf.stats.misses == 2 and "changed" in jf.stats.miss_reasons[1], jf.stats.miss_reasons
