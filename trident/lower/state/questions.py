@@ -412,6 +412,39 @@ def tensor_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
     return None
 
 
+# Note [Fake tensors' own attributes]: a trace's fake tensors have attributes a tensor lacks:
+# ``hasattr(x, "fake_mode")`` found the fake's (no failed lookup for the ``__getattr__`` of Note
+# [Python attributes of tensors]), and every hit returned the branch eager never takes. So a user
+# function that loads one from what may be a tensor (``x.fake_mode``, ``getattr``, ``hasattr``;
+# ``constant``, a common name, as a string only) runs eagerly (library code's: not scanned).
+_FAKE_ONLY = frozenset({
+    "fake_mode", "fake_device", "_fake_device", "real_tensor", "constant", "nonzero_memo",
+    "item_memo", "unique_memo", "unique_consecutive_memo", "nested_int_memo", "_mode_key",
+    "from_tensor", "get_nested_int", "dispatch_keys", "pytype"})
+_PROBES = (getattr, hasattr)
+
+
+def fake_attribute_read(code: types.CodeType, g: dict, params: dict) -> str | None:
+    """Note [Fake tensors' own attributes]: the first such load, ``".fake_mode (f.py:2)"``."""
+    if _FAKE_ONLY.isdisjoint(code.co_names + tuple(k for k in code.co_consts if type(k) is str)):
+        return None
+    c = _Code(code, g, params)
+    for k, i in enumerate(c.f.ins):
+        name = i.argval if i.opname in ("LOAD_ATTR", "LOAD_METHOD") else None
+        if name in _FAKE_ONLY and name != "constant":
+            what, d = f".{name}", 0
+        elif i.opname == "CALL" and i.arg in (2, 3) and (f := c.callee(k)) in _PROBES and \
+                isinstance(name := c.value(k, i.arg - 2), str) and name in _FAKE_ONLY:
+            what, d = f"{f.__name__}(..., {name!r})", i.arg - 1
+        else:
+            continue
+        v = c.value(k, d)
+        v = _attribute_of_parameter(c, k, d) if v is _UNKNOWN else v
+        if v is _UNKNOWN or isinstance(v, torch.Tensor):
+            return f"{what} ({c.where(k)})"
+    return None
+
+
 def _held(value, among=None) -> bool:
     """Whether ``value`` is one of ``among`` (``_DICT_READERS``)."""
     try:
@@ -451,12 +484,15 @@ def check_questions(rec, symbolic: bool) -> None:
     that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
     values])."""
     for code, (g, params) in rec.codes.items():
-        read = tensor_dict_read(code, g, params)
-        if read is not None:
-            error = TridentError(f"the function reads a tensor's __dict__, {read}: the trace's "
-                                 "fake tensors hold their own entries, not the tensor's")
-            error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
-            raise error
+        for scan, message in ((tensor_dict_read, "reads a tensor's __dict__, {}: the trace's fake "
+                               "tensors hold their own entries, not the tensor's"),
+                              (fake_attribute_read, "reads an attribute that only a trace's fake "
+                               "tensors have, {}: a hit would answer as the trace did")):
+            read = scan(code, g, params)  # (Note [Fake tensors' own attributes])
+            if read is not None:
+                error = TridentError("the function " + message.format(read))
+                error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
+                raise error
     for code, (g, params) in rec.codes.items() if symbolic else ():
         asked = symbolic_question(code, g, params)
         if asked is not None:
