@@ -398,3 +398,38 @@ def test_a_mutating_function_passed_for_a_fresh_object_is_served(passed_module):
     (got, _, caught), (want, _, _) = _counted_calls(passed_module, jf, fn)
     assert all(map(_same, got, want)) and not caught, caught
     assert counts(jf) == (1, 2, 0), jf.stats.miss_reasons
+
+
+# ---- Note [Attribute writes] (lower/writes.py), Note [Own writes] (runtime/tree_memo.cpp) -------
+# A finalizer that the function's own attribute write runs (the old value's last reference
+# dropped, ``weakref.finalize``) and that writes what the call reads next: eager runs it in the
+# middle of the call, the trace (which holds the old value) did not, so every compiled call
+# used the value from before the finalizer.
+
+class _Finalized45:
+    def __init__(self):
+        self.keys = torch.zeros(2)
+        self.scale = 1.0
+
+
+def _finalized_write(layer, x):
+    layer.keys = layer.keys + x
+    return layer.keys * layer.scale
+
+
+@pytest.mark.xfail(strict=True, reason="the trace holds the written attribute's old value, so a "
+                   "finalizer that its drop runs in eager (and writes what the call reads next) "
+                   "does not run where eager runs it")
+def test_a_finalizer_run_by_an_attribute_write_is_seen():
+    import weakref
+
+    def calls(run):
+        layer, out = _Finalized45(), []
+        for i in range(3):
+            weakref.finalize(layer.keys, setattr, layer, "scale", float(i + 2))
+            out.append(run(layer, torch.ones(2)).clone())
+        return out
+
+    jf = trident.jit(_finalized_write)
+    got, want = calls(jf), calls(_finalized_write)
+    assert all(map(_same, got, want)), (got, want)
