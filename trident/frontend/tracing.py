@@ -124,7 +124,8 @@ class Tracer:
                 raise _refused(recording.refused) from e  # (user code caught it: Note
                 # [Writes at entry] in lower/state/writes.py)
             if not self._constant_self:  # Note [Questions about symbolic values]
-                state.check_questions(recording, bool(dynamic))  # (lower/state/questions.py)
+                state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
+                                      captured.scalar_reads)  # Note [Questions about read values]
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
             reads += [r.to_json() for r in _partials_of(call)]

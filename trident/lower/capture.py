@@ -67,6 +67,10 @@ class Capture:
     # Note [Value reads] in values.py: the graph of the value checks, and each read's value
     checks: fx.GraphModule | None = None
     check_values: tuple = ()
+    # Note [Questions about read values] in values.py: the trace took a Python number from a
+    # tensor (``.item()``, ``.tolist()``), which the function's Python held as a SymInt,
+    # SymFloat or SymBool
+    scalar_reads: bool = False
 
 
 # What a trace returns as graph outputs: tensors, and scalars that ops computed (``x.item()``,
@@ -410,11 +414,12 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                     raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
                                        "which Trident does not compile")
                 _build_literal(gm.graph, node, attr)
+        scalar_reads = values.has_scalar_reads(gm)  # Note [Questions about read values]
         checks = values.checks_graph(gm, reads.reads)  # Note [Value reads]
         gm.recompile()
         return Capture(gm, out_spec, out_leaves, fake_args, shape_env, holder["recipe"],
                        mode.catching, tensor_attributes.looked_up(mode, holder["fakes"]),
-                       checks, tuple(v for _, v in reads.reads))
+                       checks, tuple(v for _, v in reads.reads), scalar_reads)
     finally:
         if hook is not None:
             sys.setprofile(hook)

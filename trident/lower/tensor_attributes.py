@@ -29,7 +29,7 @@ from trident.ir.facts import has_attributes
 # not guarded on them (a static cache's tensors gain ``_dynamo_static_input_type`` after the
 # first call). ``vars(x)`` and ``x.__dict__`` reach no hook: the bytecode scan finds them in
 # user code and in library code that ran with tensor arguments (``tensor_dict_read`` and
-# ``library_dict_read`` in lower/state/questions.py; a library's ``vars(t)`` was the fake's:
+# ``library_dict_read`` in lower/state/tensor_reads.py; a library's ``vars(t)`` was the fake's:
 # wrong at the first call, and stale after ``t.scale`` was set): the call runs eagerly.
 
 

@@ -13,8 +13,9 @@ in source_lines.py, while the function's code runs): the call runs eagerly with 
 writes once. Which calls write is read from the call as torch names it: an in-place method
 (a name ending in one ``_``: ``add_``, ``copy_``, ``zero_``, ``fill_``, ``requires_grad_``; its
 first argument, or the tensors of a list there: ``torch._foreach_add_``), an in-place operator
-or item assignment (``__iadd__``, ``__setitem__``), and ``out=``. A write to a fake tensor (an
-argument's, or one a traced op made) is the trace's, as before.
+or item assignment (``__iadd__``, ``__setitem__``), ``out=``, and an operator's arguments
+that its schema writes (``torch.ops.aten.add_.Tensor``, a custom op's ``mutates_args``). A
+write to a fake tensor (an argument's, or one a traced op made) is the trace's, as before.
 """
 
 from __future__ import annotations
@@ -41,7 +42,27 @@ def written_outside(func, args: tuple, kwargs: dict) -> bool:
     written = [kwargs.get("out")]
     if args and (name in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.endswith("__"))):
         written.append(args[0])
+    for schema in _schemas(func):  # an op called as torch.ops names it (``aten.add_.Tensor``)
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                written.append(args[i] if i < len(args) and not a.kwarg_only else
+                               kwargs.get(a.name))
     return any(isinstance(t, torch.Tensor) and not is_fake(t) for t in pytree.tree_leaves(written))
+
+
+def _schemas(func) -> list:
+    """The schemas of ``func`` where it is an operator (an ``OpOverload``, each overload of an
+    ``OpOverloadPacket``: any of them may be the one called): Note [Tensors written outside],
+    ``torch.ops.aten.add_.Tensor(BUF, 1)`` or a custom op that mutates its argument, whose
+    name says nothing (session 45: written in the trace, then again eagerly)."""
+    if isinstance(func, torch._ops.OpOverload):
+        return [func._schema]
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        try:
+            return [getattr(func, n)._schema for n in func.overloads()]
+        except Exception:  # noqa: BLE001 - an overload torch cannot resolve: names decide
+            return []
+    return []
 
 
 def why(frame) -> str:

@@ -235,6 +235,23 @@ class ValueReads:
 _READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
 
 
+# Note [Questions about read values]: a number taken from a tensor in Python (``v =
+# t.item()``, ``t.tolist()``) is a SymInt, SymFloat or SymBool in the trace, whether or not
+# a value check then fixes its value (Note [Value reads]), and an int, float or bool in eager:
+# ``isinstance(v, int)``, ``type(v) is int``, ``v is 3`` answer otherwise, with no guard, and
+# every hit returned what eager never does. So a trace with such a read is scanned for those
+# questions as a symbolic trace is (Note [Questions about symbolic values] in
+# lower/state/questions.py, run by tensor_reads.py's ``check_questions``): where the user's
+# code asks one of a value that may be symbolic, the call runs eagerly (a trace at exact sizes
+# reads the number alike).
+# ``int(t)``, ``bool(t)`` and ``float(t)`` return Python's numbers (torch guards the value);
+# library code's questions are not scanned (as for symbolic sizes).
+def has_scalar_reads(gm: fx.GraphModule) -> bool:
+    """Note [Questions about read values]: whether ``gm`` took a Python number from a
+    tensor."""
+    return any(n.op == "call_function" and n.target in _READS for n in gm.graph.nodes)
+
+
 def _pure(node: fx.Node) -> bool:
     """An ATen op that writes nothing and draws no random numbers, or Python's arithmetic on
     sizes."""

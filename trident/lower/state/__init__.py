@@ -65,7 +65,7 @@ compiled in. The digest is also what makes a stored specialization valid in anot
 """
 
 from trident.lower.state.chain import Read
-from trident.lower.state.questions import check_questions
+from trident.lower.state.tensor_reads import check_questions
 from trident.lower.state.reads import reads_of
 from trident.lower.state.recording import Recording, pause, record, unrecorded
 from trident.lower.state.tree import StateTree, build

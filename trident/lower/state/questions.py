@@ -1,7 +1,7 @@
 """Questions user code asks Python about a trace's stand-ins, which a trace answers for the
 stand-in and eager for the call's value: ``type``, ``isinstance``, ``is`` of a symbolic int
-(Note [Questions about symbolic values]) and ``vars`` of a tensor (Note [Python attributes of
-tensors] in source_lines.py).
+(Note [Questions about symbolic values]). Reads of a tensor's own attributes are
+tensor_reads.py's, which runs these scans too (``check_questions``).
 
 Note [Questions about symbolic values]: where an int is symbolic (a size under dynamic shapes,
 an int leaf: Note [Int leaves] in frontend/policy.py), the function's Python holds a
@@ -36,7 +36,6 @@ import types
 
 import torch
 
-from trident.errors import TridentError
 from trident.lower.state import flow
 from trident.lower.state.flow import _UNKNOWN
 
@@ -378,60 +377,6 @@ def _passed_asker(c: _Code, k: int, argc: int) -> str | None:
     return None
 
 
-def tensor_dict_read(code: types.CodeType, g: dict, params: dict,
-                     library: bool = False) -> str | None:
-    """Note [Python attributes of tensors] (tensor_attributes.py): the first ``vars(v)``,
-    ``v.__dict__``, or another spelling of them (``dir(v)``, ``getattr(v, "__dict__")``,
-    ``v.__getattribute__(name)``: ``_DICT_READERS``) in ``code`` whose ``v`` may be a tensor
-    (not known to be another object), as ``"vars() (file.py:12)"``, or None. A trace's
-    tensors are fake tensors, whose ``__dict__`` holds the fake's own entries, not the
-    tensor's. ``library``: library code (Note [Library code that ran] in library.py), whose
-    ``params`` are its tensor parameters only: there ``v`` is one known to be a tensor or
-    derived from a tensor parameter (``vars(t)``, ``t.__dict__``, ``vars(t.data)``), not any
-    object the code alone does not name (``vars(self)`` of a ``ModelOutput``)."""
-    names = code.co_names
-    if not any(n in ("vars", "dir", "getattr", "__dict__", "__getattribute__") or
-               _held(g.get(n)) for n in names):
-        return None  # (a name the code loads: a global, a builtin, an attribute)
-    c = _Code(code, g, params)
-    for k, i in enumerate(c.f.ins):
-        what = None
-        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in ("__dict__",
-                                                                     "__getattribute__"):
-            what, d = f".{i.argval}", 0
-        elif i.opname == "CALL":
-            callee = c.callee(k)
-            reader = _DICT_READERS.get(callee) if _held(callee) else None
-            if reader is not None and reader[0] == i.arg:
-                _, d, what = reader
-            elif callee is getattr and i.arg in (2, 3) and \
-                    c.value(k, i.arg - 2) == "__dict__":
-                what, d = "getattr(..., '__dict__')", i.arg - 1
-        if what is not None:
-            v = c.value(k, d)
-            if v is _UNKNOWN:
-                v = _attribute_of_parameter(c, k, d)
-            if isinstance(v, torch.Tensor) or v is _UNKNOWN and (
-                    not library or c.f.origin(k, d)[1] & frozenset(params)):
-                return f"{what} ({c.where(k)})"
-    return None
-
-
-_LIBRARY_DICTS: dict = {}  # (id of a code object, its tensor parameters) -> (code, answer)
-
-
-def library_dict_read(code: types.CodeType, g: dict, params: dict) -> str | None:
-    """``tensor_dict_read`` of library code (its ``params``: the tensors it was called with),
-    kept per code object and tensor parameters (walked once per process)."""
-    key = (id(code), frozenset(params))
-    found = _LIBRARY_DICTS.get(key)
-    if found is None or found[0] is not code:
-        if len(_LIBRARY_DICTS) >= 65536:
-            _LIBRARY_DICTS.clear()
-        found = _LIBRARY_DICTS[key] = (code, tensor_dict_read(code, g, params, library=True))
-    return found[1]
-
-
 def _held(value, among=None) -> bool:
     """Whether ``value`` is one of ``among`` (``_DICT_READERS``)."""
     try:
@@ -462,34 +407,3 @@ def _attribute_of_parameter(c: _Code, k: int, d: int, depth: int = 0):
             if isinstance(held, dict) and i.argval in held:
                 return held[i.argval]
     return _UNKNOWN if base is _UNKNOWN else flow._static_attr(base, i.argval)
-
-
-def _dict_reads(rec):
-    """(code, ``tensor_dict_read``'s answer) of each user code object that ran, then of each
-    library code object that ran with tensor parameters (Note [Python attributes of
-    tensors])."""
-    for code, (g, params) in rec.codes.items():
-        yield code, tensor_dict_read(code, g, params)
-    for code, g, params in rec.library_tensors.values():
-        yield code, library_dict_read(code, g, params)
-
-
-def check_questions(rec, symbolic: bool) -> None:
-    """Raises where a user function that ran in the trace recorded by ``rec`` asks a question
-    the trace answers for a stand-in: ``vars`` of a tensor (the call runs eagerly, at any
-    sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
-    that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
-    values])."""
-    for code, read in _dict_reads(rec):
-        if read is not None:
-            who = "the function" if code in rec.codes else \
-                f"library code the function runs ({code.co_qualname})"
-            error = TridentError(f"{who} reads a tensor's __dict__, {read}: the trace's fake "
-                                 "tensors hold their own entries, not the tensor's")
-            error.any_sizes = True  # (policy.py: a trace at exact sizes reads it alike)
-            raise error
-    for code, (g, params) in rec.codes.items() if symbolic else ():
-        asked = symbolic_question(code, g, params)
-        if asked is not None:
-            raise TridentError(f"the function asks Python what a symbolic value is, {asked}: "
-                               "a trace answers for a torch.SymInt, eager for an int")

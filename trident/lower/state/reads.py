@@ -311,6 +311,12 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
     other: neither is taken as fixed."""
     out: list = []
     for step in steps[:16]:
+        if step[0] == "item" and type(value) in (dict, list, tuple):  # the argument tree's
+            try:  # items (``cache.layers[0].keys``: session 45, the class's ``keys`` unread)
+                value = value[step[1]]
+            except (KeyError, IndexError, TypeError):
+                break
+            continue
         if step[0] != "attr" or not isinstance(step[1], str) or isinstance(
                 value, (type, types.ModuleType, torch.Tensor, *_BY_ID)) or value is _MISSING:
             break

@@ -145,12 +145,15 @@ def _module_call_codes() -> frozenset:
 # torch.jit.is_scripting() and torch.jit.is_tracing() answer in the trace as in eager.
 _TRACE_STATE_C = ("_is_torch_function_mode_enabled", "_len_torch_function_stack",
                   "_get_function_stack_at", "_is_torch_function_enabled",
-                  "_is_torch_function_all_disabled", "_len_torch_dispatch_stack")
+                  "_is_torch_function_all_disabled", "_len_torch_dispatch_stack",
+                  "_get_dispatch_mode", "_get_dispatch_stack_at")
 
 
 @functools.cache
 def _trace_state_codes() -> frozenset:
     """The ids of the code objects of torch's Python functions of Note [Trace state]."""
+    import torch._guards
+    import torch._subclasses.fake_tensor as fake_tensor
     import torch.fx._symbolic_trace as fx_trace
     import torch.overrides
     import torch.utils._python_dispatch as dispatch
@@ -159,7 +162,9 @@ def _trace_state_codes() -> frozenset:
            torch.overrides._get_current_function_mode_stack,
            getattr(torch.overrides, "_get_current_function_mode", None),
            dispatch._get_current_dispatch_mode, dispatch._get_current_dispatch_mode_stack,
-           getattr(dispatch, "is_in_torch_dispatch_mode", None)]
+           getattr(dispatch, "is_in_torch_dispatch_mode", None),
+           torch._guards.detect_fake_mode, getattr(torch._guards, "active_fake_mode", None),
+           getattr(fake_tensor, "maybe_get_fake_mode", None)]  # (session 45: the trace's mode)
     return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
 
 

@@ -12,7 +12,10 @@ as it was: stale, in user and in library code. The call of such a wrapper is a w
 the wrapper is made in the code (its construction's arguments read from the bytecode) or held
 (a global ``BUMP = partial(...)``: its ``func`` and ``args`` read from the object). Its target
 is what the wrapper holds where it binds the written object (the partial's bound arguments, a
-bound method's ``self``), else the call's arguments.
+bound method's ``self``), else the call's arguments. A mutating function passed to a call
+(``itertools.starmap(operator.setitem, [(D, "k", v)])``, ``map(setattr, ...)``,
+``functools.reduce(operator.iadd, ..., LOG)``: session 45) is called from C the same way: such
+a call writes what its arguments hold.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def call_write(walk, k: int, callee, args: list, depths: list) -> tuple | None:
             _join(FRESH, *args) if star else args[i.arg - 1]
     if _writes_self(callee):
         return f".{callee.__name__}()", walk.origin(k, 1 + (i.arg & 1) if star else i.arg)
+    for d in depths:  # Note [Writes through wrappers]: map(operator.setitem, [D], ...)
+        passed = walk.static(k, d)
+        if passed is not _UNKNOWN and passed is not callee and _writes_first(passed):
+            return f"{getattr(passed, '__name__', 'a call')}() passed to a call", \
+                _join(FRESH, *(a for a, e in zip(args, depths) if e != d))  # (not its own)
     return write_through(walk, k, callee, depths)
 
 
