@@ -91,3 +91,19 @@ def test_fast_all_over_a_growing_mask():
         assert torch.equal(jf(x, padded), fast_all(x, padded))
     assert counts(jf) == (3, 8, 0), jf.stats.miss_reasons
     assert check_ops(jf)[-1] == ["aten::all", "aten::item"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_all_of_a_cuda_mask_is_one_reduction():
+    """On CUDA (the conversion's ``device`` is the mask's own): the plan reads the mask once,
+    with ``all``, before each call's launches; every call equals eager, the all-true and the
+    not-all-true masks one specialization each."""
+    x = torch.randn(3, device="cuda")
+    jf = trident.jit(fast_all)
+    for n, zero in ((5, None), (5, 2), (5, None), (5, 0), (5, None)):
+        m = torch.ones(2, n, dtype=torch.long, device="cuda")
+        if zero is not None:
+            m[1, zero] = 0
+        assert torch.equal(jf(x, m), fast_all(x, m)), (n, zero)
+    assert counts(jf) == (2, 3, 0), jf.stats.miss_reasons
+    assert check_ops(jf) == [["aten::all", "aten::item"]] * 2
