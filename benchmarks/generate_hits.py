@@ -2,11 +2,13 @@
 
 ``python3 -m benchmarks.generate_hits [--archs llama,qwen2] [--layers 2,24]
 [--caches static,default] [--device cpu|cuda] [--tokens 24] [--generates 4] [--alone 3]
-[--parts] [--thread] [--busy]``
+[--parts] [--thread] [--busy] [--mask]``
 
 Per architecture, depth and cache (tiny random configs of ``sweep_hf.tiny_model``: hidden 64,
 batch 1, a 6-token prompt; ``static`` is ``cache_implementation="static"``, ``default`` none:
-transformers' ``DynamicCache``), ``model.forward`` is replaced by a wrapper that ``generate``
+transformers' ``DynamicCache``; ``--mask``: ``generate`` is given an attention mask of ones, as
+a tokenizer's output gives it, which transformers 5.17 reads at every decode step of a
+``DynamicCache``: a value check, Note [Value checks]), ``model.forward`` is replaced by a wrapper that ``generate``
 calls; greedy ``generate`` calls of ``--tokens`` new tokens then take turns, in one process:
 
 - ``jit``: each decode step through ``trident.jit(model.forward)``, the call timed where
@@ -200,6 +202,8 @@ def run_case(arch: str, layers: int, cache: str, a) -> dict:
               disable_compile=True)
     if cache != "default":
         kw["cache_implementation"] = cache
+    if a.mask:
+        kw["attention_mask"] = torch.ones_like(ids)
 
     def generate(mode):
         steps.mode, steps.n = mode, 0
@@ -273,6 +277,7 @@ def main(argv=None) -> list:
     p.add_argument("--parts", action="store_true")
     p.add_argument("--thread", action="store_true")
     p.add_argument("--busy", action="store_true")
+    p.add_argument("--mask", action="store_true")
     a = p.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -45,6 +45,7 @@ in eager, so that a specialization would take another branch than eager takes:
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import threading
 
@@ -304,6 +305,88 @@ def _numel_as_sizes(graph: fx.Graph) -> None:
         graph.erase_node(n)
 
 
+def _dtype(x):
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _is_numel(count, t: fx.Node) -> bool:
+    """``count`` is ``t.numel()``: the product of ``t``'s sizes in the plan (``_numel_as_sizes``:
+    ``sym_size(t, d)`` for each ``d`` once, multiplied), or an int where ``t``'s sizes are
+    static (the specialization's guards fix them)."""
+    import operator
+
+    shape = t.meta["val"].shape
+    if isinstance(count, int) and not isinstance(count, bool):
+        return all(isinstance(d, int) for d in shape) and count == math.prod(shape)
+    factors, stack = [], [count]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, fx.Node) and n.target is operator.mul and len(n.args) == 2:
+            stack.extend(n.args)
+        elif isinstance(n, fx.Node) and n.target is torch.ops.aten.sym_size.int and \
+                n.args[0] is t:
+            factors.append(n.args[1])
+        else:
+            return False
+    return sorted(factors) == list(range(len(shape)))
+
+
+def _all_reads(graph: fx.Graph) -> None:
+    """Note [All reads]
+    ~~~~~~~~~~~~~~~~~~~
+    A value check runs at every hit, before the launch sequence or the replay, so its plan is
+    the hit's own cost: each op a dispatcher call, on CUDA a kernel and an allocation.
+    transformers' ``fast_all(mask)`` (``m.sum() == m.numel()``) of a mask converted to bool,
+    read by ``bool``, traces as ``_to_copy(mask, dtype=bool)``, ``sum``, ``eq(., numel)``,
+    ``ne(., 0)``, ``item``: four kernels, the whole mask copied, for one bit. Three rewrites,
+    each an identity of ATen's semantics for every value, make it ``all(mask)``, ``item``:
+
+    - ``ne(b, 0)`` of a bool ``b`` is ``b``;
+    - ``eq(sum(b), b.numel())`` of a bool ``b`` (no dtype given to ``sum``: an int64 count of
+      the true elements) is ``all(b)`` (empty: both True);
+    - ``all(_to_copy(x, dtype=bool))`` on ``x``'s own device is ``all(x)``: both ask whether
+      every element is nonzero (NaN is nonzero to both; complex ``x`` is left as it is).
+
+    The check stays exact (it reads every element, as the answer True depends on each); it
+    no longer copies. Dead nodes left behind are erased (the plan holds only pure ops:
+    Note [Value reads])."""
+    aten = torch.ops.aten
+    for n in list(graph.nodes):
+        if n.target is aten.ne.Scalar and not n.kwargs and len(n.args) == 2 and \
+                n.args[1] == 0 and type(n.args[1]) in (int, bool) and \
+                _dtype(n.args[0]) is torch.bool:
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
+    for n in list(graph.nodes):
+        if n.target is not aten.eq.Scalar or n.kwargs or len(n.args) != 2:
+            continue
+        total, count = n.args
+        if not (isinstance(total, fx.Node) and total.target is aten.sum.default and
+                len(total.args) == 1 and not total.kwargs):
+            continue
+        b = total.args[0]
+        if _dtype(b) is not torch.bool or not _is_numel(count, b):
+            continue
+        x = b
+        if b.target is aten._to_copy.default and len(b.args) == 1 and \
+                set(b.kwargs) <= {"dtype", "device", "layout"} and \
+                b.kwargs.get("layout") in (None, torch.strided) and \
+                isinstance(b.args[0], fx.Node) and isinstance(b.args[0].meta.get("val"), torch.Tensor):
+            source = b.args[0].meta["val"]
+            if not source.is_complex() and source.layout == torch.strided and \
+                    b.kwargs.get("device") in (None, source.device):
+                x = b.args[0]
+        with graph.inserting_before(n):
+            read = graph.call_function(aten.all.default, (x,))
+        read.meta.update(n.meta)
+        n.replace_all_uses_with(read)
+        graph.erase_node(n)
+    for n in reversed(list(graph.nodes)):
+        if n.op == "call_function" and not n.users:
+            graph.erase_node(n)
+
+
 def checks_graph(gm: fx.GraphModule, reads: list[tuple[fx.Node, int | bool]]
                  ) -> fx.GraphModule | None:
     """Note [Value reads]: the graph of the value checks of ``reads`` (the function's
@@ -320,6 +403,7 @@ def checks_graph(gm: fx.GraphModule, reads: list[tuple[fx.Node, int | bool]]
             env[n] = graph.node_copy(n, env.__getitem__)
     graph.output(tuple(env[n] for n in read_nodes))
     _numel_as_sizes(graph)
+    _all_reads(graph)
     checks = fx.GraphModule(gm, graph)
     dead = [n for n in read_nodes if not n.users]
     while dead:
