@@ -33,7 +33,6 @@ import torch
 from trident import config
 
 PROCESS = uuid.uuid4().hex  # keys of objects hashed by identity never match another process
-_PROCESS_BYTES = PROCESS.encode()
 # The keyword arguments of torch's triton_kernel_wrapper_mutation: a graph node that has them
 # launches a kernel of Dynamo's kernel_side_table (torch 2.11-2.13).
 _LAUNCH_KWARGS = {"kernel_idx", "constant_args_idx"}
@@ -164,6 +163,7 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
             h.update(name.encode())
             _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
     else:  # no content to hash (a C object): this object, in this process only
+        _IDENTITY_HASHES[0] += 1  # (Note [Key parts])
         h.update(f"object:{type(value).__qualname__}#{object_serial(value)}:{PROCESS}".encode())
 
 
@@ -286,34 +286,40 @@ def _hash_graph_module(h, gm: torch.fx.GraphModule, seen: set[int], depth: int) 
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
-    part = h.part if depth == 0 and isinstance(h, _KeyParts) else lambda *_: None  # Key parts
-    part("function", f"{fn.__module__}.{fn.__qualname__}")
+    parts = h if isinstance(h, _KeyParts) else None  # the key's top level (Note [Key parts])
+    if parts:
+        h = parts.part("function", f"{fn.__module__}.{fn.__qualname__}")
     h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
     if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
         graph = isinstance(fn.__self__, torch.fx.GraphModule)
-        part("graph" if graph else "self", _what(fn.__self__))
+        if parts:
+            h = parts.part("graph" if graph else "self", _what(fn.__self__))
         _hash_value(h, fn.__self__, seen, depth)
         if graph:  # its forward was hashed with it
             return
-    part("code", "bytecode and constants")
+    if parts:
+        h = parts.part("code", "bytecode and constants")
     hash_code(h, fn.__code__)
     for i, default in enumerate(fn.__defaults__ or ()):
-        part(f"default {i}", _what(default))
+        if parts:
+            h = parts.part(f"default {i}", _what(default))
         _hash_value(h, default, seen, depth)
     for name, default in sorted((fn.__kwdefaults__ or {}).items()):
-        part(f"default {name}", _what(default))
+        if parts:
+            h = parts.part(f"default {name}", _what(default))
         h.update(name.encode())
         _hash_value(h, default, seen, depth)
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if parts:
+            h = parts.part(f"closure {name}", _what(_cell(cell)))  # (_Unset: empty)
         try:
-            part(f"closure {name}", _what(cell.cell_contents))
             _hash_value(h, cell.cell_contents, seen, depth)
         except ValueError:  # empty cell
-            part(f"closure {name}", "empty")
             h.update(b"<empty>")
     for name in sorted(code_names(fn.__code__)):
         if name in fn.__globals__:
-            part(f"global {name}", _what(fn.__globals__[name]))
+            if parts:
+                h = parts.part(f"global {name}", _what(fn.__globals__[name]))
             h.update(name.encode())
             _hash_value(h, fn.__globals__[name], seen, depth)
 
@@ -324,21 +330,22 @@ def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> Non
 # each part's words (``_what``) and digest, so ``python3 -m trident list`` names what tells two
 # folders of one function apart: a global that is a Triton ``InterpretedFunction`` in one
 # (``TRITON_INTERPRET=1``), another torch, an object hashed by identity ("this process only").
+_IDENTITY_HASHES = [0]  # objects hashed by identity so far (``_hash_value``'s last branch)
+
+
 class _KeyParts:
     def __init__(self) -> None:
-        self.parts: dict[str, list] = {}  # label -> [words, its SHA-256, this process only]
-        self._current: list = []
+        self.parts: dict[str, list] = {}  # label -> [words, its SHA-256, identity hashes before]
 
-    def part(self, label: str, words: str) -> None:
-        self._current = self.parts[label] = [words, hashlib.sha256(), False]
-
-    def update(self, data: bytes) -> None:
-        self._current[1].update(data)
-        self._current[2] = self._current[2] or _PROCESS_BYTES in data
+    def part(self, label: str, words: str):  # a new part's hash, to feed
+        self.parts[label] = [words, hashlib.sha256(), _IDENTITY_HASHES[0]]
+        return self.parts[label][1]
 
 
 def _what(value: Any) -> str:
-    """Note [Key parts]: a key part's words."""
+    """Note [Key parts]: a key part's words (an empty closure cell: ``_Unset``)."""
+    if value is _Unset:
+        return "empty"
     if isinstance(value, (int, float, bool, type(None), torch.dtype, torch.device)) or \
             isinstance(value, str) and len(value) <= 40:
         return repr(value)
@@ -354,11 +361,12 @@ def key_parts(fn) -> dict[str, tuple[str, str]]:
     """Note [Key parts]: each part of ``fn``'s function key: (its words, its SHA-256)."""
     h = _KeyParts()
     for label, version in version_parts().items():
-        h.part(label, version.split()[0] if label == "python" else version[:38])
-        h.update(version.encode())
+        h.part(label, version.split()[0] if label == "python" else version[:38]).update(
+            version.encode())
     _hash_function(h, fn, set(), 0)
-    return {label: (words + " (this process only)" * local, sha.hexdigest())
-            for label, (words, sha, local) in h.parts.items()}
+    ends = [before for _, _, before in h.parts.values()][1:] + [_IDENTITY_HASHES[0]]
+    return {label: (words + " (this process only)" * (end > before), sha.hexdigest())
+            for (label, (words, sha, before)), end in zip(h.parts.items(), ends)}
 
 
 def key_of(parts: dict[str, tuple[str, str]]) -> str:
