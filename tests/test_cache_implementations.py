@@ -161,3 +161,47 @@ def test_a_cache_holding_a_stream_runs_eagerly_and_another_cache_natively():
     # decode step with the cache's length symbolic: Note [Tensors by path]), then every call
     # hits
     assert (stats.compiles, stats.hits) == (2, 2 * NEW_TOKENS - 2), stats
+
+
+def test_a_padded_default_cache_after_a_static_one_stays_symbolic():
+    """Note [Fixed operands of symbolic ops] in trident/lower/importer.py: one jitted forward
+    serving a static cache (prompts of 5 and 9 tokens), then a padded batch of two with the
+    default cache. The padded prefill's value checks multiply a symbolic length by the batch
+    the trace fixed (a plain int); Torch-MLIR failed on it (AttributeError), the symbolic
+    compile was given up and automatic dynamic with it, for the rest of the process: every new
+    length compiled at exact sizes (the decode step at each cache length), and a process that
+    used both caches reached the limit of 8 (issue 27). Now the counts are the structures'
+    (docs/huggingface.md): 2 and 1 for the static cache, 2 for the padded prefill and its
+    decode step, 1 for the mask's length (fixed at the first padded call, symbolic from the
+    second), 0 for a third padded length; every token and logit equal to eager's."""
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=96, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    forward = model.forward
+    jf = trident.jit(forward)
+    compiles = []
+    for cache, batch, length in (("static", 1, 5), ("static", 1, 9), (None, 2, 9),
+                                 (None, 2, 13), (None, 2, 17)):
+        ids = torch.randint(1, 96, (batch, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        if batch == 2:  # left-padded
+            mask[0, :3] = 0
+            ids[0, :3] = 0
+        args = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                    output_logits=True, return_dict_in_generate=True, disable_compile=True)
+        if cache:
+            args["cache_implementation"] = cache
+        model.forward = forward
+        ref = model.generate(ids, **args)
+        model.forward = jf
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback, no limit
+            out = model.generate(ids, **args)
+        assert torch.equal(out.sequences, ref.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+        compiles.append(jf.stats.compiles)
+    model.forward = forward
+    assert compiles == [2, 3, 5, 6, 6], compiles
+    assert jf.stats.fallbacks == 0

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
+import shutil
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +35,8 @@ def test_list_names_function_file_line_and_signatures(trident_cache, capsys):
     g(torch.ones(2), 3)
     rows = {r["about"]["qualname"]: r for r in trident.list_cache()}
     line = inspect.getsourcelines(listed_g)[1]
-    assert rows["listed_g"]["about"] == {"qualname": "listed_g", "module": __name__,
-                                         "file": __file__, "line": line}
+    assert {k: v for k, v in rows["listed_g"]["about"].items() if k != "key"} == \
+        {"qualname": "listed_g", "module": __name__, "file": __file__, "line": line}
     assert rows["listed_g"]["signatures"] == ["listed_g(x: float32[2] cpu, n=2)",
                                               "listed_g(x: float32[2] cpu, n=3)"]
     assert cli.main(["list"]) == 0
@@ -59,7 +64,7 @@ def test_list_names_the_wrapped_function_not_its_decorator(trident_cache, capsys
     assert f"{__name__}.listed_wrapped ({__file__}:{line}): 1 specialization" in \
         capsys.readouterr().out
     import transformers
-    from trident.identity import describe
+    from trident.frontend.entries import describe
 
     forward = describe(transformers.LlamaForCausalLM.forward)
     inner = inspect.unwrap(transformers.LlamaForCausalLM.forward)
@@ -278,6 +283,118 @@ def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cac
     for told in (first, second):
         assert len(told) == 1 and told[0].startswith("state ")
         assert f" of {__name__}.ListedKnobs.scale" in told[0]
+
+
+LISTED_SCALE = 2.0
+LISTED_HELD = None
+
+
+def listed_key(x, n=1):
+    return x * LISTED_SCALE + n
+
+
+def _key_apart(name: str) -> list[list[str]]:
+    """Each folder of ``name``'s key parts that tell it apart, in creation order."""
+    rows = [r for r in trident.list_cache() if r["about"].get("qualname") == name]
+    return [r["key_apart"] for r in sorted(rows, key=lambda r: r["last_use"])]
+
+
+def test_list_names_the_key_parts_that_tell_alike_folders_apart(trident_cache, capsys,
+                                                                monkeypatch):
+    """Note [Key parts]: two folders of one function (its key's inputs differ: a global's
+    value, a default, a version) are listed alike but for the parts that differ, each named
+    with its words (with its digest where the words are alike), and only those (issue 27's
+    trial); with three alike folders, the parts that tell one from any other."""
+    import trident.identity as identity
+
+    x = torch.randn(4)
+    trident.jit(listed_key)(x)
+    base = {r["path"] for r in trident.list_cache()}
+    versions = dict(identity.version_parts())
+    for attribute, value, told, base_told in (
+            ("LISTED_SCALE", 3.0, "global LISTED_SCALE: 3.0", "global LISTED_SCALE: 2.0"),
+            ("__defaults__", (5,), "default 0: 5", "default 0: 1"),
+            ("version_parts", dict(versions, torch="9.9.9"), "torch: 9.9.9",
+             f"torch: {torch.__version__}"),
+            ("version_parts", dict(versions, python=versions["python"] + " (another build)"),
+             None, None)):
+        with monkeypatch.context() as m:
+            owner = {"__defaults__": listed_key, "version_parts": identity}.get(
+                attribute, sys.modules[__name__])
+            m.setattr(owner, attribute, (lambda v=value: v) if owner is identity else value)
+            y = trident.jit(listed_key)(x)
+            assert torch.equal(y, listed_key(x))
+        if told is None:  # alike words: told by their digests
+            python = versions["python"].split()[0]
+            (first,), (second,) = _key_apart("listed_key")
+            assert first.startswith(f"python: {python} #") and \
+                second.startswith(f"python: {python} #") and first != second
+        else:
+            assert _key_apart("listed_key") == [[base_told], [told]]
+            assert cli.main(["list"]) == 0
+            assert f"  apart from the alike: {told}" in capsys.readouterr().out.splitlines()
+        (new,) = {r["path"] for r in trident.list_cache()} - base
+        shutil.rmtree(new)
+    monkeypatch.setattr(sys.modules[__name__], "LISTED_SCALE", 3.0)
+    trident.jit(listed_key)(x)
+    monkeypatch.setattr(listed_key, "__defaults__", (5,))
+    trident.jit(listed_key)(x)
+    assert _key_apart("listed_key") == [  # (2.0, 1), (3.0, 1), (3.0, 5)
+        ["default 0: 1", "global LISTED_SCALE: 2.0"], ["default 0: 1", "global LISTED_SCALE: 3.0"],
+        ["default 0: 5", "global LISTED_SCALE: 3.0"]]
+
+
+def listed_by_identity(x):
+    return x + (LISTED_HELD is None)
+
+
+def test_a_key_part_of_an_object_of_this_process_only_says_so(trident_cache, monkeypatch):
+    """An object with nothing to hash but its identity (Note [Identity serials]) makes a new
+    folder in every process: its part says so; a folder of an older Trident, without parts, is
+    named as such."""
+    import json
+
+    x = torch.randn(4)
+    for _ in range(2):  # two objects of this process, as two processes would make
+        monkeypatch.setattr(sys.modules[__name__], "LISTED_HELD", object())
+        f = trident.jit(listed_by_identity)  # (an object it cannot guard: eager, its folder
+        with pytest.warns(UserWarning, match="cannot guard"):  # keeps the decision)
+            assert torch.equal(f(x), x)
+    (first,), (second,) = _key_apart("listed_by_identity")
+    assert first != second  # alike words: their digests added
+    for told in (first, second):
+        assert re.fullmatch(r"global LISTED_HELD: builtins\.object \(this process only\) #\w{8}",
+                            told), told
+    (old,) = [r for r in trident.list_cache()][:1]
+    about = json.loads((Path(old["path"]) / "function.json").read_text())
+    del about["key"]
+    (Path(old["path"]) / "function.json").write_text(json.dumps(about))
+    assert [r["key_apart"] for r in trident.list_cache()] == \
+        [["its key's parts are not recorded (an older Trident's folder)"]] * 2
+
+
+def test_list_names_triton_interpret_apart(trident_cache, subprocess_env, tmp_path, capsys):
+    """Issue 27's trial: one script run with and without ``TRITON_INTERPRET=1`` made two
+    folders listed alike; the listing names the kernel's type in each."""
+    script = tmp_path / "interp.py"
+    script.write_text(textwrap.dedent('''
+        import torch, trident
+        from _triton_kernels import add_kernel
+
+        def add(x, y):
+            out = torch.empty_like(x)
+            add_kernel[(1,)](x, y, out, x.numel(), BLOCK=128)
+            return out
+
+        x = torch.randn(100)
+        assert torch.equal(trident.jit(add)(x, x), x + x)
+    '''))
+    env = dict(subprocess_env, PYTHONPATH=f"{Path(__file__).parent}:{subprocess_env['PYTHONPATH']}")
+    env.pop("TRITON_INTERPRET", None)
+    run_python(env, str(script))
+    run_python(dict(env, TRITON_INTERPRET="1"), str(script))
+    assert _key_apart("add") == [["global add_kernel: triton.runtime.jit.JITFunction"],
+                                 ["global add_kernel: triton.runtime.interpreter.InterpretedFunction"]]
 
 
 def test_the_cache_bound_setting(monkeypatch):

@@ -103,18 +103,19 @@ def test_a_global_tensor_rebound_at_every_call_traces_once():
 
 
 def test_a_counter_rebound_at_every_call_stops_at_the_default_limit():
-    """The default limit (8): a counter bumped between the calls compiles 8 times, then every
-    call runs eagerly, equal to eager."""
+    """The default limit (16, config.max_specializations): a counter bumped between the calls
+    compiles 16 times, then every call runs eagerly, equal to eager."""
     global STEP
     jf = trident.jit(by_step)
     x = torch.arange(3.0)
     try:
-        with pytest.warns(UserWarning, match="limit of 8 compiled specializations") as record:
-            for step in range(1, 13):
+        assert trident.config.max_specializations() == 16
+        with pytest.warns(UserWarning, match="limit of 16 compiled specializations") as record:
+            for step in range(1, 21):
                 STEP = step
                 assert torch.equal(jf(x), by_step(x)), step
         assert len([w for w in record if "limit" in str(w.message)]) == 1
-        assert counts(jf) == dict(hits=0, misses=12, compiles=8, fallbacks=4, traces=8)
+        assert counts(jf) == dict(hits=0, misses=20, compiles=16, fallbacks=4, traces=16)
     finally:
         STEP = 0
 

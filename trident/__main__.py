@@ -60,6 +60,8 @@ def _main(argv: list[str] | None) -> int:
                 if not args.full:
                     signature = textwrap.shorten(signature, 160, placeholder=" ...")
                 print(f"  {i}: {signature}" + (f" [{'; '.join(apart)}]" if apart else ""))
+            if row["key_apart"]:  # Note [Key parts] in identity.py
+                print("  apart from the alike: " + "; ".join(row["key_apart"]))
             print(f"  in {row['path']}")
         if rows:
             total = sum(row["bytes"] for row in rows)

@@ -4,7 +4,8 @@ Environment variables:
     TRIDENT_CACHE_DIR   where compiled modules live (default: the user's cache dir / "trident").
     TRIDENT_LOGS        comma-separated log switches: ``recompiles``, ``guards``, ``mlir``,
                         ``code`` (generated C), ``cache``; ``all`` turns on every one.
-    TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (8).
+    TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (16: Note
+                        [Specialization limit] in trident/frontend/policy.py says why).
     TRIDENT_LOCK_TIMEOUT  seconds to wait for a build lock another process holds (600).
     TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
                         graph of them (Note [CUDA graphs] in trident/frontend/graphs.py); default `1`.
@@ -79,7 +80,7 @@ def cache_size() -> int:
 
 
 def max_specializations() -> int:
-    return int(os.environ.get("TRIDENT_MAX_SPECIALIZATIONS", "8"))
+    return int(os.environ.get("TRIDENT_MAX_SPECIALIZATIONS", "16"))
 
 
 def cuda_graphs() -> bool:
@@ -211,8 +212,12 @@ def lock_timeout() -> float:
 # codegen) and ``C build`` (the C compiler, build.py). A stage inside another counts in both.
 # Together they cover the "compiled specialization in N s" of the recompiles log (render and
 # C build included), but for the signature and Python's bookkeeping.
-# A warm restart loads stored specializations and their built modules: it renders, and neither
-# traces nor builds; with ``TRIDENT_FORBID_COMPILE=1`` a trace or a build raises
+# A warm restart loads stored specializations and the modules their records name (Note [Stored
+# module names] in frontend/modules.py): every stage stays 0. ``render`` counts each render
+# that makes or finds a module: a compile's, a load whose record is missing or fails (a cache
+# of an older Trident: rendered once, then recorded), the names a compile's pruning needs,
+# and, with ``TRIDENT_LOGS=code``, the C a load logs; not ``source()``'s, which only shows the
+# C. With ``TRIDENT_FORBID_COMPILE=1`` a trace or a build raises
 # ``errors.CompileForbidden`` instead, so a test can prove it. Each stage's CPU seconds are
 # counted too (``compile_times(cpu=True)``: this process's threads and the children it waited
 # for, the C compiler), steadier than wall time on a busy machine.

@@ -19,7 +19,6 @@ import enum
 import functools
 import hashlib
 import importlib.metadata
-import inspect
 import itertools
 import re
 import sys
@@ -67,15 +66,15 @@ def keyed_sources() -> list[Path]:
 
 
 @functools.cache
-def versions() -> str:
-    """Python, torch, triton, torch-mlir, and Trident's own source (``keyed_sources``): a change
-    to any of them makes new cache entries."""
+def version_parts() -> dict[str, str]:
+    """Python, torch, triton, torch-mlir, and Trident's own version and source
+    (``keyed_sources``): a change to any of them makes new cache entries."""
     own = hashlib.sha256()
     for path in keyed_sources():
         own.update(path.read_bytes())
-    parts = [sys.version, torch.__version__, _dist_version("triton"), _dist_version("torch-mlir"),
-             config.VERSION, own.hexdigest()]
-    return "|".join(parts)
+    return {"python": sys.version, "torch": torch.__version__, "triton": _dist_version("triton"),
+            "torch-mlir": _dist_version("torch-mlir"),
+            "trident": f"{config.VERSION}, source {own.hexdigest()}"}
 
 
 def code_names(code: types.CodeType) -> set[str]:
@@ -164,6 +163,7 @@ def _hash_value(h, value: Any, seen: set[int], depth: int) -> None:
             h.update(name.encode())
             _hash_value(h, getattr(value, name, _Unset), seen, depth + 1)
     else:  # no content to hash (a C object): this object, in this process only
+        _IDENTITY_HASHES[0] += 1  # (Note [Key parts])
         h.update(f"object:{type(value).__qualname__}#{object_serial(value)}:{PROCESS}".encode())
 
 
@@ -286,66 +286,100 @@ def _hash_graph_module(h, gm: torch.fx.GraphModule, seen: set[int], depth: int) 
 
 
 def _hash_function(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
+    parts = h if isinstance(h, _KeyParts) else None  # the key's top level (Note [Key parts])
+    if parts:
+        h = parts.part("function", f"{fn.__module__}.{fn.__qualname__}")
     h.update(f"{fn.__module__}.{fn.__qualname__}".encode())
     if isinstance(fn, types.MethodType):  # a bound method: what it reads through self
+        graph = isinstance(fn.__self__, torch.fx.GraphModule)
+        if parts:
+            h = parts.part("graph" if graph else "self", _what(fn.__self__))
         _hash_value(h, fn.__self__, seen, depth)
-        if isinstance(fn.__self__, torch.fx.GraphModule):  # its forward was hashed with it
+        if graph:  # its forward was hashed with it
             return
+    if parts:
+        h = parts.part("code", "bytecode and constants")
     hash_code(h, fn.__code__)
-    for default in fn.__defaults__ or ():
+    for i, default in enumerate(fn.__defaults__ or ()):
+        if parts:
+            h = parts.part(f"default {i}", _what(default))
         _hash_value(h, default, seen, depth)
     for name, default in sorted((fn.__kwdefaults__ or {}).items()):
+        if parts:
+            h = parts.part(f"default {name}", _what(default))
         h.update(name.encode())
         _hash_value(h, default, seen, depth)
-    for cell in fn.__closure__ or ():
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if parts:
+            h = parts.part(f"closure {name}", _what(_cell(cell)))  # (_Unset: empty)
         try:
             _hash_value(h, cell.cell_contents, seen, depth)
         except ValueError:  # empty cell
             h.update(b"<empty>")
     for name in sorted(code_names(fn.__code__)):
         if name in fn.__globals__:
+            if parts:
+                h = parts.part(f"global {name}", _what(fn.__globals__[name]))
             h.update(name.encode())
             _hash_value(h, fn.__globals__[name], seen, depth)
 
 
-def function_key(fn) -> str:
-    """Note [Function key]."""
-    h = hashlib.sha256(versions().encode())
+# Note [Key parts]: a function key (Note [Function key]) hashes the SHA-256 of each part in
+# turn (each version, the name, self or its graph, the code, each default, closure cell and
+# global; one walk: an object two parts reach is hashed in the first). ``function.json`` keeps
+# each part's words (``_what``) and digest, so ``python3 -m trident list`` names what tells two
+# folders of one function apart: a global that is a Triton ``InterpretedFunction`` in one
+# (``TRITON_INTERPRET=1``), another torch, an object hashed by identity ("this process only").
+_IDENTITY_HASHES = [0]  # objects hashed by identity so far (``_hash_value``'s last branch)
+
+
+class _KeyParts:
+    def __init__(self) -> None:
+        self.parts: dict[str, list] = {}  # label -> [words, its SHA-256, identity hashes before]
+
+    def part(self, label: str, words: str):  # a new part's hash, to feed
+        self.parts[label] = [words, hashlib.sha256(), _IDENTITY_HASHES[0]]
+        return self.parts[label][1]
+
+
+def _what(value: Any) -> str:
+    """Note [Key parts]: a key part's words (an empty closure cell: ``_Unset``)."""
+    if value is _Unset:
+        return "empty"
+    if isinstance(value, (int, float, bool, type(None), torch.dtype, torch.device)) or \
+            isinstance(value, str) and len(value) <= 40:
+        return repr(value)
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, (type, types.FunctionType, types.MethodType)):
+        return f"{'class' if isinstance(value, type) else 'function'} " \
+            f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def key_parts(fn) -> dict[str, tuple[str, str]]:
+    """Note [Key parts]: each part of ``fn``'s function key: (its words, its SHA-256)."""
+    h = _KeyParts()
+    for label, version in version_parts().items():
+        h.part(label, version.split()[0] if label == "python" else version[:38]).update(
+            version.encode())
     _hash_function(h, fn, set(), 0)
+    ends = [before for _, _, before in h.parts.values()][1:] + [_IDENTITY_HASHES[0]]
+    return {label: (words + " (this process only)" * (end > before), sha.hexdigest())
+            for (label, (words, sha, before)), end in zip(h.parts.items(), ends)}
+
+
+def key_of(parts: dict[str, tuple[str, str]]) -> str:
+    """The function key (Note [Function key]) of its parts (``key_parts``)."""
+    h = hashlib.sha256()
+    for label, (_, digest) in parts.items():
+        h.update(f"{label}={digest};".encode())
     return h.hexdigest()[:20]
 
 
-def describe(fn) -> dict:
-    """What ``python -m trident list`` says of a function: ``qualname``, ``module``, ``file``
-    and ``line`` (of its ``def``: of the innermost function of its ``__wrapped__`` chain, so a
-    Hugging Face model's ``forward`` under ``@can_return_tuple`` is the model file's, not the
-    decorator's); for the ``forward`` of a graph that ``torch.compile`` handed to Trident's
-    backend, ``graph_of``: the user function and line of the graph's first op, read
-    from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
-    code = getattr(_unwrapped(fn), "__code__", None)
-    about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
-             "module": getattr(fn, "__module__", None),
-             "file": code.co_filename if code else None,
-             "line": code.co_firstlineno if code else None}
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.fx.GraphModule):
-        for node in owner.graph.nodes:
-            frame = re.search(r'File "([^"]+)", line (\d+), in (\S+)',
-                              node.meta.get("stack_trace") or "")
-            if frame:
-                about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
-                break
-    return about
-
-
-def _unwrapped(fn):
-    """``fn`` past its ``__wrapped__`` chain (``inspect.unwrap``), or ``fn`` where the chain
-    loops."""
-    try:
-        return inspect.unwrap(fn)
-    except ValueError:  # a cycle of __wrapped__
-        return fn
-
+def function_key(fn) -> str:
+    """Note [Function key]."""
+    return key_of(key_parts(fn))
 
 
 # Note [Objects of one name]: an argument checked by identity (an ID node: a function, a

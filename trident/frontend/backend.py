@@ -202,7 +202,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     fn._gm = gm
 
-    from trident.identity import describe
+    from trident.frontend.entries import describe
 
     fn._frame_code = code
     owner = tx.f_locals.get("self") if tx is not None and isinstance(tx.f_locals, dict) else None

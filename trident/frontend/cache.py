@@ -56,8 +56,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from trident import config
-from trident.frontend.entries import entry_size
-from trident.identity import describe
+from trident.frontend.entries import describe, entry_size
 from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TreeWords
@@ -76,12 +75,15 @@ COMPILED_HERE: set[str] = set()
 class FunctionCache:
     """The cache folder of one function."""
 
-    def __init__(self, fn, key: str):
+    def __init__(self, fn, key: str, parts: dict[str, tuple[str, str]] | None = None):
         name = "".join(c if c.isalnum() or c in "_-" else "_" for c in fn.__qualname__)[:40]
         self.directory = config.cache_dir() / "functions" / f"{name}-{key}"
         self.spec_dir = self.directory / "specs"
         self.eager_dir = self.directory / "eager"
         self.about = describe(fn)
+        if parts is not None:  # Note [Key parts] in identity.py
+            self.about["key"] = {label: [words, digest[:16]] for label, (words, digest) in
+                                 parts.items()}
         self._parsed: dict[Path, tuple[tuple, Specialization]] = {}  # by file, with its stat
         self.vanished = False  # a spec file was deleted while load_specs read it
         self.from_disk = False  # load_specs read a spec file (not only this process's ones)

@@ -10,9 +10,12 @@ torch. The words of the guards that tell two alike signatures apart need the gua
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 
 from trident import config
@@ -69,7 +72,39 @@ def list_entries() -> list[dict]:
         rows.append({"path": str(d), "about": about, "signatures": signatures,
                      "specializations": len(signatures), "bytes": entry_size(d),
                      "last_use": last_use, "apart": _apart(signatures, stored)})
+    _key_apart(rows)
     return rows
+
+
+def _origin(about: dict) -> tuple:
+    return tuple(about.get(k) for k in ("module", "qualname", "file", "line", "graph_of"))
+
+
+def _key_apart(rows: list[dict]) -> None:
+    """Sets each row's ``key_apart``: where other folders have the same origin (``list``
+    shows them alike), the parts of its function key (Note [Key parts] in identity.py) that
+    tell it from them, ``label: words``, the digest added where the words are alike; ``["its
+    key's parts are not recorded (an older Trident's folder)"]`` where it or they lack them;
+    else empty."""
+    for row in rows:
+        alike = [r for r in rows if r is not row and r["about"] and
+                 _origin(r["about"]) == _origin(row["about"])]
+        row["key_apart"] = []
+        if not alike:
+            continue
+        mine = row["about"].get("key")
+        if not isinstance(mine, dict) or not all(isinstance(r["about"].get("key"), dict)
+                                                 for r in alike):
+            row["key_apart"] = ["its key's parts are not recorded (an older Trident's folder)"]
+            continue
+        for label, (words, digest) in mine.items():
+            other = [t for t in (r["about"]["key"].get(label) for r in alike)
+                     if t is None or t[1] != digest]
+            if other:
+                same_words = any(t is not None and t[0] == words for t in other)
+                row["key_apart"].append(f"{label}: {words}" + f" #{digest[:8]}" * same_words)
+        row["key_apart"] += [f"{label}: absent" for label in sorted(
+            {k for r in alike for k in r["about"]["key"]} - mine.keys())]
 
 
 def _apart(signatures: list[str], stored: list) -> list[list[str]]:
@@ -115,6 +150,40 @@ def _state_words(data: dict) -> list[str]:
                      "call": "()"}.get(step[0], f"[{step[-1]!r}]")
         out.append(f"reads {text}")
     return out + [f"state {str(state.get('digest'))[:8]}"]
+
+
+
+def describe(fn) -> dict:
+    """What ``python -m trident list`` says of a function: ``qualname``, ``module``, ``file``
+    and ``line`` (of its ``def``: of the innermost function of its ``__wrapped__`` chain, so a
+    Hugging Face model's ``forward`` under ``@can_return_tuple`` is the model file's, not the
+    decorator's); for the ``forward`` of a graph that ``torch.compile`` handed to Trident's
+    backend, ``graph_of``: the user function and line of the graph's first op, read
+    from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
+    code = getattr(_unwrapped(fn), "__code__", None)
+    about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
+             "module": getattr(fn, "__module__", None),
+             "file": code.co_filename if code else None,
+             "line": code.co_firstlineno if code else None}
+    owner = getattr(fn, "__self__", None)
+    torch = sys.modules.get("torch")  # (Note [Listing without torch]: imported by the caller)
+    if torch is not None and isinstance(owner, torch.fx.GraphModule):
+        for node in owner.graph.nodes:
+            frame = re.search(r'File "([^"]+)", line (\d+), in (\S+)',
+                              node.meta.get("stack_trace") or "")
+            if frame:
+                about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
+                break
+    return about
+
+
+def _unwrapped(fn):
+    """``fn`` past its ``__wrapped__`` chain (``inspect.unwrap``), or ``fn`` where the chain
+    loops."""
+    try:
+        return inspect.unwrap(fn)
+    except ValueError:  # a cycle of __wrapped__
+        return fn
 
 
 

@@ -22,7 +22,7 @@ from trident.errors import TridentError
 from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
 from trident.frontend.modules import Modules
-from trident.identity import PROCESS, function_key, same_object
+from trident.identity import PROCESS, key_of, key_parts, same_object
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ID, TENSOR, ArgTree, Binding
@@ -177,7 +177,8 @@ class Installer(Modules):
             self._eager_trees.clear()
             self._unflattenable.clear()
         self._defaults_bound = _defaults_of(self._code_fn)
-        self._cache = FunctionCache(self._code_fn, function_key(self._code_fn))
+        parts = key_parts(self._code_fn)  # Note [Key parts] in identity.py
+        self._cache = FunctionCache(self._code_fn, key_of(parts), parts)
         known = {(k, json.dumps([g.to_json() for g in guards])) for k, guards, _ in
                  self._eager_signatures}
         stored = self._cache.load_eager() if self._fallback else []  # fallback=False raises

@@ -206,10 +206,11 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
 
     def source(self) -> str:
         """The C source of the installed specializations' modules, in guard order (one module
-        per specialization: Note [Incremental modules] in build.py)."""
+        per specialization: Note [Incremental modules] in build.py); a render it makes is
+        not a compile stage (Note [Compile stages] in trident/config.py)."""
         self._ensure_loaded()
         self._install_pending()
-        return "\n".join(self._render(s).source for s in self._specs)
+        return "\n".join(self._render(s, stage=False).source for s in self._specs)
 
     def mlir(self, *args, **kwargs) -> str:
         """The Torch-MLIR module (``torch`` dialect) Trident builds for a call."""
@@ -308,7 +309,7 @@ def jit(fn: Callable | None = None, *, max_specializations: int | None = None,
             ``@trident.jit`` on a method in a class body binds ``self`` like a function.
         max_specializations: bound on the specializations this function compiles in a process
             (counted over every ``trident.jit`` of the same function and owner: a method's or
-            module's instance) and installs at once (default 8, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it
+            module's instance) and installs at once (default 16, or ``TRIDENT_MAX_SPECIALIZATIONS``); past it
             new signatures run eagerly, with one warning (Note [Specialization limit] in
             trident/frontend/policy.py).
         fallback: when ``fn`` cannot be compiled for a signature (an unsupported op or

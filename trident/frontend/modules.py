@@ -52,11 +52,15 @@ class Modules:
 
     __slots__ = ()
 
-    def _render(self, spec: Specialization) -> codegen.Rendered:
-        """``spec``'s module source; rendered once while installed."""
+    def _render(self, spec: Specialization, stage: bool = True) -> codegen.Rendered:
+        """``spec``'s module source; rendered once while installed. Counted as the ``render``
+        stage of Note [Compile stages] in config.py unless ``stage`` is False (``source()``:
+        a render that shows the C, not one that makes or finds a module)."""
         rendered = self._rendered.get(spec.key)
         if rendered is not None:
             return rendered
+        if not stage:
+            return codegen.render(spec, self.__qualname__)
         with config.stage("render"):
             return codegen.render(spec, self.__qualname__)
 

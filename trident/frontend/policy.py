@@ -55,6 +55,13 @@ if hasattr(os, "register_at_fork"):  # (POSIX)
 # a global rebound at every call (a step counter) would open a new folder, and compile, at
 # every call, without end. Past the limit, a folder of no specializations is left when the
 # function's key names another one (``_folder_moved``): a value seen before hits again.
+# The default is 16 (``TRIDENT_MAX_SPECIALIZATIONS``), 8 before: one process serving a tiny
+# Llama through ``generate`` with a static and the default cache, batches of 1 and 2, padded
+# and not, and a one-token prompt compiled 10 distinct argument structures, every one needed
+# (docs/benchmarks.md, "Session of 2026-12-07 (tenth), cold45"). What it bounds per function
+# and owner: that many compiles in a process, that many modules installed (loaded) at once,
+# 2x as many specializations stored in its cache folder, and on CUDA that many graph memory
+# pools, each of at most ``cuda_graph_sizes`` graphs (Note [Graphs per size] in graphs.py).
 _FUNCTION_COMPILES: dict[tuple, int] = {}
 
 

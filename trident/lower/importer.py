@@ -112,6 +112,23 @@ def location(op: ir.Operation) -> tuple[str, str]:
 class NodeImporter(GraphNodeImporter):
     """Torch-MLIR's node importer with Trident's ``_import_hop_<name>`` methods."""
 
+    # Note [Fixed operands of symbolic ops]: a builtin op on symbolic ints (``operator.mul``
+    # of Note [Value reads]' checks) may take a node whose value the trace fixed, a plain int
+    # (a size the call's guards hold: the batch of a trace where only the lengths are
+    # symbols). Torch-MLIR (20261001) reads every node operand's type as a SymInt's
+    # (``meta["val"].node.pytype``) and raised AttributeError, which failed the symbolic
+    # compile and, with it, automatic dynamic for the rest of the function's life: a Hugging
+    # Face model with a padded batch after a static cache compiled every new length at exact
+    # sizes, to the limit. Such an operand is imported as its constant, as the trace saw it.
+    def _import_symbolic_torch_op(self, loc, node: fx.Node, target) -> None:
+        args = node.args
+        node.args = tuple(a.meta["val"] if isinstance(a, fx.Node) and type(
+            a.meta.get("val")) in (int, float, bool) else a for a in args)
+        try:
+            super()._import_symbolic_torch_op(loc, node, target)
+        finally:
+            node.args = args
+
     def _import_hop_triton_kernel_wrapper_mutation(self, loc: ir.Location, node: fx.Node,
                                                    hop) -> None:
         """A Triton launch becomes ``torch.operator "trident.triton_launch"(%tensors...)``.
