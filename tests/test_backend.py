@@ -3,6 +3,7 @@
 import dataclasses
 import gc
 import types
+import warnings
 
 import torch
 
@@ -254,3 +255,31 @@ def test_the_batch_goes_symbolic_with_the_lengths():
         assert_same(f(ids, mask), step(ids, mask))
     s = trident.backend_stats(f)
     assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 5), s
+
+
+def window(x, n):
+    """A sliding window's offset and a clamped end, as transformers' ``get_mask_sizes`` takes
+    them: Python's ``max`` and ``min`` of sizes."""
+    offset = max(n - 4, 0)
+    end = min(x.shape[0], n)
+    return x[offset:end] * 2 + offset
+
+
+def test_python_max_and_min_of_sizes_are_served_symbolic():
+    """Note [Size choices in graphs]: Dynamo records ``max``/``min`` of symbolic sizes as
+    ``torch.sym_max``/``torch.sym_min`` nodes, which Torch-MLIR cannot import: the symbolic
+    trace failed and every size compiled again (a Gemma 2 decode step with the default cache
+    reached the limit of 8; here 8 compiles, one per ``n``). Served: one specialization per
+    choice eager makes (``n - 4 >= 0`` or not, ``n < x.size(0)`` or not), each hit by every
+    later ``n`` that chooses alike."""
+    torch._dynamo.reset()
+    f = torch.compile(fresh(window), backend="trident", dynamic=True)
+    x = torch.arange(40.)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (9, 11, 14, 20, 2, 3, 45, 50):  # 4 <= n < 40; then 2 <= n < 4; n > 40
+            assert_same(f(x, n), window(x, n))
+    assert not [w for w in caught if "trident" in str(w.message)]
+    s = trident.backend_stats(f)
+    assert (s.compiles, s.traces, s.fallbacks, s.hits) == (3, 3, 0, 5), s
+    assert not any("dynamic dims" in r for r in s.miss_reasons), s.miss_reasons

@@ -253,21 +253,18 @@ def test_a_serving_sweep_of_lengths_and_batches_compiles_a_bounded_number_of_tim
     assert jf.stats.hits == sum(new for _, _, new in SWEEP) - 3
 
 
-def test_the_backend_doors_serving_sweep_compiles_four_times():
-    """The sweep through ``torch.compile(model.forward, backend="trident")``: Dynamo traces the
-    prefill and the decode step at exact sizes, then (Note [Door batch dims] in
-    trident/frontend/backend.py) with the lengths and the batch symbolic, so the batch of 4
-    is served by the second graphs. Dynamo makes a batch of one graphs of its own (it
-    specializes a size 1), the symbolic ones with the constant 1 for the batch: the symbolic
-    graphs' JitFunctions serve them (Note [Graphs of constants]), whose specializations hold a
-    batch of one. Four compiles, every token and logit as Dynamo's ``eager`` backend's (the
-    references first: Dynamo's recompile limit counts every backend's graphs of a code
-    object)."""
-    model = tiny_model("llama")
+def backend_sweep(model, cache: str | None):
+    """The sweep through ``torch.compile(model.forward, backend="trident")`` (``cache``: the
+    ``cache_implementation``, None for transformers' default ``DynamicCache``), every token and
+    logit as Dynamo's ``eager`` backend's (the references first: Dynamo's recompile limit counts
+    every backend's graphs of a code object); the compile count after each generate and the
+    door's counters, less those of earlier tests' freed graphs."""
     model.config.max_position_embeddings = 64
     forward = model.forward
-    kw = dict(do_sample=False, cache_implementation="static", output_logits=True,
-              return_dict_in_generate=True, disable_compile=True)
+    kw = dict(do_sample=False, output_logits=True, return_dict_in_generate=True,
+              disable_compile=True)
+    if cache is not None:
+        kw["cache_implementation"] = cache
     calls = [torch.randint(0, 96, (batch, length)) for batch, length, _ in SWEEP]
     torch._dynamo.reset()
     model.forward = torch.compile(forward, backend="eager")
@@ -293,13 +290,26 @@ def test_the_backend_doors_serving_sweep_compiles_four_times():
             compiles.append(trident.backend_stats(served).compiles - base.compiles)
     assert not trident_warnings(caught)
     s = trident.backend_stats(served)
+    for field in ("hits", "traces", "fallbacks"):
+        setattr(s, field, getattr(s, field) - getattr(base, field))
+    return compiles, s, len(trident.backend_graphs(served))
+
+
+def test_the_backend_doors_serving_sweep_compiles_four_times():
+    """The sweep through ``torch.compile(model.forward, backend="trident")``: Dynamo traces the
+    prefill and the decode step at exact sizes, then (Note [Door batch dims] in
+    trident/frontend/backend.py) with the lengths and the batch symbolic, so the batch of 4
+    is served by the second graphs. Dynamo makes a batch of one graphs of its own (it
+    specializes a size 1), the symbolic ones with the constant 1 for the batch: the symbolic
+    graphs' JitFunctions serve them (Note [Graphs of constants]), whose specializations hold a
+    batch of one. Four compiles."""
+    compiles, s, graphs = backend_sweep(tiny_model("llama"), "static")
     # torch 2.11's trace of the symbolic prefill graph keeps a guard `position_ids.size(0) != 1`
     # (2.13's does not): the first batch of one compiles that graph once more, soundly
     extra = int(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13))
     assert compiles == [2, 4, 4, 4, 4] + [4 + extra] * 3, (compiles, s.miss_reasons)
-    assert (s.traces - base.traces, s.fallbacks - base.fallbacks,
-            len(trident.backend_graphs(served))) == (4 + extra, 0, 4), s
-    assert s.hits - base.hits == sum(new for _, _, new in SWEEP) - 4 - extra, s
+    assert (s.traces, s.fallbacks, graphs) == (4 + extra, 0, 4), s
+    assert s.hits == sum(new for _, _, new in SWEEP) - 4 - extra, s
 
 
 SLIDING = {  # transformers' defaults: sliding_window=4096 (StaticSlidingWindowLayer)
@@ -428,3 +438,21 @@ def test_a_cache_whose_writes_cannot_be_replayed_runs_eagerly_with_one_warning()
     # the failed trace is not repeated at every prefill: once at exact sizes, once with the
     # prompt length symbolic (the same failure at two sizes), never again; plus the decode step
     assert jf.stats.traces == 3, jf.stats
+
+
+def test_the_backend_door_serves_a_sliding_window_with_the_default_cache():
+    """Gemma 2 at its default config with transformers' default cache through
+    ``torch.compile(model.forward, backend="trident")``: the sliding layers'
+    ``DynamicSlidingWindowLayer.get_mask_sizes`` takes ``max(cumulative_length - sliding_window
+    + 1, 0)``, a ``torch.sym_max`` node in Dynamo's graph once the length is symbolic. Trident's
+    graph calls Python's ``max`` (Note [Size choices in graphs] in trident/frontend/choices.py),
+    which guards the choice: four compiles as the other architectures' (before it the decode
+    step's symbolic trace failed to import and each cache length compiled until the limit:
+    ``dynamic dims ... not compiled``). The first generate compiles the prefill and the decode
+    step at exact sizes and the decode step with the cache's length symbolic (its keys grow
+    each step: Dynamo's automatic dynamic), the second the prefill symbolic."""
+    compiles, s, graphs = backend_sweep(sliding_model("gemma2"), None)
+    assert compiles == [3] + [4] * 7, (compiles, s.miss_reasons)
+    assert not any("dynamic dims" in r for r in s.miss_reasons), s.miss_reasons
+    assert (s.traces, s.fallbacks) == (4, 0), s
+    assert s.hits == sum(new for _, _, new in SWEEP) - 4, s

@@ -94,6 +94,7 @@ import torch.fx as fx
 
 from trident import config
 from trident.errors import TridentError
+from trident.frontend.choices import python_choices
 from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
@@ -179,7 +180,7 @@ def _route_triton_launches(gm: fx.GraphModule) -> fx.GraphModule:
 
 def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     """Compile one Dynamo graph. ``options`` go to ``trident.jit`` (``max_specializations``)."""
-    gm = _route_triton_launches(gm)
+    gm = python_choices(_route_triton_launches(gm))  # Note [Size choices in graphs]
     if hasattr(gm, "real_recompile"):  # a _LazyGraphModule: generate forward's code now
         gm.real_recompile()
     from torch._dynamo.symbolic_convert import InstructionTranslator
