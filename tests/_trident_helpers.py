@@ -324,3 +324,14 @@ def c_module(tmpdir, name: str, cdef: str, source: str, cuda: bool = False):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return ffi, module.lib
+
+
+def counts(jf) -> tuple[int, int, int]:
+    """``jf``'s (compiles, hits, fallbacks)."""
+    s = jf.stats
+    return s.compiles, s.hits, s.fallbacks
+
+
+def said(caught, words: str) -> list[str]:
+    """The messages of the ``caught`` warnings that hold ``words``."""
+    return [str(w.message) for w in caught if words in str(w.message)]

@@ -17,12 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import trident
-from _trident_helpers import fresh_imports
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts, fresh_imports
 
 
 # ---- Note [Fake results and flags] (lower/decompositions.py) ----------------------------------

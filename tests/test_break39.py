@@ -11,12 +11,7 @@ import torch
 from torch import nn
 
 import trident
-from _trident_helpers import run_python
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts, run_python
 
 
 # ---- Note [Fake CUDA guard] (lower/capture.py) ------------------------------------------------

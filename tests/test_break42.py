@@ -16,11 +16,7 @@ import pytest
 import torch
 
 import trident
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts
 
 
 # ---- Note [Questions about symbolic values], the builtins (lower/state/questions.py) -----------

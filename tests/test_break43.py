@@ -12,15 +12,10 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import run_python
+from _trident_helpers import counts, run_python
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
 
 
 # ---- Note [Launch frames] (frames.py): user code that Triton runs for a launch --------------

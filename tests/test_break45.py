@@ -9,12 +9,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import installed_package
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts, installed_package
 
 
 def _same(a, b) -> bool:

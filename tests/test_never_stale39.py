@@ -8,18 +8,13 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import as_in_a_new_process
+from _trident_helpers import as_in_a_new_process, counts
 
 kernels_layer = pytest.importorskip("kernels._internals.layer.layer")
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
 
 SILU = kernels_layer._create_func_module(torch.nn.functional.silu)()  # a factory's class,
 # held by this module
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
 
 
 def rope(q, k, cos, sin):

@@ -17,11 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import trident
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts
 
 
 class Norm(nn.Module):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import installed_package
+from _trident_helpers import counts, installed_package
 
 NAME = "trident_fakelib41"
 LIB = None  # the package, for a user function that reads it as a global
@@ -119,11 +119,6 @@ def lib(tmp_path_factory):
     with installed_package(tmp_path_factory.mktemp("site"), NAME,
                            {"__init__": _LIB, "sub": _SUB}) as module:
         yield module
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
 
 
 # function of the library -> (the global it reads, its value after the first calls); the

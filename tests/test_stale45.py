@@ -10,16 +10,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import installed_package
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
-
-
-def said(caught, words: str) -> list[str]:
-    return [str(w.message) for w in caught if words in str(w.message)]
+from _trident_helpers import counts, installed_package, said
 
 
 # ---- Note [Type reads alike] (lower/state/type_strings.py) -------------------------------------

@@ -10,15 +10,7 @@ import pytest
 import torch
 
 import trident
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
-
-
-def said(caught, words: str) -> list[str]:
-    return [str(w.message) for w in caught if words in str(w.message)]
+from _trident_helpers import counts, said
 
 
 # ---- Note [Dict orders] (lower/orders.py): dict's slot wrappers through the class --------------

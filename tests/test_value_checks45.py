@@ -9,11 +9,7 @@ import pytest
 import torch
 
 import trident
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
+from _trident_helpers import counts
 
 
 def check_ops(jf) -> list[list[str]]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import installed_package
+from _trident_helpers import counts, installed_package
 
 NAME = "trident_masklib44"
 _LIB = '''
@@ -46,11 +46,6 @@ def values_only(x, m):  # the value read alone
 def lib(tmp_path):
     with installed_package(tmp_path, NAME, {"__init__": _LIB}) as module:
         yield module
-
-
-def counts(jf) -> tuple[int, int, int]:
-    s = jf.stats
-    return s.compiles, s.hits, s.fallbacks
 
 
 MASKS = [torch.ones(2, 5, dtype=torch.long), torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]),
