@@ -257,6 +257,37 @@ def test_backend_graph_names_the_compiled_function(trident_cache):
     assert row["about"]["graph_of"] == f"block ({__file__}:{first_op})"
 
 
+def test_clear_tells_graphs_of_two_processes_apart(trident_cache, subprocess_env, tmp_path,
+                                                   capsys):
+    """The new-user trial: graphs of the torch.compile doors made by two processes share FX's
+    name of their code (``<eval_with_key>.N``, a counter of each process), so ``clear`` by that
+    name deleted both models' entries. Each graph is its own function: the name lists both, each
+    with its folder, and deletes nothing; the folder deletes that one."""
+    for body in ("x + 1", "x * 3"):
+        script = tmp_path / "door2.py"
+        script.write_text(textwrap.dedent(f'''
+            import torch, trident
+
+            def block(x):
+                return torch.relu({body})
+
+            x = torch.randn(4)
+            assert torch.equal(torch.compile(block, backend="trident")(x), block(x))
+        '''))
+        run_python(subprocess_env, str(script))
+    rows = trident.list_cache()
+    assert len(rows) == 2 and rows[0]["about"]["file"] == rows[1]["about"]["file"], rows
+    name = f"{rows[0]['about']['file']}:{rows[0]['about']['qualname']}"
+    assert cli.main(["clear", name]) == 2
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith(f"{name!r} names 2 functions") and \
+        sorted(line.rpartition(": ")[2] for line in listed[1:]) == \
+        sorted(Path(r["path"]).name for r in rows), listed
+    assert len(trident.list_cache()) == 2
+    assert cli.main(["clear", Path(rows[0]["path"]).name]) == 0
+    assert [r["path"] for r in trident.list_cache()] == [rows[1]["path"]]
+
+
 class ListedKnobs:
     scale = 2.0
 

@@ -201,7 +201,8 @@ def clear(name: str | None = None) -> list[str]:
     function has it, or either after its file and a colon (``serve.py:f``, ``/srv/serve.py:
     __main__.f``: the file as ``list`` shows it, or its last parts), which tells apart two
     scripts' ``__main__.f``; entries of one function made by earlier versions of its code go
-    with it. Returns the deleted folders.
+    with it. A graph of the torch.compile doors is a function of its own (``_function_of``):
+    its folder name picks it alone. Returns the deleted folders.
 
     Raises:
         ValueError: ``name`` fits functions of several modules or files (its text lists them,
@@ -209,7 +210,7 @@ def clear(name: str | None = None) -> list[str]:
     root = config.cache_dir()
     if name is not None:
         rows = _named(list_entries(), name)
-        origins = {(r["about"].get("module"), r["about"].get("file")) for r in rows}
+        origins = {_function_of(r) for r in rows}
         if len(origins) > 1:
             raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
                              "entries: a function's earlier code has its own); pick one by "
@@ -257,19 +258,28 @@ def _same_file(recorded: str | None, given: str) -> bool:
         (not Path(given).is_absolute() and parts[-len(tail):] == tail)
 
 
+def _function_of(row: dict) -> tuple:
+    """What tells ``row``'s function from another of its name: its module and file. A graph of
+    the torch.compile doors is each its own: its file is FX's name of its code
+    (``<eval_with_key>.3``), a counter of the process that made it, which graphs of other
+    models made by other processes share."""
+    about = row["about"]
+    if about.get("graph_of"):
+        return about.get("module"), about.get("file"), Path(row["path"]).name
+    return about.get("module"), about.get("file")
+
+
 def _selector(row: dict, rows: list[dict]) -> str:
     """The shortest name ``clear`` takes that selects ``row``'s function alone among
     ``rows``: its module.qualname, then after its file's last parts, else its folder."""
     about = row["about"]
-    mine = {(r["about"].get("module"), r["about"].get("file")) for r in rows
-            if r["about"] == about}
+    mine = {_function_of(row)}
     qualname = full_name(about) or "?"
     candidates = [qualname]
     if about.get("file"):
         parts = Path(about["file"]).parts
         candidates += [f"{Path(*parts[-n:])}:{qualname}" for n in range(1, len(parts) + 1)]
     for candidate in candidates:
-        if {(r["about"].get("module"), r["about"].get("file"))
-                for r in _named(rows, candidate)} == mine:
+        if {_function_of(r) for r in _named(rows, candidate)} == mine:
             return candidate
     return Path(row["path"]).name
