@@ -54,7 +54,7 @@ def _schemas(func) -> list:
     """The schemas of ``func`` where it is an operator (an ``OpOverload``, each overload of an
     ``OpOverloadPacket``: any of them may be the one called): Note [Tensors written outside],
     ``torch.ops.aten.add_.Tensor(BUF, 1)`` or a custom op that mutates its argument, whose
-    name says nothing (session 45: written in the trace, then again eagerly)."""
+    name says nothing (such a write was made by the trace, then again eagerly)."""
     if isinstance(func, torch._ops.OpOverload):
         return [func._schema]
     if isinstance(func, torch._ops.OpOverloadPacket):

@@ -312,7 +312,7 @@ def _lookup_reads(value, steps: tuple) -> list[Read]:
     out: list = []
     for step in steps[:16]:
         if step[0] == "item" and type(value) in (dict, list, tuple):  # the argument tree's
-            try:  # items (``cache.layers[0].keys``: session 45, the class's ``keys`` unread)
+            try:  # items (``cache.layers[0].keys``: a property the class gets later)
                 value = value[step[1]]
             except (KeyError, IndexError, TypeError):
                 break

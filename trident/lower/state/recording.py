@@ -164,7 +164,7 @@ def _trace_state_codes() -> frozenset:
            dispatch._get_current_dispatch_mode, dispatch._get_current_dispatch_mode_stack,
            getattr(dispatch, "is_in_torch_dispatch_mode", None),
            torch._guards.detect_fake_mode, getattr(torch._guards, "active_fake_mode", None),
-           getattr(fake_tensor, "maybe_get_fake_mode", None)]  # (session 45: the trace's mode)
+           getattr(fake_tensor, "maybe_get_fake_mode", None)]  # (the trace's mode)
     return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
 
 

@@ -14,7 +14,7 @@ the wrapper is made in the code (its construction's arguments read from the byte
 is what the wrapper holds where it binds the written object (the partial's bound arguments, a
 bound method's ``self``), else the call's arguments. A mutating function passed to a call
 (``itertools.starmap(operator.setitem, [(D, "k", v)])``, ``map(setattr, ...)``,
-``functools.reduce(operator.iadd, ..., LOG)``: session 45) is called from C the same way: such
+``functools.reduce(operator.iadd, ..., LOG)``) is called from C the same way: such
 a call writes what its arguments hold.
 """
 
