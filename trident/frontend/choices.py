@@ -18,23 +18,10 @@ traces guard the same way.
 
 from __future__ import annotations
 
-import builtins
-
 import torch
 import torch.fx as fx
 
-
-def _max(a, b):
-    """Python's ``max`` of two sizes (Note [Size choices in graphs])."""
-    return builtins.max(a, b)
-
-
-def _min(a, b):
-    """Python's ``min`` of two sizes (Note [Size choices in graphs])."""
-    return builtins.min(a, b)
-
-
-_CHOICES = {torch.sym_max: _max, torch.sym_min: _min}
+_CHOICES = {torch.sym_max: max, torch.sym_min: min}  # Note [Size choices in graphs]
 
 
 def python_choices(gm: fx.GraphModule) -> fx.GraphModule:
