@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import trident
+from trident.identity import function_key
 from _trident_helpers import (TINY_LLAMA_SCRIPT, as_in_a_new_process, fresh_imports,
                               run_python)
 
@@ -299,6 +300,33 @@ def test_global_plain_values_are_part_of_the_cache_key(tmp_path, monkeypatch):
     assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 1)
     assert _run_config(d, monkeypatch, "3") == ("RESULT [3.0, 3.0] [3.0, 3.0]", 1)
     assert _run_config(d, monkeypatch, "2") == ("RESULT [2.0, 2.0] [2.0, 2.0]", 0)
+
+
+_NAMES_MODULE = """
+import torch
+t = k = os = None  # module globals named like the function's attribute, method and import names
+K = 2.0
+
+
+def f(x, m):
+    import os
+    return x.t() * m.k * K + len(os.sep)
+"""
+
+
+def test_a_global_named_like_an_attribute_is_not_part_of_the_cache_key():
+    """Note [Function key]: the globals the code reads are keyed (``K``), not module globals that
+    share a name with its attribute, method or import names (``x.t()``, ``m.k``, ``import
+    os``): a global ``t = time.perf_counter()`` made every new process's key new, so a
+    restarted process compiled again (found by a new user)."""
+    ns: dict = {}
+    exec(compile(_NAMES_MODULE, "trident_names_mod.py", "exec"), ns)
+    f, key = ns["f"], function_key(ns["f"])
+    for name, value in [("t", 1.5), ("k", object()), ("os", "text")]:
+        ns[name] = value
+        assert function_key(f) == key, name
+    ns["K"] = 3.0
+    assert function_key(f) != key
 
 
 def test_damaged_module_in_the_cache_is_built_again(tmp_path, subprocess_env, trident_cache):

@@ -189,6 +189,21 @@ def test_explain_lists_every_specialization():
         "specialization 1 (scale(x: float32[4, 2] cpu, n=2)) accepts these arguments"
 
 
+def test_explain_names_a_long_signature_by_its_start():
+    # a Hugging Face forward's signature is many hundred characters; explain() names each
+    # specialization by its index and the first 120 (found by a new user: 14 such lines)
+    def many(x, **kw):
+        return x + len(kw)
+
+    jf = trident.jit(many)
+    kw = {f"option_{i}": i for i in range(40)}
+    jf(torch.ones(4), **kw)
+    (sig,) = jf.specializations
+    assert len(sig) > 400
+    assert jf.explain(torch.ones(3), **kw) == \
+        f"specialization 0 ({sig[:117]}...): x.size(0) == 4 expected, got 3"
+
+
 def test_miss_reasons_text_and_bound():
     jf = trident.jit(max_specializations=64)(scale)
     x = torch.ones(2)

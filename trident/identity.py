@@ -15,6 +15,7 @@ so identical runs find the graph's entry again.
 from __future__ import annotations
 
 import collections
+import dis
 import enum
 import functools
 import hashlib
@@ -77,9 +78,14 @@ def version_parts() -> dict[str, str]:
             "trident": f"{config.VERSION}, source {own.hexdigest()}"}
 
 
+_GLOBAL_OPS = {"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME",
+               "DELETE_NAME", "LOAD_FROM_DICT_OR_GLOBALS"}  # (the last: Python 3.12)
+
+
 def code_names(code: types.CodeType) -> set[str]:
-    """The global names ``code`` and the code nested in it refer to."""
-    names = set(code.co_names)
+    """The global names ``code`` and the code nested in it read or write (``co_names`` less its
+    attribute and import names: ``x.t()`` names no global ``t``)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= code_names(const)
@@ -195,9 +201,7 @@ def serial_object(serial: int) -> Any:
     """Note [Identity serials]: the object ``serial`` names, or None where it died or was
     dropped from the table."""
     held = _HELD.get(serial)
-    if held is None:
-        return None
-    return held[1]() if held[0] else held[1]
+    return None if held is None else held[1]() if held[0] else held[1]
 
 
 def _forget(serial: int, key: int) -> None:
@@ -208,9 +212,8 @@ def _forget(serial: int, key: int) -> None:
 
 
 def named_at(module, qualname: str):
-    """What the dotted ``qualname`` names in the module that ``sys.modules`` holds as
-    ``module`` (a module's name), or None: no such module or name (a module ``__getattr__`` that
-    raises anything: none)."""
+    """What the dotted ``qualname`` names in ``sys.modules[module]``, or None: no such module or
+    name (a module ``__getattr__`` that raises anything: none)."""
     target = sys.modules.get(module) if isinstance(module, str) else None
     if target is None:
         return None
@@ -462,11 +465,9 @@ def stable_words(obj: Any) -> str:
     """Words for an object checked by identity, the same in every process where they can be."""
     if isinstance(obj, (types.FunctionType, types.MethodType)):
         fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
-        words = _FUNCTION_WORDS.get(fn)
-        if words is None:
-            words = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
-            _FUNCTION_WORDS[fn] = words
-        return words
+        if fn not in _FUNCTION_WORDS:
+            _FUNCTION_WORDS[fn] = f"function {fn.__module__}.{fn.__qualname__} {function_key(fn)}"
+        return _FUNCTION_WORDS[fn]
     return identity_words(obj)
 
 

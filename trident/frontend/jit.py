@@ -166,7 +166,9 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
     def explain(self, *args, **kwargs) -> str:
         """Which specialization a call with ``args`` and ``kwargs`` would run, or why each one
         rejects it: the first argument path whose structure differs from the one it was
-        compiled for, or its failing guards (the first four, in guard order).
+        compiled for, or its failing guards (the first four, in guard order). Each
+        specialization is named by its index and its signature's first 120 characters (a
+        Hugging Face ``forward``'s is many hundred: ``specializations`` has them whole).
 
         Raises:
             TypeError: the arguments do not bind to the function's parameters.
@@ -177,9 +179,10 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         lines = []
         for i, spec in enumerate(self._specs):
             why = self._why_not(spec, self._with_leaves_of(spec, call), every=True)
+            named = spec.signature if len(spec.signature) <= 120 else spec.signature[:117] + "..."
             if why is None:
-                return f"specialization {i} ({spec.signature}) accepts these arguments"
-            lines.append(f"specialization {i} ({spec.signature}): {why}")
+                return f"specialization {i} ({named}) accepts these arguments"
+            lines.append(f"specialization {i} ({named}): {why}")
         eager = _eager_decision(call, self._eager_signatures)
         if eager is not None:
             lines.append(f"runs eagerly: {eager[0]}")
