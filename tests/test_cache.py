@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import logging
 import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -327,6 +329,24 @@ def test_a_global_named_like_an_attribute_is_not_part_of_the_cache_key():
         assert function_key(f) == key, name
     ns["K"] = 3.0
     assert function_key(f) != key
+
+
+def test_the_cache_log_says_what_keys_a_function_apart_from_its_other_folders(trident_cache,
+                                                                              caplog):
+    # a restart that compiles again tells why the stored folders did not serve it
+    caplog.set_level(logging.INFO, logger="trident.cache")
+    folders = []
+    for k in (2.0, 3.0):
+        ns: dict = {"__name__": "trident_keymod"}
+        exec(compile(_NAMES_MODULE.replace("K = 2.0", f"K = {k}"), "trident_keymod.py", "exec"),
+             ns)
+        jf = trident.jit(ns["f"])
+        m, x = types.SimpleNamespace(k=1.0), torch.ones(2, 2)
+        assert torch.equal(jf(x, m), ns["f"](x, m))
+        folders.append(jf._cache.directory.name)
+    said = [r.getMessage() for r in caplog.records if "nothing stored" in r.getMessage()]
+    assert said == [f"f: nothing stored under its key; its other folders: {folders[0]} "
+                    "(differs in global K, here 3.0)"], said
 
 
 def test_damaged_module_in_the_cache_is_built_again(tmp_path, subprocess_env, trident_cache):

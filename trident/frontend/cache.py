@@ -188,6 +188,27 @@ class FunctionCache:
                           f"{self.spec_dir} ({e}); it serves this process only", stacklevel=2)
             return False
 
+    def keys_apart(self) -> list[str]:
+        """Note [Key parts] in identity.py: each other folder of this function (its module, name
+        and file), named with the parts of this folder's key that differ from its key (``label,
+        here words``): why its entries do not serve this process (the ``cache`` log)."""
+        found = []
+        for other in sorted(self.directory.parent.glob(self.directory.name.rpartition("-")[0]
+                                                       + "-*/function.json")):
+            try:
+                about = json.loads(other.read_text())
+                parts = about["key"]
+            except (OSError, ValueError, KeyError, TypeError):  # an older Trident's, damaged
+                continue
+            mine = self.about.get("key") or {}
+            if other.parent == self.directory or any(
+                    about.get(k) != self.about.get(k) for k in ("module", "qualname", "file")):
+                continue
+            differ = [f"{label}, here {words}" for label, (words, digest) in mine.items()
+                      if (parts.get(label) or [None, None])[1] != digest]
+            found.append(f"{other.parent.name} (differs in {'; '.join(differ) or 'no part'})")
+        return found
+
     def stored(self, key: str) -> bool:
         """Whether the specialization ``key`` was read from, or written to, this folder by this
         process (not one kept in the process only)."""

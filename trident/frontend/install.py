@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import sys
 import types
 import warnings
@@ -30,6 +31,7 @@ from trident.lower import orders, rng, state, uses
 from trident.lower.flatten import flatten_call
 
 _recompiles = config.logger("recompiles")
+_cache_log = config.logger("cache")
 
 
 @dataclasses.dataclass
@@ -191,6 +193,10 @@ class Installer(Modules):
             pending = self._stored_order = self._stored_specs()[-self._max_specializations:]
             if not pending:
                 self._set_trees()  # none: no tree holds a binding made with the old defaults
+                apart = _cache_log.isEnabledFor(logging.INFO) and self._cache.keys_apart()
+                if apart:
+                    _cache_log.info("%s: nothing stored under its key; its other folders: %s",
+                                    self.__qualname__, ", ".join(apart))
             else:  # Note [Installing on demand]: none installed yet
                 try:
                     self._install_module([], pending)
