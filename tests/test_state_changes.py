@@ -420,13 +420,9 @@ EAGER = {
     "a threading.local's attribute": lambda x: x * getattr(TLOCAL, "k", 3.0),
     "type(x) of a tensor": lambda x: x * (2.0 if type(x) is torch.Tensor else 3.0),
     "x.__class__ of a tensor": lambda x: x * (2.0 if x.__class__.__name__ == "Tensor" else 3.0),
-    # (isinstance(x, nn.Parameter) is served: tests/test_never_stale44.py)
-    "isinstance(x, a tensor subclass)": lambda x: x * (2.0 if isinstance(x, _Marked) else 3.0),
+    # (isinstance(x, nn.Parameter) is served: tests/test_never_stale44.py; of a tensor
+    # subclass: tests/test_type_reads46.py)
 }
-
-
-class _Marked(torch.Tensor):
-    pass
 
 
 @pytest.mark.parametrize("case", list(EAGER))

@@ -7,6 +7,7 @@ import types
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from trident import frames
 from trident.lower.state import flow, type_strings
@@ -238,7 +239,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                 kinds = f.static(k, 0)
                 kinds = kinds if isinstance(kinds, tuple) else (kinds,)
                 if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
-                       c not in _ANSWERED for c in kinds):
+                       c not in _ANSWERED and not _no_instance_reads(c, params) for c in kinds):
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
@@ -248,6 +249,24 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
         line = i.positions.lineno if i.positions else "?"
         return f"{what} ({code.co_filename.rsplit('/', 1)[-1]}:{line})"
     return None
+
+
+# Note [Classes no traced tensor is]: ``isinstance(x, C)``, ``C`` a strict subclass of
+# ``torch.Tensor``, asks a tensor's Python type, which the trace's fake tensor does not share.
+# Library code asks it of every tensor it gets: liger-kernel 0.8 (``LigerRMSNormFunction``)
+# tests ``isinstance(X, DTensor)`` to gather a tensor-parallel input first. The answer is
+# False on both sides when the fake is no ``C`` (``C`` is no class of ``FakeTensor``, and
+# answers by the class alone: no ``__instancecheck__`` of its own, as ``nn.Parameter`` has)
+# and no tensor of the call is one: a tensor argument's guard accepts ``torch.Tensor`` and
+# ``nn.Parameter`` only (Note [Tensor types and attributes] in ir/guards.py), torch's ops on
+# them make ``torch.Tensor``s, and the code's parameters at the trace (``params``) hold no
+# ``C``. Such a read is no reason to run eagerly; any other stays one.
+
+def _no_instance_reads(c: type, params: dict) -> bool:
+    """Note [Classes no traced tensor is]: whether ``isinstance(v, c)`` answers False on the
+    trace's fake tensors and on the tensors of every call the specialization serves."""
+    return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ is type.__instancecheck__
+            and not any(isinstance(v, c) for v in params.values()))
 
 
 _TYPE_NAMES = frozenset({"type", "__class__", "isinstance", "issubclass"})
