@@ -283,3 +283,28 @@ def test_python_max_and_min_of_sizes_are_served_symbolic():
     s = trident.backend_stats(f)
     assert (s.compiles, s.traces, s.fallbacks, s.hits) == (3, 3, 0, 5), s
     assert not any("dynamic dims" in r for r in s.miss_reasons), s.miss_reasons
+
+
+def padded_length(x, n):
+    """A length that is a sum of sizes: Python's ``sum`` of ints, which Dynamo records as one
+    ``torch.sym_sum`` node (as it rebuilds a size such as a grown cache's ``1 + s60``)."""
+    end = sum([x.shape[0], n, 1])
+    return x.new_zeros(end) + end
+
+
+def test_sums_of_sizes_are_served_symbolic():
+    """Note [Size choices in graphs]: a ``torch.sym_sum`` node in Dynamo's graph, which
+    Torch-MLIR cannot import: the symbolic trace failed and every ``n`` compiled again (4
+    compiles here; a padded Qwen2 decode step with the default cache reached the limit of 16).
+    Served: one specialization, hit by every later ``n`` and length of ``x``."""
+    torch._dynamo.reset()
+    f = torch.compile(fresh(padded_length), backend="trident", dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for size, n in ((4, 3), (4, 5), (6, 7), (9, 2)):
+            x = torch.arange(float(size))
+            assert_same(f(x, n), padded_length(x, n))
+    assert not [w for w in caught if "trident" in str(w.message)]
+    s = trident.backend_stats(f)
+    assert (s.compiles, s.traces, s.fallbacks, s.hits) == (1, 1, 0, 3), s
+    assert not any("dynamic dims" in r for r in s.miss_reasons), s.miss_reasons

@@ -1,4 +1,4 @@
-"""Dynamo's graphs with Python's ``max`` and ``min`` of sizes, before Trident traces them.
+"""Dynamo's graphs with Python's ``max``, ``min`` and ``+`` of sizes, before Trident traces them.
 
 Note [Size choices in graphs]: Dynamo records Python's ``max(a, b)`` and ``min(a, b)`` of
 symbolic sizes as ``torch.sym_max`` and ``torch.sym_min`` nodes, the choice left open
@@ -14,19 +14,42 @@ the trace compares the sizes, which the ShapeEnv guards (``s35 - 4095 < 0``), an
 the size that eager's comparison picks; a call whose sizes pick the other one misses that guard
 and compiles its own specialization. ``trident.jit`` traces the function's own ``max``, so its
 traces guard the same way.
+
+The same holds for ``torch.sym_sum``, the n-ary sum Dynamo records for Python's ``sum`` of
+ints and for a size that is a sum of symbols (torch 2.13 rebuilds a ``sympy.Add`` as one: the
+``slen`` that transformers' ``repeat_kv`` unpacks from a padded decode step's keys, ``1 +
+s60``): Torch-MLIR cannot import it either, so a Qwen2 with the default cache, padded batches
+and a one-token prompt first through ``torch.compile(backend="trident")`` compiled its padded
+decode step once per cache length until the limit of 16 (``sweep_hf qwen2 50 default backend
+padded 0 1``: 21 compiles, 774 fallbacks in 15 generates). The graph adds with Python's ``+``
+instead, which the trace records as ``operator.add`` nodes; no choice, so no guard.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 import torch.fx as fx
 
-_CHOICES = {torch.sym_max: max, torch.sym_min: min}  # Note [Size choices in graphs]
+
+def _python_sum(*args):
+    """``torch.sym_sum``'s value by Python's ``+``: ``_python_sum((a, b, c))`` or
+    ``_python_sum(a, b, c)`` is ``a + b + c``."""
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = args[0]
+    return functools.reduce(operator.add, args) if args else 0
+
+
+# Note [Size choices in graphs]
+_CHOICES = {torch.sym_max: max, torch.sym_min: min, torch.sym_sum: _python_sum}
 
 
 def python_choices(gm: fx.GraphModule) -> fx.GraphModule:
-    """Note [Size choices in graphs]: ``gm`` with its ``torch.sym_max`` and ``torch.sym_min``
-    nodes calling Python's ``max`` and ``min``; its code regenerated where one changed."""
+    """Note [Size choices in graphs]: ``gm`` with its ``torch.sym_max``, ``torch.sym_min`` and
+    ``torch.sym_sum`` nodes calling Python's ``max``, ``min`` and ``+``; its code regenerated
+    where one changed."""
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _CHOICES:

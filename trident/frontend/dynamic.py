@@ -52,9 +52,11 @@ class DynamicDims:
             if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
                 varied |= ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by path
                 continue
-            alike = _sizeless(spec.guards)
-            if spec.shapes is None or spec.tree != call.tree.key or \
-                    first_failure(alike, args) is not None:
+            if spec.shapes is None or spec.tree != call.tree.key:
+                continue
+            if first_failure(_sizeless(spec.guards), args) is not None:
+                # another path of the same tree (Note [Paths of one tree] in ints.py)
+                varied |= ints.differing_dims(dims, spec, call)
                 continue
             for i, a in tensors.items():
                 dims[i] |= set(spec.dynamic.get(str(i), ()))

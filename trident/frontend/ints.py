@@ -44,6 +44,15 @@ without a second failed trace. Before, a server's mix
 of both structures compiled each at exact sizes and again symbolic: a tiny Qwen2 reached the
 limit of 8 specializations at its fifth request.
 
+Note [Paths of one tree]: a call of a known argument tree whose specializations' guards
+other than sizes fail (another path of the same code: a Qwen2 static cache's unpadded prefill,
+whose ``attention_mask['full_attention']`` is None where the padded and one-token prefills held
+a tensor) takes from those specializations what a related structure would: the dims that
+differ from, or were symbolic in, their leaves of the same path (``differing_dims``), as
+Dynamo's automatic dynamic keeps its sizes per source whatever guard failed. Before, such a
+call compiled at exact sizes and again at its next length (``sweep_hf qwen2 50 static jit
+padded 0 1``: 5 compiles, the unpadded prefill's prompt length exact, then symbolic).
+
 Note [Lengths of written state]: the first compile of an argument structure in which nothing
 changed yet is at exact sizes (automatic dynamic), but for one kind of evidence that a size
 will change: the trace stores tensors into the state of its arguments' objects (Note
