@@ -102,7 +102,7 @@ def test_a_library_question_about_a_read_number(tmp_path):
         _served(jf, f, [lambda: (torch.ones(2), torch.tensor([1, 3]))] * 2)
 
 
-# ---- Note [Instance lookups] (lower/state/reads.py) --------------------------------------------
+# ---- Note [Instance lookups] (lower/state/instances.py) ----------------------------------------
 # ``cfg.a`` of an argument's object is found in its ``__dict__`` only while no class of its MRO
 # holds ``a`` as a data descriptor: each such step reads the class's ``a``. A step through an
 # item of a plain list, dict or tuple (``cache.layers[0].keys``, an alias of it) ended the
@@ -120,10 +120,7 @@ _ITEM_READS = {
                                 "    return cache.layers[0].keys * 1",
     "a loop over the items": "for l in cache.layers:\n        x = x + l.keys\n    return x",
 }
-_ACCESSES = [pytest.param(k, marks=pytest.mark.xfail(
-    strict=True, reason="an object reached by iterating a list has no chain: its class's "
-    "contents are not read (Note [Instance lookups])")) if "loop" in k else k
-    for k in _ITEM_READS]
+_ACCESSES = list(_ITEM_READS)
 
 
 class _Base45:

@@ -1,5 +1,5 @@
 """Never stale (issue 28), for what a function reads of an argument (Note [Parameter reads] in
-trident/lower/uses.py, Note [Instance lookups] in trident/lower/state/reads.py): an attribute
+trident/lower/uses.py, Note [Instance lookups] in trident/lower/state/instances.py): an attribute
 found in the instance's ``__dict__`` is found there only while its class does not gain the
 name (a property shadows it) and an absent one stays absent only while the class gains
 neither the name nor a ``__getattr__``."""

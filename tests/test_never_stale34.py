@@ -74,7 +74,7 @@ CLASS_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CLASS_CASES))
 def test_a_class_without_an_importable_name_is_guarded(case):
-    # Note [Instance lookups] in lower/state/reads.py: a <locals> class and an ABC were
+    # Note [Instance lookups] in lower/state/instances.py: a <locals> class and an ABC were
     # skipped, so a class change that changes the lookup was not seen (a stale hit)
     fn, which, change = CLASS_CASES[case]
     classes = _classes()

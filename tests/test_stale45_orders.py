@@ -169,16 +169,12 @@ def test_an_ordered_dict_read_in_its_dicts_order(read, where):
         assert len(warned) == 1 and f"through {read}" in warned[0], warned
 
 
-# ---- open: a write to shared state that a library function returns --------------------------------
-# ``logging.getLogger(name)`` returns the logging manager's logger, ``decimal.getcontext()`` the
-# thread's context: the write walk (Note [Write targets] in lower/state/flow.py) takes a library
-# function's result for a new object, so a write to one is no write outside. The decimal
-# context is now compared by its state after the trace (Note [The decimal context]); a logger's
-# attribute is not: a hit does not make the write. Treating every library function's result as
-# shared would make ``copy.deepcopy(CFG).k = 1`` eager too (its result's origin is its
-# dispatch table's); left open, asserted as it is.
+# ---- Note [Library results] (lower/state/flow.py): a write to what a library getter returns -----
+# ``logging.getLogger(name)`` returns the logging manager's logger: the write walk (Note [Write
+# targets]) took a library function's result for a new object, so a write to one was no write
+# outside, and a hit did not make it. A library function's result is now outside (but for
+# torch's and the few known to make a new one: ``copy.deepcopy``), so the call runs eagerly.
 
-@pytest.mark.xfail(strict=True, reason="a write through a library getter's result is missed")
 def test_a_write_to_a_logger_that_a_library_getter_returns():
     import logging
 

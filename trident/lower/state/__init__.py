@@ -19,8 +19,12 @@ closure-cell accessors), found in two steps:
    ``getattr(v, constant)``; ``globals()[...]`` and ``os.getenv(constant)`` too; a local
    bound to a chain continues it where it is loaded; a parameter's attribute that its class
    holds (``self.factor``, ``type(self).K``, ``cls.s``) is read through the value's own class
-   (its MRO, in C). Every instruction of a function that ran counts, taken or not, so a
-   branch the next call takes is guarded too. A read the scan sees but cannot follow
+   (its MRO, in C); an item that no constant names (a loop's, a comprehension's,
+   ``layers[i]``) is the step ``EACH``, read through every item the container holds (Note
+   [Items reached by iteration] in instances.py), and a parameter through every set of objects
+   the code ran with (Note [Calls of the same code] in recording.py). Every instruction of a
+   function that ran counts, taken or not, so a branch the next call takes is guarded too.
+   A read the scan sees but cannot follow
    (``getattr`` with a computed name, ``globals()[name]``) makes the call eager: no read is
    assumed constant.
 

@@ -176,8 +176,32 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
             chains.append(chain)
 
     at = {i.offset: (i.opname, i.argval) for i in ins}  # jump targets
-    for scan in range(2):  # the first finds what locals are bound to (a loop may load first)
-        out.clear()
+    ends: dict = {}  # index of a chain's last instruction -> the chain (Note [Items reached
+    # by iteration] in instances.py)
+
+    def emit(kind, name, steps, i, j):
+        """The chain ``steps`` found at ``ins[i:j]``: a local it is stored in continues it."""
+        ends[j - 1] = (kind, name, steps)
+        if kind == "param" and not steps:
+            return
+        stored = j < len(ins) and ins[j].opname == "STORE_FAST"
+        if stored:
+            bind(ins[j].argval, (kind, name, steps))
+        elif j < len(ins) and ins[j].opname in ("JUMP_FORWARD", "JUMP") and \
+                at.get(ins[j].argval, (None,))[0] == "STORE_FAST":  # c = A if f else B
+            bind(at[ins[j].argval][1], (kind, name, steps))
+            stored = True
+        if stored and ins[j].argval in single:
+            pass  # each load of it is a chain
+        elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
+            out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
+        else:
+            out.append((kind, name, steps))
+
+    for scan in range(8):  # the first finds what locals are bound to (a loop may load first;
+        out.clear()  # a loop variable is bound to its items after the pass that finds them)
+        ends.clear()
+        bound = {k: list(v) for k, v in aliases.items()}
         i = 0
         while i < len(ins):
             found = chain_at(i)
@@ -185,25 +209,186 @@ def _chains(code: types.CodeType) -> list[tuple[str, Any, tuple]]:
                 i += 1
                 continue
             kind, name, steps, j = found
-            if kind == "param" and not steps:
-                i = j
-                continue
-            stored = j < len(ins) and ins[j].opname == "STORE_FAST"
-            if stored:
-                bind(ins[j].argval, (kind, name, steps))
-            elif j < len(ins) and ins[j].opname in ("JUMP_FORWARD", "JUMP") and \
-                    at.get(ins[j].argval, (None,))[0] == "STORE_FAST":  # c = A if f else B
-                bind(at[ins[j].argval][1], (kind, name, steps))
-                stored = True
-            if stored and ins[j].argval in single:
-                pass  # each load of it is a chain
-            elif j < len(ins) and ins[j].opname == "CONTAINS_OP" and const_at(i - 1):
-                out.append((kind, name, steps + (("contains", ins[i - 1].argval),)))  # "k" in d
-            else:
-                out.append((kind, name, steps))
+            emit(kind, name, steps, i, j)
             i = max(j, i + 1)
+        _items_reached(code, ins, ends, emit, bind, _more, out)
+        if scan and bound == aliases:
+            break
     return list(dict.fromkeys(out))
 
+
+EACH = ("each",)  # any item of the container before it (Note [Items reached by iteration])
+# builtins whose iterator yields the items of their arguments (zip: of each in turn)
+_ITEM_CALLS = frozenset({"enumerate", "zip", "reversed", "sorted", "list", "tuple", "iter",
+                         "set", "frozenset", "filter"})
+_SAME_ITEMS = _ITEM_CALLS - {"enumerate", "zip"}  # whose result holds its argument's items
+_DICT_VIEWS = frozenset({"items", "values", "keys"})
+_COMPREHENSION_SETUP = ("LOAD_FAST_AND_CLEAR", "SWAP", "BUILD_LIST", "BUILD_MAP", "BUILD_SET")
+
+
+def item_chain(chain: tuple, unpacked: bool = False) -> tuple:
+    """The chain of an item of ``chain``'s value (``unpacked``: of an item's items; a dict
+    view's: the dict's keys and values, unpacked or not)."""
+    kind, name, steps = chain
+    if len(steps) >= 2 and steps[-1] == ("call0",) and steps[-2][0] == "attr" and \
+            steps[-2][1] in _DICT_VIEWS:
+        return kind, name, steps[:-2] + (EACH,)
+    return kind, name, steps + (EACH,) * (1 + unpacked)
+
+
+def comprehension_items(sources: list, steps: tuple) -> list:
+    """The chains that a comprehension's ``("param", ".0", steps)`` (``steps`` from ``EACH``)
+    reads in its maker's terms: ``sources``, the ``("iterates", code, (chain, pairs))`` of the
+    code, ``pairs`` where its iterator yields tuples of the chain's items (``enumerate``,
+    ``zip``)."""
+    out = []
+    unpacked = steps[1:2] == (EACH,)
+    for chain, pairs in sources:
+        if pairs and unpacked:
+            kind, name, head = item_chain(chain)
+            out.append((kind, name, head + steps[2:]))
+        elif pairs and steps[1:2] and steps[1][0] == "item":  # pair[1].k
+            kind, name, head = item_chain(chain)
+            out.append((kind, name, head + steps[2:]))
+        elif not pairs:
+            kind, name, head = item_chain(chain, unpacked)
+            out.append((kind, name, head + steps[1 + unpacked:]))
+    return out
+
+
+def _items_reached(code, ins: list, ends: dict, emit, bind, more, out: list) -> None:
+    """Note [Items reached by iteration] (instances.py): the chains of the items a loop, a
+    comprehension or a key computed at run time reaches, from the chains that end at
+    ``ends``' instructions: a loop's targets are bound to its container's chain and ``EACH``
+    (``for l in c.layers``, ``for i, l in enumerate(c.layers)``, ``for k, l in
+    d.items()``), a comprehension's code gets ``("iterates", code, chain)`` (its ``.0`` is that
+    chain's items), and ``c.layers[i].k`` is a chain through ``EACH``."""
+    calls = not _ITEM_CALLS.isdisjoint(code.co_names) or "next" in code.co_names
+    if not calls and not any(i.opname in ("FOR_ITER", "GET_ITER", "BINARY_SUBSCR",
+                                          "BINARY_SLICE", "UNPACK_SEQUENCE") for i in ins):
+        return
+    fl = flow.Flow(code, {})
+
+    def source(j, d):
+        """(the chain of the value at depth ``d`` before ``ins[j]`` or None, its producer)."""
+        found = fl.producers(j, d)
+        if not found or len(found) != 1 or found[0][1] != 0:
+            return None, None
+        return ends.get(found[0][0]), found[0][0]
+
+    def callee(k) -> set:
+        """The names of the globals that the ``CALL`` at ``ins[k]`` may call."""
+        n = ins[k].arg
+        return {ins[c].argval for d in (n, n + 1) for c, _ in (fl.producers(k, d) or ())
+                if ins[c].opname == "LOAD_GLOBAL"}
+
+    def iterator_sources(g) -> list:
+        """``(chain, pairs)`` of what the iterator that ``ins[g]`` (``GET_ITER``) makes
+        yields: the chain's items, or (``pairs``) tuples of its items."""
+        chain, p = source(g, 0)
+        if chain is not None:
+            return [(chain, False)]
+        if p is None or ins[p].opname != "CALL" or not ins[p].arg:
+            return []
+        n, names = ins[p].arg, callee(p)
+        args = [source(p, n - 1 - m)[0] for m in range(n)]
+        if names <= {"zip", "enumerate"} and names:
+            return [(a, True) for a in (args if names == {"zip"} else args[:1]) if a is not None]
+        return [(args[0], False)] if names <= _SAME_ITEMS and args[0] is not None else []
+
+    def iterated(g, targets: int, unpacked: bool) -> list:
+        """Per target of a loop over the iterator that ``ins[g]`` (``GET_ITER``) makes, the
+        chains of its items (``unpacked``: of its items' items)."""
+        chain, p = source(g, 0)
+        if chain is not None:
+            return [[item_chain(chain, unpacked)]] * targets
+        if p is None or ins[p].opname != "CALL" or not ins[p].arg:
+            return [[]] * targets
+        n, names = ins[p].arg, callee(p)
+        args = [source(p, n - 1 - m)[0] for m in range(n)]
+        if names == {"zip"} and targets == n:  # zip(a, b): a's items, then b's
+            return [[item_chain(a)] if a is not None else [] for a in args]
+        if not names & _ITEM_CALLS or args[0] is None:
+            return [[]] * targets
+        return [[item_chain(args[0])]] * targets  # enumerate(a): its index too (no harm)
+
+    for k, op in enumerate(ins):
+        if op.opname == "FOR_ITER":
+            g = k - 1
+            while g > 0 and ins[g].opname in _COMPREHENSION_SETUP:  # (3.12's inlined ones)
+                g -= 1
+            names = _targets(ins, k)
+            unpacked = k + 1 < len(ins) and ins[k + 1].opname == "UNPACK_SEQUENCE"
+            if ins[g].opname == "GET_ITER":
+                items = iterated(g, len(names), unpacked)
+            elif g + 1 == k and g in ends:  # a comprehension's .0, an iterator in a local
+                items = [[item_chain(ends[g], unpacked)]] * len(names)
+            else:
+                continue
+            for local, chains in zip(names, items):
+                for chain in chains:
+                    bind(local, chain)
+        elif op.opname == "GET_ITER" and k + 1 < len(ins) and ins[k + 1].opname == "CALL" \
+                and ins[k + 1].arg == 0:  # a comprehension's code called on the iterator
+            made = (fl.producers(k + 1, 1) or [(None, None)])[0][0]
+            made = next((ins[m].argval for m in range(made, max(made - 4, -1), -1)
+                         if isinstance(ins[m].argval, types.CodeType)), None) \
+                if made is not None else None
+            for source_chain in iterator_sources(k) if made is not None else ():
+                out.append(("iterates", made, source_chain))
+        elif op.opname == "UNPACK_SEQUENCE":  # a, b = c.pair
+            chain, _ = source(k, 0)
+            for local in _targets(ins, k - 1) if chain is not None else ():
+                bind(local, item_chain(chain))
+        elif calls and op.opname == "CALL" and op.arg in (1, 2) and k not in ends:
+            names = callee(k)
+            chain = source(k, op.arg - 1)[0] if names & (_ITEM_CALLS | {"next"}) else None
+            if chain is None:  # (the first argument's)
+                continue
+            if "next" in names:  # next(iter(c.layers)): an item
+                kind, name, steps = item_chain(chain)
+                kind, name, steps, j = more(kind, name, list(steps), k + 1)
+                emit(kind, name, steps, k, j)
+            elif op.arg == 1 and names <= _SAME_ITEMS:  # sorted(c.layers)[0], iter(...): its
+                ends[k] = chain  # items are the container's
+                if names <= {"iter", "reversed"} and k + 1 < len(ins) and \
+                        ins[k + 1].opname == "STORE_FAST":  # it = iter(c.layers)
+                    bind(ins[k + 1].argval, chain)
+        elif op.opname in ("BINARY_SUBSCR", "BINARY_SLICE"):
+            depth = 2 if op.opname == "BINARY_SLICE" else 1
+            chain, _ = source(k, depth)
+            key = fl.producers(k, 0) if depth == 1 else None
+            if chain is None or k in ends:
+                continue
+            if depth == 2 or (key and len(key) == 1 and ins[key[0][0]].opname == "BUILD_SLICE"):
+                ends[k] = chain  # a slice: a container of the same items
+                continue
+            kind, name, steps = item_chain(chain)
+            kind, name, steps, j = more(kind, name, list(steps), k + 1)
+            emit(kind, name, steps, k, j)
+
+
+def _targets(ins: list, k: int) -> list:
+    """The locals that the loop at ``ins[k]`` (``FOR_ITER``) stores each item in, or what an
+    unpacked item's parts are stored in; none for another target."""
+    nxt = ins[k + 1] if k + 1 < len(ins) else None
+    if nxt is None:
+        return []
+    if nxt.opname == "STORE_FAST":
+        return [nxt.argval]
+    if nxt.opname != "UNPACK_SEQUENCE":
+        return []
+    names: list = []
+    for t in ins[k + 2:k + 2 + nxt.arg]:
+        if t.opname == "STORE_FAST":
+            names.append(t.argval)
+        elif t.opname == "STORE_FAST_STORE_FAST":  # (3.13)
+            names += list(t.argval)
+        else:
+            break
+        if len(names) >= nxt.arg:
+            break
+    return names if len(names) == nxt.arg else []
 
 # classes whose isinstance answers on a fake tensor argument are the real one's (tensor_type_read)
 _ANSWERED = (torch.Tensor, torch.nn.Parameter, *filter(None, [getattr(torch.nn, "Buffer", None)]))

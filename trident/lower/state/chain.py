@@ -8,12 +8,14 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import importlib
 import inspect
 import os
 import sys
 import types
 from typing import Any
 
+from trident.errors import TridentError
 from trident.identity import named_at, object_serial, serial_object
 
 _MISSING = object()  # a read of a name or item that is absent
@@ -265,3 +267,51 @@ def _step(obj, step):
         return getattr(obj, name)
     except AttributeError:
         return _MISSING
+
+
+def _imported(name: str) -> tuple[tuple, tuple]:
+    """(root, steps) of the module an import inside the function binds: ``sys.modules[name]``
+    as it is at each call (a module replaced there is what the next ``import`` returns)."""
+    return ("module", "sys"), (("attr", "modules"), ("item", name))
+
+
+
+def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
+    """Resolve ``call0`` / ``call1`` steps: ``globals()`` becomes its module's root,
+    ``d.get("k")`` and ``os.getenv("k")`` an item that may be absent; any other call ends the
+    chain at its callee."""
+    obj = _resolve_root(root, fn)
+    done: list = []
+    for step in steps:
+        if step[0] == "eager":
+            path = ".".join(str(s[-1]) for s in done if s[0] != "cell")
+            raise TridentError(f"the function reads {path or 'a global'} through {step[1]}: "
+                               "state that no guard can follow")
+        if step[0] == "contains":  # "k" in d: d's item k or its absence; in another
+            if obj is os.environ or type(obj) is dict:  # container: the container, whole
+                done.append(("get", step[1]))
+            break
+        if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
+                obj is builtins.__import__ or obj is importlib.import_module):
+            # importlib.import_module("a.b") is a.b, __import__("a.b") is a
+            name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
+            (root, path), obj = _imported(name), sys.modules[name]
+            done = list(path)
+            continue
+        if step[0] in ("call0", "call1", "call2"):
+            if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
+                return None  # globals() alone: its items are read by the chains after it
+            if step[0] != "call0" and done and done[-1] == ("attr", "get") and len(done) > 1:
+                done[-1] = ("get", step[1])
+                obj = _MISSING
+                continue
+            if step[0] != "call0" and obj is os.getenv:
+                return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
+            if step[0] == "call0" and _is_getter(obj):  # sys.getrecursionlimit()
+                done.append(("call",))
+                obj = obj()
+                continue
+            break
+        done.append(step)
+        obj = _step(obj, step) if obj is not _MISSING else _MISSING
+    return Read(root, tuple(done), True)

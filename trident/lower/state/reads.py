@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import builtins
 import dis
-import importlib
-import os
-import sys
 import types
 
 import torch
 
-from trident import frames
 from trident.errors import TridentError
-from trident.ir.trees import _BY_ID
 from trident.lower import orders
-from trident.lower.state.bytecode import _chains, library_type_read, tensor_type_read
+from trident.lower.state.bytecode import (EACH, _chains, comprehension_items,
+                                          library_type_read, tensor_type_read)
 from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _functions_in
-from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root, _is_getter,
-                                       _kernel_fns, _resolve_root, _root_of, _root_of_dict,
-                                       _step, _values_along)
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root,
+                                       _imported, _kernel_fns, _resolve_calls, _resolve_root,
+                                       _root_of, _root_of_dict, _step, _values_along)
+from trident.lower.state.instances import (_CALLS, _EACH_BOUND, _TENSOR_STATE, _end_of,
+                                           each_reads, object_reads)
 from trident.lower.state.library import library_reads
-from trident.lower.state.recording import Recording
+from trident.lower.state.recording import _CALLS_BOUND, Recording
 from trident.lower.state.roots import forward_reads, reach, reached_root, registry_reads
 from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
 
@@ -69,6 +67,12 @@ def reads_of(rec: Recording, fn) -> list[Read]:
     parents = {}  # nested code -> the code that makes it
     reads: list[Read] = []
     todo = list(rec.codes.items())
+    for code, calls in rec.calls.items():  # Note [Calls of the same code] (recording.py)
+        if len(calls) > _CALLS_BOUND:
+            raise TridentError(f"the function runs {code.co_qualname} with more than "
+                               f"{_CALLS_BOUND} sets of objects: Trident does not read the "
+                               "classes of them all")
+        todo += [(code, (rec.codes[code][0], params)) for params in calls.values()]
     seen_kernels: set = set()
     for code, _ in todo:
         for const in code.co_consts:
@@ -118,55 +122,87 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         add(read)  # a user function patched into a library module is then found
     # closure chains need the functions other chains reach: resolved as those are found
     pending: list = []
+    budget = [_EACH_BOUND]  # Note [Items reached by iteration] (instances.py)
+    scanned: dict = {}  # code -> its chains
+
+    def chains_of(code):
+        if code not in scanned:
+            scanned[code] = _chains(code)
+        return scanned[code]
+
+    def chain_reads(root, steps) -> list[Read]:
+        """The chain ``steps`` from ``root``; through ``EACH``, the container read whole and
+        the reads through each of its items (Note [Items reached by iteration])."""
+        n = steps.index(EACH) if EACH in steps else len(steps)
+        read = _resolve_calls(root, steps[:n], fn)
+        if read is None or n == len(steps) or any(s[0] in _CALLS for s in steps[:n]):
+            return [read] if read is not None else []  # (a call's result: no chain names it)
+        return [read, *each_reads(_end_of(read, fn), steps[n + 1:], fn, budget)]
+
+    def todo_chain(code, g, params, start, name, steps) -> None:
+        """The reads of one chain of ``code`` (its globals ``g``, parameters ``params``)."""
+        if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
+                name not in g:
+            if len(steps) > 1 and steps[1][0] in ("item", "contains"):
+                start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
+            elif len(steps) > 2 and steps[1] == ("attr", "get") and \
+                    steps[2][0] in ("call1", "call2"):  # globals().get("X")
+                start, name, steps = "global", steps[2][1], steps[3:]
+            else:  # globals()[name], globals().get(name), exec(..., globals()), ...
+                raise TridentError(f"{code.co_name} reads globals() otherwise than "
+                                   "by a constant key: state no guard follows")
+        steps = _resolve_names(steps, g)
+        if start == "import":
+            root, path = _import_root(name, g)
+            found = chain_reads(root, path + steps)
+        elif start == "global":
+            root, kind = _globals_root(g)
+            if name not in g:
+                # ABSENT: unbound (a dict subclass's __missing__ may serve it: whole)
+                reads.append(Read(root, ((kind, name),), kind == "item"))
+                root, steps0 = _builtins_root(functions.get(code), g, name)
+            else:
+                steps0 = ((kind, name),)
+            found = chain_reads(root, steps0 + steps)
+        elif start == "param":  # (Note [Instance lookups], a class's attribute)
+            found = object_reads(params.get(name, _MISSING), steps, fn, budget)
+        else:
+            pending.append((code, name, steps))
+            return
+        for read in found:
+            add(read)
+
+    comprehension: list = []  # (code, steps from its .0's EACH, depth)
     k = 0
     while True:
         while k < len(todo):
             code, (g, params) = todo[k]
             k += 1
-            for start, name, steps in _chains(code):
-                if start == "global" and name == "globals" and steps[:1] == (("call0",),) and \
-                        name not in g:
-                    if len(steps) > 1 and steps[1][0] in ("item", "contains"):
-                        start, name, steps = "global", steps[1][1], steps[2:]  # globals()["X"]
-                    elif len(steps) > 2 and steps[1] == ("attr", "get") and \
-                            steps[2][0] in ("call1", "call2"):  # globals().get("X")
-                        start, name, steps = "global", steps[2][1], steps[3:]
-                    else:  # globals()[name], globals().get(name), exec(..., globals()), ...
-                        raise TridentError(f"{code.co_name} reads globals() otherwise than "
-                                           "by a constant key: state no guard follows")
-                steps = _resolve_names(steps, g)
-                if start == "import":
-                    root, path = _import_root(name, g)
-                    read = _resolve_calls(root, path + steps, fn)
-                    if read is not None:
-                        add(read)
+            for start, name, steps in chains_of(code):
+                if start == "iterates":  # (read from the comprehension's own code)
                     continue
-                if start == "global":
-                    root, kind = _globals_root(g)
-                    if name not in g:
-                        # ABSENT: unbound (a dict subclass's __missing__ may serve it: whole)
-                        reads.append(Read(root, ((kind, name),), kind == "item"))
-                        root, steps0 = _builtins_root(functions.get(code), g, name)
-                    else:
-                        steps0 = ((kind, name),)
-                    read = _resolve_calls(root, steps0 + steps, fn)
-                elif start == "param":
-                    value, steps = _through_items(params.get(name, _MISSING), steps)
-                    for shadow in _lookup_reads(value, steps):
-                        add(shadow)
-                    read = _param_read(value, steps, fn) if steps else None
-                else:
-                    pending.append((code, name, steps))
+                if start == "param" and name == ".0" and steps[:1] == (EACH,):
+                    comprehension.append((code, steps, 0))  # (its maker's chains, below)
                     continue
-                if read is not None:
-                    add(read)
+                todo_chain(code, g, params, start, name, steps)
+        while comprehension:  # a comprehension's items: its maker's container's (Note
+            code, steps, depth = comprehension.pop()  # [Items reached by iteration])
+            maker = parents.get(code)
+            sources = [s for kind, c, s in chains_of(maker) if kind == "iterates" and
+                       c is code] if maker is not None else []
+            g, params = rec.codes.get(maker, (None, None))
+            for start, name, through in comprehension_items(sources, steps) if g else ():
+                if start == "param" and name == ".0" and through[:1] == (EACH,) and depth < 8:
+                    comprehension.append((maker, through, depth + 1))
+                    continue
+                for values in [params, *rec.calls.get(maker, {}).values()]:
+                    todo_chain(maker, g, values, start, name, through)
         before = len(pending)
         resolved = [(item, root_for_cell(item[0], item[1])) for item in pending]
         pending = [item for item, where in resolved if where is _MISSING]
         for (code, name, steps), where in resolved:
             if where is not None and where is not _MISSING:
-                read = _resolve_calls(where[0], where[1] + steps, fn)
-                if read is not None:
+                for read in chain_reads(where[0], where[1] + steps):
                     add(read)
         if len(pending) == before and k == len(todo):  # nothing more to find
             break
@@ -257,155 +293,6 @@ def _module_getattr(read: Read, fn) -> Read | None:
     return None
 
 
-# A tensor's attributes that are its own state (its argument guards' or the trace's), not
-# methods a user may patch on torch.Tensor.
-_TENSOR_STATE = frozenset({"data", "grad", "requires_grad", "is_leaf", "grad_fn", "_version",
-                           "_base", "names", "shape", "dtype", "device", "layout", "ndim"})
-
-
-def _instance_value(value, d, name: str):
-    """``value``'s own attribute ``name`` (its ``__dict__``'s, or an nn.Module's submodule,
-    parameter or buffer, which its argument tree reads), or ``_MISSING``."""
-    if not isinstance(d, dict):
-        return _MISSING
-    if name in d:
-        return d[name]
-    if isinstance(value, torch.nn.Module):
-        return next((h[name] for h in map(d.get, ("_modules", "_parameters", "_buffers"))
-                     if isinstance(h, dict) and name in h), _MISSING)
-    return _MISSING
-
-
-def _through_items(value, steps: tuple) -> tuple:
-    """(value, the steps after) of an argument read through its items first (``kw["o"].k``,
-    ``args[0].k``, ``d.get("o").k``): the items of a plain dict, list or tuple are the
-    argument tree's (checked by identity); what is read through them, a class's attribute
-    above all, is the chains' (:func:`_lookup_reads`, :func:`_param_read`)."""
-    while steps and type(value) in (dict, list, tuple):
-        if steps[0][0] == "item":
-            key, steps = steps[0][1], steps[1:]
-        elif type(value) is dict and steps[:1] == (("attr", "get"),) and \
-                len(steps) > 1 and steps[1][0] == "call1":
-            key, steps = steps[1][1], steps[2:]
-        else:
-            break
-        try:
-            value = value[key]
-        except (KeyError, IndexError, TypeError):
-            return _MISSING, ()
-    return value, steps
-
-
-def _lookup_reads(value, steps: tuple) -> list[Read]:
-    """Note [Instance lookups]: ``cfg.a`` of an argument, found in its ``__dict__`` (or an
-    nn.Module's submodules, parameters, buffers: the argument tree's), is found there only while
-    no class of its MRO holds ``a`` as a data descriptor or the like (``Cfg.a = property(...)``
-    shadows it; the tree checks the class by identity, not its contents); a name that is absent
-    stays absent only while no class gains it or a ``__getattr__``; and either holds only while
-    the class's ``__getattribute__`` is the one the trace ran (``Cfg.__getattribute__ = ...``
-    assigned later serves every name). So each such step of a user class's instance reads the
-    class's ``a`` (``ABSENT``, through its MRO in C) and its ``__getattribute__`` (``ID``:
-    ``object``'s slot wrapper, named the same in every process), and for an absent name its
-    ``__getattr__`` too. A class with no importable name (``<locals>``) is read as the class
-    itself, one of a metaclass that looks names up as ``type`` does (``abc.ABC``'s) like any
-    other: neither is taken as fixed."""
-    out: list = []
-    for step in steps[:16]:
-        if step[0] == "item" and type(value) in (dict, list, tuple):  # the argument tree's
-            try:  # items (``cache.layers[0].keys``: a property the class gets later)
-                value = value[step[1]]
-            except (KeyError, IndexError, TypeError):
-                break
-            continue
-        if step[0] != "attr" or not isinstance(step[1], str) or isinstance(
-                value, (type, types.ModuleType, torch.Tensor, *_BY_ID)) or value is _MISSING:
-            break
-        cls, name = type(value), step[1]
-        if not any(frames.user_class(c) for c in cls.__mro__) or any(
-                name in vars(c) for c in cls.__mro__):
-            break  # a library's class (fixed), or one that holds it: _param_read's
-        if not _plain_lookup(type(cls)):
-            break
-        root, path = _root_of(cls)  # (a class with no importable name: the class itself)
-        out.append(Read(root, path + (("attr", name),)))
-        out.append(Read(root, path + (("attr", "__getattribute__"),)))  # assigned later
-        try:  # (not through a __getattr__)
-            own = object.__getattribute__(value, "__dict__")
-        except Exception:
-            own = None
-        held = _instance_value(value, own, name)
-        if held is _MISSING:
-            out.append(Read(root, path + (("attr", "__getattr__"),)))
-            break
-        value = held
-    return out
-
-
-def _plain_lookup(meta: type) -> bool:
-    """Whether classes of metaclass ``meta`` find attributes as ``type`` does (``abc.ABCMeta``,
-    an ``nn.Module``'s ``type``): the lookup through the MRO that the reads follow in C."""
-    return meta.__getattribute__ is type.__getattribute__ and not any(
-        "__getattr__" in vars(m) for m in meta.__mro__)
-
-
-def _param_read(value, steps: tuple, fn, _depth: int = 0) -> Read | None:
-    """``self.factor`` where the parameter's class holds ``factor``, ``type(self).K``,
-    ``self.__class__.K`` and a classmethod's ``cls.s``: a chain from the class the value has
-    (``type(self)``, read through its MRO in C as Python does: a subclass that shadows its
-    base's attribute later is seen), wherever a user class of that MRO up to the one that holds
-    the attribute may hold it."""
-    if value is _MISSING or steps[0][0] not in ("attr", "eager"):
-        return None
-    if steps[0] == ("attr", "__class__") and not isinstance(value, types.ModuleType):
-        value, steps = type(value), steps[1:]
-        if not steps:
-            return None  # type(self) alone: the argument tree checks the exact class
-        if steps[0][0] != "attr":
-            return None
-    if steps[0][0] == "eager":
-        if isinstance(value, (type, types.ModuleType)):  # (it raised TypeError)
-            # Note [Modules used whole] in wholes.py: the parameter's kind
-            root, path = _root_of(value)
-            _resolve_calls(root, path + steps, fn)  # raises
-        cls = type(value)  # its own attributes are its argument tree's; its class's, which
-        if isinstance(value, (torch.Tensor, *_BY_ID)) or not any(  # the name may be, are
-                frames.user_class(c) for c in cls.__mro__):  # the class's, used whole
-            return None
-        return Read(*_root_of(cls), True)
-    if isinstance(value, types.ModuleType):  # a module passed in (its tree checks identity)
-        root, path = _root_of(value)
-        return _resolve_calls(root, path + steps, fn)
-    if isinstance(value, type):
-        cls, name = value, steps[0][1]
-    elif isinstance(value, torch.Tensor):  # (a fake tensor in the trace) its methods, which
-        name = steps[0][1]  # a user may patch (torch.Tensor.add = ...)
-        if name in _TENSOR_STATE or not hasattr(torch.Tensor, name):
-            return None
-        return _resolve_calls(("module", "torch"), (("attr", "Tensor"), steps[0]), fn)
-    else:
-        if isinstance(value, (types.ModuleType, *_BY_ID)) or type(value).__module__ == "builtins":
-            return None
-        cls, name = type(value), steps[0][1]
-        d = getattr(value, "__dict__", None)
-        held = _instance_value(value, d, name)
-        if held is not _MISSING:  # an instance attribute: the argument tree or the chain to it
-            if len(steps) > 1 and _depth < 16:  # has it; what is read through it may not be
-                return _param_read(held, steps[1:], fn, _depth + 1)  # (a class's attribute)
-            return None
-    mro = cls.__mro__
-    at = next((k for k, c in enumerate(mro) if name in c.__dict__), None)
-    if at is None or not any(frames.user_class(c) for c in mro[:at + 1]):
-        return None
-    root, path = _root_of(cls)
-    return _resolve_calls(root, path + steps, fn)
-
-
-def _imported(name: str) -> tuple[tuple, tuple]:
-    """(root, steps) of the module an import inside the function binds: ``sys.modules[name]``
-    as it is at each call (a module replaced there is what the next ``import`` returns)."""
-    return ("module", "sys"), (("attr", "modules"), ("item", name))
-
-
 def _import_root(name: tuple, g: dict) -> tuple[tuple, tuple]:
     """(root, steps) of what ``import`` binds inside a function (``_chains`` in bytecode.py):
     the top package (``import a.b``) or the module itself (``from a.b import c``, ``import a.b
@@ -442,42 +329,3 @@ def _resolve_names(steps: tuple, g: dict) -> tuple:
     return tuple(out)
 
 
-def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
-    """Resolve ``call0`` / ``call1`` steps: ``globals()`` becomes its module's root,
-    ``d.get("k")`` and ``os.getenv("k")`` an item that may be absent; any other call ends the
-    chain at its callee."""
-    obj = _resolve_root(root, fn)
-    done: list = []
-    for step in steps:
-        if step[0] == "eager":
-            path = ".".join(str(s[-1]) for s in done if s[0] != "cell")
-            raise TridentError(f"the function reads {path or 'a global'} through {step[1]}: "
-                               "state that no guard can follow")
-        if step[0] == "contains":  # "k" in d: d's item k or its absence; in another
-            if obj is os.environ or type(obj) is dict:  # container: the container, whole
-                done.append(("get", step[1]))
-            break
-        if step[0] == "call1" and type(step[1]) is str and step[1] in sys.modules and (
-                obj is builtins.__import__ or obj is importlib.import_module):
-            # importlib.import_module("a.b") is a.b, __import__("a.b") is a
-            name = step[1] if obj is importlib.import_module else step[1].partition(".")[0]
-            (root, path), obj = _imported(name), sys.modules[name]
-            done = list(path)
-            continue
-        if step[0] in ("call0", "call1", "call2"):
-            if step[0] == "call0" and obj is builtins.globals and len(done) == 1:
-                return None  # globals() alone: its items are read by the chains after it
-            if step[0] != "call0" and done and done[-1] == ("attr", "get") and len(done) > 1:
-                done[-1] = ("get", step[1])
-                obj = _MISSING
-                continue
-            if step[0] != "call0" and obj is os.getenv:
-                return Read(("module", "os"), (("attr", "environ"), ("get", step[1])))
-            if step[0] == "call0" and _is_getter(obj):  # sys.getrecursionlimit()
-                done.append(("call",))
-                obj = obj()
-                continue
-            break
-        done.append(step)
-        obj = _step(obj, step) if obj is not _MISSING else _MISSING
-    return Read(root, tuple(done), True)

@@ -47,6 +47,15 @@ _IMPURE_BUILTINS = frozenset({"eval", "exec"})
 # so no id is reused meanwhile. The cheap test of a frame's module comes before the walk up its
 # callers.
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
+# Note [Calls of the same code]: the reads of a user function's parameters (``l.K``, ``self.K``
+# of a method that a base class defines) are read through the objects it was called with,
+# whose classes may differ from call to call (``gain(layers[0]) * gain(layers[1])``,
+# ``map(lambda l: l.K, layers)``, layers of two subclasses whose ``forward`` is their base's).
+# So each later call with other objects keeps its parameters too, and the chains of the code
+# are read through each set (``reads_of`` in reads.py); past ``_CALLS_BOUND`` sets the call
+# runs eagerly (a generator's resumption holds the objects of its call: none new).
+_CALLS_BOUND = 256
+_PLAIN_VALUES = (int, float, complex, bool, str, bytes, type(None))
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
@@ -80,6 +89,8 @@ class Recording:
     at the call; and the calls whose results no guard keeps."""
 
     codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
+    calls: dict = dataclasses.field(default_factory=dict)  # code -> {ids: {param: value}} of
+    # its later calls with other objects (Note [Calls of the same code])
     impure: list = dataclasses.field(default_factory=list)
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
     module_classes: dict = dataclasses.field(default_factory=dict)  # id -> the class of each
@@ -336,6 +347,8 @@ def record(fn):
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      frames.parameter_names(code) if n in local})
                 entry(frame, rec)  # raises (the frame unwinds) for a write outside
+            else:
+                _later_call(frame, code)
         elif kind & _LOGS:
             caller = frame.f_back  # (logging.info calls root.info: from its caller)
             while caller is not None and kind_of(caller) & _LOGS:
@@ -348,6 +361,21 @@ def record(fn):
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+
+    def _later_call(frame, code) -> None:
+        """Note [Calls of the same code]: the parameters of a later call of ``code`` whose
+        objects are not those of a call before."""
+        local = frame.f_locals
+        params = {n: local[n] for n in frames.parameter_names(code) if n in local}
+        objects = tuple(id(v) for v in params.values() if not isinstance(
+            v, (torch.Tensor, *_PLAIN_VALUES)))
+        if not objects or objects == tuple(
+                id(v) for v in rec.codes[code][1].values()
+                if not isinstance(v, (torch.Tensor, *_PLAIN_VALUES))):
+            return
+        held = rec.calls.setdefault(code, {})
+        if objects not in held and len(held) <= _CALLS_BOUND:
+            held[objects] = params
 
     def _storage_order(frame, method) -> None:
         """Note [Orders of an OrderedDict]: ``method``, bound to an OrderedDict, is dict's."""
