@@ -220,3 +220,56 @@ def test_library_warning_under_a_changed_filter():
             implicit_softmax(x)
         with pytest.raises(UserWarning, match="Implicit dimension"):
             jf(x)
+
+
+# ---- Note [Global side effects] (lower/global_state.py): torch's settings ---------------------
+
+def _flushes():
+    return torch.tensor([1e-40], dtype=torch.float32).mul_(1.0).item() == 0.0
+
+
+_SETTINGS = {  # a function that sets it; the setting's reader; its value to start from
+    "print options": (lambda x: (torch.set_printoptions(precision=2), x + 1)[1],
+                      lambda: str(torch.tensor([1.23456])),
+                      lambda: torch.set_printoptions(precision=4)),
+    "flush denormal": (lambda x: (torch.set_flush_denormal(True), x + 1)[1], _flushes,
+                       lambda: torch.set_flush_denormal(False)),
+    "warn always": (lambda x: (torch.set_warn_always(True), x + 1)[1],
+                    torch.is_warn_always_enabled, lambda: torch.set_warn_always(False)),
+    "float32 matmul precision": (
+        lambda x: (torch.set_float32_matmul_precision("medium"), x + 1)[1],
+        torch.get_float32_matmul_precision,
+        lambda: torch.set_float32_matmul_precision("highest")),
+    "mkldnn enabled": (lambda x: (torch.backends.mkldnn.set_flags(False), x + 1)[1],
+                       lambda: torch.backends.mkldnn.enabled,
+                       lambda: setattr(torch.backends.mkldnn, "enabled", True)),
+    "anomaly mode": (lambda x: (torch.autograd.set_detect_anomaly(True), x + 1)[1],
+                     torch.is_anomaly_enabled,
+                     lambda: torch.autograd.set_detect_anomaly(False)),
+}
+
+
+@pytest.mark.parametrize("case", list(_SETTINGS))
+def test_a_torch_setting_set_by_the_function_runs_eagerly(case):
+    """A torch setting that the function sets and leaves set: the trace set it once, no hit
+    did (print options, flush-denormal, warn-always: stale state after every hit), or it made
+    every call miss and compile again (matmul precision, guarded). The call runs eagerly with
+    one warning, the setting put back before it, so that eager sets it once; after each call
+    the setting is eager's."""
+    fn, read, reset = _SETTINGS[case]
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                reset()
+                want = fn(x)
+                after = read()
+                reset()
+                assert_same(jf(x), want)
+                assert read() == after
+        assert counts(jf) == (0, 0, 3), jf.stats
+        assert len(said(caught, "changes global torch state")) == 1, said(caught, "trident")
+    finally:
+        reset()
