@@ -66,8 +66,7 @@ _SETTINGS = {
         "float32_matmul_precision", "cudnn_enabled", "cudnn_benchmark", "cudnn_deterministic",
         "cudnn_allow_tf32", "cublas_allow_tf32", "mkldnn_enabled", "mkldnn_deterministic",
         "nnpack_enabled", "deterministic_fill_uninitialized_memory",
-        "cpu_allow_fp16_reduced_precision_reduction", "cublas_allow_fp16_accumulation",
-        "linalg_preferred_backend", "blas_preferred_backend")) if flag is not None},
+        "cpu_allow_fp16_reduced_precision_reduction")) if flag is not None},
 }
 
 

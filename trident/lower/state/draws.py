@@ -2,18 +2,20 @@
 
 Note [Draws of a trace]: the trace runs the function's Python code once, and what that code
 draws from a Python-level random generator it draws for real: Python's ``random`` module (its
-hidden ``Random`` instance) or a ``random.Random`` of the user's, numpy's global
-``RandomState`` (``np.random.rand()``: Cython methods, which no profile hook reports, so the
-recording never saw them, and every hit returned the trace's draw), a numpy ``Generator`` or
-``BitGenerator``. Such a call then runs eagerly (a draw is a result no guard keeps), and eager
-drew again from the state the trace had moved on: the first call's answer was eager's second
-draw. So the recording keeps the state of each generator the trace may draw from before the
-draw: numpy's global one at the start, a ``random.Random`` at the C call of its method (the
-profile hook runs before it), a generator that user code names (a global, a closure's cell, a
-parameter) as its frame starts. At the end, a generator whose state moved is put back as it
-was, and the trace is refused: the call runs eagerly and draws once, as eager does. Not seen:
-a numpy generator that only library code or an attribute reaches (``self.rng``), and whose
-draw is a result the trace keeps.
+hidden ``Random`` instance) or a ``random.Random`` of the user's, numpy's global ``RandomState``
+(``np.random.rand()``: Cython methods, which no profile hook reports, so the recording never saw
+them, and every hit returned the trace's draw), a numpy ``Generator`` or ``BitGenerator``. Such
+a call then runs eagerly (a draw is a result no guard keeps), and eager drew again from the
+state the trace had moved on: the first call's answer was eager's second draw. So the recording
+keeps the state of each generator the trace may draw from before the draw: numpy's global one at
+the start (``numpy.random`` imported then where numpy is: numpy imports it at its first use,
+which may be the trace's), a ``random.Random`` at the C call of its method (the profile hook
+runs before it; one of user code, or the ``random`` module's own: a library's own generator, as
+sympy's, is the library's), a generator that user code names (a global, a closure's cell, a
+parameter) as its frame starts. At the end, a generator whose state moved is put back as it was,
+and the trace is refused: the call runs eagerly and draws once, as eager does. Not seen: a
+generator that only library code or an attribute reaches (``self.rng``), whose draw is a result
+the trace keeps.
 """
 
 from __future__ import annotations

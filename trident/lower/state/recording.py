@@ -39,6 +39,7 @@ _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
                          "_current_exceptions", "getswitchinterval_", "_getframe",
                          "_getframemodulename"})
 _IMPURE_BUILTINS = frozenset({"eval", "exec"})
+_RANDOM = random._inst  # the random module's functions' generator (Note [Draws of a trace])
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
 # dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
@@ -321,7 +322,8 @@ def record(fn):
             owner = getattr(arg, "__self__", None)
             if type(owner) is collections.OrderedDict:
                 _storage_order(frame, arg)
-            elif isinstance(owner, random.Random) and under_fn(frame):
+            elif isinstance(owner, random.Random) and (kind & _USER or owner is _RANDOM) \
+                    and under_fn(frame):  # (a library's own, sympy's: not the function's)
                 draws.watch(owner)  # (before the draw: Note [Draws of a trace])
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
