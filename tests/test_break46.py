@@ -274,3 +274,43 @@ def test_a_torch_setting_set_by_the_function_runs_eagerly(case):
         assert len(said(caught, "changes global torch state")) == 1, said(caught, "trident")
     finally:
         reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", ["cudnn benchmark", "matmul precision"])
+def test_a_cuda_setting_set_by_the_function_runs_eagerly_on_cuda(case):
+    """Note [Global side effects] on CUDA tensors (the lead's GPU run): the setting is eager's
+    after each call, one warning, no replay that skips it; reading the settings warns
+    nothing at the other calls' traces (the tf32 flags' legacy getters are not read)."""
+    get, put, value, start = {
+        "cudnn benchmark": (torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark,
+                            True, False),
+        "matmul precision": (torch.get_float32_matmul_precision,
+                             torch.set_float32_matmul_precision, "high", "highest")}[case]
+
+    def fn(x):
+        put(value)
+        return x @ x
+
+    x = torch.randn(8, 8, device="cuda")
+    jf = trident.jit(fn)
+    plain = trident.jit(lambda x: x @ x + 1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                put(start)
+                want = fn(x)
+                put(start)
+                assert_same(jf(x), want)
+                assert get() == value
+                put(start)
+                assert_same(plain(x), x @ x + 1)
+        assert counts(jf) == (0, 0, 3), jf.stats
+        assert counts(plain) == (1, 2, 0), plain.stats
+        assert [str(w.message) for w in caught if "trident" in str(w.message)] == \
+            said(caught, "changes global torch state"), [str(w.message) for w in caught]
+        assert len(said(caught, "changes global torch state")) == 1
+    finally:
+        put(start)

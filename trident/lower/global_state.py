@@ -64,7 +64,8 @@ _SETTINGS = {
                      lambda v: torch.set_anomaly_enabled(*v)),
     **{name: flag for name, flag in ((n, _c_flag(n)) for n in (
         "float32_matmul_precision", "cudnn_enabled", "cudnn_benchmark", "cudnn_deterministic",
-        "cudnn_allow_tf32", "cublas_allow_tf32", "mkldnn_enabled", "mkldnn_deterministic",
+        "mkldnn_enabled", "mkldnn_deterministic",  # (not the tf32 flags' legacy getters, which
+        # may warn once the new fp32_precision settings are used)
         "nnpack_enabled", "deterministic_fill_uninitialized_memory",
         "cpu_allow_fp16_reduced_precision_reduction")) if flag is not None},
 }
