@@ -13,7 +13,12 @@ calls Python's own ``max`` and ``min`` instead, as the function did in eager bef
 the trace compares the sizes, which the ShapeEnv guards (``s35 - 4095 < 0``), and goes on with
 the size that eager's comparison picks; a call whose sizes pick the other one misses that guard
 and compiles its own specialization. ``trident.jit`` traces the function's own ``max``, so its
-traces guard the same way.
+traces guard the same way. ``torch.sym_max`` promotes: where either operand is a float, its
+answer is one (``torch.sym_max(n, 1.0)`` is ``3.0`` for ``n = 3``, where ``max`` answers the int
+``3``: a ``torch.full`` of it made an int64 tensor where eager made a float32 one), so a node
+whose operands are not all known to be ints (by their traced values) calls ``_promoted_max``
+or ``_promoted_min``, which answer as ``torch.sym_max`` does: ``float`` of the choice where an
+operand is a float; one whose operands are all ints calls ``max`` or ``min`` itself.
 
 The same holds for ``torch.sym_sum``, the n-ary sum Dynamo records for Python's ``sum`` of
 ints and for a size that is a sum of symbols (torch 2.13 rebuilds a ``sympy.Add`` as one: the
@@ -22,7 +27,8 @@ s60``): Torch-MLIR cannot import it either, so a Qwen2 with the default cache, p
 and a one-token prompt first through ``torch.compile(backend="trident")`` compiled its padded
 decode step once per cache length until the limit of 16 (``sweep_hf qwen2 50 default backend
 padded 0 1``: 21 compiles, 774 fallbacks in 15 generates). The graph adds with Python's ``+``
-instead, which the trace records as ``operator.add`` nodes; no choice, so no guard.
+instead (which promotes as ``torch.sym_sum`` does), recorded as ``operator.add`` nodes; no
+choice, so no guard.
 """
 
 from __future__ import annotations
@@ -46,6 +52,31 @@ def _python_sum(*args):
 _CHOICES = {torch.sym_max: max, torch.sym_min: min, torch.sym_sum: _python_sum}
 
 
+_FLOATS = (float, torch.SymFloat)
+
+
+def _promoted_max(a, b):  # Note [Size choices in graphs]: torch.sym_max's answer
+    choice = max(a, b)
+    return float(choice) if isinstance(a, _FLOATS) or isinstance(b, _FLOATS) else choice
+
+
+def _promoted_min(a, b):
+    choice = min(a, b)
+    return float(choice) if isinstance(a, _FLOATS) or isinstance(b, _FLOATS) else choice
+
+
+_PROMOTED = {torch.sym_max: _promoted_max, torch.sym_min: _promoted_min}
+
+
+def _int(operand) -> bool:
+    """Whether a node's operand (an FX node, by its traced value: Dynamo's ``example_value``
+    or ``val``; or a constant) is known to be an int."""
+    if isinstance(operand, fx.Node):
+        meta = operand.meta
+        operand = meta["val"] if "val" in meta else meta.get("example_value")
+    return isinstance(operand, (int, torch.SymInt))
+
+
 def python_choices(gm: fx.GraphModule) -> fx.GraphModule:
     """Note [Size choices in graphs]: ``gm`` with its ``torch.sym_max``, ``torch.sym_min`` and
     ``torch.sym_sum`` nodes calling Python's ``max``, ``min`` and ``+``; its code regenerated
@@ -53,7 +84,9 @@ def python_choices(gm: fx.GraphModule) -> fx.GraphModule:
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _CHOICES:
-            node.target = _CHOICES[node.target]
+            ints = not node.kwargs and all(_int(a) for a in node.args)
+            node.target = (_CHOICES if ints or node.target is torch.sym_sum else
+                           _PROMOTED)[node.target]
             changed = True
     if changed:
         gm.recompile()

@@ -29,6 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
 from trident.lower import decompositions, rng, tensor_attributes, trace_writes, values
+from trident.lower.global_state import _changed, _global_state, _restore_global_state
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
 from trident.errors import TridentError, environmental, transient
@@ -202,46 +203,6 @@ class _TritonLaunches:
         self._hook.__exit__(*exc)
 
 
-def _global_state() -> dict:
-    """Note [Global side effects]: process-wide torch state a function may set (the CPU random
-    generator's state, the CUDA generators' seeds once CUDA is initialized, the default dtype,
-    grad mode, threads, deterministic algorithms). A trace runs such a setter once (the trace is
-    not a call: random ops on fake tensors draw nothing), and the plan would not replay it, so a
-    function that changes any of these runs eagerly (the state is put back first, so that the
-    eager call makes the change itself, once), and so does one that calls torch while the
-    random generators are in another state than at its entry, though it puts them back before
-    it returns (``_SourceLines`` compares). ``torch.manual_seed``, ``torch.get_rng_state``,
-    ``torch.set_rng_state`` and their CUDA twins are steps of the plan instead and leave the
-    generators alone while tracing (Note [Random state steps] in rng.py); what remains here is
-    a generator's own methods (``torch.default_generator.manual_seed(0)``). Under jit the state
-    recording (``state.record``, per thread) says whether the function's own thread called such
-    a method: another thread's draws move the generators during a trace too, and are not the
-    function's."""
-    state = {"rng": torch.random.get_rng_state(), "dtype": torch.get_default_dtype(),
-             "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
-             "deterministic": torch.are_deterministic_algorithms_enabled()}
-    if torch.cuda.is_initialized():
-        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
-    return state
-
-
-def _restore_global_state(state: dict) -> None:
-    torch.random.set_rng_state(state["rng"])
-    torch.set_default_dtype(state["dtype"])
-    torch.set_grad_enabled(state["grad"])
-    torch.set_num_threads(state["threads"])
-    torch.use_deterministic_algorithms(state["deterministic"])
-    for i, cuda in enumerate(state.get("cuda", ())):
-        torch.cuda.set_rng_state(cuda, i)
-
-
-def _changed(before: dict, after: dict) -> list[str]:
-    return [k for k in before if not (torch.equal(before[k], after[k])
-                                      if isinstance(before[k], torch.Tensor) else
-                                      before[k] == after.get(k) if k != "cuda" else
-                                      all(map(torch.equal, before[k], after[k])))]
-
-
 # Note [Fake CUDA guard]: on a CUDA build of torch where no device is available (a CPU-only
 # host with the default Linux wheel), ``FakeTensorMode.__enter__`` installs a no-op CUDA device
 # guard (``torch._C._ensureCUDADeviceGuardSet``) that the calling thread owns (a
@@ -365,8 +326,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                 changed.append("rng")
             elif changed_rng():  # set and put back
                 mode.rng_set = True
-        if changed:  # Note [Global side effects]
-            _restore_global_state(state)
+        if changed:  # Note [Global side effects] (global_state.py)
+            _restore_global_state(state, changed)
             raise TridentError(f"{name} changes global torch state "
                                f"({', '.join(changed)}), which a compiled call would not replay")
         if mode.rng_set:  # Note [Global side effects]

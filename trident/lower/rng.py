@@ -33,7 +33,7 @@ MPS, XPU or MTIA device or a custom backend is present (whose generators ``torch
 seeds too). A specialization with these steps is installed from
 the cache only where the same holds (``installable``). A call of a ``torch.Generator``'s own
 methods (``torch.default_generator.manual_seed(0)``) runs for real in the trace; the trace sees
-the state change and the function runs eagerly (Note [Global side effects] in capture.py), and
+the state change and the function runs eagerly (Note [Global side effects] in global_state.py), and
 one that reads (``initial_seed()``) runs eagerly (``_impure_name`` in state/recording.py).
 """
 

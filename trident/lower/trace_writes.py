@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import contextvars
 import decimal
+import sys
+import types
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils import _pytree as pytree
 
+from trident import frames
 from trident.errors import TridentError
 
 _IN_PLACE_OPERATORS = frozenset({
@@ -102,7 +105,43 @@ def why(frame) -> str:
 # decided (any later code may read it); a lazily created default can, and only for the owner
 # that knows its default: no other variable is created so (torch's own are set and reset by
 # its config patches).
+#
+# The context is read, too: ``Decimal(1) / Decimal(3)`` rounds to its precision and rounding,
+# ``getcontext().prec`` is its field, ``localcontext()`` copies it (its traps and rounding).
+# No guard reads it (it is a thread's, behind a call), and no recording sees the reads (the
+# arithmetic is C slots; the constructor is a type's call): a trace baked the answer in, and
+# hits kept it after ``getcontext().prec = 3``. So a chain of user code that reads the decimal
+# module, one of its classes or functions or a value of its types (``reads_decimal``) makes
+# the call run eagerly.
 _MISSING = object()
+_DECIMAL_MODULES = frozenset({"decimal", "_decimal", "_pydecimal"})
+
+
+def reads_decimal(value, root: tuple, fn) -> bool:
+    """Note [The decimal context]: whether ``value``, read by a chain from ``root`` that is not
+    a library module's other than the jitted ``fn``'s (library code's loads are its own:
+    sympy's), is the decimal module, one of its classes or functions, or a ``Decimal`` or
+    ``Context``: decimal arithmetic that reads the thread's context."""
+    module = sys.modules.get(root[1]) if root[0] == "module" else None
+    if module is not None and root[1] != getattr(fn, "__module__", None) and \
+            frames.library_module(module):
+        return False
+    if isinstance(value, types.ModuleType):
+        return value.__name__ in _DECIMAL_MODULES
+    if isinstance(value, (decimal.Decimal, decimal.Context)):
+        return True
+    try:
+        module = getattr(value, "__module__", None) if isinstance(value, (
+            type, types.FunctionType, types.BuiltinFunctionType)) else None
+    except Exception:  # noqa: BLE001 (an object's own error: not decimal's)
+        return False
+    return module in _DECIMAL_MODULES
+
+
+def decimal_refusal(path: str) -> TridentError:
+    """Note [The decimal context]: why a chain that reads decimal (at ``path``) runs eagerly."""
+    return TridentError(f"the function reads {path}: decimal arithmetic reads this thread's "
+                        "decimal context, which no guard checks")
 
 
 def _decimal_var():

@@ -34,11 +34,16 @@ def reads_of(rec: Recording, fn) -> list[Read]:
             user function that writes outside its arguments (Note [Writes at entry], when
             user code caught the refusal), reads a tensor's Python type, or reads a closure
             variable whose cell cannot be found again."""
+    drawn = rec.put_back_draws()  # Note [Draws of a trace] (draws.py)
     if rec.impure:
         raise TridentError(f"the function calls {rec.impure[0]}(), whose result a "
                            "specialization would keep (Python's random state, a "
                            "torch.Generator's, the clock, the OS, a file, the interpreter's "
                            "frames, eval'd code, the trace's own state)")
+    if drawn:
+        raise TridentError(f"the function draws from a {drawn[0]}, whose result a "
+                           "specialization would keep (its state is put back: the call runs "
+                           "eagerly and draws once)")
     slot = orders.slot_loaded(rec, ordered_dicts=True)  # Note [Orders of an OrderedDict]
     if rec.storage_orders or slot:  # (recording.py)
         raise TridentError(f"the function reads an OrderedDict through "

@@ -13,6 +13,7 @@ import gc
 import io
 import logging
 import os
+import random
 import sys
 import types
 
@@ -20,6 +21,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
+from trident.lower.state.draws import Draws
 from trident.lower.state.library import handler_codes, interrupt_code, library_kind
 from trident.lower.state.library_writes import Watch
 from trident.lower.state.writes import EntryCheck
@@ -37,6 +39,7 @@ _IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
                          "_current_exceptions", "getswitchinterval_", "_getframe",
                          "_getframemodulename"})
 _IMPURE_BUILTINS = frozenset({"eval", "exec"})
+_RANDOM = random._inst  # the random module's functions' generator (Note [Draws of a trace])
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
 # dispatcher's Python), so its cost per event is a large part of a first compile. Returns are
@@ -107,11 +110,17 @@ class Recording:
     # each C call of its trace
     storage_orders: list = dataclasses.field(default_factory=list)  # Note [Orders of an
     # OrderedDict]: dict's own methods that read one in its dict's order
+    draws: object = None  # Note [Draws of a trace] (draws.py)
 
     @property
     def refused(self) -> str | None:
         """Why a user function the trace started writes outside (Note [Writes at entry])."""
         return self.entry.refused if self.entry is not None else None
+
+    def put_back_draws(self) -> list[str]:
+        """Note [Draws of a trace] (draws.py): put back each generator the trace drew from as
+        it was; their classes' names."""
+        return self.draws.finish() if self.draws is not None else []
 
     def changed_rng(self) -> bool:
         """Whether this thread's trace set a random generator's state (Note [Global side
@@ -196,8 +205,6 @@ def _impure_name(fn) -> str | None:
     owner = getattr(fn, "__self__", None)
     if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C:  # Note [Trace
         return f"torch._C.{fn.__name__}"  # state]
-    import random
-
     module = getattr(fn, "__module__", None) or type(owner).__module__
     if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):
@@ -244,6 +251,7 @@ def record(fn):
         yield rec
         return
     rec.entry = entry = EntryCheck(top)
+    rec.draws = draws = Draws()  # Note [Draws of a trace] (draws.py)
     watch = Watch(entry.refuse)  # Note [Library code that writes its state] (library_writes.py)
     previous = sys.getprofile()
     suspended = previous if previous is not None and not callable(previous) and \
@@ -322,8 +330,12 @@ def record(fn):
         elif event == "c_call":
             if rec.probe is not None:  # Note [Dict orders] (lower/orders.py)
                 rec.probe.called(arg)
-            if type(getattr(arg, "__self__", None)) is collections.OrderedDict:
+            owner = getattr(arg, "__self__", None)
+            if type(owner) is collections.OrderedDict:
                 _storage_order(frame, arg)
+            elif isinstance(owner, random.Random) and (kind & _USER or owner is _RANDOM) \
+                    and under_fn(frame):  # (a library's own, sympy's: not the function's)
+                draws.watch(owner)  # (before the draw: Note [Draws of a trace])
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
                     getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs
@@ -346,6 +358,7 @@ def record(fn):
                 local = frame.f_locals
                 rec.codes[code] = (frame.f_globals, {n: local[n] for n in
                                                      frames.parameter_names(code) if n in local})
+                draws.watch_frame(code, frame)  # Note [Draws of a trace]
                 entry(frame, rec)  # raises (the frame unwinds) for a write outside
             else:
                 _later_call(frame, code)
@@ -452,6 +465,7 @@ def record(fn):
     finally:
         sys.setprofile(previous)
         watch.close()
+        rec.put_back_draws()  # (a trace that failed: Note [Draws of a trace])
         for callback in (collector_starts, collector_ends):
             with contextlib.suppress(ValueError):  # (removed by another's code meanwhile)
                 gc.callbacks.remove(callback)

@@ -21,6 +21,7 @@ from trident.errors import TridentError, transient
 from trident.identity import PROCESS, hash_code, identity_words, object_serial
 from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
 from trident.lower.flatten import _Flattener
+from trident.lower.trace_writes import decimal_refusal, reads_decimal
 from trident.runtime import ABI
 from trident.lower.state.library import by_value
 from trident.lower.state.wholes import members, whole_member
@@ -214,6 +215,8 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
     for n, step in enumerate(read.steps):
         last = n == len(read.steps) - 1
         value = _step(parent_obj, step)
+        if reads_decimal(value, read.root, fn):  # Note [The decimal context]
+            raise decimal_refusal(_path_text(f.nodes[parent].path, step))
         if parent_obj is sys.modules and step[0] == "item" and \
                 isinstance(value, types.ModuleType):  # an import: the module held there now,
             key = key + (step,)  # read on as any module (a user module's state is chains)
