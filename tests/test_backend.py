@@ -167,7 +167,9 @@ def test_stats_and_explain_of_every_graph_of_a_compiled_function():
     with torch.no_grad():
         text = trident.backend_explain(g, x[:, :4]).splitlines()
     assert text[1].endswith("accepts these arguments")
-    assert text[2].startswith("graph 1 (of torch_dynamo_resume_in_forward_at_") and \
+    # Note [Graph origins]: a graph after the break is named by the module's class too
+    assert text[0].startswith(f"graph 0 (of Broken.forward ({__file__}:133)")
+    assert text[2].startswith(f"graph 1 (of Broken.forward ({__file__}:135)") and \
         text[2].endswith("after a graph break; its inputs are values of the frame at the "
                          "break, which explain() does not compute")
 

@@ -4,6 +4,7 @@ deleted and can take one function."""
 from __future__ import annotations
 
 import importlib
+import json
 import inspect
 import re
 import shutil
@@ -244,7 +245,10 @@ def test_list_names_the_guards_that_tell_alike_signatures_apart(trident_cache, c
     assert out[-1].endswith(" MiB of the bound of 1536.0 MiB (TRIDENT_CACHE_SIZE)")
 
 
-def test_backend_graph_names_the_compiled_function(trident_cache):
+def test_backend_graph_names_the_compiled_function(trident_cache, capsys):
+    """Note [Graph origins] in trident/frontend/entries.py: a graph is listed as the function
+    Dynamo compiled it from (its qualified name, module, file and ``def`` line), with the line
+    of the graph's first op."""
     def block(x):
         return torch.relu(x) * 2
 
@@ -252,17 +256,84 @@ def test_backend_graph_names_the_compiled_function(trident_cache):
     x = torch.randn(4)
     assert torch.equal(f(x), block(x))
     (row,) = trident.list_cache()
-    first_op = inspect.getsourcelines(block)[1] + 1
-    assert row["about"]["qualname"].endswith("forward")
-    assert row["about"]["graph_of"] == f"block ({__file__}:{first_op})"
+    line = inspect.getsourcelines(block)[1]
+    assert row["about"] == {
+        "qualname": block.__qualname__, "module": __name__, "file": __file__, "line": line,
+        "graph_of": f"{block.__qualname__} ({__file__}:{line + 1})", "graph_line": line + 1,
+        "key": row["about"]["key"]}
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"{__name__}.{block.__qualname__} ({__file__}:{line}, a torch.compile graph from line "
+        f"{line + 1}): 1 specialization, ")
+    assert trident.backend_explain(f, x).startswith(f"graph 0 (of {block.__qualname__} (")
 
 
-def test_clear_tells_graphs_of_two_processes_apart(trident_cache, subprocess_env, tmp_path,
-                                                   capsys):
-    """The new-user trial: graphs of the torch.compile doors made by two processes share FX's
-    name of their code (``<eval_with_key>.N``, a counter of each process), so ``clear`` by that
-    name deleted both models' entries. Each graph is its own function: the name lists both, each
-    with its folder, and deletes nothing; the folder deletes that one."""
+def test_list_names_the_model_each_graph_came_from(trident_cache, capsys):
+    """The new-user trial: graphs of the torch.compile doors were listed by FX's name of their
+    code (``<eval_with_key>.N``) and the first frame of Dynamo's stack trace (transformers'
+    deprecation wrapper), alike for every model. Note [Graph origins]: each is named by its
+    module's class and ``forward``, through ``torch.compile(model.forward)`` (door 2) and
+    through ``model.__call__``, which transformers' ``CompileConfig`` compiles (door 3,
+    ``get_compiled_call``); ``clear`` takes that name and deletes that model's graphs only."""
+    import transformers
+
+    models, rows = {}, {}
+    ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(0))
+    for family in ("Llama", "Qwen2"):
+        config = getattr(transformers, f"{family}Config")(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=96)
+        torch.manual_seed(0)
+        models[family] = model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+        with torch.no_grad():
+            eager = model(ids).logits
+            torch._dynamo.reset()
+            door2 = torch.compile(model.forward, backend="trident")(ids).logits
+            torch._dynamo.reset()
+            compiled = model.get_compiled_call(transformers.CompileConfig(backend="trident"))
+            door3 = compiled(ids).logits
+        assert torch.equal(door2, eager) and torch.equal(door3, eager), family
+        assert trident.backend_stats(model).fallbacks == 0
+        assert trident.backend_explain(model, ids).startswith(
+            f"graph 0 (of {family}ForCausalLM.forward (")
+        torch._dynamo.reset()
+    for row in trident.list_cache():  # both doors: one graph's code, one folder per model
+        rows.setdefault(row["about"]["qualname"], []).append(row)
+    assert sorted(rows) == ["LlamaForCausalLM.forward", "Qwen2ForCausalLM.forward"], rows
+    listed = []
+    for family, model in models.items():
+        forward = inspect.unwrap(type(model).forward)
+        (row,) = rows[f"{family}ForCausalLM.forward"]
+        about = row["about"]
+        assert (about["module"], about["file"], about["line"]) == (
+            type(model).__module__, inspect.getsourcefile(forward),
+            inspect.getsourcelines(forward)[1])
+        first = about["graph_line"]  # the line of forward that calls the decoder
+        assert about["graph_of"] == f"{family}ForCausalLM.forward ({about['file']}:{first})"
+        assert "self.model(" in inspect.getsource(forward).splitlines()[
+            first - about["line"]], about
+        listed.append(f"{type(model).__module__}.{family}ForCausalLM.forward ({about['file']}:"
+                      f"{about['line']}, a torch.compile graph from line {first}): 1 "
+                      "specialization, ")
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    heads = [l for l in out if not l.startswith(" ")][:2]
+    assert sorted(w for w in listed if any(h.startswith(w) for h in heads)) == sorted(listed)
+    assert cli.main(["clear", "LlamaForCausalLM.forward"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"deleted {rows['LlamaForCausalLM.forward'][0]['path']}"
+    assert [r["about"]["qualname"] for r in trident.list_cache()] == ["Qwen2ForCausalLM.forward"]
+    assert cli.main(["clear", "modeling_qwen2.py:Qwen2ForCausalLM.forward"]) == 0
+    assert trident.list_cache() == []
+
+
+def test_clear_takes_the_graphs_of_one_function_from_two_processes(
+        trident_cache, subprocess_env, tmp_path, capsys):
+    """Note [Graph origins]: graphs made by two processes from two versions of one function
+    (FX names both codes ``<eval_with_key>.0``, a counter of each process) are that
+    function's, as ``trident.jit``'s folders of a function's earlier code are: its name
+    deletes both; another function's graph keeps its own. A folder an older Trident made
+    (its origin FX's file name) is each its own: its name lists both, deletes nothing."""
     for body in ("x + 1", "x * 3"):
         script = tmp_path / "door2.py"
         script.write_text(textwrap.dedent(f'''
@@ -271,21 +342,33 @@ def test_clear_tells_graphs_of_two_processes_apart(trident_cache, subprocess_env
             def block(x):
                 return torch.relu({body})
 
+            def other(x):
+                return torch.sigmoid(x)
+
             x = torch.randn(4)
             assert torch.equal(torch.compile(block, backend="trident")(x), block(x))
+            assert torch.equal(torch.compile(other, backend="trident")(x), other(x))
         '''))
         run_python(subprocess_env, str(script))
     rows = trident.list_cache()
-    assert len(rows) == 2 and rows[0]["about"]["file"] == rows[1]["about"]["file"], rows
-    name = f"{rows[0]['about']['file']}:{rows[0]['about']['qualname']}"
-    assert cli.main(["clear", name]) == 2
-    listed = capsys.readouterr().out.splitlines()
-    assert listed[0].startswith(f"{name!r} names 2 functions") and \
-        sorted(line.rpartition(": ")[2] for line in listed[1:]) == \
-        sorted(Path(r["path"]).name for r in rows), listed
-    assert len(trident.list_cache()) == 2
-    assert cli.main(["clear", Path(rows[0]["path"]).name]) == 0
-    assert [r["path"] for r in trident.list_cache()] == [rows[1]["path"]]
+    assert sorted(r["about"]["qualname"] for r in rows) == ["block", "block", "other"], rows
+    assert {r["about"]["file"] for r in rows} == {str(script)}
+    assert cli.main(["clear", "door2.py:__main__.block"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3  # two deleted, the count
+    (kept,) = trident.list_cache()
+    assert kept["about"]["qualname"] == "other"
+    shutil.rmtree(kept["path"])
+    for n in range(2):  # as an older Trident recorded a graph
+        folder = trident_cache / "functions" / f"forward-{n:020d}"
+        folder.mkdir(parents=True)
+        (folder / "function.json").write_text(json.dumps({
+            "qualname": "forward", "module": None, "file": "<eval_with_key>.0", "line": 4,
+            "graph_of": f"block ({script}:5)"}))
+    assert cli.main(["clear", "<eval_with_key>.0:forward"]) == 2
+    assert capsys.readouterr().out.splitlines()[0].startswith(
+        "'<eval_with_key>.0:forward' names 2 functions")
+    assert cli.main(["clear", "forward-" + "0" * 20]) == 0
+    assert [Path(r["path"]).name for r in trident.list_cache()] == [f"forward-{1:020d}"]
 
 
 class ListedKnobs:
@@ -383,8 +466,6 @@ def test_a_key_part_of_an_object_of_this_process_only_says_so(trident_cache, mon
     """An object with nothing to hash but its identity (Note [Identity serials]) makes a new
     folder in every process: its part says so; a folder of an older Trident, without parts, is
     named as such."""
-    import json
-
     x = torch.randn(4)
     for _ in range(2):  # two objects of this process, as two processes would make
         monkeypatch.setattr(sys.modules[__name__], "LISTED_HELD", object())

@@ -17,6 +17,8 @@ def _origin(about: dict) -> str:
         return "(made by an older Trident: origin not recorded)"
     where = f"{about['file']}:{about['line']}" if about.get("file") else "source unknown"
     graph = f", graph of {about['graph_of']}" if about.get("graph_of") else ""
+    if about.get("graph_line"):  # Note [Graph origins] in trident/frontend/entries.py
+        graph = f", a torch.compile graph from line {about['graph_line']}"
     return f"{cache.full_name(about) or '?'} ({where}{graph})"
 
 

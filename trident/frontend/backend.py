@@ -203,7 +203,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     fn._gm = gm
 
-    from trident.frontend.entries import describe
+    from trident.frontend.entries import graph_origin
 
     fn._frame_code = code
     owner = tx.f_locals.get("self") if tx is not None and isinstance(tx.f_locals, dict) else None
@@ -227,7 +227,9 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
                                       if isinstance(n, torch.SymInt))
                       for name, fake in zip(params, fakes) if isinstance(fake, torch.Tensor)}
     fn._graph_dims = {name: dims for name, dims in fn._graph_dims.items() if dims}
-    fn._graph_of = describe(gm.forward).get("graph_of", "?")
+    gm.meta["trident_origin"] = origin = graph_origin(  # Note [Graph origins] in entries.py
+        gm, code, tx.f_locals if tx is not None else None, getattr(tx, "f_globals", None))
+    fn._graph_of = origin["graph_of"]
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
 

@@ -158,23 +158,74 @@ def describe(fn) -> dict:
     and ``line`` (of its ``def``: of the innermost function of its ``__wrapped__`` chain, so a
     Hugging Face model's ``forward`` under ``@can_return_tuple`` is the model file's, not the
     decorator's); for the ``forward`` of a graph that ``torch.compile`` handed to Trident's
-    backend, ``graph_of``: the user function and line of the graph's first op, read
-    from Dynamo's ``stack_trace`` node metadata (torch 2.13)."""
-    code = getattr(_unwrapped(fn), "__code__", None)
-    about = {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
-             "module": getattr(fn, "__module__", None),
-             "file": code.co_filename if code else None,
-             "line": code.co_firstlineno if code else None}
+    backend, those of the function the graph came from and ``graph_of`` (Note [Graph
+    origins]), which ``trident_backend`` put in the GraphModule's ``meta``."""
     owner = getattr(fn, "__self__", None)
-    torch = sys.modules.get("torch")  # (Note [Listing without torch]: imported by the caller)
-    if torch is not None and isinstance(owner, torch.fx.GraphModule):
-        for node in owner.graph.nodes:
-            frame = re.search(r'File "([^"]+)", line (\d+), in (\S+)',
-                              node.meta.get("stack_trace") or "")
-            if frame:
-                about["graph_of"] = f"{frame[3]} ({frame[1]}:{frame[2]})"
-                break
-    return about
+    origin = getattr(owner, "meta", None)
+    if isinstance(origin, dict) and isinstance(origin.get("trident_origin"), dict):
+        return dict(origin["trident_origin"])
+    code = getattr(_unwrapped(fn), "__code__", None)
+    return {"qualname": getattr(fn, "__qualname__", type(fn).__qualname__),
+            "module": getattr(fn, "__module__", None),
+            "file": code.co_filename if code else None,
+            "line": code.co_firstlineno if code else None}
+
+
+def graph_origin(gm, code, f_locals, f_globals) -> dict:
+    """Note [Graph origins]: a graph of the torch.compile doors is a function of its own, whose
+    code FX names ``<eval_with_key>.N`` (a counter of the process that made it, shared by
+    graphs of other models made by other processes), so ``python -m trident list`` names it
+    by the function Dynamo compiled it from: ``code``, the frame's code (a resume function's
+    after a graph break), whose ``f_locals`` and ``f_globals`` Dynamo keeps. A frame of a
+    module's ``forward`` (its ``__wrapped__`` chain included: transformers decorates
+    ``forward``, and the frame Dynamo sees is the decorator's ``wrapped_func(*args,
+    **kwargs)``, its module ``args[0]``), or of its ``__call__`` (which transformers'
+    ``CompileConfig`` compiles), is named by the module's class: ``qualname``
+    ``LlamaForCausalLM.forward``, ``module`` the class's, ``file`` and ``line`` the unwrapped
+    ``forward``'s ``def``. Any other frame is named by its own code; a resume function by the
+    function it resumes (Dynamo names it ``Broken.torch_dynamo_resume_in_forward_at_134``).
+    ``graph_of`` is the name with the file and line of the graph's first op in that function
+    (Dynamo's ``stack_trace`` node metadata: the outermost frame in the function's file;
+    ``graph_line`` that line), which ``explain`` heads a graph's block with and ``list`` shows
+    after the function. The key of the graph's folder is its code and nothing of this (Note
+    [Function key] in identity.py)."""
+    torch = sys.modules["torch"]
+    stack = next((n.meta["stack_trace"] for n in gm.graph.nodes
+                  if n.meta.get("stack_trace")), "")
+    frames = [(m[1], int(m[2])) for m in re.finditer(r'File "([^"]+)", line (\d+), in \S+',
+                                                       stack)]
+    locals_ = f_locals if isinstance(f_locals, dict) else {}
+    root = locals_.get("self")
+    if not isinstance(root, torch.nn.Module):
+        args = locals_.get("args")
+        root = args[0] if isinstance(args, tuple) and args else None
+    origin = None
+    if isinstance(root, torch.nn.Module) and code is not None:
+        chain, fn = [], type(root).forward
+        while fn is not None and len(chain) < 32:
+            inner = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            chain += [inner] if inner is not None else []
+            fn = getattr(fn, "__wrapped__", None)
+        calls = {getattr(torch.nn.Module, name).__code__  # (transformers' CompileConfig
+                 for name in ("_wrapped_call_impl", "_call_impl")}  # compiles __call__)
+        if chain and any(code is c or (code.co_filename == c.co_filename and
+                                       f"_resume_in_{c.co_name}_at_" in code.co_name)
+                         for c in [*chain, *calls]):
+            inner = chain[-1]
+            origin = {"qualname": f"{type(root).__qualname__}.{inner.co_name}",
+                      "module": type(root).__module__, "file": inner.co_filename,
+                      "line": inner.co_firstlineno}
+    if origin is None and code is not None:
+        origin = {"qualname": re.sub(r"torch_dynamo_resume_in_(\w+?)_at_\d+$", r"\1",
+                                     getattr(code, "co_qualname", code.co_name)),
+                  "module": (f_globals or {}).get("__name__"), "file": code.co_filename,
+                  "line": code.co_firstlineno}
+    if origin is None:  # called outside Dynamo: the graph's own forward
+        origin = describe(gm.forward)
+    first = next((line for file, line in frames if file == origin["file"]),
+                 frames[0][1] if frames else origin["line"])
+    return {**origin, "graph_of": f"{origin['qualname']} ({origin['file']}:{first})",
+            "graph_line": first}
 
 
 def _unwrapped(fn):
@@ -201,8 +252,9 @@ def clear(name: str | None = None) -> list[str]:
     function has it, or either after its file and a colon (``serve.py:f``, ``/srv/serve.py:
     __main__.f``: the file as ``list`` shows it, or its last parts), which tells apart two
     scripts' ``__main__.f``; entries of one function made by earlier versions of its code go
-    with it. A graph of the torch.compile doors is a function of its own (``_function_of``):
-    its folder name picks it alone. Returns the deleted folders.
+    with it. A graph of the torch.compile doors is named by the function it came from (Note
+    [Graph origins]: ``LlamaForCausalLM.forward`` picks the graphs of that model's
+    ``forward``); its folder name picks it alone. Returns the deleted folders.
 
     Raises:
         ValueError: ``name`` fits functions of several modules or files (its text lists them,
@@ -260,11 +312,13 @@ def _same_file(recorded: str | None, given: str) -> bool:
 
 def _function_of(row: dict) -> tuple:
     """What tells ``row``'s function from another of its name: its module and file. A graph of
-    the torch.compile doors is each its own: its file is FX's name of its code
-    (``<eval_with_key>.3``), a counter of the process that made it, which graphs of other
-    models made by other processes share."""
+    the torch.compile doors is its origin's (Note [Graph origins]): the graphs of one model's
+    ``forward`` (its prefill and decode step, each size's) are one function's; one whose
+    origin was not recorded (an older Trident's, named by FX's code file ``<eval_with_key>.N``,
+    a counter of the process that made it, which graphs of other models made by other
+    processes share) is each its own."""
     about = row["about"]
-    if about.get("graph_of"):
+    if about.get("graph_of") and str(about.get("file")).startswith("<"):
         return about.get("module"), about.get("file"), Path(row["path"]).name
     return about.get("module"), about.get("file")
 
