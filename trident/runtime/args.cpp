@@ -68,74 +68,44 @@ void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
   }
 }
 
-// Note [Direct tensor reads]: a decode hit reads every tensor leaf (a 16-layer Llama's step:
-// 198 tensors, 11 per layer), so what one costs is paid per layer. Each field is read as the
-// accessors the guards were written against read it (TensorImpl's inline accessors, under
-// the same policy tests), but once: the key set is loaded once and tested for every key
-// that leaves a tensor to Python in one mask (each of is_nested, is_conj, is_neg,
-// _is_zerotensor tests one key of it: the mask is their union, so the answer is theirs),
-// is_inference's two key tests are made on that word, and the instance dict is read at the
-// type's dict offset where the type has one of its own (a Tensor's and a Parameter's:
-// THPVariable's tp_dictoffset, no managed dict), else through _PyObject_GetDictPtr as before.
-// Anything unusual (a custom size, device or layout policy, an uninitialized dtype) is
-// decided by the accessor itself, so no record differs from the one the accessors made.
 void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   const at::Tensor& t = THPVariable_Unpack(obj);
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  constexpr c10::DispatchKeySet kOtherKeys =
-      c10::DispatchKeySet(c10::DispatchKey::NestedTensor) |
-      c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
-      c10::DispatchKeySet(c10::DispatchKey::Negative) |
-      c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  auto* impl = t.unsafeGetTensorImpl();
   // Nested, non-strided layouts, symbolic shapes, conjugate/negative views, ZeroTensors (no
   // memory: a null data pointer, which a graph replay would read) and wrapper tensors are left
   // to Python.
-  if (!t.defined()) {
-    a->kind = TRT_ARG_OTHER;
-    return;
-  }
-  const c10::DispatchKeySet keys = impl->key_set();
-  if (keys.has_any(kOtherKeys) || keys.has_all(c10::python_ks) ||
-      impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
-      (!impl->is_cpu() && !impl->is_cuda()) || !impl->has_storage() ||
+  if (!t.defined() || t.is_nested() || t.layout() != c10::kStrided ||
+      impl->has_symbolic_sizes_strides() ||
+      (!t.is_cpu() && !t.is_cuda()) ||
+      t.is_conj() || t.is_neg() || t._is_zerotensor() || impl->is_python_dispatch() ||
+      !t.has_storage() ||
       (forward_ad && (t._fw_grad(0).defined() || t._fw_grad(1).defined()))) {  // a dual tensor
     a->kind = TRT_ARG_OTHER;
     return;
   }
   // Note [Argument records] in trident_rt.h: c10's ScalarType and DeviceType are int8 and
   // DeviceIndex at most int16; a dim past int16 (none in practice) is left to Python
-  const int64_t dim = impl->dim();
-  if (dim > INT16_MAX) {
+  if (t.dim() > INT16_MAX) {
     a->kind = TRT_ARG_OTHER;
     return;
   }
-  const c10::Device device = impl->device();
-  const caffe2::TypeMeta dtype = impl->dtype();
-  const void* data = t.const_data_ptr();  // (data_impl reads the raw storage_offset_ field)
-  uint8_t flags = 0;
-  if (impl->requires_grad()) flags |= TRT_REQUIRES_GRAD;
-  if (!keys.has_any(c10::inplace_or_view_ks) && !keys.has_any(c10::autograd_dispatch_keyset))
-    flags |= TRT_INFERENCE;  // (TensorImpl::is_inference)
-  if ((reinterpret_cast<uintptr_t>(data) & 15) == 0) flags |= TRT_ALIGNED16;
+  a->kind = TRT_ARG_TENSOR;
+  a->dtype = static_cast<int8_t>(t.scalar_type());
+  a->device_type = static_cast<int8_t>(t.device().type());
+  a->device_index = t.device().index();
+  a->dim = static_cast<int16_t>(t.dim());
+  a->sizes = t.sizes().data();
+  a->strides = t.strides().data();
+  a->storage_offset = t.storage_offset();
+  a->data_ptr = const_cast<void*>(t.const_data_ptr());
+  a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
+  if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+  if (t.is_inference()) a->flags |= TRT_INFERENCE;
+  if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   // Note [Tensor types and attributes] (trident/ir/guards.py): THPVariable_CheckExact holds of
   // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is its `i`
-  PyTypeObject* type = Py_TYPE(obj);
-  if (type != reinterpret_cast<PyTypeObject*>(THPVariableClass)) flags |= TRT_PARAMETER;
-  PyObject** dict = type->tp_dictoffset > 0 && !(type->tp_flags & Py_TPFLAGS_MANAGED_DICT)
-                        ? reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) +
-                                                       type->tp_dictoffset)
-                        : _PyObject_GetDictPtr(obj);
-  a->kind = TRT_ARG_TENSOR;
-  a->flags = flags;
-  a->dtype = static_cast<int8_t>(dtype.toScalarType());
-  a->device_type = static_cast<int8_t>(device.type());
-  a->device_index = device.index();
-  a->dim = static_cast<int16_t>(dim);
-  a->sizes = impl->sizes().data();
-  a->strides = impl->strides().data();
-  a->storage_offset = impl->storage_offset();
-  a->data_ptr = const_cast<void*>(data);
-  a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) a->flags |= TRT_PARAMETER;
+  PyObject** dict = _PyObject_GetDictPtr(obj);
   a->i = dict && *dict && PyDict_Check(*dict) && PyDict_GET_SIZE(*dict) > 0;
 }
 
