@@ -10,6 +10,7 @@ cache gains no file."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -71,8 +72,16 @@ ARCH_DOORS = textwrap.dedent('''
 WARM = {"jit": 3, "backend": 3, "config": 2}
 
 
-@pytest.mark.parametrize("cache_kind", ["static", "default"])
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "gemma2", "gemma3", "qwen2sw"])
+# Each case costs minutes of CPU (two processes, three doors): CI runs a sliding-window model
+# with a static cache and the hybrid one with the default cache; TRIDENT_TEST_ALL_ARCHS=1 runs
+# all twelve (every one restarted warm at 7e96e68: docs/benchmarks.md, cold46).
+_CASES = [(a, c) for a in ("llama", "mistral", "qwen2", "gemma2", "gemma3", "qwen2sw")
+          for c in ("static", "default")]
+if os.environ.get("TRIDENT_TEST_ALL_ARCHS") != "1":
+    _CASES = [("gemma3", "static"), ("qwen2sw", "default")]
+
+
+@pytest.mark.parametrize("arch,cache_kind", _CASES)
 def test_every_architecture_restarts_warm_through_every_door(tmp_path, subprocess_env,
                                                              trident_cache, arch, cache_kind):
     script = tmp_path / "arch_doors.py"
