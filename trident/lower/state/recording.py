@@ -57,8 +57,7 @@ _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
 # So each later call with other objects keeps its parameters too, and the chains of the code
 # are read through each set (``reads_of`` in reads.py); past ``_CALLS_BOUND`` sets the call
 # runs eagerly (a generator's resumption holds the objects of its call: none new).
-_CALLS_BOUND = 256
-_PLAIN_VALUES = (int, float, complex, bool, str, bytes, type(None))
+_CALLS_BOUND, _PLAIN_VALUES = 256, (int, float, complex, bool, str, bytes, type(None))
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
@@ -92,8 +91,7 @@ class Recording:
     at the call; and the calls whose results no guard keeps."""
 
     codes: dict = dataclasses.field(default_factory=dict)  # code -> (globals, {param: value})
-    calls: dict = dataclasses.field(default_factory=dict)  # code -> {ids: {param: value}} of
-    # its later calls with other objects (Note [Calls of the same code])
+    calls: dict = dataclasses.field(default_factory=dict)  # Note [Calls of the same code]
     impure: list = dataclasses.field(default_factory=list)
     module_call: bool = False  # an nn.Module was called: torch's global hooks were read
     module_classes: dict = dataclasses.field(default_factory=dict)  # id -> the class of each
@@ -118,8 +116,7 @@ class Recording:
         return self.entry.refused if self.entry is not None else None
 
     def put_back_draws(self) -> list[str]:
-        """Note [Draws of a trace] (draws.py): put back each generator the trace drew from as
-        it was; their classes' names."""
+        """Note [Draws of a trace]: each generator the trace drew from put back; their names."""
         return self.draws.finish() if self.draws is not None else []
 
     def changed_rng(self) -> bool:
@@ -337,7 +334,7 @@ def record(fn):
                     and under_fn(frame):  # (a library's own, sympy's: not the function's)
                 draws.watch(owner)  # (before the draw: Note [Draws of a trace])
             if getattr(arg, "__name__", None) in _GENERATOR_SETTERS and isinstance(
-                    getattr(arg, "__self__", None), torch.Generator) and under_fn(frame):
+                    owner, torch.Generator) and under_fn(frame):
                 rec.generator_calls.append(arg.__name__)  # from any code the function runs
             if kind:
                 _c_call(frame, kind, arg)
