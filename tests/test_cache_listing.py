@@ -132,6 +132,25 @@ def test_clear_takes_the_module_when_a_name_is_in_several(trident_cache, capsys,
     assert cli.main(["clear", "f"]) == 0 and trident.list_cache() == []
 
 
+def test_clear_lists_each_function_once_with_its_earlier_code(trident_cache, capsys, tmp_path,
+                                                               monkeypatch):
+    """`clear f` where one `f` has entries of two versions of its code lists each function on
+    one line (the new-user trial saw one line per entry, the same name repeated)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # (the two versions' sizes differ: no stale .pyc when both are written within one second)
+    for name, bodies in (("modc", ("x + 1", "x + 30")), ("modd", ("x + 2",))):
+        for body in bodies:
+            (tmp_path / f"{name}.py").write_text(f"def f(x):\n    return {body}\n")
+            sys.modules.pop(name, None)
+            trident.jit(importlib.import_module(name).f)(torch.ones(2))
+    assert cli.main(["clear", "f"]) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        "'f' names 2 functions (3 cache entries: a function's earlier code has its own); pick "
+        "one by the name after its colon:",
+        f"  modc.f ({tmp_path / 'modc.py'}): modc.f", f"  modd.f ({tmp_path / 'modd.py'}): modd.f"]
+    assert len(trident.list_cache()) == 3
+
+
 def test_clear_tells_two_scripts_main_f_apart_by_file(trident_cache, capsys, tmp_path):
     """Two scripts' ``__main__.f`` (run as ``python a.py``): ``clear __main__.f`` names each
     with what picks it alone, its file's name before the colon (``a.py:__main__.f``), which

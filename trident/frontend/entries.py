@@ -263,14 +263,16 @@ def clear(name: str | None = None) -> list[str]:
     if name is not None:
         rows = _named(list_entries(), name)
         origins = {_function_of(r) for r in rows}
-        if len(origins) > 1:
+        if len(origins) > 1:  # one line per function, not per entry (its earlier code's)
+            firsts = {}
+            for r in sorted(rows, key=lambda r: (full_name(r["about"]),
+                                                 str(r["about"].get("file")))):
+                firsts.setdefault(_function_of(r), r)
             raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
                              "entries: a function's earlier code has its own); pick one by "
                              "the name after its colon:\n" + "\n".join(
                                  f"  {full_name(r['about'])} ({r['about'].get('file')}): "
-                                 f"{_selector(r, rows)}" for r in sorted(
-                                     rows, key=lambda r: (full_name(r["about"]),
-                                                          str(r["about"].get("file"))))))
+                                 f"{_selector(r, rows)}" for r in firsts.values()))
         doomed = [Path(r["path"]) for r in rows]
     else:
         functions, runtime = root / "functions", root / "runtime"
