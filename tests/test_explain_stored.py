@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import types
 import warnings
 
 import pytest
@@ -117,3 +118,20 @@ def test_two_functions_of_one_argument_structure_store_no_identical_files(triden
     trees = sorted((trident_cache / "functions").glob("*/trees/*.json.gz"))
     assert len(trees) == 2 and trees[0].name == trees[1].name  # one tree key
     assert trees[0].read_bytes() != trees[1].read_bytes()
+
+
+def test_a_new_processs_first_miss_of_another_structure_says_how_many_it_has(trident_cache):
+    # the new-user trial read "a new argument structure" as a fault where it expected "first
+    # call": the reason says that specializations exist and none has the call's structure
+    more = Box(4)
+    more.bias = torch.zeros(4)
+    first = trident.jit(scale)
+    first(torch.ones(4), Box(4))
+    first(torch.ones(4), more)
+    assert first.stats.compiles == 2
+    as_in_a_new_process()
+    again = trident.jit(scale)
+    other = types.SimpleNamespace(w=torch.ones(4))
+    assert torch.equal(again(torch.ones(4), other), scale(torch.ones(4), other))
+    assert again.stats.miss_reasons == [
+        "a new argument structure (none of its 2 specializations has it)"], again.stats

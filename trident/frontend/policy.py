@@ -427,7 +427,9 @@ class MissPolicy(DynamicDims):
                    if (why := self._why_not(spec, call) or "all guards hold"
                        if spec.tree in self._trees else
                        call.tree.int_difference(spec.tree_ints, spec.tree))]
-        return ("; ".join(reasons) or "a new argument structure") + stored
+        n = len(self._specs)  # (of an earlier process or door, whose trees this one lacks)
+        return ("; ".join(reasons) or f"a new argument structure (none of its {n} "
+                f"specialization{'s' * (n != 1)} has it)") + stored
 
     # Note [Miss counts]: a miss is a call the native hit path did not serve: no specialization
     # accepted it (it compiles, installs a stored one, or runs eagerly), or a step of the one
