@@ -56,7 +56,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from trident import config
-from trident.frontend.entries import describe, entry_size
+from trident.frontend.entries import describe, entry_size, parts_apart
 from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TreeWords
@@ -192,7 +192,7 @@ class FunctionCache:
         """Note [Key parts] in identity.py: each other folder of this function (its module, name
         and file), named with the parts of this folder's key that differ from its key (``label,
         here words``): why its entries do not serve this process (the ``cache`` log)."""
-        found = []
+        found, mine = [], self.about.get("key") or {}
         for other in sorted(self.directory.parent.glob(self.directory.name.rpartition("-")[0]
                                                        + "-*/function.json")):
             try:
@@ -200,12 +200,11 @@ class FunctionCache:
                 parts = about["key"]
             except (OSError, ValueError, KeyError, TypeError):  # an older Trident's, damaged
                 continue
-            mine = self.about.get("key") or {}
             if other.parent == self.directory or any(
                     about.get(k) != self.about.get(k) for k in ("module", "qualname", "file")):
                 continue
-            differ = [f"{label}, here {words}" for label, (words, digest) in mine.items()
-                      if (parts.get(label) or [None, None])[1] != digest]
+            differ = [f"{label}, here {words}"
+                      for label, words, _, _ in parts_apart(mine, [parts])]
             found.append(f"{other.parent.name} (differs in {'; '.join(differ) or 'no part'})")
         return found
 

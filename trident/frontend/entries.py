@@ -97,14 +97,25 @@ def _key_apart(rows: list[dict]) -> None:
                                                  for r in alike):
             row["key_apart"] = ["its key's parts are not recorded (an older Trident's folder)"]
             continue
-        for label, (words, digest) in mine.items():
-            other = [t for t in (r["about"]["key"].get(label) for r in alike)
-                     if t is None or t[1] != digest]
-            if other:
-                same_words = any(t is not None and t[0] == words for t in other)
-                row["key_apart"].append(f"{label}: {words}" + f" #{digest[:8]}" * same_words)
+        row["key_apart"] = [f"{label}: {words}" + f" #{digest[:8]}" * same_words
+                            for label, words, digest, same_words in parts_apart(
+                                mine, [r["about"]["key"] for r in alike])]
         row["key_apart"] += [f"{label}: absent" for label in sorted(
             {k for r in alike for k in r["about"]["key"]} - mine.keys())]
+
+
+def parts_apart(mine: dict, others: list[dict]) -> list[tuple[str, str, str, bool]]:
+    """Note [Key parts] in identity.py: the parts of the key ``mine`` (``label -> [words,
+    digest]``, as ``function.json`` keeps it) that a key of ``others`` lacks or holds with
+    another digest: ``(label, words, digest, same_words)``, ``same_words`` where such a part of
+    another key has the same words (then only the digest tells them apart)."""
+    apart = []
+    for label, (words, digest) in mine.items():
+        other = [t for t in (o.get(label) for o in others) if t is None or t[1] != digest]
+        if other:
+            apart.append((label, words, digest,
+                          any(t is not None and t[0] == words for t in other)))
+    return apart
 
 
 def _apart(signatures: list[str], stored: list) -> list[list[str]]:
