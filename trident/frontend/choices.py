@@ -65,7 +65,8 @@ def _promoted_min(a, b):
     return float(choice) if isinstance(a, _FLOATS) or isinstance(b, _FLOATS) else choice
 
 
-_PROMOTED = {torch.sym_max: _promoted_max, torch.sym_min: _promoted_min}
+_PROMOTED = {torch.sym_max: _promoted_max, torch.sym_min: _promoted_min,
+             torch.sym_sum: _python_sum}  # (Python's + promotes as torch.sym_sum does)
 
 
 def _int(operand) -> bool:
@@ -85,8 +86,7 @@ def python_choices(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _CHOICES:
             ints = not node.kwargs and all(_int(a) for a in node.args)
-            node.target = (_CHOICES if ints or node.target is torch.sym_sum else
-                           _PROMOTED)[node.target]
+            node.target = (_CHOICES if ints else _PROMOTED)[node.target]
             changed = True
     if changed:
         gm.recompile()
