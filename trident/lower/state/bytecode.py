@@ -424,7 +424,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                 kinds = f.static(k, 0)
                 kinds = kinds if isinstance(kinds, tuple) else (kinds,)
                 if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
-                       c not in _ANSWERED and not _no_instance_reads(c, params) for c in kinds):
+                       c not in _ANSWERED and not _no_traced_instance(c, params) for c in kinds):
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
@@ -447,7 +447,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 # them make ``torch.Tensor``s, and the code's parameters at the trace (``params``) hold no
 # ``C``. Such a read is no reason to run eagerly; any other stays one.
 
-def _no_instance_reads(c: type, params: dict) -> bool:
+def _no_traced_instance(c: type, params: dict) -> bool:
     """Note [Classes no traced tensor is]: whether ``isinstance(v, c)`` answers False on the
     trace's fake tensors and on the tensors of every call the specialization serves."""
     return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ is type.__instancecheck__
