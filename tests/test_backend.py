@@ -215,6 +215,45 @@ def test_backend_explain_takes_arguments_either_way_through_a_decorator():
         assert text[1].endswith("accepts these arguments") == accepts, text
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((4,), float(scale)), requires_grad=False)
+
+    @passes_through
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+
+class _Shifted(_Scaled):
+    @passes_through
+    def forward(self, x):
+        return torch.relu(x) + self.scale
+
+
+def test_graphs_of_decorated_forwards_are_each_their_models():
+    """CI at ``6e7676d``: transformers decorates every model's ``forward`` with one wrapper,
+    whose code Dynamo compiles for each; a frame without ``self`` (the module is the wrapper's
+    ``args[0]``) matched every model, so ``backend_explain(qwen, ...)`` named a Llama graph
+    that an earlier test kept alive. Each graph is its own module's (``frame_module``), while
+    the other model's graph still lives."""
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    models = {"_Scaled": _Scaled(2), "_Shifted": _Shifted(3)}
+    with torch.no_grad():
+        for m in models.values():
+            assert torch.equal(torch.compile(m.forward, backend="trident")(x), m(x))
+    for name, m in models.items():
+        (graph,) = trident.backend_graphs(m)
+        s = trident.backend_stats(m)
+        assert (s.misses, s.compiles, s.fallbacks) == (1, 1, 0), (name, s)
+        with torch.no_grad():
+            text = trident.backend_explain(m, x).splitlines()
+        assert len(text) == 2 and text[0].startswith(f"graph 0 (of {name}.forward ("), text
+        assert text[1].endswith("accepts these arguments"), text
+    torch._dynamo.reset()
+
+
 def test_stats_count_what_ran_before_a_dynamo_reset():
     """Note [Backend graphs]: ``torch._dynamo.reset()`` frees the graphs (docs/huggingface.md
     calls it between doors); their counters still count in ``backend_stats``, of the function

@@ -203,10 +203,10 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     fn._gm = gm
 
-    from trident.frontend.entries import graph_origin
+    from trident.frontend.entries import frame_module, graph_origin
 
     fn._frame_code = code
-    owner = tx.f_locals.get("self") if tx is not None and isinstance(tx.f_locals, dict) else None
+    owner = frame_module(tx.f_locals) if tx is not None else None  # self, or a wrapper's args[0]
     if tx is not None:
         try:
             _record_batch_dims(tx, gm, example_inputs)

@@ -182,6 +182,21 @@ def describe(fn) -> dict:
             "line": code.co_firstlineno if code else None}
 
 
+def frame_module(f_locals) -> object | None:
+    """The module a frame of Dynamo's runs a method of: its ``self``, or, in a decorator's
+    ``wrapped_func(*args, **kwargs)`` frame (transformers decorates ``forward``), ``args[0]``
+    where that is an ``nn.Module``; None for any other frame. The decorator's code is one code
+    object for every model it wraps, so this, not the code, tells their graphs apart."""
+    nn = sys.modules["torch"].nn
+    locals_ = f_locals if isinstance(f_locals, dict) else {}
+    root = locals_.get("self")
+    if root is None:
+        args = locals_.get("args")
+        root = args[0] if isinstance(args, tuple) and args else None
+        root = root if isinstance(root, nn.Module) else None
+    return root
+
+
 def graph_origin(gm, code, f_locals, f_globals) -> dict:
     """Note [Graph origins]: a graph of the torch.compile doors is a function of its own, whose
     code FX names ``<eval_with_key>.N`` (a counter of the process that made it, shared by
@@ -205,11 +220,7 @@ def graph_origin(gm, code, f_locals, f_globals) -> dict:
                   if n.meta.get("stack_trace")), "")
     frames = [(m[1], int(m[2])) for m in re.finditer(r'File "([^"]+)", line (\d+), in \S+',
                                                        stack)]
-    locals_ = f_locals if isinstance(f_locals, dict) else {}
-    root = locals_.get("self")
-    if not isinstance(root, torch.nn.Module):
-        args = locals_.get("args")
-        root = args[0] if isinstance(args, tuple) and args else None
+    root = frame_module(f_locals)
     origin = None
     if isinstance(root, torch.nn.Module) and code is not None:
         chain, fn = [], type(root).forward
