@@ -1,6 +1,7 @@
 """torch.compile(fn, backend="trident") on CPU graphs of ATen ops."""
 
 import dataclasses
+import functools
 import gc
 import types
 import warnings
@@ -168,8 +169,9 @@ def test_stats_and_explain_of_every_graph_of_a_compiled_function():
         text = trident.backend_explain(g, x[:, :4]).splitlines()
     assert text[1].endswith("accepts these arguments")
     # Note [Graph origins]: a graph after the break is named by the module's class too
-    assert text[0].startswith(f"graph 0 (of Broken.forward ({__file__}:133)")
-    assert text[2].startswith(f"graph 1 (of Broken.forward ({__file__}:135)") and \
+    line = Broken.forward.__code__.co_firstlineno  # the graphs' first ops: before, after the break
+    assert text[0].startswith(f"graph 0 (of Broken.forward ({__file__}:{line + 1})")
+    assert text[2].startswith(f"graph 1 (of Broken.forward ({__file__}:{line + 3})") and \
         text[2].endswith("after a graph break; its inputs are values of the frame at the "
                          "break, which explain() does not compute")
 
@@ -215,18 +217,27 @@ def test_backend_explain_takes_arguments_either_way_through_a_decorator():
         assert text[1].endswith("accepts these arguments") == accepts, text
 
 
+def _model_forward(fn):
+    """One wrapper code for both models below, as transformers' decorators of every model's
+    ``forward`` (``passes_through``'s code is other tests' too, whose freed graphs count)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
 class _Scaled(torch.nn.Module):
     def __init__(self, scale):
         super().__init__()
         self.scale = torch.nn.Parameter(torch.full((4,), float(scale)), requires_grad=False)
 
-    @passes_through
+    @_model_forward
     def forward(self, x):
         return torch.relu(x) * self.scale
 
 
 class _Shifted(_Scaled):
-    @passes_through
+    @_model_forward
     def forward(self, x):
         return torch.relu(x) + self.scale
 
@@ -236,11 +247,18 @@ def test_graphs_of_decorated_forwards_are_each_their_models():
     whose code Dynamo compiles for each; a frame without ``self`` (the module is the wrapper's
     ``args[0]``) matched every model, so ``backend_explain(qwen, ...)`` named a Llama graph
     that an earlier test kept alive. Each graph is its own module's (``frame_module``), while
-    the other model's graph still lives."""
+    the other model's graph still lives. Nor is the graph after a break in another class's
+    ``forward`` of this file theirs, once its module is freed (``compiled_from``: Dynamo's
+    name of a resume function, ``torch_dynamo_resume_in_forward_at_N``, is every
+    ``forward``'s; its line is one function's)."""
     torch._dynamo.reset()
     x = torch.randn(4)
     models = {"_Scaled": _Scaled(2), "_Shifted": _Shifted(3)}
     with torch.no_grad():
+        broken = Broken()
+        torch.compile(broken, backend="trident")(x)
+        del broken
+        gc.collect()
         for m in models.values():
             assert torch.equal(torch.compile(m.forward, backend="trident")(x), m(x))
     for name, m in models.items():

@@ -95,6 +95,7 @@ import torch.fx as fx
 from trident import config
 from trident.errors import TridentError
 from trident.frontend.choices import python_choices
+from trident.frontend.entries import compiled_from, frame_module, graph_origin
 from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
@@ -202,8 +203,6 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._constant_self = True
     fn._setup(gm.forward, options.get("max_specializations"), True, None, None)
     fn._gm = gm
-
-    from trident.frontend.entries import frame_module, graph_origin
 
     fn._frame_code = code
     owner = frame_module(tx.f_locals) if tx is not None else None  # self, or a wrapper's args[0]
@@ -394,9 +393,7 @@ def _of(graph, frames: list, owner) -> bool:
     """``graph`` was compiled from one of ``frames`` (or a resume function Dynamo made of one
     after a graph break), bound to ``owner`` where both have a ``self``."""
     frame = graph._frame_code
-    if frame is None or not any(frame is c or (
-            frame.co_filename == c.co_filename and f"_resume_in_{c.co_name}_at_" in
-            frame.co_name) for c, _ in frames):
+    if frame is None or not any(compiled_from(frame, c) for c, _ in frames):
         return False
     bound = graph._frame_self() if graph._frame_self is not None else None
     return owner is None or bound is None or bound is owner

@@ -182,6 +182,19 @@ def describe(fn) -> dict:
             "line": code.co_firstlineno if code else None}
 
 
+def compiled_from(frame, code) -> bool:
+    """Dynamo compiled ``frame`` from ``code``: it is ``code``, or a resume function Dynamo
+    made of it after a graph break, named ``torch_dynamo_resume_in_{name}_at_{line}`` (torch
+    2.11-2.13) with the break's line inside ``code``: a name alone is every ``forward``'s of
+    the file."""
+    if frame is code:
+        return True
+    found = re.search(rf"_resume_in_{re.escape(code.co_name)}_at_(\d+)$", frame.co_name)
+    lines = [line for *_, line in code.co_lines() if line is not None]
+    return bool(found and frame.co_filename == code.co_filename and lines and
+                min(lines) <= int(found[1]) <= max(lines))
+
+
 def frame_module(f_locals) -> object | None:
     """The module a frame of Dynamo's runs a method of: its ``self``, or, in a decorator's
     ``wrapped_func(*args, **kwargs)`` frame (transformers decorates ``forward``), ``args[0]``
@@ -230,9 +243,7 @@ def graph_origin(gm, code, f_locals, f_globals) -> dict:
             fn = getattr(fn, "__wrapped__", None)
         calls = {getattr(torch.nn.Module, name).__code__  # (transformers' CompileConfig
                  for name in ("_wrapped_call_impl", "_call_impl")}  # compiles __call__)
-        if chain and any(code is c or (code.co_filename == c.co_filename and
-                                       f"_resume_in_{c.co_name}_at_" in code.co_name)
-                         for c in [*chain, *calls]):
+        if chain and any(compiled_from(code, c) for c in [*chain, *calls]):
             inner = chain[-1]
             origin = {"qualname": f"{type(root).__qualname__}.{inner.co_name}",
                       "module": type(root).__module__, "file": inner.co_filename,
