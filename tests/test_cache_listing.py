@@ -122,8 +122,7 @@ def test_clear_takes_the_module_when_a_name_is_in_several(trident_cache, capsys,
     assert cli.main(["clear", "f"]) == 2
     out = capsys.readouterr().out
     assert out.splitlines() == [
-        "'f' names 2 functions (2 cache entries: a function's earlier code has its own); pick "
-        "one by the name after its colon:",
+        "'f' names 2 functions; pick one by the name after its colon:",
         f"  moda.f ({tmp_path / 'moda.py'}): moda.f", f"  modb.f ({tmp_path / 'modb.py'}): modb.f"]
     assert len(trident.list_cache()) == 2
     assert cli.main(["clear", "moda.f"]) == 0
@@ -261,7 +260,7 @@ def test_list_names_the_guards_that_tell_alike_signatures_apart(trident_cache, c
     assert out[1:3] == [
         f"  0: listed_h(x: float32[4] cpu) [torch.get_num_threads() == {threads}]",
         f"  1: listed_h(x: float32[4] cpu) [torch.get_num_threads() == {threads + 1}]"]
-    assert out[-1].endswith(" MiB of the bound of 1536.0 MiB (TRIDENT_CACHE_SIZE)")
+    assert out[-1].endswith(" KiB of the bound of 1536.0 MiB (TRIDENT_CACHE_SIZE)")
 
 
 def test_backend_graph_names_the_compiled_function(trident_cache, capsys):

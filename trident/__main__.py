@@ -57,7 +57,7 @@ def _main(argv: list[str] | None) -> int:
             used = "unknown" if row["last_use"] is None else \
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["last_use"]))
             print(f"{_origin(row['about'])}: {n} specialization{'s' * (n != 1)}, "
-                  f"{row['bytes'] / 1024:.1f} KiB, last used {used}")
+                  f"{_size(row['bytes'])}, last used {used}")
             for i, (signature, apart) in enumerate(zip(row["signatures"], row["apart"])):
                 if not args.full:
                     signature = textwrap.shorten(signature, 160, placeholder=" ...")
@@ -67,7 +67,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"  in {row['path']}")
         if rows:
             total = sum(row["bytes"] for row in rows)
-            print(f"{len(rows)} entr{'ies' if len(rows) != 1 else 'y'}, {total / 2**20:.1f} MiB "
+            print(f"{len(rows)} entr{'ies' if len(rows) != 1 else 'y'}, {_size(total)} "
                   f"of the bound of {config.cache_size() / 2**20:.1f} MiB (TRIDENT_CACHE_SIZE)")
         else:
             print(f"no cached functions in {config.cache_dir()}")
@@ -85,6 +85,11 @@ def _main(argv: list[str] | None) -> int:
         print(f"cleared {len(deleted)} entr{'ies' if len(deleted) != 1 else 'y'} in "
               f"{config.cache_dir()}")
     return 0
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in KiB below one MiB, else in MiB: a listing's entries and total."""
+    return f"{n / 1024:.1f} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB"
 
 
 if __name__ == "__main__":

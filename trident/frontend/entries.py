@@ -301,8 +301,9 @@ def clear(name: str | None = None) -> list[str]:
             for r in sorted(rows, key=lambda r: (full_name(r["about"]),
                                                  str(r["about"].get("file")))):
                 firsts.setdefault(_function_of(r), r)
-            raise ValueError(f"{name!r} names {len(origins)} functions ({len(rows)} cache "
-                             "entries: a function's earlier code has its own); pick one by "
+            earlier = f" ({len(rows)} cache entries: a function's earlier code has its own)" \
+                if len(rows) > len(origins) else ""
+            raise ValueError(f"{name!r} names {len(origins)} functions{earlier}; pick one by "
                              "the name after its colon:\n" + "\n".join(
                                  f"  {full_name(r['about'])} ({r['about'].get('file')}): "
                                  f"{_selector(r, rows)}" for r in firsts.values()))
