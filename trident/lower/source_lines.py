@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, rng, tensor_attributes, trace_writes
+from trident.lower import collectives, conversions, rng, tensor_attributes, trace_writes
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -261,6 +261,12 @@ class _SourceLines(TorchFunctionMode):
                                            f"which {why}")
             if trace_writes.written_outside(func, args, kwargs):  # (Note [Tensors written
                 self.refuse(trace_writes.why(_user_frame()))  # outside] there)
+            what = conversions.converted(args, kwargs)  # Note [Conversions inside ops]
+            if what is not None:
+                frame = _user_frame()
+                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                self.refuse(f"torch calls {what} inside {getattr(func, '__name__', func)}"
+                            f"{where}, where its reads are not recorded")
             if func in _AS_TEXT:  # Note [Tensors as text]
                 frame = _user_frame()
                 where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""

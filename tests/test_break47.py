@@ -1,0 +1,90 @@
+"""An adversarial pass over Python state that changes between calls and odd inputs (CPU
+machine, session 47): each fault found is a test of its whole kind, against eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+from _trident_helpers import assert_same, counts, said
+
+
+# ---- Note [Conversions inside ops] (lower/conversions.py) -------------------------------------
+
+class Index:
+    """An index whose value is a class attribute, read by its ``__index__``."""
+    v = 1
+
+    def __index__(self):
+        return Index.v
+
+
+class Pair:
+    """A sequence whose items are a class attribute, read by ``__len__`` and ``__getitem__``."""
+    v = (3, 2)
+
+    def __len__(self):
+        return len(Pair.v)
+
+    def __getitem__(self, i):
+        return Pair.v[i]
+
+
+_CONVERTED = {  # a function of (x, o); o; the change of o's class attribute
+    "x[o]": (lambda x, o: x[o], Index, 0),  # stale before: Tensor.__getitem__ converts
+    "x[o, 0]": (lambda x, o: x[o, 0], Index, 0),  # (stale before)
+    "F.pad(x, (o, o))": (lambda x, o: F.pad(x, (o, o)), Index, 0),  # (stale before)
+    "x[:o]": (lambda x, o: x[:o], Index, 0),
+    "x.flip(o)": (lambda x, o: x.flip(o), Index, 0),  # (converted as torch parses: guarded)
+    "torch.zeros(o)": (lambda x, o: torch.zeros(o) + x.sum(), Index, 3),
+    "x.repeat(o, 1)": (lambda x, o: x.repeat(o, 1), Index, 2),
+    "x[s]": (lambda x, o: x.flatten()[o], Pair, (1, 0)),
+    "torch.tensor(s)": (lambda x, o: torch.tensor(o) + x.sum(), Pair, (5, 6)),
+}
+
+
+@pytest.mark.parametrize("case", list(_CONVERTED))
+def test_user_conversions_inside_ops_run_eagerly(case):
+    """Note [Conversions inside ops]: torch converts an op's argument with its class's
+    ``__index__`` (a sequence's ``__len__`` and ``__getitem__``) from C inside the op, where the recording
+    does not watch: a hit returned the trace's ``x[1]`` after ``Index.v = 0``. A call that
+    passes an object whose protocol method is user code to a torch op runs eagerly, with one
+    warning; each call equals eager, before and after the change."""
+    fn, cls, changed = _CONVERTED[case]
+    first = cls.v
+    x = torch.arange(6.).reshape(2, 3)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for value in (first, changed):
+                cls.v = value
+                for _ in range(2):
+                    assert_same(jf(x, cls()), fn(x, cls()))
+    finally:
+        cls.v = first
+    assert counts(jf) == (0, 0, 4), jf.stats
+    assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+    assert said(caught, f"{cls.__name__}.__"), said(caught, "trident")
+
+
+def test_library_conversions_are_served():
+    """An ``IntEnum`` member, a numpy-free int subclass of the standard library, converts with
+    int's own C slots: no user code, still served."""
+    import enum
+
+    class Axis(enum.IntEnum):
+        ROWS = 0
+
+    def f(x, o):
+        return x[o] * 2
+
+    x = torch.arange(6.).reshape(2, 3)
+    jf = trident.jit(f)
+    for _ in range(3):
+        assert_same(jf(x, Axis.ROWS), f(x, Axis.ROWS))
+    assert counts(jf) == (1, 2, 0), jf.stats
