@@ -88,3 +88,108 @@ def test_library_conversions_are_served():
     for _ in range(3):
         assert_same(jf(x, Axis.ROWS), f(x, Axis.ROWS))
     assert counts(jf) == (1, 2, 0), jf.stats
+
+
+# ---- Note [Inference mode inside] (lower/source_lines.py) -------------------------------------
+
+def inference_block(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y
+
+
+def normal_block(x):  # called under inference mode
+    with torch.inference_mode(False):
+        y = x * 2
+    return y
+
+
+@torch.inference_mode()
+def _decorated(x):
+    return x + 1
+
+
+def decorated_helper(x):
+    return _decorated(x)
+
+
+def both_kinds(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y, x + 1
+
+
+@pytest.mark.parametrize("fn, outer", [(inference_block, False), (normal_block, True),
+                                       (decorated_helper, False), (both_kinds, False)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_inference_mode_switched_inside_runs_eagerly(fn, outer):
+    """Note [Inference mode inside]: eager's tensors made inside ``torch.inference_mode()``
+    are inference tensors (an in-place update outside the mode raises); a hit ran under the
+    call's mode and returned plain tensors (and inference tensors for ``inference_mode(False)``
+    inside a call under the mode). Each result equals eager's, its kind included, and an
+    in-place update of it behaves as eager's; one warning."""
+    jf = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with torch.inference_mode(outer):
+                x = torch.ones(3)
+                want, got = fn(x), jf(x)
+            want = want if isinstance(want, tuple) else (want,)
+            got = got if isinstance(got, tuple) else (got,)
+            for a, b in zip(got, want):
+                assert_same(a, b)
+                assert a.is_inference() == b.is_inference()
+                failed = []
+                for t in (a, b):
+                    try:
+                        t.add_(1)
+                    except RuntimeError as e:
+                        failed.append(str(e))
+                assert len(failed) in (0, 2), failed
+    assert counts(jf) == (0, 0, 3), jf.stats
+    assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+    assert said(caught, "inference mode"), said(caught, "trident")
+
+
+def test_inference_mode_outside_is_served():
+    """The call's own inference mode is guarded, not refused: a function called under
+    ``torch.inference_mode()`` that does not switch it is served, its results inference
+    tensors as eager's."""
+    def f(x):
+        return x * 2
+
+    jf = trident.jit(f)
+    with torch.inference_mode():
+        for _ in range(3):
+            x = torch.ones(3)
+            got, want = jf(x), f(x)
+            assert_same(got, want)
+            assert got.is_inference() and want.is_inference()
+    assert counts(jf) == (1, 2, 0), jf.stats
+
+
+# ---- a coroutine function (capture.py) --------------------------------------------------------
+
+async def doubled(x):
+    return x * 2
+
+
+def test_coroutine_function_runs_eagerly_without_a_stray_warning():
+    """An ``async def`` returns a coroutine; the trace's own coroutine was dropped unawaited,
+    and its collection warned "coroutine 'doubled' was never awaited" (a RuntimeWarning eager
+    does not give). Each call returns eager's coroutine, which awaits to eager's result; one
+    warning, Trident's."""
+    import asyncio
+    import gc
+
+    x = torch.ones(3)
+    jf = trident.jit(doubled)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert_same(asyncio.run(jf(x)), asyncio.run(doubled(x)))
+        gc.collect()
+    assert counts(jf) == (0, 0, 3), jf.stats
+    assert not said(caught, "never awaited"), said(caught, "never awaited")
+    assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
