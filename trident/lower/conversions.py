@@ -23,7 +23,8 @@ from trident import frames
 _PROTOCOLS = ("__index__", "__int__", "__float__", "__complex__", "__bool__", "__len__",
               "__iter__", "__getitem__", "__array__")
 _PLAIN = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device,
-                    torch.layout, torch.memory_format})
+                    torch.layout, torch.memory_format, torch.SymInt, torch.SymFloat,
+                    torch.SymBool})  # (a dynamic trace's sizes: torch's, asked of at each op)
 
 
 def converted(args: tuple, kwargs: dict) -> str | None:
