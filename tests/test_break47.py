@@ -193,3 +193,95 @@ def test_coroutine_function_runs_eagerly_without_a_stray_warning():
     assert counts(jf) == (0, 0, 3), jf.stats
     assert not said(caught, "never awaited"), said(caught, "never awaited")
     assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+
+
+# ---- Note [Reads through super] (lower/state/supers.py) ---------------------------------------
+
+class Base:
+    k = 1.0
+
+    def scale(self, x):
+        return x * 2
+
+
+class Middle(Base):
+    pass
+
+
+class Derived(Middle):
+    k = 3.0
+
+    def zero_argument(self, x):
+        return x * super().k
+
+    def two_arguments(self, x):
+        return x * super(Derived, self).k
+
+    def kept(self, x):
+        s = super()
+        return x * s.k
+
+    def method(self, x):  # served: the method's code is recorded
+        return super().scale(x)
+
+
+def _rebind(cls, name, value):
+    return lambda: setattr(cls, name, value)
+
+
+_SUPER_READS = {  # a method of Derived; the changes made between calls (each undone after)
+    "super().k, the base's changed": ("zero_argument", [(Base, "k", 7.0)]),
+    "super().k, a class between gains k": ("zero_argument", [(Middle, "k", 5.0)]),
+    "super(Derived, self).k": ("two_arguments", [(Base, "k", 11.0)]),
+    "s = super(); s.k": ("kept", [(Base, "k", 13.0)]),
+}
+
+
+@pytest.mark.parametrize("case", list(_SUPER_READS))
+def test_reads_through_super_run_eagerly(case):
+    """Note [Reads through super]: ``super().k`` is looked up on an object a call made, which
+    no chain names: a hit kept the trace's ``Base.k`` after ``Base.k = 7.0``, or after
+    ``Middle`` (between them in the MRO) gained its own ``k``. Such a function runs eagerly,
+    with one warning; each call equals eager."""
+    name, changes = _SUPER_READS[case]
+    obj = Derived()
+    fn = getattr(obj, name)
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    saved = [(cls, attr, cls.__dict__.get(attr)) for cls, attr, _ in changes]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert_same(jf(x), fn(x))
+            for cls, attr, value in changes:
+                setattr(cls, attr, value)
+                for _ in range(2):
+                    assert_same(jf(x), fn(x))
+    finally:
+        for cls, attr, value in saved:
+            if value is None:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, value)
+    assert counts(jf) == (0, 0, 2 + 2 * len(changes)), jf.stats
+    assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+    assert said(caught, "super()"), said(caught, "trident")
+
+
+def test_methods_called_through_super_are_served():
+    """``super().scale(x)`` calls a method, whose code the trace records: served, and a new
+    ``Base.scale`` compiles again."""
+    obj = Derived()
+    x = torch.ones(3)
+    jf = trident.jit(obj.method)
+    saved = Base.scale
+    try:
+        for _ in range(2):
+            assert_same(jf(x), obj.method(x))
+        Base.scale = lambda self, x: x * 9
+        for _ in range(2):
+            assert_same(jf(x), obj.method(x))
+    finally:
+        Base.scale = saved
+    assert counts(jf) == (2, 2, 0), jf.stats
