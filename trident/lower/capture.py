@@ -17,6 +17,7 @@ import dataclasses
 import sys
 import threading
 import traceback
+import types
 from typing import Any, Callable
 
 import torch
@@ -262,6 +263,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
         reads.bind(flat_args)
         mode.rng = rng.generator_states() if changed_rng is None else None
         holder["fakes"] = tensor_attributes.watch(mode, flat_args, args)
+        mode.inference = torch.is_inference_mode_enabled()  # Note [Inference mode inside]
         mode.in_user_code = True
         if hook is not None:  # Note [Unrecorded ops]: the function's own run is recorded
             sys.setprofile(hook)
@@ -271,6 +273,10 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             mode.in_user_code = False
             if hook is not None:
                 pause()
+        if isinstance(result, types.CoroutineType):  # (dropped unawaited, it would warn
+            result.close()  # "never awaited", which eager's call does not)
+            raise TridentError(f"{name} returns a coroutine (an async def): its body runs "
+                               "when awaited, after the call")
         recipe = None
         if outputs is not None:
             leaves, recipe = outputs(result)

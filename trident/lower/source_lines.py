@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, rng, tensor_attributes, trace_writes
+from trident.lower import collectives, conversions, rng, tensor_attributes, trace_writes
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -180,6 +180,14 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
 # hook would have kept is lost, none of its answers changes (no guard is lost and none goes
 # stale), and the function's own code between its ops (where its reads are) is watched as
 # before.
+# Note [Inference mode inside]: a tensor made under ``torch.inference_mode()`` is an inference
+# tensor (eager then refuses an in-place update of it outside the mode, and autograd's use);
+# one made outside is not. A hit runs its ops under the call's mode, which the guards check, so
+# a function that switches the mode around its own torch calls (``with
+# torch.inference_mode():``, ``inference_mode(False)`` in a call under it, a decorated
+# helper) returned tensors of the other kind. The trace refuses such a call (the mode at each
+# of the function's torch calls against the call's): it runs eagerly, with one warning
+# (``tests/test_break47.py``).
 class _SourceLines(TorchFunctionMode):
     """Tags every node created inside a torch call with the user's line that made the call.
 
@@ -204,6 +212,7 @@ class _SourceLines(TorchFunctionMode):
         self.leaves: frozenset = frozenset()  # (ditto) ids of the arguments' fakes, and
         self.looked_up: set = set()  # those an attribute was looked up on
         self.refused: str | None = None  # Note [Python attributes of tensors]
+        self.inference = False  # the call's inference mode (Note [Inference mode inside])
 
     def refuse(self, why: str | None = None):
         """Raises TridentError (at any sizes: policy.py) for ``why`` or the reason kept
@@ -261,6 +270,17 @@ class _SourceLines(TorchFunctionMode):
                                            f"which {why}")
             if trace_writes.written_outside(func, args, kwargs):  # (Note [Tensors written
                 self.refuse(trace_writes.why(_user_frame()))  # outside] there)
+            # Note [Inference mode inside]
+            if torch.is_inference_mode_enabled() is not self.inference:
+                self.refuse("the function switches inference mode around a torch call (a "
+                            "torch.inference_mode block), whose tensors eager makes inference "
+                            "tensors or not by it; a hit makes the call's kind")
+            what = conversions.converted(args, kwargs)  # Note [Conversions inside ops]
+            if what is not None:
+                frame = _user_frame()
+                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                self.refuse(f"torch calls {what} inside {getattr(func, '__name__', func)}"
+                            f"{where}, where its reads are not recorded")
             if func in _AS_TEXT:  # Note [Tensors as text]
                 frame = _user_frame()
                 where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""

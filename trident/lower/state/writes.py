@@ -16,7 +16,7 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError
-from trident.lower.state import flow
+from trident.lower.state import flow, supers
 
 
 def outside_write(code: types.CodeType, g: dict, fn=None, values=None) -> str | None:
@@ -85,7 +85,8 @@ def check_write(code: types.CodeType, g: dict, fn=None, values=None,
     Raises:
         TridentError: ``code`` (of ``fn``, when known, called with the parameters' ``values``
             when known) writes outside its arguments (:func:`outside_write`) or prints or warns
-            (:func:`terminal_output`)."""
+            (:func:`terminal_output`), or reads an attribute through ``super()``
+            (Note [Reads through super] in supers.py)."""
     written = outside_write(code, g, fn, values) if writes else None
     if written is not None:
         raise TridentError(f"the function writes to {written}: Python state outside its "
@@ -94,6 +95,10 @@ def check_write(code: types.CodeType, g: dict, fn=None, values=None,
     if output is not None:
         raise TridentError(f"the function prints or warns ({output}): eager does at every "
                            "call, a hit would not")
+    read = supers.super_read(code)  # Note [Reads through super]
+    if read is not None:
+        raise TridentError(f"the function reads {read}: an attribute looked up through "
+                           "super(), which no guard follows")
 
 
 def check_writes_before_trace(fn, args: tuple = (), kwargs: dict | None = None) -> None:
