@@ -30,7 +30,10 @@ def super_read(code: types.CodeType) -> str | None:
         if i.opname == "LOAD_SUPER_ATTR" and not i.arg & 1:
             what = f"super().{i.argval}"
         elif i.opname == "LOAD_GLOBAL" and i.argval == "super":
-            call = next((k for k in range(j + 1, len(ins)) if ins[k].opname == "CALL"), None)
+            call = next((k for k in range(j + 1, len(ins))
+                         if ins[k].opname in ("CALL", "LOAD_SUPER_ATTR")), None)
+            if call is not None and ins[call].opname == "LOAD_SUPER_ATTR":
+                continue  # 3.12: its own case above
             after = ins[call + 1] if call is not None and call + 1 < len(ins) else None
             if after is None or not (after.opname == "LOAD_METHOD" or (
                     after.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) and
