@@ -29,8 +29,8 @@ Dynamo's graph is of that prompt length only (and of batch 2: its batch is recor
 only after it), and the next padded prompt made the same graph again, symbolic (``sweep_hf
 qwen2 N default backend padded 0 1``: 7 compiles of 8 graphs, Dynamo's ``recompile_limit``).
 So before a graph is compiled, ``untie`` looks for a dim other than 0 of a tensor input (no
-parameter or buffer) that Dynamo made symbolic, or recorded as dynamic, whose value is a
-constant of 2 or more all the same, and for the static dims other than 0 of that size of the
+parameter or buffer) that Dynamo made symbolic (a ``SymInt`` of the graph's fake) and a guard
+replaced by a constant of 2 or more, and for the static dims other than 0 of that size of the
 graph's other such inputs; it records those as dynamic in the frame state, with the graph's
 batch dims (Note [Door batch dims]), and has Dynamo trace the frame again
 (``TensorifyScalarRestartAnalysis``, the one restart that Dynamo's call of a backend lets
@@ -69,15 +69,16 @@ def _entries(tx) -> dict:
     return pgo.get_code_state()[pgo.CodeId.make(tx.f_code, *closure)].automatic_dynamic
 
 
-def _free_inputs(gm: fx.GraphModule, example_inputs: list) -> list:
+def _free_inputs(gm: fx.GraphModule, examples: list) -> list:
     """``(source name, example tensor)`` of the graph's tensor inputs of one or more dims that
-    are no parameter or buffer."""
+    are no parameter or buffer (``examples``: the backend's example inputs, or the
+    placeholders' fakes)."""
     free = []
-    for node, example in zip([n for n in gm.graph.nodes if n.op == "placeholder"],
-                             example_inputs):
+    for node, example in zip([n for n in gm.graph.nodes if n.op == "placeholder"], examples):
         name = source(node)
         if isinstance(name, str) and isinstance(example, torch.Tensor) and example.dim() and \
-                not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name:
+                not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name \
+                and "._parameters[" not in name:
             free.append((name, example))
     return free
 
@@ -125,12 +126,13 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
         return
     from torch._dynamo import pgo
 
-    entries, free = _entries(tx), _free_inputs(gm, example_inputs)
+    # the graph's own fakes: example_inputs hold the hints of its symbolic dims
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    entries, free = _entries(tx), _free_inputs(gm, fakes)
     # dims other than 0: a batch is recorded for the next graph (record_batch_dims), and a
     # batch as large as the heads (2) made a cache's heads dim dynamic in vain
-    sizes = {_constant(n) for name, t in free for d, n in enumerate(t.shape)
-             if d and (isinstance(n, torch.SymInt) or _dynamic(entries.get(name), d))}
-    sizes -= {None, 0, 1}
+    sizes = {_constant(n) for _, t in free for d, n in enumerate(t.shape)
+             if d and isinstance(n, torch.SymInt)} - {None, 0, 1}
     marked = []
     for name, t in free if sizes else ():
         entry = entries.get(name)
@@ -147,10 +149,3 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
         config.logger("recompiles").info("%s: Dynamo traces the frame again", reason)
         raise restart(restart_reason=reason)
 
-
-def _dynamic(entry, d: int) -> bool:
-    """Dynamo's frame state records dim ``d`` of ``entry``'s tensor as dynamic."""
-    from torch._dynamo import pgo
-
-    size = getattr(entry, "size", None)
-    return isinstance(size, tuple) and d < len(size) and size[d] is pgo.auto_dynamic
