@@ -22,27 +22,28 @@ own: Dynamo specializes a size 1 (a symbol's range is 2 and up). The record is p
 
 Note [Tied dims]: automatic dynamic decides per source, and a source Dynamo never saw is static.
 A new argument structure that ties a new tensor to a dim that changed before is then traced at
-the new tensor's size: a transformers padded prefill after unpadded calls (``attention_mask``,
-a new input of ``[batch, prompt]``, static, against ``input_ids``' prompt length, dynamic since
+the new tensor's size: a transformers padded prefill after unpadded calls (``attention_mask``, a
+new input of ``[batch, prompt]``, static, against ``input_ids``' prompt length, dynamic since
 the decode step) has ``input_ids.size(1)`` a symbol that a guard replaced by the mask's 498, so
-Dynamo's graph is of that prompt length only (and of batch 2: its batch is recorded dynamic
-only after it), and the next padded prompt made the same graph again, symbolic (``sweep_hf
-qwen2 N default backend padded 0 1``: 7 compiles of 8 graphs, Dynamo's ``recompile_limit``).
-So before a graph is compiled, ``untie`` looks for a dim other than 0 of a tensor input (no
-parameter or buffer) that Dynamo made symbolic (a ``SymInt`` of the graph's fake) and a guard
-replaced by a constant of 2 or more, and for the static dims other than 0 of that size of the
-graph's other such inputs; it records those as dynamic in the frame state, with the graph's
-batch dims (Note [Door batch dims]), and has Dynamo trace the frame again
+Dynamo's graph is of that prompt length only (and of batch 2: its batch is recorded dynamic only
+after it), and the next padded prompt made the same graph again, symbolic (``sweep_hf qwen2 N
+default backend padded 0 1``: 7 compiles of 8 graphs, Dynamo's ``recompile_limit``). So before a
+graph is compiled, ``untie`` looks for a dim other than 0 of a tensor input (no parameter or
+buffer) that Dynamo made symbolic (a ``SymInt`` of the graph's fake) and a guard replaced by a
+constant of 2 or more, and for the static dims other than 0 of that size of the graph's other
+such inputs; it records those as dynamic in the frame state, with the graph's batch dims (dims 0
+are Note [Door batch dims]'s), and has Dynamo trace the frame again
 (``TensorifyScalarRestartAnalysis``, the one restart that Dynamo's call of a backend lets
-through, torch 2.11 to 2.13): the mask's dim is symbolic with the prompt's, the batch too, and
-the padded prefill is one graph. Dims 0 are left to Note [Door batch dims] (a batch of 2 as
-large as a cache's 2 key heads made the heads dim dynamic in vain). Each restart records at
-least one dim more, so the restarts of a frame are at most its inputs' dims; a tie that holds
-anyway (a size that is a constant of the code) stays, with no further restart. A tie other
-than equality (a decode step's new mask one longer than the cache) is not found. Dynamo's
-retrace costs what its first trace did (seconds for a model on the CPU); the Trident compile
-and the Dynamo graph it saves cost more. As above, this changes what Dynamo traces, never what
-a graph accepts: Dynamo's guards are the retraced graph's.
+through: torch 2.13's ``OutputGraph``, and an earlier 2.x's source read; 2.11 not run): the
+mask's dim is symbolic with the prompt's, the batch too, and the padded prefill is one graph.
+Each restart records at least one dim more, so the restarts of a frame are at most its inputs'
+dims; a tie that holds anyway (a size that is a constant of the code) stays, with no further
+restart; a coincidence costs one retrace (a one-token prompt's first decode step: its mask of 2
+tied to the cache's length 1, which Dynamo specializes, marks the cache's 2 key heads). A tie
+other than equality (a decode step's mask, one longer than the cache) is not found. Dynamo's
+retrace costs what its first trace did (seconds for a model on the CPU); the Trident compile and
+the Dynamo graph it saves cost more. As above, this changes what Dynamo traces, never what a
+graph accepts: Dynamo's guards are the retraced graph's.
 """
 
 from __future__ import annotations
