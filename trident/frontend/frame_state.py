@@ -130,8 +130,7 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
     # the graph's own fakes: example_inputs hold the hints of its symbolic dims
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     entries, free = _entries(tx), _free_inputs(gm, fakes)
-    # dims other than 0: a batch is recorded for the next graph (record_batch_dims), and a
-    # batch as large as the heads (2) made a cache's heads dim dynamic in vain
+    # dims other than 0: a batch is Note [Door batch dims]'s (recorded before the restart)
     sizes = {_constant(n) for _, t in free for d, n in enumerate(t.shape)
              if d and isinstance(n, torch.SymInt)} - {None, 0, 1}
     marked = []
