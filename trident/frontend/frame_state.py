@@ -24,26 +24,28 @@ Note [Tied dims]: automatic dynamic decides per source, and a source Dynamo neve
 A new argument structure that ties a new tensor to a dim that changed before is then traced at
 the new tensor's size: a transformers padded prefill after unpadded calls (``attention_mask``, a
 new input of ``[batch, prompt]``, static, against ``input_ids``' prompt length, dynamic since
-the decode step) has ``input_ids.size(1)`` a symbol that a guard replaced by the mask's 498, so
-Dynamo's graph is of that prompt length only (and of batch 2: its batch is recorded dynamic only
-after it), and the next padded prompt made the same graph again, symbolic (``sweep_hf qwen2 N
-default backend padded 0 1``: 7 compiles of 8 graphs, Dynamo's ``recompile_limit``). So before a
-graph is compiled, ``untie`` looks for a dim other than 0 of a tensor input (no parameter or
-buffer) that Dynamo made symbolic (a ``SymInt`` of the graph's fake) and a guard replaced by a
-constant of 2 or more, and for the static dims other than 0 of that size of the graph's other
-such inputs; it records those as dynamic in the frame state, with the graph's batch dims (dims 0
-are Note [Door batch dims]'s), and has Dynamo trace the frame again
-(``TensorifyScalarRestartAnalysis``, the one restart that Dynamo's call of a backend lets
-through: torch 2.13's ``OutputGraph``, and an earlier 2.x's source read; 2.11 not run): the
-mask's dim is symbolic with the prompt's, the batch too, and the padded prefill is one graph.
-Each restart records at least one dim more, so the restarts of a frame are at most its inputs'
-dims; a tie that holds anyway (a size that is a constant of the code) stays, with no further
-restart; a coincidence costs one retrace (a one-token prompt's first decode step: its mask of 2
-tied to the cache's length 1, which Dynamo specializes, marks the cache's 2 key heads). A tie
-other than equality (a decode step's mask, one longer than the cache) is not found. Dynamo's
-retrace costs what its first trace did (seconds for a model on the CPU); the Trident compile and
-the Dynamo graph it saves cost more. As above, this changes what Dynamo traces, never what a
-graph accepts: Dynamo's guards are the retraced graph's.
+the decode step) has ``input_ids.size(1)`` a symbol that a guard replaced by the mask's 498
+(Qwen2), or a symbol whose graph guards the mask's static size (Gemma 2's sliding layers slice
+the mask), so Dynamo's graph is of that prompt length only (and of batch 2: its batch is
+recorded dynamic only after it), and the next padded prompt made the same graph again, symbolic
+(``sweep_hf qwen2 N default backend padded 0 1``: 7 compiles of 8 graphs, Dynamo's
+``recompile_limit``). So before a graph is compiled, ``untie`` takes the values (2 or more) of
+the dims other than 0 of its tensor inputs (no parameter or buffer) that Dynamo made symbolic (a
+``SymInt`` of the graph's fake: the constant a guard replaced it by, or its hint), and the
+static dims other than 0 of those sizes of the graph's other such inputs whose dims other than 0
+Dynamo never saw change (a new input: a cache's keys, whose length changed and whose 2 key heads
+did not, are not taken for a decode step's length of 2); it records those as dynamic in the
+frame state, with the graph's batch dims (dims 0 are Note [Door batch dims]'s), and has Dynamo
+trace the frame again (``TensorifyScalarRestartAnalysis``, the one restart that Dynamo's call of
+a backend lets through: torch 2.13's ``OutputGraph``, and an earlier 2.x's source read; 2.11 not
+run): the mask's dim is symbolic with the prompt's, the batch too, and the padded prefill is one
+graph. Each restart records at least one dim more, so the restarts of a frame are at most its
+inputs' dims; a size that is a constant of the code stays one, with no further restart, and a
+coincidence of sizes costs one retrace. A tie other than of equal sizes (a decode step's mask,
+one longer than the cache) is not found. Dynamo's retrace costs what its first trace did
+(seconds for a model on the CPU); the Trident compile and the Dynamo graph it saves cost more.
+As above, this changes what Dynamo traces, never what a graph accepts: Dynamo's guards are the
+retraced graph's.
 """
 
 from __future__ import annotations
@@ -113,10 +115,16 @@ def _constant(n) -> int | None:
     return int(expr) if expr.is_Integer else None
 
 
+def _value(n: torch.SymInt) -> int | None:
+    """``n``'s constant, or the hint of a symbolic one (asks no guard)."""
+    value = _constant(n)
+    return value if value is not None else getattr(n.node, "hint", None)
+
+
 def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
-    """Note [Tied dims]: record as dynamic the static dims of the graph's free tensor inputs
-    whose size is that of a dim Dynamo meant symbolic and found a constant, and have Dynamo
-    trace the frame again; returns where there are none (or Dynamo's frame state or its
+    """Note [Tied dims]: record as dynamic the static dims of the graph's new free tensor
+    inputs whose size is that of a dim Dynamo made symbolic, and have Dynamo trace the frame
+    again; returns where there are none (or Dynamo's frame state or its
     restart is not there: torch's private API moved).
 
     Raises:
@@ -131,14 +139,15 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     entries, free = _entries(tx), _free_inputs(gm, fakes)
     # dims other than 0: a batch is Note [Door batch dims]'s (recorded before the restart)
-    sizes = {_constant(n) for _, t in free for d, n in enumerate(t.shape)
+    sizes = {_value(n) for _, t in free for d, n in enumerate(t.shape)
              if d and isinstance(n, torch.SymInt)} - {None, 0, 1}
     marked = []
     for name, t in free if sizes else ():
         entry = entries.get(name)
-        dims = [d for d, n in enumerate(t.shape) if d and _constant(n) in sizes and
-                entry is not None and isinstance(entry.size, tuple) and
-                len(entry.size) == t.dim() and type(entry.size[d]) is int]
+        if entry is None or not isinstance(entry.size, tuple) or len(entry.size) != t.dim() \
+                or any(type(n) is not int for n in entry.size[1:]):
+            continue  # a tensor whose other dims changed while this one did not: not a length
+        dims = [d for d, n in enumerate(t.shape) if d and _constant(n) in sizes]
         if dims:
             entry.size = tuple(pgo.auto_dynamic if d in dims else n
                                for d, n in enumerate(entry.size))
