@@ -316,6 +316,39 @@ def test_the_batch_goes_symbolic_with_the_lengths():
     assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 5), s
 
 
+def masked_step(ids, mask=None):
+    """A server's step whose padded batches pass a mask (a new input, tied to ``ids``'
+    length) and whose unpadded ones pass none."""
+    out = ids.cumsum(1)
+    if mask is not None:
+        out = out * mask
+    return out + ids.shape[1]
+
+
+def test_a_new_input_tied_to_a_symbolic_length_is_traced_symbolic():
+    """Note [Tied dims] (trident/frontend/frame_state.py): after unmasked calls made the length
+    symbolic, the first masked call's mask is a source Dynamo never saw, static, and its size
+    replaced the length's symbol: a graph of that length (and batch) only, then the same
+    graph again at the next length, symbolic (5 graphs, 5 compiles, 1 hit). The door records
+    the mask's dim and the batch as dynamic and has Dynamo trace the frame again: the masked
+    calls of other lengths and batches hit its one graph (4 graphs: the unmasked ones' exact,
+    length-symbolic and, at a batch of 3, batch-symbolic graphs, and the masked one)."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    f = torch.compile(fresh(masked_step), backend="trident")
+    before = counters["stats"]["unique_graphs"]
+    for batch, n, with_mask in [(2, 1, False), (2, 5, False), (2, 7, True), (2, 9, True),
+                                (4, 6, True), (3, 8, False)]:
+        ids = torch.arange(batch * n).reshape(batch, n)
+        args = (ids, torch.ones(batch, n, dtype=torch.long) if with_mask else None)
+        assert_same(f(*args), masked_step(*args))
+    s = trident.backend_stats(f)
+    graphs = counters["stats"]["unique_graphs"] - before
+    assert (graphs, s.compiles, s.fallbacks, s.hits) == (4, 4, 0, 2), (graphs, s)
+    assert "?, ?" in trident.backend_graphs(f)[2].specializations[0]  # length and batch
+
+
 def window(x, n):
     """A sliding window's offset and a clamped end, as transformers' ``get_mask_sizes`` takes
     them: Python's ``max`` and ``min`` of sizes."""

@@ -298,7 +298,7 @@ def backend_sweep(model, cache: str | None):
 def test_the_backend_doors_serving_sweep_compiles_four_times():
     """The sweep through ``torch.compile(model.forward, backend="trident")``: Dynamo traces the
     prefill and the decode step at exact sizes, then (Note [Door batch dims] in
-    trident/frontend/backend.py) with the lengths and the batch symbolic, so the batch of 4
+    trident/frontend/frame_state.py) with the lengths and the batch symbolic, so the batch of 4
     is served by the second graphs. Dynamo makes a batch of one graphs of its own (it
     specializes a size 1), the symbolic ones with the constant 1 for the batch: the symbolic
     graphs' JitFunctions serve them (Note [Graphs of constants]), whose specializations hold a

@@ -176,3 +176,49 @@ def test_a_padded_sweep_with_a_one_token_prompt_first_compiles_once_per_path(arc
     assert (first, stats.compiles, stats.fallbacks) == (expected, expected, 0), \
         stats.miss_reasons
     assert stats.traces == traces
+
+
+def test_the_backend_doors_padded_prefill_after_a_one_token_prompt_is_one_graph():
+    """``torch.compile(model.forward, backend="trident")``, a tiny Qwen2 (1 layer) with the
+    default cache, padded batches after a one-token prompt: the one-token prefill and its
+    decode step (a cache of length 1, which Dynamo specializes) are graphs at exact sizes;
+    the padded prefill's ``attention_mask`` is an input Dynamo never saw, static, which ties
+    the prompt's length (symbolic since the decode step) to its size, so the padded prefill was
+    a graph of that length, then again symbolic at the next (5 graphs, 5 compiles). Note [Tied
+    dims] (trident/frontend/frame_state.py): Dynamo traces it again with the mask's length
+    dynamic, one graph for every padded prompt: 4 graphs, 4 compiles; every token and logit as
+    Dynamo's ``eager`` backend's."""
+    from torch._dynamo.utils import counters
+
+    config = transformers.Qwen2Config(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    forward = model.forward
+    kw = dict(do_sample=False, output_logits=True, return_dict_in_generate=True,
+              disable_compile=True, pad_token_id=0, max_new_tokens=2, min_new_tokens=2)
+    calls = []
+    for i, (batch, length) in enumerate([(2, 1), (2, 9), (2, 7), (2, 12)]):
+        torch.manual_seed(i)
+        rows = [length] + [int(n) for n in torch.randint(1, length + 1, (batch - 1,))]
+        mask = torch.stack([torch.arange(length) >= length - n for n in rows]).long()
+        calls.append((torch.randint(1, 96, (batch, length)) * mask, mask))
+    torch._dynamo.reset()
+    model.forward = torch.compile(forward, backend="eager")
+    refs = [model.generate(ids, attention_mask=mask, **kw) for ids, mask in calls]
+    torch._dynamo.reset()
+    model.forward = served = torch.compile(forward, backend="trident")
+    base, graphs = trident.backend_stats(served), counters["stats"]["unique_graphs"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for (ids, mask), ref in zip(calls, refs):
+            out = model.generate(ids, attention_mask=mask, **kw)
+            assert torch.equal(out.sequences, ref.sequences)
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+    model.forward = forward
+    assert not [w for w in caught if "trident" in str(w.message)]
+    s = trident.backend_stats(served)
+    graphs = counters["stats"]["unique_graphs"] - graphs
+    assert (graphs, s.compiles - base.compiles, s.fallbacks - base.fallbacks) == (4, 4, 0), \
+        (graphs, s.miss_reasons)

@@ -16,22 +16,9 @@ such a size both in the tensor and as a ``SymInt`` input (a prefill's ``input_id
 >= 498``), and the next prompt length missed on that guard and compiled the graph once more,
 with the dim symbolic only then.
 
-Note [Door batch dims]: Dynamo makes a dim symbolic only once it saw it change (automatic
-dynamic), tensor by tensor, so a server's prefill and decode step each became three graphs:
-exact sizes, the lengths symbolic (batch 2 still a constant of the graph's code), then the
-lengths and the batch (``sweep_hf llama 10 static backend``: 6 graphs, each compiled by
-Trident). ``trident.jit`` makes the batch dims symbolic together with the lengths (Note [Batch
-dims] in batch.py); the door does the same through Dynamo's own record of the sizes it saw
-(``torch._dynamo.pgo``'s frame state, which ``mark_dynamic`` and automatic dynamic feed): when it
-compiles a graph, it records dim 0 of the graph's batch tensors (the first tensor input that is
-no parameter or buffer, of 2 or more rows, and every other such input of that dim 0) as dynamic
-for that frame. The graph itself is already traced and keeps its sizes; the frame's next graph,
-which Dynamo traces only when a guard of the earlier ones failed (a new length or batch), has
-the batch symbolic with the lengths that changed. So the prefill and the decode step are two
-graphs each (4 Trident compiles for the sweep). Dynamo's guards are the new graph's, so this
-changes what is traced, never what a graph accepts. A batch of one still gets graphs of its
-own: Dynamo specializes a size 1 (a symbol's range is 2 and up). The record is per process
-(persisted only under ``TORCH_COMPILE_JOB_ID``, Dynamo's profile-guided mode).
+Dynamo's record of the sizes it saw, which the door feeds so that its later graphs are
+symbolic where a server's calls change: Notes [Door batch dims] and [Tied dims] in
+frame_state.py.
 
 Note [Graphs of constants]: Dynamo specializes a size 1 even where it made the dim symbolic
 (a symbol's range starts at 2), so a batch of one after the symbolic graphs makes a prefill and
@@ -94,6 +81,7 @@ import torch.fx as fx
 
 from trident import config
 from trident.errors import TridentError
+from trident.frontend import frame_state
 from trident.frontend.choices import python_choices
 from trident.frontend.entries import compiled_from, frame_module, graph_origin
 from trident.frontend.jit import Stats, jit_function_class
@@ -180,10 +168,11 @@ def _route_triton_launches(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
-    """Compile one Dynamo graph. ``options`` go to ``trident.jit`` (``max_specializations``)."""
-    gm = python_choices(_route_triton_launches(gm))  # Note [Size choices in graphs]
-    if hasattr(gm, "real_recompile"):  # a _LazyGraphModule: generate forward's code now
-        gm.real_recompile()
+    """Compile one Dynamo graph. ``options`` go to ``trident.jit`` (``max_specializations``).
+
+    Raises:
+        torch._dynamo.exc.TensorifyScalarRestartAnalysis: Dynamo is to trace the frame again
+            with dims recorded dynamic (Note [Tied dims] in frame_state.py)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     try:
@@ -191,6 +180,14 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
         code = tx.f_code
     except (AssertionError, AttributeError, IndexError):  # called outside Dynamo
         tx = code = None
+    if tx is not None:
+        try:
+            frame_state.untie(tx, gm, example_inputs)
+        except (AttributeError, KeyError, TypeError) as e:  # Dynamo's private state moved
+            config.logger("recompiles").info("tied dims not recorded for Dynamo: %r", e)
+    gm = python_choices(_route_triton_launches(gm))  # Note [Size choices in graphs]
+    if hasattr(gm, "real_recompile"):  # a _LazyGraphModule: generate forward's code now
+        gm.real_recompile()
     for earlier in (r() for r in reversed(_GRAPHS)):  # Note [Graphs of constants]
         inputs = _as_constants_of(gm, earlier._gm, earlier._input_sources) if earlier is not \
             None and code is not None and earlier._frame_code is code else None
@@ -208,14 +205,14 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     owner = frame_module(tx.f_locals) if tx is not None else None  # self, or a wrapper's args[0]
     if tx is not None:
         try:
-            _record_batch_dims(tx, gm, example_inputs)
+            frame_state.record_batch_dims(tx, gm, example_inputs)
         except Exception as e:  # Dynamo's private frame state moved: only more graphs follow
             config.logger("recompiles").info("batch dims not recorded for Dynamo: %r", e)
     try:
         fn._frame_self = weakref.ref(owner) if owner is not None else None
     except TypeError:  # a self without weak references
         fn._frame_self = None
-    fn._input_sources = [_source(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    fn._input_sources = [frame_state.source(n) for n in gm.graph.nodes if n.op == "placeholder"]
     # Dynamo's symbolic ints: symbolic in every specialization of this graph (Note [Int leaves])
     params = list(inspect.signature(gm.forward).parameters)
     fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
@@ -233,10 +230,6 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     return fn
 
 
-def _source(node: fx.Node) -> str | None:
-    return getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-
-
 def _as_constants_of(gm: fx.GraphModule, earlier: fx.GraphModule,
                      sources: list) -> tuple[list, list | None] | None:
     """Note [Graphs of constants]: per input of ``earlier`` (whose inputs' ``sources`` were
@@ -245,7 +238,7 @@ def _as_constants_of(gm: fx.GraphModule, earlier: fx.GraphModule,
     ``earlier`` that ``gm`` has (None: all; ``gm`` lacks those that are such symbols, as a
     cache's batch size the prefill writes); None where ``gm`` is not ``earlier`` with ints for
     some of its symbolic-int inputs."""
-    ours = {_source(n): i for i, n in enumerate(n for n in gm.graph.nodes
+    ours = {frame_state.source(n): i for i, n in enumerate(n for n in gm.graph.nodes
                                                  if n.op == "placeholder")}
     theirs = [n for n in earlier.graph.nodes if n.op == "placeholder"]
     if None in ours or len(ours) != sum(n.op == "placeholder" for n in gm.graph.nodes):
@@ -332,32 +325,6 @@ def _served_by(graph, inputs: list, kept: list | None):
         return out if kept is None else tuple(out[i] for i in kept)
 
     return served
-
-
-def _record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
-    """Note [Door batch dims]: record dim 0 of the graph's batch tensors as dynamic in the
-    frame state Dynamo merges its next graph's sizes with."""
-    if not torch._dynamo.config.automatic_dynamic_shapes:
-        return
-    free = []  # (source name, dim 0) of the tensor inputs that are no parameter or buffer
-    for node, example in zip([n for n in gm.graph.nodes if n.op == "placeholder"],
-                             example_inputs):
-        name = _source(node)
-        if isinstance(name, str) and isinstance(example, torch.Tensor) and example.dim() and \
-                not isinstance(example, torch.nn.Parameter) and "._buffers[" not in name:
-            free.append((name, example.shape[0]))
-    names = [name for name, rows in free if rows == free[0][1] >= 2]
-    if len(names) < 2:  # a batch is a dim 0 of 2 or more rows that tensors share
-        return
-    from torch._dynamo import pgo
-
-    # torch 2.11's CodeId.make takes the code; 2.13's the closure too
-    closure = (tx.closure,) if "closure" in inspect.signature(pgo.CodeId.make).parameters else ()
-    entries = pgo.get_code_state()[pgo.CodeId.make(tx.f_code, *closure)].automatic_dynamic
-    for name in names:
-        entry = entries.get(name)
-        if entry is not None and isinstance(entry.size, tuple) and entry.size:
-            entry.size = (pgo.auto_dynamic, *entry.size[1:])
 
 
 def _frames(fn) -> tuple[list[tuple[types.CodeType, object]], object]:
