@@ -78,3 +78,43 @@ def test_a_constant_capacity_compiles_once_per_structure():
             assert torch.equal(jf(owner, ours, x), step(ref_owner, ref, x))
     stats = jf.stats
     assert (stats.compiles, stats.traces, stats.fallbacks, stats.hits) == (2, 3, 0, 7)
+
+
+def layered(owner, layers, x):
+    """``step`` through each of ``layers`` (a static cache's layers: one capacity each)."""
+    return [step(owner, slots, x) for slots in layers]
+
+
+def test_equal_capacities_are_one_symbol_and_parted_ones_compile_again(caplog):
+    """Note [One symbol per size of the ones] (trident/lower/capture.py): the layers'
+    capacities, equal in the call, are one symbol of the trace: the decode step's guards tie
+    the second layer's keys to the first's, so a request whose layers' capacities differ
+    misses (never served by the specialization that assumed them equal), compiles them apart,
+    and the next such request hits."""
+    import logging
+
+    jf = trident.jit(layered)
+    owner, ref_owner = Owner(), Owner()
+
+    def request(capacities, steps):
+        ours, ref = [Slots(c) for c in capacities], [Slots(c) for c in capacities]
+        for n in steps:
+            x = torch.randn(2, n, 4)
+            got, want = jf(owner, ours, x), layered(ref_owner, ref, x)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            assert all(torch.equal(a.keys, b.keys) for a, b in zip(ours, ref))
+
+    with caplog.at_level(logging.INFO, logger="trident.guards"):
+        request((8, 8), [5, 1, 1])
+    stats = jf.stats
+    assert (stats.compiles, stats.traces, stats.hits, stats.fallbacks) == (2, 3, 1, 0)
+    decode = [m for m in caplog.messages if "x: float32[?, 1, 4]" in m][0]
+    assert "layers[1].capacity == layers[0].capacity" in decode, decode
+    assert "layers[1].keys.size(1) == layers[0].capacity" in decode, decode
+    request((9, 9), [5, 1, 1])  # another capacity, equal again: hits
+    assert (jf.stats.compiles, jf.stats.hits) == (2, 4)
+    request((9, 10), [5, 1, 1])  # parted: the prefill and the decode step miss
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (4, 5, 0), \
+        jf.stats.miss_reasons
+    request((7, 12), [5, 1, 1])  # parted again: the specializations traced apart hold
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (4, 8, 0)
