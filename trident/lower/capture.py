@@ -92,20 +92,24 @@ _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 # 24-layer Qwen2 (docs/benchmarks.md, cold47). Never stale: each place a shared symbol is
 # read is checked against its source (Note [Symbolic guards] in guards.py: "the same symbol
 # in two places is an equality"), so a call whose sizes differ where the trace's were equal
-# misses, and its compile traces them apart. Sizes of 1 keep a symbol each (a batch of one and a
-# one-token length are not tied: Notes [Batch dims], [Lengths of written state]), and so do the
-# dims that automatic dynamic, ``dynamic=True`` or ``dynamic={...}`` make symbolic otherwise
-# (range >= 2). The cost: a call whose sizes coincide (a batch of 4 and a prompt of 4 tokens,
+# misses, and its compile traces them apart. Of the sizes of 1, the batches are one symbol (a
+# decode step's 33 tensors of a batch of one, each layer's cache among them: a symbol each
+# made the decode step's trace as slow as the symbolic prefill's), the others keep a symbol
+# each (a batch of one and a one-token length are not tied: Notes [Batch dims], [Lengths of
+# written state]), and so do the dims that automatic dynamic, ``dynamic=True`` or
+# ``dynamic={...}`` make symbolic otherwise (range >= 2). The cost: a call whose sizes coincide (a batch of 4 and a prompt of 4 tokens,
 # an int leaf that counts 16 steps and a 16-token prompt) compiles a specialization that ties
 # them, and the next call that parts them compiles again.
-def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None,
+               batches: frozenset = frozenset()):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
     a symbol (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
     ``ones`` ({arg: {dim}}): symbols of range >= 1 at any size, 1 included (a batch: Note
     [Batch dims] in frontend/batch.py; a length: Note [Lengths of written state] in
     frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``); those
-    of one size >= 2 are one symbol (Note [One symbol per size of the ones])."""
+    of one size >= 2 are one symbol, and so are the batches of ``batches`` (Note [One symbol
+    per size of the ones])."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -119,7 +123,7 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
     fakes = []
     def kind(i: int, d: int, size: int):  # Note [One symbol per size of the ones]
         return DimDynamic.DUCK if size >= 2 and (d in ones.get(i, ()) or type(args[i]) is int) \
-            else DimDynamic.DYNAMIC
+            or (d == 0 and i in batches) else DimDynamic.DYNAMIC
 
     for i, a in enumerate(args):
         if type(a) is int and i in dynamic and (a not in (0, 1) or i in ones):  # Note
@@ -259,14 +263,15 @@ def _own_fake_cuda_guard() -> None:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None
-          ) -> Capture:
+          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None,
+          batches: frozenset = frozenset()) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages. ``ones``: dims of range >= 1 (``_fake_args``). ``changed_rng``: whether
+    name in messages. ``ones``: dims of range >= 1, ``batches``: the leaves of ``ones``
+    whose dim 0 (an int leaf: its value) is the batch (``_fake_args``). ``changed_rng``: whether
     the trace's own thread set a generator's state (``state.Recording.changed_rng``, which
     sees this thread's calls only); without it the states before and after decide.
 
@@ -312,7 +317,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     # Note [Unrecorded ops]: all but the function's own run is torch's and Trident's
     hook = pause()
     try:
-        fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
+        fake_args, shape_env = _fake_args(args, dynamic, ones, batches) if dynamic else (None, None)
         state = _global_state()
         grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(
             isinstance(a, torch.Tensor) and a.requires_grad and not a.is_inference()
