@@ -83,23 +83,24 @@ _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 # the batch, the lengths, the dims read back where state was stored symbolic) and the int
 # leaves' symbols (Note [Symbolic ints] in guards.py) that have one size >= 2 in the call are
 # one symbol (torch's duck sizing, as torch.compile makes every dynamic size; ``_fake_args``):
-# a static cache's prefill and decode step read one capacity per
-# layer (``cache.layers[i].max_cache_len``, and the keys' and values' dim 2), 48 symbols of
-# one value for a 16-layer Llama. Each layer's ops then met sizes of symbols no earlier layer
+# a static cache's prefill and decode step read one capacity per layer
+# (``cache.layers[i].max_cache_len``, and the keys' and values' dim 2), 48 symbols of one
+# value for a 16-layer Llama. Each layer's ops then met sizes of symbols no earlier layer
 # had, so FakeTensorMode's cache of results (keyed by the sizes' expressions) missed at every
 # layer, the sympy work on them was done again, and so were the two runs of Note [Kept
-# attention]: the symbolic prefill's trace took 1.8 times the exact one's, 2.5 times for a
-# 24-layer Qwen2 (docs/benchmarks.md, cold47). Never stale: each place a shared symbol is
-# read is checked against its source (Note [Symbolic guards] in guards.py: "the same symbol
+# attention]: the symbolic prefill's trace took 2-2.4 times the exact one's, 2.5-2.9 times
+# for a 24-layer Qwen2 (docs/benchmarks.md, cold47). Never stale: each place a shared symbol
+# is read is checked against its source (Note [Symbolic guards] in guards.py: "the same symbol
 # in two places is an equality"), so a call whose sizes differ where the trace's were equal
 # misses, and its compile traces them apart. Of the sizes of 1, the batches are one symbol (a
-# decode step's 33 tensors of a batch of one, each layer's cache among them: a symbol each
-# made the decode step's trace as slow as the symbolic prefill's), the others keep a symbol
-# each (a batch of one and a one-token length are not tied: Notes [Batch dims], [Lengths of
+# decode step's tensors of a batch of one, each layer's keys and values among them: a symbol
+# each made the decode step's trace as slow as the symbolic prefill's), the others keep a
+# symbol each (a batch of one and a one-token length are not tied: Notes [Batch dims], [Lengths of
 # written state]), and so do the dims that automatic dynamic, ``dynamic=True`` or
-# ``dynamic={...}`` make symbolic otherwise (range >= 2). The cost: a call whose sizes coincide (a batch of 4 and a prompt of 4 tokens,
-# an int leaf that counts 16 steps and a 16-token prompt) compiles a specialization that ties
-# them, and the next call that parts them compiles again.
+# ``dynamic={...}`` make symbolic otherwise (range >= 2). The cost: a call whose sizes
+# coincide (a batch of 4 and a prompt of 4 tokens, an int leaf that counts 16 steps and a
+# 16-token prompt) compiles a specialization that ties them, and the next call that parts
+# them compiles again.
 def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None,
                batches: frozenset = frozenset()):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
