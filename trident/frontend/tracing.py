@@ -57,9 +57,7 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=self._ones(call, dynamic, lengths),
-                         batches=frozenset(batch.ones(call, dynamic)) if self._dynamic is None
-                         else frozenset())  # Note [One symbol per size of the ones]
+                         recording.active else None, ones=self._ones(call, dynamic, lengths))
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes

@@ -79,38 +79,13 @@ class Capture:
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-# Note [One symbol per size of the ones]: automatic dynamic's symbols of range >= 1 (``ones``:
-# the batch, the lengths, the dims read back where state was stored symbolic) and the int
-# leaves' symbols (Note [Symbolic ints] in guards.py) that have one size >= 2 in the call are
-# one symbol (torch's duck sizing, as torch.compile makes every dynamic size; ``_fake_args``):
-# a static cache's prefill and decode step read one capacity per layer
-# (``cache.layers[i].max_cache_len``, and the keys' and values' dim 2), 48 symbols of one
-# value for a 16-layer Llama. Each layer's ops then met sizes of symbols no earlier layer
-# had, so FakeTensorMode's cache of results (keyed by the sizes' expressions) missed at every
-# layer, the sympy work on them was done again, and so were the two runs of Note [Kept
-# attention]: the symbolic prefill's trace took 2-2.4 times the exact one's, 2.5-2.9 times
-# for a 24-layer Qwen2 (docs/benchmarks.md, cold47). Never stale: each place a shared symbol
-# is read is checked against its source (Note [Symbolic guards] in guards.py: "the same symbol
-# in two places is an equality"), so a call whose sizes differ where the trace's were equal
-# misses, and its compile traces them apart. Of the sizes of 1, the batches are one symbol (a
-# decode step's tensors of a batch of one, each layer's keys and values among them: a symbol
-# each made the decode step's trace as slow as the symbolic prefill's), the others keep a
-# symbol each (a batch of one and a one-token length are not tied: Notes [Batch dims], [Lengths of
-# written state]), and so do the dims that automatic dynamic, ``dynamic=True`` or
-# ``dynamic={...}`` make symbolic otherwise (range >= 2). The cost: a call whose sizes
-# coincide (a batch of 4 and a prompt of 4 tokens, an int leaf that counts 16 steps and a
-# 16-token prompt) compiles a specialization that ties them, and the next call that parts
-# them compiles again.
-def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None,
-               batches: frozenset = frozenset()):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
-    a symbol (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
+    a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
     ``ones`` ({arg: {dim}}): symbols of range >= 1 at any size, 1 included (a batch: Note
     [Batch dims] in frontend/batch.py; a length: Note [Lengths of written state] in
-    frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``); those
-    of one size >= 2 are one symbol, and so are the batches of ``batches`` (Note [One symbol
-    per size of the ones])."""
+    frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -122,14 +97,10 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
     ones, shape_env = ones or {}, ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     fakes = []
-    def kind(i: int, d: int, size: int):  # Note [One symbol per size of the ones]
-        return DimDynamic.DUCK if size >= 2 and (d in ones.get(i, ()) or type(args[i]) is int) \
-            or (d == 0 and i in batches) else DimDynamic.DYNAMIC
-
     for i, a in enumerate(args):
         if type(a) is int and i in dynamic and (a not in (0, 1) or i in ones):  # Note
             fakes.append(shape_env.create_symintnode(shape_env.create_symbol(  # [Symbolic ints]
-                a, LocalSource(f"value_{i}"), kind(i, 0, a), positive=None,
+                a, LocalSource(f"value_{i}"), DimDynamic.DYNAMIC, positive=None,
                 do_not_specialize_zero_one=i in ones), hint=a))
             continue
         if not isinstance(a, torch.Tensor):
@@ -137,7 +108,7 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
             continue
         dims = dynamic.get(i, set())
         context = StatelessSymbolicContext(dynamic_sizes=[
-            kind(i, d, a.shape[d]) if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))
+            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))
             else DimDynamic.STATIC for d in range(a.dim())])
         # a size 1 in ``ones`` is a symbol too, which torch makes in its size-oblivious mode
         with torch.fx.experimental._config.patch(backed_size_oblivious=i in ones):
@@ -264,15 +235,14 @@ def _own_fake_cuda_guard() -> None:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None,
-          batches: frozenset = frozenset()) -> Capture:
+          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None
+          ) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages. ``ones``: dims of range >= 1, ``batches``: the leaves of ``ones``
-    whose dim 0 (an int leaf: its value) is the batch (``_fake_args``). ``changed_rng``: whether
+    name in messages. ``ones``: dims of range >= 1 (``_fake_args``). ``changed_rng``: whether
     the trace's own thread set a generator's state (``state.Recording.changed_rng``, which
     sees this thread's calls only); without it the states before and after decide.
 
@@ -318,7 +288,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     # Note [Unrecorded ops]: all but the function's own run is torch's and Trident's
     hook = pause()
     try:
-        fake_args, shape_env = _fake_args(args, dynamic, ones, batches) if dynamic else (None, None)
+        fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
         state = _global_state()
         grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(
             isinstance(a, torch.Tensor) and a.requires_grad and not a.is_inference()
