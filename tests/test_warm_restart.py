@@ -366,8 +366,9 @@ PROGRESS = textwrap.dedent('''
 ''')
 
 
-def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
-    """Note [Progress]: the line shows once 2 s have passed, names the stage, and is cleared."""
+def _on_a_terminal(script: str, env: dict) -> tuple[bytes, bytes]:
+    """``(stdout, what stderr's terminal got)`` of ``python -c script`` whose stderr is a
+    pseudo-terminal 100 columns wide."""
     import fcntl
     import pty
     import struct
@@ -377,8 +378,8 @@ def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    child = subprocess.Popen([sys.executable, "-c", PROGRESS], stdout=subprocess.PIPE,
-                             stderr=slave, env=subprocess_env)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=slave, env=env)
     os.close(slave)
     out, _ = child.communicate(timeout=120)
     shown = b""
@@ -391,11 +392,69 @@ def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
             break
         shown += chunk
     os.close(master)
-    assert child.returncode == 0 and out == b"done\n"
+    assert child.returncode == 0, shown.decode()
+    return out, shown
+
+
+def _screen(shown: bytes) -> list[str]:
+    """The lines a terminal shows for ``shown``: a carriage return goes back to the line's
+    start, other characters overwrite (a pty's output turns each ``\\n`` into ``\\r\\n``)."""
+    lines, line, column = [], [], 0
+    for ch in shown.decode():
+        if ch == "\n":
+            lines.append("".join(line).rstrip())
+            line, column = [], 0
+        elif ch == "\r":
+            column = 0
+        else:
+            line[column:column + 1] = [ch]
+            column += 1
+    return lines + ["".join(line).rstrip()]
+
+
+def test_a_long_compile_shows_its_stages_on_a_terminal(subprocess_env):
+    """Note [Progress]: the line shows once 2 s have passed, names the stage, and is cleared."""
+    out, shown = _on_a_terminal(PROGRESS, subprocess_env)
+    assert out == b"done\n"
     lines = [l.strip() for l in shown.decode().split("\r") if l.strip()]
     assert "trident: Block.forward [00:02, trace]" in lines
     assert lines[-1].startswith("trident: Block.forward [00:0") and "C build]" in lines[-1]
     assert shown.endswith(b"\r") and shown.decode().split("\r")[-2].strip() == ""  # cleared
+
+
+ASIDE = textwrap.dedent('''
+    import logging, sys, time, warnings
+    from trident import config
+
+    with config.progress("Block.forward"):
+        with config.stage("trace"):
+            time.sleep(2.5)
+            warnings.warn("a warning of the traced code")
+            print("a print to stderr", file=sys.stderr)
+        with config.stage("C build"):
+            time.sleep(1.5)
+    logging.getLogger("trident.recompiles").info("after the compile")
+    print("done")
+''')
+
+
+def test_output_while_the_progress_line_shows_starts_a_line_of_its_own(subprocess_env):
+    """Note [Progress]: a log record of Trident (``TRIDENT_LOGS``: each stage's seconds, as the
+    compile inside a ``generate`` wrote them), a warning and a write to ``sys.stderr`` while
+    the line shows clear it first, so none goes on after it on its line (they did), and the
+    line is drawn again after them and cleared at the end."""
+    out, shown = _on_a_terminal(ASIDE, {**subprocess_env, "TRIDENT_LOGS": "recompiles"})
+    assert out == b"done\n"
+    screen = [l for l in _screen(shown) if l]
+    assert re.fullmatch(r"<string>:\d+: UserWarning: a warning of the traced code", screen[0])
+    assert screen[1:] == ["a print to stderr", screen[2], screen[3],
+                          "[trident.recompiles] after the compile"], screen
+    assert re.fullmatch(r"\[trident.recompiles\] Block.forward: trace [\d.]+ s", screen[2])
+    assert re.fullmatch(r"\[trident.recompiles\] Block.forward: C build [\d.]+ s", screen[3])
+    drawn = shown.decode().split("\r")
+    assert "trident: Block.forward [00:02, trace]" in drawn  # shown before the warning
+    assert any(re.fullmatch(r"trident: Block.forward \[00:0\d, C build\]", l)
+               for l in drawn), shown  # drawn again after the stage's record
 
 
 def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cache,

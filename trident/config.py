@@ -97,14 +97,57 @@ def cuda_graph_sizes() -> int:
 # each stage's seconds also go to the ``recompiles`` log as the stage ends (after the call's
 # ``miss`` line, before the whole compile's ``compiled specialization`` line). Compiles run one
 # at a time in a process (policy.py's lock), so one display is active at most.
+#
+# The line has no end of its own (it is drawn again over itself), so what else the process
+# writes to stderr while it shows, a ``TRIDENT_LOGS`` record (a stage's seconds), a warning of
+# the traced code or of transformers' ``generate`` around the compile, went on after it on
+# the same line ("trident: M.forward [00:15, trace][trident.recompiles] M.forward: trace 16.3
+# s", seen with a compile inside ``generate``). Meanwhile the line is cleared before each such
+# record or write: a record of Trident's loggers (a filter on each, which every handler's
+# output follows) and a write to ``sys.stderr`` (warnings, ``print``; ``sys.stderr`` is a
+# forwarding wrapper during the display); the refresh draws the line again after it.
+# What writes to descriptor 2 directly (a C library), or through a stream object some handler
+# took before the display, is not seen.
 _progress: list = []  # the active display: (function name, tqdm bar)
+
+
+class _Aside(logging.Filter):
+    """Clears the progress line before other output (Note [Progress]): as a filter of Trident's
+    loggers (it lets every record through) and as ``sys.stderr``'s wrapper."""
+
+    def __init__(self, bar, stream):
+        super().__init__()
+        self.bar, self.stream, self.shown = bar, stream, False
+
+    def draw(self) -> None:  # the refresher's tick
+        with self.bar.get_lock():
+            self.bar.update(0)  # draws the line once its delay has passed
+            self.shown = self.bar.last_print_t >= self.bar.start_t + self.bar.delay
+
+    def clear(self) -> None:
+        with self.bar.get_lock():
+            if self.shown:
+                self.bar.clear(nolock=True)
+                self.shown = False
+
+    def filter(self, record) -> bool:
+        self.clear()
+        return True
+
+    def write(self, text: str) -> int:
+        self.clear()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):  # the rest of the stream's interface (flush, fileno, ...)
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager
 def progress(name: str):
     """Show the stages of the compile of ``name`` (a qualified name) that runs in the block
     (Note [Progress]): a ``tqdm`` line on stderr once it has taken 2 s, none where stderr is not
-    a terminal (the test suite, a log file) or with ``TRIDENT_PROGRESS=0``."""
+    a terminal (the test suite, a log file) or with ``TRIDENT_PROGRESS=0``; other output to
+    stderr meanwhile clears it first."""
     import sys
     import threading
 
@@ -115,15 +158,19 @@ def progress(name: str):
     terminal = contextlib.nullcontext(None) if quiet else open(os.dup(sys.stderr.fileno()), "w")
     with terminal as file, tqdm(desc=f"trident: {name}", delay=2.0, disable=quiet, leave=False,
                                 bar_format="{desc} [{elapsed}{postfix}]", file=file) as bar:
-        stop = threading.Event()
+        stop, aside = threading.Event(), _Aside(bar, sys.stderr)
 
         def refresh():
             while not stop.wait(1.0):
-                bar.update(0)  # draws the line once its delay has passed
+                aside.draw()
 
         refresher = threading.Thread(target=refresh, daemon=True)
+        loggers = [] if quiet else [logger(switch) for switch in LOG_SWITCHES]
         if not quiet:
             refresher.start()
+            sys.stderr = aside
+            for lg in loggers:
+                lg.addFilter(aside)
         _progress.append((name, bar))
         try:
             yield
@@ -132,6 +179,10 @@ def progress(name: str):
             stop.set()
             if refresher.is_alive():
                 refresher.join()
+            for lg in loggers:
+                lg.removeFilter(aside)
+            if sys.stderr is aside:  # (unless the block set another meanwhile)
+                sys.stderr = aside.stream
 
 
 # Note [Frozen heap]: Python's cyclic garbage collector runs a full collection, over every
