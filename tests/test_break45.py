@@ -90,9 +90,6 @@ def is_int(v):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="library code's questions about a symbolic value are "
-                   "not scanned (Note [Questions about symbolic values]): the trace answers "
-                   "for the SymInt that .item() made")
 def test_a_library_question_about_a_read_number(tmp_path):
     with installed_package(tmp_path, "trident_readlib45", {"__init__": _LIB}) as lib:
         def f(x, m):

@@ -114,7 +114,8 @@ class Tracer:
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
-                state.record(None if self._constant_self else self._code_fn) as recording:
+                state.record(None if self._constant_self else self._code_fn) as recording, \
+                state.watch_questions() as asked:  # Note [Questions asked in the trace]
             try:
                 captured = self._trace(call, dynamic, recording, lengths)
                 free = self._order_probe(call, dynamic, recording, captured, lengths)
@@ -123,6 +124,7 @@ class Tracer:
                     raise
                 raise _refused(recording.refused) from e  # (user code caught it: Note
                 # [Writes at entry] in lower/state/writes.py)
+            state.raise_asked(asked)  # (lower/state/asked.py)
             if not self._constant_self:  # Note [Questions about symbolic values]
                 state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
                                       captured.scalar_reads)  # Note [Questions about read values]

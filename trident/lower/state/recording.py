@@ -302,7 +302,7 @@ def record(fn):
                     f = f.f_back
                     seen.append(f)
             elif frames.inside_trident(f.f_code.co_filename) and not \
-                    frames.launch_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
+                    frames.walked_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
                 f = None
                 break
             f = f.f_back

@@ -1,0 +1,109 @@
+"""Note [Questions asked in the trace] (lower/state/asked.py): ``isinstance``, ``issubclass``,
+``type(x) is C`` and ``type(x) in (...)`` of a trace's stand-in (a fake tensor, the SymInt that
+``.item()`` made) with a class the bytecode does not name (a local import, ``getattr(module,
+name)``, a closure's, an argument's), in user code and in library code. Where eager may answer
+otherwise the call runs eagerly with one warning; where it answers alike the call is served.
+Every call is compared with eager, with exact counts."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import counts, installed_package, said
+
+# (module, name) of a class eager answers otherwise for: the trace's fake tensor is one
+_FAKE = ("torch._subclasses.fake_tensor", "FakeTensor")
+_TENSOR = ("torch", "Tensor")  # type(x) is torch.Tensor: the fake's type is another
+_NONE_IS = ("torch.nn.parameter", "UninitializedBuffer")  # a tensor class no tensor here is
+
+_FORMS = {  # the question, of the tensor x and the class c
+    "isinstance": "isinstance(x, c)",
+    "a tuple of classes": "isinstance(x, (int, c))",
+    "issubclass": "issubclass(type(x), c)",
+    "type is": "type(x) is c",
+    "type in": "type(x) in (int, c)",
+    "of an attribute": "isinstance(h.w, c)",
+}
+_SOURCES = {  # where the class comes from
+    "local import": "    from {module} import {name} as c\n",
+    "getattr(module, name)": "    c = getattr(M{i}, N{i})\n",
+    "closure": None,
+    "argument": "",
+}
+
+
+def _case(i: int, form: str, source: str, cls: tuple) -> str:
+    """The source of ``f{i}(x, c, h)``, which asks ``form`` with a class from ``source``."""
+    module, name = cls
+    head = f"import {module}\nM{i} = {module}\nN{i} = {name!r}\n"
+    body = f"    return x * (3 if {_FORMS[form]} else 2)\n"
+    if source == "closure":
+        return head + (f"def make{i}():\n    c = getattr(M{i}, N{i})\n"
+                       f"    def f{i}(x, _, h):\n    {body}    return f{i}\n"
+                       f"f{i} = make{i}()\n")
+    return head + f"def f{i}(x, c, h):\n" + _SOURCES[source].format(
+        module=module, name=name, i=i) + body
+
+
+_OTHERWISE = [(form, source, _TENSOR if form.startswith("type") else _FAKE)
+              for form, source in itertools.product(_FORMS, _SOURCES)]
+_ALIKE = [(form, source, cls) for form, source, cls in itertools.product(
+    ["isinstance", "a tuple of classes", "of an attribute"], _SOURCES, [_TENSOR, _NONE_IS])]
+_CASES = _OTHERWISE + _ALIKE
+_SRC = "class Holder:\n    def __init__(self, w):\n        self.w = w\n\n\n" + "".join(
+    _case(i, *case) for i, case in enumerate(_CASES))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """The cases as user code (exec'd into a dict of their own) and as an installed
+    library's."""
+    user: dict = {}
+    exec(compile(_SRC, "<questions47>", "exec"), user)
+    with installed_package(tmp_path_factory.mktemp("asked47"), "trident_asked47",
+                           {"__init__": _SRC}) as package:
+        yield {"user": user, "library": vars(package)}
+
+
+def _run(jf, f, calls) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for args in calls:
+            got, want = jf(*args()), f(*args())
+            assert torch.equal(got, want), (got, want, jf.stats.miss_reasons)
+    return said(caught, "trident")
+
+
+def _jitted(g: dict, i: int, cls: tuple):
+    import importlib
+    c = getattr(importlib.import_module(cls[0]), cls[1])
+    h, fn = g["Holder"](torch.ones(2)), g[f"f{i}"]
+
+    def call(x, c, h):
+        return fn(x, c, h) + 1
+
+    return trident.jit(call), call, lambda: (torch.ones(2), c, h)
+
+
+@pytest.mark.parametrize("where", ["user", "library"])
+@pytest.mark.parametrize("form,source,cls", _OTHERWISE,
+                         ids=[f"{f}-{s}" for f, s, _ in _OTHERWISE])
+def test_a_question_eager_answers_otherwise_runs_eagerly(sources, where, form, source, cls):
+    jf, f, args = _jitted(sources[where], _CASES.index((form, source, cls)), cls)
+    warned = _run(jf, f, [args, args])
+    assert len(warned) == 1 and ("reads a tensor's Python type" in warned[0]), warned
+    assert counts(jf) == (0, 0, 2), jf.stats.miss_reasons
+
+
+@pytest.mark.parametrize("where", ["user", "library"])
+@pytest.mark.parametrize("form,source,cls", _ALIKE,
+                         ids=[f"{f}-{s}-{c[1]}" for f, s, c in _ALIKE])
+def test_a_question_eager_answers_alike_is_served(sources, where, form, source, cls):
+    jf, f, args = _jitted(sources[where], _CASES.index((form, source, cls)), cls)
+    assert _run(jf, f, [args, args, args]) == []
+    assert counts(jf) == (1, 2, 0), jf.stats.miss_reasons
