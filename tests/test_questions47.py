@@ -107,3 +107,65 @@ def test_a_question_eager_answers_alike_is_served(sources, where, form, source, 
     jf, f, args = _jitted(sources[where], _CASES.index((form, source, cls)), cls)
     assert _run(jf, f, [args, args, args]) == []
     assert counts(jf) == (1, 2, 0), jf.stats.miss_reasons
+
+
+# ---- of the SymInt that ``.item()`` made (Note [Questions about symbolic values]) --------------
+# Library code given the number asked what it is with no check of the bytecode's: every call
+# returned the branch eager never takes.
+
+_NUMBER_FORMS = {k: v.replace("x", "v").replace("int, c", "str, c")
+                 for k, v in _FORMS.items() if k != "of an attribute"}
+_INT = ("builtins", "int")
+
+
+def _number_case(i: int, form: str, source: str, cls: tuple) -> str:
+    """The source of ``g{i}(v, c)``, which asks ``form`` of ``v`` with a class from
+    ``source``."""
+    return _case(i, form, source, cls).replace(f"f{i}(x, _, h)", f"g{i}(v, _)").replace(
+        f"f{i}(x, c, h)", f"g{i}(v, c)").replace(f"f{i}", f"g{i}").replace(
+        "return x * (3 if " + _FORMS[form], "return (3 if " + _NUMBER_FORMS[form])
+
+
+_NUMBER_CASES = [(form, source, _INT) for form, source in itertools.product(
+    _NUMBER_FORMS, _SOURCES)] + [("isinstance", "local import", ("numbers", "Integral"))]
+_NUMBER_ALIKE = ("import torch\nNUMBERS = (int, float, torch.SymInt, torch.SymFloat, "
+                 "torch.SymBool)\ndef alike(v, _):\n    return 3 if isinstance(v, NUMBERS) else 2\n")
+_NUMBER_SRC = _NUMBER_ALIKE + "".join(_number_case(i, *case)
+                                      for i, case in enumerate(_NUMBER_CASES))
+
+
+@pytest.fixture(scope="module")
+def number_sources(tmp_path_factory):
+    user: dict = {}
+    exec(compile(_NUMBER_SRC, "<numbers47>", "exec"), user)
+    with installed_package(tmp_path_factory.mktemp("numbers47"), "trident_numbers47",
+                           {"__init__": _NUMBER_SRC}) as package:
+        yield {"user": user, "library": vars(package)}
+
+
+def _number_jitted(g: dict, name: str, cls: tuple):
+    import importlib
+    c, fn = getattr(importlib.import_module(cls[0]), cls[1]), g[name]
+
+    def call(x, m, c):
+        return x * fn(m.sum().item(), c)
+
+    return trident.jit(call), call, lambda: (torch.ones(2), torch.tensor([1, 3]), c)
+
+
+@pytest.mark.parametrize("where", ["user", "library"])
+@pytest.mark.parametrize("form,source,cls", _NUMBER_CASES,
+                         ids=[f"{f}-{s}-{c[1]}" for f, s, c in _NUMBER_CASES])
+def test_a_question_about_a_read_number_runs_eagerly(number_sources, where, form, source, cls):
+    i = _NUMBER_CASES.index((form, source, cls))
+    jf, f, args = _number_jitted(number_sources[where], f"g{i}", cls)
+    warned = _run(jf, f, [args, args, args])
+    assert len(warned) == 1 and "asks Python what a symbolic value is" in warned[0], warned
+    assert counts(jf) == (0, 0, 3), jf.stats.miss_reasons
+
+
+@pytest.mark.parametrize("where", ["user", "library"])
+def test_a_question_about_a_read_number_eager_answers_alike_is_served(number_sources, where):
+    jf, f, args = _number_jitted(number_sources[where], "alike", _INT)
+    assert _run(jf, f, [args, args, args]) == []
+    assert counts(jf) == (1, 2, 0), jf.stats.miss_reasons

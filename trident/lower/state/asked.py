@@ -15,21 +15,30 @@ and ``issubclass`` of the builtins module are wrappers (``watch``) that answer a
 do and, when this thread is tracing, the operand is a stand-in (``issubclass``: a stand-in's
 class, ``type(x)``) and the caller is user code or scanned library code (Note [Library code
 that ran] in library.py; torch's own tracing machinery asks ``isinstance(x, FakeTensor)`` and
-``isinstance(n, torch.SymInt)`` on purpose), compare the answer with eager's: ``issubclass``
-of the value's eager class (``torch.Tensor`` and ``nn.Parameter`` for a fake tensor, whose
-argument guards accept those two: Note [Tensor types and attributes] in ir/guards.py; ``int``,
-``float``, ``bool`` for ``SymInt``, ``SymFloat``, ``SymBool``) for each class asked, ``nn.Parameter``
-and ``nn.Buffer`` answered by the flag torch gives the fake. A class whose metaclass answers by
-code of its own (not ``type``'s or ``ABCMeta``'s check) and a class of a stand-in given as the
-class (``isinstance(y, type(x))``) answer unknowably. A question answered otherwise, or
-unknowably, is kept (``Asked``), and ``raise_asked`` makes the trace fail with it: a fake
-tensor's for every size (the call runs eagerly), a symbolic value's as the scans' do (traced
-again at exact sizes; a value ``.item()`` read runs eagerly). Questions whose answer is eager's
-(``isinstance(x, torch.Tensor)``, ``isinstance(X, DTensor)`` of liger-kernel,
-``isinstance(n, (int, torch.SymInt))``) are served. ``type(x) is C`` calls no function: the
-bytecode scans keep those (a ``type(x)`` compared with a class the code does not name runs
-eagerly). Code that bound the builtins before the trace (``_isinstance = isinstance`` at module
-level; C code) is not seen; the scans still see it where they name the class.
+``isinstance(n, torch.SymInt)`` on purpose), compare the answer with eager's:
+
+* eager's is ``issubclass`` of the value's eager class (``torch.Tensor`` and ``nn.Parameter``
+  for a fake tensor, the two its argument guards accept: Note [Tensor types and attributes] in
+  ir/guards.py; ``int``, ``float``, ``bool`` for ``SymInt``, ``SymFloat``, ``SymBool``) for
+  each class asked; ``nn.Parameter`` and ``nn.Buffer`` answer by the flag torch gives the fake
+  (guarded), and the stand-in that traced code gets for ``torch._subclasses.FakeTensor`` by
+  its own eager answer (Note [Value reads] in lower/values.py);
+* a class whose metaclass answers by code of its own (not ``type``'s or ``ABCMeta``'s check)
+  answers unknowably. (A stand-in's class given as the class, ``isinstance(y, type(x))``, is
+  the scans' ``type(x)``.)
+
+A question answered otherwise, or unknowably, is kept (``Asked``), and ``raise_asked`` makes
+the trace fail with it: a fake tensor's at every size (the call runs eagerly), a symbolic
+value's as the scans' do (traced again at exact sizes; a value ``.item()`` read runs
+eagerly). Questions whose answer is eager's (``isinstance(x, torch.Tensor)``, liger-kernel's
+``isinstance(X, DTensor)``, ``isinstance(n, (int, torch.SymInt))``) are served.
+
+``type(x) is C`` calls no function. Of a tensor, the bytecode scan keeps it (a ``type(x)``
+compared with a class the code does not name runs eagerly); of a symbolic number given to
+library code, ``library_symbolic_question`` (tensor_reads.py) scans that code (the recording
+keeps the symbolic numbers library frames are given: ``library.KEPT``). Code that bound the
+builtins before the trace (``_isinstance = isinstance`` at a module's top; C code) is not
+seen; the scans still see it where they name the class.
 """
 
 from __future__ import annotations
@@ -100,10 +109,10 @@ def _eager_alike(obj, stand_in: type, classinfo, answer: bool, instance: bool) -
     for eager in _EAGER[stand_in]:
         got = False
         for c in classes:
-            if c in _EAGER:  # a stand-in's class asked of anything (isinstance(y, type(x)))
-                return False
-            if instance and stand_in is FakeTensor and c in _BY_FLAG:
-                got = got or _isinstance(obj, c)  # (the fake carries the flag: guarded)
+            if instance and stand_in is FakeTensor and (
+                    c in _BY_FLAG or getattr(type(c), "answers_as_eager", False)):
+                got = got or _isinstance(obj, c)  # (the fake carries the flag: guarded; the
+                # stand-in for torch._subclasses.FakeTensor: Note [Value reads] in values.py)
             elif getattr(type(c), "__instancecheck__" if instance else "__subclasscheck__",
                          None) in _CHECKS[instance]:
                 got = got or _issubclass(eager, c)
@@ -150,8 +159,6 @@ def isinstance(obj, class_or_tuple, /):
     stand_in = type(obj)
     if stand_in in _EAGER:
         _ask(obj, stand_in, class_or_tuple, answer, True)
-    elif _isinstance(class_or_tuple, type) and class_or_tuple in _EAGER:
-        _ask(obj, class_or_tuple, class_or_tuple, answer, True)
     return answer
 
 

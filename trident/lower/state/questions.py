@@ -171,10 +171,13 @@ def _classes(c: _Code, k: int, d: int) -> list | None:
     return None
 
 
-def _holds_alike(cls: type) -> bool:
-    """``isinstance(v, cls)`` answers alike for a SymInt and an int (SymFloat, float ...)."""
+def _holds_alike(classes: list) -> bool:
+    """``isinstance(v, classes)`` answers alike for a SymInt and an int (SymFloat, float ...):
+    ``(int, torch.SymInt)`` holds of both."""
     try:
-        return all(issubclass(s, cls) == issubclass(p, cls) for s, p in _PAIRS)
+        return all(any(issubclass(s, c) for c in classes) == any(issubclass(p, c)
+                                                                for c in classes)
+                   for s, p in _PAIRS)
     except TypeError:
         return False
 
@@ -211,7 +214,7 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
                 what = "is" if not i.arg else "is not"
         elif i.opname == "MATCH_CLASS":  # match n: case int(): (subject, class, names)
             classes = _classes(c, k, 1)
-            if (classes is None or not all(_holds_alike(x) for x in classes)) and \
+            if (classes is None or not _holds_alike(classes)) and \
                     _maybe_symbolic(c.value(k, 2)):
                 what = "match ... case"
         elif i.opname == "CALL" and i.arg in (1, 2):
@@ -224,7 +227,7 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None
                     what = "id()"
             elif callee is isinstance and i.arg == 2:
                 classes = _classes(c, k, 0)
-                if (classes is None or not all(_holds_alike(x) for x in classes)) and \
+                if (classes is None or not _holds_alike(classes)) and \
                         _maybe_symbolic(c.value(k, 1)):
                     what = "isinstance()"
             elif callee in (operator.is_, operator.is_not) and i.arg == 2:
