@@ -169,3 +169,55 @@ def test_a_question_about_a_read_number_eager_answers_alike_is_served(number_sou
     jf, f, args = _number_jitted(number_sources[where], "alike", _INT)
     assert _run(jf, f, [args, args, args]) == []
     assert counts(jf) == (1, 2, 0), jf.stats.miss_reasons
+
+
+# ---- isinstance bound before the trace; type() of an attribute ---------------------------------
+# A name bound to the builtin before the trace (``_isinstance = isinstance`` at a module's top)
+# calls it past the trace's wrapper: the bytecode scan keeps it where the class is not named.
+_BOUND = '''
+_isinstance = isinstance  # bound before any trace
+
+
+def bound_before(x, c, h):
+    return x * (3 if _isinstance(x, c) else 2)
+
+
+def type_of_an_attribute(x, c, h):
+    return h.w * (3 if type(h.w) is c else 2)
+'''
+
+
+def _bound_case(tmp_path, where: str, which: str, cls: tuple):
+    import importlib
+    c = getattr(importlib.import_module(cls[0]), cls[1])
+    if where == "user":
+        g: dict = {}
+        exec(compile(_BOUND, "<bound47>", "exec"), g)
+        return _bound_run(g[which], c)
+    with installed_package(tmp_path, "trident_bound47", {"__init__": _BOUND}) as lib:
+        return _bound_run(getattr(lib, which), c)
+
+
+def _bound_run(read, c):
+    def f(x, c, h):
+        return read(x, c, h) + 1
+
+    jf = trident.jit(f)
+    h = type("Holder", (), {})()
+    h.w = torch.ones(2)
+    warned = _run(jf, f, [lambda: (torch.ones(2), c, h)] * 2)
+    assert len(warned) == 1 and "reads a tensor's Python type" in warned[0], warned
+    assert counts(jf) == (0, 0, 2), jf.stats.miss_reasons
+
+
+@pytest.mark.parametrize("where", ["user", "library"])
+def test_isinstance_bound_before_the_trace_runs_eagerly(tmp_path, where):
+    _bound_case(tmp_path, where, "bound_before", _FAKE)
+
+
+@pytest.mark.xfail(strict=True, reason="type() of a tensor reached otherwise than as a "
+                   "parameter (type(h.w)) calls no function the trace sees, and the scan "
+                   "follows tensor parameters only (docs/design.md, Limits today)")
+@pytest.mark.parametrize("where", ["user", "library"])
+def test_type_of_an_attribute_runs_eagerly(tmp_path, where):
+    _bound_case(tmp_path, where, "type_of_an_attribute", _TENSOR)

@@ -114,11 +114,11 @@ class Tracer:
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
-                state.record(None if self._constant_self else self._code_fn) as recording, \
-                state.watch_questions() as asked:  # Note [Questions asked in the trace]
+                state.record(None if self._constant_self else self._code_fn) as recording:
             try:
-                captured = self._trace(call, dynamic, recording, lengths)
-                free = self._order_probe(call, dynamic, recording, captured, lengths)
+                with state.watch_questions() as asked:  # Note [Questions asked in the trace]
+                    captured = self._trace(call, dynamic, recording, lengths)
+                    free = self._order_probe(call, dynamic, recording, captured, lengths)
             except TridentError as e:
                 if recording.refused is None or str(e) == recording.refused:
                     raise

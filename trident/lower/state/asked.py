@@ -31,14 +31,18 @@ A question answered otherwise, or unknowably, is kept (``Asked``), and ``raise_a
 the trace fail with it: a fake tensor's at every size (the call runs eagerly), a symbolic
 value's as the scans' do (traced again at exact sizes; a value ``.item()`` read runs
 eagerly). Questions whose answer is eager's (``isinstance(x, torch.Tensor)``, liger-kernel's
-``isinstance(X, DTensor)``, ``isinstance(n, (int, torch.SymInt))``) are served.
+``isinstance(X, DTensor)``, ``isinstance(n, (int, torch.SymInt))``) are served. Code that
+bound the builtin before the trace (``_isinstance = isinstance`` at a module's top) calls it
+unseen: ``tensor_type_read`` (bytecode.py) makes such a call of a tensor parameter with a
+class its code does not name run eagerly (``seen``).
 
 ``type(x) is C`` calls no function. Of a tensor, the bytecode scan keeps it (a ``type(x)``
 compared with a class the code does not name runs eagerly); of a symbolic number given to
 library code, ``library_symbolic_question`` (tensor_reads.py) scans that code (the recording
-keeps the symbolic numbers library frames are given: ``library.KEPT``). Code that bound the
-builtins before the trace (``_isinstance = isinstance`` at a module's top; C code) is not
-seen; the scans still see it where they name the class.
+keeps the symbolic numbers library frames are given: ``library.KEPT``). Open: library code's
+``type(x)`` of a tensor it reached otherwise than as a parameter (``type(self.w)``), and an
+``isinstance`` bound before the trace asked of such a tensor (``tests/test_questions47.py``,
+strict xfails).
 """
 
 from __future__ import annotations
@@ -171,6 +175,17 @@ def issubclass(cls, class_or_tuple, /):
 
 
 _WRAPPERS = {"isinstance": isinstance, "issubclass": issubclass}
+
+
+def seen(f, k: int, g: dict) -> bool:
+    """Whether the ``CALL`` at ``f.ins[k]`` (a ``flow.Flow`` of code whose globals are ``g``)
+    calls ``isinstance`` or ``issubclass`` by the builtins' name, which the trace's wrapper
+    answers; not one bound before the trace (``_isinstance = isinstance``), which
+    ``tensor_type_read`` (bytecode.py) keeps where the code does not name the class."""
+    argc = f.ins[k].arg
+    return any(f.ins[p].opname == "LOAD_GLOBAL" and f.ins[p].argval in _WRAPPERS and
+               f.ins[p].argval not in g for d in (argc, argc + 1)
+               for p, _ in f.producers(k, d) or ())
 
 
 @contextlib.contextmanager

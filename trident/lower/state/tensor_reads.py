@@ -157,8 +157,10 @@ def library_symbolic_question(code: types.CodeType, g: dict, params: dict) -> st
     """Note [Questions asked in the trace] (asked.py): ``symbolic_question`` of library code
     that was given a symbolic number (``params``: the ones it was given), but torch's (which
     asks ``isinstance(n, torch.SymInt)`` on purpose); kept per code object (walked once per
-    process). A question whose ``isinstance`` the trace saw asked is asked.py's; this one
-    finds ``type(n) is int``, ``n.__class__``, ``n is 0``, which call no function."""
+    process). Only a question whose operand derives from a symbolic parameter counts (not
+    transformers' ``type(self.layers[i]).__name__`` beside a SymInt ``query_length``): this
+    finds ``type(n) is int``, ``n.__class__``, ``n is 0``, which call no function the trace
+    sees (its ``isinstance`` is asked.py's too)."""
     symbolic = frozenset(n for n, v in params.items() if isinstance(v, _SYMBOLIC))
     if not symbolic or str(g.get("__name__")).partition(".")[0] == "torch":
         return None
@@ -167,5 +169,6 @@ def library_symbolic_question(code: types.CodeType, g: dict, params: dict) -> st
     if found is None or found[0] is not code:
         if len(_LIBRARY_QUESTIONS) >= 65536:
             _LIBRARY_QUESTIONS.clear()
-        found = _LIBRARY_QUESTIONS[key] = (code, symbolic_question(code, g, params))
+        found = _LIBRARY_QUESTIONS[key] = (code, symbolic_question(code, g, params,
+                                                                   symbolic))
     return found[1]
