@@ -96,7 +96,9 @@ def test_a_library_question_about_a_read_number(tmp_path):
             return x * 2 if lib.is_int(m.sum().item()) else x * 3
 
         jf = trident.jit(f)
-        _served(jf, f, [lambda: (torch.ones(2), torch.tensor([1, 3]))] * 2)
+        caught = _served(jf, f, [lambda: (torch.ones(2), torch.tensor([1, 3]))] * 2)
+        assert counts(jf) == (0, 0, 2), jf.stats.miss_reasons  # (more kinds: test_questions47)
+        assert sum("asks Python what a symbolic value is" in w for w in caught) == 1, caught
 
 
 # ---- Note [Instance lookups] (lower/state/instances.py) ----------------------------------------

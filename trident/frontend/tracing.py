@@ -116,7 +116,8 @@ class Tracer:
         with config.stage("trace"), \
                 state.record(None if self._constant_self else self._code_fn) as recording:
             try:
-                with state.watch_questions() as asked:  # Note [Questions asked in the trace]
+                with state.watch_questions(not self._constant_self) as asked:  # Note
+                    # [Questions asked in the trace] (a backend graph runs no user code)
                     captured = self._trace(call, dynamic, recording, lengths)
                     free = self._order_probe(call, dynamic, recording, captured, lengths)
             except TridentError as e:

@@ -189,10 +189,15 @@ def seen(f, k: int, g: dict) -> bool:
 
 
 @contextlib.contextmanager
-def watch():
+def watch(on: bool = True):
     """Note [Questions asked in the trace]: the builtins' wrappers installed while this thread
-    (and any other tracing) runs; yields this thread's list of :class:`Asked`."""
+    (and any other tracing) runs; yields this thread's list of :class:`Asked` (``on``
+    False: none installed, for a Dynamo graph of torch.compile's backend, which runs no user
+    code: Dynamo answered its questions)."""
     asked: list = []
+    if not on:
+        yield asked
+        return
     thread = _thread.get_ident()
     with _LOCK:
         outer = _ACTIVE.get(thread)  # (a trace inside a trace: a nested jitted call)
