@@ -24,10 +24,11 @@ from trident.lower.flatten import _Flattener
 from trident.lower.trace_writes import decimal_refusal, reads_decimal
 from trident.runtime import ABI
 from trident.lower.state.library import by_value
-from trident.lower.state.wholes import members, whole_member
+from trident.lower.state.wholes import held_class_reads, members, whole_member
 from trident.lower.state.roots import registries
-from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
-                                       _kernel_types, _resolve_root, _root_of, _step)
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _descriptor_owner, _is_getter,
+                                       _kernel_fns, _kernel_types, _resolve_root, _root_of,
+                                       _step)
 
 # Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
@@ -182,6 +183,11 @@ def build(reads: list[Read], fn) -> StateTree:
     trie: dict = {}  # (root, steps prefix) -> node index
     for read in sorted(reads, key=lambda r: (repr(r.root), repr(r.steps))):
         _add_read(f, trie, read, fn)
+    held: set = set()  # Note [Classes of held objects] in wholes.py: of the values used whole
+    while more := [r for r in held_class_reads(f.nodes, f.values) if r not in held]:
+        held.update(more)
+        for read in more:
+            _add_read(f, trie, read, fn)
     if len(f.nodes) > MAX_NODES:
         raise TridentError("the function reads too much state to guard")
     return StateTree(f.nodes, f.description)
@@ -209,6 +215,8 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         else:
             text = "" if read.root[1] == getattr(fn, "__module__", None) else read.root[1]
         trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root, fn))
+    if not read.steps and read.whole and isinstance(obj, type):  # a class that no module
+        _members(f, trie, key + ("whole",), obj, trie[key], obj.__qualname__)  # names, whole
     parent, parent_obj = trie[key], obj
     came = None  # how the parent was read: (its parent, access, key, trie key)
     library = False  # reading a library's module state (Note [Library state])
@@ -398,21 +406,6 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
 
 
-def _descriptor_owner(obj, step: tuple):
-    """The user class whose ``__dict__`` holds the descriptor object that serves ``obj.name``
-    (an instance of a user class with ``__get__``: not a function, property or method, whose
-    state is Python's), or None."""
-    name = step[1]
-    classes = (*type(obj).__mro__, *obj.__mro__) if isinstance(obj, type) else type(obj).__mro__
-    for klass in classes:
-        found = vars(klass).get(name, _MISSING)
-        if found is not _MISSING:
-            kind = type(found)
-            return klass if frames.user_class(kind) and hasattr(kind, "__get__") and \
-                frames.user_class(klass) else None
-    return None
-
-
 def _path_text(parent: str, step: tuple) -> str:
     if step[0] == "call":
         return f"{parent}()"
@@ -473,21 +466,7 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     if _by_id(value):
         trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
                                  _words(value))
-        used = f.whole  # Note [Modules used whole]
-        if id(value) in used:
-            return
-        used.add(id(value))
-        for name, data, ident in members(value, path, _by_id):
-            if (whole + ("attr", name)) not in trie:
-                trie[whole + ("attr", name)] = len(f.nodes)
-                if whole_member(data) and id(data) not in used:
-                    _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
-                         f"{path}.{name}")  # (its own: attrgetter("helpers.Cfg.K")(mod))
-                elif ident:
-                    f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
-                          _words(data))
-                else:
-                    f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
+        _members(f, trie, whole, value, me, path)
         return
     before = len(f.nodes)
     try:
@@ -495,3 +474,23 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     except RecursionError:
         raise TridentError(f"the global {path} is nested too deeply to guard") from None
     trie[whole] = before
+
+
+def _members(f: _StateFlattener, trie: dict, whole: tuple, value, me: int, path: str) -> None:
+    """Note [Modules used whole]: the members of the class or module ``value`` (at node ``me``)
+    that its guard checks, each once per state tree."""
+    used = f.whole
+    if id(value) in used:
+        return
+    used.add(id(value))
+    for name, data, ident in members(value, path, _by_id):
+        if (whole + ("attr", name)) not in trie:
+            trie[whole + ("attr", name)] = len(f.nodes)
+            if whole_member(data) and id(data) not in used:
+                _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
+                     f"{path}.{name}")  # (its own: attrgetter("helpers.Cfg.K")(mod))
+            elif ident:
+                f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
+                      _words(data))
+            else:
+                f.visit(data, me, GETATTR, name, f"{path}.{name}", True)

@@ -8,7 +8,9 @@ import types
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _CONSTS
-from trident.lower.state.chain import _MISSING, _STOP, _step
+from trident.ir.trees import ID, OBJECT
+from trident.lower.state.chain import _MISSING, _STOP, Read, _root_of, _step
+from trident.lower.state.instances import _plain_lookup
 
 CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
 _CONTAINERS = (list, tuple, dict, set, frozenset)
@@ -75,3 +77,46 @@ def whole_member(data) -> bool:
     module."""
     return isinstance(data, type) and frames.user_class(data) or \
         isinstance(data, types.ModuleType) and not frames.library_module(data)
+
+
+# Note [Classes of held objects]: a class attribute is found through the class of the object it
+# is read of, and reads that no chain names reach such objects: a method's result
+# (``m.get_layer().K``), the items a generator yields (``for mod in m.modules()``, a method
+# that yields), the items C code reads (``map(operator.attrgetter("K"), m.layers)``), a name
+# computed at run time (``getattr(l, m.which)``). They were taken as constants: ``K`` changed
+# on the class, on a base, shadowed on a subclass later or deleted, a hit returned the
+# trace's value. What such a read can reach of the call's objects is what the argument tree
+# holds (the scan holds whole what is passed on, iterated or called: Note [Parameter reads]
+# in lower/uses.py), or a value a state tree uses whole (``map(attrgetter("K"), LAYERS)``);
+# so the class of every object of a user class that either holds (an ``OBJECT`` node), and
+# every user class an argument tree holds by identity, is used whole (Note [Modules used
+# whole]): its numbers, strings and containers through its MRO, by value. Its nodes are
+# class attributes under a root: once an evaluation held they are proven by the class's
+# version tag (Note [Quiet state] in runtime/state_memo.cpp: any attribute of the class or of
+# a base set or deleted clears it), so a hit pays one tag per class, or none on Python 3.12
+# while the type watcher saw no event, whatever the number of attributes. A change misses,
+# the chains are evaluated again, and the digest (the values, by content) decides: the state
+# of an earlier specialization reinstalls it. A library's class is not read (its state is
+# taken as fixed: Note [Library state] in tree.py), so a model of transformers' classes reads
+# no more than before; a class whose metaclass looks names up otherwise than ``type`` (its
+# Python code would run on the hit path) is not either, as in Note [Instance lookups].
+# Left open: a name that the class gains where the trace found none (``getattr(l, name, d)``
+# with a computed name that was absent), and the objects a class holds (as for any class used
+# whole).
+
+
+def held_class_reads(nodes, values) -> list[Read]:
+    """Note [Classes of held objects]: a whole read of the class of each object of a user class
+    that ``nodes`` hold (an argument tree's or a state tree's, ``values`` their values, index
+    for index), and of each user class they hold by identity."""
+    classes: dict = {}
+    for node, value in zip(nodes, values):
+        if node.check == OBJECT:
+            cls = type(value)
+        elif node.check == ID and isinstance(value, type):
+            cls = value
+        else:
+            continue
+        if id(cls) not in classes and frames.user_class(cls) and _plain_lookup(type(cls)):
+            classes[id(cls)] = cls
+    return [Read(*_root_of(cls), True) for cls in classes.values()]
