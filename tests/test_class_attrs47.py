@@ -223,3 +223,29 @@ def test_unchanged_classes_keep_their_hits():
             Unrelated.K = 2.0
         assert torch.equal(jf(m, x), _modules(m, x))
     assert counts(jf) == (1, 4, 0), jf.stats.miss_reasons
+
+
+_GAINED = {"on the class": (_Other47, "J", 5.0), "on a base": (_Base47, "J", 6.0),
+           "a __getattr__ on a base": (_Base47, "__getattr__", lambda self, name: 7.0)}
+
+
+@pytest.mark.parametrize("where", list(_GAINED), ids=list(_GAINED))
+def test_a_name_the_class_gains_later(where):
+    """``getattr(l, name, 1.0)`` with a name computed at run time that no class held: the
+    class gaining it later (or a ``__getattr__``) is seen: its names are checked."""
+    def f(m, x):
+        return x * getattr(m.get_layer(), m.which, 1.0)
+
+    cls, name, value = _GAINED[where]
+    jf, m, x = trident.jit(f), _Net47(), torch.ones(3)
+    m.which = "J"
+    try:
+        for k in range(4):
+            if k == 2:
+                setattr(cls, name, value)
+            assert torch.equal(jf(m, x), f(m, x)), (k, jf.stats.miss_reasons)
+    finally:
+        if name in vars(cls):
+            delattr(cls, name)
+    assert counts(jf) == (2, 2, 0) and "__dict__ changed" in jf.stats.miss_reasons[1], \
+        jf.stats.miss_reasons

@@ -111,8 +111,8 @@ def held_class_reads(nodes, values) -> list[Read]:
     for index), and of each user class they hold by identity."""
     classes: dict = {}
     for node, value in zip(nodes, values):
-        if node.check == OBJECT:
-            cls = type(value)
+        if node.check == OBJECT and not isinstance(value, type):  # (a class's names: _names
+            cls = type(value)  # in tree.py)
         elif node.check == ID and isinstance(value, type):
             cls = value
         else:
