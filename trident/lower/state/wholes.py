@@ -83,26 +83,28 @@ def whole_member(data) -> bool:
 # is read of, and reads that no chain names reach such objects: a method's result
 # (``m.get_layer().K``), the items a generator yields (``for mod in m.modules()``, a method
 # that yields), the items C code reads (``map(operator.attrgetter("K"), m.layers)``), a name
-# computed at run time (``getattr(l, m.which)``). They were taken as constants: ``K`` changed
-# on the class, on a base, shadowed on a subclass later or deleted, a hit returned the
-# trace's value. What such a read can reach of the call's objects is what the argument tree
-# holds (the scan holds whole what is passed on, iterated or called: Note [Parameter reads]
-# in lower/uses.py), or a value a state tree uses whole (``map(attrgetter("K"), LAYERS)``);
-# so the class of every object of a user class that either holds (an ``OBJECT`` node), and
-# every user class an argument tree holds by identity, is used whole (Note [Modules used
-# whole]): its numbers, strings and containers through its MRO, by value. Its nodes are
-# class attributes under a root: once an evaluation held they are proven by the class's
-# version tag (Note [Quiet state] in runtime/state_memo.cpp: any attribute of the class or of
-# a base set or deleted clears it), so a hit pays one tag per class, or none on Python 3.12
-# while the type watcher saw no event, whatever the number of attributes. A change misses,
-# the chains are evaluated again, and the digest (the values, by content) decides: the state
-# of an earlier specialization reinstalls it. A library's class is not read (its state is
-# taken as fixed: Note [Library state] in tree.py), so a model of transformers' classes reads
-# no more than before; a class whose metaclass looks names up otherwise than ``type`` (its
-# Python code would run on the hit path) is not either, as in Note [Instance lookups].
-# Left open: a name that the class gains where the trace found none (``getattr(l, name, d)``
-# with a computed name that was absent), and the objects a class holds (as for any class used
-# whole).
+# computed at run time (``getattr(l, m.which)``, ``getattr(l, name, default)``). They were
+# taken as constants: ``K`` changed on the class, on a base, shadowed on a subclass later or
+# deleted, a hit returned the trace's value. What such a read can reach of the call's objects
+# is what the argument tree holds (the scan holds whole what is passed on, iterated or called:
+# Note [Parameter reads] in lower/uses.py), or a value a state tree uses whole
+# (``map(attrgetter("K"), LAYERS)``); so the class of every object of a user class that either
+# holds (an ``OBJECT`` node), and every user class an argument tree holds by identity, is used
+# whole (Note [Modules used whole]): its numbers, strings and containers through its MRO, by
+# value. And since a name found nowhere is a read too (``getattr(l, name, 1.0)``, a
+# ``__getattr__`` added later), each user class of its MRO has its names checked: an
+# ``OBJECT`` check of the class beside its ``ID`` node (in C a class's instance dict is its own
+# dict, so the check is of its keys in order; ``_names`` in tree.py). The values are class
+# attributes under a root: once an evaluation held they are proven by the class's version tag
+# (Note [Quiet state] in runtime/state_memo.cpp: any attribute of the class or of a base set or
+# deleted clears it); the names are checked at every call. A change misses, the chains are
+# evaluated again, and the digest (values by content, names in order) decides: the state of an
+# earlier specialization reinstalls it. A library's class is not read (its state is taken as
+# fixed: Note [Library state] in tree.py), so a model of transformers' classes reads no more
+# than before; nor is a class whose metaclass looks names up otherwise than ``type`` (its
+# Python code would run on the hit path), as in Note [Instance lookups]. A name that Python
+# caches on a class (``__slotnames__``, on the first ``copy`` or pickle of an instance) is a
+# change: one recompile.
 
 
 def held_class_reads(nodes, values) -> list[Read]:
