@@ -273,3 +273,42 @@ def test_more_held_classes_add_no_check_per_call():
     one = checked([_Layer47(), _Layer47()])
     three = checked([_Layer47(), _Other47(), _Base47()])
     assert three[0] == one[0] and three[1] > one[1], (one, three)
+
+
+CLASSES47 = [_Layer47, _Other47]
+
+
+def test_classes_a_global_list_holds():
+    """A global list of classes used whole (handed to C code): each class it holds is used
+    whole, and a class attribute changed is seen."""
+    def f(x):
+        return x * sum(map(operator.attrgetter("K"), CLASSES47))
+
+    jf, x = trident.jit(f), torch.ones(3)
+    try:
+        for k in range(4):
+            if k == 2:
+                _Other47.K = 8.0
+            assert torch.equal(jf(x), f(x)), (k, jf.stats.miss_reasons)
+    finally:
+        _Other47.K = 3.0
+    assert counts(jf) == (2, 2, 0) and "_Other47.K changed" in jf.stats.miss_reasons[1], \
+        jf.stats.miss_reasons
+
+
+class _Knobs47:
+    scale = 2.0
+    calls = 0
+
+
+def test_a_class_a_chain_reads_through_is_not_used_whole():
+    """``_Knobs47.scale`` is a chain's: its other attributes (a counter that code outside the
+    function moves at every call) are no guard's, and every call after the first is a hit."""
+    def f(x):
+        return x * _Knobs47.scale
+
+    jf, x = trident.jit(f), torch.ones(3)
+    for k in range(4):
+        _Knobs47.calls += 1
+        assert torch.equal(jf(x), f(x))
+    assert counts(jf) == (1, 3, 0), jf.stats.miss_reasons

@@ -129,7 +129,7 @@ class Tracer:
                                       captured.scalar_reads)  # Note [Questions about read values]
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn) +  # graphs)
-                held_class_reads(call.tree.nodes, call.values)]  # Note [Classes of held
+                held_class_reads(call.tree.nodes, call.values, True)]  # Note [Classes of held
             # objects] in lower/state/wholes.py
             reads += [r.to_json() for r in _partials_of(call)]
         return captured, reads, free

@@ -124,7 +124,7 @@ def build(reads: list[Read], fn) -> StateTree:
     for read in sorted(reads, key=lambda r: (repr(r.root), repr(r.steps))):
         _add_read(f, trie, read, fn)
     held: set = set()  # Note [Classes of held objects] in wholes.py: of the values used whole
-    while more := [r for r in held_class_reads(f.nodes, f.values) if r not in held]:
+    while more := [r for r in held_class_reads(f.nodes, f.values, False) if r not in held]:
         held.update(more)
         for read in more:
             _add_read(f, trie, read, fn)

@@ -8,7 +8,7 @@ import types
 from trident import frames
 from trident.errors import TridentError
 from trident.ir.trees import _CONSTS
-from trident.ir.trees import ID, OBJECT
+from trident.ir.trees import DICT, ID, OBJECT, SEQ
 from trident.lower.state.chain import _MISSING, _STOP, Read, _root_of, _step
 from trident.lower.state.instances import _plain_lookup
 
@@ -107,15 +107,18 @@ def whole_member(data) -> bool:
 # change: one recompile.
 
 
-def held_class_reads(nodes, values) -> list[Read]:
+def held_class_reads(nodes, values, classes_held: bool) -> list[Read]:
     """Note [Classes of held objects]: a whole read of the class of each object of a user class
     that ``nodes`` hold (an argument tree's or a state tree's, ``values`` their values, index
-    for index), and of each user class they hold by identity."""
+    for index), and of each user class they hold by identity: every one (``classes_held``: an
+    argument tree's), or else those that a container or an object holds (a state tree's value
+    used whole; not the classes its chains read through, whose reads are chains)."""
     classes: dict = {}
     for node, value in zip(nodes, values):
         if node.check == OBJECT and not isinstance(value, type):  # (a class's names: _names
             cls = type(value)  # in tree.py)
-        elif node.check == ID and isinstance(value, type):
+        elif node.check == ID and isinstance(value, type) and (classes_held or (
+                node.parent >= 0 and nodes[node.parent].check in (SEQ, DICT, OBJECT))):
             cls = value
         else:
             continue
