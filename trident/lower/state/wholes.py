@@ -89,9 +89,10 @@ def whole_member(data) -> bool:
 # is what the argument tree holds (the scan holds whole what is passed on, iterated or called:
 # Note [Parameter reads] in lower/uses.py), or a value a state tree uses whole
 # (``map(attrgetter("K"), LAYERS)``); so the class of every object of a user class that either
-# holds (an ``OBJECT`` node), and every user class an argument tree holds by identity, is used
-# whole (Note [Modules used whole]): its numbers, strings and containers through its MRO, by
-# value. And since a name found nowhere is a read too (``getattr(l, name, 1.0)``, a
+# holds (an ``OBJECT`` node), and every user class an argument tree holds by identity (or a
+# container or object of such a value: ``map(attrgetter("K"), CLASSES)``; not a class a chain
+# reads through, ``Knobs.a``, whose reads are its chains), is used whole (Note [Modules used
+# whole]): its numbers, strings and containers through its MRO, by value. And since a name found nowhere is a read too (``getattr(l, name, 1.0)``, a
 # ``__getattr__`` added later), each user class of its MRO has its names checked: an
 # ``OBJECT`` check of the class beside its ``ID`` node (in C a class's instance dict is its own
 # dict, so the check is of its keys in order; ``_names`` in tree.py). The values are class
