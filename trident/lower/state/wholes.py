@@ -7,8 +7,7 @@ import types
 
 from trident import frames
 from trident.errors import TridentError
-from trident.ir.trees import _CONSTS
-from trident.ir.trees import DICT, ID, OBJECT, SEQ
+from trident.ir.trees import DICT, ID, OBJECT, SEQ, _CONSTS
 from trident.lower.state.chain import _MISSING, _STOP, Read, _root_of, _step
 from trident.lower.state.instances import _plain_lookup
 
