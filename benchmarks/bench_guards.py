@@ -34,7 +34,11 @@ def _trees(n: int) -> dict[str, tuple[str, list[state.Read]]]:
     mod.Knobs = knobs
     mod.ITEMS = [float(i) for i in range(n)]
     mod.TABLE = {f"k{i}": float(i) for i in range(n)}
+    held_base = type("HeldBase", (), {"K": 1.0, "__module__": mod.__name__})
+    mod.HeldBase = held_base
     for i in range(n):
+        setattr(mod, f"H{i}", type(f"H{i}", (held_base,), {"J": float(i),
+                                                            "__module__": mod.__name__}))
         setattr(mod, f"f{i}", types.FunctionType((lambda: None).__code__, {}))
         setattr(mod, f"c{i}", float(i))
         setattr(mod, f"t{i}", torch.zeros(1))
@@ -59,6 +63,10 @@ def _trees(n: int) -> dict[str, tuple[str, list[state.Read]]]:
                    reads([(("attr", f"t{i}"),) for i in range(n)])),
         "ABSENT": ("an unbound name (a global that would shadow a builtin)",
                    reads([(("attr", f"missing{i}"),) for i in range(n)])),
+        "held class": ("a user class whose instance an argument tree holds, used whole: its "
+                       "two numbers (one its base's) and its and its base's names (Note "
+                       "[Classes of held objects]); per class",
+                       [state.Read(root, (("attr", f"H{i}"),), True) for i in range(n)]),
         "environ": ("os.environ.get('X'): an item of os.environ",
                     [state.Read(("module", "os"),
                                 (("attr", "environ"), ("get", f"TRIDENT_BENCH_{i}")))

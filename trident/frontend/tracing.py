@@ -18,6 +18,7 @@ from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
 from trident.lower import compiler, orders, state
 from trident.lower.capture import trace
+from trident.lower.state.wholes import held_class_reads
 from trident.lower.substitute import substituted
 from trident.lower.outputs import flatten_output
 
@@ -130,7 +131,9 @@ class Tracer:
                 state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
                                       captured.scalar_reads)  # Note [Questions about read values]
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
-                r.to_json() for r in state.reads_of(recording, self._code_fn)]  # graphs)
+                r.to_json() for r in state.reads_of(recording, self._code_fn) +  # graphs)
+                held_class_reads(call.tree.nodes, call.values, True)]  # Note [Classes of held
+            # objects] in lower/state/wholes.py
             reads += [r.to_json() for r in _partials_of(call)]
         return captured, reads, free
 

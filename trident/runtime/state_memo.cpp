@@ -31,7 +31,9 @@ namespace {
 // The memo keeps the proofs and a reference to each proven value. While every proof holds, a
 // proven value is the same object as then, and its check holds without running when it does
 // not depend on the object's contents (an identity, an absence, an immutable constant, a
-// tuple's length, an exact dict's keys, which its tag covers). Every other node is read and
+// tuple's length, an exact dict's keys, which its tag covers, a class's names, which its
+// version tag covers: Note [Classes of held objects] in lower/state/wholes.py, whose OBJECT
+// check of a class reads its own dict's keys). Every other node is read and
 // checked at every call as before: what Python code serves (a property, a getter, an object's
 // own attributes, a closure cell), and the checks of contents (a list, a set, an object's type
 // and attributes, a tensor's version). A proof that fails makes the call evaluate every node,
@@ -239,6 +241,18 @@ void make_state_memo(const Tree& tree, PyObject* const* values, StateMemo& m) {
           if (holds) prove(StateMemo::Proof::kDictTag, v, dict_tag(v), nullptr).whole = true;
           break;
         case TRT_CHK_SAME: holds = m.proven[node.same] != 0; break;
+        case TRT_CHK_OBJECT:  // a class's names (Note [Classes of held objects] in
+          // lower/state/wholes.py): its own dict changes only with its version tag
+          if (PyType_Check(v)) {
+            auto* type = reinterpret_cast<PyTypeObject*>(v);
+            _PyType_Lookup(type, module_getattr_name());  // (assigns its tag)
+            PyErr_Clear();
+            holds = type_tag(type) != 0;
+            if (holds && !fixed_class(Py_TYPE(v)))
+              prove(StateMemo::Proof::kExactType, v, 0, Py_TYPE(v));
+            if (holds) prove(StateMemo::Proof::kTypeTag, v, type_tag(type), nullptr);
+          }
+          break;
       }
     }
     if (!holds) m.again.push_back(static_cast<uint32_t>(i));

@@ -15,6 +15,7 @@ import sys
 import types
 from typing import Any
 
+from trident import frames
 from trident.errors import TridentError
 from trident.identity import named_at, object_serial, serial_object
 
@@ -315,3 +316,18 @@ def _resolve_calls(root: tuple, steps: tuple, fn) -> Read | None:
         done.append(step)
         obj = _step(obj, step) if obj is not _MISSING else _MISSING
     return Read(root, tuple(done), True)
+
+
+def _descriptor_owner(obj, step: tuple):
+    """The user class whose ``__dict__`` holds the descriptor object that serves ``obj.name``
+    (an instance of a user class with ``__get__``: not a function, property or method, whose
+    state is Python's), or None."""
+    name = step[1]
+    classes = (*type(obj).__mro__, *obj.__mro__) if isinstance(obj, type) else type(obj).__mro__
+    for klass in classes:
+        found = vars(klass).get(name, _MISSING)
+        if found is not _MISSING:
+            kind = type(found)
+            return klass if frames.user_class(kind) and hasattr(kind, "__get__") and \
+                frames.user_class(klass) else None
+    return None

@@ -9,7 +9,6 @@ import hashlib
 import inspect
 import logging
 import os
-import re
 import sys
 import threading
 import types
@@ -18,16 +17,18 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.identity import PROCESS, hash_code, identity_words, object_serial
-from trident.ir.trees import ABSENT, ID, MAX_NODES, TENSOR, TYPE, _BY_ID, _CONSTS, Node
+from trident.identity import PROCESS, identity_words, object_serial
+from trident.ir.trees import (ABSENT, ID, MAX_NODES, OBJECT, TENSOR, TYPE, _BY_ID, _CONSTS,
+                               Node)
 from trident.lower.flatten import _Flattener
 from trident.lower.trace_writes import decimal_refusal, reads_decimal
 from trident.runtime import ABI
 from trident.lower.state.library import by_value
-from trident.lower.state.wholes import members, whole_member
+from trident.lower.state.wholes import held_class_reads, members, whole_member
+from trident.lower.state.words import _op_types, _tensor_words, _words
 from trident.lower.state.roots import registries
-from trident.lower.state.chain import (_MISSING, _STOP, Read, _is_getter, _kernel_fns,
-                                       _kernel_types, _resolve_root, _root_of, _step)
+from trident.lower.state.chain import (_MISSING, _STOP, Read, _descriptor_owner, _is_getter,
+                                       _kernel_fns, _resolve_root, _root_of, _step)
 
 # Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
@@ -65,62 +66,12 @@ class StateTree:
         return hashlib.sha256("\n".join(self.description).encode()).hexdigest()[:32]
 
 
-def _words(obj) -> str:
-    """Stable words for an object checked by identity: the same in every process where the
-    object means the same (functions by their code, kernels by their source)."""
-    if isinstance(obj, (types.FunctionType, types.CodeType)):
-        h = hashlib.sha256()
-        hash_code(h, getattr(obj, "__code__", obj))
-        return f"{type(obj).__name__} {getattr(obj, '__qualname__', '')} {h.hexdigest()[:16]}"
-    if isinstance(obj, property):
-        return "property " + " ".join(_words(f) if f is not None else "-"
-                                      for f in (obj.fget, obj.fset, obj.fdel))
-    if isinstance(obj, (types.MethodDescriptorType, types.GetSetDescriptorType,
-                        types.WrapperDescriptorType, types.MemberDescriptorType,
-                        types.ClassMethodDescriptorType)):  # a C type's method: by its name
-        owner = obj.__objclass__
-        return f"{type(obj).__name__} {owner.__module__}.{owner.__qualname__}.{obj.__name__}"
-    if isinstance(obj, (staticmethod, classmethod)):
-        return f"{type(obj).__name__} {_words(obj.__func__)}"
-    if isinstance(obj, _kernel_types()):  # its function's reads are chains of their own
-        return f"triton {type(obj).__name__} of {_words(obj.fn)}"
-    if isinstance(obj, logging.Logger):
-        return f"logger {obj.name}"
-    if isinstance(obj, _op_types()[0]):  # a custom op: one per name, in every process
-        return f"custom op {obj._namespace}::{obj._name}"
-    return _library_value_words(obj) or identity_words(obj)
-
-
-def _library_value_words(obj) -> str | None:
-    """Words for an object of a library's class that its ``repr`` names (``tl.int32``, a
-    triton ``dtype``: ``int32``): the class and the repr, the same in every process where the
-    library makes the same value (a library's state is taken as fixed, Note [Library state]);
-    None for a repr that shows an address or none of its own (the object, this process
-    only)."""
-    cls = type(obj)
-    module = sys.modules.get(getattr(cls, "__module__", None) or "")
-    if module is None or cls.__repr__ is object.__repr__ or not frames.library_module(module):
-        return None
-    try:
-        text = repr(obj)
-    except Exception:  # noqa: BLE001 (the library's repr failed: no words of its own)
-        return None
-    if len(text) > 200 or re.search(r"0x[0-9a-fA-F]{4,}|@\d{6,}", text):
-        return None
-    return f"object {cls.__module__}.{cls.__qualname__} {text}"
-
-
-def _tensor_words(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous().reshape(-1)  # (a 0-dim tensor has no byte view)
-    digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return f"tensor {t.dtype} {tuple(t.shape)} {t.device} {digest.hexdigest()[:16]}"
-
-
 class _StateFlattener(_Flattener):
     what = "global"
 
-    def __init__(self):
+    def __init__(self, fn=None):
         super().__init__()
+        self.fn = fn  # the jitted function (its roots)
         self.whole: set = set()  # ids of the classes and modules used whole (Note [Modules
         # used whole] in wholes.py)
 
@@ -156,16 +107,6 @@ class _StateFlattener(_Flattener):
                  _tensor_words(value))
 
 
-@functools.cache
-def _op_types() -> tuple:
-    """Operators (a ``torch.library.custom_op``, ``triton_op``, ``torch.ops`` packets): their
-    calls are steps of the plan, which the dispatcher serves on every call; checked by
-    identity."""
-    from torch._library.custom_ops import CustomOpDef
-
-    return (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
-
-
 def _by_id(value) -> bool:
     return isinstance(value, (_BY_ID, logging.Logger, *_op_types())) or \
         bool(_kernel_fns(value)) or \
@@ -178,10 +119,15 @@ def build(reads: list[Read], fn) -> StateTree:
     Raises:
         TridentError: a value read that no check can see the contents of (a numpy array, an
             object with ``__slots__``), or more than ``MAX_NODES`` values."""
-    f = _StateFlattener()
+    f = _StateFlattener(fn)
     trie: dict = {}  # (root, steps prefix) -> node index
     for read in sorted(reads, key=lambda r: (repr(r.root), repr(r.steps))):
         _add_read(f, trie, read, fn)
+    held: set = set()  # Note [Classes of held objects] in wholes.py: of the values used whole
+    while more := [r for r in held_class_reads(f.nodes, f.values, False) if r not in held]:
+        held.update(more)
+        for read in more:
+            _add_read(f, trie, read, fn)
     if len(f.nodes) > MAX_NODES:
         raise TridentError("the function reads too much state to guard")
     return StateTree(f.nodes, f.description)
@@ -209,6 +155,8 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
         else:
             text = "" if read.root[1] == getattr(fn, "__module__", None) else read.root[1]
         trie[key] = f.add(obj, Node(-1, ROOT, obj, ID, obj, 0, text), _root_words(read.root, fn))
+    if not read.steps and read.whole and isinstance(obj, type):  # a class that no module
+        _members(f, trie, key + ("whole",), obj, trie[key], obj.__qualname__)  # names, whole
     parent, parent_obj = trie[key], obj
     came = None  # how the parent was read: (its parent, access, key, trie key)
     library = False  # reading a library's module state (Note [Library state])
@@ -398,21 +346,6 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
 
 
-def _descriptor_owner(obj, step: tuple):
-    """The user class whose ``__dict__`` holds the descriptor object that serves ``obj.name``
-    (an instance of a user class with ``__get__``: not a function, property or method, whose
-    state is Python's), or None."""
-    name = step[1]
-    classes = (*type(obj).__mro__, *obj.__mro__) if isinstance(obj, type) else type(obj).__mro__
-    for klass in classes:
-        found = vars(klass).get(name, _MISSING)
-        if found is not _MISSING:
-            kind = type(found)
-            return klass if frames.user_class(kind) and hasattr(kind, "__get__") and \
-                frames.user_class(klass) else None
-    return None
-
-
 def _path_text(parent: str, step: tuple) -> str:
     if step[0] == "call":
         return f"{parent}()"
@@ -473,21 +406,7 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     if _by_id(value):
         trie[whole] = me = f.add(value, Node(parent, access, k, ID, value, 0, path),
                                  _words(value))
-        used = f.whole  # Note [Modules used whole]
-        if id(value) in used:
-            return
-        used.add(id(value))
-        for name, data, ident in members(value, path, _by_id):
-            if (whole + ("attr", name)) not in trie:
-                trie[whole + ("attr", name)] = len(f.nodes)
-                if whole_member(data) and id(data) not in used:
-                    _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
-                         f"{path}.{name}")  # (its own: attrgetter("helpers.Cfg.K")(mod))
-                elif ident:
-                    f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
-                          _words(data))
-                else:
-                    f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
+        _members(f, trie, whole, value, me, path)
         return
     before = len(f.nodes)
     try:
@@ -495,3 +414,42 @@ def _use(f: _StateFlattener, trie: dict, key: tuple, value, parent: int, access,
     except RecursionError:
         raise TridentError(f"the global {path} is nested too deeply to guard") from None
     trie[whole] = before
+
+
+def _members(f: _StateFlattener, trie: dict, whole: tuple, value, me: int, path: str) -> None:
+    """Note [Modules used whole]: the members of the class or module ``value`` (at node ``me``)
+    that its guard checks, each once per state tree."""
+    used = f.whole
+    if id(value) in used:
+        return
+    used.add(id(value))
+    for c in value.__mro__ if isinstance(value, type) else ():
+        if frames.user_class(c):
+            _names(f, trie, c)
+    for name, data, ident in members(value, path, _by_id):
+        if (whole + ("attr", name)) not in trie:
+            trie[whole + ("attr", name)] = len(f.nodes)
+            if whole_member(data) and id(data) not in used:
+                _use(f, trie, whole + ("attr", name), data, me, GETATTR, name,
+                     f"{path}.{name}")  # (its own: attrgetter("helpers.Cfg.K")(mod))
+            elif ident:
+                f.add(data, Node(me, GETATTR, name, ID, data, 0, f"{path}.{name}"),
+                      _words(data))
+            else:
+                f.visit(data, me, GETATTR, name, f"{path}.{name}", True)
+
+
+def _names(f: _StateFlattener, trie: dict, cls: type) -> None:
+    """Note [Classes of held objects] in wholes.py: the names ``cls``'s own dict holds, in
+    order: an ``OBJECT`` check of the class beside its ``ID`` node (a class's instance dict, in
+    C, is its own dict), so that a name it gains or loses later is seen."""
+    root, steps = _root_of(cls)
+    key = (root, *steps)
+    if key + ("names",) in trie:
+        return
+    _add_read(f, trie, Read(root, steps, False), f.fn)
+    at = f.nodes[trie[key]]
+    names = tuple(vars(cls))
+    trie[key + ("names",)] = f.add(cls, Node(at.parent, at.access, at.key, OBJECT, type(cls),
+                                             len(names), f"{at.path or cls.__qualname__}"
+                                             ".__dict__", names), f"names {names}")

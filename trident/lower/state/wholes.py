@@ -7,8 +7,9 @@ import types
 
 from trident import frames
 from trident.errors import TridentError
-from trident.ir.trees import _CONSTS
-from trident.lower.state.chain import _MISSING, _STOP, _step
+from trident.ir.trees import DICT, ID, OBJECT, SEQ, _CONSTS
+from trident.lower.state.chain import _MISSING, _STOP, Read, _root_of, _step
+from trident.lower.state.instances import _plain_lookup
 
 CLASS_CONTAINER = 64  # a user class's containers guarded with the class used whole
 _CONTAINERS = (list, tuple, dict, set, frozenset)
@@ -75,3 +76,52 @@ def whole_member(data) -> bool:
     module."""
     return isinstance(data, type) and frames.user_class(data) or \
         isinstance(data, types.ModuleType) and not frames.library_module(data)
+
+
+# Note [Classes of held objects]: a class attribute is found through the class of the object it
+# is read of, and reads that no chain names reach such objects: a method's result
+# (``m.get_layer().K``), the items a generator yields (``for mod in m.modules()``, a method
+# that yields), the items C code reads (``map(operator.attrgetter("K"), m.layers)``), a name
+# computed at run time (``getattr(l, m.which)``, ``getattr(l, name, default)``). They were
+# taken as constants: ``K`` changed on the class, on a base, shadowed on a subclass later or
+# deleted, a hit returned the trace's value. What such a read can reach of the call's objects
+# is what the argument tree holds (the scan holds whole what is passed on, iterated or called:
+# Note [Parameter reads] in lower/uses.py), or a value a state tree uses whole
+# (``map(attrgetter("K"), LAYERS)``); so the class of every object of a user class that either
+# holds (an ``OBJECT`` node), and every user class an argument tree holds by identity (or a
+# container or object of such a value: ``map(attrgetter("K"), CLASSES)``; not a class a chain
+# reads through, ``Knobs.a``, whose reads are its chains), is used whole (Note [Modules used
+# whole]): its numbers, strings and containers through its MRO, by value. And since a name found nowhere is a read too (``getattr(l, name, 1.0)``, a
+# ``__getattr__`` added later), each user class of its MRO has its names checked: an
+# ``OBJECT`` check of the class beside its ``ID`` node (in C a class's instance dict is its own
+# dict, so the check is of its keys in order; ``_names`` in tree.py). The values are class
+# attributes under a root: once an evaluation held they are proven by the class's version tag
+# (Note [Quiet state] in runtime/state_memo.cpp: any attribute of the class or of a base set or
+# deleted clears it); the names are checked at every call. A change misses, the chains are
+# evaluated again, and the digest (values by content, names in order) decides: the state of an
+# earlier specialization reinstalls it. A library's class is not read (its state is taken as
+# fixed: Note [Library state] in tree.py), so a model of transformers' classes reads no more
+# than before; nor is a class whose metaclass looks names up otherwise than ``type`` (its
+# Python code would run on the hit path), as in Note [Instance lookups]. A name that Python
+# caches on a class (``__slotnames__``, on the first ``copy`` or pickle of an instance) is a
+# change: one recompile.
+
+
+def held_class_reads(nodes, values, classes_held: bool) -> list[Read]:
+    """Note [Classes of held objects]: a whole read of the class of each object of a user class
+    that ``nodes`` hold (an argument tree's or a state tree's, ``values`` their values, index
+    for index), and of each user class they hold by identity: every one (``classes_held``: an
+    argument tree's), or else those that a container or an object holds (a state tree's value
+    used whole; not the classes its chains read through, whose reads are chains)."""
+    classes: dict = {}
+    for node, value in zip(nodes, values):
+        if node.check == OBJECT and not isinstance(value, type):  # (a class's names: _names
+            cls = type(value)  # in tree.py)
+        elif node.check == ID and isinstance(value, type) and (classes_held or (
+                node.parent >= 0 and nodes[node.parent].check in (SEQ, DICT, OBJECT))):
+            cls = value
+        else:
+            continue
+        if id(cls) not in classes and frames.user_class(cls) and _plain_lookup(type(cls)):
+            classes[id(cls)] = cls
+    return [Read(*_root_of(cls), True) for cls in classes.values()]
