@@ -59,20 +59,15 @@ def inside_trident(filename: str) -> bool:
 # capture time. What they read decides the constexprs, config and grid the specialization
 # bakes (a global ``NUM_SMS`` a grid callable reads), so it is the function's read: the
 # recording walks through these frames as through the function's own (``under_fn`` in
-# lower/state/recording.py). So does the frame of the trace's ``isinstance`` and ``issubclass``
-# (Note [Questions asked in the trace] in lower/state/asked.py), from which a metaclass's
-# ``__instancecheck__`` runs for the code that asked. Every other Trident frame ends the walk
-# (Trident's bookkeeping).
+# lower/state/recording.py). Every other Trident frame ends the walk (Trident's bookkeeping).
 _KERNELS_FILE = os.path.join(_TRIDENT, "lower", "kernels.py")
 _CAPTURE_FILE = os.path.join(_TRIDENT, "lower", "capture.py")
-_ASKED_FILE = os.path.join(_TRIDENT, "lower", "state", "asked.py")
 
 
-def walked_frame(code: types.CodeType) -> bool:
-    """A Trident frame that runs a Triton launch for the function, or asks a question for it
-    (Note [Launch frames])."""
+def launch_frame(code: types.CodeType) -> bool:
+    """A Trident frame that runs a Triton launch for the function (Note [Launch frames])."""
     return code.co_filename == _KERNELS_FILE or code.co_filename == _CAPTURE_FILE and \
-        code.co_qualname.startswith("_TritonLaunches.") or code.co_filename == _ASKED_FILE
+        code.co_qualname.startswith("_TritonLaunches.")
 
 
 # Note [Nested jitted calls]: a jitted function that the traced function calls runs eagerly in

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from trident import frames
-from trident.lower.state import asked, flow, type_strings
+from trident.lower.state import flow, type_strings
 
 _LOAD_FAST = ("LOAD_FAST", "LOAD_FAST_CHECK")
 
@@ -426,8 +426,6 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
                 if any(isinstance(c, type) and issubclass(c, torch.Tensor) and
                        c not in _ANSWERED and not _no_traced_instance(c, params) for c in kinds):
                     depth, what = 1, f"{callee.__name__}() with a subclass of torch.Tensor"
-                elif not all(isinstance(c, type) for c in kinds) and not asked.seen(f, k, g):
-                    depth, what = 1, f"{callee.__name__}() bound before the trace"
         if depth is None or not f.origin(k, depth)[1] & tensors:
             continue
         if depth == 0 and (_compared_with_other_classes(f, compares, k) or
@@ -465,10 +463,9 @@ def library_type_read(code: types.CodeType, g: dict, params: dict) -> str | None
     """``tensor_type_read`` of library code (Note [Tensor types and attributes] in
     ir/guards.py), kept per code object and tensor parameters (a library's code is walked once
     per process); code that names none of ``type``, ``__class__``, ``isinstance`` and
-    ``issubclass`` (nor a global bound to one of the last two) reads none."""
-    if _TYPE_NAMES.isdisjoint(code.co_names) and not any(
-            g.get(n) is isinstance or g.get(n) is issubclass for n in code.co_names):
-        return None  # (a name bound to the builtin: ``asked.seen``)
+    ``issubclass`` reads none."""
+    if _TYPE_NAMES.isdisjoint(code.co_names):
+        return None
     key = (id(code), frozenset((n, type(v)) for n, v in params.items()))
     found = _LIBRARY_TYPES.get(key)
     if found is None or found[0] is not code:

@@ -11,15 +11,8 @@ import signal
 import sys
 import types
 
-import torch
-
 from trident.ir.trees import _CONSTS
 from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _step
-
-# the parameters of an inlined frame that the recording keeps, per code object: the tensors
-# (Note [Tensor types and attributes] in ir/guards.py) and the symbolic numbers it was given
-# (library code's questions about them: Note [Questions asked in the trace] in asked.py)
-KEPT = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 # Note [Library code that ran]: a library's code reads its own module state too: nn.LayerNorm's
 # forward reads ``F.layer_norm`` in ``torch.nn.modules.normalization``'s globals, Llama's

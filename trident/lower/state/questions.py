@@ -51,18 +51,15 @@ class _Code:
     """One code object's instructions (``flow.Flow``) with its parameters' values at the
     trace's call (the recording's)."""
 
-    def __init__(self, code: types.CodeType, g: dict, params: dict, only=None):
-        self.code, self.f, self.only = code, flow.Flow(code, g), only
+    def __init__(self, code: types.CodeType, g: dict, params: dict):
+        self.code, self.f = code, flow.Flow(code, g)
         stored = {i.argval for i in self.f.ins if i.opname in _STORES}
         self.params = {n: v for n, v in params.items() if n not in stored}
 
     def value(self, k: int, d: int):
         """The value at depth ``d`` before instruction ``k`` where the code and the call's
         parameters say it, else ``_UNKNOWN``: a number is known only as a constant or a
-        global (an object's int attribute may be an int leaf, put back after the trace).
-        With ``only`` (parameter names), a value that derives from none of them is None."""
-        if self.only is not None and not self.f.origin(k, d)[1] & self.only:
-            return None
+        global (an object's int attribute may be an int leaf, put back after the trace)."""
         found = self.f.producers(k, d)
         if not found or len(found) != 1:
             return _UNKNOWN
@@ -174,13 +171,10 @@ def _classes(c: _Code, k: int, d: int) -> list | None:
     return None
 
 
-def _holds_alike(classes: list) -> bool:
-    """``isinstance(v, classes)`` answers alike for a SymInt and an int (SymFloat, float ...):
-    ``(int, torch.SymInt)`` holds of both."""
+def _holds_alike(cls: type) -> bool:
+    """``isinstance(v, cls)`` answers alike for a SymInt and an int (SymFloat, float ...)."""
     try:
-        return all(any(issubclass(s, c) for c in classes) == any(issubclass(p, c)
-                                                                for c in classes)
-                   for s, p in _PAIRS)
+        return all(issubclass(s, cls) == issubclass(p, cls) for s, p in _PAIRS)
     except TypeError:
         return False
 
@@ -201,12 +195,10 @@ def _compared_with_others(c: _Code, k: int) -> bool:
     return found
 
 
-def symbolic_question(code: types.CodeType, g: dict, params: dict,
-                      only: frozenset | None = None) -> str | None:
+def symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None:
     """Note [Questions about symbolic values]: the first question in ``code`` whose answer
-    may differ for a symbolic value, as ``"type() (file.py:12)"``, or None; ``only``: of a
-    value that derives from those parameters (library code's: tensor_reads.py)."""
-    c = _Code(code, g, params, only)
+    may differ for a symbolic value, as ``"type() (file.py:12)"``, or None."""
+    c = _Code(code, g, params)
     for k, i in enumerate(c.f.ins):
         what = None
         if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval == "__class__":
@@ -219,7 +211,7 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict,
                 what = "is" if not i.arg else "is not"
         elif i.opname == "MATCH_CLASS":  # match n: case int(): (subject, class, names)
             classes = _classes(c, k, 1)
-            if (classes is None or not _holds_alike(classes)) and \
+            if (classes is None or not all(_holds_alike(x) for x in classes)) and \
                     _maybe_symbolic(c.value(k, 2)):
                 what = "match ... case"
         elif i.opname == "CALL" and i.arg in (1, 2):
@@ -232,7 +224,7 @@ def symbolic_question(code: types.CodeType, g: dict, params: dict,
                     what = "id()"
             elif callee is isinstance and i.arg == 2:
                 classes = _classes(c, k, 0)
-                if (classes is None or not _holds_alike(classes)) and \
+                if (classes is None or not all(_holds_alike(x) for x in classes)) and \
                         _maybe_symbolic(c.value(k, 1)):
                     what = "isinstance()"
             elif callee in (operator.is_, operator.is_not) and i.arg == 2:

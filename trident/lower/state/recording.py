@@ -22,7 +22,7 @@ import torch
 from trident import frames
 from trident.errors import TridentError, transient
 from trident.lower.state.draws import Draws
-from trident.lower.state.library import KEPT, handler_codes, interrupt_code, library_kind
+from trident.lower.state.library import handler_codes, interrupt_code, library_kind
 from trident.lower.state.library_writes import Watch
 from trident.lower.state.writes import EntryCheck
 
@@ -100,8 +100,8 @@ class Recording:
     library: dict = dataclasses.field(default_factory=dict)  # id of library code the function
     # ran -> (the code, its globals) (Note [Library code that ran] in library.py)
     library_tensors: dict = dataclasses.field(default_factory=dict)  # id of such code -> (the
-    # code, its globals, {param: a tensor or symbolic number it was called with}: library.KEPT)
-    # (its reads of a tensor's Python type, its questions about a symbolic value)
+    # code, its globals, {param: a tensor it was called with}) (Note [Tensor types and
+    # attributes] in ir/guards.py: its reads of a tensor's Python type)
     active: bool = False  # the profile hook ran (the function has code to record)
     entry: EntryCheck | None = None  # Note [Writes at entry] (writes.py)
     probe: object = None  # Note [Dict orders] (lower/orders.py): the order probe's, told of
@@ -302,7 +302,7 @@ def record(fn):
                     f = f.f_back
                     seen.append(f)
             elif frames.inside_trident(f.f_code.co_filename) and not \
-                    frames.walked_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
+                    frames.launch_frame(f.f_code) or kind_of(f) & _INTERRUPT:  # Note [Interrupts]
                 f = None
                 break
             f = f.f_back
@@ -409,7 +409,7 @@ def record(fn):
                 watch.enter(frame)
                 local, code = frame.f_locals, frame.f_code
                 tensors = {n: local[n] for n in frames.parameter_names(code)
-                           if isinstance(local.get(n), KEPT)}
+                           if isinstance(local.get(n), torch.Tensor)}
                 if tensors:
                     rec.library_tensors.setdefault(id(code), (code, frame.f_globals, {}))[
                         2].update(tensors)

@@ -14,7 +14,7 @@ import torch
 from trident.errors import TridentError
 from trident.lower.state.flow import _UNKNOWN
 from trident.lower.state.questions import (
-    _DICT_READERS, _SYMBOLIC, _Code, _attribute_of_parameter, _held, symbolic_question)
+    _DICT_READERS, _Code, _attribute_of_parameter, _held, symbolic_question)
 
 
 def tensor_dict_read(code: types.CodeType, g: dict, params: dict,
@@ -111,8 +111,7 @@ def _dict_reads(rec):
     for code, (g, params) in rec.codes.items():
         yield code, tensor_dict_read(code, g, params)
     for code, g, params in rec.library_tensors.values():
-        yield code, library_dict_read(code, g, {n: v for n, v in params.items()
-                                                if isinstance(v, torch.Tensor)})
+        yield code, library_dict_read(code, g, params)
 
 
 def check_questions(rec, symbolic: bool) -> None:
@@ -141,34 +140,3 @@ def check_questions(rec, symbolic: bool) -> None:
         if asked is not None:
             raise TridentError(f"the function asks Python what a symbolic value is, {asked}: "
                                "a trace answers for a torch.SymInt, eager for an int")
-    for code, g, params in rec.library_tensors.values() if symbolic else ():
-        asked = library_symbolic_question(code, g, params)
-        if asked is not None:
-            raise TridentError(f"library code the function runs ({code.co_qualname}) asks "
-                               f"Python what a symbolic value is, {asked}: a trace answers "
-                               "for a torch.SymInt, eager for an int")
-
-
-_LIBRARY_QUESTIONS: dict = {}  # (id of a code object, its symbolic parameters' names) ->
-# (code, answer)
-
-
-def library_symbolic_question(code: types.CodeType, g: dict, params: dict) -> str | None:
-    """Note [Questions asked in the trace] (asked.py): ``symbolic_question`` of library code
-    that was given a symbolic number (``params``: the ones it was given), but torch's (which
-    asks ``isinstance(n, torch.SymInt)`` on purpose); kept per code object (walked once per
-    process). Only a question whose operand derives from a symbolic parameter counts (not
-    transformers' ``type(self.layers[i]).__name__`` beside a SymInt ``query_length``): this
-    finds ``type(n) is int``, ``n.__class__``, ``n is 0``, which call no function the trace
-    sees (its ``isinstance`` is asked.py's too)."""
-    symbolic = frozenset(n for n, v in params.items() if isinstance(v, _SYMBOLIC))
-    if not symbolic or str(g.get("__name__")).partition(".")[0] == "torch":
-        return None
-    key = (id(code), symbolic)
-    found = _LIBRARY_QUESTIONS.get(key)
-    if found is None or found[0] is not code:
-        if len(_LIBRARY_QUESTIONS) >= 65536:
-            _LIBRARY_QUESTIONS.clear()
-        found = _LIBRARY_QUESTIONS[key] = (code, symbolic_question(code, g, params,
-                                                                   symbolic))
-    return found[1]
