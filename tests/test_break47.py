@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import trident
-from _trident_helpers import assert_same, counts, said
+from _trident_helpers import assert_same, counts, run_python, said
 
 
 # ---- Note [Conversions inside ops] (lower/conversions.py) -------------------------------------
@@ -285,3 +285,27 @@ def test_methods_called_through_super_are_served():
     finally:
         Base.scale = saved
     assert counts(jf) == (2, 2, 0), jf.stats
+
+
+# ---- Process state that Dynamo caches ---------------------------------------------------------
+# A design judged type questions by wrapping the builtins ``isinstance`` and ``issubclass`` while
+# a trace ran (taken out): Dynamo caches the builtins' identities the first time it needs them,
+# so a Trident trace that came first in a process left Dynamo unable to trace the real
+# ``isinstance`` for the rest of it (a graph break in every transformers model's forward).
+
+_DYNAMO_AFTER_A_TRACE = '''
+import torch, trident
+
+def typed(x):
+    return x * 2 if isinstance(x, torch.Tensor) and issubclass(torch.Tensor, object) else x
+
+jf = trident.jit(lambda x: typed(x) + 1)
+assert torch.equal(jf(torch.ones(2)), torch.ones(2) * 3) and jf.stats.compiles == 1
+f = torch.compile(typed, backend="eager", fullgraph=True)  # a graph break raises
+assert torch.equal(f(torch.ones(2)), torch.ones(2) * 2)
+print("ok")
+'''
+
+
+def test_a_trace_first_leaves_dynamo_able_to_trace_the_builtins(subprocess_env):
+    assert run_python(subprocess_env, "-c", _DYNAMO_AFTER_A_TRACE).stdout.strip() == "ok"

@@ -73,7 +73,10 @@ def parse(path: Path) -> list[Block]:
 
 def run_page(path: Path, where: set[str]) -> None:
     """Run the page's blocks whose kind is in ``where`` ({"cpu"} or {"cpu", "gpu"}), in order, in
-    one namespace; check each printed output that the page shows."""
+    one namespace; check each printed output that the page shows. Dynamo starts empty, as in
+    the reader's new process: its ``recompile_limit`` (8 graphs per code object) counts the
+    graphs earlier tests of this worker left of transformers' one ``forward`` wrapper."""
+    torch._dynamo.reset()
     namespace = {"__name__": f"docs:{path.name}"}
     for block in parse(path):
         if RUN_INFOS.get(block.info) not in where:
