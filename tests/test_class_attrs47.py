@@ -8,12 +8,13 @@ eager after it, with exact compile, hit and fallback counts."""
 from __future__ import annotations
 
 import operator
+import textwrap
 
 import pytest
 import torch
 
 import trident
-from _trident_helpers import counts, said
+from _trident_helpers import counts, run_python, said
 
 
 class _Base47:
@@ -312,3 +313,34 @@ def test_a_class_a_chain_reads_through_is_not_used_whole():
         _Knobs47.calls += 1
         assert torch.equal(jf(x), f(x))
     assert counts(jf) == (1, 3, 0), jf.stats.miss_reasons
+
+
+def test_a_first_deepcopy_of_a_held_class_instance_compiles_nothing(subprocess_env):
+    """CI's order: Python caches ``__slotnames__`` on a class at the first copy of an instance
+    (copyreg), a name the held class's names check saw appear, so a deepcopied model recompiled
+    once, or not, as earlier tests had copied one. The name is cached before the names are
+    taken (``_names`` in tree.py); in a new process, whose classes were never copied."""
+    code = textwrap.dedent('''
+        import copy, torch, trident
+
+        class Cfg:
+            k = 2.0
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin, self.cfg = torch.nn.Linear(4, 4), Cfg()
+
+            def forward(self, x):
+                return self.lin(x) * self.cfg.k
+
+        jf = trident.jit(lambda m, x: m(x))
+        m, x = Net().eval(), torch.randn(2, 4)
+        with torch.no_grad():
+            jf(m, x)
+            m2 = copy.deepcopy(m)
+            for model in (m2, m, m2):
+                assert torch.equal(jf(model, x), model(x))
+        print(jf.stats.compiles, jf.stats.fallbacks)
+    ''')
+    assert run_python(subprocess_env, "-c", code).stdout.split() == ["1", "0"]

@@ -3,6 +3,7 @@ now, the words its digest hashes, and the program the dispatcher checks."""
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 import hashlib
@@ -449,7 +450,9 @@ def _names(f: _StateFlattener, trie: dict, cls: type) -> None:
         return
     _add_read(f, trie, Read(root, steps, False), f.fn)
     at = f.nodes[trie[key]]
-    names = tuple(vars(cls))
+    if "__slotnames__" not in vars(cls):  # the name copy and pickle cache on the class at an
+        copyreg._slotnames(cls)  # instance's first copy (CPython 3.11-3.12), cached now: no
+    names = tuple(vars(cls))  # change after a deepcopy of the model (one recompile, it was)
     trie[key + ("names",)] = f.add(cls, Node(at.parent, at.access, at.key, OBJECT, type(cls),
                                              len(names), f"{at.path or cls.__qualname__}"
                                              ".__dict__", names), f"names {names}")

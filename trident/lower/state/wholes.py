@@ -102,9 +102,9 @@ def whole_member(data) -> bool:
 # earlier specialization reinstalls it. A library's class is not read (its state is taken as
 # fixed: Note [Library state] in tree.py), so a model of transformers' classes reads no more
 # than before; nor is a class whose metaclass looks names up otherwise than ``type`` (its
-# Python code would run on the hit path), as in Note [Instance lookups]. A name that Python
-# caches on a class (``__slotnames__``, on the first ``copy`` or pickle of an instance) is a
-# change: one recompile.
+# Python code would run on the hit path), as in Note [Instance lookups]. The name that Python
+# caches on a class at the first ``copy`` or pickle of an instance (``__slotnames__``,
+# copyreg) is cached before the names are taken, so a deepcopied model compiles nothing more.
 
 
 def held_class_reads(nodes, values, classes_held: bool) -> list[Read]:
