@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -199,7 +200,6 @@ def test_a_class_too_big_to_guard_runs_eagerly():
         return x * sum(map(operator.attrgetter("K"), m.layers))
 
     jf, m, x = trident.jit(f), _HoldsBig47(), torch.ones(3)
-    import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -190,9 +190,10 @@ def compiled_from(frame, code) -> bool:
     if frame is code:
         return True
     found = re.search(rf"_resume_in_{re.escape(code.co_name)}_at_(\d+)$", frame.co_name)
+    if found is None or frame.co_filename != code.co_filename:
+        return False
     lines = [line for *_, line in code.co_lines() if line is not None]
-    return bool(found and frame.co_filename == code.co_filename and lines and
-                min(lines) <= int(found[1]) <= max(lines))
+    return bool(lines) and min(lines) <= int(found[1]) <= max(lines)
 
 
 def frame_module(f_locals) -> object | None:

@@ -35,6 +35,11 @@ def _user_line(filename: str) -> bool:
     return user
 
 
+def _at(frame: traceback.FrameSummary | None) -> str:
+    """`` (file.py:LINE)`` of the user's line, for a message; "" where there is none."""
+    return f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+
+
 def _user_line_frame(frame):
     """The innermost frame from ``frame`` out whose line is the user's (``_user_line``) or None."""
     while frame is not None:
@@ -259,7 +264,7 @@ class _SourceLines(TorchFunctionMode):
                 for name, unguarded in table.items():
                     if func == unguarded:
                         frame = _user_frame()
-                        where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+                        where = _at(frame)
                         caller = sys._getframe(2)  # who reads: the user, or torch's tracer
                         while caller and caller.f_code.co_name == "__torch_function__":
                             caller = caller.f_back  # (another mode's dispatch)
@@ -277,16 +282,12 @@ class _SourceLines(TorchFunctionMode):
                             "tensors or not by it; a hit makes the call's kind")
             what = conversions.converted(args, kwargs)  # Note [Conversions inside ops]
             if what is not None:
-                frame = _user_frame()
-                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
                 self.refuse(f"torch calls {what} inside {getattr(func, '__name__', func)}"
-                            f"{where}, where its reads are not recorded")
+                            f"{_at(_user_frame())}, where its reads are not recorded")
             if func in _AS_TEXT:  # Note [Tensors as text]
-                frame = _user_frame()
-                where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
-                raise TridentError(f"the function turns a tensor into text{where} (repr, str, "
-                                   "format): a trace sees no values, and a hit would return "
-                                   "the trace's text")
+                raise TridentError(f"the function turns a tensor into text{_at(_user_frame())} "
+                                   "(repr, str, format): a trace sees no values, and a hit "
+                                   "would return the trace's text")
             remapped = collectives.remap(func, args, kwargs)  # Note [Collectives]
             if remapped is not None:
                 func, args, kwargs = remapped

@@ -91,13 +91,14 @@ def whole_member(data) -> bool:
 # holds (an ``OBJECT`` node), and every user class an argument tree holds by identity (or a
 # container or object of such a value: ``map(attrgetter("K"), CLASSES)``; not a class a chain
 # reads through, ``Knobs.a``, whose reads are its chains), is used whole (Note [Modules used
-# whole]): its numbers, strings and containers through its MRO, by value. And since a name found nowhere is a read too (``getattr(l, name, 1.0)``, a
-# ``__getattr__`` added later), each user class of its MRO has its names checked: an
-# ``OBJECT`` check of the class beside its ``ID`` node (in C a class's instance dict is its own
-# dict, so the check is of its keys in order; ``_names`` in tree.py). The values are class
-# attributes under a root: once an evaluation held they are proven by the class's version tag
+# whole]): its numbers, strings and containers through its MRO, by value. And since a name
+# found nowhere is a read too (``getattr(l, name, 1.0)``, a ``__getattr__`` added later), each
+# user class of its MRO has its names checked: an ``OBJECT`` check of the class beside its
+# ``ID`` node (in C a class's instance dict is its own dict, so the check is of its keys in
+# order; ``_names`` in tree.py). The values are class attributes under a root, and the names
+# the class's own dict: once an evaluation held, both are proven by the class's version tag
 # (Note [Quiet state] in runtime/state_memo.cpp: any attribute of the class or of a base set or
-# deleted clears it); the names are checked at every call. A change misses, the chains are
+# deleted clears it), with no check run while it holds. A change misses, the chains are
 # evaluated again, and the digest (values by content, names in order) decides: the state of an
 # earlier specialization reinstalls it. A library's class is not read (its state is taken as
 # fixed: Note [Library state] in tree.py), so a model of transformers' classes reads no more
