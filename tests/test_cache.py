@@ -332,6 +332,25 @@ def test_a_global_named_like_an_attribute_is_not_part_of_the_cache_key():
     assert function_key(f) != key
 
 
+def test_a_closure_over_a_module_builtin_has_a_key_of_every_process():
+    """Note [Builtins by name]: a builtin that its module holds under its name is keyed by that
+    name (a pybind11 function's repr shows an address, and it was keyed by identity: a key of
+    one process only); a builtin method bound to an object stays keyed by its object."""
+    from trident.identity import key_parts
+
+    def closure(fn):
+        return lambda x: fn(x)
+
+    for builtin in (torch._C._is_tracing, torch._C._get_tracing_state, torch.sin):
+        parts = key_parts(closure(builtin))
+        assert not [w for w, _ in parts.values() if "this process only" in w], builtin
+        assert function_key(closure(builtin)) == function_key(closure(builtin))
+    assert function_key(closure(torch.sin)) != function_key(closure(torch.cos))
+    (bound,) = [w for label, (w, _) in key_parts(closure([].append)).items()
+                if label.startswith("closure")]
+    assert "this process only" in bound
+
+
 def test_the_cache_log_says_what_keys_a_function_apart_from_its_other_folders(trident_cache,
                                                                               caplog):
     # a restart that compiles again tells why the stored folders did not serve it
@@ -410,6 +429,12 @@ HF_SCRIPT = TINY_LLAMA_SCRIPT + textwrap.dedent('''
                               cache_implementation="static", disable_compile=True)
 
     eager = generate()
+    if sys.argv[1:] == ["config"]:  # a CompileConfig's compile first: Dynamo's wrapper of
+        config = transformers.CompileConfig(backend="eager")  # the call is left on the model
+        config._compile_all_devices = True  # (transformers compiles on GPUs only by default)
+        model.generation_config.compile_config = config
+        model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        assert callable(model.__dict__["_compiled_call"])
     model.forward = trident.jit(model.forward)
     out = generate()
     print("EQUAL", torch.equal(out, eager))
@@ -417,16 +442,20 @@ HF_SCRIPT = TINY_LLAMA_SCRIPT + textwrap.dedent('''
 ''')
 
 
-def test_a_second_process_generates_from_the_cache_without_tracing(tmp_path, subprocess_env):
+@pytest.mark.parametrize("before", ["", "config"])
+def test_a_second_process_generates_from_the_cache_without_tracing(tmp_path, subprocess_env,
+                                                                   before):
     """A Hugging Face model's argument tree holds nothing of one process (the jitted forward in
-    the model's ``__dict__``, GenerationConfig's per-process hash): the second process neither
-    traces nor compiles, and serves the prefill (whose attribute writes the specialization
-    holds: Note [Attribute writes] in trident/lower/writes.py) and every decode step."""
+    the model's ``__dict__``, GenerationConfig's per-process hash, the wrapper of Dynamo's that
+    a ``CompileConfig`` leaves in ``_compiled_call``: Note [Builtins by name] in
+    trident/identity.py): the second process neither traces nor compiles, and serves the
+    prefill (whose attribute writes the specialization holds: Note [Attribute writes] in
+    trident/lower/writes.py) and every decode step."""
     script = tmp_path / "hf_generate.py"
-    script.write_text(HF_SCRIPT)
+    script.write_text("import sys\n" + HF_SCRIPT)
     runs = []
     for _ in range(2):
-        out = run_python(subprocess_env, str(script)).stdout
+        out = run_python(subprocess_env, str(script), *[before] * bool(before)).stdout
         assert "EQUAL True" in out.splitlines()
         runs.append(parse_stats(out))
     first, second = runs

@@ -2,7 +2,7 @@
 the pipeline, no two modules import each other in a loop, files stay small, and every
 "Note [X] in path" points to a file that holds Note [X].
 
-Layers, from the base up: errors and config; identity, frames (Note [User code]), interrupts
+Layers, from the base up: errors, config and serials (Note [Identity serials]); identity, frames (Note [User code]), interrupts
 and the native runtime's loader; ``ir`` (pure data); ``lower`` (from a call to a specialization); ``codegen`` (the one
 writer of C); ``build``; ``frontend``; the package's face and its command line.
 """
@@ -17,7 +17,7 @@ from _trident_helpers import REPO
 
 PACKAGE = REPO / "trident"
 LAYERS = [
-    ("trident.errors", "trident.config"),
+    ("trident.errors", "trident.config", "trident.serials"),
     ("trident.identity", "trident.frames", "trident.interrupts", "trident.runtime"),
     ("trident.ir",),
     ("trident.lower",),

@@ -21,7 +21,8 @@ from trident.frontend import cache, ints
 from trident.frontend.dynamic import DynamicDims
 from trident.frontend.eager import _eager_decision, _sizeless
 from trident.frontend.install import _Call, _int_leaves_of, _same_node, _user_stacklevel
-from trident.identity import function_key, object_serial
+from trident.identity import function_key
+from trident.serials import object_serial
 from trident.frontend.values import failed_check
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization

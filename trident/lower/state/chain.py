@@ -17,7 +17,8 @@ from typing import Any
 
 from trident import frames
 from trident.errors import TridentError
-from trident.identity import named_at, object_serial, serial_object
+from trident.identity import named_at
+from trident.serials import object_serial, serial_object
 
 _MISSING = object()  # a read of a name or item that is absent
 _STOP = object()  # a read that Python code (a property, __getattr__) would serve

@@ -18,7 +18,8 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
-from trident.identity import PROCESS, identity_words, object_serial
+from trident.identity import PROCESS, identity_words
+from trident.serials import object_serial
 from trident.ir.trees import (ABSENT, ID, MAX_NODES, OBJECT, TENSOR, TYPE, _BY_ID, _CONSTS,
                                Node)
 from trident.lower.flatten import _Flattener
