@@ -5,7 +5,7 @@ trees name what they check by identity with it.
 Note [Function key]: the function's bytecode and constants, nested code objects, default
 arguments, closure cells, the globals its code names (functions by their own key, modules by
 name, plain values by repr, other objects by their attributes, their ``__slots__``, or by
-repr, or, having none of these, by identity in this process only: Note [Identity serials]), a bound method's ``self``
+repr, or, having none of these, by identity in this process only: Note [Identity serials] in serials.py), a bound method's ``self``
 likewise, and the versions of Python, torch, triton, torch-mlir and Trident's own source. A
 ``torch.compile`` graph (a ``GraphModule``'s ``forward``, backend.py) is keyed by what decides
 its code (``_hash_graph_module``), not by Dynamo's metadata, which holds a per-process uuid:

@@ -332,7 +332,7 @@ class MissPolicy(DynamicDims):
     def _limit_key(self) -> tuple:
         """Note [Specialization limit]: what the limit counts per: the function's cache area,
         its code object (or the callable, where it has none) and its owner's serial (Note
-        [Identity serials] in identity.py)."""
+        [Identity serials] in serials.py)."""
         fn = self._fn  # a module, a bound method (its self) or a function: alive while we are
         if self._limit_serial is None:
             self._limit_serial = object_serial(fn.__self__ if type(fn) is types.MethodType else fn)

@@ -57,7 +57,7 @@ def _key_from_json(k):
 
 # Note [Object roots]: ("object", token) roots name objects no module path reaches (a class
 # defined in a function, the globals dict of exec'd code). A token is the object's serial
-# (Note [Identity serials] in identity.py: one table for the package), never reused: a new
+# (Note [Identity serials] in serials.py: one table for the package), never reused: a new
 # object at a dead one's address gets a new token. The table does not keep its objects alive
 # (a weak reference) or keeps a bounded number (an object that takes none: a dict). The state
 # trees of the specializations hold their roots themselves while they live; a stored chain
