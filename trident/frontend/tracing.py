@@ -124,6 +124,7 @@ class Tracer:
                     raise
                 raise _refused(recording.refused) from e  # (user code caught it: Note
                 # [Writes at entry] in lower/state/writes.py)
+            state.raise_asked(recording.asked)  # Note [Questions asked in the trace]
             if not self._constant_self:  # Note [Questions about symbolic values]
                 state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
                                       captured.scalar_reads)  # Note [Questions about read values]

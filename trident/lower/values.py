@@ -80,6 +80,8 @@ def _fake_answer() -> None:
     real = package.__dict__.pop("FakeTensor", None) or fake_tensor.FakeTensor
 
     class _Eager(type):
+        answers_as_eager = True  # (Note [Questions asked in the trace] in lower/state/asked.py)
+
         def __instancecheck__(cls, obj):
             return isinstance(obj, real) and not _of_trace(obj)
 

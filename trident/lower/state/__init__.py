@@ -68,6 +68,7 @@ their bytes) equals the one stored with it; the others stay on disk for the stat
 compiled in. The digest is also what makes a stored specialization valid in another process.
 """
 
+from trident.lower.state.asked import raise_asked
 from trident.lower.state.chain import Read
 from trident.lower.state.tensor_reads import check_questions
 from trident.lower.state.reads import reads_of
@@ -76,4 +77,5 @@ from trident.lower.state.tree import StateTree, build
 from trident.lower.state.writes import check_write, check_writes_before_trace
 
 __all__ = ["Read", "Recording", "StateTree", "build", "check_questions", "check_write",
-           "check_writes_before_trace", "pause", "reads_of", "record", "unrecorded"]
+           "check_writes_before_trace", "pause", "raise_asked", "reads_of", "record",
+           "unrecorded"]
