@@ -15,9 +15,10 @@ Both builtins are C functions, so the recording's profile hook is told of each c
 the builtins are never replaced; Dynamo keeps their identities, Note [Questions asked in the
 trace] of tests/test_break47.py). The frame's last instruction is the ``CALL``; its two
 arguments are read back from what put them on the stack (``flow.Flow.producers``): a local or
-a cell read from the frame's locals (no store to it between the load and the call), a class or
-tuple stored as an attribute of such a module or class (``inspect.getattr_static``: no code
-runs), a tuple of such values, or what the code alone says (a global, a constant, a module's or a class's
+a cell read from the frame's locals (no store to it between the load and the call), a class,
+tuple or module stored as an attribute of such a module or class (``inspect.getattr_static``:
+no code runs; ``getattr(m, "name")`` too), a tuple of such values, or what the code alone
+says (a global, a constant, a module's or a class's
 attribute: ``Flow.static``). Where the operand is a stand-in (``issubclass``: a stand-in's
 class), the answer is compared with eager's:
 
@@ -143,19 +144,30 @@ def _value(f: flow.Flow, k: int, d: int, local: dict):
                 for j in f.ins[p + 1:k]):
             return _UNKNOWN
         return local[i.argval]
-    if i.opname == "LOAD_ATTR" and slot == 0 and f._effect(p)[1] == 1:  # lib.C, a module's
-        base = _value(f, p, 0, local)  # or a class's attribute, as it is stored (no code runs)
-        if isinstance(base, (types.ModuleType, type)):
-            try:
-                found = inspect.getattr_static(base, i.argval)
-            except AttributeError:
-                return _UNKNOWN
-            return found if isinstance(found, (type, tuple)) else _UNKNOWN
-        return _UNKNOWN
+    if i.opname == "LOAD_ATTR" and slot == 0 and f._effect(p)[1] == 1:  # lib.C
+        return _attribute(_value(f, p, 0, local), i.argval)
+    if i.opname == "CALL" and slot == 0 and i.arg == 2 and (f.call_parts(p) or (None,))[
+            0] is getattr:  # getattr(torch, "_subclasses")
+        return _attribute(_value(f, p, 1, local), _value(f, p, 0, local))
     if i.opname == "BUILD_TUPLE" and slot == 0:
         parts = [_value(f, p, i.arg - 1 - e, local) for e in range(i.arg)]
         return _UNKNOWN if any(v is _UNKNOWN for v in parts) else tuple(parts)
     return f.static(k, d)
+
+
+def _attribute(base, name):
+    """``base.name`` for a module or a class, as stored (``inspect.getattr_static``: no code
+    runs), where it is a class, a tuple or a module; what a module's ``__getattr__`` serves
+    traced code where it says so (``torch._subclasses.FakeTensor``: Note [Value reads] in
+    lower/values.py); else ``_UNKNOWN``."""
+    if not isinstance(base, (types.ModuleType, type)) or not isinstance(name, str):
+        return _UNKNOWN
+    try:
+        found = inspect.getattr_static(base, name)
+    except AttributeError:
+        served = vars(base).get("__getattr__") if isinstance(base, types.ModuleType) else None
+        found = getattr(served, "answers", {}).get(name, _UNKNOWN)
+    return found if isinstance(found, (type, tuple, types.ModuleType)) else _UNKNOWN
 
 
 def judge(frame, asker, who: str, symbolic: bool) -> Asked | None:
