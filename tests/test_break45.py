@@ -412,7 +412,9 @@ def _finalized_write(layer, x):
 
 @pytest.mark.xfail(strict=True, reason="the trace holds the written attribute's old value, so a "
                    "finalizer that its drop runs in eager (and writes what the call reads next) "
-                   "does not run where eager runs it")
+                   "does not run where eager runs it; a hit and the eager fallback hold the "
+                   "call's leaves until it returns (dispatcher.cpp's Hold, the slow path's "
+                   "flattened call), so making the call eager would not run it there either")
 def test_a_finalizer_run_by_an_attribute_write_is_seen():
     import weakref
 
