@@ -12,8 +12,8 @@ an argument, and library code's questions about a symbolic value passed them by.
 
 Both builtins are C functions, so the recording's profile hook is told of each call as a
 ``c_call`` event, from the frame that calls it, with the builtin itself (compared by identity:
-the builtins are never replaced; Dynamo keeps their identities, Note [Questions asked in the
-trace] of tests/test_break47.py). The frame's last instruction is the ``CALL``; its two
+the builtins are never replaced, since Dynamo keeps their identities the first time it needs
+them: tests/test_break47.py). The frame's last instruction is the ``CALL``; its two
 arguments are read back from what put them on the stack (``flow.Flow.producers``): a local or
 a cell read from the frame's locals (no store to it between the load and the call), a class,
 tuple or module stored as an attribute of such a module or class (``inspect.getattr_static``:
