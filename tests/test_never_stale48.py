@@ -54,6 +54,11 @@ def local_gathered(x):  # a class from a local, answered alike: served
     return x * (3 if isinstance(x, c) else 2)
 
 
+def local_uninitialized(x):  # a subclass of Parameter (its metaclass answers by the class)
+    c = torch.nn.parameter.UninitializedParameter
+    return x * (3 if isinstance(x, c) else 2)
+
+
 def is_int(v):  # a question about .item()'s SymInt
     return isinstance(v, int)
 
@@ -118,7 +123,8 @@ def test_a_question_whose_class_the_bytecode_does_not_name_runs_eagerly(lib, kin
 
 
 def test_a_question_answered_alike_stays_served(lib):
-    f = lambda x, m: lib.local_gathered(x) + int(lib.is_number(m.sum().item()))  # noqa: E731
+    f = lambda x, m: lib.local_gathered(x) + lib.local_uninitialized(x) + int(  # noqa: E731
+        lib.is_number(m.sum().item()))
     jf = trident.jit(f)
     assert _calls(jf, f, lambda: (torch.ones(2), torch.tensor([1, 3]))) == []
     assert counts(jf) == (1, 2, 0), jf.stats

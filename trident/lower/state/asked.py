@@ -61,8 +61,10 @@ ASKERS = (builtins.isinstance, builtins.issubclass)
 _EAGER = {FakeTensor: (torch.Tensor, torch.nn.Parameter), torch.SymInt: (int,),
           torch.SymFloat: (float,), torch.SymBool: (bool,)}
 _BY_FLAG = (torch.nn.Parameter, *filter(None, [getattr(torch.nn, "Buffer", None)]))
-_CHECKS = {True: (type.__instancecheck__, abc.ABCMeta.__instancecheck__),  # answer by the
-           False: (type.__subclasscheck__, abc.ABCMeta.__subclasscheck__)}  # class alone
+_CHECKS = {True: (type.__instancecheck__, abc.ABCMeta.__instancecheck__,  # answer by the
+                  *{type(c).__instancecheck__ for c in _BY_FLAG}),  # class alone (torch's
+           False: (type.__subclasscheck__, abc.ABCMeta.__subclasscheck__)}  # _ParameterMeta:
+# by the flag for Parameter itself, by the class for its subclasses, UninitializedParameter)
 _LOCAL_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE"})
 _FLOWS: dict = {}  # id of a code object -> (the code, its flow.Flow)
 

@@ -392,6 +392,9 @@ def _targets(ins: list, k: int) -> list:
 
 # classes whose isinstance answers on a fake tensor argument are the real one's (tensor_type_read)
 _ANSWERED = (torch.Tensor, torch.nn.Parameter, *filter(None, [getattr(torch.nn, "Buffer", None)]))
+# metaclass checks that answer by the class alone for a class other than those (torch's
+# _ParameterMeta asks the flag for Parameter itself only: UninitializedParameter)
+_BY_CLASS = (type.__instancecheck__, *{type(c).__instancecheck__ for c in _ANSWERED[1:]})
 
 
 def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
@@ -450,7 +453,7 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 def _no_traced_instance(c: type, params: dict) -> bool:
     """Note [Classes no traced tensor is]: whether ``isinstance(v, c)`` answers False on the
     trace's fake tensors and on the tensors of every call the specialization serves."""
-    return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ is type.__instancecheck__
+    return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ in _BY_CLASS
             and not any(isinstance(v, c) for v in params.values()))
 
 
