@@ -192,7 +192,8 @@ def _greedy(forward, model, ids, mask, steps=4):
     for _ in range(steps):
         ids = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = forward(input_ids=ids, attention_mask=mask, **{cache_kw(model): cache}, use_cache=True)
+        out = forward(input_ids=ids, attention_mask=mask, **{cache_kw(model): cache},
+                      use_cache=True)
         logits.append(out.logits)
     return logits
 
