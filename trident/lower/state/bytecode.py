@@ -446,9 +446,10 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 # False on both sides when the fake is no ``C`` (``C`` is no class of ``FakeTensor``, and
 # answers by the class alone: no ``__instancecheck__`` of its own, as ``nn.Parameter`` has; a
 # subclass of it answers by its class through torch's) and no tensor of the call is one: a
-# tensor argument's guard accepts ``torch.Tensor`` and ``nn.Parameter`` only (Note [Tensor types and attributes] in ir/guards.py), torch's ops on
-# them make ``torch.Tensor``s, and the code's parameters at the trace (``params``) hold no
-# ``C``. Such a read is no reason to run eagerly; any other stays one.
+# tensor argument's guard accepts ``torch.Tensor`` and ``nn.Parameter`` only (Note [Tensor
+# types and attributes] in ir/guards.py), torch's ops on them make ``torch.Tensor``s, and the
+# code's parameters at the trace (``params``) hold no ``C``. Such a read is no reason to run
+# eagerly; any other stays one.
 
 def _no_traced_instance(c: type, params: dict) -> bool:
     """Note [Classes no traced tensor is]: whether ``isinstance(v, c)`` answers False on the
