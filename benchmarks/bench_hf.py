@@ -63,6 +63,17 @@ LIGER = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
              fused_linear_cross_entropy=False)
 
 
+
+def _cache_kw(model) -> str:
+    """The keyword under which ``model``'s forward takes its cache: ``cache`` where the
+    installed transformers has it (5.25 deprecates ``past_key_values``, whose FutureWarning at
+    every call makes a jitted call eager: Note [Warnings a trace gives] in
+    trident/lower/state/warned.py), else ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else \
+        "past_key_values"
+
 def _model(name: str):
     import transformers
 
@@ -128,7 +139,7 @@ def _first_token_floor(model, lengths=(16, 128, 512), reps: int = 5) -> dict:
         positions = torch.arange(n, device="cuda")
 
         def prefill():
-            return model(input_ids=ids, past_key_values=cache, cache_position=positions,
+            return model(input_ids=ids, **{_cache_kw(model): cache}, cache_position=positions,
                          logits_to_keep=1).logits.argmax(-1)
 
         def restore():  # the prefill advances the cache's token counts
@@ -203,7 +214,7 @@ def _graph_floor(model, ids) -> dict:
     cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
     positions = torch.arange(PROMPT, device=ids.device)
     with torch.no_grad():
-        logits = model(input_ids=ids, past_key_values=cache, cache_position=positions).logits
+        logits = model(input_ids=ids, **{_cache_kw(model): cache}, cache_position=positions).logits
     token = logits[:, -1:].argmax(-1)
     position = torch.tensor([PROMPT], device=ids.device)
     lengths = [layer.cumulative_length for layer in cache.layers]
@@ -214,7 +225,7 @@ def _graph_floor(model, ids) -> dict:
             t.copy_(v)
 
     def step():
-        return model(input_ids=token, past_key_values=cache, cache_position=position).logits
+        return model(input_ids=token, **{_cache_kw(model): cache}, cache_position=position).logits
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

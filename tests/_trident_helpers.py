@@ -6,6 +6,7 @@ import contextlib
 import functools
 import gc
 import importlib
+import inspect
 import itertools
 import os
 import subprocess
@@ -335,3 +336,12 @@ def counts(jf) -> tuple[int, int, int]:
 def said(caught, words: str) -> list[str]:
     """The messages of the ``caught`` warnings that hold ``words``."""
     return [str(w.message) for w in caught if words in str(w.message)]
+
+
+def cache_kw(model) -> str:
+    """The keyword under which ``model``'s forward takes its cache in the installed transformers:
+    ``cache`` where it has one (5.25 here deprecates ``past_key_values``, whose FutureWarning at
+    every call makes a jitted call eager: Note [Warnings a trace gives] in
+    trident/lower/state/warned.py), else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else \
+        "past_key_values"

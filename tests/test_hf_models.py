@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trident
+from _trident_helpers import cache_kw
 
 transformers = pytest.importorskip("transformers")
 
@@ -424,8 +425,8 @@ def test_a_prefill_leaves_the_cache_as_eager_leaves_it(arch):
         caches = [transformers.StaticCache(config=model.config, max_cache_len=16)
                   for _ in range(2)]
         with torch.no_grad():
-            ref = model(input_ids=ids, past_key_values=caches[0], use_cache=True)
-            out = jf(input_ids=ids, past_key_values=caches[1], use_cache=True)
+            ref = model(input_ids=ids, **{cache_kw(model): caches[0]}, use_cache=True)
+            out = jf(input_ids=ids, **{cache_kw(model): caches[1]}, use_cache=True)
         assert torch.equal(out.logits, ref.logits)
         assert out.past_key_values is caches[1]
         for a, b in zip(caches[0].layers, caches[1].layers):

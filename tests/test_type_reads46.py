@@ -82,9 +82,7 @@ def test_isinstance_of_a_class_no_traced_tensor_is_is_served(lib, where):
     assert counts(jf) == (1, 2, 1), jf.stats
 
 
-@pytest.mark.parametrize("reader", ["norm_tagged", "norm_fake", pytest.param(
-    "norm_computed", marks=pytest.mark.xfail(strict=True, reason="isinstance() with a class the "
-                                             "bytecode does not name is not seen as a type read"))])
+@pytest.mark.parametrize("reader", ["norm_tagged", "norm_fake", "norm_computed"])
 def test_isinstance_that_may_answer_otherwise_runs_eagerly(lib, reader):
     f = getattr(lib, reader)
     jf = trident.jit(lambda x: f(x) + 1)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import counts, installed_package
+from _trident_helpers import cache_kw, counts, installed_package
 
 NAME = "trident_masklib44"
 _LIB = '''
@@ -187,12 +187,13 @@ def _greedy(forward, model, ids, mask, steps=4):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    out = forward(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    out = forward(input_ids=ids, attention_mask=mask, **{cache_kw(model): cache}, use_cache=True)
     logits = [out.logits]
     for _ in range(steps):
         ids = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = forward(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        out = forward(input_ids=ids, attention_mask=mask, **{cache_kw(model): cache},
+                      use_cache=True)
         logits.append(out.logits)
     return logits
 

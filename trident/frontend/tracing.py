@@ -117,13 +117,17 @@ class Tracer:
         with config.stage("trace"), \
                 state.record(None if self._constant_self else self._code_fn) as recording:
             try:
-                captured = self._trace(call, dynamic, recording, lengths)
-                free = self._order_probe(call, dynamic, recording, captured, lengths)
+                with state.given_warnings(not self._constant_self) as given:  # Note
+                    # [Warnings a trace gives] (a backend graph runs no user code)
+                    captured = self._trace(call, dynamic, recording, lengths)
+                    free = self._order_probe(call, dynamic, recording, captured, lengths)
             except TridentError as e:
                 if recording.refused is None or str(e) == recording.refused:
                     raise
                 raise _refused(recording.refused) from e  # (user code caught it: Note
                 # [Writes at entry] in lower/state/writes.py)
+            state.raise_given(given)
+            state.raise_asked(recording.asked)  # Note [Questions asked in the trace]
             if not self._constant_self:  # Note [Questions about symbolic values]
                 state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
                                       captured.scalar_reads)  # Note [Questions about read values]

@@ -80,6 +80,8 @@ def _fake_answer() -> None:
     real = package.__dict__.pop("FakeTensor", None) or fake_tensor.FakeTensor
 
     class _Eager(type):
+        answers_as_eager = True  # (Note [Questions asked in the trace] in lower/state/asked.py)
+
         def __instancecheck__(cls, obj):
             return isinstance(obj, real) and not _of_trace(obj)
 
@@ -97,6 +99,7 @@ def _fake_answer() -> None:
             return standin if _asked_by_traced_code(sys._getframe(1)) else real
         raise AttributeError(f"module 'torch._subclasses' has no attribute {name!r}")
 
+    __getattr__.answers = {"FakeTensor": standin}  # (what traced code gets: lower/state/asked.py)
     package.__getattr__ = __getattr__
     original = fake_tensor.is_fake
 

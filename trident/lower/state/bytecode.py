@@ -392,6 +392,9 @@ def _targets(ins: list, k: int) -> list:
 
 # classes whose isinstance answers on a fake tensor argument are the real one's (tensor_type_read)
 _ANSWERED = (torch.Tensor, torch.nn.Parameter, *filter(None, [getattr(torch.nn, "Buffer", None)]))
+# metaclass checks that answer by the class alone for a class other than those (torch's
+# _ParameterMeta asks the flag for Parameter itself only: UninitializedParameter)
+_BY_CLASS = (type.__instancecheck__, *{type(c).__instancecheck__ for c in _ANSWERED[1:]})
 
 
 def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
@@ -441,16 +444,17 @@ def tensor_type_read(code: types.CodeType, g: dict, params: dict) -> str | None:
 # Library code asks it of every tensor it gets: liger-kernel 0.8 (``LigerRMSNormFunction``)
 # tests ``isinstance(X, DTensor)`` to gather a tensor-parallel input first. The answer is
 # False on both sides when the fake is no ``C`` (``C`` is no class of ``FakeTensor``, and
-# answers by the class alone: no ``__instancecheck__`` of its own, as ``nn.Parameter`` has)
-# and no tensor of the call is one: a tensor argument's guard accepts ``torch.Tensor`` and
-# ``nn.Parameter`` only (Note [Tensor types and attributes] in ir/guards.py), torch's ops on
-# them make ``torch.Tensor``s, and the code's parameters at the trace (``params``) hold no
-# ``C``. Such a read is no reason to run eagerly; any other stays one.
+# answers by the class alone: no ``__instancecheck__`` of its own, as ``nn.Parameter`` has; a
+# subclass of it answers by its class through torch's) and no tensor of the call is one: a
+# tensor argument's guard accepts ``torch.Tensor`` and ``nn.Parameter`` only (Note [Tensor
+# types and attributes] in ir/guards.py), torch's ops on them make ``torch.Tensor``s, and the
+# code's parameters at the trace (``params``) hold no ``C``. Such a read is no reason to run
+# eagerly; any other stays one.
 
 def _no_traced_instance(c: type, params: dict) -> bool:
     """Note [Classes no traced tensor is]: whether ``isinstance(v, c)`` answers False on the
     trace's fake tensors and on the tensors of every call the specialization serves."""
-    return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ is type.__instancecheck__
+    return (not issubclass(FakeTensor, c) and type(c).__instancecheck__ in _BY_CLASS
             and not any(isinstance(v, c) for v in params.values()))
 
 

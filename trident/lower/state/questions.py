@@ -23,8 +23,10 @@ SymInt, SymFloat or SymBool: ``type(self)``); ``isinstance`` with classes that h
 SymInt and an int (``tuple``, ``torch.Tensor``); ``type(v)`` only compared with other classes
 than ``int``, ``float``, ``bool`` and the symbolic ones; ``a is b`` where one side is known to
 be no number (``x is None``, a sentinel). An int an object's attribute holds is not trusted as
-known (an int leaf is put back after the trace). Library code's questions are torch's to answer
-(it asks ``isinstance(n, torch.SymInt)`` on purpose) and are not scanned.
+known (an int leaf is put back after the trace). Library code's questions are not scanned
+(torch asks ``isinstance(n, torch.SymInt)`` on purpose); its ``isinstance`` and
+``issubclass``, and the function's own with a class the code does not name, are judged as the
+trace calls them (Note [Questions asked in the trace] in asked.py).
 """
 
 from __future__ import annotations

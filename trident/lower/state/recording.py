@@ -4,15 +4,12 @@ and the calls whose results no guard keeps."""
 from __future__ import annotations
 
 import _thread
-import builtins
 import collections
 import contextlib
 import dataclasses
 import functools
 import gc
-import io
 import logging
-import os
 import random
 import sys
 import types
@@ -21,24 +18,14 @@ import torch
 
 from trident import frames
 from trident.errors import TridentError, transient
+from trident.lower.state.asked import ASKERS, judge
 from trident.lower.state.draws import Draws
+from trident.lower.state.impure import (
+    _FILE_OPENERS, _IMPURE_MODULES, _OS_READS, _OS_WRAPPERS, _SOURCE_READERS, _impure_name)
 from trident.lower.state.library import handler_codes, interrupt_code, library_kind
 from trident.lower.state.library_writes import Watch
 from trident.lower.state.writes import EntryCheck
 
-# Modules whose functions return what no guard keeps: Python's random state, the clock, the OS.
-# The running thread (threading.get_ident(), current_thread()) and the collector's state
-# (gc.get_count(), sys.getrefcount) differ from call to call too.
-# A file's contents (``open``: the io module's), the interpreter's frames (``sys._getframe``,
-# ``inspect.currentframe()``: a frame's globals and locals, read by no chain) and code that
-# ``eval`` or ``exec`` runs from a string (its reads are in no bytecode that ran as a file's)
-# are such state too.
-_IMPURE_MODULES = frozenset({"random", "_random", "time", "secrets", "uuid", "posix", "nt",
-                             "_thread", "threading", "gc", "io", "_io"})
-_IMPURE_SYS = frozenset({"getrefcount", "getallocatedblocks", "_current_frames",
-                         "_current_exceptions", "getswitchinterval_", "_getframe",
-                         "_getframemodulename"})
-_IMPURE_BUILTINS = frozenset({"eval", "exec"})
 _RANDOM = random._inst  # the random module's functions' generator (Note [Draws of a trace])
 # Note [Recording cost]: the profile hook runs at every Python call and return and every C call
 # and return of the trace, nearly all of them torch's own (fake tensors, proxies, the
@@ -109,6 +96,8 @@ class Recording:
     storage_orders: list = dataclasses.field(default_factory=list)  # Note [Orders of an
     # OrderedDict]: dict's own methods that read one in its dict's order
     draws: object = None  # Note [Draws of a trace] (draws.py)
+    asked: list = dataclasses.field(default_factory=list)  # Note [Questions asked in the
+    # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
 
     @property
     def refused(self) -> str | None:
@@ -159,11 +148,8 @@ def _module_call_codes() -> frozenset:
 # Note [Trace state]: torch's answers about the trace itself, which differ while Trident traces
 # (a TorchFunctionMode and FX's tracer are active) from an eager call's: a function that asks
 # runs eagerly, as one that reads the clock does. torch.compiler.is_compiling(),
-# torch.jit.is_scripting() and torch.jit.is_tracing() answer in the trace as in eager.
-_TRACE_STATE_C = ("_is_torch_function_mode_enabled", "_len_torch_function_stack",
-                  "_get_function_stack_at", "_is_torch_function_enabled",
-                  "_is_torch_function_all_disabled", "_len_torch_dispatch_stack",
-                  "_get_dispatch_mode", "_get_dispatch_stack_at")
+# torch.jit.is_scripting() and torch.jit.is_tracing() answer in the trace as in eager. Its C
+# functions: impure.py's _TRACE_STATE_C.
 
 
 @functools.cache
@@ -198,42 +184,6 @@ def _logging_codes() -> frozenset:
     return frozenset(id(f.__code__) for f in fns if hasattr(f, "__code__"))
 
 
-def _impure_name(fn) -> str | None:
-    owner = getattr(fn, "__self__", None)
-    if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C:  # Note [Trace
-        return f"torch._C.{fn.__name__}"  # state]
-    module = getattr(fn, "__module__", None) or type(owner).__module__
-    if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
-            str(type(owner).__module__).startswith("numpy.random"):
-        return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}"
-    if owner is sys and getattr(fn, "__name__", "") in _IMPURE_SYS:
-        return f"sys.{fn.__name__}"
-    if owner is builtins and getattr(fn, "__name__", "") in _IMPURE_BUILTINS:
-        return fn.__name__
-    if isinstance(owner, type) and owner.__module__ == "datetime" and \
-            getattr(fn, "__name__", "") in ("now", "today", "utcnow"):  # the clock
-        return f"datetime.{owner.__name__}.{fn.__name__}"
-    return None
-
-
-# Standard-library modules whose functions read the file system for their caller
-# (os.path.exists, os.path.abspath's getcwd, pathlib): a C call of posix they make for user
-# code is the user's read of OS state.
-_OS_WRAPPERS = frozenset({"os", "genericpath", "posixpath", "ntpath", "pathlib", "shutil",
-                          "glob", "fnmatch", "inspect"})
-_OS_READS = frozenset({"stat", "lstat", "fstat", "listdir", "scandir", "getcwd", "getcwdb",
-                       "access", "readlink", "statvfs", "getpid", "cpu_count", "urandom",
-                       "open", "_getframe"})
-
-
-# Note [Files read by libraries]: a file a library reads for the function (``torch.load(path)``,
-# ``np.loadtxt``, ``configparser``'s ``read``, a config loaded from a file) is a value the trace
-# bakes in, as the user's own ``open`` is: no guard sees the file change. So ``open`` (and
-# ``os.open``) called by any code the function runs makes the call run eagerly, but for the
-# readers of source code that tracing itself runs (``linecache`` and ``tokenize`` for stack
-# traces and warnings' lines; imports open files by ``io.open_code``, not ``open``).
-_FILE_OPENERS = (io.open, os.open)
-_SOURCE_READERS = frozenset({"linecache", "tokenize", "traceback", "inspect"})
 
 
 @contextlib.contextmanager
@@ -415,7 +365,18 @@ def record(fn):
                         2].update(tensors)
 
     def _c_call(frame, kind: int, arg) -> None:
-        if kind & _USER and under_fn(frame):
+        if arg is ASKERS[0] or arg is ASKERS[1]:  # Note [Questions asked in the trace]
+            if kind & _USER and under_fn(frame):
+                who = "the function"
+            elif kind & _SCANNED and frame in inlined:
+                who = f"library code the function runs ({frame.f_code.co_qualname})"
+            else:
+                return
+            found = judge(frame, arg, who, str(frame.f_globals.get("__name__")).partition(
+                ".")[0] != "torch")  # (torch asks of its symbolic values on purpose)
+            if found is not None:
+                rec.asked.append(found)
+        elif kind & _USER and under_fn(frame):
             name = _impure_name(arg)
             if name:
                 rec.impure.append(name)
