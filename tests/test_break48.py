@@ -128,3 +128,124 @@ def test_hash_of_a_str_in_another_process(subprocess_env):
     for seed in ("1", "2"):
         env = dict(subprocess_env, PYTHONHASHSEED=seed)
         assert run_python(env, "-c", _HASH_OF_A_NAME).stdout.split() == ["0", "0", "1"]
+
+
+# ---- Note [Patched tensor methods] (lower/patched_methods.py) -------------------------------
+
+_ORIGINALS = {name: getattr(torch.Tensor, name) for name in ("add", "mul")}
+
+
+def _add_scaled(self, other):  # a user's wrapper around the original, as libraries patch
+    return _ORIGINALS["add"](self, other * 10)
+
+
+def _mul_scaled(self, other):
+    return _ORIGINALS["mul"](self, other * 10)
+
+
+_WRAPPERS = {"add": _add_scaled, "mul": _mul_scaled}
+
+
+@pytest.mark.parametrize("name", ["add", "mul"])
+@pytest.mark.parametrize("when", ["before the first call", pytest.param(
+    "after a hit", marks=pytest.mark.xfail(strict=True, reason="a torch.Tensor method is library "
+                                           "state: the trace reads no chain to it, so a wrapper "
+                                           "put on after a hit is not seen (docs/design.md, "
+                                           "Limits today)"))])
+def test_a_tensor_method_wrapped_by_the_user_runs_once(name, when):
+    """Note [Patched tensor methods]: a wrapper put on ``torch.Tensor`` around a C method ran
+    twice in the trace (torch hands the trace's mode the wrapper when the original is called):
+    ``x.add(1)`` gave ``x + 100`` for eager's ``x + 10``, at the trace and at every hit. Each
+    call equals eager: the wrapper is one state, the method without it another (one compile
+    each). Open: a wrapper put on after a hit is not seen (the hit returns the unwrapped
+    result; Dynamo guards the method and recompiles)."""
+    def fn(x):
+        return getattr(x, name)(2)
+
+    x = torch.arange(6.)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no eager fallback
+            for step in range(4):
+                if step == (0 if when == "before the first call" else 2):
+                    setattr(torch.Tensor, name, _WRAPPERS[name])
+                assert_same(jf(x), fn(x))
+            setattr(torch.Tensor, name, _ORIGINALS[name])
+            assert_same(jf(x), fn(x))
+    finally:
+        setattr(torch.Tensor, name, _ORIGINALS[name])
+    assert counts(jf) == (2, 3, 0), jf.stats
+
+
+def test_one_wrapper_under_two_method_names_runs_eagerly():
+    """A wrapper that ``torch.Tensor`` holds under the names of two C methods: which one ran is
+    not known to the trace's mode; the call runs eagerly, with one warning."""
+    original = _ORIGINALS["add"]
+
+    def fn(x):
+        return x.add(1)
+
+    x = torch.arange(6.)
+    jf = trident.jit(fn)
+    try:
+        torch.Tensor.add = torch.Tensor.sub = _add_scaled
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert_same(jf(x), fn(x))
+    finally:
+        del torch.Tensor.sub
+        torch.Tensor.add = original
+    assert counts(jf) == (0, 0, 2), jf.stats
+    assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+
+
+# ---- Note [Calls of a jitted module] (lower/uses.py) ------------------------------------------
+
+def _hook_scaled(module, args, out):
+    return out * 10
+
+
+def _pre_hook_scaled(module, args):
+    return (args[0] * 3,)
+
+
+_MODULE_CHANGES = {  # each: make the change, return its undo
+    "a forward hook": lambda m: m.register_forward_hook(_hook_scaled).remove,  # (stale before)
+    "a forward pre-hook": lambda m: m.register_forward_pre_hook(  # (stale before)
+        _pre_hook_scaled).remove,
+    "a hook with kwargs": lambda m: m.register_forward_hook(  # (stale before)
+        lambda mod, a, kw, out: out - 1, with_kwargs=True).remove,
+    "a global forward hook": lambda m: torch.nn.modules.module.register_module_forward_hook(
+        _hook_scaled).remove,  # (stale before)
+    "a global hook always called": lambda m: torch.nn.modules.module.register_module_forward_hook(
+        _hook_scaled, always_call=True).remove,  # (stale before)
+    "__call__ on the class": lambda m: (  # (stale before)
+        setattr(torch.nn.Linear, "__call__", lambda self, t: t * 11),
+        lambda: delattr(torch.nn.Linear, "__call__"))[1],
+}
+
+
+@pytest.mark.parametrize("change", list(_MODULE_CHANGES))
+def test_what_module_call_reads_of_a_jitted_module_is_guarded(change):
+    """Note [Calls of a jitted module]: ``trident.jit(module)`` runs ``Module.__call__``,
+    which reads the module's hook dicts, torch's global hooks and the class's ``__call__``;
+    a leaf module's forward reads none of them, and a hook registered after a hit was never run.
+    Each call equals eager: the change is one compile more, its undo the first specialization
+    again."""
+    m = torch.nn.Linear(3, 3).eval().requires_grad_(False)
+    x = torch.arange(6.).reshape(2, 3)
+    jf = trident.jit(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert_same(jf(x), m(x))
+        undo = _MODULE_CHANGES[change](m)
+        try:
+            for _ in range(2):
+                assert_same(jf(x), m(x))
+        finally:
+            undo()
+        assert_same(jf(x), m(x))
+    assert counts(jf) == (2, 3, 0), jf.stats
