@@ -4,7 +4,9 @@ against eager."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import types
 import warnings
 
 import pytest
@@ -284,3 +286,60 @@ def test_the_default_text_of_an_object_of_the_call():
     jf = trident.jit(_text_of_an_object)
     for o in (_Plain(), _Plain()):
         assert_same(jf(x, o), _text_of_an_object(x, o))
+
+
+# ---- Note [Library containers used whole] (lower/state/tree.py) ------------------------------
+
+def _argv_length(x):
+    return x * len(sys.argv)
+
+
+def _argv_has(x):
+    return x * (2 if "--b48" in sys.argv else 3)
+
+
+def _argv_joined(x):
+    return x * sum(len(a) for a in sys.argv)
+
+
+@pytest.mark.parametrize("fn", [_argv_length, _argv_has, _argv_joined])
+def test_a_library_list_used_whole_is_checked_by_value(fn):
+    """Note [Library containers used whole]: ``sys.argv`` used whole (its length, ``in``, its
+    items) was checked by identity: an argument appended after a hit was not seen (stale
+    before). Each call equals eager; the change is one compile more, its undo the first
+    specialization again."""
+    x = torch.arange(3.)
+    saved = list(sys.argv)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for step in range(4):
+                if step == 2:
+                    sys.argv.append("--b48")
+                assert_same(jf(x), fn(x))
+            sys.argv[:] = saved
+            assert_same(jf(x), fn(x))
+    finally:
+        sys.argv[:] = saved
+    assert counts(jf) == (2, 3, 0), jf.stats
+
+
+def _modules_loaded(x):
+    return x * ("_b48_module" in sys.modules)
+
+
+@pytest.mark.xfail(strict=True, reason="a library's dict of other values than numbers and "
+                   "strings (sys.modules) used whole is checked by identity (docs/design.md, "
+                   "Limits today)")
+def test_a_library_dict_of_objects_used_whole():
+    """``sys.modules`` used whole: a module imported after a hit is not seen."""
+    x = torch.arange(3.)
+    jf = trident.jit(_modules_loaded)
+    try:
+        for step in range(3):
+            if step == 2:
+                sys.modules["_b48_module"] = types.ModuleType("_b48_module")
+            assert_same(jf(x), _modules_loaded(x))
+    finally:
+        sys.modules.pop("_b48_module", None)
