@@ -92,19 +92,21 @@ def test_identity_questions_run_eagerly(case):
     assert said(caught, "identity or hash"), said(caught, "trident")
 
 
-def test_hash_of_a_number_is_served():
-    """The hash of a number or None is the same in every process and for every object of equal
-    value: still served."""
-    def fn(x):
-        return x * (hash(7) % 5) + hash(None) % 2
+def _same_ids(x, o):
+    return x * (2 if id(x) == id(o.w) else 3) + (hash(7) % 5) + hash(None) % 2
 
+
+def test_ids_compared_and_hashes_of_numbers_are_served():
+    """``id(a) == id(b)`` asks what ``a is b`` asks, which the trace answers as the call does
+    (one fake per tensor), and the hash of a number or None is the same in every process:
+    still served, the tensor passed twice one specialization more."""
     x = torch.arange(6.)
-    jf = trident.jit(fn)
+    jf = trident.jit(_same_ids)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(2):
-            assert_same(jf(x), fn(x))
-    assert counts(jf) == (1, 1, 0), jf.stats
+        for o in (Holder(torch.arange(6.)), Holder(torch.arange(6.)), Holder(x), Holder(x)):
+            assert_same(jf(x, o), _same_ids(x, o))
+    assert counts(jf) == (2, 2, 0), jf.stats
 
 
 _HASH_OF_A_NAME = textwrap.dedent("""

@@ -16,7 +16,9 @@ questions): a call of ``id``, ``hash`` or ``object.__hash__``, a load of ``__has
 either builtin passed to a call (``key=id``, ``map(hash, ...)``) makes the call run eagerly,
 at any sizes, but where the value asked about is known to be a number or None, whose hash is
 the same in every process (a constant, a global; Python 3.11 and 3.12). Library code's
-questions are not scanned (torch's memo sets of modules ask for membership, not order).
+questions are not scanned (torch's memo sets of modules ask for membership, not order). Where
+``id``'s result is only compared by ``==`` or ``!=`` with another ``id``'s (``id(a) == id(b)``),
+it asks what ``a is b`` asks, which a trace answers as the call does: let through.
 """
 
 from __future__ import annotations
@@ -38,6 +40,26 @@ def _stable(value) -> bool:
     return value is not _UNKNOWN and type(value) in (*_STABLE, bool)
 
 
+def _is_question(c: _Code, k: int) -> bool:
+    """Whether the ``id()`` that the ``CALL`` at ``k`` makes is only compared by ``==`` or
+    ``!=`` with another ``id()``'s: ``a is b`` asked another way, whose answer the trace's
+    objects give as the call's do (one fake per tensor, the call's other objects)."""
+    compared = False
+    for j, i in enumerate(c.f.ins):
+        pops = c.f._effect(j)[0] if i.opname != "CALL" else i.arg + 2
+        for d in range(pops):
+            if (k, 0) not in (c.f.producers(j, d) or ()):
+                continue
+            if i.opname != "COMPARE_OP" or i.argval not in ("==", "!=") or d > 1:
+                return False
+            others = c.f.producers(j, 1 - d) or ()
+            if not others or not all(c.f.ins[p].opname == "CALL" and c.callee(p) is id
+                                     for p, _ in others):
+                return False
+            compared = True
+    return compared
+
+
 def identity_question(code: types.CodeType, g: dict, params: dict) -> str | None:
     """Note [Identity questions]: the first ``id``, ``hash`` or ``__hash__`` in ``code`` (of
     globals ``g``, called with ``params``) asked of a value not known to be a number, as
@@ -55,7 +77,7 @@ def identity_question(code: types.CodeType, g: dict, params: dict) -> str | None
         elif i.opname == "CALL" and i.arg:
             callee = c.callee(k)
             if _asker(callee):
-                if not _stable(c.value(k, 0)):
+                if not _stable(c.value(k, 0)) and not (callee is id and _is_question(c, k)):
                     what = f"{getattr(callee, '__qualname__', '?')}()"
             else:
                 passed = next((v for v in (c.value(k, d) for d in range(i.arg)) if _asker(v)),
