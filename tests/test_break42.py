@@ -33,7 +33,8 @@ SIZE_BUILTINS = {
     "type.__call__": lambda x, n: x * (2 if type.__call__(type, n) is int else 1),
     "int.__instancecheck__": lambda x, n: x * (2 if int.__instancecheck__(n) else 1),
     "map(type)": lambda x, n: x * (2 if list(map(type, [n])) == [int] else 1),
-    "sorted(key=id)": lambda x, n: x * (2 if sorted([n, 1], key=id)[0] == 1 else 1),
+    # (``sorted(key=id)``: Note [Identity questions] makes any call of it run eagerly, an int's
+    # or a tensor's: tests/test_break48.py)
     "weakref.ref": lambda x, n: x * _weakly(n),
     "getattr(builtins, 'type')": lambda x, n: x * (2 if getattr(builtins, "type")(n) is int
                                                    else 1),

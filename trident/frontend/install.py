@@ -151,6 +151,8 @@ class Installer(Modules):
             binding, called = Binding.of(fn), fn
         # Note [Parameter reads]: the trees hold what the function reads of its arguments
         reads = uses.parameter_uses(called, binding.has_self, [p[0] for p in binding.params])
+        if isinstance(fn, torch.nn.Module):  # Note [Calls of a jitted module] in uses.py
+            reads[0] = uses.module_call_uses(reads[0])
         return dataclasses.replace(binding, uses=tuple(reads))
 
     @property

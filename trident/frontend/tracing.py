@@ -131,6 +131,10 @@ class Tracer:
             if not self._constant_self:  # Note [Questions about symbolic values]
                 state.check_questions(recording, bool(dynamic) or  # (lower/state/tensor_reads.py)
                                       captured.scalar_reads)  # Note [Questions about read values]
+            if isinstance(self._fn, torch.nn.Module):  # Note [Calls of a jitted module] (uses.py):
+                recording.module_call = True  # its Module.__call__ read torch's global hooks
+                recording.module_classes.setdefault(id(type(self._fn)), type(self._fn))  # and
+                # its class's __call__ (Note [Module forwards] in lower/state/roots.py)
             reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
                 r.to_json() for r in state.reads_of(recording, self._code_fn) +  # graphs)
                 held_class_reads(call.tree.nodes, call.values, True)]  # Note [Classes of held

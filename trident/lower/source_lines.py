@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from trident import frames, runtime
 from trident.errors import TridentError
 from trident.lower import collectives, conversions, rng, tensor_attributes, trace_writes
+from trident.lower.patched_methods import method_run
 
 
 _USER_LINE_FILES: dict[str, bool] = {}  # a code object's file name -> user_line_file(name)
@@ -249,6 +250,8 @@ class _SourceLines(TorchFunctionMode):
     def _call(self, func, args, kwargs):
         # (asked of the function as called, before a remap puts Trident's own in its place)
         original = _overridden_api(func, sys._getframe(2))  # Note [Patched torch functions]
+        func = func if original is not None else method_run(func)  # Note [Patched tensor
+        # methods] in patched_methods.py
         if self.in_user_code:
             self.calls += 1
             if self.calls == self.next_check:  # Note [Early assignment check]

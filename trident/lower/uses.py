@@ -179,3 +179,22 @@ def attributes_read(obj, entries: dict, uses: Uses) -> dict | None:
         elif hasattr(t, "__getattr__"):
             return WHOLE
     return out
+
+
+# Note [Calls of a jitted module]: ``trident.jit(module)`` runs ``Module.__call__``, which reads
+# the module's hook dicts (and torch's global ones: ``module_call`` in tracing.py) before and
+# after ``forward``; the uses of ``forward``'s code alone left them out of ``self``'s tree, so a
+# hook registered on the module after a hit was never run (CPU machine, session 48). Their
+# paths join ``self``'s uses. (Its ``__dict__``'s keys are checked anyway: an instance
+# ``forward`` or a ``compile()``'s ``_compiled_call_impl`` set later is seen.)
+MODULE_CALL_READS = ("_backward_hooks", "_backward_pre_hooks", "_forward_hooks",
+                     "_forward_hooks_always_called", "_forward_hooks_with_kwargs",
+                     "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
+                     "_is_full_backward_hook")
+
+
+def module_call_uses(self_uses: Uses) -> Uses:
+    """Note [Calls of a jitted module]: ``self_uses`` (of ``forward``'s code) and the paths
+    that ``Module.__call__`` reads of the module."""
+    return merge(self_uses, {("attr", n): WHOLE for n in MODULE_CALL_READS})
+

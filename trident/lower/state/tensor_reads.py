@@ -13,6 +13,7 @@ import torch
 
 from trident.errors import TridentError
 from trident.lower.state.flow import _UNKNOWN
+from trident.lower.state.identity import identity_question
 from trident.lower.state.questions import (
     _DICT_READERS, _Code, _attribute_of_parameter, _held, symbolic_question)
 
@@ -116,8 +117,8 @@ def _dict_reads(rec):
 
 def check_questions(rec, symbolic: bool) -> None:
     """Raises where a user function that ran in the trace recorded by ``rec`` asks a question
-    the trace answers for a stand-in: ``vars`` of a tensor (the call runs eagerly, at any
-    sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
+    the trace answers for a stand-in: ``vars`` of a tensor, ``id`` or ``hash`` of an object
+    (Note [Identity questions] in identity.py; the call runs eagerly, at any sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
     that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
     values])."""
     for code, read in _dict_reads(rec):
@@ -133,6 +134,13 @@ def check_questions(rec, symbolic: bool) -> None:
         if read is not None:
             error = TridentError(f"the function reads an attribute that only a trace's fake "
                                  f"tensors have, {read}: a hit would answer as the trace did")
+            error.any_sizes = True
+            raise error
+        asked = identity_question(code, g, params)  # (Note [Identity questions])
+        if asked is not None:
+            error = TridentError(f"the function asks for an object's identity or hash, "
+                                 f"{asked}: the trace answers for its own objects and process, "
+                                 "eager for the call's")
             error.any_sizes = True
             raise error
     for code, (g, params) in rec.codes.items() if symbolic else ():

@@ -340,12 +340,25 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         f.visit(value, parent, access, k, path, True)
         trie[key] = len(f.nodes) - 1
         return False
-    if last and type(value) is tuple and by_value(value):  # by value, each item by its kind
-        trie[key] = len(f.nodes)  # (Note [Library values] in library.py)
-        f.visit(value, parent, access, k, path, True)
-        return False
+    if last and (type(value) is tuple and by_value(value) or _small_container(value)):  # by
+        trie[key] = len(f.nodes)  # value, each item by its kind (Note [Library values] in
+        f.visit(value, parent, access, k, path, True)  # library.py; Note [Library containers
+        return False  # used whole])
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
+
+
+# Note [Library containers used whole]: a library's list or dict that user code uses whole
+# (``len(sys.argv)``, ``"-v" in sys.argv``, ``for p in sys.path``) was checked by identity, so an
+# item appended after a hit was not seen (CPU machine, session 48). One of immutable items
+# (``by_value``, as many as a tuple may hold; a dict's keys str) is checked by value like a
+# user's global container, at every call (a list has no version tag); a bigger one, or one of
+# other items, is still checked by identity (docs/design.md, Limits today).
+def _small_container(value) -> bool:
+    if type(value) is list:
+        return by_value(tuple(value))
+    return type(value) is dict and all(type(k) is str for k in value) and \
+        by_value(tuple(value.values()))
 
 
 def _path_text(parent: str, step: tuple) -> str:
