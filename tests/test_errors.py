@@ -625,3 +625,18 @@ def test_an_eager_calls_warning_reads_as_english(fn, args, kwargs, message):
             jf(torch.arange(3.0), *args, **kwargs)
     said = [str(w.message) for w in caught]
     assert [m for m in said if m.startswith(f"trident: {fn.__name__} runs eagerly: {message}")], said
+
+
+def test_a_module_attribute_asked_of_its_jit_function_names_what_to_jit():
+    """``trident.jit(model)`` is the model's forward: a name the module has and the JitFunction
+    lacks (a new user's ``trident.jit(model).generate``) raises AttributeError saying to jit
+    the forward instead; another name raises Python's plain AttributeError."""
+    linear = torch.nn.Linear(2, 2)
+    jm = trident.jit(linear)
+    with pytest.raises(AttributeError, match=r"jit its forward: model.forward = trident.jit"):
+        jm.extra_repr
+    with pytest.raises(AttributeError, match=r"^'JitFunction' object has no attribute 'nope'$"):
+        jm.nope
+    assert not hasattr(jm, "__deepcopy__") and callable(jm.__call__)
+    x = torch.randn(3, 2)
+    assert torch.equal(jm(x), linear(x))

@@ -82,6 +82,20 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
 
     _constant_self = False  # backend.py: a GraphModule's forward, keyed by its code
 
+    def __getattr__(self, name: str):
+        """Only for a name the JitFunction lacks. Raises AttributeError; where it wraps a module
+        that has ``name`` (``trident.jit(model).generate``), the message says what to jit
+        instead: a JitFunction of a module is its forward, not the module."""
+        module = vars(self).get("_fn")
+        if isinstance(module, torch.nn.Module) and not name.startswith("__") and \
+                hasattr(module, name):
+            raise AttributeError(
+                f"'JitFunction' object has no attribute {name!r}: trident.jit("
+                f"{type(module).__name__}) compiles the module's forward only; to keep the "
+                f"module's own {name}, jit its forward: model.forward = "
+                "trident.jit(model.forward) (docs/huggingface.md)")
+        raise AttributeError(f"'JitFunction' object has no attribute {name!r}")
+
     @property
     def __trident_code__(self) -> Callable:
         """The function this compiles: what identity.py keys and names it by, not its counters
