@@ -224,7 +224,7 @@ def test_a_hook_order_changed_after_table_passes_is_seen():
         for _ in range(5):
             assert torch.equal(jf(m, x), f(m, x))
         assert jf.stats.hits == 4 and jf.stats.fallbacks == 0, jf.stats
-        if TABLE:
+        if sys.version_info[:2] == (3, 11):  # (3.12's quiet pass here: not run on 3.12 yet)
             assert _quiet(jf) >= 1, jf.tree_passes()
         walked = jf.tree_passes()["m"][2]
         norm._forward_hooks.move_to_end(first.id)
