@@ -181,6 +181,9 @@ struct TreeMemo {
     Check::Op op;
   };
   std::vector<QuietStep> quiet_table;
+  // Note [Tag table] (tree_memo.cpp): without dict watchers (Python 3.11), per record the
+  // version tag its kObject's instance dict or its kDict had when the table was filled
+  std::vector<uint64_t> quiet_tags;
   // Note [Quiet leaves] (tree_memo.cpp): per root, its leaves' nodes in pre-order (from
   // quiet_leaf_begin[root] to quiet_leaf_begin[root + 1]), not in the quiet table, and their
   // values, copied with the table
@@ -193,7 +196,9 @@ struct TreeMemo {
   std::vector<uint64_t> root_events;
   std::vector<uint64_t> root_clean;
   bool dirty(uint32_t root) const { return root_events[root] != root_clean[root]; }
-  std::vector<uint8_t> quiet;          // per root: its last pass held with every dict watched
+  // per root: its last pass held with every dict watched (Python 3.11: its last pass held, its
+  // table holds its tags: Note [Tag table])
+  std::vector<uint8_t> quiet;
   // per root, for benchmarks (Dispatcher._tree_passes): passes taken quiet, unchanged, walked
   std::vector<std::array<uint64_t, 3>> passes;
   std::vector<PyObject*> watching;     // the dicts this memo watches (TRT_DICT_WATCHERS)

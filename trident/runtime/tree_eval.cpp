@@ -64,7 +64,8 @@ namespace {
 // and its instance dict's identity (neither is a dict event), and the rest as above (leaves,
 // lists, sets, OrderedDicts' key order, types, tensors' versions). Its cost is then that of
 // the objects and leaves the function reads, not of every dict they reach. Not on 3.11 (no
-// watchers) or where no watcher slot is free. Python 3.13 and later evaluate every node.
+// watchers: there the unchanged pass reads its checks from the same table, tags included, Note
+// [Tag table]) or where no watcher slot is free. Python 3.13 and later evaluate every node.
 
 // Whether `t` holds what `copy` (a contiguous CPU tensor) does: its dtype, sizes and bytes. A
 // write through `.data` moves no version counter of `t` (Note [Global tensor values]).
@@ -330,6 +331,8 @@ struct TreeEval {
     bool all_watched = true;  // every dict of the subtree is watched: quiet from now on
     if (memo->quiet[k] && !memo->dirty(static_cast<uint32_t>(k))) {
       const TreeMemo::QuietStep* table = memo->quiet_table.data();
+      const uint64_t* tags = memo->quiet_tags.data();  // Note [Tag table]
+      (void)tags;
       for (size_t c = memo->quiet_begin[k]; c < memo->quiet_begin[k + 1]; ++c) {
         const TreeMemo::QuietStep& step = table[c];
         PyObject* v = step.value;
@@ -343,6 +346,22 @@ struct TreeEval {
           case TreeMemo::Check::kEmptySet:  // const_equal's answer for an empty set
             if (Py_TYPE(v) != step.type || PySet_GET_SIZE(v) != 0) return false;
             break;
+#ifndef TRT_DICT_WATCHERS
+          case TreeMemo::Check::kObject: {  // Note [Tag table]: the unchanged pass's checks
+            if (Py_TYPE(v) != step.type) return false;
+            PyObject** dict = _PyObject_GetDictPtr(v);
+            if (!dict || *dict != step.dict || dict_tag(step.dict) != tags[c]) return false;
+            break;
+          }
+          case TreeMemo::Check::kDict:
+            if (Py_TYPE(v) != step.type || dict_tag(v) != tags[c]) return false;
+            break;
+          case TreeMemo::Check::kOrderedDict:  // move_to_end reorders it without a new tag
+            if (Py_TYPE(v) != step.type || dict_tag(v) != tags[c] ||
+                !same_keys(v, tree.nodes[step.node].keys))
+              return false;
+            break;
+#endif
           default:
             if (!holds(memo->quiet_checks[c], v, all_watched)) return false;
         }
@@ -361,6 +380,8 @@ struct TreeEval {
     if (all_watched) fill_quiet_table(*memo, tree, k);
 #else
     (void)all_watched;
+    memo->quiet[k] = 1;  // Note [Tag table]: the next pass reads the same checks from a table
+    fill_quiet_table(*memo, tree, k);
 #endif
     return true;
 #else

@@ -65,6 +65,11 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
   memo->work_begin[n] = static_cast<Py_ssize_t>(memo->work.size());
   // the unchanged pass's checks, per root (Note [Unchanged subtrees])
   using Check = TreeMemo::Check;
+#ifdef TRT_DICT_WATCHERS
+  constexpr bool kWatchers = true;
+#else
+  constexpr bool kWatchers = false;  // Note [Tag table]: the table keeps every dict's check
+#endif
   // held[i]: node i's value is held by a container whose tag proves it unchanged (a dict, an
   // object's dict, or a tuple such a container holds), so it is the same object as at the last
   // walk. Elsewhere (a root, a list's item) only its address is known to be the same, and a new
@@ -118,13 +123,15 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
           add_both(Check::kLeaf, Check::kLeaf, true);
           memo->quiet_leaf_nodes.push_back(static_cast<uint32_t>(i));
           break;
-        case TRT_CHK_OBJECT: add_both(Check::kObject, Check::kObjectQuiet, false); break;
+        case TRT_CHK_OBJECT:  // Note [Tag table]: without watchers, its tag too
+          add_both(Check::kObject, kWatchers ? Check::kObjectQuiet : Check::kObject, false);
+          break;
         case TRT_CHK_DICT:  // a watched dict freed and another at its address: an event
           if (memo->kind[i] == TreeMemo::kOrderedDict)
             add(Check::kOrderedDict);
           else  // a dict subclass that is a heap type can have its class assigned
             add_both(Check::kDict, Check::kDict,
-                     !(memo->types[i]->tp_flags & Py_TPFLAGS_HEAPTYPE));
+                     kWatchers && !(memo->types[i]->tp_flags & Py_TPFLAGS_HEAPTYPE));
           break;
         case TRT_CHK_SEQ:
           if (node.expect == reinterpret_cast<PyObject*>(&PyList_Type) || !held[i])
@@ -151,6 +158,7 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
   memo->quiet.assign(memo->roots.size(), 0);
   memo->passes.assign(memo->roots.size(), {0, 0, 0});
   memo->quiet_table.resize(memo->quiet_checks.size());
+  if (!kWatchers) memo->quiet_tags.resize(memo->quiet_checks.size());
   return memo;
 }
 
@@ -190,6 +198,23 @@ std::unique_ptr<TreeMemo> make_memo(const Tree& tree, const std::vector<Param>& 
 // copied with it, and a quiet pass that held appends them in one copy after its checks: the
 // same leaves in the same order as the pre-order pass pushed them (a root's leaves are
 // contiguous among the call's, and a pass that fails drops what it pushed).
+//
+// Note [Tag table]: without dict watchers (Python 3.11) no root is quiet, and every hit took the
+// unchanged pass through the memo: per check its node's value, type, instance dict, tag and
+// watched flag, each from another per-node array, and each leaf pushed alone. A 16-layer Llama's
+// decode tree is a few thousand such checks (each module's instance dict and its parameter,
+// buffer, submodule and hook dicts), so this pass was the largest part of a hit on 3.11, and
+// in `generate`, where each of those arrays' lines is cold, more than twice its repeated cost.
+// So on 3.11 the same table serves the unchanged pass: a root whose unchanged pass held gets its
+// table filled, with every dict's check kept (a dict no watcher sees is checked by its tag) and
+// each record's tag beside it (quiet_tags, one word per record: 3.12's records stay 32 bytes);
+// its next pass scans the table and copies its leaves in one insert (Note [Quiet leaves]). The
+// checks are the unchanged pass's, in its order, on the same values: per object its exact type,
+// instance dict's identity and that dict's tag; per dict its exact type and tag (an
+// OrderedDict's key order too); the rest as the unchanged pass. Its values and tags are the
+// memo's as they were when the pass held, and the memo changes only in a walk (which clears
+// the root's table first) or by an own write (Note [Own writes], which clears it too), so a
+// table pass holds exactly where the unchanged pass would. tree_passes() counts it as quiet.
 void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
   for (size_t c = memo.quiet_begin[root]; c < memo.quiet_begin[root + 1]; ++c) {
     const TreeMemo::Check& check = memo.quiet_checks[c];
@@ -201,6 +226,7 @@ void fill_quiet_table(TreeMemo& memo, const Tree& tree, size_t root) {
       op = TreeMemo::Check::kEmptySet;
     PyTypeObject* type = op == TreeMemo::Check::kEmptySet ? Py_TYPE(expect) : memo.types[i];
     memo.quiet_table[c] = {memo.values[i], type, memo.dicts[i], i, op};
+    if (!memo.quiet_tags.empty()) memo.quiet_tags[c] = memo.tags[i];  // Note [Tag table]
   }
   for (size_t j = memo.quiet_leaf_begin[root]; j < memo.quiet_leaf_begin[root + 1]; ++j)
     memo.quiet_leaves[j] = memo.values[memo.quiet_leaf_nodes[j]];
