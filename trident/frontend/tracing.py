@@ -58,7 +58,9 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=self._ones(call, dynamic, lengths))
+                         recording.active else None, ones=self._ones(call, dynamic, lengths),
+                         alike={} if self._dynamic is not None else  # Note [Symbols of like
+                         ints.like_layers(call, dynamic))  # layers] in ints.py
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
