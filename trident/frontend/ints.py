@@ -361,12 +361,13 @@ def written_dims(call: _Call, written: dict[str, frozenset[int]]) -> dict[int, s
 _ITEM = re.compile(r"(\.\w+)\[\d+\]")  # an attribute's item: ``.layers[3]``
 
 
-def like_layers(call: _Call, dynamic: dict[int, set[int]]) -> dict[int, tuple]:
-    """Note [Symbols of like layers]: ``{leaf index: key}`` of ``call``'s ``dynamic`` leaves
-    reached through an attribute's items; the key is the path without those items' indices
-    and the types of the objects on the way (``_fake_args`` in lower/capture.py)."""
+def like_layers(call: _Call, dynamic: dict[int, set[int]]) -> dict[tuple, tuple]:
+    """Note [Symbols of like layers]: ``{(leaf index, dim): key}`` of ``call``'s ``dynamic``
+    leaves reached through an attribute's items (an int's dim: None); the key is the path
+    without those items' indices, the dim, and the types of the objects on the way
+    (``_fake_args`` in lower/capture.py)."""
     tree, alike = call.tree, {}
-    for i in dynamic:
+    for i, dims in dynamic.items():
         node = tree.leaf_nodes[i - 1] if i else -1
         path = _ITEM.sub(r"\1[]", tree.nodes[node].path) if node >= 0 else ""
         if node < 0 or path == tree.nodes[node].path:
@@ -375,5 +376,6 @@ def like_layers(call: _Call, dynamic: dict[int, set[int]]) -> dict[int, tuple]:
         while node >= 0:
             types += [tree.nodes[node].expect] if tree.nodes[node].check == OBJECT else []
             node = tree.nodes[node].parent
-        alike[i] = (path, *types)
+        for d in dims if isinstance(call.leaves[i], torch.Tensor) else (None,):
+            alike[(i, d)] = (path, d, *types)
     return alike

@@ -88,8 +88,8 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
     ``ones`` ({arg: {dim}}): symbols of range >= 1 at any size, 1 included (a batch: Note
     [Batch dims] in frontend/batch.py; a length: Note [Lengths of written state] in
     frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``).
-    ``alike`` ({arg: key}): the dynamic dims (an int: dim ``None``) of the arguments of one key
-    share one symbol per dim and size (Note [Symbols of like layers] in frontend/ints.py)."""
+    ``alike`` ({(arg, dim): key}; an int's dim is ``None``): the symbolic dims of one key share
+    one symbol per size (Note [Symbols of like layers] in frontend/ints.py)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -127,10 +127,10 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
 
 
 class _SharedSymbols:
-    """Note [Symbols of like layers] (frontend/ints.py): one symbol per (key, dim, size) of the
-    arguments ``alike`` names. torch's duck sizing (``DimDynamic.DUCK``) reuses the ShapeEnv's
-    symbol of a size (its ``val_to_var``, torch 2.11-2.13); here that table is one per key and
-    dim, put in place while an argument's symbols are made."""
+    """Note [Symbols of like layers] (frontend/ints.py): one symbol per key and size of the
+    dims ``alike`` names. torch's duck sizing (``DimDynamic.DUCK``) reuses the ShapeEnv's
+    symbol of a size (its ``val_to_var``, torch 2.11-2.13); here that table is one per key,
+    put in place while an argument's symbols are made."""
 
     def __init__(self, shape_env, alike: dict):
         self.shape_env, self.alike, self.tables = shape_env, alike, {}
@@ -138,18 +138,18 @@ class _SharedSymbols:
     def make(self, i: int, sizes: dict, make: Callable):
         """``make(how)`` (``how``: {dim: DimDynamic}; an int's dim is None) for argument
         ``i``'s symbolic ``sizes`` ({dim: size}), its result (a fake tensor or a SymInt): DUCK
-        where its key's table gives or takes the symbol, DYNAMIC (a fresh symbol) elsewhere,
-        and where a dim of another table has the same size (one table at a time)."""
+        where a key's table gives or takes the symbol, DYNAMIC (a fresh symbol) elsewhere, and
+        where a dim of another key has the same size (one table at a time)."""
         from torch.fx.experimental.symbolic_shapes import DimDynamic
 
-        key, table, how = self.alike.get(i), {}, {d: DimDynamic.DYNAMIC for d in sizes}
-        owner: dict = {}
-        for d, size in sizes.items() if key is not None else ():
-            if owner.setdefault(size, d) == d:
+        keys = {d: self.alike[(i, d)] for d in sizes if (i, d) in self.alike}
+        table, how, owner = {}, {d: DimDynamic.DYNAMIC for d in sizes}, {}
+        for d, key in keys.items():
+            if owner.setdefault(sizes[d], key) == key:
                 how[d] = DimDynamic.DUCK
-                if size in self.tables.get((key, d), {}):
-                    table[size] = self.tables[(key, d)][size]
-        if key is None or DimDynamic.DUCK not in how.values():
+                if sizes[d] in self.tables.get(key, {}):
+                    table[sizes[d]] = self.tables[key][sizes[d]]
+        if DimDynamic.DUCK not in how.values():
             return make(how)
         kept, self.shape_env.val_to_var = self.shape_env.val_to_var, table
         try:
@@ -159,7 +159,7 @@ class _SharedSymbols:
         for d in (d for d, h in how.items() if h is DimDynamic.DUCK):
             size = made if d is None else made.shape[d]
             if isinstance(size, torch.SymInt) and size.node._expr.is_Symbol:
-                self.tables.setdefault((key, d), {}).setdefault(sizes[d], size.node._expr)
+                self.tables.setdefault(keys[d], {}).setdefault(sizes[d], size.node._expr)
         return made
 
 
