@@ -284,10 +284,10 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages. ``ones``: dims of range >= 1, ``alike``: arguments whose symbols are
-    shared (``_fake_args``). ``changed_rng``: whether
-    the trace's own thread set a generator's state (``state.Recording.changed_rng``, which
-    sees this thread's calls only); without it the states before and after decide.
+    name in messages. ``ones``: dims of range >= 1, ``alike``: dims that share symbols
+    (``_fake_args``). ``changed_rng``: whether the trace's own thread set a generator's state
+    (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
+    states before and after decide.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
