@@ -120,16 +120,37 @@ later request's cache length, not at exact sizes and again at the second request
 prompt first (its prefill passed a 4-D mask, a structure of its own) compiles 4 times in a
 padded sweep, not 5. Where that trace fails, the exact trace is compiled and the ints stay
 constants (once per function: ``_capacities_failed``).
+
+Note [Symbols of like layers]: a model's layers keep state of one structure each (a
+transformers static cache: each layer's ``keys``, ``values``, ``max_cache_len``, ``batch_size``,
+...), and a symbolic trace made every layer's dims and int leaves symbols of their own (48 of
+one value in a 16-layer Llama's decode step), so each layer's ops met sizes no earlier layer's
+had: FakeTensorMode's cache of results, keyed by the sizes' expressions, missed at every layer
+and its sympy work was done again (docs/benchmarks.md, "cold47": the symbolic traces were most
+of a cold ``generate``'s compile). So the dynamic leaves whose paths differ only in the indices
+of an attribute's items (``cache.layers[3].keys`` and ``cache.layers[0].keys``: ``cache.layers[]
+.keys``), through objects of the same types, share one symbol per dim and size (``like_layers``;
+torch's duck sizing, which Dynamo applies to all of its sizes, within one such path and dim):
+every layer is traced on the same symbols. A shared symbol is guarded as any symbol read in two
+places, by equality with its source (Note [Symbolic guards] in lower/guards.py): a call whose
+layers part (a capacity that equalled another layer's at the trace) misses and compiles, and
+never runs a graph traced for equal sizes. Sizes are never shared across paths or dims: a
+cache's ``num_heads`` and a batch of the same size (2) stay two symbols (torch's duck sizing of
+every size tied them, and the next batch missed: docs/benchmarks.md, "cold47"). The items of a
+list argument or of ``*args`` (``xs[0]``, ``args[1]``), and the dims ``dynamic=`` asks for,
+keep symbols of their own.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 
 from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization
-from trident.ir.trees import CONST, LEAF
+from trident.ir.trees import CONST, LEAF, OBJECT
 
 
 def int_differences(tree, call: _Call) -> set[str] | None:
@@ -335,3 +356,26 @@ def written_dims(call: _Call, written: dict[str, frozenset[int]]) -> dict[int, s
             for i, (a, name) in enumerate(zip(call.leaves, call.names))
             if isinstance(a, torch.Tensor)}
     return {i: d for i, d in dims.items() if d}
+
+
+_ITEM = re.compile(r"(\.\w+)\[\d+\]")  # an attribute's item: ``.layers[3]``
+
+
+def like_layers(call: _Call, dynamic: dict[int, set[int]]) -> dict[tuple, tuple]:
+    """Note [Symbols of like layers]: ``{(leaf index, dim): key}`` of ``call``'s ``dynamic``
+    leaves reached through an attribute's items (an int's dim: None); the key is the path
+    without those items' indices, the dim, and the types of the objects on the way
+    (``_fake_args`` in lower/capture.py)."""
+    tree, alike = call.tree, {}
+    for i, dims in dynamic.items():
+        node = tree.leaf_nodes[i - 1] if i else -1
+        path = _ITEM.sub(r"\1[]", tree.nodes[node].path) if node >= 0 else ""
+        if node < 0 or path == tree.nodes[node].path:
+            continue
+        types = []
+        while node >= 0:
+            types += [tree.nodes[node].expect] if tree.nodes[node].check == OBJECT else []
+            node = tree.nodes[node].parent
+        for d in dims if isinstance(call.leaves[i], torch.Tensor) else (None,):
+            alike[(i, d)] = (path, d, *types)
+    return alike

@@ -58,7 +58,8 @@ class Tracer:
                          outputs=lambda result: flatten_output(result, call.tree, call.values,
                                                                rebuilt, writes),
                          changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=self._ones(call, dynamic, lengths))
+                         recording.active else None, ones=self._ones(call, dynamic, lengths),
+                         alike=self._alike(call, dynamic))
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
@@ -81,6 +82,11 @@ class Tracer:
         for i, d in ints.one_lengths(call, dynamic, self._written_dims, lengths or {}).items():
             ones[i] = ones.get(i, set()) | d
         return ones
+
+    def _alike(self, call: _Call, dynamic: dict[int, set[int]]) -> dict[tuple, tuple]:
+        """Note [Symbols of like layers] in ints.py: the dims of an automatic trace with
+        ``dynamic`` dims that share symbols (none where ``dynamic=`` asked for dims)."""
+        return ints.like_layers(call, dynamic) if self._dynamic is None else {}
 
     def _order_probe(self, call: _Call, dynamic: dict[int, set[int]], recording,
                      captured, lengths: dict[int, set[int]] | None = None) -> frozenset:

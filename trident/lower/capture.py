@@ -80,13 +80,16 @@ class Capture:
 _GRAPH_OUTPUTS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None):
+def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = None,
+               alike: dict | None = None):
     """Fake tensors whose ``dynamic`` dims ({arg: {dim}}) are fresh symbols (sizes >= 2: 0 and
     1 stay static, as in torch.compile), the other dims static; an int argument in ``dynamic``
     a symbol of its own (Note [Symbolic ints] in guards.py; 0 and 1 stay constants).
     ``ones`` ({arg: {dim}}): symbols of range >= 1 at any size, 1 included (a batch: Note
     [Batch dims] in frontend/batch.py; a length: Note [Lengths of written state] in
-    frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``)."""
+    frontend/ints.py; an int leaf: ``{0}``); the trace runs size-oblivious (``trace``).
+    ``alike`` ({(arg, dim): key}; an int's dim is ``None``): the symbolic dims of one key share
+    one symbol per size (Note [Symbols of like layers] in frontend/ints.py)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -95,31 +98,69 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    ones, shape_env = ones or {}, ShapeEnv()
+    ones, alike, shape_env = ones or {}, alike or {}, ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    fakes = []
+    fakes, shared = [], _SharedSymbols(shape_env, alike)
     for i, a in enumerate(args):
         if type(a) is int and i in dynamic and (a not in (0, 1) or i in ones):  # Note
-            fakes.append(shape_env.create_symintnode(shape_env.create_symbol(  # [Symbolic ints]
-                a, LocalSource(f"value_{i}"), DimDynamic.DYNAMIC, positive=None,
-                do_not_specialize_zero_one=i in ones), hint=a))
-            continue
+            fakes.append(shared.make(i, {None: a}, lambda how: shape_env.create_symintnode(
+                shape_env.create_symbol(a, LocalSource(f"value_{i}"), how[None], positive=None,
+                                        do_not_specialize_zero_one=i in ones), hint=a)))
+            continue  # (Note [Symbolic ints])
         if not isinstance(a, torch.Tensor):
             fakes.append(a)
             continue
         dims = dynamic.get(i, set())
-        context = StatelessSymbolicContext(dynamic_sizes=[
-            DimDynamic.DYNAMIC if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))
-            else DimDynamic.STATIC for d in range(a.dim())])
+        symbols = {d: a.shape[d] for d in range(a.dim())
+                   if d in dims and (a.shape[d] >= 2 or d in ones.get(i, ()))}
         # a size 1 in ``ones`` is a symbol too, which torch makes in its size-oblivious mode
         with torch.fx.experimental._config.patch(backed_size_oblivious=i in ones):
-            fakes.append(mode.from_tensor(a, symbolic_context=context))
+            fakes.append(shared.make(i, symbols, lambda how: mode.from_tensor(
+                a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=[
+                    how.get(d, DimDynamic.STATIC) for d in range(a.dim())]))))
         for d, size in enumerate(fakes[-1].shape if i in ones else ()):  # (ranges [0, oo])
             if isinstance(size, torch.SymInt) and isinstance(size.node._expr, sympy.Symbol):
                 shape_env.var_to_range[size.node._expr] = ValueRanges(2 - (d in ones[i]), int_oo)
                 if d not in ones[i]:
                     shape_env.size_like.discard(size.node._expr)
     return tuple(fakes), shape_env
+
+
+class _SharedSymbols:
+    """Note [Symbols of like layers] (frontend/ints.py): one symbol per key and size of the
+    dims ``alike`` names. torch's duck sizing (``DimDynamic.DUCK``) reuses the ShapeEnv's
+    symbol of a size (its ``val_to_var``, torch 2.11-2.13); here that table is one per key,
+    put in place while an argument's symbols are made."""
+
+    def __init__(self, shape_env, alike: dict):
+        self.shape_env, self.alike, self.tables = shape_env, alike, {}
+
+    def make(self, i: int, sizes: dict, make: Callable):
+        """``make(how)`` (``how``: {dim: DimDynamic}; an int's dim is None) for argument
+        ``i``'s symbolic ``sizes`` ({dim: size}), its result (a fake tensor or a SymInt): DUCK
+        where a key's table gives or takes the symbol, DYNAMIC (a fresh symbol) elsewhere, and
+        where a dim of another key has the same size (one table at a time)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        keys = {d: self.alike[(i, d)] for d in sizes if (i, d) in self.alike}
+        table, how, owner = {}, {d: DimDynamic.DYNAMIC for d in sizes}, {}
+        for d, key in keys.items():
+            if owner.setdefault(sizes[d], key) == key:
+                how[d] = DimDynamic.DUCK
+                if sizes[d] in self.tables.get(key, {}):
+                    table[sizes[d]] = self.tables[key][sizes[d]]
+        if DimDynamic.DUCK not in how.values():
+            return make(how)
+        kept, self.shape_env.val_to_var = self.shape_env.val_to_var, table
+        try:
+            made = make(how)
+        finally:
+            self.shape_env.val_to_var = kept
+        for d in (d for d, h in how.items() if h is DimDynamic.DUCK):
+            size = made if d is None else made.shape[d]
+            if isinstance(size, torch.SymInt) and size.node._expr.is_Symbol:
+                self.tables.setdefault(keys[d], {}).setdefault(sizes[d], size.node._expr)
+        return made
 
 
 class _TritonLaunches:
@@ -236,16 +277,17 @@ def _own_fake_cuda_guard() -> None:
 
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
-          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None
-          ) -> Capture:
+          changed_rng: Callable[[], bool] | None = None, ones: dict | None = None,
+          alike: dict | None = None) -> Capture:
     """Trace ``fn(*args)`` into a :class:`Capture`.
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
     default results are tensors and scalars in tuples and lists. ``name``: the function's
-    name in messages. ``ones``: dims of range >= 1 (``_fake_args``). ``changed_rng``: whether
-    the trace's own thread set a generator's state (``state.Recording.changed_rng``, which
-    sees this thread's calls only); without it the states before and after decide.
+    name in messages. ``ones``: dims of range >= 1, ``alike``: dims that share symbols
+    (``_fake_args``). ``changed_rng``: whether the trace's own thread set a generator's state
+    (``state.Recording.changed_rng``, which sees this thread's calls only); without it the
+    states before and after decide.
 
     Raises:
         TridentError: the function cannot be traced (data-dependent control flow, tensors that
@@ -294,7 +336,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
     # Note [Unrecorded ops]: all but the function's own run is torch's and Trident's
     hook = pause()
     try:
-        fake_args, shape_env = _fake_args(args, dynamic, ones) if dynamic else (None, None)
+        fake_args, shape_env = _fake_args(args, dynamic, ones, alike) if dynamic else (None, None)
         state = _global_state()
         grad = decompositions.INPUTS_REQUIRE_GRAD.set(any(
             isinstance(a, torch.Tensor) and a.requires_grad and not a.is_inference()
