@@ -163,3 +163,31 @@ def test_the_backend_doors_default_cache_compiles_each_structure_once_per_batch_
     graphs = counters["stats"]["unique_graphs"] - graphs
     assert (compiles, graphs, s.fallbacks - base.fallbacks) == ([2, 2, 2, 4, 4], 4, 0), \
         (compiles, graphs, s.miss_reasons)
+
+
+def literal_buffer(ids, state):
+    """A buffer of a literal size (no attribute of the object: no capacity) filled with the
+    prompt: a prompt of 6 tokens stores a size 6 as a length would."""
+    if state.buf is None:
+        state.buf = torch.zeros(ids.shape[0], 6)
+    state.buf[:, :ids.shape[1]] = ids.float()
+    return state.buf.sum(1)
+
+
+def test_a_retrace_that_takes_another_path_is_not_a_crash():
+    """Note [Restarts take another path]: the prompt of 6 tokens looks like a stored length,
+    so the door has Dynamo trace the frame again with it symbolic, and the retrace's slice
+    takes another path through the bytecode than the first: Dynamo raised
+    ``SpeculationLogDivergence`` into the call. The door clears Dynamo's speculation log
+    before the restart: every call served, as eager computes it. The retraced graph holds a
+    prompt of 6 only (the slice into the buffer of 6 ties the symbol to it), the next length
+    is a graph with it symbolic, as automatic dynamic makes it: 2 graphs."""
+    torch._dynamo.reset()
+    f = torch.compile(fresh(literal_buffer), backend="trident")
+    for n in (6, 4, 5, 6):
+        state, mirror = State(), State()
+        ids = torch.arange(2 * n).reshape(2, n)
+        assert torch.equal(f(ids, state), literal_buffer(ids, mirror))
+        assert torch.equal(state.buf, mirror.buf)
+    s = trident.backend_stats(f)
+    assert (len(trident.backend_graphs(f)), s.compiles, s.fallbacks, s.hits) == (2, 2, 0, 2), s

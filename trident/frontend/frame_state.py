@@ -69,6 +69,17 @@ a size 1, so a batch of one met first is graphs of its own; met after, it is ser
 symbolic graphs: Note [Graphs of constants] in backend.py). A size of 1 is no length here
 (Dynamo specializes it whatever the frame state says). A size stored by coincidence (a
 prompt as long as the key heads) is recorded too and costs one retrace, as a tie does.
+
+Note [Restarts take another path]: a frame traced again with a dim symbolic may take another
+path through its bytecode than the first trace (a buffer of a literal size 6 filled by
+``buf[:, :ids.shape[1]] = ids`` where the prompt has 6 tokens: the first trace's slice was
+static). Dynamo replays the decisions its first trace logged at each instruction that might
+break the graph (its ``speculation_log``) and raised ``SpeculationLogDivergence`` to the
+caller where the retrace differs, a crash of the user's call. Before raising the restart the
+door clears that log, as Dynamo does itself before its own restart on a changed int
+(``UnspecializeRestartAnalysis``, torch 2.11-2.13's ``convert_frame``): a graph break the
+first trace found is found again by the retrace, and the door's restarts stop when no dim is
+left to record (tests/test_serve48.py).
 """
 
 from __future__ import annotations
@@ -256,5 +267,9 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
         record_batch_dims(tx, gm, example_inputs)  # the retraced graph's batch too
         reason = f"tied dims recorded dynamic: {', '.join(marked)}"  # stored lengths too
         config.logger("recompiles").info("%s: Dynamo traces the frame again", reason)
+        # Note [Restarts take another path]
+        log = getattr(tx, "speculation_log", None)
+        if log is not None:
+            log.clear()
         raise restart(restart_reason=reason)
 
