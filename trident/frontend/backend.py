@@ -206,6 +206,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     if tx is not None:
         try:
             frame_state.record_batch_dims(tx, gm, example_inputs)
+            frame_state.record_stored_dims(tx)
         except Exception as e:  # Dynamo's private frame state moved: only more graphs follow
             config.logger("recompiles").info("batch dims not recorded for Dynamo: %r", e)
     try:

@@ -46,6 +46,40 @@ one longer than the cache) is not found. Dynamo's retrace costs what its first t
 (seconds for a model on the CPU); the Trident compile and the Dynamo graph it saves cost more.
 As above, this changes what Dynamo traces, never what a graph accepts: Dynamo's guards are the
 retraced graph's.
+
+Note [Stored lengths in graphs]: the door's side of Note [Lengths of written state] (ints.py).
+A frame that stores tensors into the attributes of objects that outlive it (Dynamo's side
+effects on an object of a source: a transformers ``DynamicCache``'s prefill sets its layers'
+``keys`` and ``values``, which were None) stores lengths a server's next calls change, and
+Dynamo traced it at exact sizes: the prefill, its decode step (whose keys, a source Dynamo had
+not seen, were static) and the decode step again at the next cache length, the prefill again
+at the next prompt (a new user's ``generate`` calls of batch and prompt (1, 6), (1, 9), (1,
+20), (2, 7), (1, 13): 6 graphs, 6 compiles; tests/test_serve48.py). So before a graph is
+compiled, ``untie`` also takes as lengths the sizes (2 or more) of the dims other than 0 of
+the tensors stored where the object held none (but an int attribute the object holds: a
+capacity, as a static cache's ``max_cache_len``, sizes a buffer of its own), and, where the
+object held a tensor, records the dims the store changes (sizes 2 or more: a decode step's
+cache grown by one, whose prefill Dynamo did not compile) as dynamic; the free inputs' static
+dims of those lengths are recorded as Note [Tied dims] records its ties, and Dynamo traces the
+frame again. And when a graph is compiled, ``record_stored_dims`` records as dynamic, at each
+path a tensor is stored, the dims stored symbolic, so the frame's next graph that reads them
+(the decode step) is symbolic from its first trace. That sequence is then 4 graphs: the
+prefill and the decode step, symbolic, for a batch of one and for others (Dynamo specializes
+a size 1, so a batch of one met first is graphs of its own; met after, it is served by the
+symbolic graphs: Note [Graphs of constants] in backend.py). A size of 1 is no length here
+(Dynamo specializes it whatever the frame state says). A size stored by coincidence (a
+prompt as long as the key heads) is recorded too and costs one retrace, as a tie does.
+
+Note [Restarts take another path]: a frame traced again with a dim symbolic may take another
+path through its bytecode than the first trace (a buffer of a literal size 6 filled by
+``buf[:, :ids.shape[1]] = ids`` where the prompt has 6 tokens: the first trace's slice was
+static). Dynamo replays the decisions its first trace logged at each instruction that might
+break the graph (its ``speculation_log``) and raised ``SpeculationLogDivergence`` to the
+caller where the retrace differs, a crash of the user's call. Before raising the restart the
+door clears that log, as Dynamo does itself before its own restart on a changed int
+(``UnspecializeRestartAnalysis``, torch 2.11-2.13's ``convert_frame``): a graph break the
+first trace found is found again by the retrace, and the door's restarts stop when no dim is
+left to record (tests/test_serve48.py).
 """
 
 from __future__ import annotations
@@ -58,9 +92,20 @@ import torch.fx as fx
 from trident import config
 
 
+def _name(source) -> str | None:
+    """A Dynamo source's name (``L['x']``: a property in torch 2.13, a method before), or None
+    (no source, or one that has none: a ``TempLocalSource``)."""
+    try:
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name
+    except NotImplementedError:
+        return None
+    return name if isinstance(name, str) else None
+
+
 def source(node: fx.Node) -> str | None:
     """The name of the source of a Dynamo graph's placeholder (``L['x']``), or None."""
-    return getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    return _name(getattr(node.meta.get("grapharg"), "source", None))
 
 
 def _entries(tx) -> dict:
@@ -104,6 +149,65 @@ def record_batch_dims(tx, gm: fx.GraphModule, example_inputs: list) -> None:
             entry.size = (pgo.auto_dynamic, *entry.size[1:])
 
 
+def _stores(tx) -> list[tuple[str, torch.Tensor, object, dict]]:
+    """Note [Stored lengths in graphs]: ``(source name, fake, held, the object's __dict__)`` of
+    each tensor the frame stores as an attribute of an object that existed before it (Dynamo's
+    side effects of an object of a source: ``L['kwargs']['cache'].layers[0].keys``), ``held``
+    the value the object holds there now, before the graph runs (None where it has none)."""
+    stores = []
+    for var, attrs in tx.output.side_effects.store_attr_mutations.items():
+        base = _name(getattr(var, "source", None))
+        held = getattr(getattr(var, "value", None), "__dict__", None)
+        if base is None or not isinstance(held, dict):
+            continue  # an object made in the frame, or one without a __dict__
+        for attr, value in attrs.items():
+            fake = getattr(getattr(value, "proxy", None), "node", None)
+            fake = fake.meta.get("example_value") if fake is not None else None
+            if isinstance(fake, torch.Tensor) and isinstance(attr, str):
+                stores.append((f"{base}.{attr}", fake, held.get(attr), held))
+    return stores
+
+
+def record_stored_dims(tx) -> None:
+    """Note [Stored lengths in graphs]: record as dynamic, at each path where the frame stores
+    a tensor, the dims it stores symbolic, for the frame's next graphs that read it back."""
+    if not torch._dynamo.config.automatic_dynamic_shapes:
+        return
+    from torch._dynamo import pgo
+
+    entries = _entries(tx)
+    for name, fake, _, _ in _stores(tx):
+        size = tuple(pgo.auto_dynamic if _constant(n) is None else _constant(n)
+                     for n in fake.shape)
+        if pgo.auto_dynamic not in size:
+            continue
+        entry = entries.get(name)
+        if entry is None or not isinstance(entry.size, tuple) or len(entry.size) != len(size):
+            entries[name] = pgo.FrameStateSizeEntry(size=size)
+        else:
+            entry.size = tuple(pgo.auto_dynamic if n is pgo.auto_dynamic else m
+                               for n, m in zip(size, entry.size))
+
+
+def _stored_lengths(stores: list) -> tuple[set[int], dict[str, list[int]]]:
+    """Note [Stored lengths in graphs]: the sizes (2 or more; dims other than 0) of the tensors
+    stored where the object held none, but for an int attribute the object holds (a capacity);
+    and by path, the dims of a held tensor (2 or more) that the store changes."""
+    sizes, changed = set(), {}
+    for name, fake, held, attrs in stores:
+        if isinstance(held, torch.Tensor):
+            if held.dim() == fake.dim():
+                dims = [d for d, (n, h) in enumerate(zip(fake.shape, held.shape))
+                        if _constant(n) not in (None, h) and h >= 2]
+                if dims:
+                    changed[name] = dims
+            continue
+        if held is None:
+            capacities = {v for v in attrs.values() if type(v) is int}
+            sizes |= {_constant(n) for n in fake.shape[1:]} - capacities
+    return sizes - {None, 0, 1}, changed
+
+
 def _constant(n) -> int | None:
     """``n``'s value where it is an int, or a SymInt its ShapeEnv replaced by a constant (asks
     no guard); None for a symbolic one."""
@@ -123,8 +227,9 @@ def _value(n: torch.SymInt) -> int | None:
 
 def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
     """Note [Tied dims]: record as dynamic the static dims of the graph's new free tensor
-    inputs whose size is that of a dim Dynamo made symbolic, and have Dynamo trace the frame
-    again; returns where there are none (or Dynamo's frame state or its
+    inputs whose size is that of a dim Dynamo made symbolic or a length the frame stores (Note
+    [Stored lengths in graphs]), and have Dynamo trace the frame again; returns where there
+    are none (or Dynamo's frame state or its
     restart is not there: torch's private API moved).
 
     Raises:
@@ -141,20 +246,30 @@ def untie(tx, gm: fx.GraphModule, example_inputs: list) -> None:
     # dims other than 0: a batch is Note [Door batch dims]'s (recorded before the restart)
     sizes = {_value(n) for _, t in free for d, n in enumerate(t.shape)
              if d and isinstance(n, torch.SymInt)} - {None, 0, 1}
+    # Note [Stored lengths in graphs]: the lengths of the state the frame stores
+    stored, changed = _stored_lengths(_stores(tx))
+    sizes |= stored
     marked = []
-    for name, t in free if sizes else ():
+    for name, t in free:
         entry = entries.get(name)
-        if entry is None or not isinstance(entry.size, tuple) or len(entry.size) != t.dim() \
-                or any(type(n) is not int for n in entry.size[1:]):
+        if entry is None or not isinstance(entry.size, tuple) or len(entry.size) != t.dim():
+            continue
+        if any(type(n) is not int for n in entry.size[1:]):
             continue  # a tensor whose other dims changed while this one did not: not a length
-        dims = [d for d, n in enumerate(t.shape) if d and _constant(n) in sizes]
+        dims = {*changed.get(name, ()),  # a held tensor the frame grows
+                *(d for d, n in enumerate(t.shape) if d and _constant(n) in sizes)}
+        dims = sorted(d for d in dims if type(entry.size[d]) is int)
         if dims:
             entry.size = tuple(pgo.auto_dynamic if d in dims else n
                                for d, n in enumerate(entry.size))
             marked.append(f"{name} dims {dims}")
     if marked:
         record_batch_dims(tx, gm, example_inputs)  # the retraced graph's batch too
-        reason = f"tied dims recorded dynamic: {', '.join(marked)}"
+        reason = f"tied dims recorded dynamic: {', '.join(marked)}"  # stored lengths too
         config.logger("recompiles").info("%s: Dynamo traces the frame again", reason)
+        # Note [Restarts take another path]
+        log = getattr(tx, "speculation_log", None)
+        if log is not None:
+            log.clear()
         raise restart(restart_reason=reason)
 
