@@ -23,6 +23,13 @@ import trident
 from trident.frontend.backend import trident_backend
 
 
+# torch 2.13 deprecates all_gather_into_tensor and reduce_scatter_tensor for the *_single names
+# (a FutureWarning at every call, which makes a jitted call eager: Note [Warnings a trace gives]
+# in trident/lower/state/warned.py); torch 2.11 has the old names only
+ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
 def collectives(x):
     """Functional all_reduce, all_gather and reduce_scatter, the in-place all_reduce, and the
     in-place all_gather and reduce_scatter (the world size is read while traced)."""
@@ -35,9 +42,9 @@ def collectives(x):
     m = x.clone()
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
     gathered = torch.empty(world * x.shape[0], *x.shape[1:], device=x.device)
-    dist.all_gather_into_tensor(gathered, x * 4)
+    ALL_GATHER(gathered, x * 4)
     scattered = torch.empty(x.shape[0] // world, *x.shape[1:], device=x.device)
-    dist.reduce_scatter_tensor(scattered, x + 5)
+    REDUCE_SCATTER(scattered, x + 5)
     return s + 1, g, r, y, m, gathered, scattered
 
 

@@ -248,7 +248,7 @@ def test_an_object_root_does_not_keep_its_object_alive():
 
 
 def test_an_object_roots_token_is_never_reused():
-    from trident import identity
+    from trident import serials
     from trident.lower.state import chain
 
     class A:
@@ -265,11 +265,11 @@ def test_an_object_roots_token_is_never_reused():
         del a  # (no cycle: freed here, without a collection)
         assert chain._resolve_root(root, None) is chain._MISSING
     assert len(tokens) == 50 and len(addresses) < 50
-    dicts = [{} for _ in range(identity._STRONG_BOUND + 5)]  # no weak reference: bounded
+    dicts = [{} for _ in range(serials._STRONG_BOUND + 5)]  # no weak reference: bounded
     roots = [chain._root_of_dict(d) for d in dicts]
     assert chain._resolve_root(roots[0], None) is chain._MISSING
     assert chain._resolve_root(roots[-1], None) is dicts[-1]
-    assert len(identity._STRONG) <= identity._STRONG_BOUND
+    assert len(serials._STRONG) <= serials._STRONG_BOUND
 
 
 # ---- Note [Stored eager decisions]: a moment's reason is not stored --------------------------

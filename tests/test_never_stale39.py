@@ -76,28 +76,28 @@ def test_a_factory_class_held_by_its_module_is_served_in_a_new_process():
     assert (again.stats.traces, again.stats.hits) == (0, 1), again.stats
 
 
-# ---- Note [Identity serials] (identity.py): one table, its strong references bounded ----------
+# ---- Note [Identity serials] (serials.py): one table, its strong references bounded ----------
 
 def test_one_table_names_objects_for_keys_and_roots_and_bounds_what_it_holds():
     """A function key's words and a chain's object root name an object by the same serial; of
     the objects that take no weak reference the table holds the most recently named
     ``_STRONG_BOUND``: one named again and again stays, one dropped gets a new serial (a new
     name: never an old specialization's) and its old root no longer evaluates."""
-    from trident import identity
+    from trident import serials
     from trident.lower.state import chain
 
     kept, dropped = {}, {}
-    serial = identity.object_serial(kept)
+    serial = serials.object_serial(kept)
     root = chain._root_of_dict(dropped)
-    assert root == ("object", f"dict#{identity.object_serial(dropped)}")
+    assert root == ("object", f"dict#{serials.object_serial(dropped)}")
     assert chain._resolve_root(root, None) is dropped
-    others = [{} for _ in range(identity._STRONG_BOUND)]
+    others = [{} for _ in range(serials._STRONG_BOUND)]
     for n, other in enumerate(others):
-        identity.object_serial(other)
+        serials.object_serial(other)
         if n % 100 == 0:
-            assert identity.object_serial(kept) == serial  # (named again: most recent)
-    assert len(identity._STRONG) == identity._STRONG_BOUND
-    assert identity.object_serial(kept) == serial and identity.serial_object(serial) is kept
+            assert serials.object_serial(kept) == serial  # (named again: most recent)
+    assert len(serials._STRONG) == serials._STRONG_BOUND
+    assert serials.object_serial(kept) == serial and serials.serial_object(serial) is kept
     assert chain._resolve_root(root, None) is chain._MISSING  # dropped: its root is gone
     again = chain._root_of_dict(dropped)
     assert again != root and chain._resolve_root(again, None) is dropped
