@@ -340,10 +340,12 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         f.visit(value, parent, access, k, path, True)
         trie[key] = len(f.nodes) - 1
         return False
-    if last and (type(value) is tuple and by_value(value) or _small_container(value)):  # by
-        trie[key] = len(f.nodes)  # value, each item by its kind (Note [Library values] in
-        f.visit(value, parent, access, k, path, True)  # library.py; Note [Library containers
-        return False  # used whole])
+    # by value, each item by its kind (Note [Library values] in library.py; Note [Library
+    # containers used whole])
+    if last and (type(value) is tuple and by_value(value) or _small_container(value)):
+        trie[key] = len(f.nodes)
+        f.visit(value, parent, access, k, path, True)
+        return False
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
 
