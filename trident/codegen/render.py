@@ -11,7 +11,7 @@ import functools
 import jinja2
 
 from trident import config
-from trident.codegen import checks, cpu as target_cpu, cuda as target_cuda
+from trident.codegen import checks, cpu as target_cpu, cuda as target_cuda, size_steps
 from trident.codegen.cprint import c_comment, c_float, c_int, c_string, out_spec_code, size_c
 from trident.codegen.guards import guard_checks
 from trident.codegen.target import CStep, Prologue, Release, Take, Target
@@ -54,28 +54,15 @@ def _target_of_spec(spec: Specialization) -> Target:
 # eagerly (TRT_EAGER), which gives Python's big int or raises eager's exception; never a wrapped
 # value, never C's SIGFPE (``INT64_MIN // -1`` included). Size steps read only the call's sizes,
 # int arguments and earlier size steps, so the renderer puts them before the first step whose
-# effect the caller could see (``_size_steps_first``): a failing check always leaves nothing
+# effect the caller could see (``first`` in size_steps.py): a failing check always leaves nothing
 # done. The guards' size relations (Note [Symbolic guards] in lower/guards.py) are computed the
 # same way (``CPrinter(checked=True)``, the ``trt_*_x`` forms, which set ``bad``): a relation
 # int64 cannot decide makes ``guard()`` return -1 and the call eager, not a miss that would
 # trace again. A launch's symbolic grid and int arguments (Note [Symbolic launches]) are range
 # guarded by such relations over the same expressions, so they are computed unchecked.
-_C_INT_OPS = {"mul": "trt_mul_ck", "add": "trt_add_ck", "sub": "trt_sub_ck",
-              "floordiv": "trt_floordiv_ck", "remainder": "trt_mod_ck", "neg": "trt_neg_ck"}
-
-
-def _size_steps_first(steps: list[Step]) -> list[int]:
-    """Note [Checked size steps]: the order the steps are rendered in, size steps over the
-    call's sizes and ints first (in their own order), then the rest in theirs."""
-    pure: set[int] = set()  # the scalars those size steps compute
-    first = []
-    for i, s in enumerate(steps):
-        if isinstance(s, SizeStep) and all(
-                isinstance(a, (Arg, Int)) or (isinstance(a, Scalar) and a.i in pure)
-                for a in s.args):
-            pure.update(r.i for r in s.results)
-            first.append(i)
-    return first + [i for i in range(len(steps)) if i not in set(first)]
+# A true division (``n / 2``: Python's float) is computed in double from operands of at most
+# 2**53 in magnitude, which a double holds exactly, so IEEE's correctly rounded quotient is
+# Python's (``int.__truediv__``); larger ones, and a zero divisor, run eagerly.
 
 
 class _SpecRenderer:
@@ -158,24 +145,7 @@ class _SpecRenderer:
 
     def int_step(self, s: SizeStep) -> CStep:
         """Note [Symbolic sizes] in plan.py: size arithmetic in C."""
-        r = s.results[0].i
-        if s.op == "size":
-            (tensor, dim) = s.args
-            expr = f"a[{tensor.i}].sizes[{dim.v}]"
-        elif s.op == "value":  # an int argument traced as a symbol (Note [Symbolic ints])
-            expr = f"a[{s.args[0].i}].i"
-        else:  # Note [Checked size steps]
-            args = ", ".join(self.int_expr(a) for a in s.args)
-            why = ("integer division by zero or a quotient past int64" if s.op in (
-                "floordiv", "remainder") else "a result past int64")
-            return CStep("int", s.where, c_comment(s.text), f"int {s.op}", [
-                "int64_t z;",
-                f"if ({_C_INT_OPS[s.op]}({args}, &z)) {{ rt->set_error("
-                f"{c_string(s.where + ' (' + s.op + ')')}, \"{why} in a size expression\"); "
-                f"goto {self.on_error}; }}",
-                f"s[{r}] = TRT_I(z);"], [], [])
-        lines = [f"s[{r}] = TRT_I({expr});"]
-        return CStep("int", s.where, c_comment(s.text), f"int {s.op}", lines, [], [])
+        return size_steps.render(s, self.int_expr, self.on_error)
 
     def releases(self, s) -> list[Release]:
         out = []
@@ -418,7 +388,7 @@ class _SpecRenderer:
     def render(self) -> dict:
         plan = self.spec.plan
         steps = []
-        order = _size_steps_first(plan.steps)  # Note [Checked size steps]
+        order = size_steps.first(plan.steps)  # Note [Checked size steps]
         in_order = [plan.steps[i] for i in order]
         statics = []  # per step, the module-level declarations it added (its part's)
         for i, s, clean in zip(order, in_order, passes.rerun_eagerly(in_order)):

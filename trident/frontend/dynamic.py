@@ -62,8 +62,8 @@ class DynamicDims:
                 dims[i] |= set(spec.dynamic.get(str(i), ()))
                 dims[i] |= {d for d, n in enumerate(a.shape) if n != spec.shapes[i][d]}
         if self._dynamic is None:  # Note [Int leaves]
-            for i, a in enumerate(args):
-                if type(a) is int and names[i] in self._int_leaves:
+            for i, a in enumerate(args):  # (Note [Float leaves] in policy.py: floats too)
+                if type(a) in (int, float) and names[i] in self._int_leaves - self._read_floats:
                     dims[i] = {0}
             known = {n for s in self._specs for n, shape in zip(s.arg_names, s.shapes or ())
                      if shape is not None}  # Note [Ints by path] in ints.py: new tensors

@@ -154,16 +154,17 @@ from trident.ir.trees import CONST, LEAF, OBJECT
 
 
 def int_differences(tree, call: _Call) -> set[str] | None:
-    """The paths of the int constants in which ``call``'s tree differs from ``tree``, or
-    None where it differs otherwise (Note [Int leaves] in policy.py)."""
+    """The paths of the int (and float: Note [Float leaves]) constants in which ``call``'s
+    tree differs from ``tree``, or None where it differs otherwise (Note [Int leaves] in
+    policy.py)."""
     paths = set()
     for i, (mine, theirs) in enumerate(zip(tree.description, call.tree.description)):
         if mine == theirs:
             continue
         node, old = call.tree.nodes[i], tree.nodes[i]  # (a constant, or a leaf already)
         if not (node.check in (CONST, LEAF) and old.check in (CONST, LEAF) and
-                node.path == old.path and type(call.values[i]) is int and
-                (old.check == LEAF or type(old.expect) is int)):
+                node.path == old.path and type(call.values[i]) in (int, float) and
+                (old.check == LEAF or type(old.expect) is type(call.values[i]))):
             return None
         paths.add(node.path)
     return paths

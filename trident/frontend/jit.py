@@ -144,6 +144,7 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._state_rejected: str | None = None  # stored ones the state turned away (install.py)
         self._dynamic_failed = False
         self._int_leaves: frozenset[str] = frozenset()  # Note [Int leaves] in policy.py
+        self._read_floats: frozenset[str] = frozenset()  # Note [Float leaves], policy.py
         self._free_orders: frozenset[str] = frozenset()  # Note [Dict orders], lower/orders.py
         self._varied_ints: frozenset[str] = frozenset()  # Note [Ints by path] in ints.py
         self._graph_dims: dict[str, frozenset[int]] = {}  # Note [Graph dims] in backend.py

@@ -118,6 +118,20 @@ class MissPolicy(DynamicDims):
     # ``max_new_tokens``, then compiles once for every size. A leaf that the graph takes as a
     # value (``torch.zeros(n)``, ``x[:n]``) is read in C as a size is. What another argument
     # structure takes from those that changed: Note [Ints by path] in ints.py.
+    #
+    # Note [Float leaves]: a float attribute is a constant of the tree as an int is, and was
+    # nothing more: a float the function writes from a size or a counter (``b.f = n / 2``)
+    # made every new value a new tree, and kept an int beside it from becoming a leaf. Now a
+    # float that differs between trees, or that a specialization writes, is a leaf as an int
+    # is, and a trace under automatic dynamic takes it as a SymFloat of its own
+    # (``lower/float_leaves.py``, finite values only) that records any operation on it. A
+    # trace that never read it (an operation, a conversion C code asks for, a guard on its
+    # symbol, its placeholder taken by an op, returned or written) leaves it unguarded; one
+    # that read it (a branch, ``x * b.f``, ``b.g = b.f``) is traced again with it a plain
+    # float, guarded by value (``FloatBits``), as is every later trace (``_read_floats``): a
+    # float a decision or a baked constant depends on is never stale. A quotient of sizes or
+    # ints (``n / 2``) is a size step of its own in C (``truediv``, Note [Checked size steps]
+    # in codegen/render.py), written or returned, never taken by an op (``floats_taken``).
 
     def _with_int_leaves(self, call: _Call) -> _Call:
         """``call`` flattened again with the int attributes in which its tree differs from a

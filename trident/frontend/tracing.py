@@ -16,7 +16,7 @@ from trident.frontend import batch, ints
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, int_constants
-from trident.lower import compiler, orders, state
+from trident.lower import compiler, float_leaves, orders, state
 from trident.lower.capture import trace
 from trident.lower.state.wholes import held_class_reads
 from trident.lower.substitute import substituted
@@ -60,10 +60,11 @@ class Tracer:
                          changed_rng=recording.changed_rng if recording is not None and
                          recording.active else None, ones=self._ones(call, dynamic, lengths),
                          alike=self._alike(call, dynamic))
-        # Note [Batch dims] in batch.py: the int attributes the specialization writes
+        # Note [Batch dims] in batch.py: the int (and float: Note [Float leaves] in policy.py)
+        # attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
-            if type(value) is int or isinstance(value, torch.SymInt))
+            if type(value) in (int, float) or isinstance(value, (torch.SymInt, torch.SymFloat)))
         # Note [Lengths of written state] in ints.py: of an exact trace; the symbolic stores
         self._written_lengths = {} if dynamic else ints.written_lengths(call, writes)
         self._stored_lengths = ints.stored_lengths(call, writes, self._written_lengths)
@@ -159,6 +160,12 @@ class Tracer:
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
         captured, reads, free = self._traced(call, dynamic, lengths)
+        read = float_leaves.floats_read(captured.graph_module, captured.fake_args,
+                                        captured.shape_env) if dynamic else set()
+        if read:  # Note [Float leaves] in policy.py: guarded by value, from now on
+            self._read_floats = self._read_floats | {call.names[i] for i in read}
+            dynamic = {i: d for i, d in dynamic.items() if i not in read}
+            captured, reads, free = self._traced(call, dynamic, lengths)
         if again is not None and not dynamic and (self._written_lengths or (
                 self._capacities - self._int_leaves and not self._capacities_failed)):
             written = self._written_ints

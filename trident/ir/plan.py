@@ -8,6 +8,7 @@ import json
 
 import torch.utils._pytree as pytree
 
+from trident.errors import TridentError
 from trident.ir import operands
 from trident.ir.launch import CompiledBinary, TritonLaunch
 from trident.ir.operands import Operand
@@ -97,17 +98,39 @@ class OpCall(Step):
         return self._json(self.op, self.overload, None, self.out_overload, self.view)
 
 
+# Size steps' ops by Torch-MLIR's op names (Note [Symbolic sizes] in lower/plan.py; checked:
+# Note [Checked size steps] in codegen/render.py). Python's ``%`` on ints is ``aten.fmod.int``
+# (Torch-MLIR's fx_importer), Python's sign: ``"remainder"``; ``/`` is ``aten.div.int``, a float.
+SIZE_OPS = {"torch.aten.mul.int": "mul", "torch.aten.add.int": "add", "torch.aten.neg.int": "neg",
+            "torch.aten.sub.int": "sub", "torch.aten.floordiv.int": "floordiv",
+            "torch.aten.remainder.int": "remainder", "torch.aten.fmod.int": "remainder",
+            "torch.aten.div.int": "truediv"}
+
+
 @dataclasses.dataclass
 class SizeStep(Step):
     """Note [Symbolic sizes] (lower/plan.py): integer arithmetic on sizes that the generated C
     computes: ``op`` is ``"size"`` (``args``: an ``Arg`` and a dim), ``"value"`` (``args``: an
     int ``Arg`` traced as a symbol, Note [Symbolic ints] in lower/guards.py) or one of Python's
-    int operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``, ``"neg"``."""
+    int operators ``"mul"``, ``"add"``, ``"sub"``, ``"floordiv"``, ``"remainder"``, ``"neg"``,
+    ``"truediv"`` (a float: ``n / 2``)."""
 
     op: str
 
     def to_json(self) -> dict:
         return self._json(_SIZE, self.op)
+
+
+def floats_taken(steps: list[Step]) -> None:
+    """Raises TridentError where a step takes a float that a true division of sizes computed
+    (a plan reads a size step's result as an int: Note [Scalar operands] in lower/plan.py):
+    such a float is only returned or written (Note [Attribute writes] in lower/writes.py)."""
+    floats = {r.i for s in steps if isinstance(s, SizeStep) and s.op == "truediv"
+              for r in s.results}
+    for s in steps:
+        if any(isinstance(a, operands.Scalar) and a.i in floats for a in s.args):
+            raise TridentError(f"{s.where}: a float computed from symbolic sizes or ints "
+                               f"({s.text}) is taken by an op")
 
 
 @dataclasses.dataclass

@@ -29,7 +29,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
-from trident.lower import decompositions, rng, tensor_attributes, trace_writes, values
+from trident.lower import (decompositions, float_leaves, rng, tensor_attributes, trace_writes,
+                           values)
 from trident.lower.global_state import _changed, _global_state, _restore_global_state
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
@@ -107,6 +108,9 @@ def _fake_args(args: tuple, dynamic: dict[int, set[int]], ones: dict | None = No
                 shape_env.create_symbol(a, LocalSource(f"value_{i}"), how[None], positive=None,
                                         do_not_specialize_zero_one=i in ones), hint=a)))
             continue  # (Note [Symbolic ints])
+        if type(a) is float and i in dynamic:  # Note [Float leaves] in frontend/policy.py
+            fakes.append(float_leaves.symbol(shape_env, a, i))
+            continue
         if not isinstance(a, torch.Tensor):
             fakes.append(a)
             continue

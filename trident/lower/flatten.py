@@ -15,8 +15,8 @@ item, a sequence index, an instance attribute) and what must hold of it:
   class and the number of entries of its ``__dict__``; its children are those entries, so a
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
-* ``CONST``: a str, bytes, number (an int at a path of ``int_leaves`` is a ``LEAF``: Note [Int
-  leaves] in frontend/policy.py), dtype, device, memory format, layout, ``torch.Size``, a
+* ``CONST``: a str, bytes, number (an int or float at a path of ``int_leaves`` is a ``LEAF``:
+  Note [Int leaves] and Note [Float leaves] in frontend/policy.py), dtype, device, memory format, layout, ``torch.Size``, a
   slice of ints, or a frozen set inside an object: equal by value (floats by bit pattern, a
   slice's bounds each by exact type) and of the same exact type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
@@ -156,7 +156,7 @@ class _Flattener:
             self.seen[id(value)] = len(self.nodes)
             self.tensor(value, node(LEAF))
             return
-        if t in _SCALARS and (not in_object or (t is int and path in self.int_leaves)):
+        if t in _SCALARS and (not in_object or (t in (int, float) and path in self.int_leaves)):
             self.leaf_nodes.append(self.add(value, node(LEAF), "a leaf"))
             return
         if t in (set, frozenset):  # of str: compared with a copy (numbers: -0.0, True ...)

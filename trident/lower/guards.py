@@ -69,7 +69,8 @@ def guards_for(args: tuple, fake_args: tuple | None = None, shape_env=None,
         if f.kind in (INT, BOOL) and not (
                 fake_args is not None and isinstance(fake_args[i], torch.SymInt)):
             guards.append(IntValue(int(f.value), i))  # (a symbolic int: Note [Symbolic ints])
-        elif f.kind == FLOAT:
+        elif f.kind == FLOAT and not (fake_args is not None and  # (one no trace read: Note
+                                       isinstance(fake_args[i], torch.SymFloat)):  # [Float leaves])
             guards.append(FloatBits(f.value, i))
     return guards
 

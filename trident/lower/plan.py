@@ -74,17 +74,13 @@ from torch_mlir.extras.fx_importer import OPTIONAL_TORCH_DTYPE_TO_INT, TORCH_DTY
 
 from trident.ir.facts import MAX_OUTS, dtype_codes
 from trident.lower.importer import TRITON_LAUNCH, Imported, location
-from trident.ir.plan import OpCall, Plan, SizeStep, Step, TritonStep, View
+from trident.ir.plan import (SIZE_OPS as _INT_OPS, OpCall, Plan, SizeStep, Step, TritonStep, View,
+                             floats_taken)
 from trident.lower.passes import is_composite, is_functional, op_schema, uses
 from trident.ir.operands import (Arg, Bool, Bools, Device, Drop, Float, Floats, Int, IntList, Ints,
                                  Item, List, NoneConst, OptTensors, Operand, Scalar, Str, Tensors,
                                  Val)
 
-# Size steps (Note [Symbolic sizes]; checked: Note [Checked size steps] in render.py). Python's
-# ``%`` on ints is ``aten.fmod.int`` (Torch-MLIR's fx_importer), Python's sign: ``"remainder"``.
-_INT_OPS = {"torch.aten.mul.int": "mul", "torch.aten.add.int": "add", "torch.aten.neg.int": "neg",
-            "torch.aten.sub.int": "sub", "torch.aten.floordiv.int": "floordiv",
-            "torch.aten.remainder.int": "remainder", "torch.aten.fmod.int": "remainder"}
 _FULL_PRECISION = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
 # The dtypes of the tensors whose rank and dtype the plan reasons about (a view computed in C,
 # Note [Scalar operands]' promotion); a tensor of another dtype (float8, uint16) is neither.
@@ -184,7 +180,9 @@ class _Walker:
     def walk(self, out_leaves: list, out_spec: pytree.TreeSpec) -> Plan:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
-            self.env[arg] = Arg(i) if arg.type != self.types.int else self.new_value(Scalar)
+            self.env[arg] = Arg(i) if arg.type not in self.types.scalars else self.new_value(
+                Scalar) if arg.type == self.types.int else _Unsupported(
+                    "a float or bool argument as a value")  # (Note [Float leaves]: a read)
             if arg.type == self.types.int:  # Note [Symbolic ints] in guards.py: read in C
                 self.steps.append(SizeStep([Arg(i)], [self.env[arg]], "?", "", "value"))
         outputs = None
@@ -407,6 +405,7 @@ class _Walker:
         if len(flat) > MAX_OUTS:
             raise TridentError(f"the function returns {len(flat)} values; the native path "
                                f"returns at most {MAX_OUTS}")
+        floats_taken(self.steps)
         _assign_releases(self.steps, flat)
         return Plan(self.steps, flat, out_spec, self.num_values, self.num_lists, self.num_scalars)
 
