@@ -159,13 +159,14 @@ class Tracer:
 
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
-        captured, reads, free = self._traced(call, dynamic, lengths)
-        read = float_leaves.floats_read(captured.graph_module, captured.fake_args,
-                                        captured.shape_env) if dynamic else set()
-        if read:  # Note [Float leaves] in policy.py: guarded by value, from now on
+        while True:  # Note [Float leaves] in policy.py: one read is guarded by value from now on
+            captured, reads, free = self._traced(call, dynamic, lengths)
+            read = float_leaves.floats_read(captured.graph_module, captured.fake_args,
+                                            captured.shape_env) if dynamic else set()
+            if not read:
+                break
             self._read_floats = self._read_floats | {call.names[i] for i in read}
             dynamic = {i: d for i, d in dynamic.items() if i not in read}
-            captured, reads, free = self._traced(call, dynamic, lengths)
         if again is not None and not dynamic and (self._written_lengths or (
                 self._capacities - self._int_leaves and not self._capacities_failed)):
             written = self._written_ints
