@@ -14,7 +14,8 @@ first of a length drawn from 1..the prompt's, its mask 0 over the padding, ``pad
 ``eager`` backend (Dynamo's graph differs from plain eager in the last ulp on the CPU; its
 ``recompile_limit`` raised to 64 for the references), its
 compiles Trident's (``trident.backend_stats``), ``dynamo=`` the graphs Dynamo captured for the
-served calls; ``config`` is transformers' ``CompileConfig(backend="trident")`` (generate
+served calls (``TRIDENT_SWEEP_DYNAMIC=true``: both compiled with ``dynamic=True``, Dynamo's
+dims symbolic from its first graph); ``config`` is transformers' ``CompileConfig(backend="trident")`` (generate
 compiles the forward of its decode steps), compared with ``CompileConfig(backend="eager")``.
 Tiny random configs (hidden 64, 2 layers, no download) of transformers' architectures at
 their default configs: ``llama``, ``qwen2``, ``mistral`` (``sliding_window=4096``), ``qwen2sw``
@@ -77,9 +78,12 @@ def _doors(model, door: str):
             model.generation_config.compile_config = config
 
         return lambda: use("eager"), lambda: use("trident"), lambda: trident.backend_stats(model)
+    import os
+
     torch._dynamo.reset()
-    ref = torch.compile(forward, backend="eager", dynamic=None)
-    served = torch.compile(forward, backend="trident", dynamic=None)
+    dynamic = {"true": True}.get(os.environ.get("TRIDENT_SWEEP_DYNAMIC", ""))
+    ref = torch.compile(forward, backend="eager", dynamic=dynamic)
+    served = torch.compile(forward, backend="trident", dynamic=dynamic)
 
     def use_served() -> None:
         torch._dynamo.reset()
