@@ -16,9 +16,10 @@ item, a sequence index, an instance attribute) and what must hold of it:
   module's parameters are leaves read through ``_parameters`` on every call (a replaced or
   reloaded parameter is seen), and its plain attributes are constants;
 * ``CONST``: a str, bytes, number (an int or float at a path of ``int_leaves`` is a ``LEAF``:
-  Note [Int leaves] and Note [Float leaves] in frontend/policy.py), dtype, device, memory format, layout, ``torch.Size``, a
-  slice of ints, or a frozen set inside an object: equal by value (floats by bit pattern, a
-  slice's bounds each by exact type) and of the same exact type;
+  Note [Int leaves] and Note [Float leaves] in frontend/policy.py), dtype, device, memory
+  format, layout, ``torch.Size``, a slice of ints, or a frozen set inside an object: equal by
+  value (floats by bit pattern, a slice's bounds each by exact type) and of the same exact
+  type;
 * ``ID``: functions, classes, modules and objects without ``__dict__``: the same object;
 * ``SAME``: an object reached a second time (a tied weight, a config every layer holds): the
   same object as at its first node.
