@@ -47,8 +47,9 @@ def symbol(shape_env, value: float, i: int):
 
 def floats_read(graph_module, fake_args: tuple, shape_env) -> set[int]:
     """The arguments of ``fake_args`` that are float leaves traced as symbols and that the
-    trace read (their placeholders' values made plain SymFloats): an operation on one, its symbol in a guard the ShapeEnv recorded (or
-    replaced), or its placeholder used by the graph (taken by an op, returned, written)."""
+    trace read (their placeholders' values made plain SymFloats): an operation on one, its
+    symbol in a guard the ShapeEnv recorded (or replaced), or its placeholder used by the
+    graph (taken by an op, returned, written)."""
     watched = {i: a for i, a in enumerate(fake_args or ()) if isinstance(a, _Watched)}
     if not watched:
         return set()
