@@ -4,6 +4,7 @@ against eager."""
 
 from __future__ import annotations
 
+import operator
 import sys
 import textwrap
 import types
@@ -331,17 +332,60 @@ def _modules_loaded(x):
     return x * ("_b48_module" in sys.modules)
 
 
-@pytest.mark.xfail(strict=True, reason="a library's dict of other values than numbers and "
-                   "strings (sys.modules) used whole is checked by identity (docs/design.md, "
-                   "Limits today)")
-def test_a_library_dict_of_objects_used_whole():
-    """``sys.modules`` used whole: a module imported after a hit is not seen."""
+def _modules_get(x):
+    return x * (sys.modules.get("_b48_module") is not None)
+
+
+def _modules_contains(x):
+    return x * sys.modules.__contains__("_b48_module")
+
+
+def _modules_keys(x):
+    return x * ("_b48_module" in sys.modules.keys())
+
+
+def _modules_length(x):
+    return x * (len(sys.modules) % 7)
+
+
+def _modules_iterated(x):
+    return x * sum(1 for k in sys.modules if k.startswith("_b48"))
+
+
+def _modules_passed(x):
+    return x * operator.contains(sys.modules, "_b48_module")
+
+
+def _argv_counted(x):
+    return x * (sys.argv.count("--b48") + 1)
+
+
+@pytest.mark.parametrize("fn, guarded", [
+    (_modules_loaded, True), (_modules_get, True), (_argv_counted, True),
+    (_modules_contains, False), (_modules_keys, False), (_modules_length, False),
+    (_modules_iterated, False), (_modules_passed, False)])
+def test_a_library_dict_of_objects_used_whole(fn, guarded):
+    """Note [Library containers used whole]: ``sys.modules`` used whole was checked by identity:
+    a module imported after a hit was not seen (stale before, each spelling). A constant key
+    asked (``in``, ``.get``) is guarded, absent or its module; ``sys.argv.count`` reads a small
+    list by value; any other use of a big library container runs eagerly, with one warning."""
     x = torch.arange(3.)
-    jf = trident.jit(_modules_loaded)
+    jf = trident.jit(fn)
+    saved = list(sys.argv)
     try:
-        for step in range(3):
-            if step == 2:
-                sys.modules["_b48_module"] = types.ModuleType("_b48_module")
-            assert_same(jf(x), _modules_loaded(x))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(4):
+                if step == 2:
+                    sys.modules["_b48_module"] = types.ModuleType("_b48_module")
+                    sys.argv.append("--b48")
+                assert_same(jf(x), fn(x))
     finally:
         sys.modules.pop("_b48_module", None)
+        sys.argv[:] = saved
+    if guarded:
+        assert counts(jf) == (2, 2, 0) and not caught, (jf.stats, said(caught, ""))
+    else:
+        assert counts(jf) == (0, 0, 4), jf.stats
+        assert len(said(caught, "")) == 1 and said(caught, "whole, a library's"), \
+            said(caught, "")
