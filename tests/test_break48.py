@@ -349,7 +349,7 @@ def _modules_length(x):
 
 
 def _modules_iterated(x):
-    return x * sum(1 for k in sys.modules if k.startswith("_b48"))
+    return x * sum(k == "_b48_module" for k in sys.modules)
 
 
 def _modules_passed(x):
