@@ -26,7 +26,7 @@ from __future__ import annotations
 import types
 
 from trident.lower.state.flow import _UNKNOWN
-from trident.lower.state.questions import _Code
+from trident.lower.state.questions import _Code, _attribute_of_parameter
 
 _ASKERS = (id, hash, object.__hash__)
 _STABLE = (int, float, complex, type(None))  # (bool is an int) same hash in every process
@@ -177,8 +177,6 @@ def _address_text(v, plain: bool, depth: int = 0) -> bool:
 
 
 def _text_operand(c: _Code, k: int, d: int, plain: bool) -> bool:
-    from trident.lower.state.questions import _attribute_of_parameter
-
     v = c.value(k, d)
     v = _attribute_of_parameter(c, k, d) if v is _UNKNOWN else v
     if v is _UNKNOWN:  # an object the code makes of a class: its instances' text
