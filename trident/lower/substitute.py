@@ -162,7 +162,8 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
         if not all(constant(a) for _, a in attrs):
             changed.append(f"{nodes[i].path}.{k}")
             owners.append(values[i])
-        why = finalized(saved[i].get(k)) if isinstance(saved[i], dict) else None
+        old = saved.get(i)  # (None: an attribute set on a tensor argument)
+        why = finalized(old.get(k)) if isinstance(old, dict) else None
         if why is not None:  # Note [Finalizers of written values] (lower/writes.py)
             error = TridentError(f"the function's write to {nodes[i].path}.{k} drops a value "
                                  f"that {why} finalizes: eager runs it at the write, a "
