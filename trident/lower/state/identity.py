@@ -23,6 +23,7 @@ it asks what ``a is b`` asks, which a trace answers as the call does: let throug
 
 from __future__ import annotations
 
+import dis
 import types
 
 from trident.lower.state.flow import _UNKNOWN
@@ -200,10 +201,25 @@ def _str_format(c: _Code, k: int) -> bool:
     return False
 
 
+_OPCODES = frozenset(dis.opmap[n] for n in ("BUILD_SET", *_FORMATS) if n in dis.opmap)
+_NAMES = frozenset({"set", "frozenset", "repr", "str", "ascii", "format"})
+
+
+def _may_ask(code: types.CodeType) -> bool:
+    """Whether ``code`` has an instruction or a name that ``address_question`` looks at (a
+    cheap test before the walk: most code has none)."""
+    raw = code.co_code
+    return not _NAMES.isdisjoint(code.co_names) or any(
+        raw[j] in _OPCODES for j in range(0, len(raw), 2)) or any(
+        type(k) is str and "%" in k for k in code.co_consts)
+
+
 def address_question(code: types.CodeType, g: dict, params: dict) -> str | None:
     """Note [Answers from addresses]: the first order-dependent use of a set of objects that
     may hash by address, or text of an object that names its address, in ``code``, as
     ``"a set's order (file.py:12)"``, or None."""
+    if not _may_ask(code):
+        return None
     c = _Code(code, g, params)
     for k, i in enumerate(c.f.ins):
         what = None
