@@ -167,16 +167,22 @@ class MissPolicy(DynamicDims):
             self._int_trees.setdefault(again.tree.key, set()).update(alike)
         return again
 
-    def _tree_miss(self, args: tuple, kwargs: dict | None, leaves: tuple):
+    def _tree_miss(self, args: tuple, kwargs: dict | None, held: list):
         """Called from the native dispatcher when an installed argument tree accepts the call
         and no installed specialization's guards do (or none is installed), with the leaves
-        the tree read: a call of a tree that ran eagerly runs eagerly again while the fact that
-        decided it holds (Note [Eager decisions]), and so does one past the specialization
-        limit; any other call takes the whole miss path."""
+        the tree read (``held``, a list it empties: the call then holds no reference to them
+        of its own, Note [Finalizers of written values] in lower/writes.py): a call of a tree
+        that ran eagerly runs eagerly again while the fact that decided it holds (Note [Eager
+        decisions]), and so does one past the specialization limit; any other call takes the
+        whole miss path."""
+        leaves = tuple(held)
+        held.clear()
         if self._pending and self._state_failure() < 0 and self._install_pending(leaves):
+            del leaves
             return self._slow_path(args, kwargs)  # Note [Installing on demand] in install.py
         known = self._eager_trees.get(leaves[0])
         if known is not None and self._defaults_unchanged() and known[1](leaves):
+            del leaves
             return self._eager(args, kwargs, known[0])
         # Note [Specialization limit]: past the limit, a call of an installed tree that no
         # stored specialization fits runs eagerly on the leaves C read, without flattening its
@@ -185,8 +191,10 @@ class MissPolicy(DynamicDims):
         if (tree is None or self._cache is None or not self._at_limit()
                 or not self._defaults_unchanged() or self._state_failure() >= 0
                 or self._stored_fit(tree.key, leaves) is not None or self._folder_moved()):
+            del leaves
             return self._slow_path(args, kwargs)
         why = self._eager_reason(_Call(args, kwargs or {}, tree, leaves, []))
+        del leaves
         return self._eager(args, kwargs, why) if why else self._past_limit(args, kwargs)
 
     def _eager_path(self, args: tuple, kwargs: dict | None, error: Exception,
@@ -203,7 +211,7 @@ class MissPolicy(DynamicDims):
     def _on_miss(self, call: _Call):  # counted once (Note [Miss counts]): by _eager, or here
         why = self._eager_reason(call)
         if why is not None:
-            return self._eager(call.args, call.kwargs, why)
+            return self._eager_of(call, why)
         # a fitting specialization on disk that the module left out is installed again rather
         # than compiled again (Note [Specialization limit])
         stored = self._stored_fit(call.tree.key, call.leaves)
@@ -301,7 +309,8 @@ class MissPolicy(DynamicDims):
                             getattr(e, "transient", False):
                         self._cache.save_eager(*failed)  # Note [Stored eager decisions] in cache.py
                     self._eager_reason(call)  # decided for this tree: flattened in C from now
-                    return self._eager(call.args, call.kwargs, str(e))
+                    why, e = str(e), _let_go(e)
+                    return self._eager_of(call, why)
                 if saved:
                     cache.evict(self._cache.directory)  # Note [Cache size]
         if self._installed_match(call) < 0:
@@ -459,6 +468,14 @@ class MissPolicy(DynamicDims):
         self._counters.misses += 1
         self._counters.miss_reasons = (self._counters.miss_reasons + [reason])[-32:]
 
+    def _eager_of(self, call: _Call, why: str):
+        """``_eager`` of ``call``, whose flattened leaves and values it lets go first: the
+        function runs holding no reference to them of Trident's (Note [Finalizers of written
+        values] in lower/writes.py: a finalizer that a write runs then runs at the write)."""
+        args, kwargs = call.args, call.kwargs
+        call.leaves, call.values = (), []
+        return self._eager(args, kwargs, why)
+
     def _eager(self, args: tuple, kwargs: dict | None, why: str, warn: bool = True,
                miss: bool = True):
         """Run the call eagerly: counted (``miss``: as a miss too, Note [Miss counts]), logged,
@@ -473,6 +490,15 @@ class MissPolicy(DynamicDims):
                           stacklevel=_user_stacklevel())
         with kernels.cpu_launches_interpreted():
             return self._fn(*args, **(kwargs or {}))
+
+
+def _let_go(error: BaseException | None) -> None:
+    """Drops the tracebacks of ``error`` and of the errors it chains to (the failed trace's
+    frames, which hold the call's values: Note [Finalizers of written values])."""
+    seen = 0
+    while error is not None and seen < 16:
+        error.__traceback__ = None
+        error, seen = error.__cause__ or error.__context__, seen + 1
 
 
 def _other_object(tree, call_tree) -> str | None:

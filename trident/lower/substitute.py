@@ -17,7 +17,7 @@ from trident.errors import TridentError
 from trident.ir.trees import ARG, CONST, DICT, OBJECT, SAME, SEQ, ArgTree, Node
 from trident.lower import source_lines
 from trident.lower.flatten import _MISSING, _is_namedtuple, _type_name
-from trident.lower.writes import (constant, fake_keys, plain_setattr, replayable,
+from trident.lower.writes import (constant, fake_keys, finalized, plain_setattr, replayable,
                                   tensor_attributes)
 
 
@@ -162,6 +162,14 @@ def substituted(tree: ArgTree, values: list, leaves: tuple, rebuilt: dict | None
         if not all(constant(a) for _, a in attrs):
             changed.append(f"{nodes[i].path}.{k}")
             owners.append(values[i])
+        old = saved.get(i)  # (None: an attribute set on a tensor argument)
+        why = finalized(old.get(k)) if isinstance(old, dict) else None
+        if why is not None:  # Note [Finalizers of written values] (lower/writes.py)
+            error = TridentError(f"the function's write to {nodes[i].path}.{k} drops a value "
+                                 f"that {why} finalizes: eager runs it at the write, a "
+                                 "specialization would not")
+            error.any_sizes = True
+            raise error
     if changed:
         raise _assigned(changed[0], owners[0])
     if writes is not None:

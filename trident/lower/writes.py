@@ -4,6 +4,7 @@ to the arguments' Python state ``substitute.substituted`` hands to the output re
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -62,6 +63,38 @@ def replayable(t: type, now: dict, before: dict) -> list | None:
             return None
         out.append((k, v))
     return out
+
+
+# Note [Finalizers of written values]: an attribute write drops the old value's reference, and
+# where it was the last, eager runs the value's finalizers there, in the middle of the call
+# (``weakref.finalize``, a weak reference's callback, ``__del__``): one that writes what the
+# call reads next (``layer.scale``) changed eager's result, and a trace, whose object held a
+# fake in its place, ran none (every compiled call read the value from before it: CPU
+# machine, session 45). So a replayed write whose old value has a finalizer of its own (not a
+# weak reference of torch's: a fake tensor's converter keeps one to each real tensor) makes
+# the call run eagerly, and the eager fallback holds no reference of its own to the call's
+# values while the function runs (``_eager`` in frontend/policy.py): the finalizer runs at
+# the write, as in eager. A finalizer that only runs on another value the old one held (an
+# item of a dropped list) is not seen.
+def finalized(v) -> str | None:
+    """What finalizes ``v`` where its last reference goes (Note [Finalizers of written
+    values]): ``"__del__"``, ``"a weakref.finalize"``, ``"a weak reference's callback"``, or
+    None."""
+    if getattr(type(v), "__del__", None) is not None:
+        return "__del__"
+    try:
+        refs = weakref.getweakrefs(v)
+    except TypeError:
+        return None
+    for r in refs:
+        callback = getattr(r, "__callback__", None)
+        if isinstance(callback, weakref.finalize):
+            return "a weakref.finalize"
+        owner = getattr(callback, "__self__", callback)
+        if callback is not None and not str(getattr(type(owner), "__module__", "")).startswith(
+                "torch") and not str(getattr(callback, "__module__", "")).startswith("torch"):
+            return "a weak reference's callback"
+    return None
 
 
 @functools.cache

@@ -176,12 +176,13 @@ Py_ssize_t flatten_args(const CallTrees& t, PyObject* args, PyObject* kwargs, Ca
 
 // Note [Eager decisions] in frontend/eager.py: a call an installed tree accepted that no
 // installed SCM accepts (or none is installed) goes to Python with the leaves the tree read:
-// _tree_miss(args, kwargs, leaves).
+// _tree_miss(args, kwargs, leaves): a list, which Python empties before the call runs
+// (Note [Finalizers of written values] in lower/writes.py: no reference of the call's own).
 PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const CallValues& cv) {
-  PyObject* leaves = PyTuple_New(static_cast<Py_ssize_t>(cv.leaves.size()));
+  PyObject* leaves = PyList_New(static_cast<Py_ssize_t>(cv.leaves.size()));
   if (!leaves) return nullptr;
   for (size_t i = 0; i < cv.leaves.size(); ++i)
-    PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), Py_NewRef(cv.leaves[i]));
+    PyList_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), Py_NewRef(cv.leaves[i]));
   return PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_tree_miss", "OON", args,
                              kwargs ? kwargs : Py_None, leaves);
 }

@@ -37,6 +37,7 @@ _RANDOM = random._inst  # the random module's functions' generator (Note [Draws 
 # so no id is reused meanwhile. The cheap test of a frame's module comes before the walk up its
 # callers.
 _QUIET_EVENTS = frozenset({"return", "c_return", "c_exception"})
+_TENSOR_HASH = torch.Tensor.__hash__.__code__  # (Python: torch/_tensor.py, torch 2.11-2.13)
 # Note [Calls of the same code]: the reads of a user function's parameters (``l.K``, ``self.K``
 # of a method that a base class defines) are read through the objects it was called with,
 # whose classes may differ from call to call (``gain(layers[0]) * gain(layers[1])``,
@@ -98,6 +99,8 @@ class Recording:
     draws: object = None  # Note [Draws of a trace] (draws.py)
     asked: list = dataclasses.field(default_factory=list)  # Note [Questions asked in the
     # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
+    hashed: str | None = None  # Note [Answers from addresses] (identity.py): where the
+    # function's code hashed a tensor
 
     @property
     def refused(self) -> str | None:
@@ -270,6 +273,8 @@ def record(fn):
         if kind is None:
             kind = kind_of(frame)
         if event == "call":
+            if frame.f_code is _TENSOR_HASH and rec.hashed is None:  # Note [Answers from
+                _hashed(frame)  # addresses] (identity.py)
             if kind:
                 _call(frame, kind)
                 if kind & (_SCANNED | _PASSED):
@@ -321,6 +326,12 @@ def record(fn):
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
+
+    def _hashed(frame) -> None:
+        back = frame.f_back
+        if back is not None and kind_of(back) & _USER and under_fn(back):
+            rec.hashed = f"a tensor's hash ({back.f_code.co_filename.rsplit('/', 1)[-1]}:" \
+                         f"{back.f_lineno})"
 
     def _later_call(frame, code) -> None:
         """Note [Calls of the same code]: the parameters of a later call of ``code`` whose

@@ -13,7 +13,7 @@ import torch
 
 from trident.errors import TridentError
 from trident.lower.state.flow import _UNKNOWN
-from trident.lower.state.identity import identity_question
+from trident.lower.state.identity import address_question, identity_question
 from trident.lower.state.questions import (
     _DICT_READERS, _Code, _attribute_of_parameter, _held, symbolic_question)
 
@@ -141,6 +141,13 @@ def check_questions(rec, symbolic: bool) -> None:
             error = TridentError(f"the function asks for an object's identity or hash, "
                                  f"{asked}: the trace answers for its own objects and process, "
                                  "eager for the call's")
+            error.any_sizes = True
+            raise error
+        asked = rec.hashed or address_question(code, g, params)  # Note [Answers from
+        if asked is not None:  # addresses] (identity.py)
+            error = TridentError(f"the function takes an answer from an object's address, "
+                                 f"{asked}: the trace answers for its own objects (a tensor's "
+                                 "fake), eager for the call's")
             error.any_sizes = True
             raise error
     for code, (g, params) in rec.codes.items() if symbolic else ():

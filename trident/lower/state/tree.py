@@ -3,6 +3,7 @@ now, the words its digest hashes, and the program the dispatcher checks."""
 
 from __future__ import annotations
 
+import collections
 import copyreg
 import dataclasses
 import functools
@@ -297,6 +298,11 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
             raise TridentError(f"the function reads {path}, which the library serves through "
                                "Python code that no guard follows")
         return False
+    if value is _MISSING and step[0] in ("item", "get") and type(parent_obj) is dict:
+        key = key + (step,)  # Note [Library containers used whole]: "m" in sys.modules asks
+        if key not in trie:  # for one key, guarded absent (present: its value, below)
+            trie[key] = f.add(None, Node(parent, GETITEM, name, ABSENT, None, 0, path), "absent")
+        return False
     if value is _STOP or value is _MISSING:
         return False
     access, k = (GETATTR, ()) if step[0] == "call" else (
@@ -324,6 +330,12 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
             value, types.BuiltinMethodType) and not isinstance(
                 value.__self__, types.ModuleType) and value.__self__ is not None):
         # made anew at each read (a classmethod, a method of a library object): what it binds
+        bound = getattr(value, "__self__", None)
+        if _whole_container(bound, f"{path}.__self__"):  # sys.argv.count, sys.modules.keys
+            me = trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
+                                   "method")
+            f.visit(bound, me, GETATTR, "__self__", f"{path}.__self__", True)
+            return False
         me = trie[key] = f.add(value, Node(parent, access, k, TYPE, type(value), 0, path),
                                "method")
         for attr in ("__func__", "__self__"):
@@ -342,7 +354,7 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         return False
     # by value, each item by its kind (Note [Library values] in library.py; Note [Library
     # containers used whole])
-    if last and (type(value) is tuple and by_value(value) or _small_container(value)):
+    if last and (type(value) is tuple and by_value(value) or _whole_container(value, path)):
         trie[key] = len(f.nodes)
         f.visit(value, parent, access, k, path, True)
         return False
@@ -351,16 +363,30 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
 
 
 # Note [Library containers used whole]: a library's list or dict that user code uses whole
-# (``len(sys.argv)``, ``"-v" in sys.argv``, ``for p in sys.path``) was checked by identity, so an
-# item appended after a hit was not seen (CPU machine, session 48). One of immutable items
-# (``by_value``, as many as a tuple may hold; a dict's keys str) is checked by value like a
-# user's global container, at every call (a list has no version tag); a bigger one, or one of
-# other items, is still checked by identity (docs/design.md, Limits today).
-def _small_container(value) -> bool:
-    if type(value) is list:
-        return by_value(tuple(value))
-    return type(value) is dict and all(type(k) is str for k in value) and \
-        by_value(tuple(value.values()))
+# (``len(sys.argv)``, ``"-v" in sys.argv``, ``for p in sys.path``, ``sys.argv.count("-v")``)
+# was checked by identity, so an item appended after a hit was not seen (CPU machine, session
+# 48). One of immutable items (``by_value``, as many as a tuple may hold; a dict's keys str) is
+# checked by value like a user's global container, at every call (a list has no version tag).
+# A bigger one, or one of other items (``sys.modules``), is not checked whole: where the use
+# asks for one constant key (``"m" in sys.modules``, ``sys.modules.get("m")``: the chain's
+# ``("get", key)``) that item is guarded, absent or its value by its kind; any other use of it
+# whole (``len``, iterating it, passing it to a call, a bound method of it) makes the call run
+# eagerly (session 49: each spelling was stale).
+_CONTAINERS = (list, dict, set, collections.deque)  # (a frozenset: by identity, immutable)
+
+
+def _whole_container(value, path: str) -> bool:
+    """Whether ``value``, a library's container used whole, is checked by value; raises
+    TridentError where it is a container that no check reads cheaply (Note [Library
+    containers used whole]); False for any other value."""
+    if type(value) is list and by_value(tuple(value)) or type(value) is dict and all(
+            type(k) is str for k in value) and by_value(tuple(value.values())):
+        return True
+    if isinstance(value, _CONTAINERS):
+        raise TridentError(f"the function uses {path} whole, a library's "
+                           f"{type(value).__name__} of {len(value)} items that no guard "
+                           "checks by value: a hit would not see an item added or removed")
+    return False
 
 
 def _path_text(parent: str, step: tuple) -> str:
