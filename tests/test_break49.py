@@ -1,0 +1,147 @@
+"""An adversarial pass over torch's settings that the function reads in Python and settings
+that torch itself refuses to answer (CPU machine, session 49): each fault found is a test of its
+whole kind, against eager (``torch.equal``), with exact compile, hit and fallback counts and the
+one warning where calls run eagerly."""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import trident
+from _trident_helpers import assert_same, counts, run_python, said
+
+
+# ---- torch's settings read in Python ----------------------------------------------------------
+# Each was read by a getter that no guard followed: the trace's answer was baked in and every
+# hit after the change returned it (stale, hits up, no warning). ``is_autocast_cache_enabled``
+# was wrong from the first call: make_fx turns the cache off to trace.
+
+def _warn_always(x):
+    return x * (2 if torch.is_warn_always_enabled() else 3)
+
+
+def _mha_fastpath(x):
+    return x * (2 if torch.backends.mha.get_fastpath_enabled() else 3)
+
+
+def _autocast_dtype(x):
+    return x * (2 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else 3)
+
+
+def _autocast_cpu_dtype(x):
+    return x * (2 if torch.get_autocast_cpu_dtype() == torch.bfloat16 else 3)
+
+
+def _autocast_cache(x):
+    return x * (2 if torch.is_autocast_cache_enabled() else 3)
+
+
+_SETTINGS = {  # the function; the change; the setting put back; served natively
+    # (trt_env.flags' TRT_FLAG_WARN_ALWAYS, which ops obey when they run: a recompile)
+    "warn always": (_warn_always, lambda: torch.set_warn_always(True),
+                    lambda: torch.set_warn_always(False), True),
+    # (torch.backends is scanned library code: its module global is a library value)
+    "mha fastpath": (_mha_fastpath, lambda: torch.backends.mha.set_fastpath_enabled(False),
+                     lambda: torch.backends.mha.set_fastpath_enabled(True), True),
+    # Note [Autocast settings] (lower/state/impure.py): eager
+    "autocast dtype": (_autocast_dtype, lambda: torch.set_autocast_dtype("cpu", torch.float16),
+                       lambda: torch.set_autocast_dtype("cpu", torch.bfloat16), False),
+    "deprecated autocast dtype": (
+        _autocast_cpu_dtype, lambda: torch.set_autocast_cpu_dtype(torch.float16),
+        lambda: torch.set_autocast_cpu_dtype(torch.bfloat16), False),
+    # Note [Trace state] (lower/state/recording.py): eager
+    "autocast cache": (_autocast_cache, lambda: torch.set_autocast_cache_enabled(False),
+                       lambda: torch.set_autocast_cache_enabled(True), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_SETTINGS))
+def test_a_torch_setting_read_in_python_is_seen(case):
+    fn, change, reset, served = _SETTINGS[case]
+    x = torch.ones(3)
+    reset()
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(5):
+                if i == 2:
+                    change()
+                assert_same(jf(x), fn(x))
+        if served:
+            assert counts(jf) == (2, 3, 0), jf.stats
+            assert not said(caught, "trident"), said(caught, "trident")
+        else:
+            assert counts(jf) == (0, 0, 5), jf.stats
+            assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+    finally:
+        reset()
+
+
+def test_library_code_reading_a_backends_setting_is_seen():
+    """nn.MultiheadAttention's forward asks ``torch.backends.mha.get_fastpath_enabled()``; the
+    answer picks its path (the fused ``_native_multi_head_attention`` or the composite one)."""
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 4, 8)
+
+    def fn(m, x):
+        return m(x, x, x, need_weights=False)[0]
+
+    jf = trident.jit(fn)
+    try:
+        with torch.no_grad():
+            for i in range(4):
+                if i == 2:
+                    torch.backends.mha.set_fastpath_enabled(False)
+                assert_same(jf(m, x), fn(m, x))
+        assert counts(jf) == (2, 2, 0), jf.stats
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+# ---- Note [Flags that raise] (runtime/args.cpp) -----------------------------------------------
+
+_RAISING = textwrap.dedent('''
+    import warnings
+    import torch, trident
+
+    def fn(x):
+        return x * 2 + 1
+
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning either)
+        assert torch.equal(jf(x), fn(x))
+        {change}
+        try:
+            {getter}
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("torch answers in this state")
+        for _ in range(3):
+            assert torch.equal(jf(x), fn(x))
+    s = jf.stats
+    assert (s.compiles, s.hits, s.fallbacks) == (2, 2, 0), s
+    print("ok")
+''')
+
+
+@pytest.mark.parametrize("change, getter", [
+    ("torch.backends.cudnn.allow_tf32 = False; torch.backends.fp32_precision = 'tf32'",
+     "torch.backends.cudnn.allow_tf32"),
+    ("torch.backends.mkldnn.matmul.fp32_precision = 'bf16'",
+     "torch.get_float32_matmul_precision()"),
+], ids=["cudnn tf32", "matmul precision"])
+def test_a_setting_torch_refuses_to_answer_is_a_state_of_its_own(subprocess_env, change, getter):
+    """Where the legacy and the fp32_precision settings disagree, torch's C++ getters throw;
+    the dispatcher read them at every call, and the process ended (``terminate called``)
+    where eager runs the function. A child process: before the fix it aborts."""
+    out = run_python(subprocess_env, "-c", _RAISING.format(change=change, getter=getter))
+    assert out.stdout.strip().endswith("ok"), out.stdout
