@@ -82,26 +82,39 @@ def test_a_torch_setting_read_in_python_is_seen(case):
         reset()
 
 
-def test_library_code_reading_a_backends_setting_is_seen():
-    """nn.MultiheadAttention's forward asks ``torch.backends.mha.get_fastpath_enabled()``; the
-    answer picks its path (the fused ``_native_multi_head_attention`` or the composite one)."""
+def _attention(m, x):
+    return m(x, x, x, need_weights=False)[0]
+
+
+def _encoder_layer(m, x):
+    return m(x)
+
+
+_FAST_PATHS = {  # the module, made under manual_seed(0); its call
+    "nn.MultiheadAttention": (lambda: torch.nn.MultiheadAttention(8, 2, batch_first=True),
+                              _attention),
+    "nn.TransformerEncoderLayer": (
+        lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), _encoder_layer),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="nn's fused fast paths ask torch.overrides."
+                   "has_torch_function(args), which the trace's own TorchFunctionMode answers "
+                   "True: the trace takes the composite path, eager the fused op (other values, "
+                   "other strides; docs/design.md, Limits today)")
+@pytest.mark.parametrize("case", list(_FAST_PATHS))
+def test_a_fast_path_the_trace_mode_turns_off_is_eagers(case):
+    """In eval mode without grad, eager runs ``_native_multi_head_attention`` /
+    ``_transformer_encoder_layer_fwd``; a hit returned the composite path's result."""
+    make, call = _FAST_PATHS[case]
     torch.manual_seed(0)
-    m = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    m = make().eval()
     x = torch.randn(2, 4, 8)
-
-    def fn(m, x):
-        return m(x, x, x, need_weights=False)[0]
-
-    jf = trident.jit(fn)
-    try:
-        with torch.no_grad():
-            for i in range(4):
-                if i == 2:
-                    torch.backends.mha.set_fastpath_enabled(False)
-                assert_same(jf(m, x), fn(m, x))
-        assert counts(jf) == (2, 2, 0), jf.stats
-    finally:
-        torch.backends.mha.set_fastpath_enabled(True)
+    jf = trident.jit(call)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            assert_same(jf(m, x), call(m, x))
 
 
 # ---- Note [Flags that raise] (runtime/args.cpp) -----------------------------------------------
