@@ -5,6 +5,8 @@ one warning where calls run eagerly."""
 
 from __future__ import annotations
 
+import json
+import logging
 import textwrap
 import warnings
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import assert_same, counts, run_python, said
+from _trident_helpers import assert_same, counts, installed_package, run_python, said
 
 
 # ---- torch's settings read in Python ----------------------------------------------------------
@@ -115,6 +117,112 @@ def test_a_fast_path_the_trace_mode_turns_off_is_eagers(case):
         warnings.simplefilter("ignore")
         for _ in range(3):
             assert_same(jf(m, x), call(m, x))
+
+
+# ---- Note [Library objects read into] (lower/state/chain.py) -----------------------------------
+
+_LIB = """
+class Settings:
+    def __init__(self):
+        self.scale = 2.0
+        self.mode = "fast"
+
+    @property
+    def double(self):
+        return self.scale * 2
+
+
+SETTINGS = Settings()
+"""
+_LIB_NAME = "break49lib"
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    with installed_package(tmp_path_factory.mktemp("site"), _LIB_NAME,
+                           {"__init__": _LIB}) as module:
+        yield module
+
+
+def _lib_scale(x):
+    import break49lib
+    return x * break49lib.SETTINGS.scale
+
+
+def _lib_mode(x):
+    import break49lib
+    return x * (2 if break49lib.SETTINGS.mode == "fast" else 3)
+
+
+def _lib_property(x):
+    import break49lib
+    return x * break49lib.SETTINGS.double
+
+
+def _print_precision(x):
+    return x * (2 if torch._tensor_str.PRINT_OPTS.precision == 4 else 3)
+
+
+def _json_indent(x):
+    return x * (2 if json._default_encoder.indent is None else 3)
+
+
+def _root_level(x):
+    return x * (2 if logging.root.level == logging.WARNING else 3)
+
+
+def _set_attribute(owner, name, value):
+    def change():
+        setattr(owner(), name, value)
+    return change
+
+
+_OBJECTS = {  # the function; its change; its undoing; served natively
+    "a library object's number": (
+        _lib_scale, lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "scale", 5.0),
+        lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "scale", 2.0), True),
+    "a library object's string": (
+        _lib_mode, lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "mode", "slow"),
+        lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "mode", "fast"), True),
+    "a library object's property": (
+        _lib_property,
+        lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "scale", 5.0),
+        lambda: _set_attribute(lambda: __import__(_LIB_NAME).SETTINGS, "scale", 2.0), False),
+    "torch's print options": (_print_precision, lambda: lambda: torch.set_printoptions(
+        precision=6), lambda: lambda: torch.set_printoptions(precision=4), True),
+    "json's default encoder": (
+        _json_indent, lambda: _set_attribute(lambda: json._default_encoder, "indent", 2),
+        lambda: _set_attribute(lambda: json._default_encoder, "indent", None), True),
+    "the root logger": (_root_level, lambda: lambda: logging.root.setLevel(logging.ERROR),
+                        lambda: lambda: logging.root.setLevel(logging.WARNING), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_OBJECTS))
+def test_an_attribute_of_a_library_object_read_through_its_module(lib, case):
+    """The chain ended at the object, checked by identity: after the attribute changed, hits
+    returned the trace's answer (stale). Now read into as a user's object, or eager where
+    Python code serves the attribute (a property) or the object is a logger."""
+    fn, change, reset, served = _OBJECTS[case]
+    change, reset = change(), reset()
+    reset()
+    x = torch.ones(3)
+    jf = trident.jit(fn)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(5):
+                if i == 2:
+                    change()
+                assert_same(jf(x), fn(x))
+        if served:
+            assert counts(jf) == (2, 3, 0), jf.stats
+            assert not said(caught, "trident"), said(caught, "trident")
+        else:
+            assert counts(jf) == (0, 0, 5), jf.stats
+            assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
+    finally:
+        reset()
 
 
 # ---- Note [Flags that raise] (runtime/args.cpp) -----------------------------------------------

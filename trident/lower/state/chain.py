@@ -12,6 +12,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 import types
 from typing import Any
 
@@ -172,6 +173,29 @@ def _is_getter(obj) -> bool:
         obj.__name__.startswith("_get_") and any(
             getattr(p, "getter", None) is obj for m in _backends_modules()
             for p in vars(type(m)).values())
+
+
+# Note [Library objects read into]: an attribute of a library's object that user code reads
+# through its module (``torch._tensor_str.PRINT_OPTS.precision``, which ``torch.
+# set_printoptions`` sets; ``json._default_encoder.indent``) ended the chain at the object,
+# checked by identity only, so a hit returned the trace's answer after the attribute changed
+# (stale, CPU machine, session 49), where the same object bound to a user global was read into.
+# A plain object (``_plain_object``; not one that tree.py's ``_by_id`` names) is now read into
+# as a user's object is: its exact type, then each attribute read, by its kind, at every call;
+# an attribute that Python code serves (a property) makes the call eager, and so does a chain
+# that reads on through a logger (``logging.root.level``: a logger is checked by identity). An
+# object whose class has a ``__getattr__`` (``torch.backends.cuda.matmul``, whose flags are
+# call-wide guards) is still checked by identity only.
+_READ_INTO = object()  # what tree.py's _library_step answers for such an object
+
+
+def _plain_object(value) -> bool:
+    kind = type(value)
+    return kind.__getattribute__ is object.__getattribute__ and \
+        not hasattr(kind, "__getattr__") and \
+        isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (
+            types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType, functools.partial, threading.local))
 
 
 def _backends_modules() -> list:
