@@ -97,26 +97,47 @@ _FAST_PATHS = {  # the module, made under manual_seed(0); its call
                               _attention),
     "nn.TransformerEncoderLayer": (
         lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), _encoder_layer),
+    "nn.TransformerEncoder": (lambda: torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+        enable_nested_tensor=False), _encoder_layer),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="nn's fused fast paths ask torch.overrides."
-                   "has_torch_function(args), which the trace's own TorchFunctionMode answers "
-                   "True: the trace takes the composite path, eager the fused op (other values, "
-                   "other strides; docs/design.md, Limits today)")
 @pytest.mark.parametrize("case", list(_FAST_PATHS))
-def test_a_fast_path_the_trace_mode_turns_off_is_eagers(case):
-    """In eval mode without grad, eager runs ``_native_multi_head_attention`` /
-    ``_transformer_encoder_layer_fwd``; a hit returned the composite path's result."""
+def test_a_fast_path_the_trace_mode_turns_off_runs_eagerly(case):
+    """Note [Trace state] (lower/state/recording.py): in eval mode without grad, eager runs
+    the fused ``_native_multi_head_attention`` / ``_transformer_encoder_layer_fwd``; the
+    forward asks ``torch.overrides.has_torch_function(args)``, which the trace's own
+    TorchFunctionMode answered True, and every hit returned the composite path's result (other
+    values, other strides). Such calls run eagerly; with the fast path turned off
+    (``torch.backends.mha.set_fastpath_enabled(False)``, a library value) the forward asks no
+    more and is served."""
     make, call = _FAST_PATHS[case]
     torch.manual_seed(0)
     m = make().eval()
     x = torch.randn(2, 4, 8)
     jf = trident.jit(call)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for _ in range(3):
             assert_same(jf(m, x), call(m, x))
+    assert counts(jf) == (0, 0, 3), jf.stats
+    assert len(said(caught, "has_torch_function")) == 1, said(caught, "trident")
+
+    def composite(m, x):
+        return call(m, x)
+
+    served = trident.jit(composite)
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                assert_same(served(m, x), call(m, x))
+        assert counts(served) == (1, 2, 0), served.stats
+        assert not said(caught, "trident"), said(caught, "trident")
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
 
 
 # ---- Note [Library objects read into] (lower/state/chain.py) -----------------------------------
