@@ -144,10 +144,10 @@ def _einsum(a, b, c):
     return torch.einsum("ij,jk,kl->il", a, b, c)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.backends.opt_einsum's flags are globals of a "
-                   "module that sys.modules holds behind a PropModule: library_reads finds no "
-                   "module root for them and leaves them unguarded (docs/design.md, Limits "
-                   "today)")
+@pytest.mark.xfail(strict=True, reason="torch.einsum's body reads torch.backends.opt_einsum's "
+                   "flags after handle_torch_function, below the trace's TorchFunctionMode, "
+                   "whose frames are the tracing machinery's: no read is recorded, no guard "
+                   "made (docs/design.md, Limits today)")
 def test_the_einsum_flags_library_code_reads_are_guarded():
     """torch.einsum of three operands reads ``torch.backends.opt_einsum.enabled`` (and, with
     opt_einsum installed, ``strategy``), which pick the contraction order, so the values in the
