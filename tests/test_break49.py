@@ -61,9 +61,9 @@ _SETTINGS = {  # the function; the change; the setting put back; served natively
 }
 
 
-@pytest.mark.parametrize("case", list(_SETTINGS))
-def test_a_torch_setting_read_in_python_is_seen(case):
-    fn, change, reset, served = _SETTINGS[case]
+def _change_is_seen(fn, change, reset, served: bool) -> None:
+    """Five calls of ``fn`` jitted, ``change()`` before the third, each against eager: served,
+    two compiles and three hits without a warning; else five eager calls with one warning."""
     x = torch.ones(3)
     reset()
     jf = trident.jit(fn)
@@ -82,6 +82,11 @@ def test_a_torch_setting_read_in_python_is_seen(case):
             assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
     finally:
         reset()
+
+
+@pytest.mark.parametrize("case", list(_SETTINGS))
+def test_a_torch_setting_read_in_python_is_seen(case):
+    _change_is_seen(*_SETTINGS[case])
 
 
 def _attention(m, x):
@@ -251,25 +256,7 @@ def test_an_attribute_of_a_library_object_read_through_its_module(lib, case):
     returned the trace's answer (stale). Now read into as a user's object, or eager where
     Python code serves the attribute (a property) or the object is a logger."""
     fn, change, reset, served = _OBJECTS[case]
-    change, reset = change(), reset()
-    reset()
-    x = torch.ones(3)
-    jf = trident.jit(fn)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for i in range(5):
-                if i == 2:
-                    change()
-                assert_same(jf(x), fn(x))
-        if served:
-            assert counts(jf) == (2, 3, 0), jf.stats
-            assert not said(caught, "trident"), said(caught, "trident")
-        else:
-            assert counts(jf) == (0, 0, 5), jf.stats
-            assert len(said(caught, "runs eagerly")) == 1, said(caught, "trident")
-    finally:
-        reset()
+    _change_is_seen(fn, change(), reset(), served)
 
 
 # ---- Note [Flags that raise] (runtime/args.cpp) -----------------------------------------------
