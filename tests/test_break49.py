@@ -30,6 +30,14 @@ def _mha_fastpath(x):
     return x * (2 if torch.backends.mha.get_fastpath_enabled() else 3)
 
 
+def _fill_uninitialized(x):
+    return x * (2 if torch._C._get_deterministic_fill_uninitialized_memory() else 3)
+
+
+def _qengine(x):
+    return x * torch._C._get_qengine()
+
+
 def _autocast_dtype(x):
     return x * (2 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else 3)
 
@@ -42,6 +50,7 @@ def _autocast_cache(x):
     return x * (2 if torch.is_autocast_cache_enabled() else 3)
 
 
+_QENGINE = torch.backends.quantized.engine
 _SETTINGS = {  # the function; the change; the setting put back; served natively
     # (trt_env.flags' TRT_FLAG_WARN_ALWAYS, which ops obey when they run: a recompile)
     "warn always": (_warn_always, lambda: torch.set_warn_always(True),
@@ -49,6 +58,14 @@ _SETTINGS = {  # the function; the change; the setting put back; served natively
     # (torch.backends is scanned library code: its module global is a library value)
     "mha fastpath": (_mha_fastpath, lambda: torch.backends.mha.set_fastpath_enabled(False),
                      lambda: torch.backends.mha.set_fastpath_enabled(True), True),
+    # (chain.py's _TORCH_GETTERS: called in C at every hit, checked by value)
+    "fill uninitialized memory": (
+        _fill_uninitialized,
+        lambda: torch._C._set_deterministic_fill_uninitialized_memory(False),
+        lambda: torch._C._set_deterministic_fill_uninitialized_memory(True), True),
+    "quantized engine": (
+        _qengine, lambda: setattr(torch.backends.quantized, "engine", "qnnpack"),
+        lambda: setattr(torch.backends.quantized, "engine", _QENGINE), True),
     # Note [Autocast settings] (lower/state/impure.py): eager
     "autocast dtype": (_autocast_dtype, lambda: torch.set_autocast_dtype("cpu", torch.float16),
                        lambda: torch.set_autocast_dtype("cpu", torch.bfloat16), False),
@@ -87,6 +104,18 @@ def _change_is_seen(fn, change, reset, served: bool) -> None:
 @pytest.mark.parametrize("case", list(_SETTINGS))
 def test_a_torch_setting_read_in_python_is_seen(case):
     _change_is_seen(*_SETTINGS[case])
+
+
+def _print_options(x):
+    return x * (2 if torch._tensor_str.get_printoptions()["precision"] == 4 else 3)
+
+
+@pytest.mark.xfail(strict=True, reason="torch's own Python code is not scanned (it returns "
+                   "PRINT_OPTS's fields, an object's state): a getter of torch's Python state "
+                   "called by user code is taken as constant (docs/design.md, Limits today)")
+def test_a_getter_of_torchs_python_state_is_seen():
+    _change_is_seen(_print_options, lambda: torch.set_printoptions(precision=6),
+                    lambda: torch.set_printoptions(precision=4), True)
 
 
 def _attention(m, x):

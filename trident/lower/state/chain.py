@@ -153,9 +153,19 @@ def _kernel_fns(value) -> list:
 
 
 # torch's thread-local or global settings that no call-wide guard covers, read the same in a
-# trace as at a call (not a trace's own state, as _is_torch_function_mode_enabled is).
+# trace as at a call (not a trace's own state, as _is_torch_function_mode_enabled is); the
+# settings of the second line, read through torch._C by user code, were taken as constants
+# (``torch._C._get_deterministic_fill_uninitialized_memory()``: stale, session 49).
 _TORCH_GETTERS = frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled",
-                            "get_num_interop_threads", "_get_warnAlways"})
+                            "get_num_interop_threads", "_get_warnAlways",
+                            "_get_deterministic_fill_uninitialized_memory",
+                            "_get_cpu_allow_fp16_reduced_precision_reduction",
+                            "_get_cublas_allow_fp16_accumulation", "_get_cublas_allow_tf32",
+                            "_get_cublas_allow_fp16_reduced_precision_reduction",
+                            "_get_cublas_allow_bf16_reduced_precision_reduction",
+                            "_get_math_sdp_allow_fp16_bf16_reduction", "_get_qengine",
+                            "_get_backcompat_broadcast_warn", "_get_backcompat_keepdim_warn",
+                            "_get_autograd_fallback_mode"})
 
 
 def _is_getter(obj) -> bool:
