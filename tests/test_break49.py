@@ -308,7 +308,8 @@ _RAISING = textwrap.dedent('''
         except RuntimeError:
             pass
         else:
-            raise AssertionError("torch answers in this state")
+            print("answers")  # (another torch version: nothing to test)
+            raise SystemExit(0)
         for _ in range(3):
             assert torch.equal(jf(x), fn(x))
     s = jf.stats
@@ -328,4 +329,6 @@ def test_a_setting_torch_refuses_to_answer_is_a_state_of_its_own(subprocess_env,
     the dispatcher read them at every call, and the process ended (``terminate called``)
     where eager runs the function. A child process: before the fix it aborts."""
     out = run_python(subprocess_env, "-c", _RAISING.format(change=change, getter=getter))
+    if out.stdout.strip() == "answers":
+        pytest.skip(f"torch {torch.__version__} answers {getter} in this state")
     assert out.stdout.strip().endswith("ok"), out.stdout
