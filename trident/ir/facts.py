@@ -33,7 +33,10 @@ FLAG_BITS = {ABI[f"TRT_FLAG_{k}"]: name for k, name in (
     ("CUDNN_SDP", "torch.backends.cuda.cudnn_sdp_enabled()"),
     ("CUDNN_TF32", "torch.backends.cudnn.allow_tf32"), ("CUDNN", "torch.backends.cudnn.enabled"),
     ("CUDNN_BENCHMARK", "torch.backends.cudnn.benchmark"),
-    ("CUDNN_DETERMINISTIC", "torch.backends.cudnn.deterministic"))}
+    ("CUDNN_DETERMINISTIC", "torch.backends.cudnn.deterministic"),
+    ("CUDNN_TF32_MIXED", "torch.backends.cudnn.allow_tf32 raises (legacy and fp32_precision "
+                         "settings disagree)"),
+    ("WARN_ALWAYS", "torch.is_warn_always_enabled()"))}
 FLAG_FIELDS = {ABI[f"TRT_FIELD_{k}"]: name for k, name in (
     ("MATMUL_PRECISION", "torch.get_float32_matmul_precision()"),
     ("FP16_REDUCTION", "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),

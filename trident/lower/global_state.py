@@ -55,6 +55,8 @@ def _c_flag(name: str) -> tuple | None:
     return (get, put) if get is not None and put is not None else None
 
 
+_RAISES = "the getter raises"  # a setting's value where torch refuses to answer
+
 # name -> (getter, setter): Note [Global side effects]
 _SETTINGS = {
     "print options": (_print_options, _set_print_options),
@@ -77,7 +79,10 @@ def _global_state() -> dict:
              "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}
     for name, (get, _) in _SETTINGS.items():
-        state[name] = get()
+        try:
+            state[name] = get()
+        except RuntimeError:  # Note [Flags that raise] in runtime/args.cpp: torch's getter
+            state[name] = _RAISES  # refuses to answer in this state; a value of its own
     if torch.cuda.is_initialized():
         state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
     return state
@@ -90,7 +95,7 @@ def _restore_global_state(state: dict, changed: list[str] = ()) -> None:
     torch.set_num_threads(state["threads"])
     torch.use_deterministic_algorithms(state["deterministic"])
     for name in changed:  # (a setter of its own: only where the function changed it)
-        if name in _SETTINGS:
+        if name in _SETTINGS and state[name] is not _RAISES:  # (no setter makes that state)
             _SETTINGS[name][1](state[name])
     for i, cuda in enumerate(state.get("cuda", ())):
         torch.cuda.set_rng_state(cuda, i)

@@ -151,8 +151,34 @@ bool tensor_passed_twice(const trt_arg* a, Py_ssize_t n, Py_ssize_t tensors) {
 
 // torch's global flags that ops read when they run or when they are traced (which SDPA backend a
 // trace picks), one bit or field each (TRT_FLAG_*, TRT_FIELD_* in trident_rt.h).
+//
+// Note [Flags that raise]: at::Context::allowTF32CuDNN() and float32MatmulPrecision() without
+// an op or backend throw a c10::Error where the legacy and the fp32_precision settings disagree
+// (`torch.backends.cudnn.allow_tf32 = False`, then `torch.backends.fp32_precision = "tf32"`;
+// `torch.backends.mkldnn.matmul.fp32_precision = "bf16"`: Python's getters raise RuntimeError
+// too, torch 2.13). Thrown here, inside the dispatcher's call, it ended the process
+// (`terminate called`) where eager ran the function. Such a state is a value of its own
+// (TRT_FLAG_CUDNN_TF32_MIXED; the precision field's MATMUL_PRECISION_MIXED): a call in it
+// misses, traces as eager runs, and hits while it lasts.
+static std::pair<bool, bool> cudnn_tf32(const at::Context& c) {
+  try {
+    return {c.allowTF32CuDNN(), false};
+  } catch (const c10::Error&) {
+    return {false, true};
+  }
+}
+
+static uint64_t matmul_precision(const at::Context& c) {
+  try {
+    return static_cast<uint64_t>(c.float32MatmulPrecision());
+  } catch (const c10::Error&) {
+    return TRT_MATMUL_PRECISION_MIXED;
+  }
+}
+
 uint64_t global_flags() {
   const at::Context& c = at::globalContext();
+  const auto [tf32, tf32_mixed] = cudnn_tf32(c);  // Note [Flags that raise]
   const std::pair<int, bool> bits[] = {
       {TRT_FLAG_DETERMINISTIC, c.deterministicAlgorithms()},
       {TRT_FLAG_DETERMINISTIC_WARN, c.deterministicAlgorithmsWarnOnly()},
@@ -160,14 +186,16 @@ uint64_t global_flags() {
       {TRT_FLAG_MEM_EFFICIENT_SDP, c.userEnabledMemEfficientSDP()},
       {TRT_FLAG_MATH_SDP, c.userEnabledMathSDP()},
       {TRT_FLAG_CUDNN_SDP, c.userEnabledCuDNNSDP()},
-      {TRT_FLAG_CUDNN_TF32, c.allowTF32CuDNN()},
+      {TRT_FLAG_CUDNN_TF32, tf32},
+      {TRT_FLAG_CUDNN_TF32_MIXED, tf32_mixed},
+      {TRT_FLAG_WARN_ALWAYS, c10::WarningUtils::get_warnAlways()},
       {TRT_FLAG_CUDNN, c.userEnabledCuDNN()},
       {TRT_FLAG_CUDNN_BENCHMARK, c.benchmarkCuDNN()},
       {TRT_FLAG_CUDNN_DETERMINISTIC, c.deterministicCuDNN()}};
   uint64_t flags = 0;
   for (const auto& [bit, on] : bits) flags |= (on ? 1ULL : 0ULL) << bit;
   // fields of 4 bits: the float32 matmul precision and the cuBLAS fp16/bf16 reduction options
-  flags |= static_cast<uint64_t>(c.float32MatmulPrecision()) << TRT_FIELD_MATMUL_PRECISION;
+  flags |= matmul_precision(c) << TRT_FIELD_MATMUL_PRECISION;
   flags |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << TRT_FIELD_FP16_REDUCTION;
   flags |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << TRT_FIELD_BF16_REDUCTION;
   return flags;

@@ -300,9 +300,13 @@ enum {
   TRT_FLAG_CUDNN = 7,               /* torch.backends.cudnn.enabled */
   TRT_FLAG_CUDNN_BENCHMARK = 8,     /* torch.backends.cudnn.benchmark */
   TRT_FLAG_CUDNN_DETERMINISTIC = 9, /* torch.backends.cudnn.deterministic */
+  TRT_FLAG_CUDNN_TF32_MIXED = 10,   /* torch.backends.cudnn.allow_tf32 raises (Note [Flags that
+                                       raise] in args.cpp) */
+  TRT_FLAG_WARN_ALWAYS = 11,        /* torch.is_warn_always_enabled() */
   TRT_FIELD_MATMUL_PRECISION = 16,  /* torch.get_float32_matmul_precision() */
   TRT_FIELD_FP16_REDUCTION = 20,    /* ...matmul.allow_fp16_reduced_precision_reduction */
-  TRT_FIELD_BF16_REDUCTION = 24     /* ...matmul.allow_bf16_reduced_precision_reduction */
+  TRT_FIELD_BF16_REDUCTION = 24,    /* ...matmul.allow_bf16_reduced_precision_reduction */
+  TRT_MATMUL_PRECISION_MIXED = 15   /* the MATMUL_PRECISION field where the getter raises */
 };
 
 /* The runtime's services, handed to an SCM once by scm_init(). Note [No exception crosses the

@@ -12,6 +12,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 import types
 from typing import Any
 
@@ -152,9 +153,19 @@ def _kernel_fns(value) -> list:
 
 
 # torch's thread-local or global settings that no call-wide guard covers, read the same in a
-# trace as at a call (not a trace's own state, as _is_torch_function_mode_enabled is).
+# trace as at a call (not a trace's own state, as _is_torch_function_mode_enabled is); the
+# settings of the second line, read through torch._C by user code, were taken as constants
+# (``torch._C._get_deterministic_fill_uninitialized_memory()``: stale, session 49).
 _TORCH_GETTERS = frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled",
-                            "get_num_interop_threads", "_get_warnAlways"})
+                            "get_num_interop_threads", "_get_warnAlways",
+                            "_get_deterministic_fill_uninitialized_memory",
+                            "_get_cpu_allow_fp16_reduced_precision_reduction",
+                            "_get_cublas_allow_fp16_accumulation", "_get_cublas_allow_tf32",
+                            "_get_cublas_allow_fp16_reduced_precision_reduction",
+                            "_get_cublas_allow_bf16_reduced_precision_reduction",
+                            "_get_math_sdp_allow_fp16_bf16_reduction", "_get_qengine",
+                            "_get_backcompat_broadcast_warn", "_get_backcompat_keepdim_warn",
+                            "_get_autograd_fallback_mode"})
 
 
 def _is_getter(obj) -> bool:
@@ -172,6 +183,29 @@ def _is_getter(obj) -> bool:
         obj.__name__.startswith("_get_") and any(
             getattr(p, "getter", None) is obj for m in _backends_modules()
             for p in vars(type(m)).values())
+
+
+# Note [Library objects read into]: an attribute of a library's object that user code reads
+# through its module (``torch._tensor_str.PRINT_OPTS.precision``, which ``torch.
+# set_printoptions`` sets; ``json._default_encoder.indent``) ended the chain at the object,
+# checked by identity only, so a hit returned the trace's answer after the attribute changed
+# (stale, CPU machine, session 49), where the same object bound to a user global was read into.
+# A plain object (``_plain_object``; not one that tree.py's ``_by_id`` names) is now read into
+# as a user's object is: its exact type, then each attribute read, by its kind, at every call;
+# an attribute that Python code serves (a property) makes the call eager, and so does a chain
+# that reads on through a logger (``logging.root.level``: a logger is checked by identity). An
+# object whose class has a ``__getattr__`` (``torch.backends.cuda.matmul``, whose flags are
+# call-wide guards) is still checked by identity only.
+_READ_INTO = object()  # what tree.py's _library_step answers for such an object
+
+
+def _plain_object(value) -> bool:
+    kind = type(value)
+    return kind.__getattribute__ is object.__getattribute__ and \
+        not hasattr(kind, "__getattr__") and \
+        isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (
+            types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType, functools.partial, threading.local))
 
 
 def _backends_modules() -> list:

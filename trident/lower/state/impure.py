@@ -30,13 +30,20 @@ _IMPURE_BUILTINS = frozenset({"eval", "exec"})
 _TRACE_STATE_C = ("_is_torch_function_mode_enabled", "_len_torch_function_stack",
                   "_get_function_stack_at", "_is_torch_function_enabled",
                   "_is_torch_function_all_disabled", "_len_torch_dispatch_stack",
-                  "_get_dispatch_mode", "_get_dispatch_stack_at")
+                  "_get_dispatch_mode", "_get_dispatch_stack_at",
+                  "is_autocast_cache_enabled")  # (make_fx turns the cache off to trace)
+# Note [Autocast settings]: torch's autocast dtypes (``torch.get_autocast_dtype("cpu")``, set by
+# ``torch.set_autocast_dtype`` outside any autocast region) are process state that no call-wide
+# guard holds (trt_env holds whether autocast is on, not its dtype), and their deprecated
+# getters warn at each call, so no guard calls them either: a call that reads one runs eagerly.
+_AUTOCAST_DTYPES_C = ("get_autocast_dtype", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype",
+                      "get_autocast_ipu_dtype", "get_autocast_xla_dtype")
 
 
 def _impure_name(fn) -> str | None:
     owner = getattr(fn, "__self__", None)
-    if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C:  # Note [Trace
-        return f"torch._C.{fn.__name__}"  # state]
+    if owner is torch._C and getattr(fn, "__name__", "") in _TRACE_STATE_C + _AUTOCAST_DTYPES_C:
+        return f"torch._C.{fn.__name__}"  # Note [Trace state]; Note [Autocast settings]
     module = getattr(fn, "__module__", None) or type(owner).__module__
     if isinstance(owner, (random.Random, torch.Generator)) or module in _IMPURE_MODULES or \
             str(type(owner).__module__).startswith("numpy.random"):

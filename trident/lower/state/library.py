@@ -31,10 +31,13 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   nor code the interpreter runs between the function's instructions (a gc callback, a
 #   finalizer the collector runs, a signal handler: Note [Interrupts] in recording.py).
 #   torch's modules whose code Dynamo inlines are scanned (``torch.nn``, ``torch.functional``,
-#   ``torch._tensor``); the standard library's frames and torch's decorators (``no_grad``,
-#   ``autograd.Function.apply``) pass the inlining on without being scanned themselves
-#   (``contextlib`` entering a library's context manager, ``functools``); any other
-#   installed package's frame is scanned.
+#   ``torch._tensor``), and ``torch.backends``, whose Python getters serve settings from their
+#   module's globals (``torch.backends.mha.get_fastpath_enabled()``, which the function or
+#   ``nn.MultiheadAttention`` calls, returns ``_is_fastpath_enabled``: a library value); the
+#   standard library's frames and torch's decorators (``no_grad``, ``autograd.Function.
+#   apply``) pass the inlining on without being scanned themselves (``contextlib`` entering a
+#   library's context manager, ``functools``); any other installed package's frame is
+#   scanned.
 # * Which reads. Each ``LOAD_GLOBAL`` of a scanned code object, followed by the attribute loads
 #   after it while the value is a plain module (``F.layer_norm``, ``torch.nn.functional.
 #   linear``, ``torch._C._nn.linear``), is a read of its module's globals up to the longest
@@ -51,7 +54,7 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 
 # torch's modules whose code is scanned (as Dynamo inlines them), and those that pass the
 # inlining on without being scanned (decorators and autograd's Function.apply).
-_TORCH_SCANNED = ("torch.nn", "torch.functional", "torch._tensor")
+_TORCH_SCANNED = ("torch.nn", "torch.functional", "torch._tensor", "torch.backends")
 _TORCH_PASSED = frozenset({"torch.utils._contextlib", "torch.autograd.grad_mode",
                            "torch.autograd.function", "torch.amp.autocast_mode"})
 # make_fx's tracer patches ``nn.Module.__call__`` for the trace: its wrapper's frames stand

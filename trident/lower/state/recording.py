@@ -49,6 +49,7 @@ _CALLS_BOUND, _PLAIN_VALUES = 256, (int, float, complex, bool, str, bytes, type(
 _CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
+_HAS_TORCH_FUNCTION = torch._C._has_torch_function  # Note [Trace state]
 _INTERRUPT = 256  # a gc callback's or a signal handler's code (Note [Interrupts])
 
 # Note [Interrupts]: the interpreter runs some code between the function's instructions, from
@@ -150,7 +151,12 @@ def _module_call_codes() -> frozenset:
 
 # Note [Trace state]: torch's answers about the trace itself, which differ while Trident traces
 # (a TorchFunctionMode and FX's tracer are active) from an eager call's: a function that asks
-# runs eagerly, as one that reads the clock does. torch.compiler.is_compiling(),
+# runs eagerly, as one that reads the clock does. ``torch.overrides.has_torch_function(args)``
+# is such a question where the code that asks does not hand the call on
+# (``handle_torch_function``, as every ``F.*`` does under the trace's mode) but branches on it:
+# nn.MultiheadAttention's, TransformerEncoderLayer's and TransformerEncoder's forwards (eval
+# mode, no grad) take their fused fast path in eager and the composite one in the trace, whose
+# mode makes the answer True (other values, other strides; CPU machine, session 49). torch.compiler.is_compiling(),
 # torch.jit.is_scripting() and torch.jit.is_tracing() answer in the trace as in eager. Its C
 # functions: impure.py's _TRACE_STATE_C.
 
@@ -387,6 +393,10 @@ def record(fn):
                 ".")[0] != "torch")  # (torch asks of its symbolic values on purpose)
             if found is not None:
                 rec.asked.append(found)
+        elif arg is _HAS_TORCH_FUNCTION and "handle_torch_function" not in \
+                frame.f_code.co_names and (kind & _USER and under_fn(frame) or
+                                           kind & _SCANNED and frame in inlined):
+            rec.impure.append("torch.overrides.has_torch_function")  # Note [Trace state]
         elif kind & _USER and under_fn(frame):
             name = _impure_name(arg)
             if name:

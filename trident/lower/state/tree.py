@@ -30,8 +30,9 @@ from trident.lower.state.library import by_value
 from trident.lower.state.wholes import held_class_reads, members, whole_member
 from trident.lower.state.words import _op_types, _tensor_words, _words
 from trident.lower.state.roots import registries
-from trident.lower.state.chain import (_MISSING, _STOP, Read, _descriptor_owner, _is_getter,
-                                       _kernel_fns, _resolve_root, _root_of, _step)
+from trident.lower.state.chain import (_MISSING, _READ_INTO, _STOP, Read, _descriptor_owner,
+                                       _is_getter, _kernel_fns, _plain_object, _resolve_root,
+                                       _root_of, _step)
 
 # Node.access of state trees (trident_trees.h's TRT_ACC_*): a root object, getattr, getitem, and
 # a closure cell's contents.
@@ -163,6 +164,7 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
     parent, parent_obj = trie[key], obj
     came = None  # how the parent was read: (its parent, access, key, trie key)
     library = False  # reading a library's module state (Note [Library state])
+    from_library = False  # reading into a library's object (Note [Library objects read into])
     for n, step in enumerate(read.steps):
         last = n == len(read.steps) - 1
         value = _step(parent_obj, step)
@@ -181,12 +183,16 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                 frames.library_module(parent_obj) and value is not os.environ:
             library = True
         if library:
-            if _library_step(f, trie, key, parent, parent_obj, step, value, last,
-                             read.steps[n + 1:n + 2] == (("attr", "__class__"),)):
+            went = _library_step(f, trie, key, parent, parent_obj, step, value, last,
+                                 read.steps[n + 1:n + 2] == (("attr", "__class__"),))
+            if went is _READ_INTO:  # Note [Library objects read into]: as a user's object
+                library, from_library = False, True
+            elif went:
                 key = key + (step,)
                 parent, parent_obj = trie[key], value
                 continue
-            return
+            else:
+                return
         if value is _STOP and isinstance(parent_obj, types.ModuleType) and \
                 type(parent_obj) is types.ModuleType and step[0] == "attr":
             # a module's __getattr__ (PEP 562) serves it: it runs in the trace (its reads are
@@ -197,6 +203,10 @@ def _add_read(f: _StateFlattener, trie: dict, read: Read, fn) -> None:
                                              _path_text(f.nodes[parent].path, step)),
                                   "absent, served by the module's __getattr__")  # not "absent":
             return  # a specialization traced without one must not be taken with one
+        if value is _STOP and from_library:
+            raise TridentError(f"the function reads {_path_text(f.nodes[parent].path, step)}, "
+                               "which the library serves through Python code that no guard "
+                               "follows")
         if value is _STOP:  # Python code serves it (a property, a tensor's __getitem__): the
             if came is not None:  # object it is read from, whole
                 grand, access, k, pkey = came
@@ -358,6 +368,12 @@ def _library_step(f: _StateFlattener, trie: dict, key: tuple, parent: int, paren
         trie[key] = len(f.nodes)
         f.visit(value, parent, access, k, path, True)
         return False
+    if not last and not to_class and step[0] != "call":  # Note [Library objects read into]
+        if isinstance(value, logging.Logger):
+            raise TridentError(f"the function reads {path}'s attributes, a logger's state, "
+                               "which no guard follows")
+        if _plain_object(value) and not _by_id(value):
+            return _READ_INTO
     trie[key] = f.add(value, Node(parent, access, k, ID, value, 0, path), _words(value))
     return not last and (_is_getter(value) or to_class)  # sys.getrecursionlimit, then its call
 
