@@ -84,7 +84,7 @@ def as_in_a_new_process() -> None:
     ``trident.jit`` of a function shares its limit within a process) and which
     specializations it compiled, so that the next jit object stands for a new process's; its
     cache folder stays."""
-    sys.modules["trident.frontend.policy"]._FUNCTION_COMPILES.clear()
+    sys.modules["trident.frontend.limit"]._FUNCTION_COMPILES.clear()
     sys.modules["trident.frontend.cache"].COMPILED_HERE.clear()  # (another process compiled)
 
 

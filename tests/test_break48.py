@@ -388,7 +388,7 @@ def test_sets_and_texts_that_name_no_address_are_served(fn):
     assert counts(jf) == (1, 2, 0), jf.stats
 
 
-# ---- Note [Library containers used whole] (lower/state/tree.py) ------------------------------
+# ---- Note [Library containers used whole] (lower/state/library_steps.py) ---------------------
 
 def _argv_length(x):
     return x * len(sys.argv)

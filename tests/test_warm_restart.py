@@ -554,7 +554,7 @@ TL_SUM = textwrap.dedent('''
 
 
 def test_a_kernel_using_tl_sum_restarts_warm(tmp_path, subprocess_env, trident_cache):
-    """Note [Library state] in lower/state/tree.py: a library's value checked by identity
+    """Note [Library state] in lower/state/library_steps.py: a library's value checked by identity
     (``tl.int32``) is named by its class and repr, not its address."""
     script = tmp_path / "tl_sum.py"
     script.write_text(TL_SUM)

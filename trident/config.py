@@ -5,7 +5,7 @@ Environment variables:
     TRIDENT_LOGS        comma-separated log switches: ``recompiles``, ``guards``, ``mlir``,
                         ``code`` (generated C), ``cache``; ``all`` turns on every one.
     TRIDENT_MAX_SPECIALIZATIONS   default bound of specializations per function (16: Note
-                        [Specialization limit] in trident/frontend/policy.py says why).
+                        [Specialization limit] in trident/frontend/limit.py says why).
     TRIDENT_LOCK_TIMEOUT  seconds to wait for a build lock another process holds (600).
     TRIDENT_CUDA_GRAPHS `0` runs CUDA specializations step by step instead of replaying a CUDA
                         graph of them (Note [CUDA graphs] in trident/frontend/graphs.py); default `1`.

@@ -16,7 +16,7 @@ Note [User code]: two questions, each answered here and nowhere else.
   :func:`inside_trident`), the standard library's or an installed package's; exec'd code
   (``<string>``, a dataclass's ``__init__``) is the user's, and belongs to the module whose
   globals it runs in. A library's code and module state are taken as fixed
-  (:func:`library_module`; Note [Library state] in lower/state/tree.py).
+  (:func:`library_module`; Note [Library state] in lower/state/library_steps.py).
 """
 
 from __future__ import annotations

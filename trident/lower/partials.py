@@ -18,7 +18,7 @@ from trident.ir.trees import _CONSTS
 # and keywords, which are no entries of a ``__dict__``: ``__setstate__`` replaces them in the
 # same object, and its keywords dict can be written in place. Where its function has a name
 # that holds in every process (a builtin of a module, a torch operator, a library's function by
-# its module path: Note [Library state] in lower/state/tree.py) and its arguments and keywords
+# its module path: Note [Library state] in lower/state/library_steps.py) and its arguments and keywords
 # are constants (numbers, strings, dtypes... in tuples, lists and dicts), it is checked as a
 # value: its exact type (a node of TYPE), then ``func`` by identity, named by that name,
 # ``args`` and ``keywords`` by value, each read through ``getattr`` (GETATTR) at every call:

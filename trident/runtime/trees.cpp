@@ -226,7 +226,7 @@ PyObject* module_getattr_name() {
 // none.
 PyObject* read_state(PyObject* parent, int access, PyObject* key, CallValues& cv) {
   if (access == TRT_ACC_GETATTR && PyTuple_CheckExact(key)) {
-    // a getter's result (Note [Library state] in lower/state/tree.py): the key () calls the parent, a C
+    // a getter's result (Note [Library state] in lower/state/library_steps.py): the key () calls the parent, a C
     // function of no arguments (sys.getrecursionlimit, a torch.backends flag's getter)
     if (!PyCFunction_Check(parent)) return nullptr;
     PyObject* v = PyObject_CallNoArgs(parent);

@@ -42,7 +42,7 @@ from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _ste
 #   after it while the value is a plain module (``F.layer_norm``, ``torch.nn.functional.
 #   linear``, ``torch._C._nn.linear``), is a read of its module's globals up to the longest
 #   prefix whose value is a function, a builtin function, a class or a module, checked by
-#   identity (Note [Library state] in tree.py), or an immutable value, checked by value (Note
+#   identity (Note [Library state] in library_steps.py), or an immutable value, checked by value (Note
 #   [Library values]). Every instruction of a code object that ran counts, taken or not. A
 #   value of another kind (a dict, a list, a logger, an object) is not guarded: it is library
 #   state taken as fixed (Note [Library values]; docs/design.md, Not guarded).
@@ -175,7 +175,7 @@ def _guarded(value) -> bool:
 # ints, strs and bytes by exact type and value, floats and complex numbers by bit pattern
 # (NaN, -0.0: const_equal in runtime/trees.cpp), torch's devices, sizes and ranges by value,
 # its dtypes, layouts and memory formats by identity (one object per value), an enum member by
-# identity, a tuple of those item by item (Note [Library state] in tree.py), a frozenset of str
+# identity, a tuple of those item by item (Note [Library state] in library_steps.py), a frozenset of str
 # by identity (rebound to an equal one, the state tree made again names it by the same words,
 # its repr: the same specialization, no miss). Proven by the module's dict tag like the
 # functions (Note [Quiet state]): no check of its own on a hit, but for a device, a size, a

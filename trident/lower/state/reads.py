@@ -22,7 +22,7 @@ from trident.lower.state.instances import (_CALLS, _EACH_BOUND, _TENSOR_STATE, _
 from trident.lower.state.library import library_reads
 from trident.lower.state.recording import _CALLS_BOUND, Recording
 from trident.lower.state.roots import forward_reads, reach, reached_root, registry_reads
-from trident.lower.state.tree import _WHOLE_LIBRARY_STATE
+from trident.lower.state.library_steps import _WHOLE_LIBRARY_STATE
 
 
 def reads_of(rec: Recording, fn) -> list[Read]:

@@ -69,7 +69,7 @@ def forward_reads(classes) -> list[Read]:
 # ``__defaults__`` hold the fields' defaults), or, for the globals dict of exec'd code, the
 # ``__globals__`` of a function of that code that such a path reaches. The new path is kept
 # only where it evaluates to the very object now; what it reads is then guarded along that
-# path (a library's class and function by identity, Note [Library state] in tree.py). An
+# path (a library's class and function by identity, Note [Library state] in library_steps.py). An
 # object that no such path reaches keeps its root: the specialization serves this process
 # only (its digest names the process, tree.py's ``_root_words``).
 
@@ -111,7 +111,7 @@ def reached_root(read: Read, reached: dict, functions: dict, fn) -> Read:
 # its own: transformers' ``AttentionInterface.register("mine", f)`` with
 # ``config._attn_implementation = "mine"`` (a ``GeneralInterface``'s class-wide
 # ``_global_mapping``). No chain of user code names that function, and the library's reads are
-# not chains (Note [Library state] in tree.py): registering another function under the key
+# not chains (Note [Library state] in library_steps.py): registering another function under the key
 # after the trace was run by no hit, which ran the old one. So where a user function ran that
 # no chain names, the class-wide mapping of every such registry is read whole (each function
 # by identity: one registered again under its key is another); the function is then the

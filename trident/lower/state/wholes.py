@@ -101,7 +101,7 @@ def whole_member(data) -> bool:
 # deleted clears it), with no check run while it holds. A change misses, the chains are
 # evaluated again, and the digest (values by content, names in order) decides: the state of an
 # earlier specialization reinstalls it. A library's class is not read (its state is taken as
-# fixed: Note [Library state] in tree.py), so a model of transformers' classes reads no more
+# fixed: Note [Library state] in library_steps.py), so a model of transformers' classes reads no more
 # than before; nor is a class whose metaclass looks names up otherwise than ``type`` (its
 # Python code would run on the hit path), as in Note [Instance lookups]. The name that Python
 # caches on a class at the first ``copy`` or pickle of an instance (``__slotnames__``,
