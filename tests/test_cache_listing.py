@@ -417,6 +417,38 @@ def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cac
         assert f" of {__name__}.ListedKnobs.scale" in told[0]
 
 
+class ListedConfig:
+    pass
+
+
+def listed_mode(x, c):
+    return x * 2 if c.mode == "fast" else x * 3
+
+
+def test_list_names_where_alike_specializations_argument_trees_differ(trident_cache, capsys):
+    """Two specializations of one signature whose argument trees differ (a str attribute the
+    function branches on): the listing names the first path where the trees differ and each
+    one's value there (Note [Stored trees]), not the trees' keys."""
+    m = trident.jit(listed_mode)
+    x = torch.randn(4)
+    for mode in ("fast", "slow", "fast"):
+        c = ListedConfig()
+        c.mode = mode
+        assert torch.equal(m(x, c), listed_mode(x, c))
+    assert (m.stats.compiles, m.stats.hits) == (2, 1)
+    (row,) = trident.list_cache()
+    assert row["apart"] == [["c.mode: str 'fast'"], ["c.mode: str 'slow'"]]
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:3] == ["  0: listed_mode(x: float32[4] cpu) [c.mode: str 'fast']",
+                        "  1: listed_mode(x: float32[4] cpu) [c.mode: str 'slow']"]
+    for tree in (trident_cache / "functions").glob("*/trees/*.json.gz"):
+        tree.unlink()  # words not stored (deleted, or an older Trident's): the key is named
+    first, second = trident.list_cache()[0]["apart"]
+    assert first[0].startswith("argument tree ") and first[0].endswith(
+        " (its words are not stored)") and first != second
+
+
 LISTED_SCALE = 2.0
 LISTED_HELD = None
 

@@ -49,14 +49,13 @@ import shutil
 import tempfile
 import time
 import warnings
-import zlib
 from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
 
 from trident import config
-from trident.frontend.entries import describe, entry_size, parts_apart
+from trident.frontend.entries import describe, entry_size, parts_apart, stored_tree
 from trident.ir.plan import OpCall
 from trident.ir.specialization import Specialization
 from trident.ir.trees import TreeWords
@@ -271,11 +270,7 @@ class FunctionCache:
     def load_tree(self, key: int) -> TreeWords | None:
         """The stored words of the argument tree ``key`` (Note [Stored trees]), or None (none
         stored, deleted meanwhile, damaged)."""
-        try:
-            return TreeWords.from_json(json.loads(gzip.decompress(
-                (self.directory / "trees" / f"{key}.json.gz").read_bytes())), key)
-        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError):
-            return None
+        return stored_tree(self.directory, key)
 
     def renew(self, spec: Specialization) -> None:
         """Record that ``spec`` was installed from disk to serve a call: its file is named

@@ -10,12 +10,14 @@ torch. The words of the guards that tell two alike signatures apart need the gua
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import json
 import os
 import re
 import shutil
 import sys
+import zlib
 from pathlib import Path
 
 from trident import config
@@ -71,7 +73,7 @@ def list_entries() -> list[dict]:
             last_use = None
         rows.append({"path": str(d), "about": about, "signatures": signatures,
                      "specializations": len(signatures), "bytes": entry_size(d),
-                     "last_use": last_use, "apart": _apart(signatures, stored)})
+                     "last_use": last_use, "apart": _apart(signatures, stored, d)})
     _key_apart(rows)
     return rows
 
@@ -118,9 +120,11 @@ def parts_apart(mine: dict, others: list[dict]) -> list[tuple[str, str, str, boo
     return apart
 
 
-def _apart(signatures: list[str], stored: list) -> list[list[str]]:
+def _apart(signatures: list[str], stored: list, directory: Path) -> list[list[str]]:
     """Per signature, the words that tell it from the others of the same signature (Note
-    [Listing without torch]: the guard classes are imported only where two are alike)."""
+    [Listing without torch]: the guard classes are imported only where two are alike). Two
+    that differ in their argument trees' keys are told apart by the first place where the
+    trees differ (their stored words, Note [Stored trees] in ir/trees.py), not by the key."""
     if len(set(signatures)) == len(signatures):
         return [[] for _ in signatures]
     from trident.ir.guards import Guard
@@ -136,6 +140,9 @@ def _apart(signatures: list[str], stored: list) -> list[list[str]]:
     for i, signature in enumerate(signatures):
         alike = [j for j in range(len(signatures)) if j != i and signatures[j] == signature]
         told = [w for w in words[i] if alike and any(w not in words[j] for j in alike)]
+        if any(w.startswith("<call structure> == ") for w in told):
+            told = _trees_apart(directory, stored, i, alike) + \
+                [w for w in told if not w.startswith("<call structure> == ")]
         if alike and not told:  # the same guards: the state guards tell them apart
             told = [w for w in states[i] if any(w not in states[j] for j in alike)]
             if [w[:6] for w in told] == ["state "]:  # the same chains, other values
@@ -143,6 +150,35 @@ def _apart(signatures: list[str], stored: list) -> list[list[str]]:
                 told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
         apart.append(told)
     return apart
+
+
+def _trees_apart(directory: Path, stored: list, i: int, alike: list[int]) -> list[str]:
+    """What specialization ``i``'s argument tree holds where it first departs from each alike
+    one's tree of another key (``c.mode: str 'fast'``), or the key where a tree's words are
+    not stored."""
+    mine = stored_tree(directory, stored[i]["tree"])
+    told = []
+    for j in alike:
+        if stored[j] is None or stored[j]["tree"] == stored[i]["tree"]:
+            continue
+        theirs = stored_tree(directory, stored[j]["tree"])
+        words = mine.held_apart(theirs) if mine and theirs else \
+            f"argument tree {stored[i]['tree']} (its words are not stored)"
+        if words not in told:
+            told.append(words)
+    return told
+
+
+def stored_tree(directory: Path, key: int):
+    """The stored words (``TreeWords``) of the argument tree ``key`` in a function's folder
+    (Note [Stored trees] in ir/trees.py), or None (none stored, deleted meanwhile, damaged)."""
+    from trident.ir.trees import TreeWords  # (imports torch: explain, and list's alike ones)
+
+    try:
+        return TreeWords.from_json(json.loads(gzip.decompress(
+            (directory / "trees" / f"{key}.json.gz").read_bytes())), key)
+    except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError):
+        return None
 
 
 def _state_words(data: dict) -> list[str]:

@@ -113,29 +113,52 @@ class TreeWords:
     paths: list[str]
     keys: list[tuple | None]
 
-    def first_difference(self, other: ArgTree) -> str:
+    def first_difference(self, other: ArgTree | TreeWords) -> str:
         """Where ``other`` (a call's tree) departs from this (an installed or stored one), in
         words."""
-        for i, (mine, theirs, n) in enumerate(zip(self.description, other.description,
-                                                   other.nodes)):
-            if mine == theirs:
-                continue
-            where = n.path or "keyword arguments"
-            old, new = self.keys[i], n.keys
-            if old is not None and new is not None and old != new:  # name the keys only
-                added = [k for k in new if k not in old]
-                removed = [k for k in old if k not in new]
-                if added or removed:
-                    return (f"{where}: " + ", ".join(
-                        [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
-                return f"{where}: keys in another order"
-            return f"{where}: {_words(theirs)} where {_words(mine)} was compiled"
-        if len(self.description) != len(other.nodes):
-            shorter = min(len(self.description), len(other.nodes))
-            if len(self.description) > len(other.nodes):
-                return f"{self.paths[shorter]} missing"
-            return f"{other.nodes[shorter].path} added"
-        return "same structure"
+        other = other.words() if isinstance(other, ArgTree) else other
+        i = self._first_apart(other)
+        if i is None:
+            return "same structure"
+        if i == min(len(self.description), len(other.description)):
+            return f"{self.paths[i]} missing" if len(self.description) > i else \
+                f"{other.paths[i]} added"
+        where = other.paths[i] or "keyword arguments"
+        old, new = self.keys[i], other.keys[i]
+        if old is not None and new is not None and old != new:  # name the keys only
+            added = [k for k in new if k not in old]
+            removed = [k for k in old if k not in new]
+            if added or removed:
+                return (f"{where}: " + ", ".join(
+                    [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
+            return f"{where}: keys in another order"
+        return f"{where}: {_words(other.description[i])} where {_words(self.description[i])} " \
+            "was compiled"
+
+    def held_apart(self, other: TreeWords) -> str:
+        """What this tree holds where it first departs from ``other``, in words: what tells
+        two specializations of one signature apart in ``trident list`` (``c.mode: str
+        'fast'``)."""
+        i = self._first_apart(other)
+        if i is None:
+            return "the same structure"
+        if i >= len(self.description):
+            return f"no {other.paths[i]}"
+        where = self.paths[i] or "keyword arguments"
+        if i < len(other.description) and None not in (self.keys[i], other.keys[i]) and \
+                self.keys[i] != other.keys[i]:
+            return f"{where}: keys {', '.join(map(repr, self.keys[i]))}"
+        return f"{where}: {_words(self.description[i])}"
+
+    def _first_apart(self, other: TreeWords) -> int | None:
+        """The first node where the two trees differ, the shorter one's length where one is
+        the other's start; None where they are the same."""
+        for i, (mine, theirs) in enumerate(zip(self.description, other.description)):
+            if mine != theirs:
+                return i
+        if len(self.description) != len(other.description):
+            return min(len(self.description), len(other.description))
+        return None
 
     def to_json(self) -> dict:
         return {"description": self.description, "paths": self.paths,

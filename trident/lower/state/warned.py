@@ -93,7 +93,8 @@ def raise_given(given: list) -> None:
     """Raises for the first warning of ``given`` (Note [Warnings a trace gives])."""
     if given:
         error = TridentError(f"code the function runs gives a Python warning ({given[0]}): "
-                             "eager gives it at every call under the filters of that call, "
-                             "a hit would not")
+                             "eager gives it at each call where the warning filters show "
+                             "it, and a hit gives none (this holds under filters that hide "
+                             "it too: the filters are not guarded)")
         error.any_sizes = True  # (policy.py: a trace at exact sizes gives it too)
         raise error
