@@ -1,9 +1,10 @@
-"""Note [Leaf reads] (runtime/args.cpp): the native read of a tensor leaf gives the record the
-Tensor API's answers give. Each tensor below is called after a plain tensor's specialization of
-the same dtype and shape exists: one the runtime leaves to Python (a key bit of its own, another
-layout or device, a forward-AD dual) must not be accepted natively, and one it reads (an
-inference tensor, one that requires grad, a Parameter, a misaligned view, an empty tensor) must
-be accepted exactly where the Python reference accepts it. Every result is eager's."""
+"""The native read of a tensor leaf (read_arg in runtime/args.cpp) against the Python reference
+(guards.first_failure over the leaves' facts), for the tensor kinds test_guards.py's generator
+does not make. Each tensor below is called after a plain tensor's specialization of the same
+dtype and shape exists: one the runtime leaves to Python (a key bit of its own, another layout
+or device, a forward-AD dual) must not be accepted natively, and one it reads (an inference
+tensor, one that requires grad, a Parameter, a misaligned view, an empty tensor) must be
+accepted exactly where the Python reference accepts it. Every result is eager's."""
 
 from __future__ import annotations
 

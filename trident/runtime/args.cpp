@@ -68,66 +68,43 @@ void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
   }
 }
 
-// Note [Leaf reads]: a decode hit reads every tensor the function reads (a 24-layer Qwen2's
-// step: 363), so what one read costs is paid hundreds of times a call: about 250 instructions
-// a tensor through the Tensor API, which reloads the key set, the device and the size policy
-// at each question and asks most through out-of-line calls (docs/benchmarks.md, hit49). Here
-// the key set is read once and its questions are one test of it (is_nested, is_conj, is_neg,
-// _is_zerotensor and is_inference are tests of key bits in c10/core/TensorImpl.h of torch
-// 2.11-2.13; is_python_dispatch, Python and PythonTLSSnapshot both), the device and dim once,
-// and the TensorImpl's own accessors answer the rest, the same ones the Tensor API calls: the
-// record is the one the Tensor API's answers give.
-constexpr c10::DispatchKeySet kKeysLeftToPython =
-    c10::DispatchKeySet(c10::DispatchKey::NestedTensor) |
-    c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
-    c10::DispatchKeySet(c10::DispatchKey::Negative) |
-    c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
-
 void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   const at::Tensor& t = THPVariable_Unpack(obj);
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto* impl = t.unsafeGetTensorImpl();
   // Nested, non-strided layouts, symbolic shapes, conjugate/negative views, ZeroTensors (no
   // memory: a null data pointer, which a graph replay would read) and wrapper tensors are left
   // to Python.
-  if (!t.defined()) {
-    a->kind = TRT_ARG_OTHER;
-    return;
-  }
-  const c10::DispatchKeySet keys = impl->key_set();
-  if (keys.has_any(kKeysLeftToPython) || keys.has_all(c10::python_ks) ||
-      impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
-      (!impl->is_cpu() && !impl->is_cuda()) || !impl->has_storage() ||
+  if (!t.defined() || t.is_nested() || t.layout() != c10::kStrided ||
+      impl->has_symbolic_sizes_strides() ||
+      (!t.is_cpu() && !t.is_cuda()) ||
+      t.is_conj() || t.is_neg() || t._is_zerotensor() || impl->is_python_dispatch() ||
+      !t.has_storage() ||
       (forward_ad && (t._fw_grad(0).defined() || t._fw_grad(1).defined()))) {  // a dual tensor
     a->kind = TRT_ARG_OTHER;
     return;
   }
   // Note [Argument records] in trident_rt.h: c10's ScalarType and DeviceType are int8 and
   // DeviceIndex at most int16; a dim past int16 (none in practice) is left to Python
-  const int64_t dim = impl->dim();
-  if (dim > INT16_MAX) {
+  if (t.dim() > INT16_MAX) {
     a->kind = TRT_ARG_OTHER;
     return;
   }
-  const c10::Device device = impl->device();
   a->kind = TRT_ARG_TENSOR;
-  a->dtype = static_cast<int8_t>(c10::typeMetaToScalarType(impl->dtype()));
-  a->device_type = static_cast<int8_t>(device.type());
-  a->device_index = device.index();
-  a->dim = static_cast<int16_t>(dim);
-  a->sizes = impl->sizes().data();
-  a->strides = impl->strides().data();
-  a->storage_offset = impl->storage_offset();
-  a->data_ptr = const_cast<void*>(impl->data());
+  a->dtype = static_cast<int8_t>(t.scalar_type());
+  a->device_type = static_cast<int8_t>(t.device().type());
+  a->device_index = t.device().index();
+  a->dim = static_cast<int16_t>(t.dim());
+  a->sizes = t.sizes().data();
+  a->strides = t.strides().data();
+  a->storage_offset = t.storage_offset();
+  a->data_ptr = const_cast<void*>(t.const_data_ptr());
   a->tensor = reinterpret_cast<trt_tensor*>(const_cast<at::Tensor*>(&t));
-  uint8_t flags = 0;
-  if (impl->requires_grad()) flags |= TRT_REQUIRES_GRAD;
-  if (!keys.has_any(c10::inplace_or_view_ks) && !keys.has_any(c10::autograd_dispatch_keyset))
-    flags |= TRT_INFERENCE;  // TensorImpl::is_inference()
-  if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) flags |= TRT_ALIGNED16;
+  if (t.requires_grad()) a->flags |= TRT_REQUIRES_GRAD;
+  if (t.is_inference()) a->flags |= TRT_INFERENCE;
+  if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   // Note [Tensor types and attributes] (trident/ir/guards.py): THPVariable_CheckExact holds of
   // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is its `i`
-  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) flags |= TRT_PARAMETER;
-  a->flags = flags;
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) a->flags |= TRT_PARAMETER;
   PyObject** dict = _PyObject_GetDictPtr(obj);
   a->i = dict && *dict && PyDict_Check(*dict) && PyDict_GET_SIZE(*dict) > 0;
 }
