@@ -88,3 +88,24 @@ def test_tensors_read_natively_agree_with_the_reference():
     with torch.no_grad():
         for x in calls:
             assert torch.equal(jf(x), probe(x))
+
+
+def scaled(x, use: bool):
+    return x * getattr(x, "scale", 1.0) if use else x * 2
+
+
+def test_attributes_are_read_where_any_installed_specialization_guards_them():
+    """Note [Attribute reads] in runtime/args.cpp: the first specialization does not guard its
+    tensor's attributes, the second does; a tensor that gains one is read as having it."""
+    jf = trident.jit(scaled)
+    x = torch.ones(3)
+    assert torch.equal(jf(x, False), scaled(x, False))
+    assert torch.equal(jf(x, True), scaled(x, True))
+    assert jf.stats.compiles == 2
+    y = torch.ones(3)
+    y.scale = 3.0
+    assert native(jf, (y, False)) == 0 and native(jf, (y, True)) == reference(jf, (y, True)) == -1
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(jf(y, True), scaled(y, True))
+            assert torch.equal(jf(y, False), scaled(y, False))
