@@ -205,9 +205,9 @@ void prefetch_leaves(PyObject* const* items, Py_ssize_t n) {
 // only where its function looked one up (Note [Tensor types and attributes] in ir/guards.py: an
 // `Attributes` guard), which a model's forward does not; finding out costs a tensor its
 // instance dict's pointer and size (about 27 instructions; leaving it out took 6% off reading
-// a 16-layer Llama's decode step, 199 tensors: docs/benchmarks.md hit49). So `attributes` says whether any
-// installed specialization has such a guard (ScmEntry::attributes, from `_install`), and a
-// tensor's `i` stays 0, read by nothing, where none has.
+// a 16-layer Llama's decode step, 199 tensors: docs/benchmarks.md hit49). So `attributes`
+// says whether any installed specialization has such a guard (ScmEntry::attributes, from
+// `_install`), and a tensor's `i` stays 0, read by nothing, where none has.
 void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env,
                bool attributes) {
   if (n > 16) prefetch_leaves(items, n);
