@@ -531,7 +531,8 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
         failed = TRT_GRAPH_FAILED;
     }
     int made = TRT_GRAPH_REPLAYED; /* the outputs' answer; the copies back are made either way */
-    for (; back && failed == TRT_GRAPH_REPLAYED && k < noutputs && made == TRT_GRAPH_REPLAYED; ++k) {
+    for (; back && failed == TRT_GRAPH_REPLAYED && k < noutputs && made == TRT_GRAPH_REPLAYED;
+         ++k) {
       int32_t tag = (int32_t)*o++;
       out->outs[k].tag = tag;
       out->outs[k].len = 0;
