@@ -24,7 +24,7 @@ from trident.frontend import cache
 from trident.frontend.cache import FunctionCache
 from trident.frontend.modules import Modules
 from trident.identity import PROCESS, key_of, key_parts, same_object
-from trident.ir.guards import first_failure
+from trident.ir.guards import Attributes, first_failure
 from trident.ir.specialization import Specialization
 from trident.ir.trees import ID, TENSOR, ArgTree, Binding
 from trident.lower import orders, rng, state, uses
@@ -380,8 +380,12 @@ class Installer(Modules):
             self._state = self._state_tree(list(by_text.values()))  # the union of what they
             self._set_state(self._state.program())  # read, as it is now
             self._state_reads = by_text.keys()
-        self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address())
-                            for m in self._modules.values()))
+        attributes = {}  # Note [Attribute reads] in runtime/args.cpp
+        for s in specs:
+            attributes[s.key] = attributes.get(s.key, False) or any(
+                isinstance(g, Attributes) for g in s.guards)
+        self._install(tuple((m.lib.scm_call_address(), m.lib.scm_match_address(),
+                             attributes.get(key, True)) for key, m in self._modules.items()))
 
 
 def _same_classes(known: ArgTree, tree: ArgTree) -> bool:

@@ -24,7 +24,7 @@ namespace {
 
 // ---- reading arguments ---------------------------------------------------------------------
 
-void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad);
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad, bool attributes);
 
 // Whether a forward-AD level is open (torch.autograd.forward_ad.dual_level): only then can a
 // tensor carry a tangent. Levels close in the order they opened, and closing one clears its
@@ -42,11 +42,11 @@ static_assert(sizeof(c10::DeviceIndex) <= sizeof(int16_t) &&
 
 // What the guards read of one argument; anything they cannot read is TRT_ARG_OTHER (a miss that
 // Python runs eagerly): no C++ exception leaves this function.
-void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
+void read_arg(PyObject* obj, trt_arg* a, bool forward_ad, bool attributes) {
   std::memset(a, 0, sizeof(*a));
   if (THPVariable_CheckExact(obj)) {
     try {
-      read_tensor(obj, a, forward_ad);
+      read_tensor(obj, a, forward_ad, attributes);
     } catch (const std::exception&) {
       std::memset(a, 0, sizeof(*a));
       a->kind = TRT_ARG_OTHER;
@@ -68,7 +68,7 @@ void read_arg(PyObject* obj, trt_arg* a, bool forward_ad) {
   }
 }
 
-void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
+void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad, bool attributes) {
   const at::Tensor& t = THPVariable_Unpack(obj);
   auto* impl = t.unsafeGetTensorImpl();
   // Nested, non-strided layouts, symbolic shapes, conjugate/negative views, ZeroTensors (no
@@ -103,8 +103,10 @@ void read_tensor(PyObject* obj, trt_arg* a, bool forward_ad) {
   if (t.is_inference()) a->flags |= TRT_INFERENCE;
   if ((reinterpret_cast<uintptr_t>(a->data_ptr) & 15) == 0) a->flags |= TRT_ALIGNED16;
   // Note [Tensor types and attributes] (trident/ir/guards.py): THPVariable_CheckExact holds of
-  // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is its `i`
+  // a Tensor and an nn.Parameter; a non-empty instance dict (`x.scale = 3.0`) is its `i`,
+  // read where an installed specialization guards it (Note [Attribute reads])
   if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) a->flags |= TRT_PARAMETER;
+  if (!attributes) return;
   PyObject** dict = _PyObject_GetDictPtr(obj);
   a->i = dict && *dict && PyDict_Check(*dict) && PyDict_GET_SIZE(*dict) > 0;
 }
@@ -227,7 +229,15 @@ void prefetch_leaves(PyObject* const* items, Py_ssize_t n) {
   }
 }
 
-void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env) {
+// Note [Attribute reads]: whether a tensor has Python attributes (its record's `i`) is guarded
+// only where its function looked one up (Note [Tensor types and attributes] in ir/guards.py: an
+// `Attributes` guard), which a model's forward does not; finding out costs a tensor its
+// instance dict's pointer and size (about 27 instructions; leaving it out took 6% off reading
+// a 16-layer Llama's decode step, 199 tensors: docs/benchmarks.md hit49). So `attributes`
+// says whether any installed specialization has such a guard (ScmEntry::attributes, from
+// `_install`), and a tensor's `i` stays 0, read by nothing, where none has.
+void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env,
+               bool attributes) {
   if (n > 16) prefetch_leaves(items, n);
   env->grad_enabled = at::GradMode::is_enabled();
   env->inference_mode = c10::InferenceMode::is_enabled();
@@ -244,7 +254,7 @@ void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env)
   bool forward_ad = forward_ad_open();
   Py_ssize_t tensors = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    read_arg(items[i], &out[i], forward_ad);
+    read_arg(items[i], &out[i], forward_ad, attributes);
     tensors += out[i].kind == TRT_ARG_TENSOR;
   }
   env->aliased = tensor_passed_twice(out, n, tensors);

@@ -72,6 +72,14 @@ void Dispatcher_dealloc(Dispatcher* self) {
 
 thread_local std::vector<ArgBuffer::Heap> ArgBuffer::pool;
 
+// Note [Attribute reads] in args.cpp: whether an installed specialization guards a tensor's
+// attributes.
+bool reads_attributes(const std::vector<ScmEntry>& scms) {
+  for (const ScmEntry& e : scms)
+    if (e.attributes) return true;
+  return false;
+}
+
 // The graph slot of installed specialization `i`, or nullptr.
 trt_graph* graph_slot(Dispatcher* self, size_t i) {
   return static_cast<Py_ssize_t>(i) < self->num_graphs ? &self->graphs[i] : nullptr;
@@ -92,7 +100,7 @@ PyObject* run_scm(Dispatcher* self, PyObject* const* items, Py_ssize_t n, int* r
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
-  read_args(items, a, n, &env);
+  read_args(items, a, n, &env, reads_attributes(*scms));
   if (clock) {  // the guards alone, through each module's match entry (the call checks them again)
     clock->lap(HitClock::kRead);
     for (size_t i = 0; i < scms->size(); ++i) {

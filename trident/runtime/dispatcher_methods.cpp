@@ -96,16 +96,20 @@ PyObject* Dispatcher_capture_run(Dispatcher* self, PyObject* args) {
 }
 
 // _install(entries): point the hit path at the SCMs of the installed specializations, a tuple of
-// (call_address, match_address) in guard order; () uninstalls.
+// (call_address, match_address[, attributes]) in guard order; () uninstalls. attributes (True
+// when left out): the specialization's guards read a tensor's attributes (Note [Attribute
+// reads] in args.cpp).
 PyObject* Dispatcher_install(Dispatcher* self, PyObject* entries) {
   if (!PyTuple_Check(entries)) return PyErr_Format(PyExc_TypeError, "expected a tuple");
   auto scms = std::make_shared<std::vector<ScmEntry>>();
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); ++i) {
     unsigned long long call_addr, match_addr;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(entries, i), "KK", &call_addr, &match_addr))
+    int attributes = 1;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(entries, i), "KK|p", &call_addr, &match_addr,
+                          &attributes))
       return nullptr;
     scms->push_back({reinterpret_cast<trt_scm_call_fn>(call_addr),
-                     reinterpret_cast<trt_scm_match_fn>(match_addr)});
+                     reinterpret_cast<trt_scm_match_fn>(match_addr), attributes != 0});
   }
   if (scms->empty())
     self->scms.reset();
@@ -276,7 +280,7 @@ PyObject* Dispatcher_match(Dispatcher* self, PyObject* args) {
   ArgBuffer buffer;
   trt_arg* a = buffer.get(n);
   trt_env env;
-  read_args(tuple_items(args), a, n, &env);
+  read_args(tuple_items(args), a, n, &env, reads_attributes(*scms));
   for (size_t i = 0; i < scms->size(); ++i)
     if ((*scms)[i].match(a, static_cast<int32_t>(n), &env) >= 0)
       return PyLong_FromSize_t(i);

@@ -90,7 +90,8 @@ bool sync_all_reduce(const trt_value* args, int32_t nargs, trt_value* rets);
 const char* process_group_fact();
 
 // args.cpp: reading arguments and building results
-void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env);
+void read_args(PyObject* const* items, trt_arg* out, Py_ssize_t n, trt_env* env,
+               bool attributes = true);
 uint64_t global_flags();
 PyObject* wrap_value(const trt_value& v, bool steal);
 PyObject* build_output(const char*& p, trt_result* r, int32_t& next);
@@ -388,6 +389,7 @@ PyObject* apply_recipe(PyObject* ops, PyObject* flat, const NodeValues& values);
 struct ScmEntry {
   trt_scm_call_fn call;
   trt_scm_match_fn match;
+  bool attributes;  // its guards read a tensor's attributes (Note [Attribute reads] in args.cpp)
 };
 
 struct Dispatcher {

@@ -276,6 +276,30 @@ static int trt_copy_buffers(int device, CUstream stream, const trt_copy* copies,
   return 0;
 }
 
+/* Adds one copy to `copies` (n of them so far), which copies a full table at once. */
+static inline int trt_copy_push(int device, CUstream stream, trt_copy* copies, int* n,
+                                CUdeviceptr dst, CUdeviceptr src, uint64_t bytes) {
+  copies[*n].dst = dst;
+  copies[*n].src = src;
+  copies[*n].bytes = bytes;
+  if (++*n < TRT_COPY_BATCH) return 0;
+  *n = 0;
+  return trt_copy_buffers(device, stream, copies, TRT_COPY_BATCH, "graph input copy");
+}
+
+/* Note [Copies out in the batch]: a replay that copies an output out (Note [Graph outputs] in
+ * trident/frontend/graphs.py: a new tensor per call once a caller kept one, as a server does)
+ * made one cuMemcpyAsync per output after the launch that copies the written arguments back,
+ * each a few microseconds of host time (docs/benchmarks.md, a decode hit's "outputs"). Both
+ * copy from the graph's memory after the replay, on the same stream, into memory no other of
+ * the copies reads or writes (a new tensor; a caller's tensor that overlaps no other argument
+ * where either is written: trt_graph_hides_write), so an output's copy joins that launch's
+ * table: the order of the copies within it does not matter. Outputs up to
+ * TRT_COPY_OUT_BATCHED bytes only: the copy kernel's rows use at most 64 blocks, where the
+ * driver's copy of a large output (a prefill's logits, over 100 MB for a 512-token prompt)
+ * is faster on the GPU. */
+#define TRT_COPY_OUT_BATCHED (4 << 20)
+
 /* ---- CUDA graph replay (Note [CUDA graphs] in trident/frontend/graphs.py) ----------------------- */
 
 /* trt_graph_replay's answers */
@@ -487,10 +511,11 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
   CUresult rc;
   if (trt_cuda_enter(device, &pushed)) return TRT_GRAPH_FAILED;
   trt_copy copies[TRT_COPY_BATCH];
-  int ncopies = 0;
+  int ncopies = 0, k = 0; /* k: the outputs made (released on failure) */
+  const int64_t* o = in + 5 * ninputs;
   for (int back = 0; back < 2 && failed == TRT_GRAPH_REPLAYED; ++back) {
     /* back = 0: the copied-in arguments into the graph's buffers, then the replay; back = 1:
-     * the written ones back to the caller's tensors */
+     * the written ones back to the caller's tensors, and the outputs */
     for (int i = 0; i < ninputs && failed == TRT_GRAPH_REPLAYED; ++i) {
       const int64_t* x = in + 5 * i;
       CUdeviceptr mine = (CUdeviceptr)x[2], theirs = (CUdeviceptr)(uintptr_t)a[x[0]].data_ptr;
@@ -501,66 +526,70 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
         continue;
       }
       if (x[1] != TRT_GRAPH_COPY_IN || x[3] <= 0 || (back && !x[4])) continue;
-      copies[ncopies].dst = back ? theirs : mine;
-      copies[ncopies].src = back ? mine : theirs;
-      copies[ncopies].bytes = (uint64_t)x[3];
-      if (++ncopies == TRT_COPY_BATCH) {
-        if (trt_copy_buffers(device, (CUstream)stream, copies, ncopies, "graph input copy"))
-          failed = TRT_GRAPH_FAILED;
-        ncopies = 0;
+      if (trt_copy_push(device, (CUstream)stream, copies, &ncopies, back ? theirs : mine,
+                        back ? mine : theirs, (uint64_t)x[3]))
+        failed = TRT_GRAPH_FAILED;
+    }
+    int made = TRT_GRAPH_REPLAYED; /* the outputs' answer; the copies back are made either way */
+    for (; back && failed == TRT_GRAPH_REPLAYED && k < noutputs && made == TRT_GRAPH_REPLAYED;
+         ++k) {
+      int32_t tag = (int32_t)*o++;
+      out->outs[k].tag = tag;
+      out->outs[k].len = 0;
+      if (tag != TRT_TENSOR) {
+        out->outs[k].u.i = *o++; /* an int, a bool, or a float's bits; unused for None */
+        continue;
+      }
+      int64_t src = o[0], bytes = o[1];
+      const void* held = (const void*)(uintptr_t)o[2];
+      int32_t dtype = (int32_t)o[3], dim = (int32_t)o[4];
+      const int64_t* geometry = o + 5;
+      o += 5 + 2 * dim;
+      trt_tensor* t;
+      if (held) { /* Note [Graph outputs]: the static output itself (trt_graph_outputs_busy) */
+        if (!(t = rt->graph_output(held))) {
+          made = trt_graph_error("cannot hand out a graph output");
+          break;
+        }
+        out->outs[k].u.t = t;
+        continue;
+      }
+      t = rt->empty_strided(dim, geometry, geometry + dim, dtype, device);
+      if (!t) {
+        made = trt_graph_error("cannot allocate a graph output");
+        break;
+      }
+      out->outs[k].u.t = t;
+      void* data = NULL;
+      if (bytes > 0 && rt->data_ptr(t, &data)) {
+        made = trt_graph_error("no data pointer for a graph output");
+        ++k;
+        break;
+      }
+      if (bytes <= 0) continue;
+      if (bytes <= TRT_COPY_OUT_BATCHED) { /* Note [Copies out in the batch] */
+        if (trt_copy_push(device, (CUstream)stream, copies, &ncopies, (CUdeviceptr)data,
+                          (CUdeviceptr)src, (uint64_t)bytes))
+          made = TRT_GRAPH_FAILED;
+      } else if ((rc = trt_cu.memcpy_async((CUdeviceptr)data, (CUdeviceptr)src, (size_t)bytes,
+                                           (CUstream)stream))) {
+        made = trt_cuda_fail("cuMemcpyAsync (graph output)", rc) ? TRT_GRAPH_FAILED : made;
+      }
+      if (made != TRT_GRAPH_REPLAYED) {
+        ++k;
+        break;
       }
     }
+    if (back) trt_replay_lap(rt, TRT_REPLAY_OUTPUTS);
     if (failed == TRT_GRAPH_REPLAYED && ncopies &&
         trt_copy_buffers(device, (CUstream)stream, copies, ncopies, "graph input copy"))
       failed = TRT_GRAPH_FAILED;
+    if (failed == TRT_GRAPH_REPLAYED) failed = made;
     ncopies = 0;
     trt_replay_lap(rt, back ? TRT_REPLAY_COPY_BACK : TRT_REPLAY_COPY_IN);
     if (!back && failed == TRT_GRAPH_REPLAYED && (rc = trt_cu.graph_launch(exec, (CUstream)stream)))
       failed = trt_cuda_fail("cuGraphLaunch", rc) ? TRT_GRAPH_FAILED : failed;
     if (!back) trt_replay_lap(rt, TRT_REPLAY_LAUNCH);
-  }
-  const int64_t* o = in + 5 * ninputs;
-  int k = 0;
-  for (; k < noutputs && failed == TRT_GRAPH_REPLAYED; ++k) {
-    int32_t tag = (int32_t)*o++;
-    out->outs[k].tag = tag;
-    out->outs[k].len = 0;
-    if (tag != TRT_TENSOR) {
-      out->outs[k].u.i = *o++; /* an int, a bool, or a float's bits; unused for None */
-      continue;
-    }
-    int64_t src = o[0], bytes = o[1];
-    const void* held = (const void*)(uintptr_t)o[2];
-    int32_t dtype = (int32_t)o[3], dim = (int32_t)o[4];
-    const int64_t* geometry = o + 5;
-    o += 5 + 2 * dim;
-    trt_tensor* t;
-    if (held) { /* Note [Graph outputs]: the static output itself (trt_graph_outputs_busy) */
-      if (!(t = rt->graph_output(held))) {
-        failed = trt_graph_error("cannot hand out a graph output");
-        break;
-      }
-      out->outs[k].u.t = t;
-      continue;
-    }
-    t = rt->empty_strided(dim, geometry, geometry + dim, dtype, device);
-    if (!t) {
-      failed = trt_graph_error("cannot allocate a graph output");
-      break;
-    }
-    out->outs[k].u.t = t;
-    void* data = NULL;
-    if (bytes > 0 && rt->data_ptr(t, &data)) {
-      failed = trt_graph_error("no data pointer for a graph output");
-      ++k;
-      break;
-    }
-    if (bytes > 0 && (rc = trt_cu.memcpy_async((CUdeviceptr)data, (CUdeviceptr)src,
-                                               (size_t)bytes, (CUstream)stream))) {
-      failed = trt_cuda_fail("cuMemcpyAsync (graph output)", rc) ? TRT_GRAPH_FAILED : failed;
-      ++k;
-      break;
-    }
   }
   if (pushed) {
     CUcontext ignored;
@@ -571,7 +600,6 @@ TRT_OPTIMIZED static inline int trt_graph_replay(trt_graph* g, const trt_arg* a,
       if (out->outs[i].tag == TRT_TENSOR && out->outs[i].u.t) rt->release(out->outs[i].u.t);
     return failed;
   }
-  trt_replay_lap(rt, TRT_REPLAY_OUTPUTS);
   out->nouts = noutputs;
   g->bound = 1;
   g->stream = stream;
