@@ -5,6 +5,7 @@ what it read outside its arguments recorded as state (Note [State guards]), the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -30,6 +31,7 @@ def _refused(why: str) -> TridentError:
     error.any_sizes = True  # (policy.py: a trace of other sizes is refused alike)
     return error
 _guards_log = config.logger("guards")
+_NO_PAUSE = contextlib.nullcontext()  # (its ``as``: None)
 
 
 class Tracer:
@@ -51,15 +53,18 @@ class Tracer:
 
         def run(*leaves):
             writes.clear()
-            with substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots:
-                return self._binding.call(self._fn, roots)
+            with state.paused() if probe is None else _NO_PAUSE as hook, \
+                    substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots, \
+                    state.resumed(hook):  # Note [Unrecorded ops]: the function's run alone
+                return self._binding.call(self._fn, roots)  # (the probe sees both: orders.py)
 
-        captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
-                         outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                               rebuilt, writes),
-                         changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=self._ones(call, dynamic, lengths),
-                         alike=self._alike(call, dynamic))
+        ones, alike = self._ones(call, dynamic, lengths), self._alike(call, dynamic)
+        with state.resumed(getattr(recording, "hook", None)):  # (``_traced``)
+            captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
+                             outputs=lambda result: flatten_output(result, call.tree,
+                                                                   call.values, rebuilt, writes),
+                             changed_rng=recording.changed_rng if recording is not None and
+                             recording.active else None, ones=ones, alike=alike)
         # Note [Batch dims] in batch.py: the int attributes the specialization writes
         self._written_ints = frozenset(
             f"{call.tree.nodes[node].path}.{name}" for node, name, value, _ in writes
@@ -121,7 +126,8 @@ class Tracer:
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
-                state.record(None if self._constant_self else self._code_fn) as recording:
+                state.record(None if self._constant_self else self._code_fn) as recording, \
+                state.paused() as recording.hook:  # Note [Unrecorded ops]: but in the traces
             try:
                 with state.given_warnings(not self._constant_self) as given:  # Note
                     # [Warnings a trace gives] (a backend graph runs no user code)

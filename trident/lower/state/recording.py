@@ -98,6 +98,8 @@ class Recording:
     draws: object = None  # Note [Draws of a trace] (draws.py)
     asked: list = dataclasses.field(default_factory=list)  # Note [Questions asked in the
     # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
+    hook: object = None  # Note [Unrecorded ops]: the profile hook, set aside (``paused``) but
+    # for the traces (``resumed``)
 
     @property
     def refused(self) -> str | None:
@@ -443,6 +445,33 @@ def pause():
         return None
     sys.setprofile(_CHAINED[hook])
     return hook
+
+
+@contextlib.contextmanager
+def paused():
+    """Note [Unrecorded ops] (trident/lower/source_lines.py): Trident's own code while a call is
+    recorded (``pause`` while active, the hook set back after); yields the hook set aside, or
+    None where no recording's hook was set."""
+    hook = pause()
+    try:
+        yield hook
+    finally:
+        if hook is not None:
+            sys.setprofile(hook)
+
+
+@contextlib.contextmanager
+def resumed(hook):
+    """Note [Unrecorded ops]: inside ``paused``, the recording's ``hook`` (``paused``'s; None:
+    nothing) set again while active and set aside after."""
+    if hook is None:
+        yield
+        return
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        pause()
 
 
 @contextlib.contextmanager
