@@ -128,8 +128,9 @@ def test_an_assignment_is_found_at_the_next_doubled_call_or_at_the_end(
     assert (jf.stats.fallbacks, jf.stats.compiles) == (1, 0)
 
 
-# Note [Unrecorded ops]: Trident's own code around a trace (the arguments' substitution, the
-# analyses of what the trace recorded: reads_of, check_questions) runs with the hook set aside.
+# Note [Own code unrecorded] (trident/frontend/tracing.py): Trident's own code around a trace
+# (the arguments' substitution, the analyses of what the trace recorded: reads_of,
+# check_questions) runs with the hook set aside.
 # Under the hook each of its calls and C calls was an event (the hook's Python ran for it, and
 # kept nothing: no Trident frame is the function's): 508,000 events in the exact prefill trace
 # of an 8-layer tiny Llama, 18,000 without them (docs/benchmarks.md, "cold49").

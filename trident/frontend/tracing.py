@@ -34,6 +34,21 @@ _guards_log = config.logger("guards")
 _NO_PAUSE = contextlib.nullcontext()  # (its ``as``: None)
 
 
+# Note [Own code unrecorded]: as torch's dispatch of an op (Note [Unrecorded ops] in
+# lower/source_lines.py), Trident's own code around a trace runs with the state recording's
+# hook set aside (``state.paused``; ``state.resumed`` gives it back to ``capture.trace``, which
+# sets it for the function's own run): the check for writes before the trace, the substitution
+# of the trace's leaves into the arguments and its undoing (``substituted``, but around the
+# function's call), and the analyses of what the trace recorded (``reads_of``,
+# ``check_questions``: bytecode flow over every code object the function ran). No Trident
+# frame is the function's (``under_fn`` in recording.py), so the hook kept nothing there, but
+# it ran for each of their calls and C calls, and the analyses ran about ten times slower
+# under it: an 8-layer tiny Llama's exact prefill trace gave the hook 508,000 events, 18,000
+# without them (docs/benchmarks.md, "cold49"). The order probe's trace (Note [Dict orders] in
+# lower/orders.py) keeps the hook over the substitution, whose C calls on its watches the
+# probe counts.
+
+
 class Tracer:
     """The JitFunction methods that trace and compile one call's signature."""
 
@@ -55,8 +70,8 @@ class Tracer:
             writes.clear()
             with state.paused() if probe is None else _NO_PAUSE as hook, \
                     substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots, \
-                    state.resumed(hook):  # Note [Unrecorded ops]: the function's run alone
-                return self._binding.call(self._fn, roots)  # (the probe sees both: orders.py)
+                    state.resumed(hook):  # Note [Own code unrecorded]: the function's run
+                return self._binding.call(self._fn, roots)  # (the probe's sees both)
 
         ones, alike = self._ones(call, dynamic, lengths), self._alike(call, dynamic)
         with state.resumed(getattr(recording, "hook", None)):  # (``_traced``)
@@ -127,7 +142,7 @@ class Tracer:
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
                 state.record(None if self._constant_self else self._code_fn) as recording, \
-                state.paused() as recording.hook:  # Note [Unrecorded ops]: but in the traces
+                state.paused() as recording.hook:  # Note [Own code unrecorded]
             try:
                 with state.given_warnings(not self._constant_self) as given:  # Note
                     # [Warnings a trace gives] (a backend graph runs no user code)

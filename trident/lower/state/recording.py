@@ -98,8 +98,8 @@ class Recording:
     draws: object = None  # Note [Draws of a trace] (draws.py)
     asked: list = dataclasses.field(default_factory=list)  # Note [Questions asked in the
     # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
-    hook: object = None  # Note [Unrecorded ops]: the profile hook, set aside (``paused``) but
-    # for the traces (``resumed``)
+    hook: object = None  # Note [Own code unrecorded] (tracing.py): the profile hook, set aside
+    # (``paused``) but for the traces (``resumed``)
 
     @property
     def refused(self) -> str | None:
@@ -449,8 +449,8 @@ def pause():
 
 @contextlib.contextmanager
 def paused():
-    """Note [Unrecorded ops] (trident/lower/source_lines.py): Trident's own code while a call is
-    recorded (``pause`` while active, the hook set back after); yields the hook set aside, or
+    """Note [Own code unrecorded] (trident/frontend/tracing.py): Trident's own code while a call
+    is recorded (``pause`` while active, the hook set back after); yields the hook set aside, or
     None where no recording's hook was set."""
     hook = pause()
     try:
@@ -462,8 +462,8 @@ def paused():
 
 @contextlib.contextmanager
 def resumed(hook):
-    """Note [Unrecorded ops]: inside ``paused``, the recording's ``hook`` (``paused``'s; None:
-    nothing) set again while active and set aside after."""
+    """Note [Own code unrecorded]: inside ``paused``, the recording's ``hook`` (``paused``'s;
+    None: nothing) set again while active and set aside after."""
     if hook is None:
         yield
         return
