@@ -5,6 +5,7 @@ what it read outside its arguments recorded as state (Note [State guards]), the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -30,6 +31,22 @@ def _refused(why: str) -> TridentError:
     error.any_sizes = True  # (policy.py: a trace of other sizes is refused alike)
     return error
 _guards_log = config.logger("guards")
+_NO_PAUSE = contextlib.nullcontext()  # (its ``as``: None)
+
+
+# Note [Own code unrecorded]: as torch's dispatch of an op (Note [Unrecorded ops] in
+# lower/source_lines.py), Trident's own code around a trace runs with the state recording's
+# hook set aside (``state.paused``; ``state.resumed`` gives it back to ``capture.trace``, which
+# sets it for the function's own run): the check for writes before the trace, the substitution
+# of the trace's leaves into the arguments and its undoing (``substituted``, but around the
+# function's call), and the analyses of what the trace recorded (``reads_of``,
+# ``check_questions``: bytecode flow over every code object the function ran). No Trident
+# frame is the function's (``under_fn`` in recording.py), so the hook kept nothing there, but
+# it ran for each of their calls and C calls, and the analyses ran about ten times slower
+# under it: an 8-layer tiny Llama's exact prefill trace gave the hook 508,000 events, 18,000
+# without them (docs/benchmarks.md, "cold49"). The order probe's trace (Note [Dict orders] in
+# lower/orders.py) keeps the hook over the substitution, whose C calls on its watches the
+# probe counts.
 
 
 class Tracer:
@@ -51,15 +68,18 @@ class Tracer:
 
         def run(*leaves):
             writes.clear()
-            with substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots:
-                return self._binding.call(self._fn, roots)
+            with state.paused() if probe is None else _NO_PAUSE as hook, \
+                    substituted(call.tree, call.values, leaves, rebuilt, writes, probe) as roots, \
+                    state.resumed(hook):  # Note [Own code unrecorded]: the function's run
+                return self._binding.call(self._fn, roots)  # (the probe's sees both)
 
-        captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
-                         outputs=lambda result: flatten_output(result, call.tree, call.values,
-                                                               rebuilt, writes),
-                         changed_rng=recording.changed_rng if recording is not None and
-                         recording.active else None, ones=self._ones(call, dynamic, lengths),
-                         alike=self._alike(call, dynamic))
+        ones, alike = self._ones(call, dynamic, lengths), self._alike(call, dynamic)
+        with state.resumed(getattr(recording, "hook", None)):  # (``_traced``)
+            captured = trace(run, call.leaves, dynamic, name=self.__qualname__,
+                             outputs=lambda result: flatten_output(result, call.tree,
+                                                                   call.values, rebuilt, writes),
+                             changed_rng=recording.changed_rng if recording is not None and
+                             recording.active else None, ones=ones, alike=alike)
         # Note [Batch dims] in batch.py: the int (and float: Note [Float leaves] in policy.py)
         # attributes the specialization writes
         self._written_ints = frozenset(
@@ -122,7 +142,8 @@ class Tracer:
         # under the call's grad mode, which is guarded; what it reads outside the arguments
         # becomes the specialization's state (Note [State guards])
         with config.stage("trace"), \
-                state.record(None if self._constant_self else self._code_fn) as recording:
+                state.record(None if self._constant_self else self._code_fn) as recording, \
+                state.paused() as recording.hook:  # Note [Own code unrecorded]
             try:
                 with state.given_warnings(not self._constant_self) as given:  # Note
                     # [Warnings a trace gives] (a backend graph runs no user code)

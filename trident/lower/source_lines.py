@@ -185,7 +185,7 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
 # placeholders and the graph's code, the checks of the graph after it. Nothing the
 # hook would have kept is lost, none of its answers changes (no guard is lost and none goes
 # stale), and the function's own code between its ops (where its reads are) is watched as
-# before.
+# before. Trident's own code around a trace is unrecorded too (Note [Own code unrecorded]).
 # Note [Inference mode inside]: a tensor made under ``torch.inference_mode()`` is an inference
 # tensor (eager then refuses an in-place update of it outside the mode, and autograd's use);
 # one made outside is not. A hit runs its ops under the call's mode, which the guards check, so

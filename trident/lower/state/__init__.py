@@ -72,11 +72,12 @@ from trident.lower.state.asked import raise_asked
 from trident.lower.state.chain import Read
 from trident.lower.state.tensor_reads import check_questions
 from trident.lower.state.reads import reads_of
-from trident.lower.state.recording import Recording, pause, record, unrecorded
+from trident.lower.state.recording import (Recording, pause, paused, record, resumed,
+                                           unrecorded)
 from trident.lower.state.tree import StateTree, build
 from trident.lower.state.warned import given as given_warnings, raise_given
 from trident.lower.state.writes import check_write, check_writes_before_trace
 
 __all__ = ["Read", "Recording", "StateTree", "build", "check_questions", "check_write",
-           "check_writes_before_trace", "given_warnings", "pause", "raise_asked", "raise_given",
-           "reads_of", "record", "unrecorded"]
+           "check_writes_before_trace", "given_warnings", "pause", "paused", "raise_asked",
+           "raise_given", "reads_of", "record", "resumed", "unrecorded"]

@@ -102,6 +102,8 @@ class Recording:
     # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
     hashed: str | None = None  # Note [Answers from addresses] (identity.py): where the
     # function's code hashed a tensor
+    hook: object = None  # Note [Own code unrecorded] (tracing.py): the profile hook, set aside
+    # (``paused``) but for the traces (``resumed``)
 
     @property
     def refused(self) -> str | None:
@@ -464,6 +466,33 @@ def pause():
         return None
     sys.setprofile(_CHAINED[hook])
     return hook
+
+
+@contextlib.contextmanager
+def paused():
+    """Note [Own code unrecorded] (trident/frontend/tracing.py): Trident's own code while a call
+    is recorded (``pause`` while active, the hook set back after); yields the hook set aside, or
+    None where no recording's hook was set."""
+    hook = pause()
+    try:
+        yield hook
+    finally:
+        if hook is not None:
+            sys.setprofile(hook)
+
+
+@contextlib.contextmanager
+def resumed(hook):
+    """Note [Own code unrecorded]: inside ``paused``, the recording's ``hook`` (``paused``'s;
+    None: nothing) set again while active and set aside after."""
+    if hook is None:
+        yield
+        return
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        pause()
 
 
 @contextlib.contextmanager
