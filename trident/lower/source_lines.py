@@ -178,7 +178,7 @@ def new_tensor(now: dict | list, before: dict | list) -> bool:
 # runs inside an op, or inside the mode's own bookkeeping, is ever the function's: not
 # torch's Python, and not what an op may call back (a subclass's or a mode's handler, a
 # kernel registered from Python). So the mode sets the hook aside for its whole call
-# (``recording.pause``), and the profile function the hook chains to, if any, runs in its
+# (``hooks.pause``), and the profile function the hook chains to, if any, runs in its
 # place; the hook is set back when the op returns or raises. Likewise ``capture.trace`` sets
 # it aside for all but the function's own run: the fake arguments (a process's first symbol
 # imports torch.export's and inductor's modules, a second of CPU under the hook), make_fx's

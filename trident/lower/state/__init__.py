@@ -72,8 +72,8 @@ from trident.lower.state.asked import raise_asked
 from trident.lower.state.chain import Read
 from trident.lower.state.tensor_reads import check_questions
 from trident.lower.state.reads import reads_of
-from trident.lower.state.recording import (Recording, pause, paused, record, resumed,
-                                           unrecorded)
+from trident.lower.state.hooks import pause, paused, resumed, unrecorded
+from trident.lower.state.recording import Recording, record
 from trident.lower.state.tree import StateTree, build
 from trident.lower.state.warned import given as given_warnings, raise_given
 from trident.lower.state.writes import check_write, check_writes_before_trace

@@ -12,7 +12,6 @@ import gc
 import logging
 import random
 import sys
-import types
 
 import torch
 
@@ -20,6 +19,7 @@ from trident import frames
 from trident.errors import TridentError, transient
 from trident.lower.state.asked import ASKERS, judge
 from trident.lower.state.draws import Draws
+from trident.lower.state.hooks import _CHAINED
 from trident.lower.state.impure import (
     _FILE_OPENERS, _IMPURE_MODULES, _OS_READS, _OS_WRAPPERS, _SOURCE_READERS, _impure_name)
 from trident.lower.state.library import handler_codes, interrupt_code, library_kind
@@ -46,7 +46,6 @@ _TENSOR_HASH = torch.Tensor.__hash__.__code__  # (Python: torch/_tensor.py, torc
 # are read through each set (``reads_of`` in reads.py); past ``_CALLS_BOUND`` sets the call
 # runs eagerly (a generator's resumption holds the objects of its call: none new).
 _CALLS_BOUND, _PLAIN_VALUES = 256, (int, float, complex, bool, str, bytes, type(None))
-_CHAINED: dict = {}  # a hook that record() set -> the profile function it chains to, or None
 _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # what a code's
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
 _HAS_TORCH_FUNCTION = torch._C._has_torch_function  # Note [Trace state]
@@ -455,57 +454,3 @@ def record(fn):
         inlined.clear()
         if suspended is not None:
             suspended.enable()
-
-
-def pause():
-    """Note [Unrecorded ops] (trident/lower/source_lines.py): where this thread's profile
-    function is a recording's hook, set the profile function that the hook chains to (or none)
-    in its place and return the hook, for the caller to set back; else return None."""
-    hook = sys.getprofile()
-    if type(hook) is not types.FunctionType or hook not in _CHAINED:
-        return None
-    sys.setprofile(_CHAINED[hook])
-    return hook
-
-
-@contextlib.contextmanager
-def paused():
-    """Note [Own code unrecorded] (trident/frontend/tracing.py): Trident's own code while a call
-    is recorded (``pause`` while active, the hook set back after); yields the hook set aside, or
-    None where no recording's hook was set."""
-    hook = pause()
-    try:
-        yield hook
-    finally:
-        if hook is not None:
-            sys.setprofile(hook)
-
-
-@contextlib.contextmanager
-def resumed(hook):
-    """Note [Own code unrecorded]: inside ``paused``, the recording's ``hook`` (``paused``'s;
-    None: nothing) set again while active and set aside after."""
-    if hook is None:
-        yield
-        return
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        pause()
-
-
-@contextlib.contextmanager
-def unrecorded():
-    """Torch's own set-up code while a call is recorded (not the user's): the recording's
-    profile hook is off meanwhile. A profile function that is not a Python callable (a C
-    profiler's object) is left alone."""
-    hook = sys.getprofile()
-    if not callable(hook):
-        yield
-        return
-    sys.setprofile(None)
-    try:
-        yield
-    finally:
-        sys.setprofile(hook)
