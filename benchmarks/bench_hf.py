@@ -27,7 +27,7 @@ token (16-, 128- and 512-token prompts, eager and ``trident.jit``, and its floor
 prefill replayed from one CUDA graph); ``TRIDENT_BENCH_PROFILE=1``
 prints a cProfile of one ``trident.jit`` generate (and of one through the backend) and a torch
 profile (GPU kernel time per token);
-``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile,dynamo`` runs only those contenders (eager, the
+``TRIDENT_BENCH_ONLY=jit,backend,config,auto,compile`` runs only those contenders (eager, the
 reference, always runs). Trident's native runtime is loaded (built, in a fresh cache folder:
 once per torch version) before the contenders, and its time is reported on its own row.
 
@@ -484,19 +484,9 @@ def run(name: str, reps: int = 3) -> dict:
             _profile(model, ids)
         model.forward = forward
 
-    if _wanted("dynamo"):
-        # the doors' own floor: Dynamo's program (its guards, its graph) replayed from CUDA
-        # graphs with no compiler (torch's "cudagraphs" backend), through each door
-        torch._dynamo.reset()
-        model.forward = torch.compile(forward, backend="cudagraphs")
-        rows["Dynamo's floor: torch.compile(backend=cudagraphs)"] = _contender(
-            model, ids, ref, reps, disable_compile=True)
-        model.forward = forward
     for door, row, compile_config in (
             ("config", "CompileConfig(backend=trident)", transformers.CompileConfig(
                 backend="trident")),
-            ("dynamo", "Dynamo's floor: CompileConfig(backend=cudagraphs)",
-             transformers.CompileConfig(backend="cudagraphs")),
             ("auto", "auto-compile (inductor reduce-overhead)", None)):
         if _wanted(door):
             torch._dynamo.reset()
