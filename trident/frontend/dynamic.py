@@ -12,6 +12,7 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, ints
 from trident.frontend.eager import _sizeless
 from trident.frontend.install import _Call
+from trident.ir import sizes
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 
@@ -76,13 +77,15 @@ class DynamicDims:
             if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
                 for i, d in batch.batch_dims(call).items():
                     dims[i] = dims.get(i, set()) | d
+        static = self._static_dims  # Note [Dims of a failed size expression]
+        dims = {i: d - static.get(names[i], frozenset()) for i, d in dims.items()}
         return {i: d for i, d in dims.items() if d}
 
     def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
         automatic, failed_before = self._dynamic is None, self._dynamic_failed
         dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
             self._dynamic_dims(call)
-        if dynamic:
+        while dynamic:
             try:
                 return self._compile(call, dynamic)
             except CompileForbidden:
@@ -91,12 +94,24 @@ class DynamicDims:
                 if getattr(e, "any_sizes", False):  # the sizes' trace would fail alike
                     e.static_trace = True
                     raise
+                failed = sizes.dims_at(getattr(e, "symbols", ()))
+                if failed and all(d <= dynamic.get(i, set()) for i, d in failed.items()):
+                    # Note [Dims of a failed size expression]: those dims, from now on
+                    _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on "
+                                     "%s from now on", self.__qualname__, dynamic, e, failed)
+                    for i, d in failed.items():
+                        name = call.names[i]
+                        self._static_dims[name] = self._static_dims.get(name, frozenset()) | d
+                    dynamic = {i: d - failed.get(i, set()) for i, d in dynamic.items()}
+                    dynamic = {i: d for i, d in dynamic.items() if d}
+                    continue
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature
                 _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
+                break
         try:  # Note [Lengths of written state] in ints.py: automatic, before any failure
             return self._compile(call, {}, self._lengths_compile if automatic and
                                  not self._dynamic_failed else None)
