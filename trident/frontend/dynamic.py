@@ -19,6 +19,25 @@ from trident.ir.specialization import Specialization
 _recompiles = config.logger("recompiles")
 
 
+# Note [Dims of a failed size expression]: a dynamic compile fails where a size expression
+# calls arithmetic the generated C does not compute (``sizes.check`` in ir/sizes.py): Triton's
+# block-size idiom ``BLOCK=triton.next_power_of_2(x.shape[1])`` (a constexpr of the launch:
+# ``guardable`` in lower/guards.py), a Python branch on it (a ShapeEnv guard:
+# ``symbolic_guards``), such a size reaching an op. Its error carries the expression's free
+# symbols (``symbols``), which the trace turns into the places they are read from
+# (``at_sources``, from ``size_sources`` of the fake arguments: ``size_1_1``, ``value_3``);
+# ``sizes.dims_at`` reads the leaf dims. ``_compile_dynamic_or_static`` then compiles again with
+# those dims static and the others symbolic (as torch.compile specializes the symbols such an
+# expression reads, not the whole frame), and remembers them by leaf path in
+# ``_static_dims``: ``_dynamic_dims`` never makes them symbolic again, for this function, asked
+# for (``dynamic={"x": [1]}``, ``dynamic=True``) or automatic. Each retry drops at least one
+# dim, so it ends. An rmsnorm over rows of one width compiles its first rows exactly, then
+# rows symbolic and the columns static (one specialization per width, not per row count).
+# A failure whose error names no dims (an op that reads a symbolic size as an int, Python
+# asking whether a size is an int, a stride's expression) keeps the fallback: that signature's
+# exact sizes, and in automatic mode every size from then on (``_dynamic_failed``).
+
+
 class DynamicDims:
     """The JitFunction methods that choose a compile's symbolic dims."""
 
@@ -33,7 +52,9 @@ class DynamicDims:
         those dims dynamic, with the dims that specialization already had, as torch.compile's
         automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
         compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
-        size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
+        size; a compile that failed on a size expression specializes on the dims it read only,
+        asked for or not (Note [Dims of a failed size expression]). Argument names are leaf
+        paths (``x``, ``past_key_values.layers[0].keys``)."""
         args, names = call.leaves, call.names
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) | self._graph_dims.get(
