@@ -119,7 +119,8 @@ class DynamicDims:
                 if failed and all(d <= dynamic.get(i, set()) for i, d in failed.items()):
                     # Note [Dims of a failed size expression]: those dims, from now on
                     _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on "
-                                     "%s from now on", self.__qualname__, dynamic, e, failed)
+                                     "%s from now on", self.__qualname__, dynamic, e,
+                                     {call.names[i]: sorted(d) for i, d in failed.items()})
                     for i, d in failed.items():
                         name = call.names[i]
                         self._static_dims[name] = self._static_dims.get(name, frozenset()) | d
