@@ -12,10 +12,30 @@ from trident.errors import CompileForbidden, TridentError
 from trident.frontend import batch, ints
 from trident.frontend.eager import _sizeless
 from trident.frontend.install import _Call
+from trident.ir import sizes
 from trident.ir.guards import first_failure
 from trident.ir.specialization import Specialization
 
 _recompiles = config.logger("recompiles")
+
+
+# Note [Dims of a failed size expression]: a dynamic compile fails where a size expression
+# calls arithmetic the generated C does not compute (``sizes.check`` in ir/sizes.py): Triton's
+# block-size idiom ``BLOCK=triton.next_power_of_2(x.shape[1])`` (a constexpr of the launch:
+# ``guardable`` in lower/guards.py), a Python branch on it (a ShapeEnv guard:
+# ``symbolic_guards``), such a size reaching an op. Its error carries the expression's free
+# symbols (``symbols``), which the trace turns into the places they are read from
+# (``at_sources``, from ``size_sources`` of the fake arguments: ``size_1_1``, ``value_3``);
+# ``sizes.dims_at`` reads the leaf dims. ``_compile_dynamic_or_static`` then compiles again with
+# those dims static and the others symbolic (as torch.compile specializes the symbols such an
+# expression reads, not the whole frame), and remembers them by leaf path in
+# ``_static_dims``: ``_dynamic_dims`` never makes them symbolic again, for this function, asked
+# for (``dynamic={"x": [1]}``, ``dynamic=True``) or automatic. Each retry drops at least one
+# dim, so it ends. An rmsnorm over rows of one width compiles its first rows exactly, then
+# rows symbolic and the columns static (one specialization per width, not per row count).
+# A failure whose error names no dims (an op that reads a symbolic size as an int, Python
+# asking whether a size is an int, a stride's expression) keeps the fallback: that signature's
+# exact sizes, and in automatic mode every size from then on (``_dynamic_failed``).
 
 
 class DynamicDims:
@@ -32,7 +52,9 @@ class DynamicDims:
         those dims dynamic, with the dims that specialization already had, as torch.compile's
         automatic dynamic shapes do. ``dynamic=False`` (and automatic mode after a failed dynamic
         compile, such as an op whose C++ reads a symbolic size as an int) specializes on every
-        size. Argument names are leaf paths (``x``, ``past_key_values.layers[0].keys``)."""
+        size; a compile that failed on a size expression specializes on the dims it read only,
+        asked for or not (Note [Dims of a failed size expression]). Argument names are leaf
+        paths (``x``, ``past_key_values.layers[0].keys``)."""
         args, names = call.leaves, call.names
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         dims = {i: set(getattr(a, "_dynamo_dynamic_indices", ())) | self._graph_dims.get(
@@ -76,13 +98,15 @@ class DynamicDims:
             if {i: d for i, d in dims.items() if d} != asked:  # Note [Batch dims]
                 for i, d in batch.batch_dims(call).items():
                     dims[i] = dims.get(i, set()) | d
+        static = self._static_dims  # Note [Dims of a failed size expression]
+        dims = {i: d - static.get(names[i], frozenset()) for i, d in dims.items()}
         return {i: d for i, d in dims.items() if d}
 
     def _compile_dynamic_or_static(self, call: _Call) -> Specialization:
         automatic, failed_before = self._dynamic is None, self._dynamic_failed
         dynamic = {} if self._dynamic is False or (automatic and self._dynamic_failed) else \
             self._dynamic_dims(call)
-        if dynamic:
+        while dynamic:
             try:
                 return self._compile(call, dynamic)
             except CompileForbidden:
@@ -91,12 +115,25 @@ class DynamicDims:
                 if getattr(e, "any_sizes", False):  # the sizes' trace would fail alike
                     e.static_trace = True
                     raise
+                failed = sizes.dims_at(getattr(e, "symbols", ()))
+                if failed and all(d <= dynamic.get(i, set()) for i, d in failed.items()):
+                    # Note [Dims of a failed size expression]: those dims, from now on
+                    _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on "
+                                     "%s from now on", self.__qualname__, dynamic, e,
+                                     {call.names[i]: sorted(d) for i, d in failed.items()})
+                    for i, d in failed.items():
+                        name = call.names[i]
+                        self._static_dims[name] = self._static_dims.get(name, frozenset()) | d
+                    dynamic = {i: d - failed.get(i, set()) for i, d in dynamic.items()}
+                    dynamic = {i: d for i, d in dynamic.items() if d}
+                    continue
                 # automatic: one failed attempt per function, not per new size; dims the user
                 # asked for are tried again at the next new signature
                 _recompiles.info("%s: dynamic dims %s not compiled (%s); specializing on the "
                                  "sizes%s", self.__qualname__, dynamic, e,
                                  " from now on" if automatic else "")
                 self._dynamic_failed = True
+                break
         try:  # Note [Lengths of written state] in ints.py: automatic, before any failure
             return self._compile(call, {}, self._lengths_compile if automatic and
                                  not self._dynamic_failed else None)

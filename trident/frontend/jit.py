@@ -143,6 +143,8 @@ class JitFunctionMixin(MissPolicy, Tracer, Installer, GraphControl):
         self._load_reason = "first call"
         self._state_rejected: str | None = None  # stored ones the state turned away (install.py)
         self._dynamic_failed = False
+        self._static_dims: dict[str, frozenset[int]] = {}  # Note [Dims of a failed size
+        # expression] in dynamic.py: by leaf path
         self._int_leaves: frozenset[str] = frozenset()  # Note [Int leaves] in policy.py
         self._read_floats: frozenset[str] = frozenset()  # Note [Float leaves], policy.py
         self._free_orders: frozenset[str] = frozenset()  # Note [Dict orders], lower/orders.py

@@ -81,13 +81,32 @@ _ACCEPTED = (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul, functions.FloorD
 
 
 def check(expr: sympy.Basic) -> None:
-    """Raises TridentError for an expression the generated C does not compute as Python does."""
+    """Raises TridentError for an expression the generated C does not compute as Python does;
+    its ``symbols`` are the expression's free symbols (ShapeEnv symbols or place symbols, as
+    ``expr`` has them: Note [Dims of a failed size expression] in frontend/dynamic.py)."""
     for e in sympy.preorder_traversal(expr):
         if not isinstance(e, _ACCEPTED):
             text = str(expr)  # (kilobytes for triton.next_power_of_2 of a size: bounded)
             text = text if len(text) <= 160 else f"{text[:160]}... ({len(text)} characters)"
-            raise TridentError(f"cannot guard a size expression that calls "
-                               f"{type(e).__name__}: {text}")
+            error = TridentError(f"cannot guard a size expression that calls "
+                                 f"{type(e).__name__}: {text}")
+            error.symbols = frozenset(expr.free_symbols)
+            raise error
+
+
+def dims_at(symbols) -> dict[int, set[int]] | None:
+    """``{arg: {dim}}`` of the place symbols ``symbols`` (an int's ``value_i`` is its dim 0, as
+    dynamic dims name it); None where one is no size or int value (a stride, an offset, a
+    ShapeEnv symbol) or there are none."""
+    dims: dict[int, set[int]] = {}
+    for s in symbols:
+        kind, _, rest = s.name.partition("_")
+        numbers = rest.split("_")
+        if kind not in ("size", "value") or not all(n.isdigit() for n in numbers) or \
+                len(numbers) != (2 if kind == "size" else 1):
+            return None
+        dims.setdefault(int(numbers[0]), set()).add(int(numbers[1]) if kind == "size" else 0)
+    return dims or None
 
 
 def dumps(expr: sympy.Basic) -> str:

@@ -356,7 +356,9 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                              _disable_torch_fn_metadata_mode=True)(*(fake_args or args))
                 # (its TorchFunctionMode would call a patched torch function by its name:
                 # Note [Patched torch functions] in source_lines.py)
-        except TridentError:
+        except TridentError as e:
+            from trident.lower.guards import at_sources
+            at_sources(e, fake_args)  # Note [Dims of a failed size expression] (dynamic.py)
             raise
         except Exception as e:  # make_fx reports unsupported Python as many exception types
             where = _innermost_user_line(e)

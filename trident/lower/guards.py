@@ -190,7 +190,9 @@ def symbolic_guards(fake_args: tuple, shape_env) -> list[Guard]:
         try:
             guard(g.expr, last)
         except TridentError as e:  # where the trace guarded it
-            raise TridentError(f"{e}, guarded at {_where(g.sloc)}") from e
+            error = TridentError(f"{e}, guarded at {_where(g.sloc)}")
+            error.symbols = getattr(e, "symbols", frozenset())  # (places)
+            raise error from e
     return list(guards.values())
 
 
@@ -220,5 +222,18 @@ def guardable(value: torch.SymInt, what: str) -> torch.SymInt:
         where = next((f" at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} ({f.line})"
                       for f in reversed(traceback.extract_stack())
                       if frames.user_line_file(f.filename)), "")
-        raise TridentError(f"{what}{where}: {e}") from None
+        error = TridentError(f"{what}{where}: {e}")
+        error.symbols = e.symbols  # (ShapeEnv symbols: ``trace`` reads their places)
+        raise error from None
     return value
+
+
+def at_sources(error: TridentError, fake_args: tuple) -> None:
+    """Note [Dims of a failed size expression] (frontend/dynamic.py): ``error.symbols``, where
+    they are ShapeEnv symbols of the trace of ``fake_args`` (``guardable``'s), as the place
+    symbols they are read from; others are kept."""
+    symbols = getattr(error, "symbols", None)
+    if symbols and fake_args is not None:
+        sources = size_sources(fake_args)
+        if all(s in sources for s in symbols):
+            error.symbols = frozenset(sources[s] for s in symbols)
