@@ -178,26 +178,33 @@ def _einsum(a, b, c):
     return torch.einsum("ij,jk,kl->il", a, b, c)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.einsum's body reads torch.backends.opt_einsum's "
-                   "flags after handle_torch_function, below the trace's TorchFunctionMode, "
-                   "whose frames are the tracing machinery's: no read is recorded, no guard "
-                   "made (docs/design.md, Limits today)")
-def test_the_einsum_flags_library_code_reads_are_guarded():
-    """torch.einsum of three operands reads ``torch.backends.opt_einsum.enabled`` (and, with
-    opt_einsum installed, ``strategy``), which pick the contraction order, so the values in the
-    last bits; a change must recompile (here, without opt_einsum, the order is the same)."""
+def _einsum_flag(x):
+    return x * (2 if torch.backends.opt_einsum.enabled else 3)
+
+
+@pytest.mark.parametrize("fn", [_einsum, _einsum_flag])
+def test_the_einsum_flags_library_code_reads_are_guarded(fn):
+    """Note [Flags behind a PropModule] (lower/state/library.py): torch.einsum of three
+    operands reads ``torch.backends.opt_einsum.enabled`` (and, with opt_einsum installed,
+    ``strategy``), which pick the contraction order, so the values in the last bits; a change
+    must recompile (here, without opt_einsum, the order is the same). So must the flag read by
+    user code."""
     a, b, c = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3, 9)
-    jf = trident.jit(_einsum)
+    args = (a, b, c) if fn is _einsum else (a,)
+    start = torch.backends.opt_einsum.enabled
+    jf = trident.jit(fn)
     try:
-        for i in range(4):
-            if i == 2:
-                torch.backends.opt_einsum.enabled = False
-            assert_same(jf(a, b, c), _einsum(a, b, c))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (opt_einsum is not available: a UserWarning)
+            for i in range(4):
+                if i == 2:
+                    torch.backends.opt_einsum.enabled = not start
+                assert_same(jf(*args), fn(*args))
         assert counts(jf) == (2, 2, 0), jf.stats
     finally:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (opt_einsum is not available: a UserWarning)
-            torch.backends.opt_einsum.enabled = True
+            warnings.simplefilter("ignore")
+            torch.backends.opt_einsum.enabled = start
 
 
 # ---- Note [Library objects read into] (lower/state/chain.py) -----------------------------------

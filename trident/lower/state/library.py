@@ -256,4 +256,53 @@ def library_reads(library: dict) -> list[Read]:
             key = (root, tuple(steps[:last]))
             if key not in reads:
                 reads[key] = Read(root, key[1], False)
+            if type(value) is not types.ModuleType and len(attrs) >= len(steps):
+                for flag in _flag_steps(value, attrs[len(steps) - 1]):  # Note [Flags behind
+                    flag = tuple(steps) + flag  # a PropModule]
+                    reads.setdefault((root, flag), Read(root, flag, False))
+        for name in _imports(code):  # Note [Flags behind a PropModule]
+            module = sys.modules.get(name)
+            for attr in code.co_names if type(module) is not types.ModuleType else ():
+                for flag in _flag_steps(module, attr):
+                    reads.setdefault((name, flag), Read(("module", name), flag, False))
     return list(reads.values())
+
+
+# Note [Flags behind a PropModule]: torch.backends' flags modules replace themselves in
+# ``sys.modules`` by a ``PropModule``, whose ``__getattr__`` serves what its own dict lacks
+# from the module it wraps (its ``m``). ``torch.backends.opt_einsum`` keeps its flags there as
+# plain globals (its class body's ``global enabled`` rebinds the module's name, not the
+# class's: no ``ContextProp`` serves them, torch 2.11-2.13), and ``torch.backends.opt_einsum.
+# enabled = x`` sets the PropModule's own dict. ``enabled`` and ``strategy`` pick
+# ``torch.einsum``'s contraction order for three or more operands (so the values in the last
+# bits), read through ``import torch.backends.opt_einsum as opt_einsum`` in einsum's body,
+# below the trace's TorchFunctionMode, where no frame is scanned and no chain goes past a
+# module that is not exactly ``ModuleType``: a flag set after a hit kept the trace's order
+# (CPU machine, session 49). A scanned code object (Note [Library code that ran]) that loads
+# such a flag through a global module chain, or imports such a module in its body and names
+# the flag (every instruction counts, taken or not, as for its globals), is guarded by two
+# reads of that module, as its ``__getattr__`` reads: its own dict's entry (absent, or by
+# value) and ``m``'s global by value (Note [Library values]). A flag that C holds
+# (``torch.backends.cudnn.enabled``) is a call-wide guard (Guards in docs/design.md).
+
+
+def _flag_steps(module, attr: str) -> list:
+    """The steps that read ``attr`` of ``module``, a PropModule whose wrapped module ``m``
+    holds it by value, as its ``__getattr__`` does: the PropModule's own dict (where
+    ``torch.backends.opt_einsum.enabled = x`` sets it), then ``m``'s globals; none for another
+    module or name (a flag its class serves: Note [Library state] in tree.py)."""
+    if not isinstance(module, types.ModuleType) or type(module) is types.ModuleType or any(
+            attr in c.__dict__ for c in type(module).__mro__[:-2]):
+        return []
+    inner = module.__dict__.get("m")
+    value = module.__dict__.get(attr, inner.__dict__.get(attr, _MISSING) if type(
+        inner) is types.ModuleType else _MISSING)
+    if value is _MISSING or not by_value(value):
+        return []
+    return [(("attr", "__dict__"), ("get", attr)), (("attr", "m"), ("attr", attr))]
+
+
+def _imports(code: types.CodeType) -> tuple:
+    """The names of the modules that ``code`` imports (``IMPORT_NAME``)."""
+    return tuple({i.argval: None for i in dis.get_instructions(code)
+                  if i.opname == "IMPORT_NAME" and isinstance(i.argval, str)})
