@@ -110,12 +110,23 @@ def _print_options(x):
     return x * (2 if torch._tensor_str.get_printoptions()["precision"] == 4 else 3)
 
 
-@pytest.mark.xfail(strict=True, reason="torch's own Python code is not scanned (it returns "
-                   "PRINT_OPTS's fields, an object's state): a getter of torch's Python state "
-                   "called by user code is taken as constant (docs/design.md, Limits today)")
-def test_a_getter_of_torchs_python_state_is_seen():
-    _change_is_seen(_print_options, lambda: torch.set_printoptions(precision=6),
-                    lambda: torch.set_printoptions(precision=4), True)
+def _print_options_in_library(x):
+    return x * (2 if torch.nn.Identity().extra_repr() == "" and
+                torch._tensor_str.get_printoptions()["sci_mode"] is None else 3)
+
+
+_GETTERS = {  # Note [torch's Python state] (lower/state/library.py): eager, one warning
+    "get_printoptions": (_print_options, lambda: torch.set_printoptions(precision=6),
+                         lambda: torch.set_printoptions(precision=4), False),
+    "get_printoptions twice": (_print_options_in_library,
+                               lambda: torch.set_printoptions(sci_mode=True),
+                               lambda: torch.set_printoptions(sci_mode=None), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_GETTERS))
+def test_a_getter_of_torchs_python_state_is_seen(case):
+    _change_is_seen(*_GETTERS[case])
 
 
 def _attention(m, x):

@@ -9,10 +9,11 @@ import functools
 import gc
 import signal
 import sys
+import threading
 import types
 
 from trident.ir.trees import _CONSTS
-from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _step
+from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _plain_object, _step
 
 # Note [Library code that ran]: a library's code reads its own module state too: nn.LayerNorm's
 # forward reads ``F.layer_norm`` in ``torch.nn.modules.normalization``'s globals, Llama's
@@ -306,3 +307,34 @@ def _imports(code: types.CodeType) -> tuple:
     """The names of the modules that ``code`` imports (``IMPORT_NAME``)."""
     return tuple({i.argval: None for i in dis.get_instructions(code)
                   if i.opname == "IMPORT_NAME" and isinstance(i.argval, str)})
+
+
+# Note [torch's Python state]: a function of torch's own Python that no frame scan reads (not
+# ``torch.nn``, ``torch.functional``, ``torch._tensor``, ``torch.backends``) may return torch's
+# Python state, held in a module global that is an object, not a value a guard checks:
+# ``torch._tensor_str.get_printoptions()`` returns ``PRINT_OPTS``'s fields, which
+# ``torch.set_printoptions`` sets; a hit returned the trace's answer (stale, CPU machine,
+# session 49). Where the function's code or library code it runs (Note [Library code that
+# ran]) calls such a torch function directly, and that function's code loads a global of its
+# module that holds Python state (a dict, list or set, a plain object with a ``__dict__``, a
+# ``threading.local``: ``torch_state_read``), the call runs eagerly with one warning. Its
+# settings held in C (``torch.is_warn_always_enabled()``, chain.py's ``_TORCH_GETTERS``) are
+# guarded by value; the object read by user code (``torch._tensor_str.PRINT_OPTS.precision``)
+# is read into (Note [Library objects read into] in chain.py). Not seen: such state read by a
+# torch function that the called one calls in turn.
+_STATE_KINDS = (dict, list, set, bytearray, threading.local)
+_STATE_READS: dict = {}  # id of a code object -> (the code, the global name or None)
+
+
+def torch_state_read(code: types.CodeType, g: dict) -> str | None:
+    """Note [torch's Python state]: the name of a global of ``g`` that ``code`` loads and that
+    holds Python state (a dict, list, set, plain object, ``threading.local``), or None."""
+    found = _STATE_READS.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    name = next((n for n, _ in _global_loads(code) if isinstance(g.get(n), _STATE_KINDS) or (
+        n in g and _plain_object(g[n]))), None)
+    if len(_STATE_READS) >= _MAX_LOADS:
+        _STATE_READS.clear()
+    _STATE_READS[id(code)] = (code, name)
+    return name
