@@ -7,6 +7,7 @@ import dis
 import enum
 import functools
 import gc
+import logging
 import signal
 import sys
 import threading
@@ -316,13 +317,17 @@ def _imports(code: types.CodeType) -> tuple:
 # ``torch.set_printoptions`` sets; a hit returned the trace's answer (stale, CPU machine,
 # session 49). Where the function's code or library code it runs (Note [Library code that
 # ran]) calls such a torch function directly, and that function's code loads a global of its
-# module that holds Python state (a dict, list or set, a plain object with a ``__dict__``, a
-# ``threading.local``: ``torch_state_read``), the call runs eagerly with one warning. Its
-# settings held in C (``torch.is_warn_always_enabled()``, chain.py's ``_TORCH_GETTERS``) are
-# guarded by value; the object read by user code (``torch._tensor_str.PRINT_OPTS.precision``)
-# is read into (Note [Library objects read into] in chain.py). Not seen: such state read by a
-# torch function that the called one calls in turn.
+# module that holds Python state (a dict, list or set, a plain object with a ``__dict__``
+# other than a logger, a ``threading.local``: ``torch_state_read``), the call runs eagerly
+# with one warning. Its settings held in C (``torch.is_warn_always_enabled()``, chain.py's
+# ``_TORCH_GETTERS``) are guarded by value; the object read by user code
+# (``torch._tensor_str.PRINT_OPTS.precision``) is read into (Note [Library objects read
+# into] in chain.py). Not seen: such state read by a torch function that the called one
+# calls in turn, and a number, flag or string global that such a function returns (its
+# code is not scanned: Note [Library values] does not guard it).
 _STATE_KINDS = (dict, list, set, bytearray, threading.local)
+_LOGGERS = (logging.Logger, logging.LoggerAdapter)  # a level is set outside any model (Note
+# [Library values]): a SymInt's magic methods (torch.fx.experimental.sym_node) log
 _STATE_READS: dict = {}  # id of a code object -> (the code, the global name or None)
 
 
@@ -333,7 +338,7 @@ def torch_state_read(code: types.CodeType, g: dict) -> str | None:
     if found is not None and found[0] is code:
         return found[1]
     name = next((n for n, _ in _global_loads(code) if isinstance(g.get(n), _STATE_KINDS) or (
-        n in g and _plain_object(g[n]))), None)
+        n in g and _plain_object(g[n]) and not isinstance(g[n], _LOGGERS))), None)
     if len(_STATE_READS) >= _MAX_LOADS:
         _STATE_READS.clear()
     _STATE_READS[id(code)] = (code, name)
