@@ -304,10 +304,20 @@ def _flag_steps(module, attr: str) -> list:
     return [(("attr", "__dict__"), ("get", attr)), (("attr", "m"), ("attr", attr))]
 
 
+_IMPORTS: dict = {}  # id of a code object -> (the code, its imports): as _LOADS
+
+
 def _imports(code: types.CodeType) -> tuple:
     """The names of the modules that ``code`` imports (``IMPORT_NAME``)."""
-    return tuple({i.argval: None for i in dis.get_instructions(code)
-                  if i.opname == "IMPORT_NAME" and isinstance(i.argval, str)})
+    found = _IMPORTS.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    if len(_IMPORTS) >= _MAX_LOADS:
+        _IMPORTS.clear()
+    names = tuple({i.argval: None for i in dis.get_instructions(code)
+                   if i.opname == "IMPORT_NAME" and isinstance(i.argval, str)})
+    _IMPORTS[id(code)] = (code, names)
+    return names
 
 
 # Note [torch's Python state]: a function of torch's own Python that no frame scan reads (not
