@@ -110,12 +110,23 @@ def _print_options(x):
     return x * (2 if torch._tensor_str.get_printoptions()["precision"] == 4 else 3)
 
 
-@pytest.mark.xfail(strict=True, reason="torch's own Python code is not scanned (it returns "
-                   "PRINT_OPTS's fields, an object's state): a getter of torch's Python state "
-                   "called by user code is taken as constant (docs/design.md, Limits today)")
-def test_a_getter_of_torchs_python_state_is_seen():
-    _change_is_seen(_print_options, lambda: torch.set_printoptions(precision=6),
-                    lambda: torch.set_printoptions(precision=4), True)
+def _print_options_in_library(x):
+    return x * (2 if torch.nn.Identity().extra_repr() == "" and
+                torch._tensor_str.get_printoptions()["sci_mode"] is None else 3)
+
+
+_GETTERS = {  # Note [torch's Python state] (lower/state/library.py): eager, one warning
+    "get_printoptions": (_print_options, lambda: torch.set_printoptions(precision=6),
+                         lambda: torch.set_printoptions(precision=4), False),
+    "get_printoptions twice": (_print_options_in_library,
+                               lambda: torch.set_printoptions(sci_mode=True),
+                               lambda: torch.set_printoptions(sci_mode=None), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_GETTERS))
+def test_a_getter_of_torchs_python_state_is_seen(case):
+    _change_is_seen(*_GETTERS[case])
 
 
 def _attention(m, x):
@@ -178,26 +189,33 @@ def _einsum(a, b, c):
     return torch.einsum("ij,jk,kl->il", a, b, c)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.einsum's body reads torch.backends.opt_einsum's "
-                   "flags after handle_torch_function, below the trace's TorchFunctionMode, "
-                   "whose frames are the tracing machinery's: no read is recorded, no guard "
-                   "made (docs/design.md, Limits today)")
-def test_the_einsum_flags_library_code_reads_are_guarded():
-    """torch.einsum of three operands reads ``torch.backends.opt_einsum.enabled`` (and, with
-    opt_einsum installed, ``strategy``), which pick the contraction order, so the values in the
-    last bits; a change must recompile (here, without opt_einsum, the order is the same)."""
+def _einsum_flag(x):
+    return x * (2 if torch.backends.opt_einsum.enabled else 3)
+
+
+@pytest.mark.parametrize("fn", [_einsum, _einsum_flag])
+def test_the_einsum_flags_library_code_reads_are_guarded(fn):
+    """Note [Flags behind a PropModule] (lower/state/library.py): torch.einsum of three
+    operands reads ``torch.backends.opt_einsum.enabled`` (and, with opt_einsum installed,
+    ``strategy``), which pick the contraction order, so the values in the last bits; a change
+    must recompile (here, without opt_einsum, the order is the same). So must the flag read by
+    user code."""
     a, b, c = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3, 9)
-    jf = trident.jit(_einsum)
+    args = (a, b, c) if fn is _einsum else (a,)
+    start = torch.backends.opt_einsum.enabled
+    jf = trident.jit(fn)
     try:
-        for i in range(4):
-            if i == 2:
-                torch.backends.opt_einsum.enabled = False
-            assert_same(jf(a, b, c), _einsum(a, b, c))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (opt_einsum is not available: a UserWarning)
+            for i in range(4):
+                if i == 2:
+                    torch.backends.opt_einsum.enabled = not start
+                assert_same(jf(*args), fn(*args))
         assert counts(jf) == (2, 2, 0), jf.stats
     finally:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (opt_einsum is not available: a UserWarning)
-            torch.backends.opt_einsum.enabled = True
+            warnings.simplefilter("ignore")
+            torch.backends.opt_einsum.enabled = start
 
 
 # ---- Note [Library objects read into] (lower/state/chain.py) -----------------------------------

@@ -7,12 +7,14 @@ import dis
 import enum
 import functools
 import gc
+import logging
 import signal
 import sys
+import threading
 import types
 
 from trident.ir.trees import _CONSTS
-from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _step
+from trident.lower.state.chain import _MISSING, _STOP, Read, _globals_root, _plain_object, _step
 
 # Note [Library code that ran]: a library's code reads its own module state too: nn.LayerNorm's
 # forward reads ``F.layer_norm`` in ``torch.nn.modules.normalization``'s globals, Llama's
@@ -256,4 +258,98 @@ def library_reads(library: dict) -> list[Read]:
             key = (root, tuple(steps[:last]))
             if key not in reads:
                 reads[key] = Read(root, key[1], False)
+            if type(value) is not types.ModuleType and len(attrs) >= len(steps):
+                for flag in _flag_steps(value, attrs[len(steps) - 1]):  # Note [Flags behind
+                    flag = tuple(steps) + flag  # a PropModule]
+                    reads.setdefault((root, flag), Read(root, flag, False))
+        for name in _imports(code):  # Note [Flags behind a PropModule]
+            module = sys.modules.get(name)
+            for attr in code.co_names if type(module) is not types.ModuleType else ():
+                for flag in _flag_steps(module, attr):
+                    reads.setdefault((name, flag), Read(("module", name), flag, False))
     return list(reads.values())
+
+
+# Note [Flags behind a PropModule]: torch.backends' flags modules replace themselves in
+# ``sys.modules`` by a ``PropModule``, whose ``__getattr__`` serves what its own dict lacks
+# from the module it wraps (its ``m``). ``torch.backends.opt_einsum`` keeps its flags there as
+# plain globals (its class body's ``global enabled`` rebinds the module's name, not the
+# class's: no ``ContextProp`` serves them, torch 2.11-2.13), and ``torch.backends.opt_einsum.
+# enabled = x`` sets the PropModule's own dict. ``enabled`` and ``strategy`` pick
+# ``torch.einsum``'s contraction order for three or more operands (so the values in the last
+# bits), read through ``import torch.backends.opt_einsum as opt_einsum`` in einsum's body,
+# below the trace's TorchFunctionMode, where no frame is scanned and no chain goes past a
+# module that is not exactly ``ModuleType``: a flag set after a hit kept the trace's order
+# (CPU machine, session 49). A scanned code object (Note [Library code that ran]) that loads
+# such a flag through a global module chain, or imports such a module in its body and names
+# the flag (every instruction counts, taken or not, as for its globals), is guarded by two
+# reads of that module, as its ``__getattr__`` reads: its own dict's entry (absent, or by
+# value) and ``m``'s global by value (Note [Library values]). A flag that C holds
+# (``torch.backends.cudnn.enabled``) is a call-wide guard (Guards in docs/design.md).
+
+
+def _flag_steps(module, attr: str) -> list:
+    """The steps that read ``attr`` of ``module``, a PropModule whose wrapped module ``m``
+    holds it by value, as its ``__getattr__`` does: the PropModule's own dict (where
+    ``torch.backends.opt_einsum.enabled = x`` sets it), then ``m``'s globals; none for another
+    module or name (a flag its class serves: Note [Library state] in tree.py)."""
+    if not isinstance(module, types.ModuleType) or type(module) is types.ModuleType or any(
+            attr in c.__dict__ for c in type(module).__mro__[:-2]):
+        return []
+    inner = module.__dict__.get("m")
+    value = module.__dict__.get(attr, inner.__dict__.get(attr, _MISSING) if type(
+        inner) is types.ModuleType else _MISSING)
+    if value is _MISSING or not by_value(value):
+        return []
+    return [(("attr", "__dict__"), ("get", attr)), (("attr", "m"), ("attr", attr))]
+
+
+_IMPORTS: dict = {}  # id of a code object -> (the code, its imports): as _LOADS
+
+
+def _imports(code: types.CodeType) -> tuple:
+    """The names of the modules that ``code`` imports (``IMPORT_NAME``)."""
+    found = _IMPORTS.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    if len(_IMPORTS) >= _MAX_LOADS:
+        _IMPORTS.clear()
+    names = tuple({i.argval: None for i in dis.get_instructions(code)
+                   if i.opname == "IMPORT_NAME" and isinstance(i.argval, str)})
+    _IMPORTS[id(code)] = (code, names)
+    return names
+
+
+# Note [torch's Python state]: a function of torch's own Python that no frame scan reads (not
+# ``torch.nn``, ``torch.functional``, ``torch._tensor``, ``torch.backends``) may return torch's
+# Python state, held in a module global that is an object, not a value a guard checks:
+# ``torch._tensor_str.get_printoptions()`` returns ``PRINT_OPTS``'s fields, which
+# ``torch.set_printoptions`` sets; a hit returned the trace's answer (stale, CPU machine,
+# session 49). Where the function's code or library code it runs (Note [Library code that
+# ran]) calls such a torch function directly, and that function's code loads a global of its
+# module that holds Python state (a dict, list or set, a plain object with a ``__dict__``
+# other than a logger, a ``threading.local``: ``torch_state_read``), the call runs eagerly
+# with one warning. Its settings held in C (``torch.is_warn_always_enabled()``, chain.py's
+# ``_TORCH_GETTERS``) are guarded by value; the object read by user code
+# (``torch._tensor_str.PRINT_OPTS.precision``) is read into (Note [Library objects read
+# into] in chain.py). Not seen: such state read by a torch function that the called one
+# calls in turn, and a number, flag or string global that such a function returns (its
+# code is not scanned: Note [Library values] does not guard it).
+_STATE_KINDS = (dict, list, set, bytearray, threading.local)
+_LOGGERS = (logging.Logger, logging.LoggerAdapter)  # a level is set outside any model (Note
+# [Library values]): a SymInt's magic methods (torch.fx.experimental.sym_node) log
+_STATE_READS: dict = {}  # id of a code object -> (the code, the global name or None)
+
+
+def torch_state_read(code: types.CodeType, g: dict) -> str | None:
+    """Note [torch's Python state]: the name of a global of ``g`` that ``code`` loads and that
+    holds Python state (a dict, list, set, plain object, ``threading.local``), or None."""
+    found = _STATE_READS.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
+    name = next((n for n, _ in _global_loads(code) if isinstance(g.get(n), _STATE_KINDS) or (
+        n in g and _plain_object(g[n]) and not isinstance(g[n], _LOGGERS))), None)
+    if len(_STATE_READS) >= _MAX_LOADS:
+        _STATE_READS.clear()
+    _STATE_READS[id(code)] = (code, name)
+    return name

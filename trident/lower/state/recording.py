@@ -22,7 +22,8 @@ from trident.lower.state.draws import Draws
 from trident.lower.state.hooks import _CHAINED
 from trident.lower.state.impure import (
     _FILE_OPENERS, _IMPURE_MODULES, _OS_READS, _OS_WRAPPERS, _SOURCE_READERS, _impure_name)
-from trident.lower.state.library import handler_codes, interrupt_code, library_kind
+from trident.lower.state.library import (
+    handler_codes, interrupt_code, library_kind, torch_state_read)
 from trident.lower.state.library_writes import Watch
 from trident.lower.state.writes import EntryCheck
 
@@ -50,6 +51,7 @@ _USER, _IMPURE, _OS, _MODULE_CALL, _TRACE_STATE, _LOGS = 1, 2, 4, 8, 16, 32  # w
 _SCANNED, _PASSED = 64, 128  # frames record (Note [Library code that ran] in library.py)
 _HAS_TORCH_FUNCTION = torch._C._has_torch_function  # Note [Trace state]
 _INTERRUPT = 256  # a gc callback's or a signal handler's code (Note [Interrupts])
+_TORCH = 512  # torch's own Python, not scanned (Note [torch's Python state] in library.py)
 
 # Note [Interrupts]: the interpreter runs some code between the function's instructions, from
 # whatever frame is running, that the function did not call: the collector's callbacks
@@ -242,6 +244,9 @@ def record(fn):
                 (_TRACE_STATE if id(code) in trace_codes else 0) | \
                 (_LOGS if id(code) in log_codes else 0) | \
                 (0 if user else library_kind(frame, _SCANNED, _PASSED))
+            if not kind and str(module).startswith("torch.") and \
+                    code.co_name not in ("__torch_function__", "__torch_dispatch__", "<module>"):
+                kind = _TORCH  # Note [torch's Python state] (library.py)
             if not code.co_filename.startswith("<"):
                 kinds[id(code)] = kind
                 kept.append(code)
@@ -330,6 +335,14 @@ def record(fn):
                              f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:"
                              f"{caller.f_lineno}): eager emits a record at every call, a "
                              "hit would not")  # raises before the call's body runs
+        elif kind & _TORCH:  # Note [torch's Python state] (library.py)
+            back = frame.f_back
+            if back is not None and (back in inlined or kind_of(back) & _USER and
+                                     under_fn(back)):
+                name = torch_state_read(code, frame.f_globals)
+                if name is not None:
+                    rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_qualname}, "
+                                      f"which reads torch's Python state {name}")
         elif kind & (_IMPURE | _TRACE_STATE) and frame.f_back is not None and \
                 kind_of(frame.f_back) & _USER and under_fn(frame.f_back):
             rec.impure.append(f"{frame.f_globals['__name__']}.{code.co_name}")
