@@ -84,6 +84,8 @@ class MissPolicy(SpecializationLimit, DynamicDims):
             if stored is not again and self._installed_match(stored) >= 0:
                 return self._capture_path(stored)  # Note [Stored int leaves] in install.py
             again = stored
+        if again is not call:  # Note [Finalizers of written values]: ``again`` alone holds them
+            call.leaves, call.values = (), []
         return self._on_miss(again)
 
     # Note [Int leaves]: an int attribute of an object the call reaches (a cache's
