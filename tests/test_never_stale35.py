@@ -296,4 +296,6 @@ def test_a_global_that_a_dict_subclass_serves_is_guarded():
     assert not torch.equal(after, before), "the change must change eager's result"
     assert torch.equal(jf(x), after) and torch.equal(jf(x), after)
     s = jf.stats
-    assert (s.fallbacks, s.compiles, s.hits) == (0, 2, 2), s
+    # __missing__'s other branch uses builtins.__dict__ with a key no scan reads back: Note
+    # [Library containers used whole] makes the call eager (session 49), never stale
+    assert (s.fallbacks, s.compiles, s.hits) == (4, 0, 0), s

@@ -151,6 +151,7 @@ from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization
 from trident.ir.trees import CONST, LEAF, OBJECT
+from trident.lower.flatten import GETATTR
 
 
 def int_differences(tree, call: _Call) -> set[str] | None:
@@ -165,6 +166,10 @@ def int_differences(tree, call: _Call) -> set[str] | None:
         if not (node.check in (CONST, LEAF) and old.check in (CONST, LEAF) and
                 node.path == old.path and type(call.values[i]) in (int, float) and
                 (old.check == LEAF or type(old.expect) is type(call.values[i]))):
+            return None
+        if type(call.values[i]) is float and not (  # an object's attribute only: not a
+                node.access == GETATTR and  # partial's argument (a stale hit, session 49)
+                call.tree.nodes[node.parent].check == OBJECT):
             return None
         paths.add(node.path)
     return paths

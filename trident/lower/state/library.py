@@ -347,6 +347,8 @@ def torch_state_read(code: types.CodeType, g: dict) -> str | None:
     found = _STATE_READS.get(id(code))
     if found is not None and found[0] is code:
         return found[1]
+    if str(g.get("__name__", "")).startswith("torch.distributed"):
+        return None  # the process groups: the collectives' own (Limits today: the default one)
     name = next((n for n, _ in _global_loads(code) if isinstance(g.get(n), _STATE_KINDS) or (
         n in g and _plain_object(g[n]) and not isinstance(g[n], _LOGGERS))), None)
     if len(_STATE_READS) >= _MAX_LOADS:
