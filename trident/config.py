@@ -117,15 +117,21 @@ class _Aside(logging.Filter):
 
     def __init__(self, bar, stream):
         super().__init__()
-        self.bar, self.stream, self.shown = bar, stream, False
+        self.bar, self.stream, self.shown, self.cleared = bar, stream, False, 0.0
 
     def draw(self) -> None:  # the refresher's tick
         with self.bar.get_lock():
+            # not within 0.2 s of a clear: the record or write that cleared the line is
+            # written after the clear, outside the lock (a tick between them drew the line
+            # and the record went on after it: CI, a loaded machine, session 49)
+            if time.monotonic() - self.cleared < 0.2:
+                return
             self.bar.update(0)  # draws the line once its delay has passed
             self.shown = self.bar.last_print_t >= self.bar.start_t + self.bar.delay
 
     def clear(self) -> None:
         with self.bar.get_lock():
+            self.cleared = time.monotonic()
             if self.shown:
                 self.bar.clear(nolock=True)
                 self.shown = False
