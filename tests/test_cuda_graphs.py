@@ -340,6 +340,21 @@ def test_symbolic_specialization_replays_a_graph_per_size():
     assert f._specs[0].symbolic
 
 
+def test_a_size_seen_before_another_compile_is_captured_at_its_second_call():
+    # Note [Sizes seen across installs]: as a generate's prefill (its size seen once per
+    # generate) before the decode step compiles: the size's second call captures
+    f = trident.jit(mlp, dynamic={"x": [0]})
+    w1, w2 = weights()
+    v1, v2 = weights(32)
+    x, y = torch.randn(8, 64, device="cuda"), torch.randn(8, 32, device="cuda")
+    assert_equal(f(x, w1, w2), mlp(x, w1, w2))  # compile, run step by step: the size seen
+    assert_equal(f(y, v1, v2), mlp(y, v1, v2))  # another specialization installed
+    assert f.stats.graph_captures == 0
+    assert_equal(f(x, w1, w2), mlp(x, w1, w2))  # the size's second call: captured
+    s = f.stats
+    assert (s.compiles, s.graph_captures, s.graph_replays) == (2, 1, 1), s
+
+
 def test_symbolic_first_graph_hands_out_and_kept_results_keep_their_values():
     """Note [Graph outputs]: a symbolic specialization's first graph (no other of its sizes
     alive in its memory pool) hands out its static outputs; a later size's graph, whose memory

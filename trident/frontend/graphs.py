@@ -104,6 +104,16 @@ sizes run step by step without asking Python.
 Its graphs share one memory pool: their replays are serial on one stream, and each graph's
 static outputs stay allocated, so a graph only ever reuses another's dead intermediates.
 
+Note [Sizes seen across installs]: installing a specialization gives the dispatcher new graph
+slots (``_reset_graphs``), and the sizes each slot saw once (``trt_graph.seen``) move to the
+same specialization's new slot: they were lost there, so a size seen before another
+specialization compiled counted as unseen again. A ``generate``'s prefill is seen once per
+``generate``: the first one's, entered by its compile, was forgotten when the decode step
+compiled in the same ``generate``, so the second ``generate``'s prefill ran step by step and
+the third captured it, and with the decode step's recapture for the second ``generate``'s new
+cache, the first two timed ``generate``s of ``bench_hf`` each captured a graph (docs/
+benchmarks.md, fourteenth session). Both captures now fall in the second ``generate``.
+
 Facts used: ``torch.cuda.CUDAGraph.raw_cuda_graph_exec()`` (torch >= 2.9) gives the
 ``cudaGraphExec_t``, the same handle as the driver's ``CUgraphExec``; ``CUDAGraph.replay`` in
 PyTorch 2.11 is the RNG prologue followed by ``cudaGraphLaunch`` on the current stream.

@@ -364,9 +364,10 @@ class Installer(Modules):
             TridentError: no runtime (``explain()`` and ``source()`` say why), a module that
                 does not build, or one built for another runtime ABI."""
         self._load_modules(specs)
+        slots = {s.key: i for i, s in enumerate(self._specs)}  # Note [Sizes seen across installs]
         self._specs, self._pending = specs, list(pending)
         self._left_out = None
-        self._reset_graphs(len(specs))
+        self._reset_graphs(len(specs), tuple(slots.get(s.key, -1) for s in specs))
         self._free_orders |= {p for s in specs + self._pending for p in s.free_orders}
         if self._dynamic is None:  # Note [Int leaves]: a stored spec's (another process's too)
             self._int_leaves = self._int_leaves.union(*(_int_leaves_of(s) for s in

@@ -297,7 +297,7 @@ class _EagerDispatcher:
     def _match(self, *args) -> int:
         return -1
 
-    def _reset_graphs(self, n: int) -> None:
+    def _reset_graphs(self, n: int, previous: tuple = ()) -> None:
         pass
 
     def _set_graph(self, *args) -> None:

@@ -314,8 +314,9 @@ PyMethodDef Dispatcher_methods[] = {
      "_flatten_native(args, kwargs) -> (tree, leaves) or (-1, failing node): for tests."},
     {"_set_call_trees", reinterpret_cast<PyCFunction>(Dispatcher_set_call_trees), METH_VARARGS,
      "_set_call_trees(binding, trees, recipes): how calls bind, flatten and build results."},
-    {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_O,
-     "_reset_graphs(n): n empty CUDA graph slots, one per specialization."},
+    {"_reset_graphs", reinterpret_cast<PyCFunction>(Dispatcher_reset_graphs), METH_VARARGS,
+     "_reset_graphs(n, previous=()): n empty CUDA graph slots, one per specialization; "
+     "previous[i]: the old slot whose sizes seen new slot i keeps."},
     {"_set_graph", reinterpret_cast<PyCFunction>(Dispatcher_set_graph), METH_VARARGS,
      "_set_graph(index, state, recaptures=0, descs=(), open=0): a specialization's CUDA graphs."},
     {"_graph_seen", reinterpret_cast<PyCFunction>(Dispatcher_graph_seen), METH_VARARGS,

@@ -32,13 +32,29 @@ void free_graphs(Dispatcher* self) {
   self->num_graphs = 0;
 }
 
-// _reset_graphs(n): n empty CUDA graph slots (a new SCM is being installed).
-PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg) {
-  Py_ssize_t n = PyLong_AsSsize_t(arg);
-  if (n < 0) return PyErr_Occurred() ? nullptr : PyErr_Format(PyExc_ValueError, "n < 0");
+// _reset_graphs(n, previous=()): n empty CUDA graph slots (a new SCM is being installed).
+// previous[i], where given and >= 0, is the old slot of the specialization that new slot i
+// holds: Note [Sizes seen across installs].
+PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* args) {
+  Py_ssize_t n;
+  PyObject* previous = nullptr;
+  if (!PyArg_ParseTuple(args, "n|O!", &n, &PyTuple_Type, &previous)) return nullptr;
+  if (n < 0) return PyErr_Format(PyExc_ValueError, "n < 0");
+  trt_graph* slots = static_cast<trt_graph*>(std::calloc(n ? n : 1, sizeof(trt_graph)));
+  if (!slots) return PyErr_NoMemory();
+  Py_ssize_t kept = previous ? PyTuple_GET_SIZE(previous) : 0;
+  for (Py_ssize_t i = 0; i < kept && i < n; ++i) {
+    Py_ssize_t old = PyLong_AsSsize_t(PyTuple_GET_ITEM(previous, i));
+    if (old == -1 && PyErr_Occurred()) {
+      std::free(slots);
+      return nullptr;
+    }
+    if (old < 0 || old >= self->num_graphs) continue;
+    slots[i].nseen = self->graphs[old].nseen;
+    std::memcpy(slots[i].seen, self->graphs[old].seen, sizeof(slots[i].seen));
+  }
   free_graphs(self);
-  self->graphs = static_cast<trt_graph*>(std::calloc(n ? n : 1, sizeof(trt_graph)));
-  if (!self->graphs) return PyErr_NoMemory();
+  self->graphs = slots;
   self->num_graphs = n;
   Py_RETURN_NONE;
 }

@@ -481,7 +481,7 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
 
 // graph_slots.cpp: the CUDA graph slots and the methods that set and read them
 void free_graphs(Dispatcher* self);
-PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* arg);
+PyObject* Dispatcher_reset_graphs(Dispatcher* self, PyObject* args);
 PyObject* Dispatcher_set_graph(Dispatcher* self, PyObject* args);
 PyObject* Dispatcher_graph_seen(Dispatcher* self, PyObject* args);
 PyObject* Dispatcher_graph_replays(Dispatcher* self, PyObject*);
