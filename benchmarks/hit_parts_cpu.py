@@ -14,6 +14,9 @@ positions put back before each round of 20 calls:
 - flushed: the same parts of single calls, each after a 16 MiB write evicted the CPU's caches,
   the median (on the CPU the run part flushes them too: compare on the GPU machine, where a
   replay leaves the host's caches warm);
+- host parts: the parts less the run (on the GPU, a replay's host work), and the ratios of
+  the flushed and in-situ columns to the repeated one (issue 25: a hit inside ``generate``
+  against the same hit alone);
 - in situ: the same parts and the whole call of each decode step inside ``generate`` (the
   wrapper times the call, or makes it through ``_hit_profile(..., keep=True)``), the median over
   3 more ``generate`` calls each; a decode step's arguments are new objects at each step, and
@@ -156,6 +159,11 @@ def _run(a, transformers, trident) -> dict:
             totals = [t + x for t, x in zip(totals, (v, cold[k], in_situ[k]))]
     print(f"  {'parts, guards alone excluded':42s} {totals[0]:9.2f} {totals[1]:9.2f} "
           f"{totals[2]:9.2f}")
+    host = [sum(v for k, v in col.items() if k not in ("guards", "hits", "whole call") and
+                not k.startswith(("replay", "run"))) for col in (best, cold, in_situ)]
+    print(f"  {'host parts (the run excluded)':42s} {host[0]:9.2f} {host[1]:9.2f} {host[2]:9.2f}"
+          f"   flushed / repeated {host[1] / host[0]:.2f}, in situ / repeated "
+          f"{host[2] / host[0]:.2f}")
     print(f"  {'whole call':42s} {min(whole):9.2f} {'':9s} {in_situ['whole call']:9.2f}")
     print(f"  {'eager forward':42s} {min(alone):9.2f}")
     print("  tree passes (quiet, unchanged, walked):")
@@ -163,7 +171,7 @@ def _run(a, transformers, trident) -> dict:
         print(f"    {path}: {passes}")
     print(f"  Python run by 5 hits: {dict(calls) or 'none'}")
     return {"parts": best, "flushed": cold, "in situ": in_situ, "python": dict(calls), "stats": jf.stats,
-            "passes": jf.tree_passes()}
+            "passes": jf.tree_passes(), "host": host}
 
 
 if __name__ == "__main__":
