@@ -21,6 +21,7 @@ positions put back before each round of 20 calls:
   wrapper times the call, or makes it through ``_hit_profile(..., keep=True)``), the median over
   3 more ``generate`` calls each; a decode step's arguments are new objects at each step, and
   ``generate``'s own Python runs between two steps;
+- the decode step's leaves by type and its guards by kind (what a hit reads per layer);
 - ``tree_passes()``: per argument tree root, how many checks took the quiet pass, the
   unchanged pass and a walk (Note [Unchanged subtrees]), summed over the installed trees;
 - the Python functions that 5 hits run (``sys.setprofile``): none on a native hit.
@@ -166,6 +167,12 @@ def _run(a, transformers, trident) -> dict:
           f"{host[2] / host[0]:.2f}")
     print(f"  {'whole call':42s} {min(whole):9.2f} {'':9s} {in_situ['whole call']:9.2f}")
     print(f"  {'eager forward':42s} {min(alone):9.2f}")
+    call = jf._flatten(args, kwargs)  # what the hit reads: its leaves and guards, by kind
+    spec = jf._specs[jf._installed_match(call)]
+    kinds = collections.Counter(type(v).__name__ for v in call.leaves)
+    guards = collections.Counter(type(g).__name__ for g in spec.guards)
+    print(f"  leaves {len(call.leaves)} {dict(kinds)}; guards {len(spec.guards)}, of which "
+          f"{dict(guards.most_common(3))}")
     print("  tree passes (quiet, unchanged, walked):")
     for path, passes in jf.tree_passes().items():
         print(f"    {path}: {passes}")
