@@ -224,19 +224,21 @@ def test_graph_slots_count_each_sizes_first_call():
 
 def test_sizes_seen_stay_seen_when_another_specialization_is_installed():
     # Note [Sizes seen across installs]: a new specialization's install makes new graph slots;
-    # each specialization keeps the sizes its slot saw, at whatever index it now has
+    # each specialization keeps the sizes its slot saw, at whatever index it now has (as a
+    # generate's prefill, whose compile's call is its size's first, before the decode step
+    # compiles)
     f = trident.jit(reads_only, dynamic={"x": [0]})
     w, x = torch.randn(4, 4), torch.randn(8, 4)
-    assert torch.equal(f(x, w), reads_only(x, w))
-    first = f._specs[0].key
-    assert f._graph_seen(0, x, w) is False  # remembered from now on
+    assert torch.equal(f(x, w), reads_only(x, w))  # the compile's call enters its size
+    first, leaves = f._specs[0].key, f._flatten((x, w), {}).leaves
     w6, x6 = torch.randn(6, 6, dtype=torch.float64), torch.randn(8, 6, dtype=torch.float64)
     assert torch.equal(f(x6, w6), reads_only(x6, w6))  # another specialization installed
     assert f.stats.compiles == 2
     (index,) = [i for i, s in enumerate(f._specs) if s.key == first]
-    assert f._graph_seen(index, x, w) is True
-    assert f._graph_seen(index, torch.randn(9, 4), w) is False  # another size: not seen
-    assert f._graph_seen(1 - index, x, w) is False  # the other slot: its own sizes
+    assert f._graph_seen(index, *leaves) is True
+    other = f._flatten((torch.randn(9, 4), w), {}).leaves
+    assert f._graph_seen(index, *other) is False  # another size: not seen
+    assert f._graph_seen(1 - index, *leaves) is False  # the other slot: its own sizes
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
