@@ -17,7 +17,7 @@ import trident
 from _trident_helpers import assert_same, counts, run_python, said
 
 
-# ---- Note [Identity questions] (lower/state/identity.py) -------------------------------------
+# ---- Note [Identity questions] (lower/state/addresses.py) -------------------------------------
 
 SEEN: dict = {}  # id -> factor: a memo keyed by address, as user code keeps one
 
@@ -253,7 +253,7 @@ def test_what_module_call_reads_of_a_jitted_module_is_guarded(change):
     assert counts(jf) == (2, 3, 0), jf.stats
 
 
-# ---- Note [Answers from addresses] (lower/state/identity.py) ---------------------------------
+# ---- Note [Answers from addresses] (lower/state/addresses.py) ---------------------------------
 
 class _Plain:
     def __init__(self, w=None):
