@@ -487,7 +487,8 @@ def test_a_finalizer_run_by_an_attribute_write_is_seen(fn):
     assert counts(jf) == (0, 0, 3), jf.stats
 
 
-COUNTS45 = {"scale": None, "gain": None}  # (compiles, hits, fallbacks)
+COUNTS45 = {"scale": ((1, 1, 3), 2), "gain": ((1, 1, 3), 1)}  # (compiles, hits, fallbacks),
+# warnings: the hit's, and where the finalizer rebinds a float, the next trace's
 
 
 def _effect45(layer, what, i):
@@ -534,7 +535,6 @@ def test_a_finalizer_attached_after_the_compile_is_seen(attach, fn, what):
     want = calls(fn)
     _REFS45.clear()
     assert all(map(_same, got, want)), (got, want)
-    print(jf.stats)
-    assert counts(jf) == COUNTS45[what], jf.stats.miss_reasons
-    said = {str(w.message) for w in caught}
-    assert len(said) == 1 and "finalizes" in next(iter(said)), said
+    assert counts(jf) == COUNTS45[what][0], jf.stats.miss_reasons
+    said = [str(w.message) for w in caught]
+    assert len(said) == COUNTS45[what][1] and all("finalizes" in w for w in said), said

@@ -363,6 +363,32 @@ def test_the_default_text_of_an_object_of_the_call(fn):
     assert len(said(caught, "")) == 1 and said(caught, "default text"), said(caught, "")
 
 
+def _text_of_an_item(x, objs):
+    return x + 1, repr(objs[0])
+
+
+def _text_of_a_result(x, objs):
+    return x + 1, repr(list(objs)[0])
+
+
+@pytest.mark.xfail(strict=True, reason="the text of an operand the address scan cannot read "
+                   "back (an item of a list, a call's result) is the trace's: docs/design.md, "
+                   "Limits today, 'Answers from addresses'")
+@pytest.mark.parametrize("fn", [_text_of_an_item, _text_of_a_result])
+def test_the_default_text_of_an_operand_the_scan_cannot_read_back(fn):
+    """As above, through an operand the scan cannot name (Note [Answers from addresses]):
+    eager's text names each call's object; a hit returned the first one's."""
+    x = torch.arange(3.)
+    jf = trident.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        objs = [[_Plain(_Plain())] for _ in range(3)]  # (all alive: three addresses)
+        for o in objs:
+            assert_same(jf(x, o), fn(x, o))
+    assert counts(jf) == (0, 0, 3), jf.stats
+    assert len(said(caught, "")) == 1 and said(caught, "default text"), said(caught, "")
+
+
 def _dtype_member(x, o):
     return x * (2 if x.dtype in {torch.float16, torch.bfloat16} else 3)
 
