@@ -1,6 +1,7 @@
-"""Questions user code asks about an object's identity (``id``, ``hash``), which a trace answers
-for its own objects and process (Note [Identity questions]); run by tensor_reads.py's
-``check_questions`` over the code a trace ran.
+"""What Python answers from an object's address, which a trace answers for its own objects and
+process: user code's questions about an object's identity (``id``, ``hash``: Note [Identity
+questions]), a set's order and an object's default text (Note [Answers from addresses]); run
+by tensor_reads.py's ``check_questions`` over the code a trace ran.
 
 Note [Identity questions]: ``id(v)`` is an object's address and ``hash(v)`` is, for a tensor, a
 module or any object without its own ``__hash__``, derived from it; for a ``str`` or ``bytes``
