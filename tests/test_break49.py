@@ -115,6 +115,14 @@ def _print_options_in_library(x):
                 torch._tensor_str.get_printoptions()["sci_mode"] is None else 3)
 
 
+# a function of a torch.distributed module (by its globals' name, as library_kind tells
+# torch's own Python) that reads a dict global: judged by what the global holds, not by the
+# module's name (a name test let every torch.distributed function through)
+_DISTRIBUTED = {"__name__": "torch.distributed._trident_test49", "TABLE": {"k": 2}}
+exec("def factor():\n    return TABLE['k']\n", _DISTRIBUTED)
+_FACTOR = _DISTRIBUTED.pop("factor")
+
+
 _GETTERS = {  # Note [torch's Python state] (lower/state/library.py): eager, one warning
     "get_printoptions": (_print_options, lambda: torch.set_printoptions(precision=6),
                          lambda: torch.set_printoptions(precision=4), False),
@@ -127,6 +135,22 @@ _GETTERS = {  # Note [torch's Python state] (lower/state/library.py): eager, one
 @pytest.mark.parametrize("case", list(_GETTERS))
 def test_a_getter_of_torchs_python_state_is_seen(case):
     _change_is_seen(*_GETTERS[case])
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_the_process_group_registry_is_no_python_state():
+    """Note [torch's Python state]: torch.distributed's registry of process groups
+    (``distributed_c10d._world``, which ``dist.group.WORLD`` reads) is guarded by the process
+    group guard, so a function that reads it is let through by what the global holds
+    (tests/test_collectives.py serves the collectives natively); another torch.distributed
+    function's dict is torch's Python state. (An end-to-end case needs a real torch.distributed
+    function that reads a dict global itself, which torch 2.13 does not have: exec'd code of
+    that module name is read as user code, its reads guarded.)"""
+    import torch.distributed.distributed_c10d as c10d
+    from trident.lower.state.library import torch_state_read
+
+    assert torch_state_read(c10d._WorldMeta.WORLD.fget.__code__, vars(c10d)) is None
+    assert torch_state_read(_FACTOR.__code__, _FACTOR.__globals__) == "TABLE"
 
 
 def _attention(m, x):

@@ -80,6 +80,12 @@ CHANGES = {
         _setstate((F.silu, (), {}, None))),
     "__setstate__, other args": (lambda: functools.partial(operator.mul, 2.0),
                                  _setstate((operator.mul, (3.0,), {}, None))),
+    # an int argument: an int leaf of the tree where trees differ in it (Note [Int leaves])
+    "__setstate__, other int args": (lambda: functools.partial(operator.mul, 2),
+                                     _setstate((operator.mul, (3,), {}, None))),
+    "__setstate__, other int keywords": (
+        lambda: functools.partial(torch.clamp, min=-1),
+        _setstate((torch.clamp, (), {"min": 0}, None))),
 }
 
 

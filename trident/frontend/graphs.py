@@ -431,8 +431,13 @@ class GraphControl:
         index = self._installed_match(call)
         if index < 0:  # a global changed under us: the ordinary miss path
             return self._slow_path(call.args, call.kwargs)
-        args = call.leaves
         spec = self._specs[index]
+        for node, name in spec.recipe.writes() if spec.recipe is not None else ():
+            # Note [Finalizers of written values] (lower/writes.py), as the native hit
+            ran, out = self._finalized_write(call.args, call.kwargs, call.values[node], name, call)
+            if ran:
+                return out
+        args = call.leaves
         self._set_graph(index, OFF)  # the launch sequence, while this call decides
         moved = self._graph_states.next_call(spec, args)
         if moved is not None:

@@ -143,6 +143,7 @@ keep symbols of their own.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -150,8 +151,7 @@ import torch
 from trident.frontend import batch
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization
-from trident.ir.trees import CONST, LEAF, OBJECT
-from trident.lower.flatten import GETATTR
+from trident.ir.trees import CONST, LEAF, OBJECT, TYPE
 
 
 def int_differences(tree, call: _Call) -> set[str] | None:
@@ -167,12 +167,23 @@ def int_differences(tree, call: _Call) -> set[str] | None:
                 node.path == old.path and type(call.values[i]) in (int, float) and
                 (old.check == LEAF or type(old.expect) is type(call.values[i]))):
             return None
-        if type(call.values[i]) is float and not (  # an object's attribute only: not a
-                node.access == GETATTR and  # partial's argument (a stale hit, session 49)
-                call.tree.nodes[node.parent].check == OBJECT):
+        if _in_partial(call.tree, node):
             return None
         paths.add(node.path)
     return paths
+
+
+def _in_partial(tree, node) -> bool:
+    """Whether ``node`` is in the arguments or keywords of a ``functools.partial`` checked as a
+    value (Note [Partials in arguments] in lower/partials.py): no int or float leaf there, as
+    the trace calls the partial with its own values, not the leaf's symbol, so the symbol was
+    never read where the value was (a partial's int or float argument made a leaf: a hit
+    returned another value's result, sessions 49-50)."""
+    while node.parent >= 0:
+        node = tree.nodes[node.parent]
+        if node.check == TYPE and node.expect is functools.partial:
+            return True
+    return False
 
 
 def int_paths(tree, values: list | None, leaves: frozenset[str]) -> dict[str, int | None]:

@@ -24,7 +24,7 @@ from trident.frontend.install import _Call, _int_leaves_of, _same_node, _user_st
 from trident.frontend.values import failed_check
 from trident.ir.guards import explain_failure, failures, first_failure
 from trident.ir.specialization import Specialization
-from trident.lower import flatten, kernels, orders
+from trident.lower import flatten, kernels, orders, writes
 from trident.lower.guards import guards_for
 
 _recompiles = config.logger("recompiles")
@@ -78,10 +78,13 @@ class MissPolicy(SpecializationLimit, DynamicDims):
             return self._capture_path(call)  # a hit (that may warm up or capture its graph)
         again = self._with_int_leaves(call)
         if again is not call and self._installed_match(again) >= 0:
+            call.leaves, call.values = (), []  # (Note [Finalizers of written values])
             return self._capture_path(again)
         if self._dynamic is None and self._stored_fit(again.tree.key, again.leaves) is None:
             stored = self._stored_call(again, self._specs + self._left_out[1])
             if stored is not again and self._installed_match(stored) >= 0:
+                for other in (call, again):  # (Note [Finalizers of written values])
+                    other.leaves, other.values = (), []
                 return self._capture_path(stored)  # Note [Stored int leaves] in install.py
             again = stored
         if again is not call:  # Note [Finalizers of written values]: ``again`` alone holds them
@@ -187,6 +190,23 @@ class MissPolicy(SpecializationLimit, DynamicDims):
         branch as eager does (Note [Errors inside try] in source_lines.py)."""
         return self._eager(args, kwargs, f"{error} (a step failed before the call changed "
                            "anything: eager raises or recovers as it does)", miss=not missed)
+
+    def _finalized_write(self, args: tuple, kwargs: dict | None, target, name: str,
+                         call: _Call | None = None):
+        """Called from the native dispatcher (and ``_capture_path``, with its ``call``) before
+        a hit's launch sequence where the value that a replayed write of ``target.name`` would
+        drop may have a finalizer (Note [Finalizers of written values] in lower/writes.py):
+        ``(False, None)`` where none of its own finalizes it (the hit goes on), else ``(True,
+        the call's eager result)``, run with no reference of the call's own to that value."""
+        why = writes.finalized(vars(target).get(name))
+        if why is None:
+            return False, None
+        if call is not None:
+            call.leaves, call.values = (), []
+        return True, self._eager(args, kwargs, f"the function's write to .{name} of a "
+                                 f"{type(target).__qualname__} drops a value that {why} "
+                                 "finalizes: eager runs it at the write, a specialization "
+                                 "at its end")
 
     # ---- the miss path ----------------------------------------------------------------------
 

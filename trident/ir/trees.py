@@ -323,6 +323,10 @@ class OutputRecipe:
                 out.add(op[1])
         return frozenset(out)
 
+    def writes(self) -> list[tuple[int, str]]:
+        """``(node, name)`` of each attribute write (``R_WRITE``) that the recipe replays."""
+        return [(op[1], op[2]) for op in self.ops if op[0] == R_WRITE]
+
     def to_json(self) -> list:
         out = []
         for op in self.ops:

@@ -74,8 +74,13 @@ def replayable(t: type, now: dict, before: dict) -> list | None:
 # weak reference of torch's: a fake tensor's converter keeps one to each real tensor) makes
 # the call run eagerly, and the eager fallback holds no reference of its own to the call's
 # values while the function runs (``_eager`` in frontend/policy.py): the finalizer runs at
-# the write, as in eager. A finalizer that only runs on another value the old one held (an
-# item of a dropped list) is not seen.
+# the write, as in eager. One attached after the specialization compiled is seen on a hit:
+# before the launch sequence, the runtime reads the value each replayed write would drop, and
+# where its class has ``__del__`` or it has weak references (``weakref.getweakrefcount``, the
+# weakref module's public count; a type that takes none is skipped), this function decides
+# and the call runs eagerly (``finalized_write`` in runtime/dispatcher.cpp, ``_finalized_write``
+# in frontend/policy.py; a hit that Python runs, ``_capture_path``, asks the same). A finalizer
+# that only runs on another value the old one held (an item of a dropped list) is not seen.
 def finalized(v) -> str | None:
     """What finalizes ``v`` where its last reference goes (Note [Finalizers of written
     values]): ``"__del__"``, ``"a weakref.finalize"``, ``"a weak reference's callback"``, or

@@ -195,6 +195,71 @@ PyObject* tree_miss(Dispatcher* self, PyObject* args, PyObject* kwargs, const Ca
                              kwargs ? kwargs : Py_None, leaves);
 }
 
+// Note [Finalizers of written values] in lower/writes.py: a finalizer attached after the
+// specialization compiled to the value that a replayed attribute write drops runs, in eager,
+// at the write, which the launch sequence does not make until its end. So before it, the value
+// each write of the installed recipes would drop is read from its object's `__dict__`; where
+// it may have a finalizer (its class has `__del__`, or it has weak references: the weakref
+// module's public `getweakrefcount`, asked only of a type that takes weak references), Python
+// (`_finalized_write`) tells one of its own from torch's and runs the call eagerly. A write
+// of another tree's specialization reads a node of this tree: at worst a needless eager call.
+// 1: Python ran the call (`*out`: its result, or nullptr with an exception set); 0: none;
+// -1: an error (set).
+int finalized_write(Dispatcher* self, const CallTrees& t, const NodeValues& nv, PyObject* args,
+                    PyObject* kwargs, PyObject** out) {
+  static PyObject* del_name = PyUnicode_InternFromString("__del__");
+  static PyObject* weak_count = nullptr;  // _weakref.getweakrefcount, held for the process
+  for (const auto& [node, name] : t.writes) {
+    PyObject* target = nv.get(node);
+    if (!target) continue;
+    PyObject* dict = PyObject_GenericGetDict(target, nullptr);
+    if (!dict) {
+      PyErr_Clear();  // (no __dict__: nothing the write drops is read here)
+      continue;
+    }
+    PyObject* old = PyDict_Check(dict) ? Py_XNewRef(PyDict_GetItemWithError(dict, name)) : nullptr;
+    Py_DECREF(dict);
+    if (!old) {
+      if (PyErr_Occurred()) return -1;
+      continue;
+    }
+    PyTypeObject* type = Py_TYPE(old);
+    bool may = del_name && _PyType_Lookup(type, del_name) != nullptr;
+    if (!may && type->tp_weaklistoffset != 0) {
+      if (!weak_count) {
+        PyObject* module = PyImport_ImportModule("_weakref");
+        weak_count = module ? PyObject_GetAttrString(module, "getweakrefcount") : nullptr;
+        Py_XDECREF(module);
+        if (!weak_count) {
+          Py_DECREF(old);
+          return -1;
+        }
+      }
+      PyObject* n = PyObject_CallOneArg(weak_count, old);
+      may = !n || PyLong_AsSsize_t(n) != 0;  // (an error: asked of Python, which raises it)
+      Py_XDECREF(n);
+      PyErr_Clear();
+    }
+    Py_DECREF(old);  // (the eager run holds no reference of the call's own to it)
+    if (!may) continue;
+    PyObject* ran = PyObject_CallMethod(reinterpret_cast<PyObject*>(self), "_finalized_write",
+                                        "OOOO", args, kwargs ? kwargs : Py_None, target, name);
+    if (!ran) return -1;
+    if (!PyTuple_Check(ran) || PyTuple_GET_SIZE(ran) != 2) {
+      Py_DECREF(ran);
+      PyErr_SetString(PyExc_RuntimeError, "trident: _finalized_write returned no pair");
+      return -1;
+    }
+    if (PyObject_IsTrue(PyTuple_GET_ITEM(ran, 0))) {
+      *out = Py_NewRef(PyTuple_GET_ITEM(ran, 1));
+      Py_DECREF(ran);
+      return 1;
+    }
+    Py_DECREF(ran);
+  }
+  return 0;
+}
+
 // Note [Hit path]. `clock`: `_hit_profile`'s, which times each part.
 PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* clock) {
   std::shared_ptr<CallTrees> held = self->trees;
@@ -220,6 +285,11 @@ PyObject* hit(Dispatcher* self, PyObject* args, PyObject* kwargs, HitClock* cloc
   }
   Py_ssize_t n = static_cast<Py_ssize_t>(cv.leaves.size());
   if (!self->scms || n > TRT_MAX_ARGS) return tree_miss(self, args, kwargs, cv);
+  if (!t->writes.empty()) {  // Note [Finalizers of written values] in lower/writes.py
+    PyObject* eager = nullptr;
+    int ran = finalized_write(self, *t, nv, args, kwargs, &eager);
+    if (ran != 0) return ran < 0 ? nullptr : eager;
+  }
   // The leaves are the containers' own (borrowed); the launch sequence may run Python (a custom
   // op's body, Triton's interpreter, another thread while a collective releases the GIL) that
   // drops them from their containers: the call holds them until it returns.

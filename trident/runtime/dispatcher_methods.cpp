@@ -226,6 +226,9 @@ PyObject* Dispatcher_set_call_trees(Dispatcher* self, PyObject* args) {
       if (code != TRT_R_INPUT && code != TRT_R_WRITE) continue;
       Py_ssize_t node = PyTuple_GET_SIZE(op) >= 2 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1)) : -1;
       if (node < 0) return fail("recipe node");
+      if (code == TRT_R_WRITE && PyTuple_GET_SIZE(op) >= 3 &&
+          PyUnicode_Check(PyTuple_GET_ITEM(op, 2)))
+        t->writes.emplace_back(node, PyTuple_GET_ITEM(op, 2));
       if (std::find(t->recipe_nodes.begin(), t->recipe_nodes.end(), node) == t->recipe_nodes.end())
         t->recipe_nodes.push_back(node);
     }

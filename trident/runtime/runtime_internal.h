@@ -300,6 +300,9 @@ struct CallTrees {
   bool has_self = false;
   bool any_recipe = false;  // some specialization's result is rebuilt by an OutputRecipe
   std::vector<Py_ssize_t> recipe_nodes;  // the nodes the recipes read (R_INPUT, R_WRITE)
+  // (node, name) of each attribute write the recipes replay (R_WRITE; the name borrowed from
+  // `recipes`): Note [Finalizers of written values] in lower/writes.py
+  std::vector<std::pair<Py_ssize_t, PyObject*>> writes;
   std::vector<Tree> trees;
   mutable size_t last_held = 0;  // the tree that held at the last call (the GIL guards it)
   ~CallTrees() {  // the GIL is held wherever the last holder lets go

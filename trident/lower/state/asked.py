@@ -146,7 +146,7 @@ def _value(f: flow.Flow, k: int, d: int, local: dict):
                 for j in f.ins[p + 1:k]):
             return _UNKNOWN
         return local[i.argval]
-    if i.opname == "LOAD_ATTR" and slot == 0 and f._effect(p)[1] == 1:  # lib.C
+    if i.opname == "LOAD_ATTR" and slot == 0 and f.effect(p)[1] == 1:  # lib.C
         return _attribute(_value(f, p, 0, local), i.argval)
     if i.opname == "CALL" and slot == 0 and i.arg == 2 and (f.call_parts(p) or (None,))[
             0] is getattr:  # getattr(torch, "_subclasses")

@@ -26,12 +26,9 @@ its arguments' origins to a user function's parameters: a helper that writes a p
 from __future__ import annotations
 
 import builtins
-import copy
-import dataclasses
 import dis
 import functools
 import inspect
-import json
 import types
 from typing import Any
 
@@ -39,8 +36,8 @@ import torch
 
 from trident import frames
 from trident.lower.state import wrappers
-from trident.lower.state.wrappers import (  # (what a call writes: there)
-    _UNKNOWN, FRESH, MUTATORS, _join, _user_function)
+from trident.lower.state.wrappers import (  # (what a call writes and returns: there)
+    _UNKNOWN, FRESH, MUTATORS, _join, _shared_result, _user_function)
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device,
               torch.memory_format, torch.layout, range, type(Ellipsis))
@@ -124,10 +121,12 @@ class Flow:
         self.handlers = {self.at.get(entry.target) for entry in getattr(
             dis, "_parse_exception_table", lambda c: [])(code)}
         self._locals: dict | None = None
+        self._uses: dict | None = None  # (index, slot) -> its consumers (``consumers``)
+        self._blind = False  # a value popped whose producers the walk cannot follow
         self._busy: set = set()  # locals whose static value is being found
 
     # -- the walk back ---------------------------------------------------------------------
-    def _effect(self, k: int, taken: bool = False) -> tuple[int, int]:
+    def effect(self, k: int, taken: bool = False) -> tuple[int, int]:
         """(pops, pushes) of ``ins[k]``, its jump taken or not."""
         i = self.ins[k]
         try:
@@ -161,7 +160,7 @@ class Flow:
             if j in self.handlers or j == 0:
                 return None
             for p in self.preds.get(j, ()):  # jumps into ins[j]
-                pops, pushes = self._effect(p, taken=True)
+                pops, pushes = self.effect(p, taken=True)
                 if d < pushes:
                     found.append((p, d))
                 else:
@@ -176,12 +175,29 @@ class Flow:
             if i.opname == "SWAP":
                 todo.append((k, i.arg - 1 if d == 0 else 0 if d == i.arg - 1 else d))
                 continue
-            pops, pushes = self._effect(k)
+            pops, pushes = self.effect(k)
             if d < pushes:
                 found.append((k, d))
             else:
                 todo.append((k, d - pushes + pops))
         return found
+
+    def consumers(self, k: int, slot: int = 0) -> list | None:
+        """The ``(index, depth, alone)`` of each instruction that may pop the value that
+        ``ins[k]`` pushed at ``slot`` (0: its last), ``alone`` where no other instruction may
+        have pushed it there; None where some value popped in the code has producers the walk
+        cannot follow. The table is made once per code, in one pass over its pops."""
+        if self._uses is None:
+            self._uses = {}
+            for j in range(len(self.ins)):
+                for d in range(self.effect(j)[0]):
+                    found = self.producers(j, d)
+                    if found is None:
+                        self._blind = True
+                        continue
+                    for p in found:
+                        self._uses.setdefault(p, []).append((j, d, len(found) == 1))
+        return None if self._blind else self._uses.get((k, slot), [])
 
     # -- origins ---------------------------------------------------------------------------
     def origin(self, j: int, d: int) -> tuple:
@@ -193,7 +209,7 @@ class Flow:
         return _join(FRESH, *(self._origin_of(k, slot) for k, slot in found))
 
     def _inputs(self, k: int) -> tuple:
-        pops, _ = self._effect(k)
+        pops, _ = self.effect(k)
         return _join(FRESH, *(self.origin(k, d) for d in range(pops)))
 
     def static(self, j: int, d: int):
@@ -227,7 +243,7 @@ class Flow:
                 return self.fn.__closure__[self.code.co_freevars.index(i.argval)].cell_contents
             except (ValueError, IndexError, TypeError):
                 return _UNKNOWN
-        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and (slot == 0 or self._effect(k)[1] == 2):
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and (slot == 0 or self.effect(k)[1] == 2):
             base = self.static(k, 0)
             return _UNKNOWN if base is _UNKNOWN else _static_attr(base, i.argval)
         if i.opname == "BINARY_SUBSCR":  # GENS[0]: an item of a list, tuple or dict
@@ -371,7 +387,7 @@ class Flow:
             return _join(FRESH, *args) if returned[1] else FRESH
         if user is None and callee is not _UNKNOWN and callable(callee) and \
                 isinstance(getattr(callee, "__self__", None), (types.ModuleType, type(None))):
-            shared = _shared_result(callee)  # Note [Library results]
+            shared = _shared_result(callee)  # Note [Library results] (wrappers.py)
             return (shared, frozenset()) if shared else FRESH  # a class: a new object
         return self._inputs(k)
 
@@ -449,32 +465,6 @@ class Flow:
         if len(positional) > code.co_argcount:
             return None
         return dict(zip(code.co_varnames, positional))
-
-
-# Note [Library results]: a library function's result is state the function does not own as
-# often as it is a new object: ``logging.getLogger(name)`` returns the logging manager's
-# logger, ``threading.current_thread()`` the thread's object, a registry's getter its entry. A
-# write to it (``logging.getLogger("x").disabled = True``) changes state that later calls see,
-# which a hit would not write again, and the walk cannot tell such a getter from a maker by its
-# code. So a Python function of a library (not torch's or Triton's, whose results are new
-# tensors and objects of the call) returns an outside object, and a write to it makes the call
-# run eagerly, unless it is one known to return a new object (``copy.deepcopy(CFG).k = 1`` stays
-# served). A class called makes a new object; a built-in function's result is taken as new
-# (``decimal.getcontext()``'s context is compared by its state: Note [The decimal context]).
-_NEW_RESULTS = frozenset({copy.copy, copy.deepcopy, dataclasses.replace, dataclasses.asdict,
-                          dataclasses.astuple, json.loads})
-_NEW_RESULT_PACKAGES = ("torch", "triton", "trident", "functorch")
-
-
-def _shared_result(callee) -> str | None:
-    """Why the result of the library callable ``callee`` may be an object that state outside
-    the call holds (Note [Library results]), or None for a new object."""
-    if not isinstance(callee, types.FunctionType) or callee in _NEW_RESULTS:
-        return None
-    module = getattr(callee, "__module__", None) or ""
-    if module.partition(".")[0] in _NEW_RESULT_PACKAGES:
-        return None
-    return f"the result of {module}.{callee.__qualname__}(), a library function's"
 
 
 def _iterator(value) -> bool:

@@ -332,13 +332,25 @@ def _imports(code: types.CodeType) -> tuple:
 # with one warning. Its settings held in C (``torch.is_warn_always_enabled()``, chain.py's
 # ``_TORCH_GETTERS``) are guarded by value; the object read by user code
 # (``torch._tensor_str.PRINT_OPTS.precision``) is read into (Note [Library objects read
-# into] in chain.py). Not seen: such state read by a torch function that the called one
-# calls in turn, and a number, flag or string global that such a function returns (its
-# code is not scanned: Note [Library values] does not guard it).
+# into] in chain.py). torch.distributed's registry of process groups (``distributed_c10d.
+# _world``, which ``dist.group.WORLD`` reads) is no such state: the collectives' group is
+# guarded by Note [Process group guard] (ir/guards.py), so that object is let through by what
+# it is; any other state of torch.distributed's modules is not. Not seen: such state read by
+# a torch function that the called one calls in turn, and a number, flag or string global
+# that such a function returns (its code is not scanned: Note [Library values] does not guard
+# it).
 _STATE_KINDS = (dict, list, set, bytearray, threading.local)
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)  # a level is set outside any model (Note
 # [Library values]): a SymInt's magic methods (torch.fx.experimental.sym_node) log
 _STATE_READS: dict = {}  # id of a code object -> (the code, the global name or None)
+
+
+def _process_groups():
+    """torch.distributed's registry of process groups (``distributed_c10d._world``, torch
+    2.11-2.13), or None where torch.distributed was not imported (Note [torch's Python
+    state])."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    return getattr(c10d, "_world", None) if c10d is not None else None
 
 
 def torch_state_read(code: types.CodeType, g: dict) -> str | None:
@@ -347,10 +359,10 @@ def torch_state_read(code: types.CodeType, g: dict) -> str | None:
     found = _STATE_READS.get(id(code))
     if found is not None and found[0] is code:
         return found[1]
-    if str(g.get("__name__", "")).startswith("torch.distributed"):
-        return None  # the process groups: the collectives' own (Limits today: the default one)
-    name = next((n for n, _ in _global_loads(code) if isinstance(g.get(n), _STATE_KINDS) or (
-        n in g and _plain_object(g[n]) and not isinstance(g[n], _LOGGERS))), None)
+    groups = _process_groups()
+    name = next((n for n, _ in _global_loads(code) if n in g and g[n] is not groups and (
+        isinstance(g[n], _STATE_KINDS) or _plain_object(g[n]) and
+        not isinstance(g[n], _LOGGERS))), None)
     if len(_STATE_READS) >= _MAX_LOADS:
         _STATE_READS.clear()
     _STATE_READS[id(code)] = (code, name)

@@ -101,7 +101,7 @@ class Recording:
     draws: object = None  # Note [Draws of a trace] (draws.py)
     asked: list = dataclasses.field(default_factory=list)  # Note [Questions asked in the
     # trace] (asked.py): isinstance/issubclass calls whose answer may not be eager's
-    hashed: str | None = None  # Note [Answers from addresses] (identity.py): where the
+    hashed: str | None = None  # Note [Answers from addresses] (addresses.py): where the
     # function's code hashed a tensor
     hook: object = None  # Note [Own code unrecorded] (tracing.py): the profile hook, set aside
     # (``paused``) but for the traces (``resumed``)
@@ -286,7 +286,7 @@ def record(fn):
             kind = kind_of(frame)
         if event == "call":
             if frame.f_code is _TENSOR_HASH and rec.hashed is None:  # Note [Answers from
-                _hashed(frame)  # addresses] (identity.py)
+                _hashed(frame)  # addresses] (addresses.py)
             if kind:
                 _call(frame, kind)
                 if kind & (_SCANNED | _PASSED):

@@ -13,7 +13,7 @@ import torch
 
 from trident.errors import TridentError
 from trident.lower.state.flow import _UNKNOWN
-from trident.lower.state.identity import address_question, identity_question
+from trident.lower.state.addresses import address_question, identity_question
 from trident.lower.state.questions import (
     _DICT_READERS, _Code, _attribute_of_parameter, _held, symbolic_question)
 
@@ -118,7 +118,7 @@ def _dict_reads(rec):
 def check_questions(rec, symbolic: bool) -> None:
     """Raises where a user function that ran in the trace recorded by ``rec`` asks a question
     the trace answers for a stand-in: ``vars`` of a tensor, ``id`` or ``hash`` of an object
-    (Note [Identity questions] in identity.py; the call runs eagerly, at any sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
+    (Note [Identity questions] in addresses.py; the call runs eagerly, at any sizes) or, where the trace was ``symbolic``, ``type``, ``isinstance`` or ``is`` of a value
     that may be symbolic (traced again at exact sizes: Note [Questions about symbolic
     values])."""
     for code, read in _dict_reads(rec):
@@ -144,7 +144,7 @@ def check_questions(rec, symbolic: bool) -> None:
             error.any_sizes = True
             raise error
         asked = rec.hashed or address_question(code, g, params)  # Note [Answers from
-        if asked is not None:  # addresses] (identity.py)
+        if asked is not None:  # addresses] (addresses.py)
             error = TridentError(f"the function takes an answer from an object's address, "
                                  f"{asked}: the trace answers for its own objects (a tensor's "
                                  "fake), eager for the call's")

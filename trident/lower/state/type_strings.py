@@ -64,18 +64,10 @@ def read_alike(f, k: int, params: dict) -> bool:
 def _consumers(f, k: int) -> list | None:
     """The (index, depth) of each instruction that pops the value ``f.ins[k]`` pushed last, or
     None where a path cannot be followed."""
-    out = []
-    for j in range(len(f.ins)):
-        pops = f._effect(j)[0]
-        for d in range(pops):
-            found = f.producers(j, d)
-            if found is None:
-                return None
-            if (k, 0) in found:
-                if len(found) != 1:  # (a value that is the type on one path only)
-                    return None
-                out.append((j, d))
-    return out
+    uses = f.consumers(k)
+    if uses is None or not all(alone for _, _, alone in uses):
+        return None  # (a value that is the type on one path only)
+    return [(j, d) for j, d, _ in uses]
 
 
 def _type_used_as_text(f, k: int, classes: set) -> bool:
@@ -91,7 +83,7 @@ def _type_used_as_text(f, k: int, classes: set) -> bool:
                 return False
             texts = {c: text(c) for c in classes}
         elif i.opname == "LOAD_ATTR" and i.argval in _NAMES and d == 0 and \
-                f._effect(j)[1] == 1:
+                f.effect(j)[1] == 1:
             texts = {c: getattr(c, i.argval) for c in classes}
         else:
             return False

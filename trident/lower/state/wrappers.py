@@ -20,7 +20,10 @@ a call writes what its arguments hold.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
+import json
 import operator
 import types
 
@@ -147,3 +150,29 @@ def write_through(walk, k: int, callee, depths: list) -> tuple | None:
             user.__code__, user.__globals__, user, walk.depth + 1).written_parameters():
         return what, _join(held, called)
     return None
+
+
+# Note [Library results]: a library function's result is state the function does not own as
+# often as it is a new object: ``logging.getLogger(name)`` returns the logging manager's
+# logger, ``threading.current_thread()`` the thread's object, a registry's getter its entry. A
+# write to it (``logging.getLogger("x").disabled = True``) changes state that later calls see,
+# which a hit would not write again, and the walk cannot tell such a getter from a maker by its
+# code. So a Python function of a library (not torch's or Triton's, whose results are new
+# tensors and objects of the call) returns an outside object, and a write to it makes the call
+# run eagerly, unless it is one known to return a new object (``copy.deepcopy(CFG).k = 1`` stays
+# served). A class called makes a new object; a built-in function's result is taken as new
+# (``decimal.getcontext()``'s context is compared by its state: Note [The decimal context]).
+_NEW_RESULTS = frozenset({copy.copy, copy.deepcopy, dataclasses.replace, dataclasses.asdict,
+                          dataclasses.astuple, json.loads})
+_NEW_RESULT_PACKAGES = ("torch", "triton", "trident", "functorch")
+
+
+def _shared_result(callee) -> str | None:
+    """Why the result of the library callable ``callee`` may be an object that state outside
+    the call holds (Note [Library results]), or None for a new object."""
+    if not isinstance(callee, types.FunctionType) or callee in _NEW_RESULTS:
+        return None
+    module = getattr(callee, "__module__", None) or ""
+    if module.partition(".")[0] in _NEW_RESULT_PACKAGES:
+        return None
+    return f"the result of {module}.{callee.__qualname__}(), a library function's"

@@ -1,6 +1,7 @@
-"""Questions user code asks about an object's identity (``id``, ``hash``), which a trace answers
-for its own objects and process (Note [Identity questions]); run by tensor_reads.py's
-``check_questions`` over the code a trace ran.
+"""What Python answers from an object's address, which a trace answers for its own objects and
+process: user code's questions about an object's identity (``id``, ``hash``: Note [Identity
+questions]), a set's order and an object's default text (Note [Answers from addresses]); run
+by tensor_reads.py's ``check_questions`` over the code a trace ran.
 
 Note [Identity questions]: ``id(v)`` is an object's address and ``hash(v)`` is, for a tensor, a
 module or any object without its own ``__hash__``, derived from it; for a ``str`` or ``bytes``
@@ -45,20 +46,18 @@ def _is_question(c: _Code, k: int) -> bool:
     """Whether the ``id()`` that the ``CALL`` at ``k`` makes is only compared by ``==`` or
     ``!=`` with another ``id()``'s: ``a is b`` asked another way, whose answer the trace's
     objects give as the call's do (one fake per tensor, the call's other objects)."""
-    compared = False
-    for j, i in enumerate(c.f.ins):
-        pops = c.f._effect(j)[0] if i.opname != "CALL" else i.arg + 2
-        for d in range(pops):
-            if (k, 0) not in (c.f.producers(j, d) or ()):
-                continue
-            if i.opname != "COMPARE_OP" or i.argval not in ("==", "!=") or d > 1:
-                return False
-            others = c.f.producers(j, 1 - d) or ()
-            if not others or not all(c.f.ins[p].opname == "CALL" and c.callee(p) is id
-                                     for p, _ in others):
-                return False
-            compared = True
-    return compared
+    uses = c.f.consumers(k)
+    if not uses:
+        return False  # (unused, or a path the walk cannot follow)
+    for j, d, _ in uses:
+        i = c.f.ins[j]
+        if i.opname != "COMPARE_OP" or i.argval not in ("==", "!=") or d > 1:
+            return False
+        others = c.f.producers(j, 1 - d) or ()
+        if not others or not all(c.f.ins[p].opname == "CALL" and c.callee(p) is id
+                                 for p, _ in others):
+            return False
+    return True
 
 
 def identity_question(code: types.CodeType, g: dict, params: dict) -> str | None:
@@ -131,19 +130,13 @@ def _hashed_by_value(v, depth: int = 0) -> bool:
     return v is not _UNKNOWN and type(v) in (*_BY_VALUE, bool)
 
 
-def _consumers(c: _Code, k: int) -> list:
-    """The (instruction, depth) pairs that take the value the instruction at ``k`` pushes."""
-    return [(j, d) for j, i in enumerate(c.f.ins)
-            for d in range(i.arg + 2 if i.opname == "CALL" else c.f._effect(j)[0])
-            if (k, 0) in (c.f.producers(j, d) or ())]
-
-
 def _order_free(c: _Code, k: int, depth: int = 0) -> bool:
     """Whether every use of the set that ``k`` pushes asks only for its membership, size or
     sorted items (Note [Answers from addresses])."""
-    if depth > 4:
+    uses = c.f.consumers(k)
+    if depth > 4 or uses is None:  # (a path the walk cannot follow: any use)
         return False
-    for j, d in _consumers(c, k):
+    for j, d, _ in uses:
         i = c.f.ins[j]
         if i.opname == "CONTAINS_OP" and d == 0 or i.opname == "COMPARE_OP" or \
                 i.opname.startswith(("POP_JUMP", "TO_BOOL")):
