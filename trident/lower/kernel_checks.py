@@ -1,0 +1,102 @@
+"""Checks that torch's kernels make and its fake kernels skip, run at the trace.
+
+Note [Checks the fake kernels skip]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The trace runs on fake tensors (capture.py), whose kernels are torch's meta functions. Many
+of those compute the output's dtype without the dtype checks of the real CPU and CUDA kernels:
+in torch 2.11-2.13 ``aten::mm``, ``addmm``, ``mv``, ``convolution``, ``index_put``,
+``index_copy``, ``index_add``, ``put``, ``native_layer_norm``, ``native_group_norm``,
+``native_batch_norm``, ``linalg_cross``, ``_cdist_forward``, ``complex`` and ``polar`` accept
+a float32 and a float64 operand under ``FakeTensorMode`` where eager raises ``RuntimeError:
+expected m1 and m2 to have the same dtype``. Such a trace succeeded, the specialization was
+compiled (seconds), and each call then failed at that step and ran eagerly (a miss and a
+fallback per call).
+
+So after the trace, each ATen op of the graph whose floating-point or complex operands do not
+share one dtype, and that torch does not tag ``pointwise`` (pointwise ops promote; their meta
+functions do what the kernels do), runs once for real on zeros of its operands' shapes,
+dtypes and devices. Where it raises, the trace fails with its error: the call runs eagerly,
+which raises eager's error, with one warning, and the failed trace is remembered as any other
+(no compile; later calls of the signature run eagerly at once).
+
+Only ops that mix floating dtypes run (the mixed-precision ops of a model are pointwise, or
+take an integer index, which does not count), and only up to ``_ELEMENTS`` elements in all;
+a larger one, or one of a dim without a size hint, is left to the compiled step, which fails
+and runs eagerly as before. Zeros, not the call's values, and contiguous layouts: an op that
+fails on zeros where the call's values would pass (a check of values) makes the trace fail and
+the call run eagerly (the same answer, slower); a check that depends on values or strides is
+left to the compiled step as before.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from trident.errors import TridentError
+from trident.lower.source_lines import source_line
+
+# The most elements (all operands together) an op's check makes: 16 MiB of float32.
+_ELEMENTS = 1 << 22
+
+
+def check(gm: fx.GraphModule, name: str) -> None:
+    """Run each op of ``gm`` that mixes floating dtypes on zeros (Note [Checks the fake
+    kernels skip]).
+
+    Raises:
+        TridentError: one raised; the message names the user's line and the kernel's error.
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.pointwise in node.target.tags:
+            continue
+        vals = [a.meta.get("val") if isinstance(a, fx.Node) else a
+                for a in pytree.tree_leaves((node.args, node.kwargs))]
+        floats = {v.dtype for v in vals if isinstance(v, torch.Tensor)
+                  and (v.dtype.is_floating_point or v.dtype.is_complex)}
+        if len(floats) < 2:
+            continue
+        args = _real(node)
+        if args is None:
+            continue
+        try:
+            node.target(*args[0], **args[1])
+        except torch.OutOfMemoryError:
+            continue
+        except Exception as e:
+            where, text = source_line(node)
+            raise TridentError(f"cannot trace {name} at {where} ({text}): {node.target.name()} "
+                               f"raises {type(e).__name__}: {str(e).splitlines()[0]} (a check "
+                               "of torch's kernel that its fake kernel skips)") from e
+
+
+def _real(node: fx.Node) -> tuple[list, dict] | None:
+    """``node``'s arguments with zeros for its tensors, or None (over ``_ELEMENTS`` elements,
+    or a size without a hint)."""
+    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in leaves]
+    shapes = {i: [_hint(d) for d in v.shape] for i, v in enumerate(vals)
+              if isinstance(v, torch.Tensor)}
+    if any(None in s for s in shapes.values()) or any(
+            _hint(v) is None for v in vals if isinstance(v, torch.SymInt | torch.SymFloat |
+                                                         torch.SymBool)):
+        return None
+    if any(v.device.type not in ("cpu", "cuda") or v.device.type == "cuda"
+           and not torch.cuda.is_available() for v in vals if isinstance(v, torch.Tensor)):
+        return None
+    if sum(torch.Size(s).numel() for s in shapes.values()) > _ELEMENTS:
+        return None
+    made = [torch.zeros(shapes[i], dtype=v.dtype, device=v.device) if i in shapes else
+            _hint(v) if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) else v
+            for i, v in enumerate(vals)]
+    return pytree.tree_unflatten(made, spec)
+
+
+def _hint(v):
+    """A plain number for ``v`` (a SymInt's hint: the size this call has), or None."""
+    if not isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return v
+    return v.node.hint
