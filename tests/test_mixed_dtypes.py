@@ -26,7 +26,7 @@ def _args():
                 i=torch.tensor([0, 2]))
 
 
-# Each refused by torch 2.11-2.13's CPU kernel and accepted by its fake kernel (a probe of
+# Each refused by torch 2.13's CPU kernel and accepted by its fake kernel (a probe of
 # FakeTensorMode against eager, session 50).
 REFUSED = {
     "mm": lambda a, b, **_: torch.mm(a, b),
@@ -75,6 +75,11 @@ def test_refused_mix_runs_eagerly_at_once(name):
     assert len(said) == 1 and "fake kernel skips" in said[0], said
     s = jf.stats
     assert (s.hits, s.misses, s.compiles, s.fallbacks, s.traces) == (0, 3, 0, 3, 1), s
+    same = {k: v.float() if v.is_floating_point() else v for k, v in _args().items()}
+    for _ in range(2):  # operands of one dtype: compiled and served
+        assert torch.equal(jf(**same), fn(**same))
+    s = jf.stats
+    assert (s.hits, s.misses, s.compiles, s.fallbacks, s.traces) == (1, 4, 1, 3, 2), s
 
 
 @pytest.mark.parametrize("name", sorted(SERVED))
