@@ -242,7 +242,7 @@ def test_reasons_and_signatures_name_the_users_arguments_and_dims():
 
 def test_a_dynamo_source_in_python():
     """Note [Names of graph inputs]: the forms of Dynamo's source text (torch 2.11-2.13)."""
-    from trident.frontend.frame_state import user_name
+    from trident.frontend.graph_names import user_name
 
     assert [user_name(s) for s in (
         "L['x']", "L['self']._modules['layers']._modules['0']._parameters['weight']",

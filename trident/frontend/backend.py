@@ -84,6 +84,7 @@ from trident.errors import TridentError
 from trident.frontend import frame_state
 from trident.frontend.choices import python_choices
 from trident.frontend.entries import compiled_from, frame_module, graph_origin
+from trident.frontend.graph_names import NamedInputs, user_name
 from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
@@ -120,41 +121,11 @@ def _add(total: Stats, s: Stats, name: str) -> None:
                                                 for r in s.miss_reasons])[-32:]
 
 
-class _NamedInputs:
-    """What a graph's ``stats``, ``explain`` and ``specializations`` say, its inputs named as
-    the user's (Note [Names of graph inputs] in frame_state.py)."""
-
-    _user_names: dict[str, str] = {}  # graph parameter -> the user's name
-
-    def _named(self, text: str) -> str:
-        names = {k: v for k, v in self._user_names.items() if v and v != k}
-        if not names:
-            return text
-        words = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
-        return re.sub(rf"(?<![\w.'])({words})(?!\w)", lambda m: names[m[1]], text)
-
-    def _eager(self, args, kwargs, why: str, warn: bool = True, miss: bool = True):
-        return super()._eager(args, kwargs, self._named(why), warn, miss)  # (its warning too)
-
-    @property
-    def stats(self) -> Stats:
-        s = super().stats
-        s.miss_reasons = [self._named(r) for r in s.miss_reasons]
-        return s
-
-    def explain(self, *args, **kwargs) -> str:
-        return self._named(super().explain(*args, **kwargs))
-
-    @property
-    def specializations(self) -> list[str]:
-        return [self._named(s) for s in super().specializations]
-
-
 @functools.cache
 def _graph_class() -> type:
     """``JitFunction`` whose counters outlive it (Note [Backend graphs]) and that names its
-    inputs as the user's (Note [Names of graph inputs] in frame_state.py)."""
-    return type("JitFunction", (_NamedInputs, jit_function_class()), {"__module__": "trident",
+    inputs as the user's (Note [Names of graph inputs] in graph_names.py)."""
+    return type("JitFunction", (NamedInputs, jit_function_class()), {"__module__": "trident",
                                                                       "__del__": _drop})
 
 
@@ -247,7 +218,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._input_sources = [frame_state.source(n) for n in gm.graph.nodes if n.op == "placeholder"]
     # Dynamo's symbolic ints: symbolic in every specialization of this graph (Note [Int leaves])
     params = list(inspect.signature(gm.forward).parameters)
-    fn._user_names = dict(zip(params, map(frame_state.user_name, fn._input_sources)))
+    fn._user_names = dict(zip(params, map(user_name, fn._input_sources)))
     fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
                                if isinstance(example, torch.SymInt))
     # Note [Graph dims]: Dynamo's symbolic tensor dims, symbolic from the graph's first call

@@ -85,7 +85,6 @@ left to record (tests/test_serve48.py).
 from __future__ import annotations
 
 import inspect
-import re
 
 import torch
 import torch.fx as fx
@@ -107,33 +106,6 @@ def _name(source) -> str | None:
 def source(node: fx.Node) -> str | None:
     """The name of the source of a Dynamo graph's placeholder (``L['x']``), or None."""
     return _name(getattr(node.meta.get("grapharg"), "source", None))
-
-
-# Note [Names of graph inputs]: a Dynamo graph's inputs are the parameters of its
-# ``forward``, named by Dynamo (``L_x_``, ``L_self_modules_lin_parameters_weight_``, ``s77`` for
-# a symbolic size), and Trident's reasons and signatures of the graph's specializations named
-# them so ("L_x_.size(0) == 8 expected, got 4", "forward(s77=3, ...)"). The door's ``stats``
-# and ``explain`` name each as ``trident.jit`` names the user's argument: its source
-# (``GraphArg.source``) in Python (``L['self']._modules['lin']._parameters['weight']`` is
-# ``self.lin.weight``, ``L['x'].size()[0]`` is ``x.size(0)``); a source of another form keeps
-# Dynamo's text. Only what is read changes: the specializations keep Dynamo's names (their
-# cache key and C).
-_SOURCE_WORDS = [  # (pattern, replacement) in order, over Dynamo's source text (torch 2.11-2.13)
-    (re.compile(r"^[LG]\['([A-Za-z_]\w*)'\]"), r"\1"),
-    (re.compile(r"\._modules\['(\d+)'\]"), r"[\1]"),
-    (re.compile(r"\._(?:modules|parameters|buffers)\['([A-Za-z_]\w*)'\]"), r".\1"),
-    (re.compile(r"\.(size|stride)\(\)\[(\d+)\]"), r".\1(\2)"),
-]
-
-
-def user_name(source: str | None) -> str | None:
-    """``source`` (a Dynamo source's text) as Python over the user's names, or None
-    (Note [Names of graph inputs])."""
-    if source is None:
-        return None
-    for pattern, words in _SOURCE_WORDS:
-        source = pattern.sub(words, source)
-    return source
 
 
 def _entries(tx) -> dict:
