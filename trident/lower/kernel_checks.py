@@ -23,10 +23,14 @@ which raises eager's error, with one warning, and the failed trace is remembered
 Only ops that mix floating dtypes run (the mixed-precision ops of a model are pointwise, or
 take an integer index, which does not count), and only up to ``_ELEMENTS`` elements in all;
 a larger one, or one of a dim without a size hint, is left to the compiled step, which fails
-and runs eagerly as before. Zeros, not the call's values, and contiguous layouts: an op that
-fails on zeros where the call's values would pass (a check of values) makes the trace fail and
-the call run eagerly (the same answer, slower); a check that zeros in a contiguous layout pass
-and the call's values or strides fail is left to the compiled step as before.
+and runs eagerly as before. Each operand has its fake's sizes, strides and storage offset,
+since a layout may choose the kernel's path (``F.linear`` of a 3-D input fuses a contiguous
+bias into ``addmm``, which refuses a float64 bias, and adds a sliced one in place after the
+product, which takes it), but a storage of its own (two operands of one storage are two
+here), and zeros, not the call's values: an op that fails on zeros where the call's values
+would pass (a check of values) makes the trace fail and the call run eagerly (the same
+answer, slower); a check that zeros pass and the call's values fail is left to the compiled
+step as before.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import torch.utils._pytree as pytree
 from trident.errors import TridentError
 from trident.lower.source_lines import source_line
 
-# The most elements (all operands together) an op's check makes: 16 MiB of float32.
-_ELEMENTS = 1 << 22
+# The most elements (all operands together) an op's check makes: 4 MiB of float32.
+_ELEMENTS = 1 << 20
 
 
 def check(gm: fx.GraphModule, name: str) -> None:
@@ -76,22 +80,29 @@ def check(gm: fx.GraphModule, name: str) -> None:
 
 
 def _real(node: fx.Node) -> tuple[list, dict] | None:
-    """``node``'s arguments with zeros for its tensors, or None (over ``_ELEMENTS`` elements,
-    or a size without a hint)."""
+    """``node``'s arguments with zeros for its tensors, each of its operand's sizes, strides
+    and storage offset (a layout decides some kernels' path: ``linear`` fuses a contiguous bias
+    into ``addmm``, which checks its dtype, and adds a sliced one after), or None (over
+    ``_ELEMENTS`` elements, or a size without a hint)."""
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in leaves]
-    shapes = {i: [_hint(d) for d in v.shape] for i, v in enumerate(vals)
-              if isinstance(v, torch.Tensor)}
-    if any(None in s for s in shapes.values()) or any(
+    layouts = {i: ([_hint(d) for d in v.shape], [_hint(d) for d in v.stride()],
+                   _hint(v.storage_offset())) for i, v in enumerate(vals)
+               if isinstance(v, torch.Tensor) and v.layout == torch.strided}
+    if len(layouts) != sum(isinstance(v, torch.Tensor) for v in vals) or any(
+            None in (*size, *stride, offset) for size, stride, offset in layouts.values()) or any(
             _hint(v) is None for v in vals if isinstance(v, torch.SymInt | torch.SymFloat |
                                                          torch.SymBool)):
         return None
     if any(v.device.type not in ("cpu", "cuda") or v.device.type == "cuda"
            and not torch.cuda.is_available() for v in vals if isinstance(v, torch.Tensor)):
         return None
-    if sum(torch.Size(s).numel() for s in shapes.values()) > _ELEMENTS:
+    extents = {i: offset + (1 + sum((n - 1) * st for n, st in zip(size, stride))
+                            if all(size) else 0) for i, (size, stride, offset) in layouts.items()}
+    if sum(extents.values()) > _ELEMENTS:
         return None
-    made = [torch.zeros(shapes[i], dtype=v.dtype, device=v.device) if i in shapes else
+    made = [torch.zeros(extents[i], dtype=v.dtype, device=v.device).as_strided(*layouts[i])
+            if i in layouts else
             _hint(v) if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) else v
             for i, v in enumerate(vals)]
     return pytree.tree_unflatten(made, spec)
