@@ -2,15 +2,15 @@
 
 Note [Checks the fake kernels skip]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-The trace runs on fake tensors (capture.py), whose kernels are torch's meta functions. Many
-of those compute the output's dtype without the dtype checks of the real CPU and CUDA kernels:
-in torch 2.13 (a probe of ``FakeTensorMode`` against eager on the CPU, session 50) ``aten::mm``, ``addmm``, ``mv``, ``convolution``, ``index_put``,
-``index_copy``, ``index_add``, ``put``, ``native_layer_norm``, ``native_group_norm``,
-``native_batch_norm``, ``linalg_cross``, ``_cdist_forward``, ``complex`` and ``polar`` accept
-a float32 and a float64 operand under ``FakeTensorMode`` where eager raises ``RuntimeError:
-expected m1 and m2 to have the same dtype``. Such a trace succeeded, the specialization was
-compiled (seconds), and each call then failed at that step and ran eagerly (a miss and a
-fallback per call).
+The trace runs on fake tensors (capture.py), whose kernels are torch's meta functions. Many of
+those compute the output's dtype without the dtype checks of the real CPU and CUDA kernels: in
+torch 2.13 (a probe of ``FakeTensorMode`` against eager on the CPU, session 50) ``aten::mm``,
+``addmm``, ``mv``, ``convolution``, ``index_put``, ``index_copy``, ``index_add``, ``put``,
+``native_layer_norm``, ``native_group_norm``, ``native_batch_norm``, ``linalg_cross``,
+``_cdist_forward``, ``complex`` and ``polar`` accept a float32 and a float64 operand under
+``FakeTensorMode`` where eager raises ``RuntimeError: expected m1 and m2 to have the same
+dtype``. Such a trace succeeded, the specialization was compiled (seconds), and each call then
+failed at that step and ran eagerly (a miss and a fallback per call).
 
 So after the trace, each ATen op of the graph whose floating-point or complex operands do not
 share one dtype, and that torch does not tag ``pointwise`` (pointwise ops promote; their meta
@@ -20,20 +20,22 @@ dtypes and devices. Where it raises, the trace fails with its error: the call ru
 which raises eager's error, with one warning, and the failed trace is remembered as any other
 (no compile; later calls of the signature run eagerly at once).
 
-Only ops that mix floating dtypes run (the mixed-precision ops of a model are pointwise, or
-take an integer index, which does not count), and only up to ``_ELEMENTS`` elements in all;
-a larger one, or one of a dim without a size hint, is left to the compiled step, which fails
-and runs eagerly as before. Each operand has its fake's sizes, strides and storage offset,
-since a layout may choose the kernel's path (``F.linear`` of a 3-D input fuses a contiguous
-bias into ``addmm``, which refuses a float64 bias, and adds a sliced one in place after the
-product, which takes it), but a storage of its own (two operands of one storage are two
-here), and zeros, not the call's values: an op that fails on zeros where the call's values
-would pass (a check of values) makes the trace fail and the call run eagerly (the same
-answer, slower); a check that zeros pass and the call's values fail is left to the compiled
-step as before.
+Only ops that mix floating dtypes run (the mixed-precision ops of a model are pointwise, or take
+an integer index, which does not count), and only up to ``_ELEMENTS`` elements in all; a larger
+one, one of a dim without a size hint, and one of an empty operand (whose zero indices would
+index an empty dim: on CUDA a device-side assert) are left to the compiled step, which fails and
+runs eagerly as before. Each operand has its fake's sizes, strides and storage offset, since a
+layout may choose the kernel's path (``F.linear`` of a 3-D input fuses a contiguous bias into
+``addmm``, which refuses a float64 bias, and adds a sliced one in place after the product, which
+takes it), but a storage of its own (two operands of one storage are two here), and zeros, not
+the call's values: an op that fails on zeros where the call's values would pass (a check of
+values) makes the trace fail and the call run eagerly (the same answer, slower); a check that
+zeros pass and the call's values fail is left to the compiled step as before.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.fx as fx
@@ -65,11 +67,16 @@ def check(gm: fx.GraphModule, name: str) -> None:
                   and (v.dtype.is_floating_point or v.dtype.is_complex)}
         if len(floats) < 2:
             continue
-        args = _real(node)
+        try:
+            args = _real(node)
+        except Exception:  # (zeros of a dtype or device torch cannot make here)
+            continue
         if args is None:
             continue
         try:
-            node.target(*args[0], **args[1])
+            with warnings.catch_warnings():  # (what the kernel warns of zeros is not the call's)
+                warnings.simplefilter("ignore")
+                node.target(*args[0], **args[1])
         except torch.OutOfMemoryError:
             continue
         except Exception as e:
@@ -89,6 +96,10 @@ def _real(node: fx.Node) -> tuple[list, dict] | None:
     layouts = {i: ([_hint(d) for d in v.shape], [_hint(d) for d in v.stride()],
                    _hint(v.storage_offset())) for i, v in enumerate(vals)
                if isinstance(v, torch.Tensor) and v.layout == torch.strided}
+    if any(isinstance(a, fx.Node) and "val" not in a.meta for a in leaves):
+        return None  # (an operand the trace did not describe)
+    if any(0 in size for size, _, _ in layouts.values()):
+        return None  # (a zero index into an empty dim: a device-side assert on CUDA)
     if len(layouts) != sum(isinstance(v, torch.Tensor) for v in vals) or any(
             None in (*size, *stride, offset) for size, stride, offset in layouts.values()) or any(
             _hint(v) is None for v in vals if isinstance(v, torch.SymInt | torch.SymFloat |
@@ -97,8 +108,8 @@ def _real(node: fx.Node) -> tuple[list, dict] | None:
     if any(v.device.type not in ("cpu", "cuda") or v.device.type == "cuda"
            and not torch.cuda.is_available() for v in vals if isinstance(v, torch.Tensor)):
         return None
-    extents = {i: offset + (1 + sum((n - 1) * st for n, st in zip(size, stride))
-                            if all(size) else 0) for i, (size, stride, offset) in layouts.items()}
+    extents = {i: offset + 1 + sum((n - 1) * st for n, st in zip(size, stride))
+               for i, (size, stride, offset) in layouts.items()}
     if sum(extents.values()) > _ELEMENTS:
         return None
     made = [torch.zeros(extents[i], dtype=v.dtype, device=v.device).as_strided(*layouts[i])
