@@ -345,3 +345,17 @@ def cache_kw(model) -> str:
     trident/lower/state/warned.py), else ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else \
         "past_key_values"
+
+
+def tiny_causal_lm(kind: str, **config):
+    """transformers' ``{kind}ForCausalLM`` (``kind``: ``"Llama"``, ``"Qwen2"``, ...) of a tiny
+    config, in eval mode: vocabulary 96, hidden 64, MLP 128, 2 layers, 4 heads, 2 KV heads, but
+    where ``config`` says otherwise; its random weights drawn after ``torch.manual_seed(0)``
+    (transformers is imported here: a test module that calls this skips without it first)."""
+    import transformers
+
+    sizes = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    made = getattr(transformers, f"{kind}Config")(**{**sizes, **config})
+    torch.manual_seed(0)
+    return getattr(transformers, f"{kind}ForCausalLM")(made).eval()

@@ -3,9 +3,11 @@
 import dataclasses
 import functools
 import gc
+import re
 import types
 import warnings
 
+import pytest
 import torch
 
 import trident
@@ -118,7 +120,10 @@ def test_autograd_graphs_run_eagerly_with_correct_gradients():
     f = torch.compile(lambda x, w: (torch.relu(x @ w) * 2).sum(), backend="trident")
     x = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(8, 3, requires_grad=True)
-    f(x, w).backward()
+    with pytest.warns(UserWarning, match=r"runs eagerly: x requires grad"):  # (Note [Names of
+        f(x, w).backward()  # graph inputs]: not L_x_)
+    assert trident.backend_stats(f).miss_reasons == [
+        "graph 0: eager: x requires grad: Trident serves inference; autograd runs eagerly"]
     got = (x.grad.clone(), w.grad.clone())
     x.grad = w.grad = None
     (torch.relu(x @ w) * 2).sum().backward()
@@ -154,7 +159,7 @@ def test_stats_and_explain_of_every_graph_of_a_compiled_function():
     assert graph.stats == dataclasses.replace(s, miss_reasons=["first call"])
     lines = trident.backend_explain(f, x[:2], w, b).splitlines()
     assert lines[0].startswith("graph 0 (of mlp (") and lines[1].endswith(
-        "L_x_.size(0) == 4 expected, got 2")
+        "x.size(0) == 4 expected, got 2")
     assert trident.backend_explain(f, x, w, b).endswith("accepts these arguments")
 
     m = Broken()
@@ -201,6 +206,50 @@ def test_a_new_number_of_threads_compiles_again():
 @passes_through
 def _decorated(ids, scale=2):
     return torch.relu(ids) * scale
+
+
+class _Lin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * 2
+
+
+def test_reasons_and_signatures_name_the_users_arguments_and_dims():
+    """Note [Names of graph inputs]: the door's miss reasons, explain and signatures name a
+    graph input by its source in Python (``x``, ``self.lin.weight``, ``x.size(0)``), as
+    ``trident.jit``'s do, not by Dynamo's parameter names (``L_x_``, ``s77``)."""
+    torch._dynamo.reset()
+    m = _Lin()
+    f = torch.compile(m, backend="trident")
+    misaligned = torch.randn(29)[1:].view(7, 4)  # Trident guards 16-byte alignment; Dynamo not
+    with torch.no_grad():
+        for x in (torch.randn(3, 4), torch.randn(5, 4), misaligned):
+            assert torch.equal(f(x), m(x))
+        explained = trident.backend_explain(f, torch.randn(2, 4)).splitlines()
+    s = trident.backend_stats(f)
+    assert s.miss_reasons == ["graph 0: first call", "graph 1: first call",
+                              "graph 1: x.data_ptr() % 16 == 0 expected, got False "
+                              "(specialization 0)"], s.miss_reasons
+    assert explained[1].endswith("x.size(0) == 3 expected, got 2"), explained
+    (first, symbolic) = trident.backend_graphs(f)
+    text = "\n".join(explained + symbolic.specializations + first.specializations)
+    assert "self.lin.weight: float32" in text and "x.size(0)=5, x: float32[?, 4] cpu" in text
+    assert not re.search(r"\bL_|\bs\d+\b|L\[", text), text
+
+
+def test_a_dynamo_source_in_python():
+    """Note [Names of graph inputs]: the forms of Dynamo's source text (torch 2.11-2.13)."""
+    from trident.frontend.graph_names import user_name
+
+    assert [user_name(s) for s in (
+        "L['x']", "L['self']._modules['layers']._modules['0']._parameters['weight']",
+        "L['self']._buffers['mask']", "L['x'].size()[0]", "L['x'].stride()[1]", "G['W']",
+        "L['kwargs']['input_ids']", "L['self'].cfg.n", "L['x'].storage_offset()", None)] == [
+        "x", "self.layers[0].weight", "self.mask", "x.size(0)", "x.stride(1)", "W",
+        "kwargs['input_ids']", "self.cfg.n", "x.storage_offset()", None]
 
 
 def test_backend_explain_takes_arguments_either_way_through_a_decorator():

@@ -32,20 +32,12 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import generate_as_eager
+from _trident_helpers import generate_as_eager, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
 # (batch, prompt length, max_new_tokens)
 REQUESTS = [(2, 9, 3), (2, 12, 2), (4, 7, 3), (1, 10, 3), (1, 6, 2), (4, 11, 2), (2, 5, 3)]
-
-
-def tiny_qwen2():
-    config = transformers.Qwen2Config(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 def padded_request(i: int, batch: int, length: int):
@@ -58,7 +50,7 @@ def padded_request(i: int, batch: int, length: int):
 
 
 def test_a_dynamic_cache_sweep_compiles_each_structure_once_symbolic():
-    model = tiny_qwen2()
+    model = tiny_causal_lm("Qwen2", max_position_embeddings=64)
     forward = model.forward
     masks_seen = set()
 

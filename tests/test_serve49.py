@@ -7,24 +7,18 @@ import warnings
 
 import pytest
 import torch
-import transformers
 
 import trident
+from _trident_helpers import tiny_causal_lm
 
-
-def _tiny_qwen2():
-    config = transformers.Qwen2Config(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config).eval()
+pytest.importorskip("transformers")
 
 
 @pytest.mark.xfail(strict=True, reason="with dynamic=True Dynamo passes the attention's scale "
                    "as a tensor read with .item(), which Trident's trace refuses: every graph "
                    "runs eagerly")
 def test_the_backend_door_with_dynamic_true_serves_a_transformers_forward():
-    model = _tiny_qwen2()
+    model = tiny_causal_lm("Qwen2", max_position_embeddings=64)
     torch._dynamo.reset()
     ref = torch.compile(model.forward, backend="eager", dynamic=True)
     lengths = (5, 7, 9)

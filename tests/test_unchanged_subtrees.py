@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import trident
-from _trident_helpers import python_calls
+from _trident_helpers import python_calls, tiny_causal_lm
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TAG_TABLE = sys.version_info[:2] == (3, 11)  # Note [Tag table]: no dict watchers
@@ -327,11 +327,8 @@ def test_a_copied_module_is_a_new_tree_of_the_same_structure():
 
 
 def test_a_hugging_face_model_change_is_seen():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    pytest.importorskip("transformers")
+    model = tiny_causal_lm("Llama", hidden_size=32, intermediate_size=64, vocab_size=64)
     ids = torch.randint(0, 64, (1, 5))
 
     def logits(model, ids):

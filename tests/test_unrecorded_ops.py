@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import check_change_is_seen, count_traced_calls
+from _trident_helpers import check_change_is_seen, count_traced_calls, tiny_causal_lm
 
 SCALE = 2.0
 OFFSET = 1.0
@@ -173,11 +173,8 @@ def test_tridents_own_code_around_a_trace_gives_the_hook_no_events(monkeypatch):
     state, the reads of the model's modules): the hook gets the function's own events, none
     from Trident's substitution or analyses; the result is eager's, the guards as before (a
     second ``generate`` hits)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("transformers")
+    model = tiny_causal_lm("Llama")
     ids = torch.randint(0, 96, (1, 6))
 
     def generate():

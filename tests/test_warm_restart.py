@@ -457,6 +457,44 @@ def test_output_while_the_progress_line_shows_starts_a_line_of_its_own(subproces
                for l in drawn), shown  # drawn again after the stage's record
 
 
+SLOW_ASIDE = textwrap.dedent('''
+    import logging, sys, time
+    from trident import config
+
+    class Slow(logging.StreamHandler):  # the refresher ticks between the clear and the write
+        def emit(self, record):
+            time.sleep(1.5)
+            super().emit(record)
+
+    lg = config.logger("recompiles")
+    lg.setLevel(logging.INFO)
+    lg.propagate = False
+    lg.addHandler(Slow(sys.stderr))
+    with config.progress("Block.forward"):
+        time.sleep(3.2)
+        lg.info("a slow record")
+        sys.stderr.write("half a line, ")
+        time.sleep(1.5)
+        sys.stderr.write("its end\\n")
+        time.sleep(1.2)
+    print("done")
+''')
+
+
+def test_a_tick_between_a_clear_and_its_output_waits_for_it(subprocess_env):
+    """Note [Progress]: a record whose handler writes 1.5 s after the line was cleared, and a
+    line of ``sys.stderr`` written in two parts 1.5 s apart, each start a line of their own and
+    stay whole: the refresher's tick waits on the lock held until the record is out, and draws
+    nothing until a written line ends (a tick 0.2 s after a clear drew the line between them)."""
+    out, shown = _on_a_terminal(SLOW_ASIDE, subprocess_env)
+    assert out == b"done\n"
+    screen = [l for l in _screen(shown) if l]
+    assert screen == ["a slow record", "half a line, its end"], (screen, shown)
+    line = b"trident: Block.forward [00:0"
+    assert shown.index(line) < shown.index(b"a slow record"), shown  # shown before the record
+    assert shown.rindex(line) > shown.index(b"its end"), shown  # and drawn again after them
+
+
 def test_a_trace_that_assigns_a_tensor_to_its_arguments_stops_early(trident_cache,
                                                                      monkeypatch):
     """Note [Early assignment check] (trident/lower/source_lines.py): the trace ends at the

@@ -103,46 +103,53 @@ def cuda_graph_sizes() -> int:
 # the traced code or of transformers' ``generate`` around the compile, went on after it on
 # the same line ("trident: M.forward [00:15, trace][trident.recompiles] M.forward: trace 16.3
 # s", seen with a compile inside ``generate``). Meanwhile the line is cleared before each such
-# record or write: a record of Trident's loggers (a filter on each, which every handler's
-# output follows) and a write to ``sys.stderr`` (warnings, ``print``; ``sys.stderr`` is a
-# forwarding wrapper during the display); the refresh draws the line again after it.
+# record or write, under the bar's lock held until the record or write is out: a record of
+# Trident's loggers (their ``callHandlers`` wrapped, so every handler's output is inside) and a
+# write to ``sys.stderr`` (warnings, ``print``; ``sys.stderr`` is a forwarding wrapper during
+# the display). The refresher draws the line again under the same lock, and only where the
+# last write ended its line (``print`` writes its text and its ``\n`` apart): a tick can no
+# longer fall between a clear and its record (it did, on a loaded machine: CI, session 49; a
+# 0.2 s pause after each clear narrowed that, session 49, and is gone, session 50).
 # What writes to descriptor 2 directly (a C library), or through a stream object some handler
-# took before the display, is not seen.
+# took before the display from a logger other than Trident's, is not seen; a handler made
+# during the display on ``sys.stderr`` that another thread's record reaches while one of
+# Trident's is written waits on that record (the two locks, taken in either order).
 _progress: list = []  # the active display: (function name, tqdm bar)
 
 
-class _Aside(logging.Filter):
-    """Clears the progress line before other output (Note [Progress]): as a filter of Trident's
-    loggers (it lets every record through) and as ``sys.stderr``'s wrapper."""
+class _Aside:
+    """Clears the progress line before other output (Note [Progress]): around the handlers
+    of Trident's loggers, and as ``sys.stderr``'s wrapper."""
 
     def __init__(self, bar, stream):
-        super().__init__()
-        self.bar, self.stream, self.shown, self.cleared = bar, stream, False, 0.0
+        self.bar, self.stream, self.shown, self.mid_line = bar, stream, False, False
 
     def draw(self) -> None:  # the refresher's tick
         with self.bar.get_lock():
-            # not within 0.2 s of a clear: the record or write that cleared the line is
-            # written after the clear, outside the lock (a tick between them drew the line
-            # and the record went on after it: CI, a loaded machine, session 49)
-            if time.monotonic() - self.cleared < 0.2:
+            if self.mid_line:  # a write whose line has not ended
                 return
             self.bar.update(0)  # draws the line once its delay has passed
             self.shown = self.bar.last_print_t >= self.bar.start_t + self.bar.delay
 
-    def clear(self) -> None:
-        with self.bar.get_lock():
-            self.cleared = time.monotonic()
-            if self.shown:
-                self.bar.clear(nolock=True)
-                self.shown = False
+    def _clear(self) -> None:  # (the caller holds the bar's lock)
+        if self.shown:
+            self.bar.clear(nolock=True)
+            self.shown = False
 
-    def filter(self, record) -> bool:
-        self.clear()
-        return True
+    def around(self, call_handlers):
+        """``Logger.callHandlers`` that clears the line first, holding the lock throughout."""
+        def call(record) -> None:
+            with self.bar.get_lock():
+                self._clear()
+                call_handlers(record)
+        return call
 
     def write(self, text: str) -> int:
-        self.clear()
-        return self.stream.write(text)
+        with self.bar.get_lock():
+            self._clear()
+            if text:
+                self.mid_line = not text.endswith("\n")
+            return self.stream.write(text)
 
     def __getattr__(self, name):  # the rest of the stream's interface (flush, fileno, ...)
         return getattr(self.stream, name)
@@ -172,11 +179,12 @@ def progress(name: str):
 
         refresher = threading.Thread(target=refresh, daemon=True)
         loggers = [] if quiet else [logger(switch) for switch in LOG_SWITCHES]
+        saved = [lg.__dict__.get("callHandlers") for lg in loggers]  # (a display inside one)
         if not quiet:
             refresher.start()
             sys.stderr = aside
-            for lg in loggers:
-                lg.addFilter(aside)
+            for lg in loggers:  # (an attribute of the instance: Logger.handle calls it)
+                lg.callHandlers = aside.around(lg.callHandlers)
         _progress.append((name, bar))
         try:
             yield
@@ -185,8 +193,11 @@ def progress(name: str):
             stop.set()
             if refresher.is_alive():
                 refresher.join()
-            for lg in loggers:
-                lg.removeFilter(aside)
+            for lg, handlers in zip(loggers, saved):
+                if handlers is None:
+                    del lg.callHandlers
+                else:
+                    lg.callHandlers = handlers
             if sys.stderr is aside:  # (unless the block set another meanwhile)
                 sys.stderr = aside.stream
 

@@ -84,6 +84,7 @@ from trident.errors import TridentError
 from trident.frontend import frame_state
 from trident.frontend.choices import python_choices
 from trident.frontend.entries import compiled_from, frame_module, graph_origin
+from trident.frontend.graph_names import NamedInputs, user_name
 from trident.frontend.jit import Stats, jit_function_class
 
 # Note [Backend graphs]: every graph compiled in this process, oldest first
@@ -122,9 +123,10 @@ def _add(total: Stats, s: Stats, name: str) -> None:
 
 @functools.cache
 def _graph_class() -> type:
-    """``JitFunction`` whose counters outlive it (Note [Backend graphs])."""
-    return type("JitFunction", (jit_function_class(),), {"__module__": "trident",
-                                                        "__del__": _drop})
+    """``JitFunction`` whose counters outlive it (Note [Backend graphs]) and that names its
+    inputs as the user's (Note [Names of graph inputs] in graph_names.py)."""
+    return type("JitFunction", (NamedInputs, jit_function_class()), {"__module__": "trident",
+                                                                      "__del__": _drop})
 
 
 def _launch(kernel_idx, constant_args_idx, grid, tma_descriptor_metadata, kwargs):
@@ -216,6 +218,7 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     fn._input_sources = [frame_state.source(n) for n in gm.graph.nodes if n.op == "placeholder"]
     # Dynamo's symbolic ints: symbolic in every specialization of this graph (Note [Int leaves])
     params = list(inspect.signature(gm.forward).parameters)
+    fn._user_names = dict(zip(params, map(user_name, fn._input_sources)))
     fn._int_leaves = frozenset(name for name, example in zip(params, example_inputs)
                                if isinstance(example, torch.SymInt))
     # Note [Graph dims]: Dynamo's symbolic tensor dims, symbolic from the graph's first call

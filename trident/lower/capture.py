@@ -29,8 +29,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trident import config, frames
-from trident.lower import (decompositions, float_leaves, rng, tensor_attributes, trace_writes,
-                           values)
+from trident.lower import (decompositions, float_leaves, kernel_checks, rng, tensor_attributes,
+                           trace_writes, values)
 from trident.lower.global_state import _changed, _global_state, _restore_global_state
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
@@ -429,6 +429,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                     raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
                                        "which Trident does not compile")
                 _build_literal(gm.graph, node, attr)
+        kernel_checks.check(gm, name)  # Note [Checks the fake kernels skip]
         scalar_reads = values.has_scalar_reads(gm)  # Note [Questions about read values]
         checks = values.checks_graph(gm, reads.reads)  # Note [Value reads]
         gm.recompile()
