@@ -97,3 +97,42 @@ def test_a_miss_reason_names_the_value_of_a_new_leaf():
     assert reasons, jf.stats.miss_reasons
     assert f"self._previous_max_cache_length: int {second} (a leaf) where int {first} was " \
         "compiled" in reasons[0], reasons[0]
+
+
+@pytest.mark.xfail(strict=True, reason="the argument tree checks the model's __dict__ keys: "
+                   "generate adds _previous_max_cache_length at the first static-cache "
+                   "generate, which no forward reads (only generate's _prepare_static_cache), "
+                   "so the default cache's specializations compiled before it miss and "
+                   "compile again (docs/design.md, Limits today)")
+def test_a_default_cache_after_a_static_one_reuses_what_was_compiled():
+    """Mixing caches in one process: default (a ``DynamicCache``), static, default again.
+    The third ``generate`` is the first's structure and should hit what the first compiled;
+    it compiles its prefill and decode step again (``self: '_previous_max_cache_length'
+    added``), 6 compiles where 4 would do."""
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    forward = model.forward
+    jf = trident.jit(forward)
+    compiles = []
+    for i, (cache, length) in enumerate([(None, 6), ("static", 7), (None, 8)]):
+        torch.manual_seed(i)
+        ids = torch.randint(0, 96, (1, length))
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
+                  do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  disable_compile=True)
+        if cache:
+            kw["cache_implementation"] = cache
+        had = model.__dict__.get("_previous_max_cache_length")
+
+        def restore(had=had):
+            if had is None:
+                model.__dict__.pop("_previous_max_cache_length", None)
+            else:
+                model._previous_max_cache_length = had
+
+        generate_as_eager(model, forward, jf, ids, kw, i, restore=restore)
+        compiles.append(jf.stats.compiles)
+    assert compiles == [2, 4, 4], (compiles, jf.stats.miss_reasons)
