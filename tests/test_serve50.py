@@ -28,38 +28,44 @@ WINDOW = 4
 
 
 def tiny(arch: str):
-    extra = {"head_dim": 16} if arch == "gemma3" else {}
+    extra = {"sliding_window": WINDOW} if arch != "llama" else {}
     if arch == "gemma3":  # a hybrid cache: a sliding layer and a full-attention one
-        extra["layer_types"] = ["sliding_attention", "full_attention"]
+        extra.update(head_dim=16, layer_types=["sliding_attention", "full_attention"])
     config_cls, model_cls = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
-                             "mistral": ("MistralConfig", "MistralForCausalLM")}[arch]
+                             "mistral": ("MistralConfig", "MistralForCausalLM"),
+                             "llama": ("LlamaConfig", "LlamaForCausalLM")}[arch]
     config = getattr(transformers, config_cls)(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        sliding_window=WINDOW, **extra)
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
     torch.manual_seed(0)
     return getattr(transformers, model_cls)(config).eval()
 
 
 def sweep(model, requests):
-    """Each request through eager, then ``trident.jit(model.forward)`` from the same
-    ``_previous_max_cache_length``; returns the JitFunction and the compiles after each."""
+    """Each request (batch, prompt length, new tokens, and a ``cache_implementation``: static
+    where not given; None: the default cache) through eager, then ``trident.jit(model.forward)``
+    from the same ``_previous_max_cache_length``; returns the JitFunction and the compiles
+    after each."""
     forward = model.forward
     jf = trident.jit(forward)
     compiles = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for i, (batch, length, new) in enumerate(requests):
+        for i, (batch, length, new, *cache) in enumerate(requests):
             torch.manual_seed(i)
             ids = torch.randint(0, 96, (batch, length))
             kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new,
                       min_new_tokens=new, do_sample=False, output_logits=True,
-                      return_dict_in_generate=True, disable_compile=True,
-                      cache_implementation="static")
-            before = getattr(model, "_previous_max_cache_length", -1)
+                      return_dict_in_generate=True, disable_compile=True)
+            cache = cache[0] if cache else "static"
+            if cache:
+                kw["cache_implementation"] = cache
+            before = model.__dict__.get("_previous_max_cache_length")
 
-            def restore(before=before):
-                model._previous_max_cache_length = before
+            def restore(before=before):  # (absent before a first static-cache generate)
+                model.__dict__.pop("_previous_max_cache_length", None)
+                if before is not None:
+                    model._previous_max_cache_length = before
 
             generate_as_eager(model, forward, jf, ids, kw, i, restore=restore)
             compiles.append(jf.stats.compiles)
@@ -109,30 +115,5 @@ def test_a_default_cache_after_a_static_one_reuses_what_was_compiled():
     The third ``generate`` is the first's structure and should hit what the first compiled;
     it compiles its prefill and decode step again (``self: '_previous_max_cache_length'
     added``), 6 compiles where 4 would do."""
-    config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    forward = model.forward
-    jf = trident.jit(forward)
-    compiles = []
-    for i, (cache, length) in enumerate([(None, 6), ("static", 7), (None, 8)]):
-        torch.manual_seed(i)
-        ids = torch.randint(0, 96, (1, length))
-        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
-                  do_sample=False, output_logits=True, return_dict_in_generate=True,
-                  disable_compile=True)
-        if cache:
-            kw["cache_implementation"] = cache
-        had = model.__dict__.get("_previous_max_cache_length")
-
-        def restore(had=had):
-            if had is None:
-                model.__dict__.pop("_previous_max_cache_length", None)
-            else:
-                model._previous_max_cache_length = had
-
-        generate_as_eager(model, forward, jf, ids, kw, i, restore=restore)
-        compiles.append(jf.stats.compiles)
+    jf, compiles = sweep(tiny("llama"), [(1, 6, 3, None), (1, 7, 3, "static"), (1, 8, 3, None)])
     assert compiles == [2, 4, 4], (compiles, jf.stats.miss_reasons)
