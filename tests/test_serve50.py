@@ -117,3 +117,25 @@ def test_a_default_cache_after_a_static_one_reuses_what_was_compiled():
     added``), 6 compiles where 4 would do."""
     jf, compiles = sweep(tiny("llama"), [(1, 6, 3, None), (1, 7, 3, "static"), (1, 8, 3, None)])
     assert compiles == [2, 4, 4], (compiles, jf.stats.miss_reasons)
+
+
+def put_last(dst, index, value):
+    """A rolling window's step: the value written at ``index`` of dim 1, as
+    ``StaticSlidingWindowLayer`` writes a full window's last position."""
+    dst[:, index] = value
+    return dst * 2
+
+
+@pytest.mark.parametrize("index", [torch.tensor([-1]), torch.tensor([0, 2])], ids=["one", "two"])
+def test_an_indexed_assignment_serves_a_batch_of_one(index):
+    """Note [Leading ones of a stored value]: batches of 2 and 4 (exact, then symbolic), then
+    3 and 1 hit; before, the binding's question ``batch != 1`` was a guard and a batch of one
+    compiled once more. Every result and written ``dst`` equal to eager's."""
+    jf = trident.jit(put_last)
+    for batch in (2, 4, 3, 1, 1):
+        torch.manual_seed(batch)
+        dst, value = torch.zeros(batch, 5, 3), torch.randn(batch, len(index), 3)
+        mine, theirs = dst.clone(), dst.clone()
+        assert torch.equal(jf(mine, index, value), put_last(theirs, index, value))
+        assert torch.equal(mine, theirs)
+    assert (jf.stats.compiles, jf.stats.hits, jf.stats.fallbacks) == (2, 3, 0), jf.stats
