@@ -22,7 +22,8 @@ their default configs: ``llama``, ``qwen2``, ``mistral`` (``sliding_window=4096`
 (``use_sliding_window``), ``gemma2``, ``gemma3``. Each call draws a batch from 1, 2 and 4, a
 prompt length from 1..512 and ``max_new_tokens`` from 1..128 (seeded), runs eagerly and through
 Trident, and compares every token and logit (``torch.equal``). Runs on the CPU or, with
-``TRIDENT_SWEEP_DEVICE=cuda``, on a GPU. One line per call, then the totals and the
+``TRIDENT_SWEEP_DEVICE=cuda``, on a GPU. ``TRIDENT_SWEEP_WINDOW=8`` sets the config's
+``sliding_window`` (a window shorter than most prompts; the sliding archs' default is 4096). One line per call, then the totals and the
 distinct miss reasons.
 """
 
@@ -49,7 +50,12 @@ ARCHS = {
 def tiny_model(arch: str, device: str, layers: int = 2):
     import transformers
 
+    import os
+
     config_name, model_name, extra = ARCHS[arch]
+    window = os.environ.get("TRIDENT_SWEEP_WINDOW")
+    if window:  # a window shorter than the prompts (the default is 4096)
+        extra = {**extra, "sliding_window": int(window)}
     config = getattr(transformers, config_name)(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)

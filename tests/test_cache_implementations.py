@@ -93,14 +93,45 @@ def test_cache_implementations_are_served_natively(cache):
         (compiles, 0, 3 * NEW_TOKENS - compiles), jf.stats
 
 
+QUANTO_EAGER = ("a QuantizedCache's layers assign their quantized keys and values "
+                "(optimum-quanto's WeightQBitsTensor, a tensor subclass) to themselves: the "
+                "prefill's write cannot be replayed and the decode step's argument tree holds "
+                "a value the native guards do not read, so every call runs eagerly "
+                "(docs/design.md, Limits today)")
+
+
+def _quantized(cache_config):
+    """Three generates with a quantized cache (optimum-quanto's, groups of 16: quanto's
+    default of 64 must divide heads * tokens * head_dim, which a prompt of 9 tokens does not,
+    in eager too) of a full-attention Mistral (a QuantizedCache raises ValueError for a
+    sliding layer)."""
+    pytest.importorskip("optimum.quanto", reason="cache_implementation='quantized' needs "
+                        "optimum-quanto (or hqq), which is not installed")
+    return generate_three(tiny_mistral(sliding_window=None), "quantized",
+                          cache_config=cache_config)
+
+
+def test_a_quantized_cache_runs_eagerly_with_one_warning():
+    """Where optimum-quanto is installed (not on this project's machines by default; measured
+    with optimum-quanto 0.2.7 in a side folder): tokens and logits as eager's, every call
+    eager, one warning per reason, each naming the path and the class: the prefill assigns
+    the layer's ``_quantized_keys`` (traced twice, at two prompt lengths, then eager for that
+    argument structure at any size), and the decode step's argument tree holds it (a
+    ``WeightQBitsTensor``, never traced)."""
+    jf, ours = _quantized({"q_group_size": 16})
+    assert len(ours) == 2 and all("cache.layers[0]._quantized_keys" in w for w in ours), ours
+    assert "QuantoQuantizedLayer" in ours[0] and "WeightQBitsTensor" in ours[1], ours
+    assert (jf.stats.compiles, jf.stats.traces, jf.stats.hits) == (0, 2, 0), jf.stats
+    assert jf.stats.fallbacks == 3 * NEW_TOKENS, jf.stats
+
+
+@pytest.mark.xfail(strict=True, reason=QUANTO_EAGER)
 def test_a_quantized_cache_is_served_natively():
     """``quantized`` (a ``QuantizedCache``, optimum-quanto's by default) needs a package that
     is no dependency: skipped where it is missing (not run on the machines of this project
     so far). Where present: tokens and logits as eager's, no fallback, no warning, and calls
     after the warm-up hit."""
-    pytest.importorskip("optimum.quanto", reason="cache_implementation='quantized' needs "
-                        "optimum-quanto (or hqq), which is not installed")
-    jf, ours = generate_three(tiny_mistral(), "quantized")
+    jf, ours = _quantized({"q_group_size": 16})
     assert not ours, ours
     assert jf.stats.fallbacks == 0 and jf.stats.hits >= NEW_TOKENS, jf.stats
 

@@ -363,8 +363,9 @@ class MissPolicy(SpecializationLimit, DynamicDims):
         None: it accepts the call)."""
         if spec.tree != call.tree.key:
             tree = self._trees.get(spec.tree) or self._cache.load_tree(spec.tree)
-            return (_other_object(tree, call.tree) or tree.first_difference(call.tree)) if \
-                tree else "another argument structure"
+            if not tree:
+                return "another argument structure"
+            return _other_object(tree, call.tree) or tree.first_difference(call.tree, call.leaves)
         failed = failures(spec.guards, call.leaves) if every else \
             [g for g in [first_failure(spec.guards, call.leaves)] if g is not None]
         return "; ".join(explain_failure(g, call.leaves, spec.arg_names)

@@ -70,9 +70,10 @@ class ArgTree:
         return (self.key, tuple((n.parent, n.access, n.key, n.check, n.expect, n.length,
                                  n.keys) for n in self.nodes))
 
-    def first_difference(self, other: "ArgTree") -> str:
-        """Where ``other`` (a call's tree) departs from this (an installed one), in words."""
-        return self.words().first_difference(other)
+    def first_difference(self, other: "ArgTree", leaves: tuple | None = None) -> str:
+        """Where ``other`` (a call's tree, ``leaves`` its leaves) departs from this (an
+        installed one), in words."""
+        return self.words().first_difference(other, leaves)
 
     def words(self) -> "TreeWords":
         """What its differences are told in (Note [Stored trees])."""
@@ -113,9 +114,10 @@ class TreeWords:
     paths: list[str]
     keys: list[tuple | None]
 
-    def first_difference(self, other: ArgTree | TreeWords) -> str:
-        """Where ``other`` (a call's tree) departs from this (an installed or stored one), in
-        words."""
+    def first_difference(self, other: ArgTree | TreeWords, leaves: tuple | None = None) -> str:
+        """Where ``other`` (a call's tree; ``leaves``, where given, the call's leaves: Note
+        [Leaf values in words]) departs from this (an installed or stored one), in words."""
+        call = other
         other = other.words() if isinstance(other, ArgTree) else other
         i = self._first_apart(other)
         if i is None:
@@ -132,7 +134,7 @@ class TreeWords:
                 return (f"{where}: " + ", ".join(
                     [f"{k!r} added" for k in added] + [f"{k!r} removed" for k in removed]))
             return f"{where}: keys in another order"
-        return f"{where}: {_words(other.description[i])} where {_words(self.description[i])} " \
+        return f"{where}: {_leaf_words(call, i, leaves)} where {_words(self.description[i])} " \
             "was compiled"
 
     def held_apart(self, other: TreeWords) -> str:
@@ -194,6 +196,27 @@ def int_constants(tree: ArgTree) -> dict[str, str]:
 
 def _words(description: str) -> str:
     return description.split("|", 3)[-1]
+
+
+# Note [Leaf values in words]: a call whose tree holds a leaf where a specialization's held a
+# constant (an int attribute that became an int leaf: Note [Int leaves] in
+# frontend/policy.py) differs from it in that node's words, "a leaf", which named no value:
+# ``cumulative_length_int: a leaf where int 0 was compiled``. Where the call's leaves are at
+# hand (a miss of this process), the words name the call's value: ``int 7 (a leaf) where int
+# 0 was compiled``, a tensor its dtype and sizes.
+def _leaf_words(call, i: int, leaves: tuple | None) -> str:
+    """The words of node ``i`` of ``call`` (an ArgTree or TreeWords), a leaf's with its value
+    in ``leaves`` (Note [Leaf values in words])."""
+    words = _words(call.description[i])
+    if words != "a leaf" or leaves is None or not isinstance(call, ArgTree) or \
+            i not in call.leaf_nodes:
+        return words
+    value = leaves[call.leaf_nodes.index(i) + 1]
+    if type(value) in _SCALARS:
+        return f"{type(value).__name__} {value!r} (a leaf)"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor leaf ({str(value.dtype).removeprefix('torch.')}{list(value.shape)})"
+    return words
 
 
 # ---- binding ---------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 
 from trident import frames, runtime
 from trident.errors import TridentError
-from trident.lower import collectives, conversions, rng, tensor_attributes, trace_writes
+from trident.lower import (collectives, conversions, rng, setitem, tensor_attributes,
+                           trace_writes)
 from trident.lower.patched_methods import method_run
 
 
@@ -295,6 +296,9 @@ class _SourceLines(TorchFunctionMode):
             if remapped is not None:
                 func, args, kwargs = remapped
             func = _bool_results().get(func, func)  # Note [Bool results]
+            put = setitem.remap(func, args, kwargs)  # Note [Leading ones of a stored value]
+            if put is not None:
+                func, args = put
         self.tag(sys._getframe(1))
         if original is not None:
             return original()
