@@ -395,8 +395,8 @@ def test_sliding_window_models_with_the_default_cache_are_served_natively(arch):
             assert all(torch.equal(a, b) for a, b in zip(outs[1].logits, outs[0].logits))
     model.forward = forward
     assert not trident_warnings(caught)
-    stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 3, 0), stats.miss_reasons
+    stats = jf.stats  # (the prefill's writes found with no exact trace: Note [Writes probe])
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 2, 0), stats.miss_reasons
     assert stats.hits == sum(new for _, _, new in SWEEP[:6]) - 2, stats
 
 
