@@ -76,7 +76,7 @@ MORE_MODELS = {  # run when named: (config, model, config keywords, more keyword
         dict(head_dim=32)),
 }
 STAGES = ("trace", "import", "plan", "kernels", "C build")  # the table's columns; "other": the rest
-INSIDE = ("order probe",)  # stages inside a column's (Note [Compile stages]), not in "other"
+INSIDE = ("order probe", "writes probe")  # stages inside a column's (Note [Compile stages]), not in "other"
 
 
 def _model(name: str):

@@ -1,7 +1,7 @@
 """Tensors made from Python data on a device (``torch.tensor(data, device=x.device)``), in a
 CUDA specialization: make_fx holds the device's copy as the constant, and the launch sequence
-makes the same new tensor on that device at every call (``_build_literal`` in
-trident/lower/capture.py). Before, such a constant was made on the CPU: transformers 5.17's
+makes the same new tensor on that device at every call (``build_literal`` in
+trident/lower/literals.py). Before, such a constant was made on the CPU: transformers 5.17's
 ``DynamicLayer.lazy_initialization`` (``torch.tensor([], device=key_states.device)``, then
 ``torch.cat``) made every call of a model with its default cache on CUDA run eagerly. Skipped
 without CUDA; each call is compared with eager bit for bit, with exact counters."""

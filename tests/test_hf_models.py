@@ -352,14 +352,15 @@ def test_sliding_window_and_hybrid_caches_are_served_natively(arch):
             before = (jf.stats.misses, jf.stats.hits)
             assert_same_generation(generate(model, ids, disable_compile=True), ref)
     stats = jf.stats
-    # compiles: the prefill, traced at exact sizes then with its capacity (max_cache_len, the
+    # compiles: the prefill, run once with no graph (its writes: Note [Writes probe] in
+    # trident/frontend/tracing.py) then traced with its capacity (max_cache_len, the
     # model's _previous_max_cache_length) an int leaf (Note [Capacities of written state] in
     # trident/frontend/ints.py), and the decode step, symbolic at once (the count the prefill
     # wrote is an int leaf of the decode step from its first call: Note [Batch dims] in
     # trident/frontend/batch.py); at the second length the prefill with the prompt length and
     # the batch symbolic; the decode step hits; at the third length every call is a hit, the
     # prefill's included (4 compiles before that Note: the decode step again at the second)
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 4, 0), stats
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 3, 0), stats
     assert (stats.misses, stats.hits) == (before[0], before[1] + NEW_TOKENS) == (3, 12), stats
     assert not trident_warnings(caught)
 
@@ -394,8 +395,8 @@ def test_sliding_window_models_with_the_default_cache_are_served_natively(arch):
             assert all(torch.equal(a, b) for a, b in zip(outs[1].logits, outs[0].logits))
     model.forward = forward
     assert not trident_warnings(caught)
-    stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 3, 0), stats.miss_reasons
+    stats = jf.stats  # (the prefill's writes found with no exact trace: Note [Writes probe])
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 2, 0), stats.miss_reasons
     assert stats.hits == sum(new for _, _, new in SWEEP[:6]) - 2, stats
 
 

@@ -50,6 +50,9 @@ A, B, C, D, E, F = (1, 5, 3), (1, 9, 2), (2, 7, 3), (4, 6, 1), (2, 1, 2), (1, 1,
 ORDERS = {"batch 1 first": [A, B, C, F, D, E], "batch 4 first": [D, C, A, E, B, F],
           "1-token prompt first": [F, C, D, A, E, B]}
 MODELS = {  # (config, model class, cache, (compiles, traces) by order)
+    # Traces: since Note [Writes probe] (trident/frontend/tracing.py) a first prefill's writes
+    # are found by a run with no graph, so its exact trace below no longer runs where the
+    # symbolic one succeeds: one trace fewer than the comments count.
     # S = 3: the prefill, the one-token prefill, the decode step. The first prefill allocates
     # the cache, sized by its capacity (``max_cache_len``): traced at exact sizes, then with
     # the capacity an int leaf (Note [Capacities of written state] in
@@ -60,7 +63,7 @@ MODELS = {  # (config, model class, cache, (compiles, traces) by order)
     # only: a path of its own). Before that Note: 5, 4 and 5 (the first decode step at
     # exact sizes, then again at the next capacity)
     "llama": ("LlamaConfig", "LlamaForCausalLM", "static",
-              {"batch 1 first": (4, 5), "batch 4 first": (4, 5), "1-token prompt first": (3, 4)}),
+              {"batch 1 first": (4, 4), "batch 4 first": (4, 4), "1-token prompt first": (3, 3)}),
     # a dynamic cache: the first prefill symbolic (Note [Lengths of written state] in
     # trident/frontend/ints.py: it stores the cache; traced at exact sizes, then again with
     # the prompt's length and the batch symbolic, one trace more than compiles), its decode
@@ -74,7 +77,7 @@ MODELS = {  # (config, model class, cache, (compiles, traces) by order)
     # then with the batch alone; the decode step reads the cache's length back symbolic (the
     # exact trace stored it: ``stored_lengths``): 2 traces more than compiles
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "dynamic",
-              {"batch 1 first": (3, 4), "batch 4 first": (3, 4), "1-token prompt first": (3, 5)}),
+              {"batch 1 first": (3, 3), "batch 4 first": (3, 3), "1-token prompt first": (3, 4)}),
 }
 
 
@@ -125,7 +128,7 @@ def test_a_serving_sweep_compiles_once_per_structure_and_early_structure(arch, o
 # so a batch of two or four passes a mask with zeros, and a batch of one (its mask all ones,
 # which 5.25's ``generate`` drops) none: two argument structures beside the one-token prefill
 PADDED = [(2, 1, 4), (2, 30, 5), (4, 20, 3), (1, 25, 4), (1, 12, 2), (2, 9, 3)]
-PADDED_COUNTS = {  # (compiles, traces)
+PADDED_COUNTS = {  # (compiles, traces; the exact traces below run no more: Note [Writes probe])
     # a static cache (``generate`` makes the 4-D masks): the one-token prefill (passed a mask,
     # as the padded prefill: SDPA packs one query's heads, ``pack_gqa``, and repeats the others'
     # keys), traced at exact sizes then with its capacity an int leaf and the batch symbolic
@@ -133,19 +136,19 @@ PADDED_COUNTS = {  # (compiles, traces)
     # symbolic at once (the keys the prefill stored with a symbolic capacity); the padded
     # prefill and the unmasked one, symbolic at once: 4 (5 before that Note: the decode step at
     # the first capacity, then again at the second)
-    "llama": (4, 5),
+    "llama": (4, 4),
     # a dynamic cache: the one-token prefill (traced at exact sizes, with its length of one
     # symbolic, which SDPA refuses, then with its batch alone: Note [Lengths of written
     # state]), the unmasked decode step, the padded prefill and decode step, the unmasked
     # prefill of longer prompts: 5, one per path eager takes (SDPA with a mask; without, causal
     # for a longer prompt and not for one token), none at exact sizes then again
-    "qwen2": (5, 7),
+    "qwen2": (5, 6),
     # a Qwen2 with a static cache: as the Llama, but its masks are a dict
     # (``attention_mask['full_attention']``), None for the unmasked prefill: the same argument
     # tree as the other prefills, another path of it, whose dims are compared with theirs by
     # path (Note [Paths of one tree] in trident/frontend/ints.py); 5 before that Note (the
     # unmasked prefill at exact sizes, then again at its second length)
-    "qwen2 static": (4, 5),
+    "qwen2 static": (4, 4),
 }
 
 

@@ -187,4 +187,5 @@ def test_tridents_own_code_around_a_trace_gives_the_hook_no_events(monkeypatch):
     assert torch.equal(generate(), eager)
     assert torch.equal(generate(), eager)
     assert counts["own"] == 0 and counts["other"] > 0, counts
-    assert (jf.stats.traces, jf.stats.compiles, jf.stats.fallbacks) == (3, 2, 0), jf.stats
+    # (the prefill's writes found by a run with no graph: Note [Writes probe])
+    assert (jf.stats.traces, jf.stats.compiles, jf.stats.fallbacks) == (2, 2, 0), jf.stats

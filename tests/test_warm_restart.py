@@ -332,12 +332,13 @@ def test_compile_times_count_each_stage(trident_cache, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="trident.recompiles"):
         assert torch.equal(g(torch.ones(4)), torch.sin(torch.ones(4)) + 1)
     after = trident.config.compile_times(reset=True)
-    assert list(after) == ["trace", "order probe", "state", "import", "plan", "buffers",
-                           "kernels", "guards", "render", "C build"]
+    assert list(after) == ["trace", "order probe", "writes probe", "state", "import", "plan",
+                           "buffers", "kernels", "guards", "render", "C build"]
     grew = {k for k in after if after[k] > before[k]}
     assert {"trace", "state", "import", "plan", "buffers", "guards", "render", "C build"} <= grew
     assert "kernels" not in grew  # no Triton kernel for CUDA here
     assert "order probe" not in grew  # no dict argument (Note [Dict orders])
+    assert "writes probe" not in grew  # no object argument (Note [Writes probe])
     assert set(trident.config.compile_times().values()) == {0.0}
     stages = [re.fullmatch(r"\S+\.g: (\w+|C build) [\d.]+ s", m) for m in caplog.messages]
     assert [m[1] for m in stages if m] == ["trace", "state", "import", "plan", "buffers",

@@ -53,13 +53,14 @@ def serve(fn, requests):
 def test_a_function_that_allocates_its_state_compiles_its_capacity_symbolic():
     jf = trident.jit(step)
     serve(jf, [(2, 5, 3), (2, 7, 4), (2, 3, 3), (2, 6, 2)])
-    # the first step: traced at exact sizes, then with the capacity as an int leaf (x's
-    # length, no size of the keys, stays 5); the decode step: its keys' capacity read back
-    # symbolic at once; then the prompt's length at the second request (automatic dynamic): 3
+    # the first step: run once with no graph (Note [Writes probe] in frontend/tracing.py: its
+    # writes), then traced with the capacity as an int leaf (x's length, no size of the keys,
+    # stays 5), with no exact trace; the decode step: its keys' capacity read back symbolic
+    # at once; then the prompt's length at the second request (automatic dynamic): 3
     # compiles, not 5 (the first step and the decode step at the first capacity, both again
     # at the second); every later capacity hits
     stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 4, 0), stats.miss_reasons
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 3, 0), stats.miss_reasons
     assert stats.hits == (3 + 4 + 3 + 2) - 3
     first, decode, prefill = jf.specializations
     assert "slots.capacity=8" in first and "x: float32[2, 5, 4]" in first, first
@@ -68,7 +69,8 @@ def test_a_function_that_allocates_its_state_compiles_its_capacity_symbolic():
 
 
 def test_a_constant_capacity_compiles_once_per_structure():
-    """One capacity for every request: the capacity trace costs one more trace, no compile."""
+    """One capacity for every request: one compile per structure, one trace each (the
+    first step's writes found by a run with no graph: Note [Writes probe])."""
     jf = trident.jit(step)
     owner, ref_owner = Owner(), Owner()
     for _ in range(3):
@@ -77,4 +79,4 @@ def test_a_constant_capacity_compiles_once_per_structure():
             x = torch.randn(2, n, 4)
             assert torch.equal(jf(owner, ours, x), step(ref_owner, ref, x))
     stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks, stats.hits) == (2, 3, 0, 7)
+    assert (stats.compiles, stats.traces, stats.fallbacks, stats.hits) == (2, 2, 0, 7)

@@ -54,12 +54,13 @@ def test_a_function_that_fills_its_cache_compiles_its_first_call_symbolic():
     layer = Layer()
     jf = trident.jit(layer)
     serve(layer, jf, [5, 7, 3, 6])
-    # the prefill: traced at exact sizes, then with x's dim 1 symbolic (the stored keys' dim
-    # 1; their dim 2, 8, is no size of x; x alone has that batch: none); the decode step:
+    # the prefill: run once with no graph (Note [Writes probe] in frontend/tracing.py: its
+    # writes), then traced with x's dim 1 symbolic (the stored keys' dim 1; their dim 2, 8,
+    # is no size of x; x alone has that batch: none), with no exact trace; the decode step:
     # symbolic at once (the keys the prefill stored with a symbolic dim 1); every later
     # prompt length and step hits
     stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 3, 0), stats.miss_reasons
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 2, 0), stats.miss_reasons
     assert stats.hits == 4 * 3 - 2
     prefill, decode = jf.specializations
     assert "x: float32[2, ?, 4]" in prefill, prefill
@@ -78,8 +79,8 @@ def test_a_one_token_first_call_stores_a_length(batch):
     layer = Layer()
     jf = trident.jit(layer)
     serve(layer, jf, [1, 5, 7, 1, 3], batch=batch)
-    stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 3, 0), stats.miss_reasons
+    stats = jf.stats  # (the exact trace not run: Note [Writes probe])
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (2, 2, 0), stats.miss_reasons
     assert stats.hits == 5 * 3 - 2
     prefill, decode = jf.specializations
     assert f"x: float32[{batch}, ?, 4]" in prefill, prefill
@@ -155,8 +156,8 @@ def test_a_branch_on_a_length_of_one_is_guarded():
     layer = Branchy()
     jf = trident.jit(layer)
     serve(layer, jf, [1, 2, 5, 1, 3])
-    stats = jf.stats
-    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 4, 0), stats.miss_reasons
+    stats = jf.stats  # (the one-token call's exact trace not run: Note [Writes probe])
+    assert (stats.compiles, stats.traces, stats.fallbacks) == (3, 3, 0), stats.miss_reasons
     assert "x.size(1) == 1 is false (x.size(1) = 2)" in stats.miss_reasons[2]
     one, decode, prefill = jf.specializations
     assert "cache.keys: float32[?, ?, 8]" in decode, decode

@@ -272,7 +272,8 @@ def lock_timeout() -> float:
 
 # Note [Compile stages]: a first compile's time, by stage, summed over this process: ``trace``
 # (the function on fake tensors, tracing.py; ``order probe`` its second trace, Note [Dict
-# orders] in lower/orders.py), ``state`` (the digest of the state the trace
+# orders] in lower/orders.py; ``writes probe`` a run before it, Note [Writes probe] in
+# tracing.py), ``state`` (the digest of the state the trace
 # read, lower/state/), ``import`` (Torch-MLIR, importer.py; a first compile's includes
 # loading Torch-MLIR, seconds on a busy machine), ``plan`` (plan.py), ``buffers``
 # (buffer reuse, Note [Buffer reuse]), ``kernels`` (Triton compiles for CUDA, cubins.py),
@@ -289,8 +290,8 @@ def lock_timeout() -> float:
 # ``errors.CompileForbidden`` instead, so a test can prove it. Each stage's CPU seconds are
 # counted too (``compile_times(cpu=True)``: this process's threads and the children it waited
 # for, the C compiler), steadier than wall time on a busy machine.
-STAGES = ("trace", "order probe", "state", "import", "plan", "buffers", "kernels", "guards",
-          "render", "C build")
+STAGES = ("trace", "order probe", "writes probe", "state", "import", "plan", "buffers",
+          "kernels", "guards", "render", "C build")
 _FORBIDDEN = ("trace", "C build")
 _stage_seconds = dict.fromkeys(STAGES, 0.0)
 _stage_cpu = dict.fromkeys(STAGES, 0.0)

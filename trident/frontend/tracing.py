@@ -16,7 +16,7 @@ from trident.errors import TridentError
 from trident.frontend import batch, ints
 from trident.frontend.install import _Call
 from trident.ir.specialization import Specialization, StateGuard
-from trident.ir.trees import ID, int_constants
+from trident.ir.trees import ID, OBJECT, int_constants
 from trident.lower import compiler, float_leaves, orders, state
 from trident.lower.capture import trace
 from trident.lower.state.wholes import held_class_reads
@@ -49,19 +49,39 @@ _NO_PAUSE = contextlib.nullcontext()  # (its ``as``: None)
 # probe counts.
 
 
+# Note [Writes probe]: an automatic first compile of a call whose run stores lengths or
+# capacities (Notes [Lengths of written state] and [Capacities of written state] in ints.py: a
+# transformers static cache's prefill) is compiled from a symbolic trace, and the exact trace
+# that found those writes was thrown away: 2.4 s of CPU of a cold 16-layer tiny Llama's 13.4
+# (docs/benchmarks.md, "cold50"). The writes are facts of the run, not of its graph, so such a
+# compile runs the function once first on fake tensors of the call's sizes with no graph
+# (``capture.trace``'s ``explore``: torch's FakeTensorMode alone, no make_fx proxies, none of
+# the analyses after a trace), under the state recording as a trace is (a library write or a
+# user write at entry refuses it before it lands: Note [Library code that writes its state]),
+# and reads the writes' facts from that run. Where they store lengths the symbolic trace runs
+# first and the exact trace only where that fails; elsewhere (no such writes, or the run
+# failed, refused or gave a warning) the exact trace runs first as before, and decides. A call
+# whose tree holds no object but modules (``_holds_objects``: a plain function, a backend
+# graph's tensors) is not probed: its first trace is exact. The
+# same traces run in the same order where the symbolic compile fails, so the failure flags are
+# those of the exact trace first (restored where the exact trace fails too); where it succeeds,
+# ``Stats.traces`` counts one trace fewer. The probe is not a trace: its seconds count in
+# ``trace`` and in ``writes probe`` (Note [Compile stages] in config.py).
+
 class Tracer:
     """The JitFunction methods that trace and compile one call's signature."""
 
     __slots__ = ()
 
     def _trace(self, call: _Call, dynamic: dict[int, set[int]], recording=None,
-               lengths: dict[int, set[int]] | None = None, probe=None):
+               lengths: dict[int, set[int]] | None = None, probe=None, explore: bool = False):
         """Trace the function on fake leaves put in place of the call's (Note [Argument
         trees]); the result's structure becomes the capture's output recipe. ``recording``
         (state.record's, active): this thread's generator calls decide whether the function
         set the random state, not another thread's draws meanwhile. ``lengths``: the dims an
         exact trace of ``call`` showed to be lengths (Note [Lengths of written state]).
-        ``probe``: the order probe's (Note [Dict orders] in lower/orders.py)."""
+        ``probe``: the order probe's (Note [Dict orders] in lower/orders.py). ``explore``:
+        no graph, the writes' facts alone (Note [Writes probe]); returns None."""
         rebuilt: dict[int, int] = {}  # tuples made around the fake leaves: their nodes
         writes: list = []  # Note [Attribute writes] in lower/writes.py
         state.check_writes_before_trace(self._code_fn, call.args, call.kwargs)  # eager writes once
@@ -79,7 +99,8 @@ class Tracer:
                              outputs=lambda result: flatten_output(result, call.tree,
                                                                    call.values, rebuilt, writes),
                              changed_rng=recording.changed_rng if recording is not None and
-                             recording.active else None, ones=ones, alike=alike)
+                             recording.active else None, ones=ones, alike=alike,
+                             explore=explore)
         # Note [Batch dims] in batch.py: the int (and float: Note [Float leaves] in policy.py)
         # attributes the specialization writes
         self._written_ints = frozenset(
@@ -134,6 +155,27 @@ class Tracer:
             self._stored_lengths, self._capacities = kept
         return probe.free(call.tree) if same else frozenset()
 
+    def _probed(self, call: _Call) -> bool:
+        """Note [Writes probe]: whether ``call``, run once on fake leaves with no graph, under
+        the recording as a trace is, stores lengths or capacities (``_stores_lengths``); False
+        where that run failed, refused or gave a warning (the exact trace then runs first)."""
+        with config.stage("trace"), config.stage("writes probe"), \
+                state.record(None if self._constant_self else self._code_fn) as recording, \
+                state.paused() as recording.hook:  # Note [Own code unrecorded]
+            try:
+                with state.given_warnings(not self._constant_self) as given:
+                    self._trace(call, {}, recording, explore=True)
+            except TridentError:
+                return False
+            return not given and recording.refused is None and self._stores_lengths()
+
+    def _stores_lengths(self) -> bool:
+        """Whether the last exact trace (or writes probe) stored lengths or capacities that
+        a symbolic trace makes symbols (Notes [Lengths of written state] and [Capacities of
+        written state] in ints.py)."""
+        return bool(self._written_lengths or (
+            self._capacities - self._int_leaves and not self._capacities_failed))
+
     def _traced(self, call: _Call, dynamic: dict[int, set[int]],
                 lengths: dict[int, set[int]] | None = None):
         """``(captured, state reads, order-free dict paths)`` of ``call`` traced with
@@ -180,6 +222,16 @@ class Tracer:
 
         Raises:
             TridentError: the trace or the compile failed (an unsupported op or construct)."""
+        if again is not None and not dynamic and _holds_objects(call) and self._probed(call):
+            failed = self._dynamic_failed, self._capacities_failed  # Note [Writes probe]
+            spec = again(call)
+            if spec is not None:
+                return spec
+            try:  # the exact trace, as where it ran first and ``again`` failed after it
+                return self._compile(call, dynamic, lengths=lengths)
+            except TridentError:
+                self._dynamic_failed, self._capacities_failed = failed  # (never tried then)
+                raise
         while True:  # Note [Float leaves] in policy.py: one read is guarded by value from now on
             captured, reads, free = self._traced(call, dynamic, lengths)
             read = float_leaves.floats_read(captured.graph_module, captured.fake_args,
@@ -188,8 +240,7 @@ class Tracer:
                 break
             self._read_floats = self._read_floats | {call.names[i] for i in read}
             dynamic = {i: d for i, d in dynamic.items() if i not in read}
-        if again is not None and not dynamic and (self._written_lengths or (
-                self._capacities - self._int_leaves and not self._capacities_failed)):
+        if again is not None and not dynamic and self._stores_lengths():
             written = self._written_ints
             spec = again(call)
             if spec is not None:
@@ -210,6 +261,13 @@ class Tracer:
         _guards_log.info("%s: guards of %s:\n  %s", self.__qualname__, spec.signature,
                          "\n  ".join(g.words(names) for g in spec.guards))
         return spec
+
+
+def _holds_objects(call: _Call) -> bool:
+    """Note [Writes probe]: whether ``call``'s tree holds an object other than a module, whose
+    attributes a run may store state in (a cache; a module's buffers are not lengths)."""
+    return any(n.check == OBJECT and not isinstance(v, torch.nn.Module)
+               for n, v in zip(call.tree.nodes, call.values))
 
 
 # Note [Partials in arguments] (lower/partials.py): a ``functools.partial`` that the call's

@@ -31,6 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trident import config, frames
 from trident.lower import (decompositions, float_leaves, kernel_checks, rng, tensor_attributes,
                            trace_writes, values)
+from trident.lower.literals import build_literal
 from trident.lower.global_state import _changed, _global_state, _restore_global_state
 from trident.lower.state import pause
 from trident.lower.source_lines import _SourceLines, module_calls_as_now, source_line
@@ -282,8 +283,9 @@ def _own_fake_cuda_guard() -> None:
 def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
           outputs: Callable | None = None, name: str | None = None,
           changed_rng: Callable[[], bool] | None = None, ones: dict | None = None,
-          alike: dict | None = None) -> Capture:
-    """Trace ``fn(*args)`` into a :class:`Capture`.
+          alike: dict | None = None, explore: bool = False) -> Capture | None:
+    """Trace ``fn(*args)`` into a :class:`Capture` (``explore``: run it on fake tensors with no
+    graph, and return None: Note [Writes probe] in frontend/tracing.py).
 
     ``dynamic``: {argument index: dims} traced as symbolic sizes (Note [Symbolic sizes]).
     ``outputs``: ``result -> (flat leaves, recipe or None)`` (``outputs.flatten_output``); by
@@ -352,8 +354,15 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(ones)):
                 # Fake mode either way: fake arguments with symbolic dims carry their own
                 # FakeTensorMode and ShapeEnv, and Python scalars stay constants.
-                gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True,
-                             _disable_torch_fn_metadata_mode=True)(*(fake_args or args))
+                if explore:  # (no proxies: torch's FakeTensorMode alone, as make_fx's)
+                    from torch._subclasses.fake_tensor import FakeTensorMode
+
+                    with FakeTensorMode(allow_non_fake_inputs=True) as fakes:
+                        flat_forward(*(fakes.from_tensor(a) if isinstance(a, torch.Tensor)
+                                       else a for a in args))
+                else:
+                    gm = make_fx(flat_forward, tracing_mode="fake", _allow_non_fake_inputs=True,
+                                 _disable_torch_fn_metadata_mode=True)(*(fake_args or args))
                 # (its TorchFunctionMode would call a patched torch function by its name:
                 # Note [Patched torch functions] in source_lines.py)
         except TridentError as e:
@@ -388,6 +397,8 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
             raise TridentError(f"{name} calls torch with the random generator in another state "
                                "that it puts back before returning (through a torch.Generator's "
                                "own methods), which a compiled call would not replay")
+        if explore:
+            return None
         if holder["requires_grad"]:
             raise TridentError(f"{name} returns a tensor that requires grad (made with "
                                "requires_grad=True or under torch.enable_grad()); Trident serves "
@@ -428,7 +439,7 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
                 if attr.dtype.is_complex or attr.is_quantized:
                     raise TridentError(f"{name} makes a {attr.dtype} tensor from Python data, "
                                        "which Trident does not compile")
-                _build_literal(gm.graph, node, attr)
+                build_literal(gm.graph, node, attr)
         kernel_checks.check(gm, name)  # Note [Checks the fake kernels skip]
         scalar_reads = values.has_scalar_reads(gm)  # Note [Questions about read values]
         checks = values.checks_graph(gm, reads.reads)  # Note [Value reads]
@@ -443,39 +454,6 @@ def trace(fn: Callable, args: tuple, dynamic: dict[int, set[int]] | None = None,
 
 # Literals of up to this many elements are baked into the plan (each element is a step).
 _LITERAL_ELEMENTS = 64
-
-
-def _build_literal(graph: fx.Graph, constant: fx.Node, value: torch.Tensor) -> None:
-    """A tensor made from Python data that plan.py does not bake (one CPU element or none): of
-    several elements, or on a device (``torch.tensor([], device=key_states.device)`` in
-    transformers' ``DynamicLayer``; make_fx holds the device's copy). Each ``lift_fresh_copy``
-    of it becomes ops that make it anew on its device: ``aten::empty``, or ``aten::scalar_tensor``
-    of each element, ``aten::stack``, ``aten::_unsafe_view`` (no ``_base``: as eager's copy)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    aten = torch.ops.aten
-    fake = FakeTensorMode()  # the values the importer reads types from
-    made_kw = {"dtype": value.dtype, "device": value.device}
-    for copy in list(constant.users):
-        nodes: list[fx.Node] = []
-
-        def add(target, args, example, kwargs=None):
-            nodes.append(graph.call_function(target, args, kwargs))
-            nodes[-1].meta["val"] = fake.from_tensor(example.clone())
-            nodes[-1].meta["custom"] = copy.meta.get("custom")  # Note [Source lines]
-
-        with graph.inserting_before(copy):
-            if value.numel() == 0:
-                add(aten.empty.memory_format, (list(value.shape),), value, made_kw)
-            for v in value.flatten().tolist():
-                add(aten.scalar_tensor.default, (v,), value.flatten()[0], made_kw)
-            if value.dim() != 0 and value.numel():
-                add(aten.stack.default, (list(nodes),), value.flatten())
-            if value.dim() > 1 and value.numel():  # not a view in autograd's sense: no _base
-                add(aten._unsafe_view.default, (nodes[-1], list(value.shape)), value.contiguous())
-        copy.replace_all_uses_with(nodes[-1])
-        graph.erase_node(copy)
-    graph.erase_node(constant)
 
 
 def _transient(e: BaseException) -> bool:
