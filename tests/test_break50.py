@@ -4,6 +4,7 @@ hit and fallback counts."""
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import pytest
@@ -66,7 +67,8 @@ def _set_method(name: str, value) -> None:
         delattr(torch.Tensor, name)
 
 
-_OWN = {name: vars(torch.Tensor)[name] for name in OPERATORS if name in vars(torch.Tensor)}
+_OWN = {name: vars(torch.Tensor)[name] for name in [*OPERATORS, "sigmoid"]
+        if name in vars(torch.Tensor)}
 
 
 @pytest.mark.parametrize("case", OPERATORS)
@@ -95,3 +97,34 @@ def test_a_tensor_operator_patched_between_calls_is_seen(case, when):
     finally:
         _set_method(name, None)
     assert counts(jf) == (2, 3, 0), jf.stats
+
+
+def _graph_calls(x):
+    return (x.sigmoid() + 1) * -x
+
+
+@pytest.mark.parametrize("name, patch", [("sigmoid", lambda s: torch.neg(s)),
+                                         ("__add__", lambda s, o: torch.sub(s, o)),
+                                         ("__neg__", lambda s: torch.abs(s))])
+def test_a_tensor_method_patched_under_the_backend_door_is_seen(name, patch):
+    """Dynamo guards no method of torch.Tensor; the graph's own reads of them do."""
+    fn = types.FunctionType(_graph_calls.__code__.replace(), globals(), name)  # (own frame code:
+    torch._dynamo.reset()  # backend_stats counts per frame code)
+    cf = torch.compile(fn, backend="trident")
+    x = torch.arange(1.0, 5.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first = fn(x)
+            assert_same(cf(x), first)
+            setattr(torch.Tensor, name, patch)
+            second = fn(x)
+            assert not torch.equal(first, second)
+            assert_same(cf(x), second)
+            assert_same(cf(x), second)
+            _set_method(name, None)
+            assert_same(cf(x), first)
+    finally:
+        _set_method(name, None)
+    s = trident.backend_stats(fn)
+    assert (s.compiles, s.hits, s.fallbacks) == (2, 2, 0), s

@@ -21,7 +21,10 @@ So the bytecode of every user and library code object the trace ran (``Recording
 that ``torch.Tensor`` holds as a method (a C method or slot of ``torch._C.TensorBase``, or a
 Python function) becomes a read ``torch.Tensor.<name>``, checked by identity: a patch, or its
 undoing, misses and traces again. ``torch.Tensor``'s version tag proves all of them at once on
-a hit (Note [Quiet state] in runtime/state_memo.cpp). Not seen: a dunder that a function of
+a hit (Note [Quiet state] in runtime/state_memo.cpp). A graph of the ``torch.compile`` door
+reads those of its generated code (``x.sigmoid()``, ``mul + 1``): Dynamo guards none of them
+(torch 2.13: ``aot_eager`` returns the old result too), and the graph traced again calls the
+new method. Not seen: a dunder that a function of
 the ``operator`` module, ``functools.reduce`` or other C code calls on a tensor for the code
 (``operator.add(x, y)``, ``map(operator.neg, xs)``): docs/design.md, Limits today.
 """
