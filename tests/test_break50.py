@@ -4,6 +4,8 @@ hit and fallback counts."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import types
 import warnings
 
@@ -47,6 +49,11 @@ OPERATORS = {
     "norm in torch": (lambda x: F.normalize(x, dim=0), lambda s, *a, **k: torch.full((), 2.0)),
     # a builtin: sum() adds 0 + x first (x.__radd__), then x + x
     "__radd__ in sum()": (lambda x: sum([x, x]), lambda s, o: torch.mul(s, 3.0)),
+    # the operator module's functions, called by C code for the function
+    "__mul__ in reduce()": (lambda x: functools.reduce(operator.mul, [x, x, x]),
+                            lambda s, o: torch.add(s, o)),
+    "__neg__ in map()": (lambda x: torch.stack(list(map(operator.neg, [x, x]))),
+                         lambda s: torch.abs(s)),
 }
 
 

@@ -21,18 +21,22 @@ So the bytecode of every user and library code object the trace ran (``Recording
 that ``torch.Tensor`` holds as a method (a C method or slot of ``torch._C.TensorBase``, or a
 Python function) becomes a read ``torch.Tensor.<name>``, checked by identity: a patch, or its
 undoing, misses and traces again. ``torch.Tensor``'s version tag proves all of them at once on
-a hit (Note [Quiet state] in runtime/state_memo.cpp). A graph of the ``torch.compile`` door
+a hit (Note [Quiet state] in runtime/state_memo.cpp). A name of a function of the ``operator``
+module, loaded from anywhere (``operator.add``, ``from operator import neg``, as
+``functools.reduce(operator.mul, xs)`` and ``map(operator.neg, xs)`` call them), reads the
+dunders it calls too. A graph of the ``torch.compile`` door
 reads those of its generated code (``x.sigmoid()``, ``mul + 1``): Dynamo guards none of them
 (torch 2.13: ``aot_eager`` returns the old result too), and the graph traced again calls the
-new method. Not seen: a dunder that a function of
-the ``operator`` module, ``functools.reduce`` or other C code calls on a tensor for the code
-(``operator.add(x, y)``, ``map(operator.neg, xs)``): docs/design.md, Limits today.
+new method. Not seen: a dunder that other C code
+calls on a tensor for the code (``math.prod(xs)``'s ``__mul__``, a NumPy function given
+tensors): docs/design.md, Limits today.
 """
 
 from __future__ import annotations
 
 import dis
 import functools
+import operator
 import re
 import types
 
@@ -68,16 +72,33 @@ _BUILTINS = {"abs": ("__abs__",), "len": ("__len__",), "float": ("__float__",),
              "any": ("__bool__", "__len__"), "all": ("__bool__", "__len__")}
 
 
+@functools.lru_cache(maxsize=1024)
+def _operator_dunders(name: str) -> tuple:
+    """The dunders that the ``operator`` module's function ``name`` (``add``, ``iadd``,
+    ``and_``, ``lt``, ``getitem``, ``__add__``) may call, or ()."""
+    stem = name.strip("_")
+    if not isinstance(getattr(operator, name, None), types.BuiltinFunctionType) or not stem:
+        return ()
+    if stem.startswith("i") and f"__{stem[1:]}__" in vars(operator):
+        stem = stem[1:]  # (iadd: in place, then add)
+    if stem in ("not", "truth"):
+        return ("__bool__", "__len__")
+    reflected = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}.get(stem, "r" + stem)
+    return (f"__{stem}__", f"__{reflected}__", f"__i{stem}__")
+
+
 @functools.lru_cache(maxsize=8192)
 def _names_of(code: types.CodeType) -> frozenset:
     """The attribute names ``code`` loads and the dunders its operators and builtins call."""
     out = set()
     for i in dis.get_instructions(code):
         op = i.opname
-        if op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(i.argval, str):
-            out.add(i.argval)
-        elif op in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in _BUILTINS:
-            out.update(_BUILTINS[i.argval])
+        if op in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and \
+                isinstance(i.argval, str):
+            if op in ("LOAD_ATTR", "LOAD_METHOD"):
+                out.add(i.argval)
+            out.update(_BUILTINS.get(i.argval, ()))
+            out.update(_operator_dunders(i.argval))
         elif op == "BINARY_OP":
             stem = _BINARY.get(i.argrepr.rstrip("="))  # ("+=": in place, then "+")
             if stem is not None:
