@@ -135,3 +135,19 @@ def test_a_tensor_method_patched_under_the_backend_door_is_seen(name, patch):
         _set_method(name, None)
     s = trident.backend_stats(fn)
     assert (s.compiles, s.hits, s.fallbacks) == (2, 2, 0), s
+
+
+@pytest.mark.xfail(strict=True, reason="a torch.Tensor dunder that C code other than the "
+                   "operators, builtins and operator functions calls (math.prod's __mul__) is "
+                   "not read: docs/design.md, Limits today")
+def test_a_tensor_operator_math_prod_calls_is_seen():
+    import math
+    fn = lambda x: math.prod([x, x, x])  # noqa: E731
+    x = torch.arange(1.0, 5.0)
+    jf = trident.jit(fn)
+    try:
+        assert_same(jf(x), fn(x))
+        _set_method("__mul__", lambda s, o: torch.add(s, o))
+        assert_same(jf(x), fn(x))
+    finally:
+        _set_method("__mul__", None)
