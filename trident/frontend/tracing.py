@@ -19,6 +19,7 @@ from trident.ir.specialization import Specialization, StateGuard
 from trident.ir.trees import ID, OBJECT, int_constants
 from trident.lower import compiler, float_leaves, orders, state
 from trident.lower.capture import trace
+from trident.lower.state.tensor_methods import tensor_method_reads
 from trident.lower.state.wholes import held_class_reads
 from trident.lower.substitute import substituted
 from trident.lower.outputs import flatten_output
@@ -205,10 +206,14 @@ class Tracer:
                 recording.module_call = True  # its Module.__call__ read torch's global hooks
                 recording.module_classes.setdefault(id(type(self._fn)), type(self._fn))  # and
                 # its class's __call__ (Note [Module forwards] in lower/state/roots.py)
-            reads = [] if self._constant_self else [  # (backend.py: Dynamo guards its
-                r.to_json() for r in state.reads_of(recording, self._code_fn) +  # graphs)
-                held_class_reads(call.tree.nodes, call.values, True)]  # Note [Classes of held
-            # objects] in lower/state/wholes.py
+            if self._constant_self:  # a backend graph (backend.py): Dynamo guards what its
+                # frame reads, but not the tensor methods the graph's code calls (Note [Tensor
+                # methods and operators] in lower/state/tensor_methods.py)
+                found = tensor_method_reads([self._code_fn.__code__])
+            else:  # Note [Classes of held objects] in lower/state/wholes.py
+                found = state.reads_of(recording, self._code_fn) + \
+                    held_class_reads(call.tree.nodes, call.values, True)
+            reads = [r.to_json() for r in found]
             reads += [r.to_json() for r in _partials_of(call)]
         return captured, reads, free
 

@@ -4,10 +4,7 @@ ran, resolved to :class:`Read` roots and steps that a new call evaluates."""
 from __future__ import annotations
 
 import builtins
-import dis
 import types
-
-import torch
 
 from trident.errors import TridentError
 from trident.lower import orders
@@ -17,11 +14,12 @@ from trident.lower.state.callables import _SCAN_BOUND, _called_arguments, _funct
 from trident.lower.state.chain import (_MISSING, _STOP, Read, _globals_root,
                                        _imported, _kernel_fns, _resolve_calls, _resolve_root,
                                        _root_of, _root_of_dict, _step, _values_along)
-from trident.lower.state.instances import (_CALLS, _EACH_BOUND, _TENSOR_STATE, _end_of,
+from trident.lower.state.instances import (_CALLS, _EACH_BOUND, _end_of,
                                            each_reads, object_reads)
 from trident.lower.state.library import library_reads
 from trident.lower.state.recording import _CALLS_BOUND, Recording
 from trident.lower.state.roots import forward_reads, reach, reached_root, registry_reads
+from trident.lower.state.tensor_methods import tensor_method_reads
 from trident.lower.state.library_steps import _WHOLE_LIBRARY_STATE
 
 
@@ -215,12 +213,9 @@ def reads_of(rec: Recording, fn) -> list[Read]:
         code, name, _ = pending[0]
         raise TridentError(f"{code.co_name} reads the closure variable {name!r}, whose cell "
                            "Trident cannot find again")
-    methods = {i.argval for code in rec.codes for i in dis.get_instructions(code)
-               if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(i.argval, str)}
-    for name in sorted(methods - _TENSOR_STATE):  # on any tensor (an intermediate's too): a
-        if isinstance(vars(torch._C.TensorBase).get(name, vars(torch.Tensor).get(name)), (
-                types.MethodDescriptorType, types.FunctionType)):  # method a user may patch
-            reads.append(Read(("module", "torch"), (("attr", "Tensor"), ("attr", name))))
+    # the methods of any tensor (an intermediate's too) that user and library code call, by
+    # name or through an operator: Note [Tensor methods and operators] (tensor_methods.py)
+    reads += tensor_method_reads([*rec.codes, *(c for c, _ in rec.library.values())])
     for code, (_, params) in rec.codes.items():  # methods reached through an argument
         if code not in functions and code.co_argcount and code.co_varnames[0] in params:
             owner = params[code.co_varnames[0]]
