@@ -577,3 +577,23 @@ def test_the_cache_bound_setting(monkeypatch):
     monkeypatch.setenv("TRIDENT_CACHE_SIZE", "lots")
     with pytest.warns(UserWarning, match="TRIDENT_CACHE_SIZE='lots' is not a size"):
         assert config.cache_size() == 2 * 2**30
+
+
+def test_clear_says_the_extra_entries_are_graphs(trident_cache, capsys, tmp_path, monkeypatch):
+    """`clear f` where one `f` was jitted and another compiled by torch.compile (two graphs:
+    a graph break) counts the extra entries as what they are: the graphs and the trident.jit
+    entry, not a function's earlier code (the new-user trial of session 50 was told "a
+    function's earlier code has its own")."""
+    (tmp_path / "mode.py").write_text("def f(x):\n    return x + 1\n")
+    (tmp_path / "modf.py").write_text("import torch\n\ndef f(x):\n    y = x + 2\n"
+                                      "    torch._dynamo.graph_break()\n    return y * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mode, modf = (importlib.import_module(name) for name in ("mode", "modf"))
+    trident.jit(mode.f)(torch.ones(2))
+    compiled = torch.compile(modf.f, backend="trident")
+    assert torch.equal(compiled(torch.ones(2)), modf.f(torch.ones(2)))
+    assert cli.main(["clear", "f"]) == 2
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "'f' names 2 functions (3 cache entries: 2 torch.compile graphs, an entry each, and 1 "
+        "trident.jit entry); pick one by the name after its colon:")
+    assert len(trident.list_cache()) == 3

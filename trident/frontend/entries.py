@@ -338,7 +338,7 @@ def clear(name: str | None = None) -> list[str]:
             for r in sorted(rows, key=lambda r: (full_name(r["about"]),
                                                  str(r["about"].get("file")))):
                 firsts.setdefault(_function_of(r), r)
-            earlier = f" ({len(rows)} cache entries: a function's earlier code has its own)" \
+            earlier = f" ({len(rows)} cache entries: {_why_entries(rows)})" \
                 if len(rows) > len(origins) else ""
             raise ValueError(f"{name!r} names {len(origins)} functions{earlier}; pick one by "
                              "the name after its colon:\n" + "\n".join(
@@ -361,6 +361,29 @@ def clear(name: str | None = None) -> list[str]:
         for sub in ("functions", "runtime", "locks"):
             shutil.rmtree(root / sub, ignore_errors=True)
     return [str(d) for d in doomed]
+
+
+def _why_entries(rows: list[dict]) -> str:
+    """Why ``rows`` are more cache entries than functions (``clear``'s message): graphs of the
+    torch.compile doors (each its own entry: Note [Graph origins]) beside ``trident.jit``
+    entries, and a function's several ``trident.jit`` entries, made by its earlier code or by
+    other versions of what its key names (``function.json``'s ``key``: torch, globals)."""
+    graphs = sum(1 for r in rows if r["about"].get("graph_of"))
+    jits = len(rows) - graphs
+    keys: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r["about"].get("graph_of"):
+            keys.setdefault(_function_of(r), []).append(r["about"].get("key") or {})
+    differ = sorted({part for found in keys.values() if len(found) > 1
+                     for part in set().union(*found) if len({json.dumps(k.get(part))
+                                                             for k in found}) > 1})
+    why = ["a function's earlier code has its own" if "code" in differ or not differ else
+           f"a function's entries of other {', '.join(differ)} have their own"] \
+        if any(len(found) > 1 for found in keys.values()) else []
+    if graphs:
+        why.insert(0, f"{graphs} torch.compile graph{'s' * (graphs != 1)}, an entry each, and "
+                      f"{jits} trident.jit entr{'y' if jits == 1 else 'ies'}")
+    return "; ".join(why)
 
 
 def _named(rows: list[dict], name: str) -> list[dict]:
