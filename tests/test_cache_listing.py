@@ -417,6 +417,30 @@ def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cac
         assert f" of {__name__}.ListedKnobs.scale" in told[0]
 
 
+def listed_branch(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+def test_list_names_the_value_checks_that_tell_alike_specializations_apart(trident_cache,
+                                                                          capsys):
+    """Two specializations of one signature, traced through the two sides of ``if x.sum() >
+    0:`` (their value checks, Note [Value checks]): ``list`` names the line and the value each
+    read (the new-user trial of session 50 saw both listed alike, nothing apart)."""
+    b = trident.jit(listed_branch)
+    for x in (torch.ones(3), -torch.ones(3)):
+        assert torch.equal(b(x), listed_branch(x))
+    assert b.stats.compiles == 2
+    (row,) = trident.list_cache()
+    assert row["signatures"] == ["listed_branch(x: float32[3] cpu)"] * 2
+    line = inspect.getsourcelines(listed_branch)[1] + 1
+    where = f"test_cache_listing.py:{line} (if x.sum() > 0:)"
+    assert sorted(row["apart"]) == [[f"{where} read False"], [f"{where} read True"]]
+    assert cli.main(["list"]) == 0
+    assert f"listed_branch(x: float32[3] cpu) [{where} read True]" in capsys.readouterr().out
+
+
 class ListedConfig:
     pass
 

@@ -50,7 +50,8 @@ def list_entries() -> list[dict]:
     order, their number ``specializations``, ``bytes`` on disk, ``last_use`` (seconds since
     the epoch: Note [Cache size] in cache.py) and ``apart``: per signature, the words of the
     guards that tell it from the others of the same signature (the number of threads, grad
-    mode; empty where its signature is its own)."""
+    mode, a value its trace read and branched on: ``f.py:3 (if x.sum() > 0:) read True``;
+    empty where its signature is its own)."""
     root = config.cache_dir() / "functions"
     rows = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
@@ -132,7 +133,8 @@ def _apart(signatures: list[str], stored: list, directory: Path) -> list[list[st
     words, states = [], []
     for data in stored:
         try:
-            words.append([Guard.from_json(g).words(data["arg_names"]) for g in data["guards"]])
+            words.append([Guard.from_json(g).words(data["arg_names"]) for g in data["guards"]]
+                         + _check_words(data.get("checks")))
         except (KeyError, TypeError, ValueError, AttributeError):
             words.append([])
         states.append(_state_words(data) if data is not None else [])
@@ -150,6 +152,17 @@ def _apart(signatures: list[str], stored: list, directory: Path) -> list[list[st
                 told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
         apart.append(told)
     return apart
+
+
+def _check_words(checks: dict | None) -> list[str]:
+    """A stored specialization's value checks (Note [Value checks] in codegen/checks.py) as
+    ``list`` tells them: ``edge.py:27 (if x.sum() > 0:) read True``, one per value its trace
+    read; empty where it has none."""
+    if not checks:
+        return []
+    lines = checks.get("lines") or []
+    return [f"{lines[k][0]} ({lines[k][1]}) read {value!r}" if k < len(lines) else
+            f"value {k} read {value!r}" for k, value in enumerate(checks.get("values") or [])]
 
 
 def _trees_apart(directory: Path, stored: list, i: int, alike: list[int]) -> list[str]:
