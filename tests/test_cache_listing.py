@@ -621,3 +621,29 @@ def test_clear_says_the_extra_entries_are_graphs(trident_cache, capsys, tmp_path
         "'f' names 2 functions (3 cache entries: 2 torch.compile graphs, an entry each, and 1 "
         "trident.jit entry); pick one by the name after its colon:")
     assert len(trident.list_cache()) == 3
+
+
+def listed_gate(x, w):
+    return torch.nn.functional.silu(x @ w.t()) * 0.5
+
+
+def test_list_names_graph_inputs_and_symbolic_sizes_as_the_user_reads_them(trident_cache,
+                                                                          capsys):
+    """Note [Names of graph inputs]: torch.compile (``dynamic=None``) compiles a static graph
+    at the first size and a graph with a symbolic size at the second, which serves any size;
+    ``list`` names their inputs as the user's (``x``, not ``L_x_``), the symbolic size as
+    ``x.size(0)=?`` (not ``s77=8``, its first value: the new-user trial of session 50), and
+    tells the two graphs' folders apart as graphs, not by FX's class name."""
+    compiled = torch.compile(listed_gate, backend="trident")
+    w = torch.randn(8, 16)
+    for n in (4, 6, 7):
+        x = torch.randn(n, 16)
+        assert torch.equal(compiled(x, w), listed_gate(x, w))
+    rows = sorted(trident.list_cache(), key=lambda r: len(r["signatures"][0]))
+    assert [r["signatures"] for r in rows] == [
+        ["forward(w: float32[8, 16] cpu, x: float32[4, 16] cpu)"],
+        ["forward(w: float32[8, 16] cpu, x.size(0)=?, x: float32[?, 16] cpu)"]]
+    for row in rows:
+        assert [w for w in row["key_apart"] if w.startswith("another graph of the function "
+                                                            "(its code #")] != [], row
+        assert not any("GraphModuleImpl" in w for w in row["key_apart"]), row

@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 from trident import config
+from trident.frontend.graph_names import named
 
 
 def entry_size(directory: Path) -> int:
@@ -63,7 +64,8 @@ def list_entries() -> list[dict]:
         for path in sorted(d.glob("specs/*.json")):
             try:
                 data = json.loads(path.read_text())
-                signatures.append(data["signature"])
+                signatures.append(named(data["signature"], about.get("inputs") or {},
+                                        about.get("symbolic_ints") or ()))
                 stored.append(data)
             except (OSError, ValueError, KeyError, TypeError):
                 signatures.append("(unreadable: dropped at the next load)")
@@ -101,6 +103,8 @@ def _key_apart(rows: list[dict]) -> None:
             row["key_apart"] = ["its key's parts are not recorded (an older Trident's folder)"]
             continue
         row["key_apart"] = [f"{label}: {words}" + f" #{digest[:8]}" * same_words
+                            if label != "graph" else  # (a GraphModule's class: FX's own)
+                            f"another graph of the function (its code #{digest[:8]})"
                             for label, words, digest, same_words in parts_apart(
                                 mine, [r["about"]["key"] for r in alike])]
         row["key_apart"] += [f"{label}: absent" for label in sorted(
