@@ -278,7 +278,7 @@ def test_backend_graph_names_the_compiled_function(trident_cache, capsys):
     assert row["about"] == {
         "qualname": block.__qualname__, "module": __name__, "file": __file__, "line": line,
         "graph_of": f"{block.__qualname__} ({__file__}:{line + 1})", "graph_line": line + 1,
-        "key": row["about"]["key"]}
+        "inputs": {"L_x_": "x"}, "symbolic_ints": [], "key": row["about"]["key"]}
     assert cli.main(["list"]) == 0
     assert capsys.readouterr().out.startswith(
         f"{__name__}.{block.__qualname__} ({__file__}:{line}, a torch.compile graph from line "
