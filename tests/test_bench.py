@@ -16,7 +16,8 @@ from benchmarks.demo import Ratio, compare, format_table
 
 def test_compare_wins_only_without_overlap():
     faster = compare([10.0, 11.0, 12.0], [7.0, 8.0, 9.0])  # Trident's slowest beat the fastest
-    assert faster == Ratio(median=11.0 / 8.0, low=10.0 / 9.0, high=12.0 / 7.0)
+    assert faster == Ratio(median=11.0 / 8.0, low=10.0 / 9.0, high=12.0 / 7.0,
+                           fastest=10.0 / 7.0)
     assert faster.verdict == "Trident faster"
     assert compare([7.0, 8.0, 9.0], [10.0, 11.0, 12.0]).verdict == "Trident slower"
 
@@ -30,6 +31,33 @@ def test_compare_overlap_is_no_measurable_difference():
     assert compare([10.0, 11.0], [9.0, 10.0]).verdict == "no measurable difference"
     assert compare([20.0, 20.0, 20.0, 5.0], [10.0, 10.0, 10.0]).verdict == \
         "no measurable difference"
+
+
+def test_compare_says_when_the_machine_was_too_noisy_to_tell():
+    """Loops whose range allows Trident both twice as fast and half as fast (a new user's busy
+    machine: medians 1006 and 14731 µs, range 0.04-115.61, printed as "no measurable
+    difference") are too noisy to tell; the verdict gives the fastest loops' ratio. A range
+    within 2x either way stays "no measurable difference"."""
+    busy = compare([1006.0, 900.0, 30000.0], [14731.0, 880.0, 25000.0])
+    assert busy.low < 0.5 and busy.high > 2 and busy.noisy
+    assert str(busy) == (f"{1006 / 14731:.2f} ({900 / 25000:.2f}-{30000 / 880:.2f}): the "
+                         "machine was too noisy to tell (run again on an idle machine; "
+                         f"fastest loops' ratio {900 / 880:.2f})")
+    assert not compare([10.0, 19.0], [10.0, 19.0]).noisy  # 0.53-1.9
+    assert compare([10.0, 19.0], [10.0, 19.0]).verdict == "no measurable difference"
+
+
+def test_demo_says_whether_it_built_the_runtime():
+    """The demo's start line: a warm run (the runtime built before) says nothing was built; a
+    run that built it says so (a new user's warm run printed "built once per torch version")."""
+    from benchmarks.demo import ready_line
+    assert ready_line(7.7, False) == ("  Trident ready in 7.7 s: imported its modules and "
+                                      "loaded its native runtime, built by an earlier run "
+                                      "(nothing was built)")
+    assert "built its native runtime for torch" in ready_line(40.0, True)
+    import trident.runtime
+    trident.runtime.load()
+    assert trident.runtime.built()
 
 
 def test_compare_formats_and_rejects_bad_samples():

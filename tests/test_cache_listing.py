@@ -278,7 +278,7 @@ def test_backend_graph_names_the_compiled_function(trident_cache, capsys):
     assert row["about"] == {
         "qualname": block.__qualname__, "module": __name__, "file": __file__, "line": line,
         "graph_of": f"{block.__qualname__} ({__file__}:{line + 1})", "graph_line": line + 1,
-        "key": row["about"]["key"]}
+        "inputs": {"L_x_": "x"}, "symbolic_ints": [], "key": row["about"]["key"]}
     assert cli.main(["list"]) == 0
     assert capsys.readouterr().out.startswith(
         f"{__name__}.{block.__qualname__} ({__file__}:{line}, a torch.compile graph from line "
@@ -415,6 +415,30 @@ def test_list_names_the_state_that_tells_alike_specializations_apart(trident_cac
     for told in (first, second):
         assert len(told) == 1 and told[0].startswith("state ")
         assert f" of {__name__}.ListedKnobs.scale" in told[0]
+
+
+def listed_branch(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+def test_list_names_the_value_checks_that_tell_alike_specializations_apart(trident_cache,
+                                                                          capsys):
+    """Two specializations of one signature, traced through the two sides of ``if x.sum() >
+    0:`` (their value checks, Note [Value checks]): ``list`` names the line and the value each
+    read (the new-user trial of session 50 saw both listed alike, nothing apart)."""
+    b = trident.jit(listed_branch)
+    for x in (torch.ones(3), -torch.ones(3)):
+        assert torch.equal(b(x), listed_branch(x))
+    assert b.stats.compiles == 2
+    (row,) = trident.list_cache()
+    assert row["signatures"] == ["listed_branch(x: float32[3] cpu)"] * 2
+    line = inspect.getsourcelines(listed_branch)[1] + 1
+    where = f"test_cache_listing.py:{line} (if x.sum() > 0:)"
+    assert sorted(row["apart"]) == [[f"{where} read False"], [f"{where} read True"]]
+    assert cli.main(["list"]) == 0
+    assert f"listed_branch(x: float32[3] cpu) [{where} read True]" in capsys.readouterr().out
 
 
 class ListedConfig:
@@ -577,3 +601,49 @@ def test_the_cache_bound_setting(monkeypatch):
     monkeypatch.setenv("TRIDENT_CACHE_SIZE", "lots")
     with pytest.warns(UserWarning, match="TRIDENT_CACHE_SIZE='lots' is not a size"):
         assert config.cache_size() == 2 * 2**30
+
+
+def test_clear_says_the_extra_entries_are_graphs(trident_cache, capsys, tmp_path, monkeypatch):
+    """`clear f` where one `f` was jitted and another compiled by torch.compile (two graphs:
+    a graph break) counts the extra entries as what they are: the graphs and the trident.jit
+    entry, not a function's earlier code (the new-user trial of session 50 was told "a
+    function's earlier code has its own")."""
+    (tmp_path / "mode.py").write_text("def f(x):\n    return x + 1\n")
+    (tmp_path / "modf.py").write_text("import torch\n\ndef f(x):\n    y = x + 2\n"
+                                      "    torch._dynamo.graph_break()\n    return y * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mode, modf = (importlib.import_module(name) for name in ("mode", "modf"))
+    trident.jit(mode.f)(torch.ones(2))
+    compiled = torch.compile(modf.f, backend="trident")
+    assert torch.equal(compiled(torch.ones(2)), modf.f(torch.ones(2)))
+    assert cli.main(["clear", "f"]) == 2
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "'f' names 2 functions (3 cache entries: 2 torch.compile graphs, an entry each, and 1 "
+        "trident.jit entry); pick one by the name after its colon:")
+    assert len(trident.list_cache()) == 3
+
+
+def listed_gate(x, w):
+    return torch.nn.functional.silu(x @ w.t()) * 0.5
+
+
+def test_list_names_graph_inputs_and_symbolic_sizes_as_the_user_reads_them(trident_cache,
+                                                                          capsys):
+    """Note [Names of graph inputs]: torch.compile (``dynamic=None``) compiles a static graph
+    at the first size and a graph with a symbolic size at the second, which serves any size;
+    ``list`` names their inputs as the user's (``x``, not ``L_x_``), the symbolic size as
+    ``x.size(0)=?`` (not ``s77=8``, its first value: the new-user trial of session 50), and
+    tells the two graphs' folders apart as graphs, not by FX's class name."""
+    compiled = torch.compile(listed_gate, backend="trident")
+    w = torch.randn(8, 16)
+    for n in (4, 6, 7):
+        x = torch.randn(n, 16)
+        assert torch.equal(compiled(x, w), listed_gate(x, w))
+    rows = sorted(trident.list_cache(), key=lambda r: len(r["signatures"][0]))
+    assert [r["signatures"] for r in rows] == [
+        ["forward(w: float32[8, 16] cpu, x: float32[4, 16] cpu)"],
+        ["forward(w: float32[8, 16] cpu, x.size(0)=?, x: float32[?, 16] cpu)"]]
+    for row in rows:
+        assert [w for w in row["key_apart"] if w.startswith("another graph of the function "
+                                                            "(its code #")] != [], row
+        assert not any("GraphModuleImpl" in w for w in row["key_apart"]), row

@@ -230,6 +230,8 @@ def trident_backend(gm: fx.GraphModule, example_inputs: list, **options):
     gm.meta["trident_origin"] = origin = graph_origin(  # Note [Graph origins] in entries.py
         gm, code, tx.f_locals if tx is not None else None, getattr(tx, "f_globals", None))
     fn._graph_of = origin["graph_of"]
+    origin["inputs"] = {k: v for k, v in fn._user_names.items() if v and v != k}  # for list:
+    origin["symbolic_ints"] = sorted(fn._int_leaves)  # Note [Names of graph inputs]
     _GRAPHS[:] = [r for r in _GRAPHS if r() is not None] + [weakref.ref(fn)]
     return fn
 

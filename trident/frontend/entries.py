@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 from trident import config
+from trident.frontend.graph_names import named
 
 
 def entry_size(directory: Path) -> int:
@@ -50,7 +51,8 @@ def list_entries() -> list[dict]:
     order, their number ``specializations``, ``bytes`` on disk, ``last_use`` (seconds since
     the epoch: Note [Cache size] in cache.py) and ``apart``: per signature, the words of the
     guards that tell it from the others of the same signature (the number of threads, grad
-    mode; empty where its signature is its own)."""
+    mode, a value its trace read and branched on: ``f.py:3 (if x.sum() > 0:) read True``;
+    empty where its signature is its own)."""
     root = config.cache_dir() / "functions"
     rows = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
@@ -62,7 +64,8 @@ def list_entries() -> list[dict]:
         for path in sorted(d.glob("specs/*.json")):
             try:
                 data = json.loads(path.read_text())
-                signatures.append(data["signature"])
+                signatures.append(named(data["signature"], about.get("inputs") or {},
+                                        about.get("symbolic_ints") or ()))
                 stored.append(data)
             except (OSError, ValueError, KeyError, TypeError):
                 signatures.append("(unreadable: dropped at the next load)")
@@ -100,6 +103,8 @@ def _key_apart(rows: list[dict]) -> None:
             row["key_apart"] = ["its key's parts are not recorded (an older Trident's folder)"]
             continue
         row["key_apart"] = [f"{label}: {words}" + f" #{digest[:8]}" * same_words
+                            if label != "graph" else  # (a GraphModule's class: FX's own)
+                            f"another graph of the function (its code #{digest[:8]})"
                             for label, words, digest, same_words in parts_apart(
                                 mine, [r["about"]["key"] for r in alike])]
         row["key_apart"] += [f"{label}: absent" for label in sorted(
@@ -132,7 +137,8 @@ def _apart(signatures: list[str], stored: list, directory: Path) -> list[list[st
     words, states = [], []
     for data in stored:
         try:
-            words.append([Guard.from_json(g).words(data["arg_names"]) for g in data["guards"]])
+            words.append([Guard.from_json(g).words(data["arg_names"]) for g in data["guards"]]
+                         + _check_words(data.get("checks")))
         except (KeyError, TypeError, ValueError, AttributeError):
             words.append([])
         states.append(_state_words(data) if data is not None else [])
@@ -150,6 +156,17 @@ def _apart(signatures: list[str], stored: list, directory: Path) -> list[list[st
                 told = [f"{told[0]} of {', '.join(read[:3])}{' ...' * (len(read) > 3)}"]
         apart.append(told)
     return apart
+
+
+def _check_words(checks: dict | None) -> list[str]:
+    """A stored specialization's value checks (Note [Value checks] in codegen/checks.py) as
+    ``list`` tells them: ``edge.py:27 (if x.sum() > 0:) read True``, one per value its trace
+    read; empty where it has none."""
+    if not checks:
+        return []
+    lines = checks.get("lines") or []
+    return [f"{lines[k][0]} ({lines[k][1]}) read {value!r}" if k < len(lines) else
+            f"value {k} read {value!r}" for k, value in enumerate(checks.get("values") or [])]
 
 
 def _trees_apart(directory: Path, stored: list, i: int, alike: list[int]) -> list[str]:
@@ -338,7 +355,7 @@ def clear(name: str | None = None) -> list[str]:
             for r in sorted(rows, key=lambda r: (full_name(r["about"]),
                                                  str(r["about"].get("file")))):
                 firsts.setdefault(_function_of(r), r)
-            earlier = f" ({len(rows)} cache entries: a function's earlier code has its own)" \
+            earlier = f" ({len(rows)} cache entries: {_why_entries(rows)})" \
                 if len(rows) > len(origins) else ""
             raise ValueError(f"{name!r} names {len(origins)} functions{earlier}; pick one by "
                              "the name after its colon:\n" + "\n".join(
@@ -361,6 +378,29 @@ def clear(name: str | None = None) -> list[str]:
         for sub in ("functions", "runtime", "locks"):
             shutil.rmtree(root / sub, ignore_errors=True)
     return [str(d) for d in doomed]
+
+
+def _why_entries(rows: list[dict]) -> str:
+    """Why ``rows`` are more cache entries than functions (``clear``'s message): graphs of the
+    torch.compile doors (each its own entry: Note [Graph origins]) beside ``trident.jit``
+    entries, and a function's several ``trident.jit`` entries, made by its earlier code or by
+    other versions of what its key names (``function.json``'s ``key``: torch, globals)."""
+    graphs = sum(1 for r in rows if r["about"].get("graph_of"))
+    jits = len(rows) - graphs
+    keys: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r["about"].get("graph_of"):
+            keys.setdefault(_function_of(r), []).append(r["about"].get("key") or {})
+    differ = sorted({part for found in keys.values() if len(found) > 1
+                     for part in set().union(*found) if len({json.dumps(k.get(part))
+                                                             for k in found}) > 1})
+    why = ["a function's earlier code has its own" if "code" in differ or not differ else
+           f"a function's entries of other {', '.join(differ)} have their own"] \
+        if any(len(found) > 1 for found in keys.values()) else []
+    if graphs:
+        why.insert(0, f"{graphs} torch.compile graph{'s' * (graphs != 1)}, an entry each, and "
+                      f"{jits} trident.jit entr{'y' if jits == 1 else 'ies'}")
+    return "; ".join(why)
 
 
 def _named(rows: list[dict], name: str) -> list[dict]:

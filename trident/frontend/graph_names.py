@@ -34,6 +34,22 @@ def user_name(source: str | None) -> str | None:
     return source
 
 
+def named(text: str, user_names: dict[str, str | None], symbolic=()) -> str:
+    """``text`` with each graph parameter of ``user_names`` (``L_x_``, ``s77``) named as the
+    user's (``x``, ``x.size(0)``; Note [Names of graph inputs]); a parameter of ``symbolic``
+    (Dynamo's symbolic ints, symbolic in every specialization of the graph: Note [Int leaves]
+    in policy.py) that a signature shows with its first call's value (``s77=8``) reads
+    ``x.size(0)=?``: the graph serves any value. ``python -m trident list`` names stored
+    signatures so, from what ``function.json`` recorded (Note [Listing without torch])."""
+    for name in symbolic:
+        text = re.sub(rf"(?<![\w.']){re.escape(name)}=-?\d+", f"{name}=?", text)
+    names = {k: v for k, v in user_names.items() if v and v != k}
+    if not names:
+        return text
+    words = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    return re.sub(rf"(?<![\w.'])({words})(?!\w)", lambda m: names[m[1]], text)
+
+
 class NamedInputs:
     """What a graph's ``stats``, ``explain`` and ``specializations`` say, its inputs named as
     the user's (Note [Names of graph inputs])."""
@@ -41,11 +57,7 @@ class NamedInputs:
     _user_names: dict[str, str] = {}  # graph parameter -> the user's name
 
     def _named(self, text: str) -> str:
-        names = {k: v for k, v in self._user_names.items() if v and v != k}
-        if not names:
-            return text
-        words = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
-        return re.sub(rf"(?<![\w.'])({words})(?!\w)", lambda m: names[m[1]], text)
+        return named(text, self._user_names)
 
     def _eager(self, args, kwargs, why: str, warn: bool = True, miss: bool = True):
         return super()._eager(args, kwargs, self._named(why), warn, miss)  # (its warning too)

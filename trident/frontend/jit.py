@@ -40,7 +40,9 @@ class Stats:
     """Counters of one ``@trident.jit`` function (per process).
 
     Attributes:
-        hits: calls served by the native hit path.
+        hits: calls served by the native hit path, and calls that waited for another
+            thread's compile and then ran the specialization it installed (Note [Miss
+            counts] in policy.py).
         misses: every other call that bound to the parameters (``hits + misses`` is the
             calls): one no specialization's guards accepted (it compiles; or installs one
             stored for the same code by an earlier process or another ``trident.jit`` object

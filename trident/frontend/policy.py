@@ -247,12 +247,15 @@ class MissPolicy(SpecializationLimit, DynamicDims):
         # from disk once per installed module, not per call.
         # tracing and cffi's build (it changes the working directory) are not thread-safe;
         # Note [Interrupted imports]: a Ctrl-C during the compile's imports waits for its end
+        before = [s.key for s in self._specs]  # Note [Miss counts]: a thread that waits
         with _COMPILE_LOCK, interrupts.imports_uninterrupted(), \
                 config.progress(self.__qualname__), config.frozen_heap():  # (config.py)
             # a thread that waited here may find its signature compiled by the one before it
             # (through this JitFunction or another one over the same function, which stored
             # it), or the limit reached by the threads before it
-            if self._installed_match(call) < 0:
+            served = [s.key for s in self._specs] != before and \
+                self._installed_match(call) >= 0  # installed while it waited: a hit
+            if not served and self._installed_match(call) < 0:
                 stored = stored or self._stored_fit(call.tree.key, call.leaves)
                 if stored is None and self._at_limit():
                     return self._past_limit(call.args, call.kwargs)
@@ -315,6 +318,8 @@ class MissPolicy(SpecializationLimit, DynamicDims):
                     return self._eager_of(call, why)
                 if saved:
                     cache.evict(self._cache.directory)  # Note [Cache size]
+        if served:  # Note [Miss counts]: run after the lock, as the native hit path would
+            return self._capture_path(call, hit=True)
         if self._installed_match(call) < 0:
             if any(s.tree == call.tree.key and first_failure(s.guards, call.leaves) is None
                    for s in self._specs):  # Note [Checked size steps] in codegen/render.py
@@ -396,7 +401,12 @@ class MissPolicy(SpecializationLimit, DynamicDims):
     # counted once, by ``_count_miss``, with one entry in ``miss_reasons``: the failing guard
     # (or "first call") of a miss that compiled, "eager: why" of one that ran eagerly. So
     # ``hits + misses`` is the calls that bound to the parameters, and ``miss_reasons`` holds
-    # the last ``min(misses, 32)``, in call order.
+    # the last ``min(misses, 32)``, in call order. A call that waited for another thread's
+    # compile (one compile at a time) and is then accepted by a specialization that thread
+    # installed is a hit, not a miss: it is served by that specialization through Python's
+    # twin of the hit path (``_capture_path``), as the native path would have served it had it
+    # come a moment later; so with threads, ``misses`` counts the calls that compiled,
+    # installed a stored specialization or ran eagerly, not the calls that waited.
 
     def _count_miss(self, reason: str) -> None:
         """Note [Miss counts]."""

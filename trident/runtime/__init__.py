@@ -121,6 +121,16 @@ def load():
     return module
 
 
+def built() -> bool:
+    """Whether this cache holds an intact build of the runtime for this torch (Note [Runtime
+    integrity]), which ``load()`` imports without building; False where it would build.
+    Raises nothing (a cache folder that cannot be read: False)."""
+    try:
+        return _intact(config.cache_dir() / "runtime" / build_key())
+    except OSError:
+        return False
+
+
 @functools.cache
 def operators():
     """The runtime's ``trident::`` operators (operators.cpp), with their fake kernels for traces:
