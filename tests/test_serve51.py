@@ -1,16 +1,17 @@
 """Padded batches of Qwen2 through a static cache (issue 26, serve51): a new user's requests
 (a batch of one, then left-padded batches of two at prompt lengths 9, 5, 12) compile 3 times
-through ``trident.jit(model.forward)`` on Llama, every token and logit equal to eager's, and
-5 times on Qwen2 (docs/design.md, "Limits today").
+through ``trident.jit(model.forward)``, on Llama and on Qwen2, every token and logit equal to
+eager's. Qwen2 compiled 5 times before Note [Paths of one tree] compared a path by its own
+tree (trident/frontend/ints.py, ``new_paths``).
 
-Why Qwen2 and not Llama: transformers 5.25's ``generate`` passes Qwen2 (whose config has
+Why Qwen2 differed: transformers 5.25's ``generate`` passes Qwen2 (whose config has
 ``layer_types``) its mask as a dict, ``attention_mask['full_attention']``: None for the
 unpadded batch of one, a 4-D ``[batch, 1, prompt, capacity]`` tensor for a padded batch. The
 padded prefill is another path of the first prefill's argument tree (Note [Paths of one tree]
 in trident/frontend/ints.py), whose leaf there was None, so no dim of the mask is compared by
 path; and the decode step holds a tensor at that path, so ``new_tensor_dims`` (Note [Tensors
-by path]) counts the path as known and skips it too. The mask's prompt and capacity dims stay
-static (``bool[?, 1, 9, 11]``) and tie the symbolic prompt length to 9 (``input_ids.size(1) >=
+by path]) counted the path as known and skipped it too. The mask's prompt and capacity dims stayed
+static (``bool[?, 1, 9, 11]``) and tied the symbolic prompt length to 9 (``input_ids.size(1) >=
 9``, ``<= 9``) and later the capacity to 11. Llama's first prefill has no ``attention_mask``
 keyword at all, so its padded prefill is a new argument structure, compared by path.
 """
@@ -63,9 +64,6 @@ def test_padded_batches_of_llama_compile_three_times():
     assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats.miss_reasons
 
 
-@pytest.mark.xfail(strict=True, reason="Qwen2's padded prefill meets its mask at a path the "
-                   "first prefill held None: the mask's dims stay static and pin the prompt "
-                   "length and the capacity (5 compiles, not 3)")
 def test_padded_batches_of_qwen2_compile_as_llama_does():
     jf = padded_sweep(tiny("qwen2"))
     assert (jf.stats.compiles, jf.stats.fallbacks) == (3, 0), jf.stats.miss_reasons
