@@ -70,6 +70,7 @@ class DynamicDims:
                 dims[i] |= asked
         asked = {i: set(d) for i, d in dims.items() if d}
         varied: set[int] = set()  # Note [Tensors by path] in ints.py
+        fresh: set[str] = set()  # tensors at paths another path of their tree held none at
         for spec in self._specs:  # automatic: what differs from a spec alike in all but sizes
             if spec.shapes is not None and spec.tree in self._int_trees.get(call.tree.key, ()):
                 varied |= ints.differing_dims(dims, spec, call)  # Note [Int leaves]: by path
@@ -79,6 +80,7 @@ class DynamicDims:
             if first_failure(_sizeless(spec.guards), args) is not None:
                 # another path of the same tree (Note [Paths of one tree] in ints.py)
                 varied |= ints.differing_dims(dims, spec, call)
+                fresh |= ints.new_paths(spec, call)
                 continue
             for i, a in tensors.items():
                 dims[i] |= set(spec.dynamic.get(str(i), ()))
@@ -88,7 +90,7 @@ class DynamicDims:
                 if type(a) in (int, float) and names[i] in self._int_leaves - self._read_floats:
                     dims[i] = {0}
             known = {n for s in self._specs for n, shape in zip(s.arg_names, s.shapes or ())
-                     if shape is not None}  # Note [Ints by path] in ints.py: new tensors
+                     if shape is not None} - fresh  # Note [Ints by path] in ints.py: new tensors
             for i, d in ints.sized_by(call, self._varied_ints).items():
                 dims[i] = dims.get(i, set()) | (d if names[i] not in known else set())
             for i, d in ints.new_tensor_dims(call, known, varied).items():

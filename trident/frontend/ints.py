@@ -52,6 +52,13 @@ differ from, or were symbolic in, their leaves of the same path (``differing_dim
 Dynamo's automatic dynamic keeps its sizes per source whatever guard failed. Before, such a
 call compiled at exact sizes and again at its next length (``sweep_hf qwen2 50 static jit
 padded 0 1``: 5 compiles, the unpadded prefill's prompt length exact, then symbolic).
+A tensor at a path where such a specialization held none (``new_paths``: the padded prefill's
+``attention_mask['full_attention']``, None in the unpadded one) is a new tensor of the call's
+tree (``new_tensor_dims``, Note [Tensors by path]), though another tree holds a tensor there
+(the decode step's ``[batch, 1, 1, capacity]`` mask): before, it counted as known, its dims
+stayed static (``bool[?, 1, 9, 11]``) and pinned the symbolic prompt length to 9 and the
+capacity to 11, so a user's padded Qwen2 requests compiled 5 times where Llama's, whose first
+prefill passes no ``attention_mask`` at all, compiled 3 (tests/test_serve51.py).
 
 Note [Lengths of written state]: the first compile of an argument structure in which nothing
 changed yet is at exact sizes (automatic dynamic), but for one kind of evidence that a size
@@ -228,6 +235,15 @@ def differing_dims(dims: dict[int, set[int]], spec: Specialization, call: _Call)
         dims[i] = dims.get(i, set()) | set(spec.dynamic.get(str(j), ())) | differ
         varied |= {n for d in differ if d for n in (a.shape[d], old[d]) if n >= 2}
     return varied
+
+
+def new_paths(spec: Specialization, call: _Call) -> set[str]:
+    """Note [Paths of one tree]: the paths of ``call``'s tensor leaves that ``spec``, of the
+    same tree, holds no tensor at (a Qwen2 static cache's ``attention_mask['full_attention']``,
+    None in the unpadded prefill): new to the call's tree, whatever another tree holds there."""
+    held = {name for name, shape in zip(spec.arg_names, spec.shapes or ()) if shape is not None}
+    return {name for a, name in zip(call.leaves, call.names)
+            if isinstance(a, torch.Tensor) and name not in held}
 
 
 def related(spec: Specialization, call: _Call) -> bool:
