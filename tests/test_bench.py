@@ -14,6 +14,17 @@ from benchmarks import bench, bench_gpu
 from benchmarks.demo import Ratio, compare, format_table
 
 
+@pytest.fixture(autouse=True)
+def _threads_as_they_were():
+    """The benchmarks set torch's intra-op thread count to 1 for their run (benchmarks/demo.py
+    set_cpu_threads) and leave it so, as their processes end: a test here gives the worker
+    back its count (a later test in the same worker that sets the count to 1 to change global
+    state changed nothing, and its warning did not come: test_eager_semantics, CI)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_compare_wins_only_without_overlap():
     faster = compare([10.0, 11.0, 12.0], [7.0, 8.0, 9.0])  # Trident's slowest beat the fastest
     assert faster == Ratio(median=11.0 / 8.0, low=10.0 / 9.0, high=12.0 / 7.0,

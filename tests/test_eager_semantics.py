@@ -296,7 +296,9 @@ def test_global_side_effects_run_eagerly():
     kind: the default dtype, the thread count) runs eagerly on every call, with a warning, and
     equals eager each time; one that changes it back inside is compiled."""
     x = torch.randn(3)
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    dtype, before = torch.get_default_dtype(), torch.get_num_threads()
+    threads = 2  # (so that _sets_threads changes the count, whatever the worker had)
+    torch.set_num_threads(threads)
     try:
         for fn in (_sets_default_dtype, _sets_threads):
             jf = trident.jit(fn)
@@ -316,7 +318,7 @@ def test_global_side_effects_run_eagerly():
             assert (jf.stats.fallbacks, jf.stats.hits) == (3, 0), jf.stats
     finally:
         torch.set_default_dtype(dtype)
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     calls(_default_dtype, torch.randn(3))  # restored inside: no change, compiled
 
 
