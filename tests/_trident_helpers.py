@@ -359,3 +359,86 @@ def tiny_causal_lm(kind: str, **config):
     made = getattr(transformers, f"{kind}Config")(**{**sizes, **config})
     torch.manual_seed(0)
     return getattr(transformers, f"{kind}ForCausalLM")(made).eval()
+
+
+# An installed package's source whose functions write state of their own (a global counter, a
+# memo dict, a class attribute, ...): tests/test_never_stale43.py, tests/test_writes_probe50.py.
+WRITING_LIBRARY = '''
+import sys
+
+CALLS = 0
+MEMO = {}
+LOG = []
+SEEN = set()
+
+
+class Stats:
+    calls = 0
+
+
+STATS = Stats()
+
+
+def count(x):
+    global CALLS
+    CALLS += 1
+    return x * CALLS
+
+
+def memo(x):
+    MEMO["n"] = MEMO.get("n", 0) + 1
+    return x * MEMO["n"]
+
+
+def attribute(x):
+    STATS.calls += 1
+    return x * STATS.calls
+
+
+def append(x):
+    LOG.append(1)
+    return x * len(LOG)
+
+
+def through_sys_modules(x):
+    sys.modules[__name__].CALLS += 1
+    return x * CALLS
+
+
+def through_globals(x):
+    globals()["CALLS"] += 1
+    return x * CALLS
+
+
+def through_an_alias(x):
+    d = MEMO
+    d["n"] = d.get("n", 0) + 1
+    return x * d["n"]
+
+
+def _bump(d):
+    d["n"] = d.get("n", 0) + 1
+    return d["n"]
+
+
+def through_a_helper(x):
+    return x * _bump(MEMO)
+
+
+def _counter():
+    n = [0]
+
+    def bump(x):
+        n[0] += 1
+        return x * n[0]
+    return bump
+
+
+closure = _counter()
+
+
+def once(x):
+    if "x" not in SEEN:
+        SEEN.add("x")
+    return x * 2
+'''

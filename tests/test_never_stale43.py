@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import counts, installed_package
+from _trident_helpers import WRITING_LIBRARY, counts, installed_package
 
 
 # ---- Note [Library code that writes its state] (lower/state/library_writes.py) -----------------
@@ -24,85 +24,7 @@ from _trident_helpers import counts, installed_package
 # it was. Each call now runs eagerly, with a warning, and writes once.
 
 NAME = "trident_fakelib43"
-_LIB = '''
-import sys
-
-CALLS = 0
-MEMO = {}
-LOG = []
-SEEN = set()
-
-
-class Stats:
-    calls = 0
-
-
-STATS = Stats()
-
-
-def count(x):
-    global CALLS
-    CALLS += 1
-    return x * CALLS
-
-
-def memo(x):
-    MEMO["n"] = MEMO.get("n", 0) + 1
-    return x * MEMO["n"]
-
-
-def attribute(x):
-    STATS.calls += 1
-    return x * STATS.calls
-
-
-def append(x):
-    LOG.append(1)
-    return x * len(LOG)
-
-
-def through_sys_modules(x):
-    sys.modules[__name__].CALLS += 1
-    return x * CALLS
-
-
-def through_globals(x):
-    globals()["CALLS"] += 1
-    return x * CALLS
-
-
-def through_an_alias(x):
-    d = MEMO
-    d["n"] = d.get("n", 0) + 1
-    return x * d["n"]
-
-
-def _bump(d):
-    d["n"] = d.get("n", 0) + 1
-    return d["n"]
-
-
-def through_a_helper(x):
-    return x * _bump(MEMO)
-
-
-def _counter():
-    n = [0]
-
-    def bump(x):
-        n[0] += 1
-        return x * n[0]
-    return bump
-
-
-closure = _counter()
-
-
-def once(x):
-    if "x" not in SEEN:
-        SEEN.add("x")
-    return x * 2
-'''
+_LIB = WRITING_LIBRARY
 
 STATE_WRITES = ["count", "memo", "attribute", "append", "through_sys_modules",
                 "through_globals", "through_an_alias", "through_a_helper", "closure"]

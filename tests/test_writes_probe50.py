@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trident
-from _trident_helpers import counts, installed_package
+from _trident_helpers import WRITING_LIBRARY, counts, installed_package
 
 
 class Cache:  # a layer's keys, None until the first call fills them
@@ -45,33 +45,7 @@ def test_a_call_that_fills_a_cache_is_probed_not_traced_exactly():
 
 
 NAME = "trident_fakelib50"
-_LIB = '''
-CALLS = 0
-MEMO = {}
-
-
-class Stats:
-    calls = 0
-
-
-STATS = Stats()
-
-
-def count(x):
-    global CALLS
-    CALLS += 1
-    return x * CALLS
-
-
-def memo(x):
-    MEMO["n"] = MEMO.get("n", 0) + 1
-    return x * MEMO["n"]
-
-
-def attribute(x):
-    STATS.calls += 1
-    return x * STATS.calls
-'''
+_LIB = WRITING_LIBRARY  # (its count, memo and attribute)
 
 
 @pytest.fixture
